@@ -1,0 +1,237 @@
+//! Configuration: command-line flags, `TXGATE_*` environment variables and
+//! an optional TOML file (`--config`), in that order of precedence.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+use crate::txn::TxnConfig;
+
+#[derive(Parser, Debug)]
+#[command(name = "txgate", version, about = "HTTP/JSON gateway for MongoDB with multi-document transactions")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Serve the HTTP API (the default).
+    Serve,
+    /// Apply the store migrations and exit.
+    Migrate,
+    /// Print the OpenAPI document (or write it to --output) and exit.
+    Openapi {
+        /// File to write instead of standard output.
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    Embedded,
+    Mongodb,
+}
+
+/// Every setting, each optional here so the layers can be merged.
+#[derive(clap::Args, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// TOML file with any of these settings (flags and environment win).
+    #[arg(long, global = true, env = "TXGATE_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Address to serve on.
+    #[arg(long, global = true, env = "TXGATE_LISTEN")]
+    pub listen: Option<String>,
+    /// Which store to use (default: mongodb when a URI is set, else embedded).
+    #[arg(long, global = true, env = "TXGATE_STORE")]
+    pub store: Option<StoreKind>,
+    /// Embedded store directory.
+    #[arg(long, global = true, env = "TXGATE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Use the mongodb backend at this URI.
+    #[arg(long, global = true, env = "TXGATE_MONGODB_URI")]
+    pub mongodb_uri: Option<String>,
+    /// MongoDB database name.
+    #[arg(long, global = true, env = "TXGATE_MONGODB_DATABASE")]
+    pub mongodb_database: Option<String>,
+    /// `text` or `json`.
+    #[arg(long, global = true, env = "TXGATE_LOG_FORMAT")]
+    pub log_format: Option<LogFormat>,
+    /// Transaction lease, in milliseconds.
+    #[arg(long, global = true, env = "TXGATE_LEASE_MS")]
+    pub lease_ms: Option<u64>,
+    /// How long a writer waits for a lock, in milliseconds.
+    #[arg(long, global = true, env = "TXGATE_LOCK_WAIT_MS")]
+    pub lock_wait_ms: Option<u64>,
+    /// Recovery worker period, in milliseconds.
+    #[arg(long, global = true, env = "TXGATE_RECOVERY_INTERVAL_MS")]
+    pub recovery_interval_ms: Option<u64>,
+    /// Allowed clock difference between instances, in milliseconds.
+    #[arg(long, global = true, env = "TXGATE_CLOCK_SKEW_MS")]
+    pub clock_skew_ms: Option<u64>,
+    /// How long finished transaction records are kept, in seconds.
+    #[arg(long, global = true, env = "TXGATE_TXN_RETENTION_SECS")]
+    pub txn_retention_secs: Option<u64>,
+    /// TTL sweeper period, in milliseconds.
+    #[arg(long, global = true, env = "TXGATE_TTL_INTERVAL_MS")]
+    pub ttl_interval_ms: Option<u64>,
+    /// Request body limit in bytes (413 beyond).
+    #[arg(long, global = true, env = "TXGATE_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+}
+
+/// The resolved configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: String,
+    pub store: StoreConfig,
+    pub log_format: LogFormat,
+    pub txn: TxnConfig,
+    pub ttl_interval: Duration,
+    pub max_body_bytes: usize,
+}
+
+#[derive(Clone, Debug)]
+pub enum StoreConfig {
+    Embedded { data_dir: PathBuf },
+    Mongodb { uri: String, database: String },
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            store: StoreConfig::Embedded { data_dir: PathBuf::from("./data") },
+            log_format: LogFormat::Text,
+            txn: TxnConfig::default(),
+            ttl_interval: Duration::from_millis(500),
+            max_body_bytes: 1024 * 1024,
+        }
+    }
+}
+
+fn positive(name: &str, value: Option<u64>, default: Duration) -> Result<Duration, String> {
+    match value {
+        None => Ok(default),
+        Some(0) => Err(format!("{name} must be greater than 0")),
+        Some(ms) => Ok(Duration::from_millis(ms)),
+    }
+}
+
+impl Settings {
+    /// Fill what flags and environment left unset from `file`.
+    fn or(self, file: Settings) -> Settings {
+        Settings {
+            config: self.config,
+            listen: self.listen.or(file.listen),
+            store: self.store.or(file.store),
+            data_dir: self.data_dir.or(file.data_dir),
+            mongodb_uri: self.mongodb_uri.or(file.mongodb_uri),
+            mongodb_database: self.mongodb_database.or(file.mongodb_database),
+            log_format: self.log_format.or(file.log_format),
+            lease_ms: self.lease_ms.or(file.lease_ms),
+            lock_wait_ms: self.lock_wait_ms.or(file.lock_wait_ms),
+            recovery_interval_ms: self.recovery_interval_ms.or(file.recovery_interval_ms),
+            clock_skew_ms: self.clock_skew_ms.or(file.clock_skew_ms),
+            txn_retention_secs: self.txn_retention_secs.or(file.txn_retention_secs),
+            ttl_interval_ms: self.ttl_interval_ms.or(file.ttl_interval_ms),
+            max_body_bytes: self.max_body_bytes.or(file.max_body_bytes),
+        }
+    }
+
+    /// Merge with the `--config` file, apply defaults and check values.
+    pub fn resolve(self) -> Result<Config, String> {
+        let settings = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+                let file: Settings =
+                    toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))?;
+                self.or(file)
+            }
+            None => self,
+        };
+        let defaults = Config::default();
+        let uri = settings.mongodb_uri.filter(|u| !u.is_empty());
+        let store = match (settings.store, uri) {
+            (Some(StoreKind::Mongodb), None) => {
+                return Err("--store mongodb needs TXGATE_MONGODB_URI (or --mongodb-uri)".into());
+            }
+            (Some(StoreKind::Mongodb) | None, Some(uri)) => StoreConfig::Mongodb {
+                uri,
+                database: settings.mongodb_database.unwrap_or_else(|| "txgate".into()),
+            },
+            (Some(StoreKind::Embedded) | None, _) => {
+                StoreConfig::Embedded { data_dir: settings.data_dir.unwrap_or_else(|| PathBuf::from("./data")) }
+            }
+        };
+        let d = &defaults.txn;
+        let txn = TxnConfig {
+            lease: positive("lease_ms", settings.lease_ms, d.lease)?,
+            lock_wait: settings.lock_wait_ms.map_or(d.lock_wait, Duration::from_millis),
+            clock_skew: settings.clock_skew_ms.map_or(d.clock_skew, Duration::from_millis),
+            recovery_interval: positive("recovery_interval_ms", settings.recovery_interval_ms, d.recovery_interval)?,
+            retention: settings.txn_retention_secs.map_or(d.retention, Duration::from_secs),
+        };
+        let max_body_bytes = settings.max_body_bytes.unwrap_or(defaults.max_body_bytes);
+        if max_body_bytes < 1024 {
+            return Err("max_body_bytes must be at least 1024".into());
+        }
+        Ok(Config {
+            listen: settings.listen.unwrap_or(defaults.listen),
+            store,
+            log_format: settings.log_format.unwrap_or_default(),
+            txn,
+            ttl_interval: positive("ttl_interval_ms", settings.ttl_interval_ms, defaults.ttl_interval)?,
+            max_body_bytes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_embedded_on_loopback() {
+        let cfg = Settings::default().resolve().unwrap();
+        assert_eq!(cfg.listen, "127.0.0.1:8080");
+        assert!(matches!(cfg.store, StoreConfig::Embedded { .. }));
+        assert_eq!(cfg.txn.lease, Duration::from_millis(5000));
+        assert_eq!(cfg.max_body_bytes, 1_048_576);
+    }
+
+    #[test]
+    fn a_uri_selects_mongodb_and_file_fills_gaps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("txgate.toml");
+        std::fs::write(&path, "mongodb_uri = \"mongodb://x\"\nlease_ms = 700\nlisten = \"0.0.0.0:1\"\n").unwrap();
+        let settings = Settings { config: Some(path), listen: Some("127.0.0.1:9".into()), ..Default::default() };
+        let cfg = settings.resolve().unwrap();
+        assert_eq!(cfg.listen, "127.0.0.1:9");
+        assert_eq!(cfg.txn.lease, Duration::from_millis(700));
+        assert!(matches!(cfg.store, StoreConfig::Mongodb { ref database, .. } if database == "txgate"));
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        assert!(Settings { store: Some(StoreKind::Mongodb), ..Default::default() }.resolve().is_err());
+        assert!(Settings { lease_ms: Some(0), ..Default::default() }.resolve().is_err());
+    }
+}

@@ -1,0 +1,269 @@
+//! User documents: their stored shape, the rules for names and changes, and
+//! single-document reads and writes (DESIGN §2).
+//!
+//! A single-document write is one compare-and-set filtered on
+//! `{_meta.txn: null, _meta.v: <version read>}`; when it meets a
+//! transaction's lock it settles it (finishing committed holders, clearing
+//! dead ones) or waits up to `lock_wait` for a live one.
+
+pub mod model;
+pub mod rules;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use crate::store::{Bson, DateTime, Document, Scan, StoreError, doc, now};
+use crate::txn::Engine;
+use crate::txn::locks::Settled;
+use model::{Live, StoredDoc, View};
+use rules::{Invalid, Patch};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DocError {
+    #[error(transparent)]
+    Invalid(#[from] Invalid),
+    #[error("document not found")]
+    NotFound,
+    #[error("document was deleted")]
+    Deleted { version: i64, deleted_at: Option<DateTime> },
+    #[error("a document with this id already exists")]
+    AlreadyExists { version: i64 },
+    #[error("version conflict: expected {expected}, document is at {actual}")]
+    VersionConflict { expected: i64, actual: i64 },
+    #[error("document is locked by transaction {holder}")]
+    Locked { holder: String, retry_after: Duration },
+    #[error("{0}")]
+    InvalidChange(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A change to one existing document.
+#[derive(Debug, Clone)]
+pub enum Change {
+    Replace { data: Document, sv: Option<i64> },
+    Patch { patch: Patch, sv: Option<i64> },
+    Merge { patch: Map<String, Value>, sv: Option<i64> },
+    Delete,
+}
+
+/// The result of a successful write.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Written {
+    Live(Live),
+    Deleted { version: i64 },
+}
+
+pub struct Documents {
+    engine: Arc<Engine>,
+}
+
+const MAX_BACKOFF: Duration = Duration::from_millis(100);
+
+impl Documents {
+    pub fn new(engine: Arc<Engine>) -> Self {
+        Self { engine }
+    }
+
+    fn store(&self) -> &dyn crate::store::Store {
+        self.engine.store.as_ref()
+    }
+
+    async fn load(&self, coll: &str, id: &str) -> Result<Option<StoredDoc>, DocError> {
+        match self.store().get(coll, id).await? {
+            Some(rec) => Ok(Some(StoredDoc::from_record(rec)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// What a reader sees: the last committed state. A document held by a
+    /// committed transaction reads as that transaction's post-image; its
+    /// roll-forward is finished in the background, never on the read path.
+    pub async fn get(&self, coll: &str, id: &str) -> Result<View, DocError> {
+        match self.load(coll, id).await? {
+            None => Ok(View::NotFound),
+            Some(doc) => self.view(doc, &mut HashMap::new()).await,
+        }
+    }
+
+    async fn view(
+        &self,
+        doc: StoredDoc,
+        holders: &mut HashMap<String, Option<crate::txn::TxnRecord>>,
+    ) -> Result<View, DocError> {
+        let Some(holder) = doc.meta.txn.clone() else { return Ok(doc.committed_view()) };
+        if !holders.contains_key(&holder) {
+            let rec = self.engine.record(&holder).await?;
+            holders.insert(holder.clone(), rec);
+        }
+        match holders.get(&holder).and_then(Option::as_ref) {
+            Some(rec) if rec.status.is_committed() => {
+                let at = rec.committed_at.unwrap_or_else(now);
+                self.engine.help_roll_forward(rec.clone());
+                Ok(doc.rolled_forward(at).committed_view())
+            }
+            _ => Ok(doc.committed_view()),
+        }
+    }
+
+    /// Wait for the lock on `doc` to clear; `Ok(())` means read again.
+    async fn wait_lock(
+        &self,
+        coll: &str,
+        doc: &StoredDoc,
+        deadline: tokio::time::Instant,
+        backoff: &mut Duration,
+    ) -> Result<(), DocError> {
+        match self.engine.settle(coll, doc).await? {
+            Settled::Retry => Ok(()),
+            Settled::Busy { holder } => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    self.engine.metrics.incr("txgate_conflicts_total", "locked");
+                    return Err(DocError::Locked { holder, retry_after: self.engine.cfg.lease });
+                }
+                tokio::time::sleep((*backoff).min(left)).await;
+                *backoff = (*backoff * 2).min(MAX_BACKOFF);
+                Ok(())
+            }
+        }
+    }
+
+    fn deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.engine.cfg.lock_wait
+    }
+
+    /// Create a document. Over a tombstone the document is re-created and
+    /// its version continues from the tombstone's.
+    pub async fn create(&self, coll: &str, id: Option<String>, data: Document, sv: i64) -> Result<Live, DocError> {
+        let id = id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let deadline = self.deadline();
+        let mut backoff = Duration::from_millis(5);
+        loop {
+            let at = now();
+            let fresh = StoredDoc::new_live(id.clone(), data.clone(), sv, 1, at);
+            if self.store().insert(coll, fresh.to_record()).await? {
+                return Ok(live(fresh));
+            }
+            let Some(existing) = self.load(coll, &id).await? else { continue };
+            if existing.meta.txn.is_some() {
+                self.wait_lock(coll, &existing, deadline, &mut backoff).await?;
+                continue;
+            }
+            let version = match existing.committed_view() {
+                View::Live(l) => return Err(DocError::AlreadyExists { version: l.version }),
+                View::Deleted { version, .. } => version,
+                View::NotFound => 0,
+            };
+            let next = StoredDoc::new_live(id.clone(), data.clone(), sv, version + 1, at);
+            if self.cas(coll, &existing, &next).await? {
+                return Ok(live(next));
+            }
+        }
+    }
+
+    async fn cas(&self, coll: &str, current: &StoredDoc, next: &StoredDoc) -> Result<bool, DocError> {
+        let filter = doc! {"_meta.txn": Bson::Null, "_meta.v": current.meta.v};
+        Ok(self.store().replace(coll, &current.id, filter, next.to_record()).await?)
+    }
+
+    /// Replace, patch or delete an existing document, optionally only at
+    /// version `if_match`.
+    pub async fn change(&self, coll: &str, id: &str, if_match: Option<i64>, change: &Change) -> Result<Written, DocError> {
+        let deadline = self.deadline();
+        let mut backoff = Duration::from_millis(5);
+        loop {
+            let Some(doc) = self.load(coll, id).await? else { return Err(DocError::NotFound) };
+            if doc.meta.txn.is_some() {
+                self.wait_lock(coll, &doc, deadline, &mut backoff).await?;
+                continue;
+            }
+            match doc.committed_view() {
+                View::NotFound => return Err(DocError::NotFound),
+                View::Deleted { version, deleted_at } => return Err(DocError::Deleted { version, deleted_at }),
+                View::Live(_) => {}
+            }
+            if let Some(expected) = if_match.filter(|v| *v != doc.meta.v) {
+                self.engine.metrics.incr("txgate_conflicts_total", "version_conflict");
+                return Err(DocError::VersionConflict { expected, actual: doc.meta.v });
+            }
+            let at = now();
+            let next = apply_change(&doc, change, at)?;
+            if self.cas(coll, &doc, &next).await? {
+                return Ok(match next.committed_view() {
+                    View::Live(l) => Written::Live(l),
+                    _ => Written::Deleted { version: next.meta.v },
+                });
+            }
+        }
+    }
+
+    /// Live documents in id order after `after`, and the cursor of the next
+    /// page (`None` at the end).
+    pub async fn list(&self, coll: &str, after: Option<&str>, limit: usize) -> Result<(Vec<Live>, Option<String>), DocError> {
+        let mut items = Vec::with_capacity(limit);
+        let mut holders = HashMap::new();
+        let mut cursor = after.map(str::to_owned);
+        let batch = (limit + 1).clamp(16, 1000);
+        loop {
+            let filter = match &cursor {
+                Some(after) => doc! {"_id": {"$gt": after}},
+                None => doc! {},
+            };
+            let records = self.store().scan(coll, Scan::by_id(filter, batch)).await?;
+            let exhausted = records.len() < batch;
+            for rec in records {
+                let doc = StoredDoc::from_record(rec)?;
+                cursor = Some(doc.id.clone());
+                if let View::Live(l) = self.view(doc, &mut holders).await? {
+                    if items.len() == limit {
+                        // One more live document exists: there is a next page.
+                        let last = items.last().map(|l: &Live| l.id.clone());
+                        return Ok((items, last));
+                    }
+                    items.push(l);
+                }
+            }
+            if exhausted {
+                return Ok((items, None));
+            }
+        }
+    }
+}
+
+fn live(doc: StoredDoc) -> Live {
+    match doc.committed_view() {
+        View::Live(l) => l,
+        other => unreachable!("a freshly written document is live, got {other:?}"),
+    }
+}
+
+/// The document after `change`, at version `v + 1`, unlocked.
+fn apply_change(doc: &StoredDoc, change: &Change, at: DateTime) -> Result<StoredDoc, DocError> {
+    let mut next = doc.clone();
+    next.meta.v += 1;
+    next.meta.updated_at = Some(at);
+    match change {
+        Change::Replace { data, sv } => {
+            next.data = data.clone();
+            next.meta.sv = sv.unwrap_or(next.meta.sv);
+        }
+        Change::Patch { patch, sv } => {
+            next.data = patch.apply(&doc.data).map_err(DocError::InvalidChange)?;
+            next.meta.sv = sv.unwrap_or(next.meta.sv);
+        }
+        Change::Merge { patch, sv } => {
+            next.data = rules::merge_patch(&doc.data, patch, "")?;
+            next.meta.sv = sv.unwrap_or(next.meta.sv);
+        }
+        Change::Delete => {
+            next.data = Document::new();
+            next.meta.deleted = true;
+            next.meta.deleted_at = Some(at);
+        }
+    }
+    Ok(next)
+}

@@ -1,0 +1,243 @@
+//! The stored shape of a user document — user fields at top level, the
+//! gateway's metadata in `_meta` — and what a reader may see of it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::{Bson, DateTime, Document, Record, StoreError};
+
+/// What a transaction staged on a document it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StagedOp {
+    Insert,
+    Update,
+    Replace,
+    Delete,
+    Check,
+}
+
+/// A transaction's staged post-image, never visible until it commits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Staged {
+    pub op: StagedOp,
+    /// The user fields after the change (`None` for delete and check).
+    #[serde(default)]
+    pub data: Option<Document>,
+    pub sv: i64,
+}
+
+/// `_meta`: version, lock and tombstone state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    pub v: i64,
+    #[serde(default = "one")]
+    pub sv: i64,
+    #[serde(default)]
+    pub txn: Option<String>,
+    #[serde(default)]
+    pub pending: Option<Staged>,
+    #[serde(default)]
+    pub deleted: bool,
+    #[serde(default)]
+    pub deleting: bool,
+    #[serde(default)]
+    pub created_at: Option<DateTime>,
+    #[serde(default)]
+    pub updated_at: Option<DateTime>,
+    #[serde(default)]
+    pub deleted_at: Option<DateTime>,
+}
+
+fn one() -> i64 {
+    1
+}
+
+/// A user document as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredDoc {
+    pub id: String,
+    pub data: Document,
+    pub meta: Meta,
+}
+
+/// What a reader sees of a document: its last committed state.
+#[derive(Clone, Debug, PartialEq)]
+pub enum View {
+    /// Never existed (or only as an uncommitted insert).
+    NotFound,
+    /// A tombstone.
+    Deleted { version: i64, deleted_at: Option<DateTime> },
+    Live(Live),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Live {
+    pub id: String,
+    pub version: i64,
+    pub schema_version: i64,
+    pub created_at: DateTime,
+    pub updated_at: DateTime,
+    pub data: Document,
+}
+
+impl StoredDoc {
+    /// A new, committed, unlocked document at `version`.
+    pub fn new_live(id: String, data: Document, sv: i64, version: i64, at: DateTime) -> Self {
+        Self {
+            id,
+            data,
+            meta: Meta {
+                v: version,
+                sv,
+                txn: None,
+                pending: None,
+                deleted: false,
+                deleting: false,
+                created_at: Some(at),
+                updated_at: Some(at),
+                deleted_at: None,
+            },
+        }
+    }
+
+    pub fn from_record(mut record: Record) -> Result<Self, StoreError> {
+        let id = match record.remove("_id") {
+            Some(Bson::String(id)) => id,
+            other => return Err(StoreError::Internal(format!("document with non-string _id {other:?}"))),
+        };
+        let meta = match record.remove("_meta") {
+            Some(Bson::Document(meta)) => mongodb::bson::from_document(meta)
+                .map_err(|e| StoreError::Internal(format!("document {id}: bad _meta: {e}")))?,
+            _ => return Err(StoreError::Internal(format!("document {id} has no _meta"))),
+        };
+        Ok(Self { id, data: record, meta })
+    }
+
+    pub fn to_record(&self) -> Record {
+        let mut record = Document::new();
+        record.insert("_id", self.id.clone());
+        for (k, v) in &self.data {
+            record.insert(k.clone(), v.clone());
+        }
+        let meta = mongodb::bson::to_document(&self.meta).expect("meta serializes");
+        record.insert("_meta", meta);
+        record
+    }
+
+    /// The committed state, ignoring whatever is staged.
+    pub fn committed_view(&self) -> View {
+        if self.meta.v == 0 {
+            View::NotFound
+        } else if self.meta.deleted {
+            View::Deleted { version: self.meta.v, deleted_at: self.meta.deleted_at }
+        } else {
+            let at = self.meta.updated_at.unwrap_or_else(|| DateTime::from_millis(0));
+            View::Live(Live {
+                id: self.id.clone(),
+                version: self.meta.v,
+                schema_version: self.meta.sv,
+                created_at: self.meta.created_at.unwrap_or(at),
+                updated_at: at,
+                data: self.data.clone(),
+            })
+        }
+    }
+
+    /// The document once its holder's staged change is applied at `at`:
+    /// version `base_v + 1` (unchanged for check), lock cleared, a delete
+    /// leaving a tombstone.
+    pub fn rolled_forward(&self, at: DateTime) -> StoredDoc {
+        let mut next = self.clone();
+        next.meta.txn = None;
+        next.meta.deleting = false;
+        let Some(staged) = next.meta.pending.take() else { return next };
+        match staged.op {
+            StagedOp::Check => {}
+            StagedOp::Delete => {
+                next.data = Document::new();
+                next.meta.v += 1;
+                next.meta.deleted = true;
+                next.meta.deleted_at = Some(at);
+                next.meta.updated_at = Some(at);
+            }
+            StagedOp::Insert | StagedOp::Update | StagedOp::Replace => {
+                let recreated = next.meta.v == 0 || next.meta.deleted;
+                next.data = staged.data.unwrap_or_default();
+                next.meta.v += 1;
+                next.meta.sv = staged.sv;
+                next.meta.deleted = false;
+                next.meta.deleted_at = None;
+                next.meta.updated_at = Some(at);
+                if recreated || next.meta.created_at.is_none() {
+                    next.meta.created_at = Some(at);
+                }
+            }
+        }
+        next
+    }
+
+    /// The document with its holder's lock and staged change dropped; `None`
+    /// when it was only a placeholder for an insert (it is removed).
+    pub fn rolled_back(&self) -> Option<StoredDoc> {
+        if self.meta.v == 0 {
+            return None;
+        }
+        let mut next = self.clone();
+        next.meta.txn = None;
+        next.meta.pending = None;
+        next.meta.deleting = false;
+        Some(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::doc;
+
+    fn at(ms: i64) -> DateTime {
+        DateTime::from_millis(ms)
+    }
+
+    #[test]
+    fn record_round_trip_keeps_fields_and_meta() {
+        let d = StoredDoc::new_live("a".into(), doc! {"x": 1_i64}, 2, 5, at(10));
+        let rec = d.to_record();
+        assert_eq!(rec.get_document("_meta").unwrap().get("txn"), Some(&Bson::Null));
+        assert_eq!(StoredDoc::from_record(rec).unwrap(), d);
+    }
+
+    #[test]
+    fn roll_forward_of_insert_placeholder_and_delete() {
+        let mut ph = StoredDoc::new_live("a".into(), Document::new(), 1, 0, at(1));
+        ph.meta.txn = Some("T".into());
+        ph.meta.pending = Some(Staged { op: StagedOp::Insert, data: Some(doc! {"x": 1_i64}), sv: 1 });
+        assert_eq!(ph.committed_view(), View::NotFound);
+        let done = ph.rolled_forward(at(2));
+        assert_eq!(done.meta.v, 1);
+        assert_eq!(done.meta.txn, None);
+        assert!(matches!(done.committed_view(), View::Live(l) if l.version == 1 && l.data == doc!{"x": 1_i64}));
+        assert_eq!(ph.rolled_back(), None);
+
+        let mut locked = done.clone();
+        locked.meta.txn = Some("U".into());
+        locked.meta.deleting = true;
+        locked.meta.pending = Some(Staged { op: StagedOp::Delete, data: None, sv: 1 });
+        let tomb = locked.rolled_forward(at(3));
+        assert_eq!(tomb.committed_view(), View::Deleted { version: 2, deleted_at: Some(at(3)) });
+        assert!(tomb.data.is_empty());
+        assert_eq!(locked.rolled_back().unwrap(), done);
+    }
+
+    #[test]
+    fn recreate_over_tombstone_continues_version() {
+        let mut tomb = StoredDoc::new_live("a".into(), Document::new(), 1, 4, at(1));
+        tomb.meta.deleted = true;
+        tomb.meta.txn = Some("T".into());
+        tomb.meta.pending = Some(Staged { op: StagedOp::Insert, data: Some(doc! {"y": true}), sv: 1 });
+        let live = tomb.rolled_forward(at(9));
+        assert_eq!(live.meta.v, 5);
+        assert!(!live.meta.deleted);
+        assert_eq!(live.meta.created_at, Some(at(9)));
+    }
+}

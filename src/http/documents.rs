@@ -1,0 +1,422 @@
+//! `/v1/collections/{collection}/documents`: create, read, replace, patch,
+//! delete and list user documents.
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::error::{ApiError, Problem};
+use super::extract::{ApiPath, ApiQuery, JsonBody, body_bytes, etag, if_match, if_none_match, media_type, parse_json, unsupported_media};
+use crate::documents::model::{Live, View};
+use crate::documents::rules::{self, Invalid, Patch};
+use crate::documents::{Change, DocError, Written};
+use crate::store::convert::{document_to_object, rfc3339};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_document, list_documents))
+        .routes(routes!(get_document, replace_document, patch_document, delete_document))
+}
+
+/// A document as the API shows it.
+#[derive(Serialize, ToSchema)]
+pub struct DocumentOut {
+    pub collection: String,
+    pub id: String,
+    /// Increases by exactly 1 with every committed change; the `ETag`.
+    pub version: i64,
+    pub schema_version: i64,
+    pub created_at: String,
+    pub updated_at: String,
+    /// The user's fields.
+    #[schema(value_type = Object)]
+    pub data: Map<String, Value>,
+}
+
+impl DocumentOut {
+    pub fn new(collection: &str, live: Live) -> Self {
+        Self {
+            collection: collection.to_owned(),
+            id: live.id,
+            version: live.version,
+            schema_version: live.schema_version,
+            created_at: rfc3339(live.created_at),
+            updated_at: rfc3339(live.updated_at),
+            data: document_to_object(&live.data),
+        }
+    }
+}
+
+/// One page of live documents in id order.
+#[derive(Serialize, ToSchema)]
+pub struct DocumentListOut {
+    pub items: Vec<DocumentOut>,
+    /// Opaque cursor for `after=`; `null` on the last page.
+    pub next: Option<String>,
+}
+
+/// A `set` / `unset` / `inc` patch. Keys may be dotted paths into nested
+/// objects (`"address.city"`).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DocumentPatch {
+    #[schema(value_type = Option<Object>)]
+    pub set: Option<Map<String, Value>>,
+    pub unset: Option<Vec<String>>,
+    /// Numbers to add; a missing field starts at 0.
+    #[schema(value_type = Option<Object>)]
+    pub inc: Option<Map<String, Value>>,
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct CollectionPath {
+    /// Collection name, `^[a-zA-Z][a-zA-Z0-9_-]{0,63}$`.
+    pub collection: String,
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct DocumentPath {
+    /// Collection name, `^[a-zA-Z][a-zA-Z0-9_-]{0,63}$`.
+    pub collection: String,
+    /// Document id: 1..256 printable characters (percent-encode `/`).
+    pub id: String,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct WriteQuery {
+    /// Schema version the writer declares (default: unchanged, 1 for new documents).
+    pub schema_version: Option<i64>,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Page size, 1..1000 (default 50).
+    pub limit: Option<i64>,
+    /// The `next` cursor of the previous page.
+    pub after: Option<String>,
+}
+
+pub const DEFAULT_PAGE: i64 = 50;
+pub const MAX_PAGE: i64 = 1000;
+
+impl CollectionPath {
+    fn check(&self) -> Result<&str, ApiError> {
+        rules::check_collection(&self.collection, "/path/collection")?;
+        Ok(&self.collection)
+    }
+}
+
+impl DocumentPath {
+    fn check(&self) -> Result<(&str, &str), ApiError> {
+        rules::check_collection(&self.collection, "/path/collection")?;
+        rules::check_id(&self.id, "/path/id")?;
+        Ok((&self.collection, &self.id))
+    }
+}
+
+fn schema_version(query: &WriteQuery) -> Result<Option<i64>, ApiError> {
+    match query.schema_version {
+        Some(v) if v < 1 => Err(Invalid::new("/query/schema_version", "schema_version must be at least 1").into()),
+        other => Ok(other),
+    }
+}
+
+/// Everything but RFC 3986's unreserved characters is escaped in a path segment.
+const SEGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+pub fn document_location(collection: &str, id: &str) -> String {
+    let id = percent_encoding::utf8_percent_encode(id, SEGMENT);
+    format!("/v1/collections/{collection}/documents/{id}")
+}
+
+fn with_etag(mut response: Response, version: i64) -> Response {
+    if let Ok(value) = HeaderValue::from_str(&etag(version)) {
+        response.headers_mut().insert(header::ETAG, value);
+    }
+    response
+}
+
+fn written(collection: &str, written: Written) -> Response {
+    match written {
+        Written::Live(live) => {
+            let version = live.version;
+            with_etag(axum::Json(DocumentOut::new(collection, live)).into_response(), version)
+        }
+        Written::Deleted { version } => with_etag(StatusCode::NO_CONTENT.into_response(), version),
+    }
+}
+
+/// Create a document
+///
+/// The body is the document's fields, with an optional string `_id`; without
+/// one the gateway assigns a UUIDv7. Creating over a deleted document
+/// re-creates it, its version continuing from the tombstone's.
+#[utoipa::path(
+    post,
+    path = "/v1/collections/{collection}/documents",
+    operation_id = "v1.documents.create",
+    tag = "documents",
+    params(CollectionPath, WriteQuery),
+    request_body(content = Object, description = "The document's fields, optional `_id`", content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created", body = DocumentOut,
+            headers(("Location" = String, description = "URL of the document"), ("ETag" = String, description = "\"<version>\""))),
+        (status = 409, description = "`already_exists`, or `locked` while a transaction inserts that id", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid name, id or fields", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_document(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<CollectionPath>,
+    ApiQuery(query): ApiQuery<WriteQuery>,
+    JsonBody { value, .. }: JsonBody<Value>,
+) -> Result<Response, ApiError> {
+    let collection = path.check()?;
+    let sv = schema_version(&query)?.unwrap_or(1);
+    let Value::Object(mut fields) = value else {
+        return Err(Invalid::new("", "the body must be a JSON object of the document's fields").into());
+    };
+    let id = match fields.shift_remove("_id") {
+        None => None,
+        Some(Value::String(id)) => {
+            rules::check_id(&id, "/_id")?;
+            Some(id)
+        }
+        Some(_) => return Err(Invalid::new("/_id", "_id must be a string").into()),
+    };
+    let data = rules::user_data(&fields, "")?;
+    let live = state.documents.create(collection, id, data, sv).await?;
+    let location = document_location(collection, &live.id);
+    let version = live.version;
+    let mut response = (StatusCode::CREATED, axum::Json(DocumentOut::new(collection, live))).into_response();
+    if let Ok(value) = HeaderValue::from_str(&location) {
+        response.headers_mut().insert(header::LOCATION, value);
+    }
+    Ok(with_etag(response, version))
+}
+
+/// Read a document
+///
+/// Returns the last committed state; never waits for a transaction and
+/// never shows uncommitted data. `If-None-Match` with the current ETag
+/// answers 304.
+#[utoipa::path(
+    get,
+    path = "/v1/collections/{collection}/documents/{id}",
+    operation_id = "v1.documents.get",
+    tag = "documents",
+    params(DocumentPath, ("If-None-Match" = Option<String>, Header, description = "ETag(s) the client has")),
+    responses(
+        (status = 200, description = "The document", body = DocumentOut, headers(("ETag" = String, description = "\"<version>\""))),
+        (status = 304, description = "Not modified"),
+        (status = 404, description = "`not_found`: never existed", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`deleted`: a tombstone; body has `version` and `deleted_at`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_document(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<DocumentPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (collection, id) = path.check()?;
+    match state.documents.get(collection, id).await? {
+        View::NotFound => Err(DocError::NotFound.into()),
+        View::Deleted { version, deleted_at } => Err(DocError::Deleted { version, deleted_at }.into()),
+        View::Live(live) => {
+            let version = live.version;
+            if if_none_match(&headers, version)? {
+                return Ok(with_etag(StatusCode::NOT_MODIFIED.into_response(), version));
+            }
+            Ok(with_etag(axum::Json(DocumentOut::new(collection, live)).into_response(), version))
+        }
+    }
+}
+
+/// Replace a document
+///
+/// The body is the new set of fields. With `If-Match: "<version>"` the
+/// write happens only at that version (optimistic locking).
+#[utoipa::path(
+    put,
+    path = "/v1/collections/{collection}/documents/{id}",
+    operation_id = "v1.documents.replace",
+    tag = "documents",
+    params(DocumentPath, WriteQuery, ("If-Match" = Option<String>, Header, description = "\"<version>\" the change was computed from")),
+    request_body(content = Object, description = "The document's new fields", content_type = "application/json"),
+    responses(
+        (status = 200, description = "Replaced", body = DocumentOut, headers(("ETag" = String, description = "\"<version>\""))),
+        (status = 400, description = "Malformed `If-Match`", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`version_conflict` (body: `expected`, `actual`) or `locked` (body: `transaction`; `Retry-After`)", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`deleted`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn replace_document(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<DocumentPath>,
+    ApiQuery(query): ApiQuery<WriteQuery>,
+    headers: HeaderMap,
+    JsonBody { value, .. }: JsonBody<Value>,
+) -> Result<Response, ApiError> {
+    let (collection, id) = path.check()?;
+    let expected = if_match(&headers)?;
+    let sv = schema_version(&query)?;
+    let Value::Object(mut fields) = value else {
+        return Err(Invalid::new("", "the body must be a JSON object of the document's fields").into());
+    };
+    match fields.shift_remove("_id") {
+        None => {}
+        Some(Value::String(given)) if given == id => {}
+        Some(_) => return Err(Invalid::new("/_id", "_id, when given, must equal the id in the URL").into()),
+    }
+    let data = rules::user_data(&fields, "")?;
+    let result = state.documents.change(collection, id, expected, &Change::Replace { data, sv }).await?;
+    Ok(written(collection, result))
+}
+
+/// Patch a document
+///
+/// `application/json`: `{"set":{...},"unset":[...],"inc":{...}}` (dotted
+/// paths reach into nested objects); `application/merge-patch+json`: a JSON
+/// Merge Patch (RFC 7396). Without `If-Match`, concurrent patches are
+/// applied one after the other, so `inc` is an atomic increment.
+#[utoipa::path(
+    patch,
+    path = "/v1/collections/{collection}/documents/{id}",
+    operation_id = "v1.documents.patch",
+    tag = "documents",
+    params(DocumentPath, WriteQuery, ("If-Match" = Option<String>, Header, description = "\"<version>\" the change was computed from")),
+    request_body(content(
+        (DocumentPatch = "application/json"),
+        (Object = "application/merge-patch+json"),
+    )),
+    responses(
+        (status = 200, description = "Patched", body = DocumentOut, headers(("ETag" = String, description = "\"<version>\""))),
+        (status = 400, description = "Malformed JSON or `If-Match`", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`version_conflict` or `locked`", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`deleted`", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Neither JSON nor merge-patch JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`invalid_change` (an `inc` on a non-number) or invalid fields", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn patch_document(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<DocumentPath>,
+    ApiQuery(query): ApiQuery<WriteQuery>,
+    headers: HeaderMap,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let (collection, id) = path.check()?;
+    let expected = if_match(&headers)?;
+    let sv = schema_version(&query)?;
+    let media = media_type(&headers);
+    let change = match media.as_deref() {
+        Some("application/merge-patch+json") => {
+            let bytes = body_bytes(request, &state).await?;
+            match parse_json::<Value>(&bytes)? {
+                Value::Object(patch) => {
+                    // Validate up front so a bad patch is a 422 even when the
+                    // document is missing.
+                    rules::merge_patch(&Default::default(), &patch, "")?;
+                    Change::Merge { patch, sv }
+                }
+                _ => return Err(Invalid::new("", "a merge patch for a document must be a JSON object").into()),
+            }
+        }
+        Some("application/json") => {
+            let bytes = body_bytes(request, &state).await?;
+            let patch: DocumentPatch = parse_json(&bytes)?;
+            let patch = Patch::parse(patch.set.as_ref(), patch.unset.as_deref(), patch.inc.as_ref(), "")?;
+            Change::Patch { patch, sv }
+        }
+        _ => return Err(unsupported_media("application/json or application/merge-patch+json")),
+    };
+    let result = state.documents.change(collection, id, expected, &change).await?;
+    Ok(written(collection, result))
+}
+
+/// Delete a document
+///
+/// Leaves a tombstone: reads answer 410 with the tombstone's version, and
+/// creating the id again continues from that version.
+#[utoipa::path(
+    delete,
+    path = "/v1/collections/{collection}/documents/{id}",
+    operation_id = "v1.documents.delete",
+    tag = "documents",
+    params(DocumentPath, ("If-Match" = Option<String>, Header, description = "\"<version>\" the delete was decided at")),
+    responses(
+        (status = 204, description = "Deleted", headers(("ETag" = String, description = "\"<version>\" of the tombstone"))),
+        (status = 400, description = "Malformed `If-Match`", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`version_conflict` or `locked`", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`deleted` already", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn delete_document(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<DocumentPath>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (collection, id) = path.check()?;
+    let expected = if_match(&headers)?;
+    let result = state.documents.change(collection, id, expected, &Change::Delete).await?;
+    Ok(written(collection, result))
+}
+
+/// List documents
+///
+/// Live documents only, in id order, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/collections/{collection}/documents",
+    operation_id = "v1.documents.list",
+    tag = "documents",
+    params(CollectionPath, ListQuery),
+    responses(
+        (status = 200, description = "A page of documents", body = DocumentListOut),
+        (status = 422, description = "Bad collection name, limit or cursor", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_documents(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<CollectionPath>,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> Result<axum::Json<DocumentListOut>, ApiError> {
+    let collection = path.check()?;
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(Invalid::new("/query/limit", format!("limit must be between 1 and {MAX_PAGE}")).into());
+    }
+    let after = query.after.as_deref().map(decode_cursor).transpose()?;
+    let (items, next) = state.documents.list(collection, after.as_deref(), limit as usize).await?;
+    Ok(axum::Json(DocumentListOut {
+        items: items.into_iter().map(|l| DocumentOut::new(collection, l)).collect(),
+        next: next.as_deref().map(encode_cursor),
+    }))
+}
+
+pub fn encode_cursor(id: &str) -> String {
+    URL_SAFE_NO_PAD.encode(id)
+}
+
+pub fn decode_cursor(cursor: &str) -> Result<String, ApiError> {
+    URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .ok_or_else(|| Invalid::new("/query/after", "not a cursor returned by this API").into())
+}

@@ -1,0 +1,192 @@
+//! Extractors that answer bad input with problem+json: JSON bodies (with
+//! content-type and size checks), path and query parameters, and the
+//! `If-Match` / `If-None-Match` preconditions.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+
+/// The media type of the request body, lower-cased, without parameters.
+pub fn media_type(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    Some(value.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+}
+
+fn is_json(media: &str) -> bool {
+    media == "application/json" || (media.starts_with("application/") && media.ends_with("+json"))
+}
+
+pub fn unsupported_media(expected: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        format!("the body must be sent as {expected}"),
+    )
+}
+
+/// Read the whole body, answering 413 when it is over the limit.
+pub async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            too_large()
+        } else {
+            ApiError::bad_request("invalid_body", format!("could not read the request body: {rejection}"))
+        }
+    })
+}
+
+pub fn too_large() -> ApiError {
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the request body is larger than the limit")
+}
+
+/// Parse JSON: syntax errors are 400, well-formed JSON of the wrong shape 422.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|err| {
+        use serde_json::error::Category;
+        match err.classify() {
+            Category::Data => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", err.to_string()),
+            Category::Syntax | Category::Eof | Category::Io => {
+                ApiError::bad_request("invalid_json", format!("malformed JSON: {err}"))
+            }
+        }
+    })
+}
+
+/// A JSON body (`application/json` or any `application/*+json`), with the
+/// raw bytes kept for callers that store the request verbatim.
+pub struct JsonBody<T> {
+    pub value: T,
+    pub raw: Bytes,
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        if !media_type(req.headers()).is_some_and(|m| is_json(&m)) {
+            return Err(unsupported_media("application/json"));
+        }
+        let raw = body_bytes(req, state).await?;
+        Ok(Self { value: parse_json(&raw)?, raw })
+    }
+}
+
+/// Path parameters; a parameter that cannot be decoded is a 400.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| Self(p.0))
+            .map_err(|e| ApiError::bad_request("invalid_path", e.body_text()))
+    }
+}
+
+/// Query parameters; values of the wrong type are a 422.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| Self(q.0))
+            .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", e.body_text()))
+    }
+}
+
+/// `"<v>"`, the entity tag of version `v`.
+pub fn etag(version: i64) -> String {
+    format!("\"{version}\"")
+}
+
+fn parse_tag(tag: &str, name: &str) -> Result<i64, ApiError> {
+    let bad = || {
+        ApiError::bad_request(
+            "invalid_header",
+            format!("{name} must be \"*\" or a quoted version such as \"3\" (the ETag of the document), got {tag:?}"),
+        )
+    };
+    let inner = tag.strip_prefix('"').and_then(|t| t.strip_suffix('"')).ok_or_else(bad)?;
+    match inner.parse::<i64>() {
+        Ok(v) if v >= 0 && !inner.starts_with('+') => Ok(v),
+        _ => Err(bad()),
+    }
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &header::HeaderName) -> Result<Option<&'a str>, ApiError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else { return Ok(None) };
+    if values.next().is_some() {
+        return Err(ApiError::bad_request("invalid_header", format!("{name} may be given once")));
+    }
+    value
+        .to_str()
+        .map(|v| Some(v.trim()))
+        .map_err(|_| ApiError::bad_request("invalid_header", format!("{name} is not valid text")))
+}
+
+/// `If-Match`: `None` when absent or `*`, else the version it names.
+pub fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+    match header_str(headers, &header::IF_MATCH)? {
+        None | Some("*") => Ok(None),
+        Some(tag) if tag.contains(',') => Err(ApiError::bad_request(
+            "invalid_header",
+            "If-Match takes a single entity tag: the version the change was computed from",
+        )),
+        Some(tag) => parse_tag(tag, "If-Match").map(Some),
+    }
+}
+
+/// Whether `If-None-Match` matches a document at `version`.
+pub fn if_none_match(headers: &HeaderMap, version: i64) -> Result<bool, ApiError> {
+    match header_str(headers, &header::IF_NONE_MATCH)? {
+        None => Ok(false),
+        Some("*") => Ok(true),
+        Some(list) => {
+            let mut hit = false;
+            for tag in list.split(',').map(str::trim) {
+                let tag = tag.strip_prefix("W/").unwrap_or(tag);
+                hit |= parse_tag(tag, "If-None-Match")? == version;
+            }
+            Ok(hit)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(name: header::HeaderName, value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(name, HeaderValue::from_str(value).unwrap());
+        h
+    }
+
+    #[test]
+    fn if_match_forms() {
+        assert_eq!(if_match(&HeaderMap::new()).unwrap(), None);
+        assert_eq!(if_match(&headers(header::IF_MATCH, "*")).unwrap(), None);
+        assert_eq!(if_match(&headers(header::IF_MATCH, "\"12\"")).unwrap(), Some(12));
+        for bad in ["12", "\"x\"", "W/\"1\"", "\"1\", \"2\"", "\"-1\"", "\"+1\""] {
+            assert_eq!(if_match(&headers(header::IF_MATCH, bad)).unwrap_err().status, StatusCode::BAD_REQUEST, "{bad}");
+        }
+    }
+
+    #[test]
+    fn if_none_match_lists() {
+        assert!(if_none_match(&headers(header::IF_NONE_MATCH, "\"1\", W/\"3\""), 3).unwrap());
+        assert!(!if_none_match(&headers(header::IF_NONE_MATCH, "\"1\""), 3).unwrap());
+        assert!(if_none_match(&headers(header::IF_NONE_MATCH, "junk"), 3).is_err());
+    }
+}

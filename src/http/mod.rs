@@ -1,0 +1,149 @@
+//! The HTTP API: router, shared state, OpenAPI document and the operational
+//! endpoints (`/healthz`, `/readyz`, `/openapi.json`, `/docs`).
+
+pub mod documents;
+pub mod error;
+pub mod extract;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, State};
+use axum::http::{HeaderValue, Request, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use utoipa_redoc::Servable;
+
+use crate::documents::Documents;
+use crate::txn::Engine;
+use error::{ApiError, PROBLEM_JSON};
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub documents: Arc<Documents>,
+    pub engine: Arc<Engine>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "txgate",
+        description = "HTTP/JSON gateway for MongoDB: multi-document transactions, optimistic locking, durable post-commit webhooks.\n\nErrors are RFC 9457 `application/problem+json` with a stable `code`.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0"),
+    ),
+    tags(
+        (name = "documents", description = "Single documents with optimistic locking"),
+        (name = "operations", description = "Health and readiness"),
+    )
+)]
+struct ApiDoc;
+
+/// The routes and the OpenAPI document describing them.
+pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(documents::router())
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .split_for_parts()
+}
+
+/// The OpenAPI document as committed in `openapi/openapi.json`.
+pub fn openapi_json() -> String {
+    let mut text = api().1.to_pretty_json().expect("OpenAPI document serializes");
+    text.push('\n');
+    text
+}
+
+/// The complete application router.
+pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    let (routes, openapi) = api();
+    let spec = Arc::new(openapi_json());
+    let docs: Router<AppState> = utoipa_redoc::Redoc::with_url("/docs", openapi).into();
+    routes
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || {
+                let spec = Arc::clone(&spec);
+                async move { ([(header::CONTENT_TYPE, "application/json")], spec.as_str().to_owned()) }
+            }),
+        )
+        .merge(docs)
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .layer(axum::middleware::map_response(problem_for_bare_errors))
+        .layer(DefaultBodyLimit::disable())
+        .layer(RequestBodyLimitLayer::new(max_body_bytes))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &Request<_>| {
+                    let route = req.extensions().get::<MatchedPath>().map_or("", MatchedPath::as_str);
+                    tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), route)
+                })
+                .on_request(())
+                .on_response(|res: &Response, latency: Duration, _span: &tracing::Span| {
+                    tracing::info!(status = res.status().as_u16(), duration_ms = latency.as_millis() as u64, "request finished");
+                }),
+        )
+        .with_state(state)
+}
+
+/// Error responses produced outside the handlers (unknown method, body
+/// over the limit, ...) get a problem+json body like every other error.
+async fn problem_for_bare_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return response;
+    }
+    let (code, detail) = match status {
+        StatusCode::METHOD_NOT_ALLOWED => ("method_not_allowed", "this method is not allowed on this resource"),
+        StatusCode::PAYLOAD_TOO_LARGE => ("payload_too_large", "the request body is larger than the limit"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ("unsupported_media_type", "unsupported content type"),
+        StatusCode::NOT_FOUND => ("not_found", "not found"),
+        s if s.is_server_error() => ("internal", "internal error"),
+        _ => ("bad_request", "the request could not be understood"),
+    };
+    let allow = response.headers().get(header::ALLOW).cloned();
+    let mut problem = ApiError::new(status, code, detail).into_response();
+    if let Some(allow) = allow {
+        problem.headers_mut().insert(header::ALLOW, allow);
+    }
+    problem
+}
+
+/// Liveness
+///
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", operation_id = "v1.health.get", tag = "operations",
+    responses((status = 200, description = "Up", body = Object, example = json!({"status": "ok"}))))]
+async fn healthz() -> impl IntoResponse {
+    axum::Json(serde_json::json!({"status": "ok"}))
+}
+
+/// Readiness
+///
+/// The store answers and its migrations are applied.
+#[utoipa::path(get, path = "/readyz", operation_id = "v1.ready.get", tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = Object, example = json!({"status": "ready", "store": "mongodb"})),
+        (status = 503, description = "Store unreachable or migrations missing", body = error::Problem, content_type = "application/problem+json"),
+    ))]
+async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let store = state.engine.store.as_ref();
+    store.ping().await?;
+    if !crate::migrate::all_applied(store).await? {
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "migrations are not applied yet"));
+    }
+    let mut response =
+        axum::Json(serde_json::json!({"status": "ready", "store": store.backend()})).into_response();
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}

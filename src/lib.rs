@@ -1,0 +1,90 @@
+//! txgate: an HTTP/JSON gateway in front of MongoDB (or its embedded store)
+//! giving clients multi-document transactions, optimistic locking and
+//! durable post-commit webhooks on a store whose only atomic primitive is a
+//! single-document conditional update.
+
+pub mod config;
+pub mod documents;
+pub mod http;
+pub mod metrics;
+pub mod migrate;
+pub mod store;
+pub mod txn;
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use config::{Config, StoreConfig};
+use documents::Documents;
+use metrics::Metrics;
+use store::{DynStore, StoreError};
+use txn::Engine;
+
+/// Why the gateway could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("server error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Open the store the configuration names.
+pub async fn open_store(cfg: &StoreConfig) -> Result<DynStore, StoreError> {
+    Ok(match cfg {
+        StoreConfig::Embedded { data_dir } => Arc::new(store::embedded::EmbeddedStore::open(data_dir)?),
+        StoreConfig::Mongodb { uri, database } => Arc::new(store::mongo::MongoStore::connect(uri, database).await?),
+    })
+}
+
+/// Everything a running gateway is made of.
+pub struct App {
+    pub engine: Arc<Engine>,
+    pub documents: Arc<Documents>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl App {
+    pub fn new(config: &Config, store: DynStore) -> Self {
+        let metrics = Arc::new(Metrics::default());
+        let engine = Engine::new(store, config.txn.clone(), Arc::clone(&metrics));
+        let documents = Arc::new(Documents::new(Arc::clone(&engine)));
+        Self { engine, documents, metrics }
+    }
+
+    pub fn router(&self, config: &Config) -> axum::Router {
+        let state = http::AppState { documents: Arc::clone(&self.documents), engine: Arc::clone(&self.engine) };
+        http::router(state, config.max_body_bytes)
+    }
+}
+
+/// Serve on `listener` with `store` until `shutdown` is cancelled, then
+/// finish in-flight requests and background steps and return.
+pub async fn run_with_store(
+    config: Config,
+    store: DynStore,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), RunError> {
+    let applied = migrate::run(store.as_ref()).await?;
+    if !applied.is_empty() {
+        tracing::info!(count = applied.len(), "migrations applied");
+    }
+    let app = App::new(&config, store);
+    let router = app.router(&config);
+    tracing::info!(addr = %listener.local_addr()?, store = app.engine.store.backend(), "txgate listening");
+    axum::serve(listener, router).with_graceful_shutdown(shutdown.clone().cancelled_owned()).await?;
+    tracing::info!("HTTP server stopped; finishing background work");
+    app.engine.tasks.close();
+    app.engine.tasks.wait().await;
+    tracing::info!("shutdown complete");
+    Ok(())
+}
+
+/// Open the configured store and serve (see [`run_with_store`]).
+pub async fn run(config: Config, listener: TcpListener, shutdown: CancellationToken) -> Result<(), RunError> {
+    let store = open_store(&config.store).await?;
+    run_with_store(config, store, listener, shutdown).await
+}

@@ -1,0 +1,109 @@
+//! The `txgate` binary: parse the configuration, set up logging, dispatch.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+use txgate::config::{Cli, Command, Config, LogFormat};
+
+fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).init(),
+        LogFormat::Text => builder.init(),
+    }
+    // A panic is logged like any other event, so JSON logs stay JSON.
+    std::panic::set_hook(Box::new(|info| {
+        tracing::error!(panic = %info, "panic");
+    }));
+}
+
+async fn shutdown_signal(token: CancellationToken) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown requested");
+    token.cancel();
+}
+
+async fn serve(config: Config) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    if !addr.ip().is_loopback() {
+        return Err(format!(
+            "refusing to listen on {addr}: no API keys are configured, so txgate only listens on loopback addresses"
+        ));
+    }
+    tracing::info!("no API keys configured: serving on loopback only, without authentication");
+    let token = CancellationToken::new();
+    tokio::spawn(shutdown_signal(token.clone()));
+    txgate::run(config, listener, token).await.map_err(|e| e.to_string())
+}
+
+async fn migrate(config: Config) -> Result<(), String> {
+    let store = txgate::open_store(&config.store).await.map_err(|e| e.to_string())?;
+    let applied = txgate::migrate::run(store.as_ref()).await.map_err(|e| e.to_string())?;
+    println!("{} migration(s) applied; {} known", applied.len(), txgate::migrate::MIGRATIONS.len());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let command = cli.command.clone().unwrap_or(Command::Serve);
+    let config = match cli.settings.resolve() {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("txgate: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Command::Openapi { output } = &command {
+        let spec = txgate::http::openapi_json();
+        return match output {
+            Some(path) => match std::fs::write(path, spec) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("txgate: cannot write {}: {e}", path.display());
+                    ExitCode::FAILURE
+                }
+            },
+            None => {
+                print!("{spec}");
+                ExitCode::SUCCESS
+            }
+        };
+    }
+    init_tracing(config.log_format);
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let result = runtime.block_on(async {
+        match command {
+            Command::Migrate => migrate(config).await,
+            _ => serve(config).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!(error = %err, "txgate stopped");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The MongoDB backend: each store operation is one single-document command
+//! (`insertOne`, `replaceOne`, `updateOne`, `deleteOne`, `find`), so it
+//! works on a standalone server and never needs a replica set.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::TryStreamExt;
+use mongodb::error::{Error as MongoError, ErrorKind, WriteFailure};
+use mongodb::options::{ClientOptions, IndexOptions};
+use mongodb::{Client, Collection, Database, IndexModel};
+
+use super::{Document, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Update, doc};
+
+const DUPLICATE_KEY: i32 = 11000;
+
+/// Error codes meaning "this document cannot be stored as it is".
+const REJECTED_CODES: &[i32] = &[2, 14, 52, 55, 56, 57, 10334, 15974, 16755, 17419, 238];
+
+pub struct MongoStore {
+    db: Database,
+    /// User collections whose indexes this process has already ensured.
+    indexed: Mutex<HashSet<String>>,
+}
+
+fn map_err(err: MongoError) -> StoreError {
+    match err.kind.as_ref() {
+        ErrorKind::ServerSelection { .. }
+        | ErrorKind::Io(_)
+        | ErrorKind::ConnectionPoolCleared { .. }
+        | ErrorKind::DnsResolve { .. } => StoreError::Unavailable(err.to_string()),
+        ErrorKind::Write(WriteFailure::WriteError(e)) if REJECTED_CODES.contains(&e.code) => {
+            StoreError::Rejected(e.message.clone())
+        }
+        ErrorKind::Command(e) if REJECTED_CODES.contains(&e.code) => StoreError::Rejected(e.message.clone()),
+        ErrorKind::BsonSerialization(e) => StoreError::Rejected(e.to_string()),
+        _ => StoreError::Internal(err.to_string()),
+    }
+}
+
+fn is_duplicate(err: &MongoError) -> bool {
+    matches!(err.kind.as_ref(), ErrorKind::Write(WriteFailure::WriteError(e)) if e.code == DUPLICATE_KEY)
+}
+
+fn with_id(id: &str, mut filter: Document) -> Document {
+    filter.insert("_id", id);
+    filter
+}
+
+impl MongoStore {
+    /// Connect to `uri` and use database `database`. Fails fast (5 s server
+    /// selection) when the server is unreachable.
+    pub async fn connect(uri: &str, database: &str) -> StoreResult<Self> {
+        let mut options = ClientOptions::parse(uri).await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        options.app_name.get_or_insert_with(|| "txgate".to_owned());
+        options.server_selection_timeout.get_or_insert(Duration::from_secs(5));
+        options.connect_timeout.get_or_insert(Duration::from_secs(5));
+        let client = Client::with_options(options).map_err(map_err)?;
+        Ok(Self { db: client.database(database), indexed: Mutex::new(HashSet::new()) })
+    }
+
+    fn coll(&self, name: &str) -> Collection<Document> {
+        self.db.collection(name)
+    }
+
+    /// Drop the whole database (tests use one database each).
+    pub async fn drop_database(&self) -> StoreResult<()> {
+        self.db.drop().await.map_err(map_err)
+    }
+
+    /// User collections get the index the lock sweep scans by.
+    async fn ensure_user_indexes(&self, coll: &str) -> StoreResult<()> {
+        if coll.starts_with('_') || self.indexed.lock().expect("index set").contains(coll) {
+            return Ok(());
+        }
+        self.ensure_index(coll, IndexSpec { name: "meta_txn".into(), keys: doc! {"_meta.txn": 1}, unique: false })
+            .await?;
+        self.indexed.lock().expect("index set").insert(coll.to_owned());
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for MongoStore {
+    fn backend(&self) -> &'static str {
+        "mongodb"
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.db.run_command(doc! {"ping": 1}).await.map(|_| ()).map_err(map_err)
+    }
+
+    async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
+        self.coll(coll).find_one(doc! {"_id": id}).await.map_err(map_err)
+    }
+
+    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cursor = self.coll(coll).find(doc! {"_id": {"$in": ids}}).await.map_err(map_err)?;
+        cursor.try_collect().await.map_err(map_err)
+    }
+
+    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
+        self.ensure_user_indexes(coll).await?;
+        match self.coll(coll).insert_one(record).await {
+            Ok(_) => Ok(true),
+            Err(err) if is_duplicate(&err) => Ok(false),
+            Err(err) => Err(map_err(err)),
+        }
+    }
+
+    async fn replace(&self, coll: &str, id: &str, filter: Document, mut record: Record) -> StoreResult<bool> {
+        record.insert("_id", id);
+        let result = self.coll(coll).replace_one(with_id(id, filter), record).await.map_err(map_err)?;
+        Ok(result.matched_count == 1)
+    }
+
+    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
+        let mut spec = Document::new();
+        if !update.set.is_empty() {
+            spec.insert("$set", update.set);
+        }
+        if !update.unset.is_empty() {
+            let unset: Document = update.unset.into_iter().map(|path| (path, "".into())).collect();
+            spec.insert("$unset", unset);
+        }
+        if spec.is_empty() {
+            return Ok(self.coll(coll).count_documents(with_id(id, filter)).await.map_err(map_err)? == 1);
+        }
+        let result = self.coll(coll).update_one(with_id(id, filter), spec).await.map_err(map_err)?;
+        Ok(result.matched_count == 1)
+    }
+
+    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
+        let result = self.coll(coll).delete_one(with_id(id, filter)).await.map_err(map_err)?;
+        Ok(result.deleted_count == 1)
+    }
+
+    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+        let dir = if scan.sort.1 == Order::Asc { 1 } else { -1 };
+        let mut sort = doc! { scan.sort.0.clone(): dir };
+        if scan.sort.0 != "_id" {
+            sort.insert("_id", dir);
+        }
+        let limit = i64::try_from(scan.limit).unwrap_or(i64::MAX);
+        let cursor = self.coll(coll).find(scan.filter).sort(sort).limit(limit).await.map_err(map_err)?;
+        cursor.try_collect().await.map_err(map_err)
+    }
+
+    async fn collections(&self) -> StoreResult<Vec<String>> {
+        let mut names = self.db.list_collection_names().await.map_err(map_err)?;
+        names.sort();
+        Ok(names)
+    }
+
+    async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
+        let options = IndexOptions::builder().name(index.name).unique(index.unique.then_some(true)).build();
+        let model = IndexModel::builder().keys(index.keys).options(options).build();
+        self.coll(coll).create_index(model).await.map(|_| ()).map_err(map_err)
+    }
+}

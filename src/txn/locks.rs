@@ -1,0 +1,116 @@
+//! What anyone who meets a locked document does about it (DESIGN §3 step 3
+//! and §2): finish a committed holder's change on that document, clear the
+//! lock of a holder that is aborted, rolled back or gone, abort a holder
+//! whose lease ran out, and otherwise report it busy.
+//!
+//! Rule zero holds throughout: a lock is applied only after its holder was
+//! seen committed, and dropped only after it was seen aborted, rolled back
+//! or missing.
+
+use crate::documents::model::StoredDoc;
+use crate::store::{Bson, DateTime, StoreResult, doc};
+
+use super::Engine;
+use super::record::{Status, TXNS, TxnRecord};
+
+/// The outcome of meeting a lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// The lock was dealt with (or changed under us): read again.
+    Retry,
+    /// Held by a live transaction.
+    Busy { holder: String },
+}
+
+impl Engine {
+    /// The transaction record of `txn`, if it exists.
+    pub async fn record(&self, txn: &str) -> StoreResult<Option<TxnRecord>> {
+        match self.store.get(TXNS, txn).await? {
+            Some(rec) => TxnRecord::from_record(rec).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether a pending record's lease ran out by this instance's clock,
+    /// allowing for `clock_skew`.
+    pub fn lease_expired(&self, rec: &TxnRecord, now: DateTime) -> bool {
+        let skew = i64::try_from(self.cfg.clock_skew.as_millis()).unwrap_or(i64::MAX);
+        rec.expires_at.timestamp_millis().saturating_add(skew) < now.timestamp_millis()
+    }
+
+    /// CAS a pending record to aborted. `expires_at` pins the lease that was
+    /// judged expired, so a heartbeat that landed first wins. Returns the
+    /// record as it is afterwards (re-read: rule zero).
+    pub async fn abort_pending(
+        &self,
+        txn: &str,
+        expires_at: Option<DateTime>,
+        reason: &str,
+    ) -> StoreResult<Option<TxnRecord>> {
+        let mut filter = doc! {"status": "pending"};
+        if let Some(at) = expires_at {
+            filter.insert("expires_at", at);
+        }
+        let set = doc! {"status": "aborted", "abort_reason": reason, "finished_at": Bson::Null};
+        let done = self.store.update(TXNS, txn, filter, crate::store::Update::set(set)).await?;
+        if done {
+            self.metrics.aborted(reason);
+            tracing::info!(txn.id = %txn, reason, "transaction aborted");
+        }
+        self.record(txn).await
+    }
+
+    /// Deal with the lock on `doc` (which must carry one).
+    pub async fn settle(&self, coll: &str, doc: &StoredDoc) -> StoreResult<Settled> {
+        let Some(holder) = doc.meta.txn.clone() else { return Ok(Settled::Retry) };
+        let mut rec = self.record(&holder).await?;
+        loop {
+            match &rec {
+                None => {
+                    self.release_stale(&holder, coll, doc).await?;
+                    return Ok(Settled::Retry);
+                }
+                Some(r) if matches!(r.status, Status::Aborted | Status::RolledBack) => {
+                    self.release_stale(&holder, coll, doc).await?;
+                    return Ok(Settled::Retry);
+                }
+                Some(r) if r.status.is_committed() => {
+                    self.roll_forward_member(r, coll, doc).await?;
+                    return Ok(Settled::Retry);
+                }
+                Some(r) => {
+                    if !self.lease_expired(r, crate::store::now()) {
+                        return Ok(Settled::Busy { holder });
+                    }
+                    rec = self.abort_pending(&holder, Some(r.expires_at), "expired").await?;
+                }
+            }
+        }
+    }
+
+    /// Apply the staged change of committed `rec` to `doc` and release it.
+    /// The transaction's deliveries are made sure of first, so a lock is
+    /// never released before its hooks are recorded.
+    pub async fn roll_forward_member(&self, rec: &TxnRecord, coll: &str, doc: &StoredDoc) -> StoreResult<bool> {
+        if rec.status == Status::Committed {
+            self.ensure_outputs(rec).await?;
+        }
+        let at = rec.committed_at.unwrap_or_else(crate::store::now);
+        let next = doc.rolled_forward(at);
+        let filter = doc! {"_meta.txn": &rec.id, "_meta.v": doc.meta.v};
+        self.store.replace(coll, &doc.id, filter, next.to_record()).await
+    }
+
+    /// Drop the lock of a holder seen aborted, rolled back or missing.
+    pub async fn release_stale(&self, holder: &str, coll: &str, doc: &StoredDoc) -> StoreResult<bool> {
+        let filter = doc! {"_meta.txn": holder, "_meta.v": doc.meta.v};
+        let done = match doc.rolled_back() {
+            Some(restored) => self.store.replace(coll, &doc.id, filter, restored.to_record()).await?,
+            None => self.store.delete(coll, &doc.id, filter).await?,
+        };
+        if done {
+            self.metrics.recovery_action("lock_released");
+        }
+        Ok(done)
+    }
+}

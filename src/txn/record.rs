@@ -1,0 +1,114 @@
+//! The transaction record kept in `_txns`: the single document whose
+//! `status` field is the commit point.
+
+use serde::{Deserialize, Serialize};
+
+use crate::documents::model::StagedOp;
+use crate::store::{DateTime, Record, StoreError};
+
+pub const TXNS: &str = "_txns";
+
+/// `pending → committed → done`, or `pending → aborted → rolled_back`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pending,
+    Committed,
+    Done,
+    Aborted,
+    RolledBack,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Committed => "committed",
+            Status::Done => "done",
+            Status::Aborted => "aborted",
+            Status::RolledBack => "rolled_back",
+        }
+    }
+
+    /// Committed or done: the staged changes are the truth.
+    pub fn is_committed(self) -> bool {
+        matches!(self, Status::Committed | Status::Done)
+    }
+}
+
+/// One document of the resolved worklist.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Member {
+    pub collection: String,
+    pub id: String,
+    pub op: StagedOp,
+    /// The version the change was computed from, once known (the
+    /// `if_version` at prepare; the version read once locked).
+    #[serde(default)]
+    pub base_v: Option<i64>,
+}
+
+/// A member's version after the commit.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemberResult {
+    pub collection: String,
+    pub id: String,
+    pub version: i64,
+}
+
+/// Why a transaction did not commit, as answered to the client.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Failure {
+    pub code: String,
+    pub detail: String,
+    #[serde(default)]
+    pub action: Option<i64>,
+    #[serde(default)]
+    pub collection: Option<String>,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub expected: Option<i64>,
+    #[serde(default)]
+    pub actual: Option<i64>,
+    #[serde(default)]
+    pub retryable: bool,
+    #[serde(default)]
+    pub holder: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TxnRecord {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub status: Status,
+    pub started_at: DateTime,
+    pub expires_at: DateTime,
+    #[serde(default)]
+    pub committed_at: Option<DateTime>,
+    #[serde(default)]
+    pub finished_at: Option<DateTime>,
+    /// The request body exactly as the client sent it.
+    pub request: String,
+    pub members: Vec<Member>,
+    #[serde(default)]
+    pub results: Option<Vec<MemberResult>>,
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    #[serde(default)]
+    pub abort_reason: Option<String>,
+    #[serde(default)]
+    pub failure: Option<Failure>,
+    #[serde(default)]
+    pub hook_count: i64,
+}
+
+impl TxnRecord {
+    pub fn from_record(record: Record) -> Result<Self, StoreError> {
+        mongodb::bson::from_document(record).map_err(|e| StoreError::Internal(format!("bad transaction record: {e}")))
+    }
+
+    pub fn to_record(&self) -> Record {
+        mongodb::bson::to_document(self).expect("transaction record serializes")
+    }
+}
