@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
+use crate::http::auth::{ApiKey, parse_keys};
 use crate::txn::TxnConfig;
 
 #[derive(Parser, Debug)]
@@ -94,6 +95,9 @@ pub struct Settings {
     /// Request body limit in bytes (413 beyond).
     #[arg(long, global = true, env = "TXGATE_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// API keys, `key:scope[+scope],...` with scopes read, write, admin.
+    #[arg(long, global = true, env = "TXGATE_API_KEYS", hide_env_values = true)]
+    pub api_keys: Option<String>,
 }
 
 /// The resolved configuration.
@@ -105,6 +109,8 @@ pub struct Config {
     pub txn: TxnConfig,
     pub ttl_interval: Duration,
     pub max_body_bytes: usize,
+    /// Empty: no authentication, loopback only.
+    pub api_keys: Vec<ApiKey>,
 }
 
 #[derive(Clone, Debug)]
@@ -122,6 +128,7 @@ impl Default for Config {
             txn: TxnConfig::default(),
             ttl_interval: Duration::from_millis(500),
             max_body_bytes: 1024 * 1024,
+            api_keys: Vec::new(),
         }
     }
 }
@@ -152,6 +159,7 @@ impl Settings {
             txn_retention_secs: self.txn_retention_secs.or(file.txn_retention_secs),
             ttl_interval_ms: self.ttl_interval_ms.or(file.ttl_interval_ms),
             max_body_bytes: self.max_body_bytes.or(file.max_body_bytes),
+            api_keys: self.api_keys.or(file.api_keys),
         }
     }
 
@@ -173,10 +181,9 @@ impl Settings {
             (Some(StoreKind::Mongodb), None) => {
                 return Err("--store mongodb needs TXGATE_MONGODB_URI (or --mongodb-uri)".into());
             }
-            (Some(StoreKind::Mongodb) | None, Some(uri)) => StoreConfig::Mongodb {
-                uri,
-                database: settings.mongodb_database.unwrap_or_else(|| "txgate".into()),
-            },
+            (Some(StoreKind::Mongodb) | None, Some(uri)) => {
+                StoreConfig::Mongodb { uri, database: settings.mongodb_database.unwrap_or_else(|| "txgate".into()) }
+            }
             (Some(StoreKind::Embedded) | None, _) => {
                 StoreConfig::Embedded { data_dir: settings.data_dir.unwrap_or_else(|| PathBuf::from("./data")) }
             }
@@ -193,7 +200,12 @@ impl Settings {
         if max_body_bytes < 1024 {
             return Err("max_body_bytes must be at least 1024".into());
         }
+        let api_keys = match settings.api_keys.as_deref().map(str::trim) {
+            None | Some("") => Vec::new(),
+            Some(spec) => parse_keys(spec)?,
+        };
         Ok(Config {
+            api_keys,
             listen: settings.listen.unwrap_or(defaults.listen),
             store,
             log_format: settings.log_format.unwrap_or_default(),

@@ -56,7 +56,7 @@ impl App {
 
     pub fn router(&self, config: &Config) -> axum::Router {
         let state = http::AppState { documents: Arc::clone(&self.documents), engine: Arc::clone(&self.engine) };
-        http::router(state, config.max_body_bytes)
+        http::router(state, config.max_body_bytes, config.api_keys.clone())
     }
 }
 

@@ -47,12 +47,17 @@ async fn serve(config: Config) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    if !addr.ip().is_loopback() {
-        return Err(format!(
-            "refusing to listen on {addr}: no API keys are configured, so txgate only listens on loopback addresses"
-        ));
+    if config.api_keys.is_empty() {
+        if !addr.ip().is_loopback() {
+            return Err(format!(
+                "refusing to listen on {addr}: no API keys are configured (TXGATE_API_KEYS), \
+                 and without them txgate only listens on loopback addresses"
+            ));
+        }
+        tracing::warn!("no API keys configured: serving on loopback only, without authentication");
+    } else {
+        tracing::info!(keys = config.api_keys.len(), "API key authentication enabled");
     }
-    tracing::info!("no API keys configured: serving on loopback only, without authentication");
     let token = CancellationToken::new();
     tokio::spawn(shutdown_signal(token.clone()));
     txgate::run(config, listener, token).await.map_err(|e| e.to_string())

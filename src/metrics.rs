@@ -5,12 +5,15 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// A metric name and its label value.
+type Key = (&'static str, String);
+
 /// Counters keyed by `(name, label value)`.
 #[derive(Default)]
 pub struct Metrics {
-    counters: Mutex<BTreeMap<(&'static str, String), u64>>,
+    counters: Mutex<BTreeMap<Key, u64>>,
     /// Sum and count of observed durations, in seconds, per `(name, label)`.
-    timings: Mutex<BTreeMap<(&'static str, String), (f64, u64)>>,
+    timings: Mutex<BTreeMap<Key, (f64, u64)>>,
 }
 
 impl Metrics {

@@ -9,8 +9,7 @@ use crate::store::{Document, IndexSpec, Store, StoreError, StoreResult, doc, now
 pub const MIGRATIONS_COLLECTION: &str = "_migrations";
 
 /// Every migration, in order: `(name, JSON spec)`.
-pub const MIGRATIONS: &[(&str, &str)] =
-    &[("0001_transactions", include_str!("../migrations/0001_transactions.json"))];
+pub const MIGRATIONS: &[(&str, &str)] = &[("0001_transactions", include_str!("../migrations/0001_transactions.json"))];
 
 #[derive(Deserialize)]
 struct Spec {

@@ -172,7 +172,13 @@ impl Documents {
 
     /// Replace, patch or delete an existing document, optionally only at
     /// version `if_match`.
-    pub async fn change(&self, coll: &str, id: &str, if_match: Option<i64>, change: &Change) -> Result<Written, DocError> {
+    pub async fn change(
+        &self,
+        coll: &str,
+        id: &str,
+        if_match: Option<i64>,
+        change: &Change,
+    ) -> Result<Written, DocError> {
         let deadline = self.deadline();
         let mut backoff = Duration::from_millis(5);
         loop {
@@ -203,7 +209,12 @@ impl Documents {
 
     /// Live documents in id order after `after`, and the cursor of the next
     /// page (`None` at the end).
-    pub async fn list(&self, coll: &str, after: Option<&str>, limit: usize) -> Result<(Vec<Live>, Option<String>), DocError> {
+    pub async fn list(
+        &self,
+        coll: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<Live>, Option<String>), DocError> {
         let mut items = Vec::with_capacity(limit);
         let mut holders = HashMap::new();
         let mut cursor = after.map(str::to_owned);

@@ -66,7 +66,10 @@ pub enum View {
     /// Never existed (or only as an uncommitted insert).
     NotFound,
     /// A tombstone.
-    Deleted { version: i64, deleted_at: Option<DateTime> },
+    Deleted {
+        version: i64,
+        deleted_at: Option<DateTime>,
+    },
     Live(Live),
 }
 

@@ -37,7 +37,9 @@ pub fn check_collection(name: &str, pointer: &str) -> Result<(), Invalid> {
     } else {
         Err(Invalid::new(
             pointer,
-            format!("collection name {name:?} must match ^[a-zA-Z][a-zA-Z0-9_-]{{0,63}}$ (names starting with '_' are reserved)"),
+            format!(
+                "collection name {name:?} must match ^[a-zA-Z][a-zA-Z0-9_-]{{0,63}}$ (names starting with '_' are reserved)"
+            ),
         ))
     }
 }

@@ -14,16 +14,21 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::{ApiError, Problem};
-use super::extract::{ApiPath, ApiQuery, JsonBody, body_bytes, etag, if_match, if_none_match, media_type, parse_json, unsupported_media};
+use super::extract::{
+    ApiPath, ApiQuery, JsonBody, body_bytes, etag, if_match, if_none_match, media_type, parse_json, unsupported_media,
+};
 use crate::documents::model::{Live, View};
 use crate::documents::rules::{self, Invalid, Patch};
 use crate::documents::{Change, DocError, Written};
 use crate::store::convert::{document_to_object, rfc3339};
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(create_document, list_documents))
-        .routes(routes!(get_document, replace_document, patch_document, delete_document))
+    OpenApiRouter::new().routes(routes!(create_document, list_documents)).routes(routes!(
+        get_document,
+        replace_document,
+        patch_document,
+        delete_document
+    ))
 }
 
 /// A document as the API shows it.

@@ -75,9 +75,11 @@ impl ApiError {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "the store is unreachable; retry later")
                     .retry(Duration::from_secs(1))
             }
-            StoreError::Rejected(msg) => {
-                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "document_rejected", format!("the store refused the document: {msg}"))
-            }
+            StoreError::Rejected(msg) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "document_rejected",
+                format!("the store refused the document: {msg}"),
+            ),
             StoreError::Internal(msg) => {
                 tracing::error!(error = %msg, "internal store error");
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
@@ -119,9 +121,11 @@ impl From<DocError> for ApiError {
             DocError::AlreadyExists { version } => {
                 Self::new(StatusCode::CONFLICT, "already_exists", detail).with("version", version)
             }
-            DocError::VersionConflict { expected, actual } => Self::new(StatusCode::CONFLICT, "version_conflict", detail)
-                .with("expected", expected)
-                .with("actual", actual),
+            DocError::VersionConflict { expected, actual } => {
+                Self::new(StatusCode::CONFLICT, "version_conflict", detail)
+                    .with("expected", expected)
+                    .with("actual", actual)
+            }
             DocError::Locked { holder, retry_after } => {
                 Self::new(StatusCode::CONFLICT, "locked", detail).with("transaction", holder).retry(retry_after)
             }

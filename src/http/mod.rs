@@ -1,6 +1,7 @@
 //! The HTTP API: router, shared state, OpenAPI document and the operational
 //! endpoints (`/healthz`, `/readyz`, `/openapi.json`, `/docs`).
 
+pub mod auth;
 pub mod documents;
 pub mod error;
 pub mod extract;
@@ -61,10 +62,15 @@ pub fn openapi_json() -> String {
 }
 
 /// The complete application router.
-pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+pub fn router(state: AppState, max_body_bytes: usize, api_keys: Vec<auth::ApiKey>) -> Router {
     let (routes, openapi) = api();
     let spec = Arc::new(openapi_json());
     let docs: Router<AppState> = utoipa_redoc::Redoc::with_url("/docs", openapi).into();
+    let routes = if api_keys.is_empty() {
+        routes
+    } else {
+        routes.layer(axum::middleware::from_fn_with_state(Arc::new(api_keys), auth::require_key))
+    };
     routes
         .route(
             "/openapi.json",
@@ -75,9 +81,9 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         )
         .merge(docs)
         .fallback(|| async { ApiError::not_found("no such endpoint") })
-        .layer(axum::middleware::map_response(problem_for_bare_errors))
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(max_body_bytes))
+        .layer(axum::middleware::map_response(problem_for_bare_errors))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(|req: &Request<_>| {
@@ -86,7 +92,11 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
                 })
                 .on_request(())
                 .on_response(|res: &Response, latency: Duration, _span: &tracing::Span| {
-                    tracing::info!(status = res.status().as_u16(), duration_ms = latency.as_millis() as u64, "request finished");
+                    tracing::info!(
+                        status = res.status().as_u16(),
+                        duration_ms = latency.as_millis() as u64,
+                        "request finished"
+                    );
                 }),
         )
         .with_state(state)
@@ -96,10 +106,8 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
 /// over the limit, ...) get a problem+json body like every other error.
 async fn problem_for_bare_errors(response: Response) -> Response {
     let status = response.status();
-    let is_problem = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+    let is_problem =
+        response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
     if !(status.is_client_error() || status.is_server_error()) || is_problem {
         return response;
     }
@@ -142,8 +150,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
     if !crate::migrate::all_applied(store).await? {
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "migrations are not applied yet"));
     }
-    let mut response =
-        axum::Json(serde_json::json!({"status": "ready", "store": store.backend()})).into_response();
+    let mut response = axum::Json(serde_json::json!({"status": "ready", "store": store.backend()})).into_response();
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(response)
 }

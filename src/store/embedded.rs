@@ -76,17 +76,13 @@ impl EmbeddedStore {
 
     async fn write(&self, op: WriteOp) -> StoreResult<bool> {
         let (tx, rx) = oneshot::channel();
-        self.writer
-            .send((op, tx))
-            .map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?;
+        self.writer.send((op, tx)).map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?;
         rx.await.map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?
     }
 
     async fn read<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&redb::ReadOnlyTable<(&'static str, &'static str), &'static [u8]>) -> StoreResult<T>
-        + Send
-        + 'static,
+        f: impl FnOnce(&redb::ReadOnlyTable<(&'static str, &'static str), &'static [u8]>) -> StoreResult<T> + Send + 'static,
     ) -> StoreResult<T> {
         let db = Arc::clone(&self.db);
         tokio::task::spawn_blocking(move || {
@@ -262,7 +258,11 @@ impl Store for EmbeddedStore {
             let lower = start.as_deref().unwrap_or("");
             let range = table.range((coll.as_str(), lower)..(end.as_str(), "")).map_err(internal)?;
             let mut out = Vec::new();
-            let mut push = |entry: Result<(redb::AccessGuard<(&str, &str)>, redb::AccessGuard<&[u8]>), redb::StorageError>| -> StoreResult<bool> {
+            let mut push = |entry: Result<
+                (redb::AccessGuard<(&str, &str)>, redb::AccessGuard<&[u8]>),
+                redb::StorageError,
+            >|
+             -> StoreResult<bool> {
                 let (_, value) = entry.map_err(internal)?;
                 let record = decode(value.value())?;
                 if matches(&record, &scan.filter)? {

@@ -1,8 +1,16 @@
 //! The MongoDB backend: each store operation is one single-document command
 //! (`insertOne`, `replaceOne`, `updateOne`, `deleteOne`, `find`), so it
 //! works on a standalone server and never needs a replica set.
+//!
+//! MongoDB applies a filtered single-document write atomically. Some
+//! MongoDB-wire servers do not (FerretDB 1.x runs the filter and the write
+//! as two statements), so this backend also serializes its own conditional
+//! writes per record: within one process a conditional write is atomic on
+//! any such server, and on MongoDB the extra ordering costs nothing but a
+//! little queueing on a hot document.
 
 use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -19,8 +27,12 @@ const DUPLICATE_KEY: i32 = 11000;
 /// Error codes meaning "this document cannot be stored as it is".
 const REJECTED_CODES: &[i32] = &[2, 14, 52, 55, 56, 57, 10334, 15974, 16755, 17419, 238];
 
+/// Stripes of the per-record write serialization.
+const WRITE_STRIPES: usize = 1024;
+
 pub struct MongoStore {
     db: Database,
+    stripes: Vec<tokio::sync::Mutex<()>>,
     /// User collections whose indexes this process has already ensured.
     indexed: Mutex<HashSet<String>>,
 }
@@ -58,7 +70,18 @@ impl MongoStore {
         options.server_selection_timeout.get_or_insert(Duration::from_secs(5));
         options.connect_timeout.get_or_insert(Duration::from_secs(5));
         let client = Client::with_options(options).map_err(map_err)?;
-        Ok(Self { db: client.database(database), indexed: Mutex::new(HashSet::new()) })
+        Ok(Self {
+            db: client.database(database),
+            stripes: (0..WRITE_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            indexed: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// Hold while issuing a conditional write to record `(coll, id)`.
+    async fn serialize(&self, coll: &str, id: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (coll, id).hash(&mut hasher);
+        self.stripes[(hasher.finish() as usize) % WRITE_STRIPES].lock().await
     }
 
     fn coll(&self, name: &str) -> Collection<Document> {
@@ -115,6 +138,7 @@ impl Store for MongoStore {
 
     async fn replace(&self, coll: &str, id: &str, filter: Document, mut record: Record) -> StoreResult<bool> {
         record.insert("_id", id);
+        let _turn = self.serialize(coll, id).await;
         let result = self.coll(coll).replace_one(with_id(id, filter), record).await.map_err(map_err)?;
         Ok(result.matched_count == 1)
     }
@@ -131,11 +155,13 @@ impl Store for MongoStore {
         if spec.is_empty() {
             return Ok(self.coll(coll).count_documents(with_id(id, filter)).await.map_err(map_err)? == 1);
         }
+        let _turn = self.serialize(coll, id).await;
         let result = self.coll(coll).update_one(with_id(id, filter), spec).await.map_err(map_err)?;
         Ok(result.matched_count == 1)
     }
 
     async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
+        let _turn = self.serialize(coll, id).await;
         let result = self.coll(coll).delete_one(with_id(id, filter)).await.map_err(map_err)?;
         Ok(result.deleted_count == 1)
     }

@@ -1,0 +1,10 @@
+//! Integration tests: one binary, a real gateway over HTTP against both
+//! stores (MongoDB through the server `scripts/test` starts).
+
+mod support;
+
+mod auth;
+mod documents;
+mod openapi;
+mod restart;
+mod store;

@@ -1,0 +1,181 @@
+//! The test harness: a real gateway on `127.0.0.1:0` against a real store,
+//! one store (temp directory or MongoDB database) per test.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::{Method, RequestBuilder, Response};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use txgate::config::{Config, StoreConfig};
+use txgate::store::DynStore;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Embedded,
+    Mongodb,
+}
+
+/// The MongoDB-wire server the tests use. Missing is a failure: the test
+/// script starts one; set `TXGATE_TEST_MONGO=skip` to opt out explicitly.
+pub fn mongodb_uri() -> Option<String> {
+    match std::env::var("TXGATE_TEST_MONGODB_URI") {
+        Ok(uri) if !uri.is_empty() => Some(uri),
+        _ if std::env::var("CI").as_deref() != Ok("true")
+            && std::env::var("TXGATE_TEST_MONGO").as_deref() == Ok("skip") =>
+        {
+            eprintln!("SKIPPED: MongoDB-backed test (TXGATE_TEST_MONGO=skip)");
+            None
+        }
+        _ => panic!(
+            "TXGATE_TEST_MONGODB_URI is not set: run the tests with scripts/test, which starts a MongoDB-wire server \
+             (or set TXGATE_TEST_MONGO=skip outside CI to skip MongoDB-backed tests)"
+        ),
+    }
+}
+
+/// A fresh, empty store for one test.
+pub struct TestStore {
+    pub store: DynStore,
+    pub config: StoreConfig,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestStore {
+    pub async fn new(backend: Backend) -> Option<Self> {
+        match backend {
+            Backend::Embedded => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let config = StoreConfig::Embedded { data_dir: dir.path().to_owned() };
+                let store = txgate::open_store(&config).await.expect("embedded store opens");
+                Some(Self { store, config, _dir: Some(dir) })
+            }
+            Backend::Mongodb => {
+                let uri = mongodb_uri()?;
+                let database = format!("it_{}", uuid::Uuid::now_v7().simple());
+                let config = StoreConfig::Mongodb { uri, database };
+                let store = txgate::open_store(&config).await.expect("mongodb store opens");
+                Some(Self { store, config, _dir: None })
+            }
+        }
+    }
+}
+
+pub fn test_config(store: StoreConfig) -> Config {
+    let mut config = Config { store, ..Config::default() };
+    config.txn.lock_wait = Duration::from_millis(300);
+    config
+}
+
+pub struct TestApp {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub store: DynStore,
+    pub config: Config,
+    shutdown: CancellationToken,
+    server: Option<tokio::task::JoinHandle<()>>,
+    _store: Option<TestStore>,
+}
+
+impl TestApp {
+    /// A gateway on a fresh store; `None` only when MongoDB tests are
+    /// explicitly skipped.
+    pub async fn spawn(backend: Backend) -> Option<Self> {
+        Self::spawn_with(backend, |_| {}).await
+    }
+
+    pub async fn spawn_with(backend: Backend, tweak: impl FnOnce(&mut Config)) -> Option<Self> {
+        let ts = TestStore::new(backend).await?;
+        let mut config = test_config(ts.config.clone());
+        tweak(&mut config);
+        let store = Arc::clone(&ts.store);
+        Some(Self::on_store(config, store, Some(ts)).await)
+    }
+
+    /// A gateway over an existing store (several instances on one store,
+    /// or a store wrapped for fault injection).
+    pub async fn on_store(config: Config, store: DynStore, keep: Option<TestStore>) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let shutdown = CancellationToken::new();
+        let server = {
+            let (config, store, shutdown) = (config.clone(), Arc::clone(&store), shutdown.clone());
+            tokio::spawn(async move {
+                txgate::run_with_store(config, store, listener, shutdown).await.expect("gateway runs");
+            })
+        };
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client");
+        Self { base, client, store, config, shutdown, server: Some(server), _store: keep }
+    }
+
+    pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.client.request(method, format!("{}{path}", self.base))
+    }
+
+    pub async fn get(&self, path: &str) -> Response {
+        self.request(Method::GET, path).send().await.expect("request sent")
+    }
+
+    pub async fn send_json(&self, method: Method, path: &str, body: &Value) -> Response {
+        self.request(method, path).json(body).send().await.expect("request sent")
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> Response {
+        self.send_json(Method::POST, path, body).await
+    }
+
+    /// Stop the gateway and wait for it to finish.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(server) = self.server.take() {
+            tokio::time::timeout(Duration::from_secs(20), server).await.expect("gateway stops in time").unwrap();
+        }
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// The JSON body of a response, asserting its status first.
+pub async fn expect(response: Response, status: u16) -> Value {
+    let got = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    assert_eq!(got, status, "unexpected status; body: {text}");
+    if text.is_empty() { Value::Null } else { serde_json::from_str(&text).expect("JSON body") }
+}
+
+/// A problem+json response with `status` and `code`; returns the body.
+pub async fn expect_problem(response: Response, status: u16, code: &str) -> Value {
+    let content_type = response.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
+    let body = expect(response, status).await;
+    assert_eq!(content_type.as_deref(), Some("application/problem+json"), "body: {body}");
+    assert_eq!(body["code"], code, "body: {body}");
+    assert_eq!(body["status"], status);
+    body
+}
+
+/// Run one conformance test against both backends, the backend in the name.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::support::Backend::Embedded).await
+                }
+            )*
+        }
+        mod mongodb {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::support::Backend::Mongodb).await
+                }
+            )*
+        }
+    };
+}
