@@ -95,6 +95,12 @@ pub struct Settings {
     /// Request body limit in bytes (413 beyond).
     #[arg(long, global = true, env = "TXGATE_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// Most actions in one transaction.
+    #[arg(long, global = true, env = "TXGATE_MAX_ACTIONS")]
+    pub max_actions: Option<usize>,
+    /// Most hooks in one transaction.
+    #[arg(long, global = true, env = "TXGATE_MAX_HOOKS")]
+    pub max_hooks: Option<usize>,
     /// API keys, `key:scope[+scope],...` with scopes read, write, admin.
     #[arg(long, global = true, env = "TXGATE_API_KEYS", hide_env_values = true)]
     pub api_keys: Option<String>,
@@ -159,6 +165,8 @@ impl Settings {
             txn_retention_secs: self.txn_retention_secs.or(file.txn_retention_secs),
             ttl_interval_ms: self.ttl_interval_ms.or(file.ttl_interval_ms),
             max_body_bytes: self.max_body_bytes.or(file.max_body_bytes),
+            max_actions: self.max_actions.or(file.max_actions),
+            max_hooks: self.max_hooks.or(file.max_hooks),
             api_keys: self.api_keys.or(file.api_keys),
         }
     }
@@ -195,6 +203,8 @@ impl Settings {
             clock_skew: settings.clock_skew_ms.map_or(d.clock_skew, Duration::from_millis),
             recovery_interval: positive("recovery_interval_ms", settings.recovery_interval_ms, d.recovery_interval)?,
             retention: settings.txn_retention_secs.map_or(d.retention, Duration::from_secs),
+            max_actions: settings.max_actions.unwrap_or(d.max_actions).max(1),
+            max_hooks: settings.max_hooks.unwrap_or(d.max_hooks),
         };
         let max_body_bytes = settings.max_body_bytes.unwrap_or(defaults.max_body_bytes);
         if max_body_bytes < 1024 {

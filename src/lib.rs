@@ -74,9 +74,16 @@ pub async fn run_with_store(
     }
     let app = App::new(&config, store);
     let router = app.router(&config);
+    let workers = tokio_util::task::TaskTracker::new();
+    let stop_workers = CancellationToken::new();
+    workers.spawn(Arc::clone(&app.engine).run_recovery(stop_workers.clone()));
+    workers.close();
     tracing::info!(addr = %listener.local_addr()?, store = app.engine.store.backend(), "txgate listening");
     axum::serve(listener, router).with_graceful_shutdown(shutdown.clone().cancelled_owned()).await?;
     tracing::info!("HTTP server stopped; finishing background work");
+    // Workers finish the step they are in; then request follow-ups finish.
+    stop_workers.cancel();
+    workers.wait().await;
     app.engine.tasks.close();
     app.engine.tasks.wait().await;
     tracing::info!("shutdown complete");

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod documents;
 pub mod error;
 pub mod extract;
+pub mod transactions;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,7 @@ pub struct AppState {
     ),
     tags(
         (name = "documents", description = "Single documents with optimistic locking"),
+        (name = "transactions", description = "Multi-document transactions"),
         (name = "operations", description = "Health and readiness"),
     )
 )]
@@ -49,6 +51,7 @@ struct ApiDoc;
 pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(documents::router())
+        .merge(transactions::router())
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .split_for_parts()

@@ -2,9 +2,13 @@
 //! commit protocol, lock conflicts and wound-wait, roll-forward, roll-back
 //! and recovery (DESIGN §3).
 
+pub mod commit;
 pub mod finish;
+pub mod idem;
 pub mod locks;
+pub mod plan;
 pub mod record;
+pub mod recovery;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -26,6 +30,10 @@ pub struct TxnConfig {
     pub recovery_interval: Duration,
     /// How long finished records are kept.
     pub retention: Duration,
+    /// Most actions one transaction may have.
+    pub max_actions: usize,
+    /// Most hooks one transaction may have.
+    pub max_hooks: usize,
 }
 
 impl Default for TxnConfig {
@@ -36,6 +44,8 @@ impl Default for TxnConfig {
             clock_skew: Duration::from_millis(1000),
             recovery_interval: Duration::from_millis(1000),
             retention: Duration::from_secs(24 * 3600),
+            max_actions: 1000,
+            max_hooks: 16,
         }
     }
 }
@@ -62,4 +72,25 @@ impl Engine {
     pub async fn ensure_outputs(&self, _rec: &TxnRecord) -> StoreResult<()> {
         Ok(())
     }
+}
+
+/// The commit summary: the 200 answer, and the default hook body.
+pub fn summary(rec: &TxnRecord) -> serde_json::Value {
+    use crate::store::convert::rfc3339;
+    let results: Vec<_> = rec
+        .results
+        .iter()
+        .flatten()
+        .map(|r| serde_json::json!({"collection": r.collection, "id": r.id, "version": r.version}))
+        .collect();
+    let hooks: Vec<_> = (0..rec.hook_count)
+        .map(|i| serde_json::json!({"id": format!("{}:{i}", rec.id), "status": "pending"}))
+        .collect();
+    serde_json::json!({
+        "id": rec.id,
+        "status": "committed",
+        "committed_at": rec.committed_at.map(rfc3339),
+        "results": results,
+        "hooks": hooks,
+    })
 }

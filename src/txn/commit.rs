@@ -1,0 +1,573 @@
+//! Running one transaction (DESIGN §3 steps 1–4): prepare the record, lock
+//! and stage every member in parallel, resolve conflicts (helping committed
+//! holders, clearing dead ones, wound-wait between live ones), then pass the
+//! commit point with one CAS on the record. Roll-forward (step 5) continues
+//! in the background after the answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::try_join_all;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::documents::model::{Staged, StagedOp, StoredDoc, View};
+use crate::store::{Bson, DateTime, StoreError, Update, doc, now};
+
+use super::Engine;
+use super::plan::{Action, ActionOp, Plan};
+use super::record::{Failure, Member, MemberResult, Status, TXNS, TxnRecord};
+
+/// Why a transaction did not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum TxnError {
+    /// 409: nothing applied. `failure.code` says why.
+    #[error("transaction {txn} aborted: {}", failure.detail)]
+    Aborted { txn: String, failure: Failure },
+    /// 422 `invalid_change`: a staged change cannot apply; nothing applied.
+    #[error("transaction {txn}: {}", failure.detail)]
+    InvalidChange { txn: String, failure: Failure },
+    /// The store failed before the commit point: nothing applied.
+    #[error("transaction {txn}: store error: {source}")]
+    Store { txn: String, source: StoreError },
+    /// The commit CAS could not be confirmed either way.
+    #[error("transaction {txn}: outcome unknown")]
+    OutcomeUnknown { txn: String },
+}
+
+/// A committed transaction, as answered to the client.
+#[derive(Clone, Debug)]
+pub struct Committed {
+    pub record: TxnRecord,
+}
+
+/// A member failed; carries what the 409/422 body says.
+struct MemberFailure {
+    failure: Failure,
+    invalid: bool,
+}
+
+enum Step {
+    Locked { base_v: i64 },
+    Failed(MemberFailure),
+}
+
+fn failure(code: &str, detail: impl Into<String>, retryable: bool) -> Failure {
+    Failure {
+        code: code.to_owned(),
+        detail: detail.into(),
+        action: None,
+        collection: None,
+        id: None,
+        expected: None,
+        actual: None,
+        retryable,
+        holder: None,
+    }
+}
+
+/// The timestamp a UUIDv7 transaction id carries: its age for wound-wait.
+pub fn txn_age(id: &str) -> (u64, &str) {
+    let millis = uuid::Uuid::parse_str(id)
+        .ok()
+        .and_then(|u| u.get_timestamp())
+        .map(|ts| {
+            let (secs, nanos) = ts.to_unix();
+            secs * 1000 + u64::from(nanos) / 1_000_000
+        })
+        .unwrap_or(u64::MAX);
+    (millis, id)
+}
+
+/// Whether transaction `a` is older than `b` (wound-wait priority).
+pub fn older(a: &str, b: &str) -> bool {
+    txn_age(a) < txn_age(b)
+}
+
+const MAX_BACKOFF: Duration = Duration::from_millis(50);
+
+impl Engine {
+    /// Run `plan` as a transaction: `Ok` once its commit point is passed.
+    pub async fn execute(self: &Arc<Self>, plan: &Plan, txn: Option<String>) -> Result<Committed, TxnError> {
+        let txn = txn.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let started = std::time::Instant::now();
+        let span = tracing::info_span!("transaction", txn.id = %txn, members = plan.actions.len());
+        let result = tracing::Instrument::instrument(self.run(plan, &txn), span).await;
+        let outcome = match &result {
+            Ok(_) => "committed",
+            Err(TxnError::Aborted { failure, .. } | TxnError::InvalidChange { failure, .. }) => {
+                self.metrics.incr("txgate_conflicts_total", &failure.code);
+                "aborted"
+            }
+            Err(_) => "error",
+        };
+        self.metrics.incr("txgate_transactions_total", outcome);
+        self.metrics.observe("txgate_transaction_duration_seconds", outcome, started.elapsed());
+        result
+    }
+
+    async fn run(self: &Arc<Self>, plan: &Plan, txn: &str) -> Result<Committed, TxnError> {
+        let store_err = |source| TxnError::Store { txn: txn.to_owned(), source };
+        // 1. Prepare: the record with the whole worklist exists before any lock.
+        let started_at = now();
+        let record = TxnRecord {
+            id: txn.to_owned(),
+            status: Status::Pending,
+            started_at,
+            expires_at: self.lease_from(started_at),
+            committed_at: None,
+            finished_at: None,
+            request: plan.request.clone(),
+            members: plan
+                .actions
+                .iter()
+                .map(|a| Member {
+                    collection: a.collection.clone(),
+                    id: a.id.clone(),
+                    op: a.op.staged(),
+                    base_v: a.if_version,
+                })
+                .collect(),
+            results: None,
+            idempotency_key: plan.idempotency_key.clone(),
+            abort_reason: None,
+            failure: None,
+            hook_count: plan.hook_count as i64,
+        };
+        if !self.store.insert(TXNS, record.to_record()).await.map_err(store_err)? {
+            return Err(store_err(StoreError::Internal(format!("transaction id {txn} already exists"))));
+        }
+        let wounded = CancellationToken::new();
+        let heartbeat = self.spawn_heartbeat(txn, wounded.clone());
+        let result = self.lock_and_commit(plan, record, &wounded).await;
+        heartbeat.cancel();
+        result
+    }
+
+    fn lease_from(&self, at: DateTime) -> DateTime {
+        let lease = i64::try_from(self.cfg.lease.as_millis()).unwrap_or(i64::MAX);
+        DateTime::from_millis(at.timestamp_millis().saturating_add(lease))
+    }
+
+    /// Extend the lease every lease/3 while the transaction runs; cancel
+    /// `wounded` as soon as the record is seen aborted.
+    fn spawn_heartbeat(self: &Arc<Self>, txn: &str, wounded: CancellationToken) -> CancellationToken {
+        let stop = CancellationToken::new();
+        let (engine, txn, stop2) = (Arc::clone(self), txn.to_owned(), stop.clone());
+        tokio::spawn(async move {
+            let period = engine.cfg.lease / 3;
+            loop {
+                tokio::select! {
+                    () = stop2.cancelled() => return,
+                    () = tokio::time::sleep(period) => {}
+                }
+                let set = doc! {"expires_at": engine.lease_from(now())};
+                match engine.store.update(TXNS, &txn, doc! {"status": "pending"}, Update::set(set)).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // Not pending any more: find out why (rule zero).
+                        if let Ok(Some(rec)) = engine.record(&txn).await
+                            && matches!(rec.status, Status::Aborted | Status::RolledBack)
+                        {
+                            wounded.cancel();
+                        }
+                        return;
+                    }
+                    Err(err) => tracing::warn!(txn.id = %txn, error = %err, "heartbeat failed"),
+                }
+            }
+        });
+        stop
+    }
+
+    async fn lock_and_commit(
+        self: &Arc<Self>,
+        plan: &Plan,
+        mut record: TxnRecord,
+        wounded: &CancellationToken,
+    ) -> Result<Committed, TxnError> {
+        let txn = record.id.clone();
+        let deadline = Instant::now() + self.cfg.lock_wait;
+        // First reads in one round trip per collection.
+        let mut first: std::collections::HashMap<(String, String), StoredDoc> = std::collections::HashMap::new();
+        let mut by_coll: std::collections::BTreeMap<&str, Vec<String>> = std::collections::BTreeMap::new();
+        for a in &plan.actions {
+            by_coll.entry(&a.collection).or_default().push(a.id.clone());
+        }
+        for (coll, ids) in by_coll {
+            let records = self.store.get_many(coll, &ids).await;
+            let records = match records {
+                Ok(r) => r,
+                Err(source) => return Err(self.give_up(&txn, TxnError::Store { txn: txn.clone(), source }).await),
+            };
+            for rec in records {
+                match StoredDoc::from_record(rec) {
+                    Ok(d) => {
+                        first.insert((coll.to_owned(), d.id.clone()), d);
+                    }
+                    Err(source) => return Err(self.give_up(&txn, TxnError::Store { txn: txn.clone(), source }).await),
+                }
+            }
+        }
+        // 2–3. Lock and stage every member, in parallel.
+        let txn_ref = txn.as_str();
+        let steps = try_join_all(plan.actions.iter().enumerate().map(|(i, action)| {
+            let txn = txn_ref;
+            let seen = first.get(&(action.collection.clone(), action.id.clone())).cloned();
+            let known = seen.is_some();
+            async move {
+                match self.lock_member(txn, plan, action, seen, known, deadline, wounded).await? {
+                    Step::Locked { base_v } => Ok((i, base_v)),
+                    Step::Failed(mut f) => {
+                        f.failure.action = Some(i as i64);
+                        f.failure.collection = Some(action.collection.clone());
+                        f.failure.id = Some(action.id.clone());
+                        Err(Ok(f))
+                    }
+                }
+            }
+        }))
+        .await;
+        let bases = match steps {
+            Ok(bases) => bases,
+            Err(Ok(member)) => {
+                let err = if member.invalid {
+                    TxnError::InvalidChange { txn: txn.clone(), failure: member.failure }
+                } else {
+                    TxnError::Aborted { txn: txn.clone(), failure: member.failure }
+                };
+                return Err(self.give_up(&txn, err).await);
+            }
+            Err(Err(source)) => return Err(self.give_up(&txn, TxnError::Store { txn: txn.clone(), source }).await),
+        };
+        // 4. Commit point.
+        let committed_at = now();
+        let mut results = vec![None; plan.actions.len()];
+        for (i, base_v) in bases {
+            let a = &plan.actions[i];
+            let version = if matches!(a.op, ActionOp::Check) { base_v } else { base_v + 1 };
+            results[i] = Some(MemberResult { collection: a.collection.clone(), id: a.id.clone(), version });
+            record.members[i].base_v = Some(base_v);
+        }
+        let results: Vec<MemberResult> = results.into_iter().map(|r| r.expect("every member locked")).collect();
+        let members = mongodb::bson::to_bson(&record.members).expect("members serialize");
+        let results_bson = mongodb::bson::to_bson(&results).expect("results serialize");
+        let set =
+            doc! {"status": "committed", "committed_at": committed_at, "results": results_bson, "members": members};
+        let cas = self.store.update(TXNS, &txn, doc! {"status": "pending"}, Update::set(set)).await;
+        let decided = match cas {
+            Ok(true) => None,
+            // Lost the CAS or cannot tell: re-read until the outcome is known.
+            Ok(false) | Err(_) => Some(self.outcome_after_commit_attempt(&txn).await),
+        };
+        let record = match decided {
+            None => {
+                record.status = Status::Committed;
+                record.committed_at = Some(committed_at);
+                record.results = Some(results);
+                record
+            }
+            Some(Ok(rec)) if rec.status.is_committed() => rec,
+            Some(Ok(rec)) => {
+                let reason = rec.abort_reason.clone().unwrap_or_else(|| "aborted".into());
+                let err = TxnError::Aborted {
+                    txn: txn.clone(),
+                    failure: failure("aborted", format!("the transaction was aborted ({reason})"), true),
+                };
+                self.roll_back_in_background(rec);
+                return Err(err);
+            }
+            Some(Err(err)) => return Err(err),
+        };
+        tracing::info!(txn.id = %txn, "transaction committed");
+        // 5. Roll forward after the answer; recovery finishes it if this fails.
+        let engine = Arc::clone(self);
+        let rec = record.clone();
+        self.tasks.spawn(async move {
+            if let Err(err) = engine.roll_forward(&rec).await {
+                tracing::warn!(txn.id = %rec.id, error = %err, "roll-forward failed; recovery will finish it");
+            }
+        });
+        Ok(Committed { record })
+    }
+
+    /// After a commit CAS that failed or errored: read the record until its
+    /// status is decided. A still-pending record after an error means the
+    /// CAS did not land; it is retried.
+    async fn outcome_after_commit_attempt(&self, txn: &str) -> Result<TxnRecord, TxnError> {
+        let give_up_at = Instant::now() + self.cfg.lease.max(Duration::from_secs(5));
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            match self.record(txn).await {
+                Ok(Some(rec)) if rec.status != Status::Pending => return Ok(rec),
+                Ok(Some(_)) => {
+                    // Still pending: our CAS did not land. Try the decision again
+                    // as an abort so the outcome is settled one way.
+                    let _ = self.abort_pending(txn, None, "commit_unconfirmed").await;
+                }
+                Ok(None) => {
+                    return Err(TxnError::Store {
+                        txn: txn.to_owned(),
+                        source: StoreError::Internal("transaction record vanished".into()),
+                    });
+                }
+                Err(_) => {}
+            }
+            if Instant::now() >= give_up_at {
+                return Err(TxnError::OutcomeUnknown { txn: txn.to_owned() });
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Abort `txn` (it did not reach its commit point) and roll it back in
+    /// the background. If the record turns out committed after all (it
+    /// cannot, since only this path commits it), its roll-forward wins.
+    async fn give_up(self: &Arc<Self>, txn: &str, err: TxnError) -> TxnError {
+        let (reason, stored) = match &err {
+            TxnError::Aborted { failure, .. } | TxnError::InvalidChange { failure, .. } => {
+                (failure.code.clone(), Some(failure.clone()))
+            }
+            _ => ("store_error".to_owned(), None),
+        };
+        let mut set = doc! {"status": "aborted", "abort_reason": &reason};
+        if let Some(f) = &stored {
+            set.insert("failure", mongodb::bson::to_bson(f).expect("failure serializes"));
+        }
+        match self.store.update(TXNS, txn, doc! {"status": "pending"}, Update::set(set)).await {
+            Ok(true) => self.metrics.aborted(&reason),
+            Ok(false) | Err(_) => {}
+        }
+        match self.record(txn).await {
+            Ok(Some(rec)) if matches!(rec.status, Status::Aborted | Status::RolledBack) => {
+                // A wound or expiry got there first: report that instead.
+                let own = rec.abort_reason.as_deref() == Some(reason.as_str());
+                self.roll_back_in_background(rec.clone());
+                if !own && rec.abort_reason.is_some() {
+                    let why = rec.abort_reason.unwrap_or_default();
+                    return TxnError::Aborted {
+                        txn: txn.to_owned(),
+                        failure: failure("aborted", format!("the transaction was aborted ({why})"), true),
+                    };
+                }
+                err
+            }
+            // Not decided here (the store is failing): recovery aborts it
+            // once its lease runs out.
+            _ => err,
+        }
+    }
+
+    pub fn roll_back_in_background(self: &Arc<Self>, rec: TxnRecord) {
+        let engine = Arc::clone(self);
+        self.tasks.spawn(async move {
+            let rec = match rec.status {
+                Status::Aborted | Status::RolledBack => rec,
+                _ => return,
+            };
+            if let Err(err) = engine.roll_back(&rec).await {
+                tracing::warn!(txn.id = %rec.id, error = %err, "roll-back failed; recovery will finish it");
+            }
+        });
+    }
+
+    /// Lock `action`'s document for `txn` and stage its post-image.
+    #[allow(clippy::too_many_arguments)]
+    async fn lock_member(
+        &self,
+        txn: &str,
+        plan: &Plan,
+        action: &Action,
+        mut seen: Option<StoredDoc>,
+        mut known: bool,
+        deadline: Instant,
+        wounded: &CancellationToken,
+    ) -> Result<Step, Result<MemberFailure, StoreError>> {
+        let coll = action.collection.as_str();
+        let mut backoff = Duration::from_millis(2);
+        loop {
+            if wounded.is_cancelled() {
+                return Ok(Step::Failed(MemberFailure {
+                    failure: failure("aborted", "the transaction was wounded by an older one", true),
+                    invalid: false,
+                }));
+            }
+            let doc = if known {
+                known = false;
+                seen.take()
+            } else {
+                match self.store.get(coll, &action.id).await.map_err(Err)? {
+                    Some(rec) => Some(StoredDoc::from_record(rec).map_err(Err)?),
+                    None => None,
+                }
+            };
+            let Some(doc) = doc else {
+                if !matches!(action.op, ActionOp::Insert(_)) {
+                    return Ok(fail("not_found", "the document does not exist", action.if_version, None));
+                }
+                if let Some(expected) = action.if_version.filter(|v| *v != 0) {
+                    return Ok(fail("version_conflict", "the document does not exist", Some(expected), Some(0)));
+                }
+                let placeholder = placeholder(&action.id, txn, staged(plan, action, None));
+                if self.store.insert(coll, placeholder.to_record()).await.map_err(Err)? {
+                    return Ok(Step::Locked { base_v: 0 });
+                }
+                continue;
+            };
+            match doc.meta.txn.as_deref() {
+                Some(holder) if holder == txn => return Ok(Step::Locked { base_v: doc.meta.v }),
+                Some(holder) => {
+                    let holder = holder.to_owned();
+                    if self.resolve_holder(txn, coll, &doc, &holder).await.map_err(Err)? {
+                        continue;
+                    }
+                    // A live, older holder: wait for it, up to the lock wait.
+                    if Instant::now() >= deadline {
+                        let mut f = failure("locked", format!("the document is locked by transaction {holder}"), true);
+                        f.holder = Some(holder);
+                        return Ok(Step::Failed(MemberFailure { failure: f, invalid: false }));
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff.min(deadline - Instant::now())) => {}
+                        () = wounded.cancelled() => {}
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
+                None => {}
+            }
+            // Unlocked: check the preconditions on the committed state.
+            let current = doc.committed_view();
+            if let Some(step) = precondition(action, &current, doc.meta.v) {
+                return Ok(step);
+            }
+            let base = match current {
+                View::Live(_) => Some(&doc),
+                _ => None,
+            };
+            let staged = match staged_checked(plan, action, base) {
+                Ok(s) => s,
+                Err(detail) => {
+                    return Ok(Step::Failed(MemberFailure {
+                        failure: failure("invalid_change", detail, false),
+                        invalid: true,
+                    }));
+                }
+            };
+            let mut locked = doc.clone();
+            locked.meta.txn = Some(txn.to_owned());
+            locked.meta.deleting = staged.op == StagedOp::Delete;
+            locked.meta.pending = Some(staged);
+            let filter = doc! {"_meta.txn": Bson::Null, "_meta.v": doc.meta.v};
+            if self.store.replace(coll, &doc.id, filter, locked.to_record()).await.map_err(Err)? {
+                return Ok(Step::Locked { base_v: doc.meta.v });
+            }
+        }
+    }
+
+    /// Deal with `holder`'s lock on `doc` for `txn`. `Ok(true)`: read again;
+    /// `Ok(false)`: the holder is alive and older, so wait.
+    async fn resolve_holder(&self, txn: &str, coll: &str, doc: &StoredDoc, holder: &str) -> Result<bool, StoreError> {
+        let mut rec = self.record(holder).await?;
+        loop {
+            match &rec {
+                None => {
+                    self.release_stale(holder, coll, doc).await?;
+                    return Ok(true);
+                }
+                Some(r) if r.status.is_committed() => {
+                    self.roll_forward_member(r, coll, doc).await?;
+                    return Ok(true);
+                }
+                Some(r) if matches!(r.status, Status::Aborted | Status::RolledBack) => {
+                    self.release_stale(holder, coll, doc).await?;
+                    return Ok(true);
+                }
+                Some(r) => {
+                    if self.lease_expired(r, now()) {
+                        rec = self.abort_pending(holder, Some(r.expires_at), "expired").await?;
+                    } else if older(txn, holder) {
+                        // Wound-wait: the older transaction wounds the younger.
+                        tracing::debug!(txn.id = %txn, wounded = %holder, "wounding a younger transaction");
+                        rec = self.abort_pending(holder, None, "wounded").await?;
+                    } else {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn fail(code: &str, detail: &str, expected: Option<i64>, actual: Option<i64>) -> Step {
+    let mut f = failure(code, detail, false);
+    f.expected = expected;
+    f.actual = actual;
+    Step::Failed(MemberFailure { failure: f, invalid: false })
+}
+
+/// `None` when `action` may proceed on a document whose committed state is
+/// `current` at version `v`.
+fn precondition(action: &Action, current: &View, v: i64) -> Option<Step> {
+    let version_ok = |actual: i64| action.if_version.is_none_or(|expected| expected == actual);
+    match (&action.op, current) {
+        (ActionOp::Insert(_), View::Live(_)) => {
+            Some(fail("already_exists", "a document with this id already exists", action.if_version, Some(v)))
+        }
+        (ActionOp::Insert(_), View::Deleted { version, .. }) if !version_ok(*version) => {
+            Some(fail("version_conflict", "the tombstone is at another version", action.if_version, Some(*version)))
+        }
+        (ActionOp::Insert(_), _) => None,
+        (_, View::NotFound) => Some(fail("not_found", "the document does not exist", action.if_version, None)),
+        (_, View::Deleted { version, .. }) => {
+            Some(fail("deleted", "the document was deleted", action.if_version, Some(*version)))
+        }
+        (_, View::Live(l)) if !version_ok(l.version) => Some(fail(
+            "version_conflict",
+            &format!("expected version {}, the document is at {}", action.if_version.unwrap_or_default(), l.version),
+            action.if_version,
+            Some(l.version),
+        )),
+        _ => None,
+    }
+}
+
+/// The staged post-image of `action` over `base` (the live document, if any).
+fn staged_checked(plan: &Plan, action: &Action, base: Option<&StoredDoc>) -> Result<Staged, String> {
+    let sv = plan.schema_version;
+    let data = match &action.op {
+        ActionOp::Insert(data) | ActionOp::Replace(data) => Some(data.clone()),
+        ActionOp::Update(patch) => Some(patch.apply(&base.map(|d| d.data.clone()).unwrap_or_default())?),
+        ActionOp::Delete | ActionOp::Check => None,
+    };
+    let sv = if matches!(action.op, ActionOp::Check | ActionOp::Delete) { base.map_or(sv, |d| d.meta.sv) } else { sv };
+    Ok(Staged { op: action.op.staged(), data, sv })
+}
+
+fn staged(plan: &Plan, action: &Action, base: Option<&StoredDoc>) -> Staged {
+    staged_checked(plan, action, base).expect("an insert always stages")
+}
+
+/// An invisible document holding an insert's lock.
+fn placeholder(id: &str, txn: &str, staged: Staged) -> StoredDoc {
+    let mut d = StoredDoc::new_live(id.to_owned(), Default::default(), staged.sv, 0, now());
+    d.meta.txn = Some(txn.to_owned());
+    d.meta.pending = Some(staged);
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_v7_ids_order_by_age() {
+        let a = uuid::Uuid::now_v7().to_string();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = uuid::Uuid::now_v7().to_string();
+        assert!(older(&a, &b));
+        assert!(!older(&b, &a));
+        assert!(!older(&a, &a));
+    }
+}

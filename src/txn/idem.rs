@@ -1,0 +1,113 @@
+//! Idempotency keys (DESIGN §3): `_idem/<scope>:<key>` is inserted if
+//! absent before anything else, holding a hash of the body and the
+//! transaction id. A commit or a non-retryable failure is stored and
+//! answered again for the same key and body; a retryable failure frees the
+//! key; a different body is refused.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::store::{DateTime, Order, Scan, StoreResult, Update, doc, now};
+
+use super::Engine;
+use super::record::Status;
+
+pub const IDEM: &str = "_idem";
+
+/// How long an outcome is kept for replay (at least).
+pub const IDEM_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// What claiming a key found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// The key is ours: run the transaction.
+    Fresh,
+    /// A stored outcome: answer it again.
+    Replay { status: u16, body: Value },
+    /// The first request with this key is still running.
+    InProgress { txn: String },
+    /// The key was used with another body.
+    Reused,
+}
+
+/// The hash of a request body, independent of its whitespace.
+pub fn body_hash(body: &Value) -> String {
+    let canonical = serde_json::to_vec(body).expect("JSON serializes");
+    Sha256::digest(&canonical).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Engine {
+    /// Claim `key` for `txn` running a body with hash `hash`.
+    pub async fn claim_key(&self, key: &str, hash: &str, txn: &str) -> StoreResult<Claim> {
+        loop {
+            let fresh = doc! {"_id": key, "hash": hash, "txn": txn, "state": "running", "created_at": now()};
+            if self.store.insert(IDEM, fresh.clone()).await? {
+                return Ok(Claim::Fresh);
+            }
+            let Some(existing) = self.store.get(IDEM, key).await? else { continue };
+            if existing.get_str("hash").unwrap_or_default() != hash {
+                return Ok(Claim::Reused);
+            }
+            if existing.get_str("state").unwrap_or_default() == "done" {
+                let status = existing.get_i32("status").unwrap_or(200) as u16;
+                let body =
+                    existing.get_str("body").ok().and_then(|b| serde_json::from_str(b).ok()).unwrap_or(Value::Null);
+                return Ok(Claim::Replay { status, body });
+            }
+            let holder = existing.get_str("txn").unwrap_or_default().to_owned();
+            let takeover = match self.record(&holder).await? {
+                Some(rec) if rec.status.is_committed() => {
+                    let body = super::summary(&rec);
+                    self.complete_key(key, &holder, 200, &body).await?;
+                    return Ok(Claim::Replay { status: 200, body });
+                }
+                Some(rec) if rec.status == Status::Pending => return Ok(Claim::InProgress { txn: holder }),
+                // Aborted without a stored outcome: its request died before
+                // answering; the key is free again.
+                Some(_) => true,
+                // No record yet: the first request is just starting, unless
+                // it has been that way for longer than a lease.
+                None => {
+                    let created = existing.get_datetime("created_at").map(|d| d.timestamp_millis()).unwrap_or(0);
+                    let stale = now().timestamp_millis() - created > 2 * self.cfg.lease.as_millis() as i64;
+                    if !stale {
+                        return Ok(Claim::InProgress { txn: holder });
+                    }
+                    true
+                }
+            };
+            if takeover && self.store.replace(IDEM, key, doc! {"txn": &holder, "state": "running"}, fresh).await? {
+                return Ok(Claim::Fresh);
+            }
+        }
+    }
+
+    /// Store the outcome answered for `key`.
+    pub async fn complete_key(&self, key: &str, txn: &str, status: u16, body: &Value) -> StoreResult<()> {
+        let set = doc! {"state": "done", "status": i32::from(status), "body": body.to_string()};
+        self.store.update(IDEM, key, doc! {"txn": txn}, Update::set(set)).await.map(|_| ())
+    }
+
+    /// Free `key` (a retryable failure).
+    pub async fn release_key(&self, key: &str, txn: &str) -> StoreResult<()> {
+        self.store.delete(IDEM, key, doc! {"txn": txn}).await.map(|_| ())
+    }
+
+    pub(super) async fn purge_idempotency(&self, at: DateTime) -> StoreResult<usize> {
+        let cutoff = DateTime::from_millis(at.timestamp_millis() - IDEM_RETENTION.as_millis() as i64);
+        let old = self
+            .store
+            .scan(IDEM, Scan::sorted(doc! {"created_at": {"$lt": cutoff}}, "created_at", Order::Asc, 200))
+            .await?;
+        let mut purged = 0;
+        for rec in old {
+            let Some(id) = crate::store::record_id(&rec).map(str::to_owned) else { continue };
+            if self.store.delete(IDEM, &id, doc! {"created_at": {"$lt": cutoff}}).await? {
+                purged += 1;
+            }
+        }
+        Ok(purged)
+    }
+}

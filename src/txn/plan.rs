@@ -1,0 +1,46 @@
+//! A validated transaction request: what to do to which documents.
+
+use crate::documents::model::StagedOp;
+use crate::documents::rules::Patch;
+use crate::store::Document;
+
+#[derive(Clone, Debug)]
+pub enum ActionOp {
+    Insert(Document),
+    Update(Patch),
+    Replace(Document),
+    Delete,
+    Check,
+}
+
+impl ActionOp {
+    pub fn staged(&self) -> StagedOp {
+        match self {
+            ActionOp::Insert(_) => StagedOp::Insert,
+            ActionOp::Update(_) => StagedOp::Update,
+            ActionOp::Replace(_) => StagedOp::Replace,
+            ActionOp::Delete => StagedOp::Delete,
+            ActionOp::Check => StagedOp::Check,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Action {
+    pub collection: String,
+    /// Generated for an insert that named none.
+    pub id: String,
+    pub op: ActionOp,
+    pub if_version: Option<i64>,
+}
+
+/// A transaction ready to run.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub actions: Vec<Action>,
+    pub schema_version: i64,
+    /// The request body exactly as sent, kept in the record.
+    pub request: String,
+    pub idempotency_key: Option<String>,
+    pub hook_count: usize,
+}

@@ -1,0 +1,169 @@
+//! Recovery (DESIGN §3), run every `recovery_interval` by every instance:
+//! abort and roll back pending records past their lease, roll forward
+//! committed ones left unfinished, roll back aborted ones, clear locks whose
+//! holder is neither pending nor committed, and purge finished records after
+//! retention. Every action is idempotent, so instances may overlap.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::documents::model::StoredDoc;
+use crate::store::{Bson, DateTime, Order, Scan, StoreResult, doc, now};
+
+use super::Engine;
+use super::record::{Status, TXNS, TxnRecord};
+
+/// Records handled per category per pass.
+const BATCH: usize = 200;
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Pass {
+    pub expired: usize,
+    pub rolled_forward: usize,
+    pub rolled_back: usize,
+    pub locks_cleared: usize,
+    pub purged: usize,
+}
+
+impl Pass {
+    pub fn is_idle(&self) -> bool {
+        *self == Pass::default()
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn before(at: DateTime, d: Duration) -> DateTime {
+    DateTime::from_millis(at.timestamp_millis().saturating_sub(ms(d)))
+}
+
+impl Engine {
+    /// The worker loop: a pass every `recovery_interval` until `shutdown`.
+    pub async fn run_recovery(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut backoff = self.cfg.recovery_interval;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            match self.recover_once().await {
+                Ok(pass) => {
+                    backoff = self.cfg.recovery_interval;
+                    if !pass.is_idle() {
+                        tracing::info!(?pass, "recovery pass");
+                    }
+                }
+                Err(err) => {
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    tracing::warn!(error = %err, retry_in_ms = backoff.as_millis() as u64, "recovery pass failed");
+                }
+            }
+        }
+    }
+
+    async fn records(&self, filter: crate::store::Document, sort: &str) -> StoreResult<Vec<TxnRecord>> {
+        let recs = self.store.scan(TXNS, Scan::sorted(filter, sort, Order::Asc, BATCH)).await?;
+        recs.into_iter().map(TxnRecord::from_record).collect()
+    }
+
+    /// One recovery pass.
+    pub async fn recover_once(&self) -> StoreResult<Pass> {
+        let mut pass = Pass::default();
+        let at = now();
+        // Pending past lease + skew: abort (a heartbeat that landed first
+        // wins the CAS), then roll back.
+        let expired = self
+            .records(doc! {"status": "pending", "expires_at": {"$lt": before(at, self.cfg.clock_skew)}}, "expires_at")
+            .await?;
+        for rec in expired {
+            if let Some(rec) = self.abort_pending(&rec.id, Some(rec.expires_at), "expired").await? {
+                pass.expired += 1;
+                self.metrics.recovery_action("expired");
+                self.finish(&rec, &mut pass).await?;
+            }
+        }
+        // Committed but not finished within a lease.
+        let stuck = self
+            .records(doc! {"status": "committed", "committed_at": {"$lt": before(at, self.cfg.lease)}}, "committed_at")
+            .await?;
+        for rec in stuck {
+            self.finish(&rec, &mut pass).await?;
+        }
+        // Aborted: roll back.
+        for rec in self.records(doc! {"status": "aborted"}, "_id").await? {
+            self.finish(&rec, &mut pass).await?;
+        }
+        pass.locks_cleared = self.sweep_locks().await?;
+        pass.purged = self.purge(at).await?;
+        Ok(pass)
+    }
+
+    async fn finish(&self, rec: &TxnRecord, pass: &mut Pass) -> StoreResult<()> {
+        match rec.status {
+            Status::Committed => {
+                self.roll_forward(rec).await?;
+                pass.rolled_forward += 1;
+                self.metrics.recovery_action("rolled_forward");
+            }
+            Status::Aborted => {
+                self.roll_back(rec).await?;
+                pass.rolled_back += 1;
+                self.metrics.recovery_action("rolled_back");
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Clear locks whose holder is neither pending nor committed: a lock CAS
+    /// that landed after its transaction was given up.
+    async fn sweep_locks(&self) -> StoreResult<usize> {
+        let mut cleared = 0;
+        for coll in self.store.collections().await? {
+            if coll.starts_with('_') {
+                continue;
+            }
+            let locked = self.store.scan(&coll, Scan::by_id(doc! {"_meta.txn": {"$ne": Bson::Null}}, BATCH)).await?;
+            for rec in locked {
+                let doc = StoredDoc::from_record(rec)?;
+                let Some(holder) = doc.meta.txn.clone() else { continue };
+                match self.record(&holder).await? {
+                    Some(r) if r.status == Status::Pending || r.status == Status::Committed => {}
+                    Some(r) if r.status == Status::Done => {
+                        // Cannot normally happen (done means every member was
+                        // released); applying it is what "done" promises.
+                        self.roll_forward_member(&r, &coll, &doc).await?;
+                    }
+                    _ => {
+                        if self.release_stale(&holder, &coll, &doc).await? {
+                            cleared += 1;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(cleared)
+    }
+
+    /// Delete finished records older than the retention.
+    async fn purge(&self, at: DateTime) -> StoreResult<usize> {
+        let cutoff = before(at, self.cfg.retention);
+        let filter = doc! {"status": {"$in": ["done", "rolled_back"]}, "finished_at": {"$lt": cutoff}};
+        let old = self.store.scan(TXNS, Scan::sorted(filter, "finished_at", Order::Asc, BATCH)).await?;
+        let mut purged = 0;
+        for rec in old {
+            let Some(id) = crate::store::record_id(&rec).map(str::to_owned) else { continue };
+            let filter = doc! {"status": {"$in": ["done", "rolled_back"]}};
+            if self.store.delete(TXNS, &id, filter).await? {
+                purged += 1;
+            }
+        }
+        purged += self.purge_idempotency(at).await?;
+        Ok(purged)
+    }
+}
