@@ -335,9 +335,8 @@ impl Engine {
         if let Some(f) = &stored {
             set.insert("failure", mongodb::bson::to_bson(f).expect("failure serializes"));
         }
-        match self.store.update(TXNS, txn, doc! {"status": "pending"}, Update::set(set)).await {
-            Ok(true) => self.metrics.aborted(&reason),
-            Ok(false) | Err(_) => {}
+        if let Ok(true) = self.store.update(TXNS, txn, doc! {"status": "pending"}, Update::set(set)).await {
+            self.metrics.aborted(&reason);
         }
         match self.record(txn).await {
             Ok(Some(rec)) if matches!(rec.status, Status::Aborted | Status::RolledBack) => {
