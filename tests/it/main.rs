@@ -8,3 +8,4 @@ mod documents;
 mod openapi;
 mod restart;
 mod store;
+mod transactions;
