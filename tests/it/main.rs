@@ -4,6 +4,7 @@
 mod support;
 
 mod auth;
+mod crash;
 mod documents;
 mod openapi;
 mod restart;

@@ -1,0 +1,419 @@
+//! Crash and fault injection at every store operation of the commit
+//! protocol and of recovery, then recovery by another engine on the same
+//! store; afterwards the §3 guarantees must hold: all or nothing, no lock
+//! left, exactly one outcome, and the answer given matches it.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use reqwest::Method;
+use serde_json::json;
+use txgate::documents::model::{StoredDoc, View};
+use txgate::documents::rules::Patch;
+use txgate::metrics::Metrics;
+use txgate::store::{
+    DateTime, Document, DynStore, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update, doc,
+};
+use txgate::txn::commit::TxnError;
+use txgate::txn::plan::{Action, ActionOp, Plan};
+use txgate::txn::record::{Status, TXNS, TxnRecord};
+use txgate::txn::{Engine, TxnConfig};
+
+use crate::support::{Backend, TestApp, TestStore, expect, test_config};
+
+/// Where and how a fault strikes.
+#[derive(Clone, Copy, Debug)]
+pub enum Fault {
+    None,
+    /// The n-th operation fails without reaching the store.
+    ErrorBefore(usize),
+    /// The n-th operation reaches the store, but the caller sees an error.
+    ErrorAfter(usize),
+    /// The process dies just before the n-th operation.
+    Crash(usize),
+    /// The process dies just after the n-th operation reached the store.
+    CrashAfter(usize),
+}
+
+/// A store that counts operations and injects `fault`. After a crash every
+/// operation hangs forever, as nothing more leaves a dead process.
+pub struct FaultyStore {
+    inner: DynStore,
+    fault: Fault,
+    count: AtomicUsize,
+    crashed: AtomicBool,
+}
+
+impl FaultyStore {
+    pub fn new(inner: DynStore, fault: Fault) -> Arc<Self> {
+        Arc::new(Self { inner, fault, count: AtomicUsize::new(0), crashed: AtomicBool::new(false) })
+    }
+
+    /// Resolves once the simulated process has died.
+    pub async fn died(&self) {
+        while !self.crashed.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    pub fn ops(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    pub fn triggered(&self) -> bool {
+        let n = match self.fault {
+            Fault::None => return false,
+            Fault::ErrorBefore(n) | Fault::ErrorAfter(n) | Fault::Crash(n) | Fault::CrashAfter(n) => n,
+        };
+        self.ops() >= n
+    }
+
+    async fn gate<T>(&self, op: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
+        if self.crashed.load(Ordering::SeqCst) {
+            return std::future::pending().await;
+        }
+        let n = self.count.fetch_add(1, Ordering::SeqCst) + 1;
+        let injected = || StoreError::Unavailable("injected fault".into());
+        match self.fault {
+            Fault::ErrorBefore(k) if k == n => Err(injected()),
+            Fault::ErrorAfter(k) if k == n => {
+                let _ = op.await;
+                Err(injected())
+            }
+            Fault::Crash(k) if k == n => {
+                self.crashed.store(true, Ordering::SeqCst);
+                std::future::pending().await
+            }
+            Fault::CrashAfter(k) if k == n => {
+                let _ = op.await;
+                self.crashed.store(true, Ordering::SeqCst);
+                std::future::pending().await
+            }
+            _ => op.await,
+        }
+    }
+}
+
+#[async_trait]
+impl Store for FaultyStore {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn ping(&self) -> StoreResult<()> {
+        self.inner.ping().await
+    }
+    async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
+        self.gate(self.inner.get(coll, id)).await
+    }
+    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
+        self.gate(self.inner.insert(coll, record)).await
+    }
+    async fn replace(&self, coll: &str, id: &str, filter: Document, record: Record) -> StoreResult<bool> {
+        self.gate(self.inner.replace(coll, id, filter, record)).await
+    }
+    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
+        self.gate(self.inner.update(coll, id, filter, update)).await
+    }
+    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
+        self.gate(self.inner.delete(coll, id, filter)).await
+    }
+    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+        self.gate(self.inner.scan(coll, scan)).await
+    }
+    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
+        self.gate(self.inner.get_many(coll, ids)).await
+    }
+    async fn collections(&self) -> StoreResult<Vec<String>> {
+        self.gate(self.inner.collections()).await
+    }
+    async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
+        self.inner.ensure_index(coll, index).await
+    }
+}
+
+fn fast_config() -> TxnConfig {
+    TxnConfig {
+        lease: Duration::from_millis(150),
+        lock_wait: Duration::from_millis(100),
+        clock_skew: Duration::from_millis(10),
+        recovery_interval: Duration::from_millis(20),
+        ..TxnConfig::default()
+    }
+}
+
+fn engine(store: DynStore) -> Arc<Engine> {
+    Engine::new(store, fast_config(), Arc::new(Metrics::default()))
+}
+
+/// One scenario's documents: `u` (update), `r` (replace), `x` (delete) and
+/// `k` (check) exist at version 1 with `n: 1`; `i` is inserted.
+struct Scenario {
+    coll: String,
+    other: String,
+    ids: [String; 5],
+}
+
+impl Scenario {
+    async fn seed(store: &DynStore, tag: &str) -> Self {
+        let ids = ["u", "r", "x", "k", "i"].map(|m| format!("{tag}-{m}"));
+        let s = Self { coll: "crash".into(), other: "crash_other".into(), ids };
+        let at = DateTime::now();
+        for (coll, id) in s.members().into_iter().take(4) {
+            let d = StoredDoc::new_live(id.into(), doc! {"n": 1_i64}, 1, 1, at);
+            assert!(store.insert(coll, d.to_record()).await.unwrap());
+        }
+        s
+    }
+
+    fn plan(&self) -> Plan {
+        let patch = Patch::parse(None, None, Some(json!({"n": 1}).as_object().unwrap()), "").unwrap();
+        let m = self.members();
+        let action = |i: usize, op, if_version| Action { collection: m[i].0.into(), id: m[i].1.into(), op, if_version };
+        Plan {
+            actions: vec![
+                action(0, ActionOp::Update(patch), Some(1)),
+                action(1, ActionOp::Replace(doc! {"n": 2_i64}), None),
+                action(2, ActionOp::Delete, Some(1)),
+                action(3, ActionOp::Check, Some(1)),
+                action(4, ActionOp::Insert(doc! {"n": 2_i64}), None),
+            ],
+            schema_version: 1,
+            request: "{}".into(),
+            idempotency_key: None,
+            hook_count: 0,
+        }
+    }
+
+    fn members(&self) -> [(&str, &str); 5] {
+        let i = &self.ids;
+        [(&self.coll, &i[0]), (&self.coll, &i[1]), (&self.coll, &i[2]), (&self.other, &i[3]), (&self.coll, &i[4])]
+    }
+
+    async fn docs(&self, store: &DynStore) -> Vec<Option<StoredDoc>> {
+        let mut out = Vec::new();
+        for (coll, id) in self.members() {
+            out.push(store.get(coll, id).await.unwrap().map(|r| StoredDoc::from_record(r).unwrap()));
+        }
+        out
+    }
+
+    /// Whether every member is unlocked.
+    async fn unlocked(&self, store: &DynStore) -> bool {
+        self.docs(store).await.iter().flatten().all(|d| d.meta.txn.is_none())
+    }
+
+    /// All applied (`true`) or none (`false`); panics on a mix.
+    async fn applied(&self, store: &DynStore) -> bool {
+        let docs = self.docs(store).await;
+        let n = |d: &Option<StoredDoc>| match d.as_ref().map(StoredDoc::committed_view) {
+            Some(View::Live(l)) => Some((l.version, l.data.get_i64("n").unwrap())),
+            Some(View::Deleted { version, .. }) => Some((version, -1)),
+            _ => None,
+        };
+        let state: Vec<_> = docs.iter().map(n).collect();
+        let after = vec![Some((2, 2)), Some((2, 2)), Some((2, -1)), Some((1, 1)), Some((1, 2))];
+        let before = vec![Some((1, 1)), Some((1, 1)), Some((1, 1)), Some((1, 1)), None];
+        if state == after {
+            true
+        } else if state == before {
+            assert!(docs[4].is_none(), "the insert's placeholder was removed");
+            false
+        } else {
+            panic!("not all-or-nothing: {state:?}");
+        }
+    }
+}
+
+/// Recover with a healthy engine until `txn` is finished and its members
+/// are unlocked; returns the final record (if any was written).
+async fn recover(store: &DynStore, s: &Scenario, txn: &str) -> Option<TxnRecord> {
+    let healer = engine(Arc::clone(store));
+    let started = Instant::now();
+    loop {
+        healer.recover_once().await.unwrap();
+        let rec = store.get(TXNS, txn).await.unwrap().map(|r| TxnRecord::from_record(r).unwrap());
+        let finished = rec.as_ref().is_none_or(|r| matches!(r.status, Status::Done | Status::RolledBack));
+        if finished && s.unlocked(store).await {
+            return rec;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "recovery did not finish {txn}: {rec:?}");
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+}
+
+/// Run the scenario's transaction on a store failing with `fault`, recover
+/// with another engine, check the guarantees. Returns whether the fault
+/// struck and how many operations the faulty engine issued.
+async fn run_case(store: &DynStore, tag: &str, fault: Fault) -> (bool, usize) {
+    let s = Scenario::seed(store, tag).await;
+    let faulty = FaultyStore::new(Arc::clone(store), fault);
+    let dying = engine(faulty.clone());
+    let txn = uuid::Uuid::now_v7().to_string();
+    let plan = s.plan();
+    let answer = tokio::select! {
+        a = tokio::time::timeout(Duration::from_secs(5), dying.execute(&plan, Some(txn.clone()))) => a.map_err(|_| ()),
+        () = faulty.died() => Err(()),
+    };
+    if matches!(fault, Fault::None) {
+        // Let the background roll-forward finish, to count its operations.
+        dying.tasks.close();
+        dying.tasks.wait().await;
+    }
+    let rec = recover(store, &s, &txn).await;
+    let applied = s.applied(store).await;
+    match (&answer, rec.as_ref().map(|r| r.status)) {
+        (_, None) => assert!(!applied, "{fault:?}: no record, so nothing may apply"),
+        (_, Some(status)) => assert_eq!(applied, status == Status::Done, "{fault:?}: record {status:?} vs documents"),
+    }
+    match &answer {
+        Ok(Ok(_)) => assert!(applied, "{fault:?}: answered committed, so everything applies"),
+        Ok(Err(TxnError::OutcomeUnknown { .. })) | Err(()) => {}
+        Ok(Err(e)) => assert!(!applied, "{fault:?}: answered {e}, so nothing may apply"),
+    }
+    (faulty.triggered(), faulty.ops())
+}
+
+async fn sweep_transaction(backend: Backend) {
+    let Some(ts) = TestStore::new(backend).await else { return };
+    let store = ts.store.clone();
+    let (_, total) = run_case(&store, "clean", Fault::None).await;
+    assert!(total >= 12, "a clean run issues every step ({total} operations)");
+    let mut cases = 0;
+    for n in 1..=total + 2 {
+        for (name, fault) in [
+            ("eb", Fault::ErrorBefore(n)),
+            ("ea", Fault::ErrorAfter(n)),
+            ("cb", Fault::Crash(n)),
+            ("ca", Fault::CrashAfter(n)),
+        ] {
+            let (struck, _) = run_case(&store, &format!("{name}{n}"), fault).await;
+            cases += usize::from(struck);
+        }
+    }
+    assert!(cases >= 4 * total - 8, "faults struck at almost every operation ({cases} of {})", 4 * total);
+}
+
+/// Leave a transaction in the state a crash at operation `k` leaves, then
+/// fail recovery at each of its operations, then recover cleanly.
+async fn sweep_recovery(backend: Backend) {
+    let Some(ts) = TestStore::new(backend).await else { return };
+    let store = ts.store.clone();
+    for k in [6, 12] {
+        for n in 1..=20 {
+            for (name, fault) in [("eb", Fault::ErrorBefore(n)), ("ea", Fault::ErrorAfter(n)), ("cb", Fault::Crash(n))]
+            {
+                let s = Scenario::seed(&store, &format!("r{k}{name}{n}")).await;
+                let dying_store = FaultyStore::new(Arc::clone(&store), Fault::CrashAfter(k));
+                let dying = engine(dying_store.clone());
+                let txn = uuid::Uuid::now_v7().to_string();
+                let plan = s.plan();
+                tokio::select! {
+                    _ = dying.execute(&plan, Some(txn.clone())) => {}
+                    () = dying_store.died() => {}
+                }
+                tokio::time::sleep(Duration::from_millis(170)).await; // past lease + skew
+                let healer_store = FaultyStore::new(Arc::clone(&store), fault);
+                let faulty_healer = engine(healer_store.clone());
+                tokio::select! {
+                    _ = faulty_healer.recover_once() => {}
+                    () = healer_store.died() => {}
+                }
+                let rec = recover(&store, &s, &txn).await;
+                let applied = s.applied(&store).await;
+                if let Some(rec) = rec {
+                    assert_eq!(applied, rec.status == Status::Done, "k={k} {fault:?}");
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_crash_at_every_step_of_a_transaction() {
+    sweep_transaction(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mongodb_crash_at_every_step_of_a_transaction() {
+    sweep_transaction(Backend::Mongodb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_crash_at_every_step_of_recovery() {
+    sweep_recovery(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mongodb_crash_at_every_step_of_recovery() {
+    sweep_recovery(Backend::Mongodb).await;
+}
+
+/// Instance A dies mid-protocol; instance B (a real gateway with its own
+/// recovery worker) finishes or undoes the work within lease + skew + two
+/// recovery intervals.
+async fn second_instance_takes_over(backend: Backend) {
+    let Some(ts) = TestStore::new(backend).await else { return };
+    let store = ts.store.clone();
+    let mut config = test_config(ts.config.clone());
+    config.txn = TxnConfig {
+        lease: Duration::from_millis(400),
+        clock_skew: Duration::from_millis(50),
+        recovery_interval: Duration::from_millis(100),
+        ..config.txn
+    };
+    let b = TestApp::on_store(config.clone(), Arc::clone(&store), None).await;
+    let bound = config.txn.lease + config.txn.clock_skew + 2 * config.txn.recovery_interval;
+    let (_, total) = run_case(&store, "twoclean", Fault::None).await;
+    let mut undone = 0;
+    let mut completed = 0;
+    for k in 1..=total {
+        let s = Scenario::seed(&store, &format!("two{k}")).await;
+        let a_store = FaultyStore::new(Arc::clone(&store), Fault::CrashAfter(k));
+        let a = Engine::new(a_store.clone(), config.txn.clone(), Arc::new(Metrics::default()));
+        let txn = uuid::Uuid::now_v7().to_string();
+        let plan = s.plan();
+        tokio::select! {
+            _ = a.execute(&plan, Some(txn.clone())) => {}
+            () = a_store.died() => {}
+        }
+        let died = Instant::now();
+        loop {
+            let rec = store.get(TXNS, &txn).await.unwrap().map(|r| TxnRecord::from_record(r).unwrap());
+            let finished = rec.as_ref().is_none_or(|r| matches!(r.status, Status::Done | Status::RolledBack));
+            if finished && s.unlocked(&store).await {
+                if s.applied(&store).await {
+                    completed += 1
+                } else {
+                    undone += 1
+                }
+                break;
+            }
+            assert!(
+                died.elapsed() < bound + Duration::from_millis(1500),
+                "k={k}: B did not take over within {bound:?}: {rec:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Through B, the documents read as the outcome says.
+        let res = b.get(&format!("/v1/collections/{}/documents/{}", s.coll, s.ids[0])).await;
+        let body = expect(res, 200).await;
+        assert_eq!(body["version"], if s.applied(&store).await { 2 } else { 1 });
+    }
+    assert!(undone > 0 && completed > 0, "both outcomes were exercised ({undone} undone, {completed} completed)");
+    let res = b.request(Method::GET, "/v1/transactions?status=pending").send().await.unwrap();
+    assert_eq!(expect(res, 200).await["items"], json!([]));
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_second_instance_takes_over_abandoned_work() {
+    second_instance_takes_over(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mongodb_second_instance_takes_over_abandoned_work() {
+    second_instance_takes_over(Backend::Mongodb).await;
+}
