@@ -16,3 +16,6 @@ test:
 
 openapi:
 	cargo run --quiet -- openapi --output openapi/openapi.json
+
+bench:
+	scripts/bench

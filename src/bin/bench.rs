@@ -1,0 +1,373 @@
+//! `bench`: measures the commit protocol against either store.
+//!
+//! For transactions of k = 1, 2, 5, 10 `update` members it prints
+//! latency (p50/p99 of one client issuing transactions one after the
+//! other), throughput of 32 concurrent clients without conflicts
+//! (disjoint documents) and with conflicts (32 clients over 100 accounts,
+//! retrying retryable aborts), the abort rate, deadlocks (transactions that
+//! never finish), store writes per transaction, and a raw baseline: the same
+//! k single-document updates issued straight to the store, one after the
+//! other, with the latency ratio.
+//!
+//! ```sh
+//! cargo run --release --bin bench                        # embedded store in a temp dir
+//! cargo run --release --bin bench -- --mongodb-uri mongodb://127.0.0.1:27017
+//! scripts/bench                                          # against a fresh FerretDB
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use clap::Parser;
+use txgate::config::StoreConfig;
+use txgate::documents::model::StoredDoc;
+use txgate::documents::rules::Patch;
+use txgate::metrics::Metrics;
+use txgate::store::{Document, DynStore, IndexSpec, Record, Scan, Store, StoreResult, Update, doc};
+use txgate::txn::commit::TxnError;
+use txgate::txn::plan::{Action, ActionOp, Plan};
+use txgate::txn::{Engine, TxnConfig};
+
+#[derive(Parser)]
+#[command(about = "Benchmark txgate's commit protocol")]
+struct Args {
+    /// Benchmark the mongodb backend at this URI (default: embedded store).
+    #[arg(long, env = "TXGATE_MONGODB_URI")]
+    mongodb_uri: Option<String>,
+    /// Seconds each measurement runs.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Member counts to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,5,10")]
+    k: Vec<usize>,
+    /// Concurrent clients for the throughput runs.
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// Accounts the contended run spreads over.
+    #[arg(long, default_value_t = 100)]
+    accounts: usize,
+}
+
+/// Counts store writes (and reads) passing through.
+struct Counting {
+    inner: DynStore,
+    writes: AtomicU64,
+    reads: AtomicU64,
+}
+
+#[async_trait]
+impl Store for Counting {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn ping(&self) -> StoreResult<()> {
+        self.inner.ping().await
+    }
+    async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.get(coll, id).await
+    }
+    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.inner.insert(coll, record).await
+    }
+    async fn replace(&self, coll: &str, id: &str, filter: Document, record: Record) -> StoreResult<bool> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.inner.replace(coll, id, filter, record).await
+    }
+    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.inner.update(coll, id, filter, update).await
+    }
+    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.inner.delete(coll, id, filter).await
+    }
+    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.scan(coll, scan).await
+    }
+    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.get_many(coll, ids).await
+    }
+    async fn collections(&self) -> StoreResult<Vec<String>> {
+        self.inner.collections().await
+    }
+    async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
+        self.inner.ensure_index(coll, index).await
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn plan(coll: &str, ids: &[String]) -> Plan {
+    let inc = serde_json::json!({"n": 1});
+    let patch = Patch::parse(None, None, inc.as_object(), "").expect("patch");
+    Plan {
+        actions: ids
+            .iter()
+            .map(|id| Action {
+                collection: coll.into(),
+                id: id.clone(),
+                op: ActionOp::Update(patch.clone()),
+                if_version: None,
+            })
+            .collect(),
+        schema_version: 1,
+        request: "{}".into(),
+        idempotency_key: None,
+        hook_count: 0,
+    }
+}
+
+async fn seed(store: &DynStore, coll: &str, count: usize) {
+    let at = txgate::store::now();
+    for i in 0..count {
+        let d = StoredDoc::new_live(format!("d{i:05}"), doc! {"n": 0_i64}, 1, 1, at);
+        store.insert(coll, d.to_record()).await.expect("seed");
+    }
+}
+
+struct Throughput {
+    committed: usize,
+    aborted: usize,
+    deadlocks: usize,
+    per_sec: f64,
+}
+
+/// `clients` concurrent clients for `seconds`; `pick(client, round)` names
+/// the documents of each transaction. Retryable aborts are retried.
+async fn throughput(
+    engine: &Arc<Engine>,
+    coll: &str,
+    clients: usize,
+    seconds: f64,
+    pick: Arc<dyn Fn(usize, usize) -> Vec<String> + Send + Sync>,
+) -> Throughput {
+    let committed = Arc::new(AtomicUsize::new(0));
+    let aborted = Arc::new(AtomicUsize::new(0));
+    let deadlocks = Arc::new(AtomicUsize::new(0));
+    let until = Instant::now() + Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (engine, coll, pick) = (Arc::clone(engine), coll.to_owned(), Arc::clone(&pick));
+        let (committed, aborted, deadlocks) = (Arc::clone(&committed), Arc::clone(&aborted), Arc::clone(&deadlocks));
+        tasks.push(tokio::spawn(async move {
+            let mut round = 0;
+            while Instant::now() < until {
+                let p = plan(&coll, &pick(c, round));
+                round += 1;
+                loop {
+                    match tokio::time::timeout(Duration::from_secs(30), engine.execute(&p, None)).await {
+                        Err(_) => {
+                            deadlocks.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                        Ok(Ok(_)) => {
+                            committed.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                        Ok(Err(TxnError::Aborted { failure, .. })) if failure.retryable => {
+                            aborted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(Err(e)) => panic!("unexpected failure: {e}"),
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("client");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let committed = committed.load(Ordering::Relaxed);
+    Throughput {
+        committed,
+        aborted: aborted.load(Ordering::Relaxed),
+        deadlocks: deadlocks.load(Ordering::Relaxed),
+        per_sec: committed as f64 / elapsed,
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let dir = tempfile_dir();
+    let (config, label) = match &args.mongodb_uri {
+        Some(uri) => (
+            StoreConfig::Mongodb { uri: uri.clone(), database: format!("bench_{}", uuid::Uuid::now_v7().simple()) },
+            "mongodb",
+        ),
+        None => (StoreConfig::Embedded { data_dir: dir.clone() }, "embedded"),
+    };
+    let raw = txgate::open_store(&config).await.expect("store opens");
+    txgate::migrate::run(raw.as_ref()).await.expect("migrations");
+    let counting = Arc::new(Counting { inner: Arc::clone(&raw), writes: AtomicU64::new(0), reads: AtomicU64::new(0) });
+    let store: DynStore = counting.clone();
+    let engine = Engine::new(Arc::clone(&store), TxnConfig::default(), Arc::new(Metrics::default()));
+    let clients = args.clients;
+    println!(
+        "txgate bench: {label} store, {} s per run, {clients} clients, {} contended accounts",
+        args.seconds, args.accounts
+    );
+    println!();
+    println!(
+        "{:>3} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>10} {:>10} {:>7} {:>7} {:>5}",
+        "k",
+        "txn p50",
+        "txn p99",
+        "raw p50",
+        "raw p99",
+        "ratio",
+        "writes",
+        "free tx/s",
+        "busy tx/s",
+        "busy %",
+        "aborts",
+        "dead"
+    );
+    let mut verdicts = Vec::new();
+    for &k in &args.k {
+        let coll = format!("bench_k{k}");
+        let docs = (clients * k).max(args.accounts).max(k * 200);
+        seed(&raw, &coll, docs).await;
+        let ids: Vec<String> = (0..docs).map(|i| format!("d{i:05}")).collect();
+
+        // Latency: one client, transactions one after the other.
+        let mut lat = Vec::new();
+        let writes_before = counting.writes.load(Ordering::Relaxed);
+        let until = Instant::now() + Duration::from_secs_f64(args.seconds);
+        let mut round = 0;
+        while Instant::now() < until {
+            let start = (round * k) % (docs - k + 1);
+            let p = plan(&coll, &ids[start..start + k]);
+            let t = Instant::now();
+            engine.execute(&p, None).await.expect("uncontended transaction commits");
+            lat.push(t.elapsed());
+            round += 1;
+        }
+        // Let the background roll-forwards finish before counting writes.
+        wait_idle(&engine).await;
+        let writes = (counting.writes.load(Ordering::Relaxed) - writes_before) as f64 / lat.len() as f64;
+        lat.sort();
+
+        // Raw baseline: the same k updates straight to the store.
+        let mut raw_lat = Vec::new();
+        let until = Instant::now() + Duration::from_secs_f64(args.seconds / 2.0);
+        let mut round = 0_i64;
+        while Instant::now() < until {
+            let start = (round as usize * k) % (docs - k + 1);
+            let t = Instant::now();
+            for id in &ids[start..start + k] {
+                raw.update(&coll, id, doc! {}, Update::set(doc! {"raw": round})).await.expect("raw update");
+            }
+            raw_lat.push(t.elapsed());
+            round += 1;
+        }
+        raw_lat.sort();
+
+        // Throughput without conflicts: each client its own documents.
+        let per_client = docs / clients;
+        let free_pick: Arc<dyn Fn(usize, usize) -> Vec<String> + Send + Sync> = {
+            let ids = ids.clone();
+            Arc::new(move |c, r| {
+                let base = c * per_client;
+                let off = (r * k) % (per_client - k + 1);
+                ids[base + off..base + off + k].to_vec()
+            })
+        };
+        let free = throughput(&engine, &coll, clients, args.seconds, free_pick).await;
+        wait_idle(&engine).await;
+
+        // Throughput with conflicts: every client over the same accounts.
+        let accounts = args.accounts.min(docs);
+        let busy_pick: Arc<dyn Fn(usize, usize) -> Vec<String> + Send + Sync> = {
+            let ids = ids.clone();
+            let seq = Arc::new(AtomicU64::new(0x9e37_79b9_7f4a_7c15));
+            Arc::new(move |_, _| {
+                let mut chosen: Vec<String> = Vec::with_capacity(k);
+                while chosen.len() < k {
+                    let x = seq.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+                    let x = (x ^ (x >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                    let id = &ids[(x >> 17) as usize % accounts];
+                    if !chosen.contains(id) {
+                        chosen.push(id.clone());
+                    }
+                }
+                chosen
+            })
+        };
+        let busy = throughput(&engine, &coll, clients, args.seconds, busy_pick).await;
+        wait_idle(&engine).await;
+
+        let (p50, p99, r50, r99) =
+            (percentile(&lat, 0.5), percentile(&lat, 0.99), percentile(&raw_lat, 0.5), percentile(&raw_lat, 0.99));
+        let ratio = ms(p50) / ms(r50).max(1e-9);
+        let busy_share = 100.0 * busy.per_sec / free.per_sec.max(1e-9);
+        let abort_rate = 100.0 * busy.aborted as f64 / (busy.aborted + busy.committed).max(1) as f64;
+        println!(
+            "{k:>3} {:>7.2}ms {:>7.2}ms {:>7.2}ms {:>7.2}ms {:>6.2}x {:>7.1} {:>10.0} {:>10.0} {:>6.0}% {:>6.1}% {:>5}",
+            ms(p50),
+            ms(p99),
+            ms(r50),
+            ms(r99),
+            ratio,
+            writes,
+            free.per_sec,
+            busy.per_sec,
+            busy_share,
+            abort_rate,
+            free.deadlocks + busy.deadlocks,
+        );
+        verdicts.push(format!(
+            "k={k}: writes/txn {writes:.1} (target <= {}){}{}; contended {busy_share:.0}% of uncontended (target >= 50%); deadlocks {}",
+            2 * k + 3,
+            if k == 2 { format!("; p50 ratio {ratio:.2}x (target <= 3.0x)") } else { String::new() },
+            if k == 10 { format!("; p50 ratio {ratio:.2}x (target <= 2.4x)") } else { String::new() },
+            free.deadlocks + busy.deadlocks,
+        ));
+    }
+    println!();
+    println!("columns: txn = one client's transaction latency; raw = the same k updates straight to the store;");
+    println!("ratio = txn p50 / raw p50; writes = store writes per transaction (including roll-forward);");
+    println!(
+        "free/busy tx/s = {clients} clients on disjoint documents / over {} shared accounts; aborts = retried",
+        args.accounts
+    );
+    println!("aborts per attempt in the busy run; dead = transactions that never finished.");
+    println!();
+    for v in verdicts {
+        println!("{v}");
+    }
+    if let StoreConfig::Mongodb { uri, database } = &config
+        && let Ok(store) = txgate::store::mongo::MongoStore::connect(uri, database).await
+    {
+        let _ = store.drop_database().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn wait_idle(engine: &Arc<Engine>) {
+    // Background roll-forwards are tracked; wait until none is running.
+    while !engine.tasks.is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("txgate-bench-{}", uuid::Uuid::now_v7().simple()))
+}
