@@ -41,6 +41,21 @@ pub enum LogFormat {
     Json,
 }
 
+/// Who makes a conditional write atomic on the `mongodb` backend.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CasMode {
+    /// The server applies each filtered single-document write atomically
+    /// (MongoDB). Safe with any number of gateway instances.
+    #[default]
+    Server,
+    /// This process serializes its conditional writes per document, reads
+    /// by `_id`, checks the filter itself and writes by `_id`. For
+    /// MongoDB-wire servers whose filtered writes are not atomic or not
+    /// indexed (FerretDB 1.x). Safe with one gateway instance only.
+    Process,
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
@@ -71,6 +86,9 @@ pub struct Settings {
     /// MongoDB database name.
     #[arg(long, global = true, env = "TXGATE_MONGODB_DATABASE")]
     pub mongodb_database: Option<String>,
+    /// How conditional writes are made atomic on the mongodb backend.
+    #[arg(long, global = true, env = "TXGATE_MONGODB_CAS")]
+    pub mongodb_cas: Option<CasMode>,
     /// `text` or `json`.
     #[arg(long, global = true, env = "TXGATE_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
@@ -122,7 +140,7 @@ pub struct Config {
 #[derive(Clone, Debug)]
 pub enum StoreConfig {
     Embedded { data_dir: PathBuf },
-    Mongodb { uri: String, database: String },
+    Mongodb { uri: String, database: String, cas: CasMode },
 }
 
 impl Default for Config {
@@ -157,6 +175,7 @@ impl Settings {
             data_dir: self.data_dir.or(file.data_dir),
             mongodb_uri: self.mongodb_uri.or(file.mongodb_uri),
             mongodb_database: self.mongodb_database.or(file.mongodb_database),
+            mongodb_cas: self.mongodb_cas.or(file.mongodb_cas),
             log_format: self.log_format.or(file.log_format),
             lease_ms: self.lease_ms.or(file.lease_ms),
             lock_wait_ms: self.lock_wait_ms.or(file.lock_wait_ms),
@@ -189,9 +208,11 @@ impl Settings {
             (Some(StoreKind::Mongodb), None) => {
                 return Err("--store mongodb needs TXGATE_MONGODB_URI (or --mongodb-uri)".into());
             }
-            (Some(StoreKind::Mongodb) | None, Some(uri)) => {
-                StoreConfig::Mongodb { uri, database: settings.mongodb_database.unwrap_or_else(|| "txgate".into()) }
-            }
+            (Some(StoreKind::Mongodb) | None, Some(uri)) => StoreConfig::Mongodb {
+                uri,
+                database: settings.mongodb_database.unwrap_or_else(|| "txgate".into()),
+                cas: settings.mongodb_cas.unwrap_or_default(),
+            },
             (Some(StoreKind::Embedded) | None, _) => {
                 StoreConfig::Embedded { data_dir: settings.data_dir.unwrap_or_else(|| PathBuf::from("./data")) }
             }

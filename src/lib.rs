@@ -35,7 +35,9 @@ pub enum RunError {
 pub async fn open_store(cfg: &StoreConfig) -> Result<DynStore, StoreError> {
     Ok(match cfg {
         StoreConfig::Embedded { data_dir } => Arc::new(store::embedded::EmbeddedStore::open(data_dir)?),
-        StoreConfig::Mongodb { uri, database } => Arc::new(store::mongo::MongoStore::connect(uri, database).await?),
+        StoreConfig::Mongodb { uri, database, cas } => {
+            Arc::new(store::mongo::MongoStore::connect(uri, database, *cas).await?)
+        }
     })
 }
 

@@ -36,6 +36,9 @@ struct Args {
     /// Benchmark the mongodb backend at this URI (default: embedded store).
     #[arg(long, env = "TXGATE_MONGODB_URI")]
     mongodb_uri: Option<String>,
+    /// `server` or `process` (see TXGATE_MONGODB_CAS).
+    #[arg(long, env = "TXGATE_MONGODB_CAS", default_value = "server")]
+    mongodb_cas: txgate::config::CasMode,
     /// Seconds each measurement runs.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
@@ -172,7 +175,7 @@ async fn throughput(
                 let p = plan(&coll, &pick(c, round));
                 round += 1;
                 loop {
-                    match tokio::time::timeout(Duration::from_secs(30), engine.execute(&p, None)).await {
+                    match tokio::time::timeout(Duration::from_secs(30), engine.execute(&p, None, None)).await {
                         Err(_) => {
                             deadlocks.fetch_add(1, Ordering::Relaxed);
                             break;
@@ -209,8 +212,16 @@ async fn main() {
     let dir = tempfile_dir();
     let (config, label) = match &args.mongodb_uri {
         Some(uri) => (
-            StoreConfig::Mongodb { uri: uri.clone(), database: format!("bench_{}", uuid::Uuid::now_v7().simple()) },
-            "mongodb",
+            StoreConfig::Mongodb {
+                uri: uri.clone(),
+                database: format!("bench_{}", uuid::Uuid::now_v7().simple()),
+                cas: args.mongodb_cas,
+            },
+            if args.mongodb_cas == txgate::config::CasMode::Process {
+                "mongodb (cas: process)"
+            } else {
+                "mongodb (cas: server)"
+            },
         ),
         None => (StoreConfig::Embedded { data_dir: dir.clone() }, "embedded"),
     };
@@ -256,7 +267,7 @@ async fn main() {
             let start = (round * k) % (docs - k + 1);
             let p = plan(&coll, &ids[start..start + k]);
             let t = Instant::now();
-            engine.execute(&p, None).await.expect("uncontended transaction commits");
+            engine.execute(&p, None, None).await.expect("uncontended transaction commits");
             lat.push(t.elapsed());
             round += 1;
         }
@@ -353,8 +364,8 @@ async fn main() {
     for v in verdicts {
         println!("{v}");
     }
-    if let StoreConfig::Mongodb { uri, database } = &config
-        && let Ok(store) = txgate::store::mongo::MongoStore::connect(uri, database).await
+    if let StoreConfig::Mongodb { uri, database, cas } = &config
+        && let Ok(store) = txgate::store::mongo::MongoStore::connect(uri, database, *cas).await
     {
         let _ = store.drop_database().await;
     }

@@ -421,7 +421,17 @@ pub async fn create_transaction(
             }
         }
     }
-    let result = engine.execute(&plan, Some(txn.clone())).await;
+    let result = engine.execute(&plan, Some(txn.clone()), scoped.as_deref()).await;
+    // The attempt that decided the outcome (a wounded attempt is retried).
+    let txn = match &result {
+        Ok(c) => c.record.id.clone(),
+        Err(
+            TxnError::Aborted { txn, .. }
+            | TxnError::InvalidChange { txn, .. }
+            | TxnError::Store { txn, .. }
+            | TxnError::OutcomeUnknown { txn },
+        ) => txn.clone(),
+    };
     let (status, body, keep) = match result {
         Ok(committed) => (StatusCode::OK, summary(&committed.record), true),
         Err(err) => {

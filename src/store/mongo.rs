@@ -8,6 +8,12 @@
 //! writes per record: within one process a conditional write is atomic on
 //! any such server, and on MongoDB the extra ordering costs nothing but a
 //! little queueing on a hot document.
+//!
+//! With [`CasMode::Process`] a conditional write reads the record by `_id`,
+//! checks the filter here and writes by `_id`: every command the server
+//! sees is an `_id` lookup, which servers without general filter push-down
+//! (FerretDB 1.x on SQLite) answer from their primary key instead of a
+//! collection scan. Only one gateway process may then use the database.
 
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -19,6 +25,9 @@ use futures::TryStreamExt;
 use mongodb::error::{Error as MongoError, ErrorKind, WriteFailure};
 use mongodb::options::{ClientOptions, IndexOptions};
 use mongodb::{Client, Collection, Database, IndexModel};
+
+use super::filter::{apply_update, matches};
+use crate::config::CasMode;
 
 use super::{Document, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Update, doc};
 
@@ -32,6 +41,7 @@ const WRITE_STRIPES: usize = 1024;
 
 pub struct MongoStore {
     db: Database,
+    cas: CasMode,
     stripes: Vec<tokio::sync::Mutex<()>>,
     /// User collections whose indexes this process has already ensured.
     indexed: Mutex<HashSet<String>>,
@@ -64,7 +74,7 @@ fn with_id(id: &str, mut filter: Document) -> Document {
 impl MongoStore {
     /// Connect to `uri` and use database `database`. Fails fast (5 s server
     /// selection) when the server is unreachable.
-    pub async fn connect(uri: &str, database: &str) -> StoreResult<Self> {
+    pub async fn connect(uri: &str, database: &str, cas: CasMode) -> StoreResult<Self> {
         let mut options = ClientOptions::parse(uri).await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
         options.app_name.get_or_insert_with(|| "txgate".to_owned());
         options.server_selection_timeout.get_or_insert(Duration::from_secs(5));
@@ -72,6 +82,7 @@ impl MongoStore {
         let client = Client::with_options(options).map_err(map_err)?;
         Ok(Self {
             db: client.database(database),
+            cas,
             stripes: (0..WRITE_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             indexed: Mutex::new(HashSet::new()),
         })
@@ -82,6 +93,14 @@ impl MongoStore {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (coll, id).hash(&mut hasher);
         self.stripes[(hasher.finish() as usize) % WRITE_STRIPES].lock().await
+    }
+
+    /// In `process` mode: the record as it is, if it exists and matches.
+    async fn current_matching(&self, coll: &str, id: &str, filter: &Document) -> StoreResult<Option<Document>> {
+        match self.coll(coll).find_one(doc! {"_id": id}).await.map_err(map_err)? {
+            Some(current) if matches(&current, filter)? => Ok(Some(current)),
+            _ => Ok(None),
+        }
     }
 
     fn coll(&self, name: &str) -> Collection<Document> {
@@ -123,6 +142,11 @@ impl Store for MongoStore {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
+        if self.cas == CasMode::Process {
+            // Lookups by _id only: some servers index nothing else.
+            let found = futures::future::try_join_all(ids.iter().map(|id| self.get(coll, id))).await?;
+            return Ok(found.into_iter().flatten().collect());
+        }
         let cursor = self.coll(coll).find(doc! {"_id": {"$in": ids}}).await.map_err(map_err)?;
         cursor.try_collect().await.map_err(map_err)
     }
@@ -139,11 +163,25 @@ impl Store for MongoStore {
     async fn replace(&self, coll: &str, id: &str, filter: Document, mut record: Record) -> StoreResult<bool> {
         record.insert("_id", id);
         let _turn = self.serialize(coll, id).await;
+        if self.cas == CasMode::Process {
+            if self.current_matching(coll, id, &filter).await?.is_none() {
+                return Ok(false);
+            }
+            let result = self.coll(coll).replace_one(doc! {"_id": id}, record).await.map_err(map_err)?;
+            return Ok(result.matched_count == 1);
+        }
         let result = self.coll(coll).replace_one(with_id(id, filter), record).await.map_err(map_err)?;
         Ok(result.matched_count == 1)
     }
 
     async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
+        let _turn = self.serialize(coll, id).await;
+        if self.cas == CasMode::Process {
+            let Some(mut current) = self.current_matching(coll, id, &filter).await? else { return Ok(false) };
+            apply_update(&mut current, &update)?;
+            let result = self.coll(coll).replace_one(doc! {"_id": id}, current).await.map_err(map_err)?;
+            return Ok(result.matched_count == 1);
+        }
         let mut spec = Document::new();
         if !update.set.is_empty() {
             spec.insert("$set", update.set);
@@ -155,13 +193,19 @@ impl Store for MongoStore {
         if spec.is_empty() {
             return Ok(self.coll(coll).count_documents(with_id(id, filter)).await.map_err(map_err)? == 1);
         }
-        let _turn = self.serialize(coll, id).await;
         let result = self.coll(coll).update_one(with_id(id, filter), spec).await.map_err(map_err)?;
         Ok(result.matched_count == 1)
     }
 
     async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
         let _turn = self.serialize(coll, id).await;
+        if self.cas == CasMode::Process {
+            if self.current_matching(coll, id, &filter).await?.is_none() {
+                return Ok(false);
+            }
+            let result = self.coll(coll).delete_one(doc! {"_id": id}).await.map_err(map_err)?;
+            return Ok(result.deleted_count == 1);
+        }
         let result = self.coll(coll).delete_one(with_id(id, filter)).await.map_err(map_err)?;
         Ok(result.deleted_count == 1)
     }

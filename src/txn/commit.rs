@@ -79,6 +79,18 @@ pub fn txn_age(id: &str) -> (u64, &str) {
     (millis, id)
 }
 
+/// A new transaction id with the same age (timestamp) as `id`.
+pub fn same_age(id: &str) -> String {
+    let ts = uuid::Uuid::parse_str(id).ok().and_then(|u| u.get_timestamp());
+    match ts {
+        Some(ts) => {
+            let (secs, nanos) = ts.to_unix();
+            uuid::Uuid::new_v7(uuid::Timestamp::from_unix(uuid::NoContext, secs, nanos)).to_string()
+        }
+        None => uuid::Uuid::now_v7().to_string(),
+    }
+}
+
 /// Whether transaction `a` is older than `b` (wound-wait priority).
 pub fn older(a: &str, b: &str) -> bool {
     txn_age(a) < txn_age(b)
@@ -88,8 +100,40 @@ const MAX_BACKOFF: Duration = Duration::from_millis(50);
 
 impl Engine {
     /// Run `plan` as a transaction: `Ok` once its commit point is passed.
-    pub async fn execute(self: &Arc<Self>, plan: &Plan, txn: Option<String>) -> Result<Committed, TxnError> {
-        let txn = txn.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    ///
+    /// An attempt wounded by an older transaction is retried here, within
+    /// the lock wait, under a new id that keeps the first attempt's age, so
+    /// that it becomes the oldest in time and cannot starve (wound-wait
+    /// restarts keep their timestamp). With an idempotency key, the claim
+    /// is moved to each new attempt first.
+    pub async fn execute(
+        self: &Arc<Self>,
+        plan: &Plan,
+        txn: Option<String>,
+        idempotency_key: Option<&str>,
+    ) -> Result<Committed, TxnError> {
+        let first = txn.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let give_up_at = Instant::now() + self.cfg.lock_wait;
+        let mut txn = first.clone();
+        loop {
+            let result = self.execute_once(plan, txn.clone()).await;
+            let wounded = matches!(&result, Err(TxnError::Aborted { failure, .. }) if failure.code == "aborted" && failure.retryable && failure.detail.contains("wounded"));
+            if !wounded || Instant::now() >= give_up_at {
+                return result;
+            }
+            let next = same_age(&first);
+            if let Some(key) = idempotency_key
+                && !matches!(self.repoint_key(key, &txn, &next).await, Ok(true))
+            {
+                return result;
+            }
+            self.metrics.incr("txgate_transaction_retries_total", "wounded");
+            tracing::debug!(txn.id = %txn, retry = %next, "wounded; retrying with the same age");
+            txn = next;
+        }
+    }
+
+    async fn execute_once(self: &Arc<Self>, plan: &Plan, txn: String) -> Result<Committed, TxnError> {
         let started = std::time::Instant::now();
         let span = tracing::info_span!("transaction", txn.id = %txn, members = plan.actions.len());
         let result = tracing::Instrument::instrument(self.run(plan, &txn), span).await;
@@ -432,6 +476,14 @@ impl Engine {
                         () = wounded.cancelled() => {}
                     }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
+                    // While waiting, an older transaction may have wounded
+                    // this one: find out now rather than at the next heartbeat.
+                    if backoff >= Duration::from_millis(16)
+                        && let Ok(Some(own)) = self.record(txn).await
+                        && own.status != Status::Pending
+                    {
+                        wounded.cancel();
+                    }
                     continue;
                 }
                 None => {}
@@ -559,6 +611,15 @@ fn placeholder(id: &str, txn: &str, staged: Staged) -> StoredDoc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn same_age_keeps_the_timestamp() {
+        let a = uuid::Uuid::now_v7().to_string();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = same_age(&a);
+        assert_ne!(a, b);
+        assert_eq!(txn_age(&a).0, txn_age(&b).0);
+    }
 
     #[test]
     fn uuid_v7_ids_order_by_age() {

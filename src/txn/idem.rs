@@ -64,9 +64,16 @@ impl Engine {
                     return Ok(Claim::Replay { status: 200, body });
                 }
                 Some(rec) if rec.status == Status::Pending => return Ok(Claim::InProgress { txn: holder }),
-                // Aborted without a stored outcome: its request died before
-                // answering; the key is free again.
-                Some(_) => true,
+                // Aborted without a stored outcome: either its request is
+                // retrying (it re-points the key within moments) or it died
+                // before answering; after a lease the key is free again.
+                Some(rec) => {
+                    let since = rec.finished_at.or(Some(rec.expires_at)).map_or(0, |d| d.timestamp_millis());
+                    if now().timestamp_millis() - since < self.cfg.lease.as_millis() as i64 {
+                        return Ok(Claim::InProgress { txn: holder });
+                    }
+                    true
+                }
                 // No record yet: the first request is just starting, unless
                 // it has been that way for longer than a lease.
                 None => {
@@ -82,6 +89,12 @@ impl Engine {
                 return Ok(Claim::Fresh);
             }
         }
+    }
+
+    /// Move the claim on `key` from attempt `from` to attempt `to`.
+    pub async fn repoint_key(&self, key: &str, from: &str, to: &str) -> StoreResult<bool> {
+        let set = doc! {"txn": to, "repointed_at": now()};
+        self.store.update(IDEM, key, doc! {"txn": from, "state": "running"}, Update::set(set)).await
     }
 
     /// Store the outcome answered for `key`.

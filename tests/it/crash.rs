@@ -254,7 +254,7 @@ async fn run_case(store: &DynStore, tag: &str, fault: Fault) -> (bool, usize) {
     let txn = uuid::Uuid::now_v7().to_string();
     let plan = s.plan();
     let answer = tokio::select! {
-        a = tokio::time::timeout(Duration::from_secs(5), dying.execute(&plan, Some(txn.clone()))) => a.map_err(|_| ()),
+        a = tokio::time::timeout(Duration::from_secs(5), dying.execute(&plan, Some(txn.clone()), None)) => a.map_err(|_| ()),
         () = faulty.died() => Err(()),
     };
     if matches!(fault, Fault::None) {
@@ -311,7 +311,7 @@ async fn sweep_recovery(backend: Backend) {
                 let txn = uuid::Uuid::now_v7().to_string();
                 let plan = s.plan();
                 tokio::select! {
-                    _ = dying.execute(&plan, Some(txn.clone())) => {}
+                    _ = dying.execute(&plan, Some(txn.clone()), None) => {}
                     () = dying_store.died() => {}
                 }
                 tokio::time::sleep(Duration::from_millis(170)).await; // past lease + skew
@@ -376,7 +376,7 @@ async fn second_instance_takes_over(backend: Backend) {
         let txn = uuid::Uuid::now_v7().to_string();
         let plan = s.plan();
         tokio::select! {
-            _ = a.execute(&plan, Some(txn.clone())) => {}
+            _ = a.execute(&plan, Some(txn.clone()), None) => {}
             () = a_store.died() => {}
         }
         let died = Instant::now();

@@ -14,6 +14,8 @@ use txgate::store::DynStore;
 pub enum Backend {
     Embedded,
     Mongodb,
+    /// The mongodb backend with `TXGATE_MONGODB_CAS=process`.
+    MongodbProcess,
 }
 
 /// The MongoDB-wire server the tests use. Missing is a failure: the test
@@ -50,10 +52,15 @@ impl TestStore {
                 let store = txgate::open_store(&config).await.expect("embedded store opens");
                 Some(Self { store, config, _dir: Some(dir) })
             }
-            Backend::Mongodb => {
+            Backend::Mongodb | Backend::MongodbProcess => {
                 let uri = mongodb_uri()?;
                 let database = format!("it_{}", uuid::Uuid::now_v7().simple());
-                let config = StoreConfig::Mongodb { uri, database };
+                let cas = if backend == Backend::MongodbProcess {
+                    txgate::config::CasMode::Process
+                } else {
+                    txgate::config::CasMode::Server
+                };
+                let config = StoreConfig::Mongodb { uri, database, cas };
                 let store = txgate::open_store(&config).await.expect("mongodb store opens");
                 Some(Self { store, config, _dir: None })
             }
