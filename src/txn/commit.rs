@@ -96,7 +96,7 @@ pub fn older(a: &str, b: &str) -> bool {
     txn_age(a) < txn_age(b)
 }
 
-const MAX_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_millis(8);
 
 impl Engine {
     /// Run `plan` as a transaction: `Ok` once its commit point is passed.
