@@ -17,7 +17,7 @@
 
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -42,7 +42,7 @@ const WRITE_STRIPES: usize = 1024;
 pub struct MongoStore {
     db: Database,
     cas: CasMode,
-    stripes: Vec<tokio::sync::Mutex<()>>,
+    stripes: Vec<Arc<tokio::sync::Mutex<()>>>,
     /// User collections whose indexes this process has already ensured.
     indexed: Mutex<HashSet<String>>,
 }
@@ -66,6 +66,59 @@ fn is_duplicate(err: &MongoError) -> bool {
     matches!(err.kind.as_ref(), ErrorKind::Write(WriteFailure::WriteError(e)) if e.code == DUPLICATE_KEY)
 }
 
+/// A conditional single-record write.
+enum Write {
+    Replace(Record),
+    Update(Update),
+    Delete,
+}
+
+async fn conditional_write(
+    coll: &Collection<Document>,
+    cas: CasMode,
+    id: &str,
+    filter: Document,
+    write: Write,
+) -> StoreResult<bool> {
+    if cas == CasMode::Process {
+        // Read by _id, check the filter here, write by _id.
+        let current = match coll.find_one(doc! {"_id": id}).await.map_err(map_err)? {
+            Some(current) if matches(&current, &filter)? => current,
+            _ => return Ok(false),
+        };
+        let by_id = doc! {"_id": id};
+        return Ok(match write {
+            Write::Replace(record) => coll.replace_one(by_id, record).await.map_err(map_err)?.matched_count == 1,
+            Write::Update(update) => {
+                let mut next = current;
+                apply_update(&mut next, &update)?;
+                coll.replace_one(by_id, next).await.map_err(map_err)?.matched_count == 1
+            }
+            Write::Delete => coll.delete_one(by_id).await.map_err(map_err)?.deleted_count == 1,
+        });
+    }
+    let filter = with_id(id, filter);
+    Ok(match write {
+        Write::Replace(record) => coll.replace_one(filter, record).await.map_err(map_err)?.matched_count == 1,
+        Write::Update(update) => {
+            let mut spec = Document::new();
+            if !update.set.is_empty() {
+                spec.insert("$set", update.set);
+            }
+            if !update.unset.is_empty() {
+                let unset: Document = update.unset.into_iter().map(|path| (path, "".into())).collect();
+                spec.insert("$unset", unset);
+            }
+            if spec.is_empty() {
+                coll.count_documents(filter).await.map_err(map_err)? == 1
+            } else {
+                coll.update_one(filter, spec).await.map_err(map_err)?.matched_count == 1
+            }
+        }
+        Write::Delete => coll.delete_one(filter).await.map_err(map_err)?.deleted_count == 1,
+    })
+}
+
 fn with_id(id: &str, mut filter: Document) -> Document {
     filter.insert("_id", id);
     filter
@@ -83,24 +136,27 @@ impl MongoStore {
         Ok(Self {
             db: client.database(database),
             cas,
-            stripes: (0..WRITE_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            stripes: (0..WRITE_STRIPES).map(|_| Arc::new(tokio::sync::Mutex::new(()))).collect(),
             indexed: Mutex::new(HashSet::new()),
         })
     }
 
-    /// Hold while issuing a conditional write to record `(coll, id)`.
-    async fn serialize(&self, coll: &str, id: &str) -> tokio::sync::MutexGuard<'_, ()> {
+    /// Issue a conditional write to record `(coll, id)` while holding its
+    /// stripe. The write runs in its own task, so the stripe stays held until
+    /// the server has answered even when the caller stops waiting: a server
+    /// that checks the filter and writes in two steps must never see a
+    /// second write to the record overlap an abandoned one.
+    async fn guarded(&self, coll: &str, id: &str, filter: Document, write: Write) -> StoreResult<bool> {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (coll, id).hash(&mut hasher);
-        self.stripes[(hasher.finish() as usize) % WRITE_STRIPES].lock().await
-    }
-
-    /// In `process` mode: the record as it is, if it exists and matches.
-    async fn current_matching(&self, coll: &str, id: &str, filter: &Document) -> StoreResult<Option<Document>> {
-        match self.coll(coll).find_one(doc! {"_id": id}).await.map_err(map_err)? {
-            Some(current) if matches(&current, filter)? => Ok(Some(current)),
-            _ => Ok(None),
-        }
+        let stripe = Arc::clone(&self.stripes[(hasher.finish() as usize) % WRITE_STRIPES]);
+        let (collection, cas, id) = (self.coll(coll), self.cas, id.to_owned());
+        tokio::spawn(async move {
+            let _turn = stripe.lock_owned().await;
+            conditional_write(&collection, cas, &id, filter, write).await
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("write task failed: {e}")))?
     }
 
     fn coll(&self, name: &str) -> Collection<Document> {
@@ -162,52 +218,15 @@ impl Store for MongoStore {
 
     async fn replace(&self, coll: &str, id: &str, filter: Document, mut record: Record) -> StoreResult<bool> {
         record.insert("_id", id);
-        let _turn = self.serialize(coll, id).await;
-        if self.cas == CasMode::Process {
-            if self.current_matching(coll, id, &filter).await?.is_none() {
-                return Ok(false);
-            }
-            let result = self.coll(coll).replace_one(doc! {"_id": id}, record).await.map_err(map_err)?;
-            return Ok(result.matched_count == 1);
-        }
-        let result = self.coll(coll).replace_one(with_id(id, filter), record).await.map_err(map_err)?;
-        Ok(result.matched_count == 1)
+        self.guarded(coll, id, filter, Write::Replace(record)).await
     }
 
     async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
-        let _turn = self.serialize(coll, id).await;
-        if self.cas == CasMode::Process {
-            let Some(mut current) = self.current_matching(coll, id, &filter).await? else { return Ok(false) };
-            apply_update(&mut current, &update)?;
-            let result = self.coll(coll).replace_one(doc! {"_id": id}, current).await.map_err(map_err)?;
-            return Ok(result.matched_count == 1);
-        }
-        let mut spec = Document::new();
-        if !update.set.is_empty() {
-            spec.insert("$set", update.set);
-        }
-        if !update.unset.is_empty() {
-            let unset: Document = update.unset.into_iter().map(|path| (path, "".into())).collect();
-            spec.insert("$unset", unset);
-        }
-        if spec.is_empty() {
-            return Ok(self.coll(coll).count_documents(with_id(id, filter)).await.map_err(map_err)? == 1);
-        }
-        let result = self.coll(coll).update_one(with_id(id, filter), spec).await.map_err(map_err)?;
-        Ok(result.matched_count == 1)
+        self.guarded(coll, id, filter, Write::Update(update)).await
     }
 
     async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
-        let _turn = self.serialize(coll, id).await;
-        if self.cas == CasMode::Process {
-            if self.current_matching(coll, id, &filter).await?.is_none() {
-                return Ok(false);
-            }
-            let result = self.coll(coll).delete_one(doc! {"_id": id}).await.map_err(map_err)?;
-            return Ok(result.deleted_count == 1);
-        }
-        let result = self.coll(coll).delete_one(with_id(id, filter)).await.map_err(map_err)?;
-        Ok(result.deleted_count == 1)
+        self.guarded(coll, id, filter, Write::Delete).await
     }
 
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
