@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
+use crate::hooks::guard::HookGuard;
 use crate::http::auth::{ApiKey, parse_keys};
 use crate::txn::TxnConfig;
 
@@ -119,6 +120,10 @@ pub struct Settings {
     /// Most hooks in one transaction.
     #[arg(long, global = true, env = "TXGATE_MAX_HOOKS")]
     pub max_hooks: Option<usize>,
+    /// Hook destinations allowed even when private or loopback:
+    /// `host`, `host:port`, `*.domain`, `127.0.0.1:*`, comma-separated.
+    #[arg(long, global = true, env = "TXGATE_HOOK_ALLOW")]
+    pub hook_allow: Option<String>,
     /// API keys, `key:scope[+scope],...` with scopes read, write, admin.
     #[arg(long, global = true, env = "TXGATE_API_KEYS", hide_env_values = true)]
     pub api_keys: Option<String>,
@@ -135,6 +140,7 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Empty: no authentication, loopback only.
     pub api_keys: Vec<ApiKey>,
+    pub hook_guard: HookGuard,
 }
 
 #[derive(Clone, Debug)]
@@ -153,6 +159,7 @@ impl Default for Config {
             ttl_interval: Duration::from_millis(500),
             max_body_bytes: 1024 * 1024,
             api_keys: Vec::new(),
+            hook_guard: HookGuard::default(),
         }
     }
 }
@@ -187,6 +194,7 @@ impl Settings {
             max_actions: self.max_actions.or(file.max_actions),
             max_hooks: self.max_hooks.or(file.max_hooks),
             api_keys: self.api_keys.or(file.api_keys),
+            hook_allow: self.hook_allow.or(file.hook_allow),
         }
     }
 
@@ -235,7 +243,9 @@ impl Settings {
             None | Some("") => Vec::new(),
             Some(spec) => parse_keys(spec)?,
         };
+        let hook_guard = HookGuard::new(settings.hook_allow.as_deref().unwrap_or(""))?;
         Ok(Config {
+            hook_guard,
             api_keys,
             listen: settings.listen.unwrap_or(defaults.listen),
             store,

@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod documents;
+pub mod hooks;
 pub mod http;
 pub mod metrics;
 pub mod migrate;
@@ -57,7 +58,11 @@ impl App {
     }
 
     pub fn router(&self, config: &Config) -> axum::Router {
-        let state = http::AppState { documents: Arc::clone(&self.documents), engine: Arc::clone(&self.engine) };
+        let state = http::AppState {
+            documents: Arc::clone(&self.documents),
+            engine: Arc::clone(&self.engine),
+            hook_guard: Arc::new(config.hook_guard.clone()),
+        };
         http::router(state, config.max_body_bytes, config.api_keys.clone())
     }
 }

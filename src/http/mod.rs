@@ -2,6 +2,7 @@
 //! endpoints (`/healthz`, `/readyz`, `/openapi.json`, `/docs`).
 
 pub mod auth;
+pub mod deliveries;
 pub mod documents;
 pub mod error;
 pub mod extract;
@@ -30,6 +31,7 @@ use error::{ApiError, PROBLEM_JSON};
 pub struct AppState {
     pub documents: Arc<Documents>,
     pub engine: Arc<Engine>,
+    pub hook_guard: Arc<crate::hooks::guard::HookGuard>,
 }
 
 #[derive(OpenApi)]
@@ -42,6 +44,7 @@ pub struct AppState {
     tags(
         (name = "documents", description = "Single documents with optimistic locking"),
         (name = "transactions", description = "Multi-document transactions"),
+        (name = "deliveries", description = "Post-commit hook deliveries"),
         (name = "operations", description = "Health and readiness"),
     )
 )]
@@ -52,6 +55,7 @@ pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(documents::router())
         .merge(transactions::router())
+        .merge(deliveries::router())
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .split_for_parts()

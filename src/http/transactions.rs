@@ -19,6 +19,7 @@ use super::documents::{decode_cursor, encode_cursor};
 use super::error::{ApiError, PROBLEM_JSON, Problem};
 use super::extract::{ApiPath, ApiQuery, JsonBody};
 use crate::documents::rules::{self, Invalid, Patch};
+use crate::hooks::{Delivery, delivery_id};
 use crate::store::convert::rfc3339;
 use crate::store::{Scan, doc};
 use crate::txn::commit::TxnError;
@@ -126,8 +127,10 @@ pub struct ResultOut {
 
 #[derive(Serialize, ToSchema)]
 pub struct HookStateOut {
-    /// `<transaction>:<index>`.
+    /// `<transaction>:<index>`: the delivery id.
     pub id: String,
+    /// `pending`, `failed`, `dead`, `delivered`; `not_sent` when the
+    /// transaction did not commit.
     pub status: String,
 }
 
@@ -192,18 +195,22 @@ pub struct TransactionPath {
 
 const MAX_KEY_CHARS: usize = 255;
 
-fn validate_hook(hook: &HookIn, i: usize) -> Result<(), Invalid> {
+fn validate_hook(hook: &HookIn, i: usize, guard: &crate::hooks::guard::HookGuard) -> Result<(), ApiError> {
     let p = format!("/hooks/{i}");
     if !matches!(hook.method.as_str(), "POST" | "PUT" | "PATCH" | "DELETE" | "GET") {
-        return Err(Invalid::new(format!("{p}/method"), "method must be POST, PUT, PATCH, DELETE or GET"));
+        return Err(Invalid::new(format!("{p}/method"), "method must be POST, PUT, PATCH, DELETE or GET").into());
     }
     let url = url::Url::parse(&hook.url).map_err(|e| Invalid::new(format!("{p}/url"), format!("not a URL: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-        return Err(Invalid::new(format!("{p}/url"), "the URL must be http or https with a host"));
+        return Err(Invalid::new(format!("{p}/url"), "the URL must be http or https with a host").into());
+    }
+    if let Err(why) = guard.check_url(&url) {
+        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "hook_not_allowed", why)
+            .with("errors", json!([{"pointer": format!("{p}/url"), "detail": "destination not allowed"}])));
     }
     for (name, value) in &hook.headers {
         if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() || HeaderValue::from_str(value).is_err() {
-            return Err(Invalid::new(format!("{p}/headers/{name}"), "not a valid HTTP header"));
+            return Err(Invalid::new(format!("{p}/headers/{name}"), "not a valid HTTP header").into());
         }
     }
     Ok(())
@@ -219,7 +226,7 @@ fn plan(input: TransactionIn, raw: &[u8], key: Option<String>, state: &AppState)
         return Err(Invalid::new("/hooks", format!("a transaction has at most {} hooks", cfg.max_hooks)).into());
     }
     for (i, hook) in input.hooks.iter().enumerate() {
-        validate_hook(hook, i)?;
+        validate_hook(hook, i, &state.hook_guard)?;
     }
     let schema_version = match input.schema_version {
         Some(v) if v < 1 => return Err(Invalid::new("/schema_version", "schema_version must be at least 1").into()),
@@ -461,7 +468,7 @@ pub async fn create_transaction(
     Ok(response)
 }
 
-fn transaction_out(rec: &TxnRecord) -> TransactionOut {
+fn transaction_out(rec: &TxnRecord, deliveries: &[Option<Delivery>]) -> TransactionOut {
     let committed = rec.status.is_committed();
     let failed_action = rec.failure.as_ref().and_then(|f| f.action);
     let actions = rec
@@ -490,10 +497,14 @@ fn transaction_out(rec: &TxnRecord) -> TransactionOut {
             }
         })
         .collect();
-    let hooks = (0..rec.hook_count)
+    let hooks = (0..rec.hook_count as usize)
         .map(|i| HookStateOut {
-            id: format!("{}:{i}", rec.id),
-            status: if committed { "pending" } else { "not_sent" }.to_owned(),
+            id: delivery_id(&rec.id, i),
+            status: match deliveries.get(i).and_then(Option::as_ref) {
+                Some(d) => d.status.clone(),
+                None if committed => "pending".to_owned(),
+                None => "not_sent".to_owned(),
+            },
         })
         .collect();
     TransactionOut {
@@ -534,7 +545,9 @@ pub async fn get_transaction(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<TransactionPath>,
 ) -> Result<axum::Json<TransactionOut>, ApiError> {
-    Ok(axum::Json(transaction_out(&load(&state, &path.id).await?)))
+    let rec = load(&state, &path.id).await?;
+    let deliveries = state.engine.deliveries_of(&rec.id, rec.hook_count).await?;
+    Ok(axum::Json(transaction_out(&rec, &deliveries)))
 }
 
 /// List transactions
@@ -581,7 +594,12 @@ pub async fn list_transactions(
     } else {
         None
     };
-    Ok(axum::Json(TransactionListOut { items: items.iter().map(transaction_out).collect(), next }))
+    let mut out = Vec::with_capacity(items.len());
+    for rec in &items {
+        let deliveries = state.engine.deliveries_of(&rec.id, rec.hook_count).await?;
+        out.push(transaction_out(rec, &deliveries));
+    }
+    Ok(axum::Json(TransactionListOut { items: out, next }))
 }
 
 /// Abort a pending transaction
@@ -617,5 +635,5 @@ pub async fn abort_transaction(
     if rec.status == Status::Aborted {
         state.engine.roll_back_in_background(rec.clone());
     }
-    Ok(axum::Json(transaction_out(&rec)))
+    Ok(axum::Json(transaction_out(&rec, &[])))
 }

@@ -69,8 +69,8 @@ impl Engine {
 
     /// Make sure a committed transaction's change events and hook
     /// deliveries exist before any of its locks is released.
-    pub async fn ensure_outputs(&self, _rec: &TxnRecord) -> StoreResult<()> {
-        Ok(())
+    pub async fn ensure_outputs(&self, rec: &TxnRecord) -> StoreResult<()> {
+        self.record_deliveries(rec).await
     }
 }
 

@@ -13,6 +13,7 @@ use reqwest::Method;
 use serde_json::json;
 use txgate::documents::model::{StoredDoc, View};
 use txgate::documents::rules::Patch;
+use txgate::hooks::DELIVERIES;
 use txgate::metrics::Metrics;
 use txgate::store::{
     DateTime, Document, DynStore, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update, doc,
@@ -134,6 +135,8 @@ impl Store for FaultyStore {
     }
 }
 
+const HOOKS: &str = r#"{"hooks":[{"url":"https://example.com/a","body":{"k":1}},{"url":"https://example.com/b"}]}"#;
+
 fn fast_config() -> TxnConfig {
     TxnConfig {
         lease: Duration::from_millis(150),
@@ -181,10 +184,28 @@ impl Scenario {
                 action(4, ActionOp::Insert(doc! {"n": 2_i64}), None),
             ],
             schema_version: 1,
-            request: "{}".into(),
+            request: HOOKS.into(),
             idempotency_key: None,
-            hook_count: 0,
+            hook_count: 2,
         }
+    }
+
+    /// How many of the transaction's two deliveries exist.
+    async fn deliveries(&self, store: &DynStore, txn: &str) -> usize {
+        let mut n = 0;
+        for i in 0..2 {
+            n += usize::from(store.get(DELIVERIES, &format!("{txn}:{i}")).await.unwrap().is_some());
+        }
+        n
+    }
+
+    /// Whether any member already carries its post-image unlocked (its
+    /// lock was released by a roll-forward).
+    async fn some_member_released(&self, store: &DynStore) -> bool {
+        let docs = self.docs(store).await;
+        docs.iter()
+            .flatten()
+            .any(|d| d.meta.txn.is_none() && (d.meta.v == 2 || (d.meta.v == 1 && d.id.ends_with("-i"))))
     }
 
     fn members(&self) -> [(&str, &str); 5] {
@@ -262,8 +283,13 @@ async fn run_case(store: &DynStore, tag: &str, fault: Fault) -> (bool, usize) {
         dying.tasks.close();
         dying.tasks.wait().await;
     }
+    // Deliveries exist before any lock is released.
+    if s.some_member_released(store).await {
+        assert_eq!(s.deliveries(store, &txn).await, 2, "{fault:?}: a lock was released before the hooks were recorded");
+    }
     let rec = recover(store, &s, &txn).await;
     let applied = s.applied(store).await;
+    assert_eq!(s.deliveries(store, &txn).await, if applied { 2 } else { 0 }, "{fault:?}: hooks exist iff committed");
     match (&answer, rec.as_ref().map(|r| r.status)) {
         (_, None) => assert!(!applied, "{fault:?}: no record, so nothing may apply"),
         (_, Some(status)) => assert_eq!(applied, status == Status::Done, "{fault:?}: record {status:?} vs documents"),

@@ -1,0 +1,172 @@
+//! `/v1/deliveries`: the post-commit hook deliveries, for inspection.
+
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::documents::{decode_cursor, encode_cursor};
+use super::error::{ApiError, Problem};
+use super::extract::{ApiPath, ApiQuery};
+use crate::documents::rules::Invalid;
+use crate::hooks::{DELIVERIES, Delivery};
+use crate::store::convert::rfc3339;
+use crate::store::{Scan, doc};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_deliveries)).routes(routes!(get_delivery))
+}
+
+/// A hook delivery.
+#[derive(Serialize, ToSchema)]
+pub struct DeliveryOut {
+    /// `<transaction>:<index>`; sent as `webhook-id`.
+    pub id: String,
+    pub transaction: String,
+    pub index: i64,
+    /// `pending`, `failed` (will be retried), `dead` or `delivered`.
+    pub status: String,
+    pub method: String,
+    pub url: String,
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// The body, fixed when the transaction committed.
+    #[schema(value_type = Object)]
+    pub body: Value,
+    pub created_at: String,
+    pub next_attempt_at: Option<String>,
+    pub attempts: Vec<AttemptOut>,
+    pub finished_at: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct AttemptOut {
+    pub at: String,
+    pub status_code: Option<i32>,
+    pub error: Option<String>,
+    pub duration_ms: i64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct DeliveryListOut {
+    pub items: Vec<DeliveryOut>,
+    pub next: Option<String>,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeliveryListQuery {
+    /// `pending`, `failed`, `dead` or `delivered`.
+    pub status: Option<String>,
+    /// Page size, 1..1000 (default 50).
+    pub limit: Option<i64>,
+    /// The `next` cursor of the previous page.
+    pub after: Option<String>,
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct DeliveryPath {
+    /// Delivery id, `<transaction>:<index>`.
+    pub id: String,
+}
+
+fn delivery_out(d: Delivery) -> DeliveryOut {
+    let finished = matches!(d.status.as_str(), "dead" | "delivered");
+    DeliveryOut {
+        body: serde_json::from_str(&d.body).unwrap_or(Value::String(d.body.clone())),
+        id: d.id,
+        transaction: d.txn,
+        index: d.index,
+        status: d.status,
+        method: d.method,
+        url: d.url,
+        headers: d.headers,
+        created_at: rfc3339(d.created_at),
+        next_attempt_at: (!finished).then(|| rfc3339(d.next_at)),
+        attempts: d
+            .attempts
+            .into_iter()
+            .map(|a| AttemptOut {
+                at: rfc3339(a.at),
+                status_code: a.status_code,
+                error: a.error,
+                duration_ms: a.duration_ms,
+            })
+            .collect(),
+        finished_at: d.finished_at.map(rfc3339),
+    }
+}
+
+/// List deliveries
+///
+/// In id order (so a transaction's hooks stand together), optionally by
+/// status.
+#[utoipa::path(
+    get,
+    path = "/v1/deliveries",
+    operation_id = "v1.deliveries.list",
+    tag = "deliveries",
+    params(DeliveryListQuery),
+    responses(
+        (status = 200, description = "A page of deliveries", body = DeliveryListOut),
+        (status = 422, description = "Bad status, limit or cursor", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_deliveries(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<DeliveryListQuery>,
+) -> Result<axum::Json<DeliveryListOut>, ApiError> {
+    let limit = query.limit.unwrap_or(50);
+    if !(1..=1000).contains(&limit) {
+        return Err(Invalid::new("/query/limit", "limit must be between 1 and 1000").into());
+    }
+    let mut filter = doc! {};
+    if let Some(status) = &query.status {
+        if !matches!(status.as_str(), "pending" | "failed" | "dead" | "delivered") {
+            return Err(Invalid::new("/query/status", "status is pending, failed, dead or delivered").into());
+        }
+        filter.insert("status", status.as_str());
+    }
+    if let Some(after) = &query.after {
+        filter.insert("_id", doc! {"$gt": decode_cursor(after)?});
+    }
+    let limit = limit as usize;
+    let records = state.engine.store.scan(DELIVERIES, Scan::by_id(filter, limit + 1)).await?;
+    let mut items: Vec<Delivery> = records.into_iter().map(Delivery::from_record).collect::<Result<_, _>>()?;
+    let next = if items.len() > limit {
+        items.truncate(limit);
+        items.last().map(|d| encode_cursor(&d.id))
+    } else {
+        None
+    };
+    Ok(axum::Json(DeliveryListOut { items: items.into_iter().map(delivery_out).collect(), next }))
+}
+
+/// Read a delivery
+///
+/// Its state and every attempt (time, status code or error, duration).
+#[utoipa::path(
+    get,
+    path = "/v1/deliveries/{id}",
+    operation_id = "v1.deliveries.get",
+    tag = "deliveries",
+    params(DeliveryPath),
+    responses(
+        (status = 200, description = "The delivery", body = DeliveryOut),
+        (status = 404, description = "`not_found`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_delivery(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<DeliveryPath>,
+) -> Result<axum::Json<DeliveryOut>, ApiError> {
+    let record = state
+        .engine
+        .store
+        .get(DELIVERIES, &path.id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no delivery {}", path.id)))?;
+    Ok(axum::Json(delivery_out(Delivery::from_record(record)?)))
+}
