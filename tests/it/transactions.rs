@@ -230,7 +230,7 @@ async fn idempotency_key_replays_the_outcome(backend: Backend) {
     assert_eq!(p1["transaction"], p2["transaction"]);
     // A retryable failure frees the key.
     let holder = txn_id_at(-3600); // older: the new transaction must wait, not wound
-    app.store.insert(TXNS, held_record("", &holder, &["a"]).to_record()).await.unwrap();
+    app.store.insert(TXNS, held_record(&holder, &["a"]).to_record()).await.unwrap();
     lock(&app, "acc", "a", &holder).await;
     let body = json!({"actions": [{"op": "update", "collection": "acc", "id": "a", "inc": {"n": 1}}]});
     let p = expect_problem(post("k-3", body.clone()).await.unwrap(), 409, "locked").await;
@@ -250,9 +250,8 @@ async fn idempotency_key_replays_the_outcome(backend: Backend) {
     app.stop().await;
 }
 
-/// A pending record for `id` whose lease lasts an hour, with a given age.
-fn held_record(age_source: &str, id: &str, members: &[&str]) -> TxnRecord {
-    let _ = age_source;
+/// A pending record for `id` whose lease lasts an hour.
+fn held_record(id: &str, members: &[&str]) -> TxnRecord {
     let now = DateTime::now();
     TxnRecord {
         id: id.into(),
@@ -307,7 +306,7 @@ async fn records_can_be_read_listed_and_aborted(backend: Backend) {
     expect_problem(app.get(&format!("{T}/nope")).await, 404, "not_found").await;
 
     let holder = txn_id_at(0);
-    app.store.insert(TXNS, held_record("", &holder, &["b"]).to_record()).await.unwrap();
+    app.store.insert(TXNS, held_record(&holder, &["b"]).to_record()).await.unwrap();
     lock(&app, "acc", "b", &holder).await;
     let pending = expect(app.get(&format!("{T}?status=pending")).await, 200).await;
     assert_eq!(pending["items"].as_array().unwrap().len(), 1);
@@ -416,7 +415,7 @@ async fn older_transaction_wounds_a_younger_holder(backend: Backend) {
     seed(&app, "acc", "a", json!({"n": 1})).await;
     seed(&app, "acc", "b", json!({"n": 1})).await;
     let younger = txn_id_at(3600);
-    app.store.insert(TXNS, held_record("", &younger, &["b"]).to_record()).await.unwrap();
+    app.store.insert(TXNS, held_record(&younger, &["b"]).to_record()).await.unwrap();
     lock(&app, "acc", "b", &younger).await;
     let body = json!({"actions": [
         {"op": "update", "collection": "acc", "id": "a", "inc": {"n": 1}},
@@ -435,7 +434,7 @@ async fn younger_transaction_waits_for_an_older_holder_then_409(backend: Backend
     let Some(app) = TestApp::spawn(backend).await else { return };
     seed(&app, "acc", "a", json!({"n": 1})).await;
     let older = txn_id_at(-3600);
-    app.store.insert(TXNS, held_record("", &older, &["a"]).to_record()).await.unwrap();
+    app.store.insert(TXNS, held_record(&older, &["a"]).to_record()).await.unwrap();
     lock(&app, "acc", "a", &older).await;
     let body = json!({"actions": [{"op": "update", "collection": "acc", "id": "a", "inc": {"n": 1}}]});
     let started = std::time::Instant::now();
