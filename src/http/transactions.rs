@@ -314,7 +314,7 @@ fn failure_error(status: StatusCode, txn: &str, f: &Failure) -> ApiError {
             err = err.with(k, v);
         }
     }
-    for (k, v) in [("collection", &f.collection), ("id", &f.id), ("holder", &f.holder)] {
+    for (k, v) in [("collection", &f.collection), ("id", &f.id), ("holder", &f.holder), ("reason", &f.reason)] {
         if let Some(v) = v {
             err = err.with(k, v.clone());
         }

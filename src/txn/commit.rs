@@ -63,7 +63,13 @@ fn failure(code: &str, detail: impl Into<String>, retryable: bool) -> Failure {
         actual: None,
         retryable,
         holder: None,
+        reason: None,
     }
+}
+
+/// The 409 `aborted` failure for an abort with `reason`.
+fn aborted(reason: &str, detail: impl Into<String>) -> Failure {
+    Failure { reason: Some(reason.to_owned()), ..failure("aborted", detail, true) }
 }
 
 /// The timestamp a UUIDv7 transaction id carries: its age for wound-wait.
@@ -117,7 +123,7 @@ impl Engine {
         let mut txn = first.clone();
         loop {
             let result = self.execute_once(plan, txn.clone()).await;
-            let wounded = matches!(&result, Err(TxnError::Aborted { failure, .. }) if failure.code == "aborted" && failure.retryable && failure.detail.contains("wounded"));
+            let wounded = matches!(&result, Err(TxnError::Aborted { failure, .. }) if failure.reason.as_deref() == Some("wounded"));
             if !wounded || Instant::now() >= give_up_at {
                 return result;
             }
@@ -316,7 +322,7 @@ impl Engine {
                 let reason = rec.abort_reason.clone().unwrap_or_else(|| "aborted".into());
                 let err = TxnError::Aborted {
                     txn: txn.clone(),
-                    failure: failure("aborted", format!("the transaction was aborted ({reason})"), true),
+                    failure: aborted(&reason, format!("the transaction was aborted ({reason})")),
                 };
                 self.roll_back_in_background(rec);
                 return Err(err);
@@ -391,7 +397,7 @@ impl Engine {
                     let why = rec.abort_reason.unwrap_or_default();
                     return TxnError::Aborted {
                         txn: txn.to_owned(),
-                        failure: failure("aborted", format!("the transaction was aborted ({why})"), true),
+                        failure: aborted(&why, format!("the transaction was aborted ({why})")),
                     };
                 }
                 err
@@ -432,7 +438,7 @@ impl Engine {
         loop {
             if wounded.is_cancelled() {
                 return Ok(Step::Failed(MemberFailure {
-                    failure: failure("aborted", "the transaction was wounded by an older one", true),
+                    failure: aborted("wounded", "the transaction was wounded by an older one"),
                     invalid: false,
                 }));
             }

@@ -21,6 +21,29 @@ impl Engine {
         }
     }
 
+    /// Run `step` on each member document still held by `rec`, all members
+    /// concurrently, until it succeeds or the document is no longer held
+    /// (someone else finished it).
+    async fn for_each_held_member<'a, F, Fut>(&'a self, rec: &'a TxnRecord, step: F) -> StoreResult<()>
+    where
+        F: Fn(&'a Member, StoredDoc) -> Fut,
+        Fut: std::future::Future<Output = StoreResult<bool>>,
+    {
+        try_join_all(rec.members.iter().map(|m| {
+            let step = &step;
+            async move {
+                while let Some(doc) = self.member_doc(m).await? {
+                    if doc.meta.txn.as_deref() != Some(rec.id.as_str()) || step(m, doc).await? {
+                        break;
+                    }
+                }
+                StoreResult::Ok(())
+            }
+        }))
+        .await
+        .map(|_| ())
+    }
+
     /// Apply every staged change of committed `rec`, release its locks, then
     /// mark it done.
     pub async fn roll_forward(&self, rec: &TxnRecord) -> StoreResult<()> {
@@ -28,19 +51,10 @@ impl Engine {
         if rec.status == Status::Committed {
             self.ensure_outputs(rec).await?;
         }
-        try_join_all(rec.members.iter().map(|m| async move {
-            // A member still held by this transaction is finished here; one
-            // no longer held was finished by someone else.
-            while let Some(doc) = self.member_doc(m).await? {
-                if doc.meta.txn.as_deref() != Some(rec.id.as_str()) {
-                    break;
-                }
-                if self.roll_forward_member(rec, &m.collection, &doc).await? {
-                    break;
-                }
-            }
-            StoreResult::Ok(())
-        }))
+        self.for_each_held_member(
+            rec,
+            |m, doc| async move { self.roll_forward_member(rec, &m.collection, &doc).await },
+        )
         .await?;
         let set = doc! {"status": "done", "finished_at": now()};
         if self.store.update(TXNS, &rec.id, doc! {"status": "committed"}, Update::set(set)).await? {
@@ -53,18 +67,8 @@ impl Engine {
     /// rolled back.
     pub async fn roll_back(&self, rec: &TxnRecord) -> StoreResult<()> {
         debug_assert!(matches!(rec.status, Status::Aborted | Status::RolledBack));
-        try_join_all(rec.members.iter().map(|m| async move {
-            while let Some(doc) = self.member_doc(m).await? {
-                if doc.meta.txn.as_deref() != Some(rec.id.as_str()) {
-                    break;
-                }
-                if self.release_stale(&rec.id, &m.collection, &doc).await? {
-                    break;
-                }
-            }
-            StoreResult::Ok(())
-        }))
-        .await?;
+        self.for_each_held_member(rec, |m, doc| async move { self.release_stale(&rec.id, &m.collection, &doc).await })
+            .await?;
         let set = doc! {"status": "rolled_back", "finished_at": now()};
         if self.store.update(TXNS, &rec.id, doc! {"status": "aborted"}, Update::set(set)).await? {
             self.metrics.incr("txgate_transactions_finished_total", "rolled_back");

@@ -75,6 +75,9 @@ pub struct Failure {
     pub retryable: bool,
     #[serde(default)]
     pub holder: Option<String>,
+    /// For `aborted`: why (`wounded`, `expired`, `operator`, ...).
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
