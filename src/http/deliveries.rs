@@ -8,13 +8,13 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::documents::{decode_cursor, encode_cursor};
+use super::documents::page;
 use super::error::{ApiError, Problem};
 use super::extract::{ApiPath, ApiQuery};
 use crate::documents::rules::Invalid;
 use crate::hooks::{DELIVERIES, Delivery};
 use crate::store::convert::rfc3339;
-use crate::store::{Scan, doc};
+use crate::store::doc;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list_deliveries)).routes(routes!(get_delivery))
@@ -118,10 +118,6 @@ pub async fn list_deliveries(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<DeliveryListQuery>,
 ) -> Result<axum::Json<DeliveryListOut>, ApiError> {
-    let limit = query.limit.unwrap_or(50);
-    if !(1..=1000).contains(&limit) {
-        return Err(Invalid::new("/query/limit", "limit must be between 1 and 1000").into());
-    }
     let mut filter = doc! {};
     if let Some(status) = &query.status {
         if !matches!(status.as_str(), "pending" | "failed" | "dead" | "delivered") {
@@ -129,18 +125,9 @@ pub async fn list_deliveries(
         }
         filter.insert("status", status.as_str());
     }
-    if let Some(after) = &query.after {
-        filter.insert("_id", doc! {"$gt": decode_cursor(after)?});
-    }
-    let limit = limit as usize;
-    let records = state.engine.store.scan(DELIVERIES, Scan::by_id(filter, limit + 1)).await?;
-    let mut items: Vec<Delivery> = records.into_iter().map(Delivery::from_record).collect::<Result<_, _>>()?;
-    let next = if items.len() > limit {
-        items.truncate(limit);
-        items.last().map(|d| encode_cursor(&d.id))
-    } else {
-        None
-    };
+    let (records, next) =
+        page(state.engine.store.as_ref(), DELIVERIES, filter, query.limit, query.after.as_deref()).await?;
+    let items: Vec<Delivery> = records.into_iter().map(Delivery::from_record).collect::<Result<_, _>>()?;
     Ok(axum::Json(DeliveryListOut { items: items.into_iter().map(delivery_out).collect(), next }))
 }
 

@@ -414,6 +414,34 @@ pub async fn list_documents(
     }))
 }
 
+/// One page of `coll` in id order: records matching `filter` after the
+/// `after` cursor, at most `limit` (1..1000, default 50), and the cursor of
+/// the next page.
+pub async fn page(
+    store: &dyn crate::store::Store,
+    coll: &str,
+    mut filter: crate::store::Document,
+    limit: Option<i64>,
+    after: Option<&str>,
+) -> Result<(Vec<crate::store::Record>, Option<String>), ApiError> {
+    let limit = limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(Invalid::new("/query/limit", format!("limit must be between 1 and {MAX_PAGE}")).into());
+    }
+    if let Some(after) = after {
+        filter.insert("_id", crate::store::doc! {"$gt": decode_cursor(after)?});
+    }
+    let limit = limit as usize;
+    let mut records = store.scan(coll, crate::store::Scan::by_id(filter, limit + 1)).await?;
+    let next = if records.len() > limit {
+        records.truncate(limit);
+        records.last().and_then(crate::store::record_id).map(encode_cursor)
+    } else {
+        None
+    };
+    Ok((records, next))
+}
+
 pub fn encode_cursor(id: &str) -> String {
     URL_SAFE_NO_PAD.encode(id)
 }

@@ -15,13 +15,13 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::Caller;
-use super::documents::{decode_cursor, encode_cursor};
+use super::documents::page;
 use super::error::{ApiError, PROBLEM_JSON, Problem};
 use super::extract::{ApiPath, ApiQuery, JsonBody};
 use crate::documents::rules::{self, Invalid, Patch};
 use crate::hooks::{Delivery, delivery_id};
 use crate::store::convert::rfc3339;
-use crate::store::{Scan, doc};
+use crate::store::doc;
 use crate::txn::commit::TxnError;
 use crate::txn::idem::{Claim, body_hash};
 use crate::txn::plan::{Action, ActionOp, Plan};
@@ -569,10 +569,6 @@ pub async fn list_transactions(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<TransactionListQuery>,
 ) -> Result<axum::Json<TransactionListOut>, ApiError> {
-    let limit = query.limit.unwrap_or(50);
-    if !(1..=1000).contains(&limit) {
-        return Err(Invalid::new("/query/limit", "limit must be between 1 and 1000").into());
-    }
     let mut filter = doc! {};
     if let Some(status) = &query.status {
         if !matches!(status.as_str(), "pending" | "committed" | "done" | "aborted" | "rolled_back") {
@@ -582,18 +578,8 @@ pub async fn list_transactions(
         }
         filter.insert("status", status.as_str());
     }
-    if let Some(after) = &query.after {
-        filter.insert("_id", doc! {"$gt": decode_cursor(after)?});
-    }
-    let limit = limit as usize;
-    let records = state.engine.store.scan(TXNS, Scan::by_id(filter, limit + 1)).await?;
-    let mut items: Vec<TxnRecord> = records.into_iter().map(TxnRecord::from_record).collect::<Result<_, _>>()?;
-    let next = if items.len() > limit {
-        items.truncate(limit);
-        items.last().map(|r| encode_cursor(&r.id))
-    } else {
-        None
-    };
+    let (records, next) = page(state.engine.store.as_ref(), TXNS, filter, query.limit, query.after.as_deref()).await?;
+    let items: Vec<TxnRecord> = records.into_iter().map(TxnRecord::from_record).collect::<Result<_, _>>()?;
     let mut out = Vec::with_capacity(items.len());
     for rec in &items {
         let deliveries = state.engine.deliveries_of(&rec.id, rec.hook_count).await?;
