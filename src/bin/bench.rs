@@ -48,6 +48,10 @@ struct Args {
     /// Concurrent clients for the throughput runs.
     #[arg(long, default_value_t = 32)]
     clients: usize,
+    /// Print the engine's counters (commits, wounds, retries) and mean
+    /// durations after each contended run.
+    #[arg(long)]
+    counters: bool,
     /// Accounts the contended run spreads over.
     #[arg(long, default_value_t = 100)]
     accounts: usize,
@@ -322,8 +326,21 @@ async fn main() {
                 chosen
             })
         };
+        let before = engine.metrics.snapshot();
         let busy = throughput(&engine, &coll, clients, args.seconds, busy_pick).await;
         wait_idle(&engine).await;
+        if args.counters {
+            eprintln!("  k={k}, contended run:");
+            for (n, l, v) in engine.metrics.snapshot() {
+                let was = before.iter().find(|(n2, l2, _)| *n2 == n && *l2 == l).map_or(0, |x| x.2);
+                if v > was {
+                    eprintln!("    {n}{{{l}}} {}", v - was);
+                }
+            }
+            for (n, l, sum, count) in engine.metrics.timings() {
+                eprintln!("    {n}{{{l}}} mean {:.1}ms over the whole run, n={count}", sum * 1000.0 / count as f64);
+            }
+        }
 
         let (p50, p99, r50, r99) =
             (percentile(&lat, 0.5), percentile(&lat, 0.99), percentile(&raw_lat, 0.5), percentile(&raw_lat, 0.99));

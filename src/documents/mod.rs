@@ -125,7 +125,7 @@ impl Documents {
                     self.engine.metrics.incr("txgate_conflicts_total", "locked");
                     return Err(DocError::Locked { holder, retry_after: self.engine.cfg.lease });
                 }
-                tokio::time::sleep((*backoff).min(left)).await;
+                self.engine.signals.wait_release(coll, &doc.id, (*backoff).min(left)).await;
                 *backoff = (*backoff * 2).min(MAX_BACKOFF);
                 Ok(())
             }

@@ -48,7 +48,11 @@ struct MemberFailure {
 }
 
 enum Step {
-    Locked { base_v: i64 },
+    Locked {
+        base_v: i64,
+    },
+    /// Held by a live transaction, and this pass does not wait.
+    Busy,
     Failed(MemberFailure),
 }
 
@@ -103,6 +107,15 @@ pub fn older(a: &str, b: &str) -> bool {
 }
 
 const MAX_BACKOFF: Duration = Duration::from_millis(8);
+
+impl Engine {
+    /// How long an older transaction waits for a younger live holder
+    /// before wounding it: most holders are about to finish, and a wound
+    /// throws their work away. Deadlocks are still broken after this wait.
+    fn wound_after(&self) -> Duration {
+        self.cfg.lock_wait / 40
+    }
+}
 
 impl Engine {
     /// Run `plan` as a transaction: `Ok` once its commit point is passed.
@@ -188,6 +201,7 @@ impl Engine {
             return Err(store_err(StoreError::Internal(format!("transaction id {txn} already exists"))));
         }
         let wounded = CancellationToken::new();
+        let _running = self.signals.run(txn, wounded.clone());
         let heartbeat = self.spawn_heartbeat(txn, wounded.clone());
         let result = self.lock_and_commit(plan, record, &wounded).await;
         heartbeat.cancel();
@@ -259,15 +273,23 @@ impl Engine {
                 }
             }
         }
-        // 2–3. Lock and stage every member, in parallel.
+        // 2–3. Lock and stage every member: first all at once without
+        // waiting (the uncontended case ends here); then, if some are held
+        // by live transactions, in one global order (collection, id),
+        // waiting for each. Locks taken in the first pass above the first
+        // busy member are given back first, so a transaction only ever
+        // waits while holding locks that sort below the one it waits for:
+        // waits cannot form a cycle, and wound-wait is left to break only
+        // the waits on slow or stuck holders.
         let txn_ref = txn.as_str();
-        let steps = try_join_all(plan.actions.iter().enumerate().map(|(i, action)| {
+        let lock_one = |i: usize, seen: Option<StoredDoc>, wait: bool| {
+            let action = &plan.actions[i];
             let txn = txn_ref;
-            let seen = first.get(&(action.collection.clone(), action.id.clone())).cloned();
             let known = seen.is_some();
             async move {
-                match self.lock_member(txn, plan, action, seen, known, deadline, wounded).await? {
-                    Step::Locked { base_v } => Ok((i, base_v)),
+                match self.lock_member(txn, plan, action, seen, known, deadline, wounded, wait).await? {
+                    Step::Locked { base_v } => Ok((i, Some(base_v))),
+                    Step::Busy => Ok((i, None)),
                     Step::Failed(mut f) => {
                         f.failure.action = Some(i as i64);
                         f.failure.collection = Some(action.collection.clone());
@@ -276,8 +298,57 @@ impl Engine {
                     }
                 }
             }
+        };
+        let key = |i: &usize| (&plan.actions[*i].collection, &plan.actions[*i].id);
+        let first_pass = try_join_all((0..plan.actions.len()).map(|i| {
+            let a = &plan.actions[i];
+            lock_one(i, first.get(&(a.collection.clone(), a.id.clone())).cloned(), false)
         }))
         .await;
+        let steps = match first_pass {
+            Err(e) => Err(e),
+            Ok(outcomes) => {
+                let mut bases: Vec<(usize, i64)> = Vec::with_capacity(outcomes.len());
+                let mut rest: Vec<usize> = Vec::new();
+                for (i, base) in outcomes {
+                    match base {
+                        Some(b) => bases.push((i, b)),
+                        None => rest.push(i),
+                    }
+                }
+                if let Some(lowest) = rest.iter().min_by_key(|i| key(i)).copied() {
+                    let (keep, give_back): (Vec<_>, Vec<_>) =
+                        bases.into_iter().partition(|(i, _)| key(i) < key(&lowest));
+                    bases = keep;
+                    let given =
+                        try_join_all(give_back.iter().map(|(i, _)| {
+                            self.unlock_own(txn_ref, &plan.actions[*i].collection, &plan.actions[*i].id)
+                        }))
+                        .await;
+                    match given {
+                        Ok(_) => {
+                            rest.extend(give_back.into_iter().map(|(i, _)| i));
+                            rest.sort_by_key(|i| key(i));
+                            let mut res = Ok(());
+                            for i in rest {
+                                match lock_one(i, None, true).await {
+                                    Ok((i, Some(b))) => bases.push((i, b)),
+                                    Ok((_, None)) => unreachable!("a waiting pass never answers busy"),
+                                    Err(e) => {
+                                        res = Err(e);
+                                        break;
+                                    }
+                                }
+                            }
+                            res.map(|()| bases)
+                        }
+                        Err(source) => Err(Err(source)),
+                    }
+                } else {
+                    Ok(bases)
+                }
+            }
+        };
         let bases = match steps {
             Ok(bases) => bases,
             Err(Ok(member)) => {
@@ -330,6 +401,11 @@ impl Engine {
             Some(Err(err)) => return Err(err),
         };
         tracing::info!(txn.id = %txn, "transaction committed");
+        // Whoever waits here for one of its documents may now apply the
+        // change and go on, without waiting for the roll-forward below.
+        for a in &plan.actions {
+            self.signals.released(&a.collection, &a.id);
+        }
         // 5. Roll forward after the answer; recovery finishes it if this fails.
         let engine = Arc::clone(self);
         let rec = record.clone();
@@ -432,9 +508,13 @@ impl Engine {
         mut known: bool,
         deadline: Instant,
         wounded: &CancellationToken,
+        wait: bool,
     ) -> Result<Step, Result<MemberFailure, StoreError>> {
         let coll = action.collection.as_str();
         let mut backoff = Duration::from_millis(2);
+        let mut waits = 0u32;
+        // The live holder this member waits for, and since when.
+        let mut blocked: Option<(String, Instant)> = None;
         loop {
             if wounded.is_cancelled() {
                 return Ok(Step::Failed(MemberFailure {
@@ -468,9 +548,19 @@ impl Engine {
                 Some(holder) if holder == txn => return Ok(Step::Locked { base_v: doc.meta.v }),
                 Some(holder) => {
                     let holder = holder.to_owned();
-                    if self.resolve_holder(txn, coll, &doc, &holder).await.map_err(Err)? {
+                    let since = match &blocked {
+                        Some((h, since)) if *h == holder => *since,
+                        _ => Instant::now(),
+                    };
+                    let may_wound = since.elapsed() >= self.wound_after();
+                    if self.resolve_holder(txn, coll, &doc, &holder, may_wound).await.map_err(Err)? {
+                        blocked = None;
                         continue;
                     }
+                    if !wait {
+                        return Ok(Step::Busy);
+                    }
+                    blocked = Some((holder.clone(), since));
                     // A live, older holder: wait for it, up to the lock wait.
                     if Instant::now() >= deadline {
                         let mut f = failure("locked", format!("the document is locked by transaction {holder}"), true);
@@ -478,13 +568,16 @@ impl Engine {
                         return Ok(Step::Failed(MemberFailure { failure: f, invalid: false }));
                     }
                     tokio::select! {
-                        () = tokio::time::sleep(backoff.min(deadline - Instant::now())) => {}
+                        () = self.signals.wait_release(coll, &action.id, backoff.min(deadline - Instant::now())) => {}
                         () = wounded.cancelled() => {}
                     }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
-                    // While waiting, an older transaction may have wounded
-                    // this one: find out now rather than at the next heartbeat.
-                    if backoff >= Duration::from_millis(16)
+                    // While waiting, an older transaction in another instance
+                    // may have wounded this one (one here cancels `wounded`
+                    // at once): find out now and then rather than at the
+                    // next heartbeat.
+                    waits += 1;
+                    if waits % 4 == 0
                         && let Ok(Some(own)) = self.record(txn).await
                         && own.status != Status::Pending
                     {
@@ -525,7 +618,14 @@ impl Engine {
 
     /// Deal with `holder`'s lock on `doc` for `txn`. `Ok(true)`: read again;
     /// `Ok(false)`: the holder is alive and older, so wait.
-    async fn resolve_holder(&self, txn: &str, coll: &str, doc: &StoredDoc, holder: &str) -> Result<bool, StoreError> {
+    async fn resolve_holder(
+        &self,
+        txn: &str,
+        coll: &str,
+        doc: &StoredDoc,
+        holder: &str,
+        may_wound: bool,
+    ) -> Result<bool, StoreError> {
         let mut rec = self.record(holder).await?;
         loop {
             match &rec {
@@ -544,7 +644,7 @@ impl Engine {
                 Some(r) => {
                     if self.lease_expired(r, now()) {
                         rec = self.abort_pending(holder, Some(r.expires_at), "expired").await?;
-                    } else if older(txn, holder) {
+                    } else if may_wound && older(txn, holder) {
                         // Wound-wait: the older transaction wounds the younger.
                         tracing::debug!(txn.id = %txn, wounded = %holder, "wounding a younger transaction");
                         rec = self.abort_pending(holder, None, "wounded").await?;

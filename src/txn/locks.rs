@@ -54,6 +54,7 @@ impl Engine {
         let set = doc! {"status": "aborted", "abort_reason": reason, "finished_at": Bson::Null};
         let done = self.store.update(TXNS, txn, filter, crate::store::Update::set(set)).await?;
         if done {
+            self.signals.aborted(txn);
             self.metrics.aborted(reason);
             tracing::info!(txn.id = %txn, reason, "transaction aborted");
         }
@@ -98,18 +99,44 @@ impl Engine {
         let at = rec.committed_at.unwrap_or_else(crate::store::now);
         let next = doc.rolled_forward(at);
         let filter = doc! {"_meta.txn": &rec.id, "_meta.v": doc.meta.v};
-        self.store.replace(coll, &doc.id, filter, next.to_record()).await
+        let done = self.store.replace(coll, &doc.id, filter, next.to_record()).await?;
+        if done {
+            self.signals.released(coll, &doc.id);
+        }
+        Ok(done)
     }
 
     /// Drop the lock of a holder seen aborted, rolled back or missing.
     pub async fn release_stale(&self, holder: &str, coll: &str, doc: &StoredDoc) -> StoreResult<bool> {
+        let done = self.unlock(holder, coll, doc).await?;
+        if done {
+            self.metrics.recovery_action("lock_released");
+        }
+        Ok(done)
+    }
+
+    /// A running transaction gives back its own lock on `coll`/`id` (to take
+    /// it again later, in order).
+    pub async fn unlock_own(&self, txn: &str, coll: &str, id: &str) -> StoreResult<()> {
+        while let Some(rec) = self.store.get(coll, id).await? {
+            let doc = StoredDoc::from_record(rec)?;
+            if doc.meta.txn.as_deref() != Some(txn) || self.unlock(txn, coll, &doc).await? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Restore `doc` as it was before `holder` locked it (or remove the
+    /// placeholder `holder` inserted).
+    async fn unlock(&self, holder: &str, coll: &str, doc: &StoredDoc) -> StoreResult<bool> {
         let filter = doc! {"_meta.txn": holder, "_meta.v": doc.meta.v};
         let done = match doc.rolled_back() {
             Some(restored) => self.store.replace(coll, &doc.id, filter, restored.to_record()).await?,
             None => self.store.delete(coll, &doc.id, filter).await?,
         };
         if done {
-            self.metrics.recovery_action("lock_released");
+            self.signals.released(coll, &doc.id);
         }
         Ok(done)
     }

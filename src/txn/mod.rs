@@ -9,6 +9,7 @@ pub mod locks;
 pub mod plan;
 pub mod record;
 pub mod recovery;
+pub mod signals;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -60,11 +61,20 @@ pub struct Engine {
     pub tasks: TaskTracker,
     /// Transactions this process is rolling forward in the background.
     helping: Mutex<HashSet<String>>,
+    /// In-process wake-ups for wounds and lock releases.
+    pub signals: signals::Signals,
 }
 
 impl Engine {
     pub fn new(store: DynStore, cfg: TxnConfig, metrics: Arc<Metrics>) -> Arc<Self> {
-        Arc::new(Self { store, cfg, metrics, tasks: TaskTracker::new(), helping: Mutex::default() })
+        Arc::new(Self {
+            store,
+            cfg,
+            metrics,
+            tasks: TaskTracker::new(),
+            helping: Mutex::default(),
+            signals: Default::default(),
+        })
     }
 
     /// Make sure a committed transaction's change events and hook

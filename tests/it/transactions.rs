@@ -9,7 +9,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::documents::model::{Staged, StagedOp, StoredDoc};
-use txgate::store::{DateTime, doc};
+use txgate::store::{DateTime, Update, doc};
 use txgate::txn::record::{Member, Status, TXNS, TxnRecord};
 
 use crate::support::{Backend, TestApp, expect, expect_problem};
@@ -25,6 +25,7 @@ crate::on_both_backends!(
     older_transaction_wounds_a_younger_holder,
     younger_transaction_waits_for_an_older_holder_then_409,
     opposite_lock_orders_never_deadlock,
+    a_waiting_transaction_holds_only_locks_below_the_one_it_waits_for,
 );
 
 const T: &str = "/v1/transactions";
@@ -481,4 +482,54 @@ async fn opposite_lock_orders_never_deadlock(backend: Backend) {
         let (_, d) = read(&app, "acc", id).await;
         assert_eq!((d["data"]["n"].as_i64(), d["version"].as_i64()), (Some(12), Some(13)));
     }
+}
+
+async fn a_waiting_transaction_holds_only_locks_below_the_one_it_waits_for(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, |c| c.txn.lock_wait = Duration::from_secs(10)).await else {
+        return;
+    };
+    for id in ["a", "b", "c"] {
+        seed(&app, "acc", id, json!({"n": 1})).await;
+    }
+    let older = txn_id_at(-3600);
+    app.store.insert(TXNS, held_record(&older, &["b"]).to_record()).await.unwrap();
+    lock(&app, "acc", "b", &older).await;
+    let app = Arc::new(app);
+    let body = json!({"actions": [
+        {"op": "update", "collection": "acc", "id": "c", "inc": {"n": 1}},
+        {"op": "update", "collection": "acc", "id": "b", "inc": {"n": 1}},
+        {"op": "update", "collection": "acc", "id": "a", "inc": {"n": 1}},
+    ]});
+    let client = Arc::clone(&app);
+    let txn = tokio::spawn(async move { expect(client.post(T, &body).await, 200).await });
+    // While it waits for b: a (below b) stays locked, c (above b) is given back.
+    let holder_of = |id: &'static str| {
+        let app = Arc::clone(&app);
+        async move {
+            let rec = app.store.get("acc", id).await.unwrap().unwrap();
+            StoredDoc::from_record(rec).unwrap().meta.txn
+        }
+    };
+    let mut seen = false;
+    for _ in 0..200 {
+        let (a, c) = (holder_of("a").await, holder_of("c").await);
+        if a.is_some() && c.is_none() {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(seen, "a locked and c free while the transaction waits for b");
+    assert_ne!(holder_of("a").await.as_deref(), Some(older.as_str()));
+    assert_eq!(holder_of("b").await.as_deref(), Some(older.as_str()), "the older holder is not wounded");
+    // The older holder aborts: the waiter takes b, then c, and commits.
+    let set = doc! {"status": "aborted", "abort_reason": "test"};
+    assert!(app.store.update(TXNS, &older, doc! {"status": "pending"}, Update::set(set)).await.unwrap());
+    let out = tokio::time::timeout(Duration::from_secs(20), txn).await.expect("commits").unwrap();
+    assert_eq!(out["status"], "committed");
+    for id in ["a", "b", "c"] {
+        let (_, d) = read(&app, "acc", id).await;
+        assert_eq!((d["data"]["n"].as_i64(), d["version"].as_i64()), (Some(2), Some(2)), "{id}");
+    }
+    assert_unlocked(&app, "acc", &["a", "b", "c"]).await;
 }
