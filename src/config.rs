@@ -7,7 +7,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
+use crate::hooks::HookConfig;
 use crate::hooks::guard::HookGuard;
+use crate::hooks::sign::Signer;
 use crate::http::auth::{ApiKey, parse_keys};
 use crate::txn::TxnConfig;
 
@@ -124,6 +126,21 @@ pub struct Settings {
     /// `host`, `host:port`, `*.domain`, `127.0.0.1:*`, comma-separated.
     #[arg(long, global = true, env = "TXGATE_HOOK_ALLOW")]
     pub hook_allow: Option<String>,
+    /// Standard Webhooks signing secret, `whsec_<base64>` (unset: unsigned).
+    #[arg(long, global = true, env = "TXGATE_HOOK_SECRET", hide_env_values = true)]
+    pub hook_secret: Option<String>,
+    /// Timeout of one delivery attempt, in milliseconds.
+    #[arg(long, global = true, env = "TXGATE_HOOK_TIMEOUT_MS")]
+    pub hook_timeout_ms: Option<u64>,
+    /// Age at which an undelivered hook is given up (dead), in seconds.
+    #[arg(long, global = true, env = "TXGATE_HOOK_MAX_AGE_SECS")]
+    pub hook_max_age_secs: Option<u64>,
+    /// Most delivery attempts in flight per instance.
+    #[arg(long, global = true, env = "TXGATE_HOOK_CONCURRENCY")]
+    pub hook_concurrency: Option<usize>,
+    /// How long finished deliveries are kept, in seconds.
+    #[arg(long, global = true, env = "TXGATE_DELIVERY_RETENTION_SECS")]
+    pub delivery_retention_secs: Option<u64>,
     /// API keys, `key:scope[+scope],...` with scopes read, write, admin.
     #[arg(long, global = true, env = "TXGATE_API_KEYS", hide_env_values = true)]
     pub api_keys: Option<String>,
@@ -141,6 +158,7 @@ pub struct Config {
     /// Empty: no authentication, loopback only.
     pub api_keys: Vec<ApiKey>,
     pub hook_guard: HookGuard,
+    pub hooks: HookConfig,
 }
 
 #[derive(Clone, Debug)]
@@ -160,6 +178,7 @@ impl Default for Config {
             max_body_bytes: 1024 * 1024,
             api_keys: Vec::new(),
             hook_guard: HookGuard::default(),
+            hooks: HookConfig::default(),
         }
     }
 }
@@ -195,6 +214,11 @@ impl Settings {
             max_hooks: self.max_hooks.or(file.max_hooks),
             api_keys: self.api_keys.or(file.api_keys),
             hook_allow: self.hook_allow.or(file.hook_allow),
+            hook_secret: self.hook_secret.or(file.hook_secret),
+            hook_timeout_ms: self.hook_timeout_ms.or(file.hook_timeout_ms),
+            hook_max_age_secs: self.hook_max_age_secs.or(file.hook_max_age_secs),
+            hook_concurrency: self.hook_concurrency.or(file.hook_concurrency),
+            delivery_retention_secs: self.delivery_retention_secs.or(file.delivery_retention_secs),
         }
     }
 
@@ -244,7 +268,27 @@ impl Settings {
             Some(spec) => parse_keys(spec)?,
         };
         let hook_guard = HookGuard::new(settings.hook_allow.as_deref().unwrap_or(""))?;
+        let h = &defaults.hooks;
+        let hooks = HookConfig {
+            signer: match settings.hook_secret.as_deref().map(str::trim) {
+                None | Some("") => None,
+                Some(secret) => Some(Signer::from_secret(secret)?),
+            },
+            timeout: positive("hook_timeout_ms", settings.hook_timeout_ms, h.timeout)?,
+            max_age: match settings.hook_max_age_secs {
+                Some(0) => return Err("hook_max_age_secs must be greater than 0".into()),
+                v => v.map_or(h.max_age, Duration::from_secs),
+            },
+            retention: settings.delivery_retention_secs.map_or(h.retention, Duration::from_secs),
+            concurrency: match settings.hook_concurrency {
+                Some(0) => return Err("hook_concurrency must be greater than 0".into()),
+                v => v.unwrap_or(h.concurrency),
+            },
+            scan_interval: h.scan_interval,
+            claim_grace: h.claim_grace,
+        };
         Ok(Config {
+            hooks,
             hook_guard,
             api_keys,
             listen: settings.listen.unwrap_or(defaults.listen),

@@ -81,9 +81,13 @@ pub async fn run_with_store(
     }
     let app = App::new(&config, store);
     let router = app.router(&config);
+    let clients = hooks::net::Clients::new(Arc::new(config.hook_guard.clone()), config.hooks.timeout)
+        .map_err(std::io::Error::other)?;
+    let sender = hooks::send::Sender::new(Arc::clone(&app.engine), config.hooks.clone(), clients);
     let workers = tokio_util::task::TaskTracker::new();
     let stop_workers = CancellationToken::new();
     workers.spawn(Arc::clone(&app.engine).run_recovery(stop_workers.clone()));
+    workers.spawn(sender.run(stop_workers.clone()));
     workers.close();
     tracing::info!(addr = %listener.local_addr()?, store = app.engine.store.backend(), "txgate listening");
     axum::serve(listener, router).with_graceful_shutdown(shutdown.clone().cancelled_owned()).await?;

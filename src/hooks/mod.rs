@@ -8,6 +8,12 @@
 //! transaction, and a second roll-forward changes nothing.
 
 pub mod guard;
+pub mod net;
+pub mod queue;
+pub mod send;
+pub mod sign;
+
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -17,6 +23,44 @@ use crate::txn::Engine;
 use crate::txn::record::TxnRecord;
 
 pub const DELIVERIES: &str = "_deliveries";
+
+/// The `next_at` of a hook that waits for the hook before it (hooks of one
+/// transaction go in order): 9999-12-31T23:59:59Z.
+pub const AFTER_PREVIOUS: DateTime = DateTime::from_millis(253_402_300_799_000);
+
+/// How deliveries are sent.
+#[derive(Clone, Debug)]
+pub struct HookConfig {
+    /// Standard Webhooks signing key (`TXGATE_HOOK_SECRET`); unsigned without.
+    pub signer: Option<sign::Signer>,
+    /// Timeout of one attempt.
+    pub timeout: Duration,
+    /// A delivery not delivered this long after it was queued is dead.
+    pub max_age: Duration,
+    /// How long finished deliveries are kept.
+    pub retention: Duration,
+    /// Most attempts in flight per instance.
+    pub concurrency: usize,
+    /// Period of the scan for work this instance was not told about.
+    pub scan_interval: Duration,
+    /// How long a claim outlives the attempt timeout (a crashed sender's
+    /// delivery is taken over after `timeout + claim_grace`).
+    pub claim_grace: Duration,
+}
+
+impl Default for HookConfig {
+    fn default() -> Self {
+        Self {
+            signer: None,
+            timeout: Duration::from_secs(15),
+            max_age: Duration::from_secs(24 * 3600),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            concurrency: 64,
+            scan_interval: Duration::from_secs(1),
+            claim_grace: Duration::from_secs(5),
+        }
+    }
+}
 
 /// A hook as the client gave it in the transaction request.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -53,6 +97,9 @@ pub struct Delivery {
     pub id: String,
     pub txn: String,
     pub index: i64,
+    /// How many hooks the transaction has.
+    #[serde(default)]
+    pub count: i64,
     /// `pending`, `failed` (an attempt failed, another is due), `dead` or
     /// `delivered`.
     pub status: String,
@@ -67,6 +114,19 @@ pub struct Delivery {
     pub attempts: Vec<Attempt>,
     #[serde(default)]
     pub finished_at: Option<DateTime>,
+    /// Failed attempts since it was queued (or replayed): the backoff step.
+    #[serde(default)]
+    pub tries: i64,
+    /// When it was last queued by hand (`hook_max_age` counts from here).
+    #[serde(default)]
+    pub queued_at: Option<DateTime>,
+    /// The instance holding the current claim, its token and expiry.
+    #[serde(default)]
+    pub owner: Option<String>,
+    #[serde(default)]
+    pub claim: Option<String>,
+    #[serde(default)]
+    pub lease_until: Option<DateTime>,
 }
 
 impl Delivery {
@@ -102,7 +162,9 @@ impl Engine {
         }
         let at = rec.committed_at.unwrap_or_else(crate::store::now);
         let summary = crate::txn::summary(rec).to_string();
-        for (i, hook) in hooks_of(&rec.request).into_iter().enumerate() {
+        let hooks = hooks_of(&rec.request);
+        let count = hooks.len() as i64;
+        for (i, hook) in hooks.into_iter().enumerate() {
             let body = match &hook.body {
                 Some(body) => body.to_string(),
                 None => summary.clone(),
@@ -111,20 +173,49 @@ impl Engine {
                 id: delivery_id(&rec.id, i),
                 txn: rec.id.clone(),
                 index: i as i64,
+                count,
                 status: "pending".into(),
                 method: hook.method,
                 url: hook.url,
                 headers: hook.headers,
                 body,
                 created_at: at,
-                next_at: at,
+                // Hook i + 1 is first tried once hook i is final.
+                next_at: if i == 0 { at } else { AFTER_PREVIOUS },
                 attempts: Vec::new(),
                 finished_at: None,
+                tries: 0,
+                queued_at: None,
+                owner: None,
+                claim: None,
+                lease_until: None,
             };
             // Insert-if-absent: a second roll-forward finds it there.
             self.store.insert(DELIVERIES, delivery.to_record()).await?;
         }
+        self.deliveries.push(&delivery_id(&rec.id, 0), at.timestamp_millis());
         Ok(())
+    }
+
+    /// Delivery `id`. One of a committed transaction whose roll-forward has
+    /// not recorded its deliveries yet is recorded here first, so every id
+    /// a commit answer names can be read at once.
+    pub async fn delivery(&self, id: &str) -> StoreResult<Option<Delivery>> {
+        if let Some(rec) = self.store.get(DELIVERIES, id).await? {
+            return Delivery::from_record(rec).map(Some);
+        }
+        let Some((txn, index)) = id.rsplit_once(':') else { return Ok(None) };
+        let Ok(index) = index.parse::<i64>() else { return Ok(None) };
+        match self.record(txn).await? {
+            Some(rec) if rec.status == crate::txn::Status::Committed && index < rec.hook_count => {
+                self.record_deliveries(&rec).await?;
+                match self.store.get(DELIVERIES, id).await? {
+                    Some(rec) => Delivery::from_record(rec).map(Some),
+                    None => Ok(None),
+                }
+            }
+            _ => Ok(None),
+        }
     }
 
     /// The deliveries of transaction `txn`, in hook order.

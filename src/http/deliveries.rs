@@ -1,6 +1,7 @@
 //! `/v1/deliveries`: the post-commit hook deliveries, for inspection.
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
@@ -12,12 +13,12 @@ use super::documents::page;
 use super::error::{ApiError, Problem};
 use super::extract::{ApiPath, ApiQuery};
 use crate::documents::rules::Invalid;
-use crate::hooks::{DELIVERIES, Delivery};
+use crate::hooks::{AFTER_PREVIOUS, DELIVERIES, Delivery};
 use crate::store::convert::rfc3339;
-use crate::store::doc;
+use crate::store::{Bson, Update, doc, now};
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list_deliveries)).routes(routes!(get_delivery))
+    OpenApiRouter::new().routes(routes!(list_deliveries)).routes(routes!(get_delivery)).routes(routes!(retry_delivery))
 }
 
 /// A hook delivery.
@@ -36,6 +37,8 @@ pub struct DeliveryOut {
     #[schema(value_type = Object)]
     pub body: Value,
     pub created_at: String,
+    /// When the next attempt is due; null once finished, and while an
+    /// earlier hook of the same transaction is not finished yet.
     pub next_attempt_at: Option<String>,
     pub attempts: Vec<AttemptOut>,
     pub finished_at: Option<String>,
@@ -84,7 +87,7 @@ fn delivery_out(d: Delivery) -> DeliveryOut {
         url: d.url,
         headers: d.headers,
         created_at: rfc3339(d.created_at),
-        next_attempt_at: (!finished).then(|| rfc3339(d.next_at)),
+        next_attempt_at: (!finished && d.next_at != AFTER_PREVIOUS).then(|| rfc3339(d.next_at)),
         attempts: d
             .attempts
             .into_iter()
@@ -149,11 +152,60 @@ pub async fn get_delivery(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<DeliveryPath>,
 ) -> Result<axum::Json<DeliveryOut>, ApiError> {
-    let record = state
+    let d = state
         .engine
-        .store
-        .get(DELIVERIES, &path.id)
+        .delivery(&path.id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no delivery {}", path.id)))?;
-    Ok(axum::Json(delivery_out(Delivery::from_record(record)?)))
+    Ok(axum::Json(delivery_out(d)))
+}
+
+/// Send a delivery again
+///
+/// Replays a `dead` or `delivered` delivery (it is queued again, with a
+/// fresh backoff and `hook_max_age`), or makes a `failed` one due now
+/// instead of at the end of its backoff. Other hooks of the transaction
+/// are not affected.
+#[utoipa::path(
+    post,
+    path = "/v1/deliveries/{id}/retry",
+    operation_id = "v1.deliveries.retry",
+    tag = "deliveries",
+    params(DeliveryPath),
+    responses(
+        (status = 202, description = "Queued; it is sent as soon as a sender is free", body = DeliveryOut),
+        (status = 404, description = "`not_found`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`delivery_pending`: it is queued or being sent already", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn retry_delivery(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<DeliveryPath>,
+) -> Result<(StatusCode, axum::Json<DeliveryOut>), ApiError> {
+    let store = state.engine.store.as_ref();
+    let not_found = || ApiError::not_found(format!("no delivery {}", path.id));
+    let d = state.engine.delivery(&path.id).await?.ok_or_else(not_found)?;
+    let at = now();
+    let (filter, set) = match d.status.as_str() {
+        "dead" | "delivered" => (
+            doc! {"status": &d.status, "finished_at": d.finished_at.map_or(Bson::Null, Bson::DateTime)},
+            doc! {
+                "status": "pending", "next_at": at, "finished_at": Bson::Null, "tries": 0_i64, "queued_at": at,
+                "owner": Bson::Null, "claim": Bson::Null, "lease_until": Bson::Null,
+            },
+        ),
+        "failed" if d.claim.is_none() => (doc! {"status": "failed", "claim": Bson::Null}, doc! {"next_at": at}),
+        _ => return Err(pending(&path.id)),
+    };
+    if !store.update(DELIVERIES, &path.id, filter, Update::set(set)).await? {
+        return Err(pending(&path.id));
+    }
+    state.engine.deliveries.push(&path.id, at.timestamp_millis());
+    tracing::info!(delivery.id = %path.id, was = %d.status, "delivery queued by hand");
+    let d = Delivery::from_record(store.get(DELIVERIES, &path.id).await?.ok_or_else(not_found)?)?;
+    Ok((StatusCode::ACCEPTED, axum::Json(delivery_out(d))))
+}
+
+fn pending(id: &str) -> ApiError {
+    ApiError::new(StatusCode::CONFLICT, "delivery_pending", format!("delivery {id} is queued or being sent already"))
 }

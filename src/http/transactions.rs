@@ -212,6 +212,9 @@ fn validate_hook(hook: &HookIn, i: usize, guard: &crate::hooks::guard::HookGuard
         if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() || HeaderValue::from_str(value).is_err() {
             return Err(Invalid::new(format!("{p}/headers/{name}"), "not a valid HTTP header").into());
         }
+        if crate::hooks::send::RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+            return Err(Invalid::new(format!("{p}/headers/{name}"), "this header is set by txgate").into());
+        }
     }
     Ok(())
 }

@@ -63,6 +63,8 @@ pub struct Engine {
     helping: Mutex<HashSet<String>>,
     /// In-process wake-ups for wounds and lock releases.
     pub signals: signals::Signals,
+    /// Deliveries this process knows are due (for the delivery worker).
+    pub deliveries: crate::hooks::queue::Queue,
 }
 
 impl Engine {
@@ -74,6 +76,7 @@ impl Engine {
             tasks: TaskTracker::new(),
             helping: Mutex::default(),
             signals: Default::default(),
+            deliveries: Default::default(),
         })
     }
 

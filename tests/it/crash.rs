@@ -1,7 +1,9 @@
 //! Crash and fault injection at every store operation of the commit
 //! protocol and of recovery, then recovery by another engine on the same
 //! store; afterwards the §3 guarantees must hold: all or nothing, no lock
-//! left, exactly one outcome, and the answer given matches it.
+//! left, exactly one outcome, and the answer given matches it. The same
+//! for the delivery worker: whatever step it dies at, another worker
+//! delivers every committed hook, in order, at least once.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,7 +25,7 @@ use txgate::txn::plan::{Action, ActionOp, Plan};
 use txgate::txn::record::{Status, TXNS, TxnRecord};
 use txgate::txn::{Engine, TxnConfig};
 
-use crate::support::{Backend, TestApp, TestStore, expect, test_config};
+use crate::support::{Backend, TestApp, TestReceiver, TestStore, expect, test_config};
 
 /// Where and how a fault strikes.
 #[derive(Clone, Copy, Debug)]
@@ -45,7 +47,7 @@ pub struct FaultyStore {
     inner: DynStore,
     fault: Fault,
     count: AtomicUsize,
-    crashed: AtomicBool,
+    pub crashed: AtomicBool,
 }
 
 impl FaultyStore {
@@ -135,7 +137,7 @@ impl Store for FaultyStore {
     }
 }
 
-const HOOKS: &str = r#"{"hooks":[{"url":"https://example.com/a","body":{"k":1}},{"url":"https://example.com/b"}]}"#;
+const HOOKS: &str = r#"{"hooks":[{"url":"http://127.0.0.1:9/a","body":{"k":1}},{"url":"http://127.0.0.1:9/b"}]}"#;
 
 fn fast_config() -> TxnConfig {
     TxnConfig {
@@ -442,4 +444,125 @@ async fn embedded_second_instance_takes_over_abandoned_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mongodb_second_instance_takes_over_abandoned_work() {
     second_instance_takes_over(Backend::Mongodb).await;
+}
+
+/// A committed transaction with two hooks to `rx`, its deliveries recorded.
+async fn committed_with_hooks(store: &DynStore, rx: &TestReceiver) -> String {
+    let txn = uuid::Uuid::now_v7().to_string();
+    let now = DateTime::now();
+    let request = json!({"hooks": [{"url": rx.url(&format!("/{txn}/0"))}, {"url": rx.url(&format!("/{txn}/1"))}]});
+    let rec = TxnRecord {
+        id: txn.clone(),
+        status: Status::Committed,
+        started_at: now,
+        expires_at: now,
+        committed_at: Some(now),
+        finished_at: None,
+        request: request.to_string(),
+        members: Vec::new(),
+        results: Some(Vec::new()),
+        idempotency_key: None,
+        abort_reason: None,
+        failure: None,
+        hook_count: 2,
+    };
+    engine(Arc::clone(store)).record_deliveries(&rec).await.unwrap();
+    txn
+}
+
+fn delivery_worker(store: DynStore, scan_interval: Duration) -> Arc<txgate::hooks::send::Sender> {
+    let cfg = txgate::hooks::HookConfig {
+        timeout: Duration::from_millis(500),
+        claim_grace: Duration::from_millis(50),
+        scan_interval,
+        ..Default::default()
+    };
+    let guard = Arc::new(txgate::hooks::guard::HookGuard::new("127.0.0.1:*").unwrap());
+    let clients = txgate::hooks::net::Clients::new(guard, cfg.timeout).unwrap();
+    txgate::hooks::send::Sender::new(engine(store), cfg, clients)
+}
+
+async fn both_delivered(store: &DynStore, txn: &str) -> bool {
+    for i in 0..2 {
+        let rec = store.get(DELIVERIES, &format!("{txn}:{i}")).await.unwrap().unwrap();
+        if rec.get_str("status").unwrap() != "delivered" {
+            return false;
+        }
+    }
+    true
+}
+
+/// Worker A runs on a store failing with `fault` until it dies, is done or
+/// stalls; then worker B takes over. Returns whether the fault struck and
+/// how many operations A issued.
+async fn delivery_case(store: &DynStore, rx: &TestReceiver, fault: Fault) -> (bool, usize) {
+    let txn = committed_with_hooks(store, rx).await;
+    let faulty = FaultyStore::new(Arc::clone(store), fault);
+    // A learns of the deliveries from its first scan only.
+    let a = tokio::spawn(delivery_worker(faulty.clone(), Duration::from_secs(60)).run(Default::default()));
+    let (mut last, mut since) = (0, Instant::now());
+    loop {
+        let ops = faulty.ops();
+        if ops != last {
+            (last, since) = (ops, Instant::now());
+        }
+        if faulty.crashed.load(Ordering::SeqCst)
+            || both_delivered(store, &txn).await
+            || since.elapsed() > Duration::from_millis(400)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    a.abort(); // a dead process sends nothing more
+    let ops = faulty.ops();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let b = tokio::spawn(delivery_worker(Arc::clone(store), Duration::from_millis(50)).run(stop.clone()));
+    let started = Instant::now();
+    while !both_delivered(store, &txn).await {
+        assert!(started.elapsed() < Duration::from_secs(15), "{fault:?}: the hooks of {txn} were not delivered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.cancel();
+    b.await.unwrap();
+    // What reached the receiver for this transaction: each hook at least
+    // once, and hook 1 only after hook 0 was delivered.
+    let got: Vec<_> = rx
+        .collect_for(Duration::from_millis(50))
+        .await
+        .into_iter()
+        .filter(|r| r.path.starts_with(&format!("/{txn}/")))
+        .collect();
+    let first = |i: usize| got.iter().position(|r| r.header("webhook-id") == format!("{txn}:{i}"));
+    let (h0, h1) = (first(0), first(1));
+    assert!(h0.is_some() && h1.is_some(), "{fault:?}: both hooks arrived: {got:?}");
+    assert!(h0 < h1, "{fault:?}: hook 1 went before hook 0");
+    (faulty.triggered(), ops)
+}
+
+async fn sweep_delivery(backend: Backend) {
+    let Some(ts) = TestStore::new(backend).await else { return };
+    let store = ts.store.clone();
+    txgate::migrate::run(store.as_ref()).await.unwrap();
+    let rx = TestReceiver::start().await;
+    let (_, total) = delivery_case(&store, &rx, Fault::None).await;
+    eprintln!("a clean delivery run issues {total} store operations");
+    assert!(total >= 8, "a clean run claims, reads and finishes both hooks ({total} operations)");
+    let mut struck = 0;
+    for n in 1..=total {
+        for fault in [Fault::ErrorBefore(n), Fault::ErrorAfter(n), Fault::Crash(n), Fault::CrashAfter(n)] {
+            struck += usize::from(delivery_case(&store, &rx, fault).await.0);
+        }
+    }
+    assert!(struck >= 3 * total, "faults struck at almost every operation ({struck} of {})", 4 * total);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_delivery_worker_dies_at_every_step() {
+    sweep_delivery(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mongodb_delivery_worker_dies_at_every_step() {
+    sweep_delivery(Backend::Mongodb).await;
 }

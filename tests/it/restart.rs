@@ -1,4 +1,5 @@
-//! The embedded store keeps every acknowledged write across `kill -9`.
+//! `kill -9` of a real gateway process: the embedded store keeps every
+//! acknowledged write, and a committed hook is still delivered.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -6,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::expect;
+use crate::support::{TestReceiver, expect};
 
 /// The real `txgate` binary on the embedded store in `dir`, on a free port.
 fn start(dir: &std::path::Path) -> (Child, String) {
@@ -15,6 +16,7 @@ fn start(dir: &std::path::Path) -> (Child, String) {
         .env("TXGATE_DATA_DIR", dir)
         .env("TXGATE_LISTEN", "127.0.0.1:0")
         .env("TXGATE_LOG_FORMAT", "json")
+        .env("TXGATE_HOOK_ALLOW", "127.0.0.1:*")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -65,6 +67,45 @@ async fn embedded_acknowledged_writes_survive_kill_9() {
     let t07 = expect(client.get(format!("{url}/t07")).send().await.unwrap(), 200).await;
     assert_eq!((t07["version"].as_i64(), t07["data"]["i"].as_i64()), (Some(2), Some(107)));
     assert_eq!(client.get(format!("{url}/t08")).send().await.unwrap().status(), 410);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_committed_hook_is_delivered_after_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    // The receiver is down: its port is known, nothing listens there.
+    let rx = TestReceiver::start().await;
+    let addr = rx.addr;
+    rx.stop();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (mut child, base) = start(dir.path());
+    let body = json!({
+        "actions": [{"op": "insert", "collection": "orders", "id": "o-1", "data": {"total": 5}}],
+        "hooks": [{"url": format!("http://{addr}/paid")}],
+    });
+    let out = expect(client.post(format!("{base}/v1/transactions")).json(&body).send().await.unwrap(), 200).await;
+    let id = format!("{}:0", out["id"].as_str().unwrap());
+    // Committed, tried, not delivered.
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let d = expect(client.get(format!("{base}/v1/deliveries/{id}")).send().await.unwrap(), 200).await;
+        if d["status"] == "failed" {
+            assert!(d["attempts"][0]["error"].is_string(), "{d}");
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "no failed attempt: {d}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().unwrap();
+
+    let rx = TestReceiver::start_on(&addr.to_string()).await;
+    let (mut child, _base) = start(dir.path());
+    let got = rx.next(Duration::from_secs(30)).await;
+    assert_eq!((got.path.as_str(), got.header("webhook-id")), ("/paid", id.as_str()));
+    assert_eq!(got.json()["id"], out["id"]);
     child.kill().unwrap();
     child.wait().unwrap();
 }

@@ -71,6 +71,8 @@ impl TestStore {
 pub fn test_config(store: StoreConfig) -> Config {
     let mut config = Config { store, ..Config::default() };
     config.txn.lock_wait = Duration::from_millis(300);
+    // Hooks go to local test receivers only.
+    config.hook_guard = txgate::hooks::guard::HookGuard::new("127.0.0.1:*").expect("allow pattern");
     config
 }
 
@@ -185,4 +187,140 @@ macro_rules! on_both_backends {
             )*
         }
     };
+}
+
+/// One request a [`TestReceiver`] got.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub at: std::time::Instant,
+    pub method: String,
+    pub path: String,
+    pub headers: axum::http::HeaderMap,
+    pub body: axum::body::Bytes,
+    /// The status it was answered with.
+    pub status: u16,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).expect("JSON body")
+    }
+}
+
+#[derive(Default)]
+struct Behaviour {
+    /// Answers for the next requests, in order (status, extra headers).
+    script: std::collections::VecDeque<(u16, Vec<(&'static str, String)>)>,
+    /// How long to take over each answer.
+    delay: Duration,
+}
+
+/// A webhook receiver (axum on `127.0.0.1:0`): records every request in a
+/// channel and answers 200, or what it was told to answer next.
+pub struct TestReceiver {
+    pub addr: std::net::SocketAddr,
+    behaviour: Arc<std::sync::Mutex<Behaviour>>,
+    rx: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Received>>,
+    stop: CancellationToken,
+}
+
+impl TestReceiver {
+    pub async fn start() -> Self {
+        Self::start_on("127.0.0.1:0").await
+    }
+
+    /// On a given address (a receiver that was "down" comes back there).
+    pub async fn start_on(addr: &str) -> Self {
+        use axum::extract::{Request, State};
+        type Shared = (Arc<std::sync::Mutex<Behaviour>>, tokio::sync::mpsc::UnboundedSender<Received>);
+        async fn handle(State((behaviour, tx)): State<Shared>, req: Request) -> axum::response::Response {
+            let (parts, body) = req.into_parts();
+            let body = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
+            let (answer, delay) = {
+                let mut b = behaviour.lock().unwrap();
+                (b.script.pop_front().unwrap_or((200, Vec::new())), b.delay)
+            };
+            tokio::time::sleep(delay).await;
+            let _ = tx.send(Received {
+                at: std::time::Instant::now(),
+                method: parts.method.to_string(),
+                path: parts.uri.path().to_owned(),
+                headers: parts.headers,
+                body,
+                status: answer.0,
+            });
+            let mut res = axum::response::Response::new(axum::body::Body::from("ok"));
+            *res.status_mut() = axum::http::StatusCode::from_u16(answer.0).unwrap();
+            for (name, value) in answer.1 {
+                res.headers_mut().insert(name, value.parse().unwrap());
+            }
+            res
+        }
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("receiver binds");
+        let addr = listener.local_addr().unwrap();
+        let behaviour = Arc::new(std::sync::Mutex::new(Behaviour::default()));
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let router = axum::Router::new().fallback(handle).with_state((Arc::clone(&behaviour), tx));
+        let stop = CancellationToken::new();
+        let until = stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router).with_graceful_shutdown(until.cancelled_owned()).await;
+        });
+        Self { addr, behaviour, rx: tokio::sync::Mutex::new(rx), stop }
+    }
+
+    /// `http://127.0.0.1:<port><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Answer the next `n` requests with `status`.
+    pub fn fail_next(&self, n: usize, status: u16) {
+        self.answer_next(n, status, &[]);
+    }
+
+    /// Answer the next `n` requests with `status` and `headers`.
+    pub fn answer_next(&self, n: usize, status: u16, headers: &[(&'static str, &str)]) {
+        let headers: Vec<_> = headers.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        let mut b = self.behaviour.lock().unwrap();
+        b.script.extend(std::iter::repeat_n((status, headers), n));
+    }
+
+    pub fn delay(&self, delay: Duration) {
+        self.behaviour.lock().unwrap().delay = delay;
+    }
+
+    /// The next request, waiting up to `within`.
+    pub async fn next(&self, within: Duration) -> Received {
+        tokio::time::timeout(within, self.rx.lock().await.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no request reached the receiver within {within:?}"))
+            .expect("receiver running")
+    }
+
+    /// Whatever arrives within `within` (for "nothing is sent" checks).
+    pub async fn collect_for(&self, within: Duration) -> Vec<Received> {
+        let mut rx = self.rx.lock().await;
+        let mut out = Vec::new();
+        let until = tokio::time::Instant::now() + within;
+        while let Ok(Some(r)) = tokio::time::timeout_at(until, rx.recv()).await {
+            out.push(r);
+        }
+        out
+    }
+
+    /// Stop listening (the receiver is "down" from now on).
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+}
+
+impl Drop for TestReceiver {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
 }

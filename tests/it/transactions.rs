@@ -294,7 +294,7 @@ async fn records_can_be_read_listed_and_aborted(backend: Backend) {
     let Some(app) = TestApp::spawn(backend).await else { return };
     seed(&app, "acc", "a", json!({"n": 1})).await;
     seed(&app, "acc", "b", json!({"n": 1})).await;
-    let raw = r#"{"actions": [{"op": "update", "collection": "acc", "id": "a", "inc": {"n": 1}}], "hooks": [{"url": "https://example.com/h"}]}"#;
+    let raw = r#"{"actions": [{"op": "update", "collection": "acc", "id": "a", "inc": {"n": 1}}], "hooks": [{"url": "http://127.0.0.1:9/h"}]}"#;
     let res = app.request(Method::POST, T).header("content-type", "application/json").body(raw).send().await.unwrap();
     let out = expect(res, 200).await;
     let id = out["id"].as_str().unwrap();

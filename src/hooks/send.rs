@@ -1,0 +1,461 @@
+//! The delivery worker (DESIGN §4), one in every instance. Instances share
+//! the work through claims on the delivery records: a claim is one
+//! conditional update that only a due, unclaimed delivery passes, and it
+//! sets `owner`, a fresh claim token and `lease_until` (also pushed into
+//! `next_at`, so a claimed delivery is not due again until its claim
+//! expires). The outcome is written only while the token still matches, so
+//! a sender whose claim expired cannot overwrite a newer outcome.
+//!
+//! The worker sleeps until the earliest delivery it knows of falls due, a
+//! new one is recorded in this process, or its periodic scan of the store
+//! (work recorded or released by other instances) is due.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::net::Clients;
+use super::{AFTER_PREVIOUS, Attempt, DELIVERIES, Delivery, HookConfig, delivery_id};
+use crate::store::{Bson, DateTime, Order, Scan, StoreResult, Update, doc, now};
+use crate::txn::Engine;
+
+/// First retry delay; it doubles per failed attempt up to [`MAX_DELAY`].
+pub const FIRST_DELAY: Duration = Duration::from_millis(100);
+pub const MAX_DELAY: Duration = Duration::from_secs(30);
+/// Deliveries taken from one scan of the store.
+const SCAN_BATCH: usize = 512;
+/// Period of the sweep that purges old deliveries and releases successors
+/// a crash left waiting.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+/// Most of a response body read (and thrown away) per attempt.
+const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+/// Headers a hook may not set: the gateway sets them.
+pub const RESERVED_HEADERS: &[&str] = &[
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "txgate-transaction",
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+];
+
+/// The delay before retry number `failures` (1 = after the first failure):
+/// 100 ms doubling, capped at 30 s, times a random factor in [0.8, 1.2].
+pub fn backoff(failures: u32, jitter: f64) -> Duration {
+    let base = FIRST_DELAY.saturating_mul(1u32.checked_shl(failures.saturating_sub(1)).unwrap_or(u32::MAX));
+    base.min(MAX_DELAY).mul_f64(jitter)
+}
+
+/// A `Retry-After` value: seconds, or an HTTP date.
+pub fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or_default())
+}
+
+/// What one attempt came to.
+struct Outcome {
+    status_code: Option<u16>,
+    error: Option<String>,
+    retry_after: Option<Duration>,
+}
+
+pub struct Sender {
+    engine: Arc<Engine>,
+    cfg: HookConfig,
+    clients: Clients,
+    /// This instance, as named in the claims it makes.
+    owner: String,
+    permits: Arc<Semaphore>,
+}
+
+fn add(at: DateTime, d: Duration) -> DateTime {
+    DateTime::from_millis(at.timestamp_millis().saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+}
+
+impl Sender {
+    pub fn new(engine: Arc<Engine>, cfg: HookConfig, clients: Clients) -> Arc<Self> {
+        let host = std::env::var("HOSTNAME").unwrap_or_default();
+        let owner = format!("{}{}{}", host, if host.is_empty() { "" } else { "/" }, uuid::Uuid::now_v7());
+        let permits = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
+        Arc::new(Self { engine, cfg, clients, owner, permits })
+    }
+
+    /// Send due deliveries until `shutdown`; then let the attempts in
+    /// flight finish (each is bounded by the attempt timeout).
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let attempts = TaskTracker::new();
+        let mut next_scan = Instant::now();
+        let mut next_sweep = Instant::now();
+        let mut sweep_after: Option<String> = None;
+        let mut scan_failures = 0u32;
+        tracing::info!(owner = %self.owner, "delivery worker started");
+        while !shutdown.is_cancelled() {
+            if Instant::now() >= next_scan {
+                match self.scan().await {
+                    Ok(()) => scan_failures = 0,
+                    Err(err) => {
+                        scan_failures += 1;
+                        tracing::warn!(error = %err, "scan of due deliveries failed");
+                    }
+                }
+                // Back off after errors (the store may be down).
+                next_scan = Instant::now() + self.cfg.scan_interval * (1 << scan_failures.min(5));
+            }
+            if Instant::now() >= next_sweep {
+                sweep_after = self.sweep(sweep_after).await;
+                next_sweep = Instant::now() + SWEEP_INTERVAL;
+            }
+            let free = self.permits.available_permits();
+            for id in self.engine.deliveries.pop_due(now().timestamp_millis(), free) {
+                let permit = Arc::clone(&self.permits).try_acquire_owned().expect("counted free permits");
+                let sender = Arc::clone(&self);
+                attempts.spawn(async move {
+                    sender.claim_and_send(&id).await;
+                    drop(permit);
+                });
+            }
+            let wake = self
+                .engine
+                .deliveries
+                .next_due()
+                .map(|at| {
+                    let wait = at.saturating_sub(now().timestamp_millis()).max(0) as u64;
+                    Instant::now() + Duration::from_millis(wait)
+                })
+                .map_or(next_scan, |at| at.min(next_scan));
+            let busy = self.permits.available_permits() == 0;
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = tokio::time::sleep_until(wake.into()) => {}
+                () = self.engine.deliveries.changed.notified() => {}
+                // All senders busy: go on as soon as one is free.
+                Ok(_) = self.permits.acquire(), if busy => {}
+            }
+        }
+        attempts.close();
+        if !attempts.is_empty() {
+            tracing::info!(in_flight = attempts.len(), "waiting for delivery attempts in flight");
+        }
+        attempts.wait().await;
+        tracing::info!("delivery worker stopped");
+    }
+
+    /// Queue the deliveries due now or before the next scan.
+    async fn scan(&self) -> StoreResult<()> {
+        let horizon = add(now(), self.cfg.scan_interval);
+        let filter = doc! {"status": {"$in": ["pending", "failed"]}, "next_at": {"$lte": horizon}};
+        let due = self.engine.store.scan(DELIVERIES, Scan::sorted(filter, "next_at", Order::Asc, SCAN_BATCH)).await?;
+        for rec in due {
+            if let (Ok(id), Ok(at)) = (rec.get_str("_id"), rec.get_datetime("next_at")) {
+                self.engine.deliveries.push(id, at.timestamp_millis());
+            }
+        }
+        Ok(())
+    }
+
+    /// Claim `id` and, if this instance got it, make one attempt.
+    async fn claim_and_send(&self, id: &str) {
+        let claimed = match self.claim(id).await {
+            Ok(Some(claimed)) => claimed,
+            Ok(None) => return,
+            Err(err) => {
+                tracing::warn!(delivery.id = %id, error = %err, "claim failed; the scan will find it again");
+                return;
+            }
+        };
+        let (delivery, token) = claimed;
+        let attempt_no = delivery.attempts.len() + 1;
+        let span = tracing::info_span!("delivery", delivery.id = %id, delivery.attempt = attempt_no);
+        tracing::Instrument::instrument(self.attempt(delivery, token), span).await;
+    }
+
+    async fn claim(&self, id: &str) -> StoreResult<Option<(Delivery, String)>> {
+        let at = now();
+        let token = uuid::Uuid::now_v7().to_string();
+        let lease_until = add(at, self.cfg.timeout + self.cfg.claim_grace);
+        let filter = doc! {"status": {"$in": ["pending", "failed"]}, "next_at": {"$lte": at}};
+        let set = doc! {"owner": &self.owner, "claim": &token, "lease_until": lease_until, "next_at": lease_until};
+        if !self.engine.store.update(DELIVERIES, id, filter, Update::set(set)).await? {
+            return Ok(None);
+        }
+        let Some(rec) = self.engine.store.get(DELIVERIES, id).await? else { return Ok(None) };
+        let delivery = Delivery::from_record(rec)?;
+        Ok((delivery.claim.as_deref() == Some(token.as_str())).then_some((delivery, token)))
+    }
+
+    async fn attempt(&self, d: Delivery, token: String) {
+        let at = now();
+        let started = Instant::now();
+        let outcome = self.send(&d).await;
+        let duration = started.elapsed();
+        let finished = now();
+        let code = outcome.status_code;
+        let delivered = code.is_some_and(|c| (200..300).contains(&c));
+        let failures = u32::try_from(d.tries + 1).unwrap_or(u32::MAX);
+        let since = d.queued_at.unwrap_or(d.created_at);
+        let (status, next_at) = if delivered {
+            ("delivered", None)
+        } else if code == Some(410) {
+            ("dead", None)
+        } else {
+            let mut delay = backoff(failures, rand::rng().random_range(0.8..=1.2));
+            if let Some(wait) = outcome.retry_after.filter(|_| matches!(code, Some(429 | 503))) {
+                delay = delay.max(wait.min(MAX_DELAY));
+            }
+            let next = add(finished, delay);
+            if next > add(since, self.cfg.max_age) { ("dead", None) } else { ("failed", Some(next)) }
+        };
+        let mut attempts = d.attempts.clone();
+        attempts.push(Attempt {
+            at,
+            status_code: code.map(i32::from),
+            error: outcome.error.clone(),
+            duration_ms: i64::try_from(duration.as_millis()).unwrap_or(i64::MAX),
+        });
+        let mut set = doc! {
+            "status": status,
+            "attempts": mongodb::bson::to_bson(&attempts).expect("attempts serialize"),
+            "tries": i64::from(failures),
+            "owner": Bson::Null,
+            "claim": Bson::Null,
+            "lease_until": Bson::Null,
+        };
+        match next_at {
+            Some(next) => {
+                set.insert("next_at", next);
+            }
+            None => {
+                set.insert("finished_at", finished);
+            }
+        }
+        let filter = doc! {"claim": &token};
+        match self.engine.store.update(DELIVERIES, &d.id, filter, Update::set(set)).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!("the claim expired before the outcome was written; another attempt will follow");
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot record the attempt; it will be made again when the claim expires");
+                return;
+            }
+        }
+        let metrics = &self.engine.metrics;
+        metrics.incr("txgate_delivery_attempts_total", if delivered { "success" } else { "failure" });
+        let ms = duration.as_millis() as u64;
+        match (status, next_at) {
+            ("delivered", _) => {
+                metrics.incr("txgate_deliveries_total", "delivered");
+                let lag = finished.timestamp_millis().saturating_sub(since.timestamp_millis()).max(0);
+                metrics.observe("txgate_delivery_lag_seconds", "delivered", Duration::from_millis(lag as u64));
+                tracing::debug!(status_code = code, duration_ms = ms, "delivered");
+            }
+            (_, Some(next)) => {
+                metrics.incr("txgate_deliveries_total", "failed");
+                self.engine.deliveries.push(&d.id, next.timestamp_millis());
+                tracing::info!(
+                    status_code = code,
+                    error = outcome.error.as_deref(),
+                    duration_ms = ms,
+                    retry_in_ms = next.timestamp_millis() - finished.timestamp_millis(),
+                    "delivery attempt failed; will retry"
+                );
+            }
+            _ => {
+                metrics.incr("txgate_deliveries_total", "dead");
+                tracing::warn!(status_code = code, error = outcome.error.as_deref(), "delivery is dead");
+            }
+        }
+        if next_at.is_none() {
+            self.release_next(&d).await;
+        }
+    }
+
+    /// Hook `i` of a transaction is final: hook `i + 1` may go now.
+    async fn release_next(&self, d: &Delivery) {
+        if d.count != 0 && d.index + 1 >= d.count {
+            return;
+        }
+        let next = delivery_id(&d.txn, (d.index + 1) as usize);
+        let at = now();
+        let filter = doc! {"status": "pending", "next_at": AFTER_PREVIOUS};
+        match self.engine.store.update(DELIVERIES, &next, filter, Update::set(doc! {"next_at": at})).await {
+            Ok(true) => self.engine.deliveries.push(&next, at.timestamp_millis()),
+            Ok(false) => {}
+            Err(err) => {
+                tracing::warn!(delivery.id = %next, error = %err, "cannot release the next hook; the sweep will")
+            }
+        }
+    }
+
+    /// Make one HTTP request for `d`.
+    async fn send(&self, d: &Delivery) -> Outcome {
+        let failed = |error: String| Outcome { status_code: None, error: Some(error), retry_after: None };
+        let url = match url::Url::parse(&d.url) {
+            Ok(url) => url,
+            Err(e) => return failed(format!("invalid URL: {e}")),
+        };
+        let client = match self.clients.for_url(&url) {
+            Ok(client) => client,
+            Err(why) => return failed(why),
+        };
+        let method = reqwest::Method::from_bytes(d.method.as_bytes()).unwrap_or(reqwest::Method::POST);
+        let timestamp = now().timestamp_millis() / 1000;
+        let mut req = client.request(method, url);
+        for (name, value) in &d.headers {
+            if !RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+                req = req.header(name, value);
+            }
+        }
+        req = req
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header("webhook-id", &d.id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("txgate-transaction", &d.txn);
+        if let Some(signer) = &self.cfg.signer {
+            req = req.header("webhook-signature", signer.sign(&d.id, timestamp, d.body.as_bytes()));
+        }
+        let mut res = match req.body(d.body.clone()).send().await {
+            Ok(res) => res,
+            Err(err) => return failed(describe(&err, self.cfg.timeout)),
+        };
+        let status = res.status().as_u16();
+        let retry_after = res
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| retry_after(v, std::time::SystemTime::now()));
+        // Read (a bounded part of) the body so the connection can be reused.
+        let mut read = 0;
+        while read < MAX_RESPONSE_BYTES {
+            match res.chunk().await {
+                Ok(Some(chunk)) => read += chunk.len(),
+                _ => break,
+            }
+        }
+        Outcome { status_code: Some(status), error: None, retry_after }
+    }
+
+    /// Release successors a crash left waiting behind a finished hook,
+    /// and purge finished deliveries past retention. Returns where the
+    /// next sweep of waiting deliveries goes on from.
+    async fn sweep(&self, after: Option<String>) -> Option<String> {
+        let mut filter = doc! {"status": "pending", "next_at": AFTER_PREVIOUS};
+        if let Some(after) = &after {
+            filter.insert("_id", doc! {"$gt": after});
+        }
+        let waiting = match self.engine.store.scan(DELIVERIES, Scan::by_id(filter, 256)).await {
+            Ok(waiting) => waiting,
+            Err(err) => {
+                tracing::warn!(error = %err, "sweep of waiting deliveries failed");
+                return after;
+            }
+        };
+        let resume =
+            (waiting.len() == 256).then(|| waiting.last().and_then(|r| r.get_str("_id").ok()).map(str::to_owned));
+        for rec in waiting {
+            let Ok(d) = Delivery::from_record(rec) else { continue };
+            if d.index == 0 {
+                continue;
+            }
+            let previous = delivery_id(&d.txn, (d.index - 1) as usize);
+            let done = match self.engine.store.get(DELIVERIES, &previous).await {
+                Ok(None) => true,
+                Ok(Some(p)) => matches!(p.get_str("status"), Ok("delivered" | "dead")),
+                Err(_) => false,
+            };
+            if done {
+                let previous = Delivery { index: d.index - 1, count: 0, ..d.clone() };
+                self.release_next(&previous).await;
+            }
+        }
+        self.purge().await;
+        resume.flatten()
+    }
+
+    /// Delete deliveries finished longer than the retention ago.
+    async fn purge(&self) {
+        let cutoff = DateTime::from_millis(
+            now().timestamp_millis() - i64::try_from(self.cfg.retention.as_millis()).unwrap_or(i64::MAX),
+        );
+        loop {
+            let filter = doc! {"status": {"$in": ["delivered", "dead"]}, "finished_at": {"$lt": cutoff}};
+            let old = match self.engine.store.scan(DELIVERIES, Scan::by_id(filter.clone(), 500)).await {
+                Ok(old) => old,
+                Err(err) => {
+                    tracing::warn!(error = %err, "purge of old deliveries failed");
+                    return;
+                }
+            };
+            let full = old.len() == 500;
+            for rec in old {
+                if let Ok(id) = rec.get_str("_id") {
+                    let _ = self.engine.store.delete(DELIVERIES, id, filter.clone()).await;
+                }
+            }
+            if !full {
+                return;
+            }
+        }
+    }
+}
+
+/// An attempt's error as one line: the cause chain, without the URL
+/// (it is in the delivery already).
+fn describe(err: &reqwest::Error, timeout: Duration) -> String {
+    if err.is_timeout() {
+        return format!("timed out after {} ms", timeout.as_millis());
+    }
+    let mut parts: Vec<String> = Vec::new();
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    if parts.is_empty() {
+        parts.push(err.to_string());
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_100ms_to_a_30s_cap() {
+        let ms = |n| backoff(n, 1.0).as_millis();
+        assert_eq!([ms(1), ms(2), ms(3), ms(4)], [100, 200, 400, 800]);
+        assert_eq!(ms(9), 25_600);
+        assert_eq!(ms(10), 30_000);
+        assert_eq!(ms(1000), 30_000);
+        assert_eq!(backoff(1, 0.8).as_millis(), 80);
+        assert_eq!(backoff(10, 1.2).as_millis(), 36_000);
+    }
+
+    #[test]
+    fn retry_after_in_seconds_or_as_a_date() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        assert_eq!(retry_after("7", now), Some(Duration::from_secs(7)));
+        let date = httpdate::fmt_http_date(now + Duration::from_secs(12));
+        assert_eq!(retry_after(&date, now), Some(Duration::from_secs(12)));
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(12));
+        assert_eq!(retry_after(&past, now), Some(Duration::ZERO));
+        assert_eq!(retry_after("soon", now), None);
+    }
+}
