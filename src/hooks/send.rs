@@ -103,15 +103,24 @@ impl Sender {
         tracing::info!(owner = %self.owner, "delivery worker started");
         while !shutdown.is_cancelled() {
             if Instant::now() >= next_scan {
+                let mut full = false;
                 match self.scan().await {
-                    Ok(()) => scan_failures = 0,
+                    Ok(n) => {
+                        scan_failures = 0;
+                        full = n == SCAN_BATCH;
+                    }
                     Err(err) => {
                         scan_failures += 1;
                         tracing::warn!(error = %err, "scan of due deliveries failed");
                     }
                 }
-                // Back off after errors (the store may be down).
-                next_scan = Instant::now() + self.cfg.scan_interval * (1 << scan_failures.min(5));
+                // Back off after errors (the store may be down); scan again
+                // soon after a full batch (a backlog from elsewhere).
+                next_scan = if full {
+                    Instant::now() + self.cfg.scan_interval.min(Duration::from_millis(50))
+                } else {
+                    Instant::now() + self.cfg.scan_interval * (1 << scan_failures.min(5))
+                };
             }
             if Instant::now() >= next_sweep {
                 sweep_after = self.sweep(sweep_after).await;
@@ -152,17 +161,19 @@ impl Sender {
         tracing::info!("delivery worker stopped");
     }
 
-    /// Queue the deliveries due now or before the next scan.
-    async fn scan(&self) -> StoreResult<()> {
+    /// Queue the deliveries due now or before the next scan; returns how
+    /// many were found.
+    async fn scan(&self) -> StoreResult<usize> {
         let horizon = add(now(), self.cfg.scan_interval);
         let filter = doc! {"status": {"$in": ["pending", "failed"]}, "next_at": {"$lte": horizon}};
         let due = self.engine.store.scan(DELIVERIES, Scan::sorted(filter, "next_at", Order::Asc, SCAN_BATCH)).await?;
+        let found = due.len();
         for rec in due {
             if let (Ok(id), Ok(at)) = (rec.get_str("_id"), rec.get_datetime("next_at")) {
                 self.engine.deliveries.push(id, at.timestamp_millis());
             }
         }
-        Ok(())
+        Ok(found)
     }
 
     /// Claim `id` and, if this instance got it, make one attempt.
