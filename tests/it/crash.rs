@@ -25,7 +25,7 @@ use txgate::txn::plan::{Action, ActionOp, Plan};
 use txgate::txn::record::{Status, TXNS, TxnRecord};
 use txgate::txn::{Engine, TxnConfig};
 
-use crate::support::{Backend, TestApp, TestReceiver, TestStore, expect, test_config};
+use crate::support::{Backend, TestApp, TestReceiver, TestStore, expect, test_config, txn_record};
 
 /// Where and how a fault strikes.
 #[derive(Clone, Copy, Debug)]
@@ -449,23 +449,9 @@ async fn mongodb_second_instance_takes_over_abandoned_work() {
 /// A committed transaction with two hooks to `rx`, its deliveries recorded.
 async fn committed_with_hooks(store: &DynStore, rx: &TestReceiver) -> String {
     let txn = uuid::Uuid::now_v7().to_string();
-    let now = DateTime::now();
     let request = json!({"hooks": [{"url": rx.url(&format!("/{txn}/0"))}, {"url": rx.url(&format!("/{txn}/1"))}]});
-    let rec = TxnRecord {
-        id: txn.clone(),
-        status: Status::Committed,
-        started_at: now,
-        expires_at: now,
-        committed_at: Some(now),
-        finished_at: None,
-        request: request.to_string(),
-        members: Vec::new(),
-        results: Some(Vec::new()),
-        idempotency_key: None,
-        abort_reason: None,
-        failure: None,
-        hook_count: 2,
-    };
+    let rec =
+        TxnRecord { request: request.to_string(), hook_count: 2, ..txn_record(&txn, Status::Committed, 0, "x", &[]) };
     engine(Arc::clone(store)).record_deliveries(&rec).await.unwrap();
     txn
 }

@@ -3,10 +3,10 @@
 use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::documents::model::{Staged, StagedOp, StoredDoc};
-use txgate::store::{DateTime, doc};
-use txgate::txn::record::{Member, Status, TXNS, TxnRecord};
+use txgate::store::doc;
+use txgate::txn::record::{Status, TXNS, TxnRecord};
 
-use crate::support::{Backend, TestApp, expect, expect_problem};
+use crate::support::{Backend, TestApp, expect, expect_problem, txn_record};
 
 crate::on_both_backends!(
     create_read_and_etags,
@@ -370,29 +370,6 @@ async fn concurrent_conditional_writes_have_one_winner(backend: Backend) {
     assert_eq!(expect(app.get(&at("a")).await, 200).await["version"], 2);
 }
 
-/// A transaction record, written straight to the store.
-fn txn_record(id: &str, status: Status, expires_in_ms: i64, members: &[&str]) -> TxnRecord {
-    let now = DateTime::now();
-    TxnRecord {
-        id: id.into(),
-        status,
-        started_at: now,
-        expires_at: DateTime::from_millis(now.timestamp_millis() + expires_in_ms),
-        committed_at: status.is_committed().then_some(now),
-        finished_at: None,
-        request: "{}".into(),
-        members: members
-            .iter()
-            .map(|m| Member { collection: "accounts".into(), id: (*m).into(), op: StagedOp::Update, base_v: None })
-            .collect(),
-        results: None,
-        idempotency_key: None,
-        abort_reason: None,
-        failure: None,
-        hook_count: 0,
-    }
-}
-
 /// Lock document `id` for `txn` with a staged update to `data`.
 async fn lock_doc(app: &TestApp, id: &str, txn: &str, data: Value) {
     let rec = app.store.get("accounts", id).await.unwrap().unwrap();
@@ -407,7 +384,10 @@ async fn lock_doc(app: &TestApp, id: &str, txn: &str, data: Value) {
 async fn writer_waits_for_a_live_lock_then_answers_locked(backend: Backend) {
     let Some(app) = app(backend).await else { return };
     create(&app, json!({"_id": "a", "n": 1})).await;
-    app.store.insert(TXNS, txn_record("T-live", Status::Pending, 60_000, &["a"]).to_record()).await.unwrap();
+    app.store
+        .insert(TXNS, txn_record("T-live", Status::Pending, 60_000, "accounts", &["a"]).to_record())
+        .await
+        .unwrap();
     lock_doc(&app, "a", "T-live", json!({"n": 2})).await;
     let started = std::time::Instant::now();
     let res = app.send_json(Method::PATCH, &at("a"), &json!({"inc": {"n": 1}})).await;
@@ -430,9 +410,12 @@ async fn writer_cleans_up_a_dead_holder_on_the_spot(backend: Backend) {
     }
     // "a": holder missing; "b": holder aborted; "c": holder's lease ran out.
     lock_doc(&app, "a", "T-gone", json!({"n": 100})).await;
-    app.store.insert(TXNS, txn_record("T-ab", Status::Aborted, 60_000, &["b"]).to_record()).await.unwrap();
+    app.store.insert(TXNS, txn_record("T-ab", Status::Aborted, 60_000, "accounts", &["b"]).to_record()).await.unwrap();
     lock_doc(&app, "b", "T-ab", json!({"n": 100})).await;
-    app.store.insert(TXNS, txn_record("T-exp", Status::Pending, -60_000, &["c"]).to_record()).await.unwrap();
+    app.store
+        .insert(TXNS, txn_record("T-exp", Status::Pending, -60_000, "accounts", &["c"]).to_record())
+        .await
+        .unwrap();
     lock_doc(&app, "c", "T-exp", json!({"n": 100})).await;
     for id in ["a", "b", "c"] {
         let body = expect(app.send_json(Method::PATCH, &at(id), &json!({"inc": {"n": 1}})).await, 200).await;
@@ -449,12 +432,18 @@ async fn reader_sees_committed_post_image_never_staged_data(backend: Backend) {
     let Some(app) = app(backend).await else { return };
     create(&app, json!({"_id": "a", "n": 1})).await;
     create(&app, json!({"_id": "b", "n": 1})).await;
-    app.store.insert(TXNS, txn_record("T-pend", Status::Pending, 60_000, &["a"]).to_record()).await.unwrap();
+    app.store
+        .insert(TXNS, txn_record("T-pend", Status::Pending, 60_000, "accounts", &["a"]).to_record())
+        .await
+        .unwrap();
     lock_doc(&app, "a", "T-pend", json!({"n": 50})).await;
     let body = expect(app.get(&at("a")).await, 200).await;
     assert_eq!((body["version"].as_i64(), &body["data"]), (Some(1), &json!({"n": 1})), "no dirty read");
 
-    app.store.insert(TXNS, txn_record("T-com", Status::Committed, 60_000, &["b"]).to_record()).await.unwrap();
+    app.store
+        .insert(TXNS, txn_record("T-com", Status::Committed, 60_000, "accounts", &["b"]).to_record())
+        .await
+        .unwrap();
     lock_doc(&app, "b", "T-com", json!({"n": 7})).await;
     let res = app.get(&at("b")).await;
     assert_eq!(res.headers()["etag"], "\"2\"");

@@ -148,6 +148,43 @@ impl Drop for TestApp {
     }
 }
 
+/// A transaction record with `status`, its lease ending `expires_in_ms`
+/// from now, holding update locks on `members` of `coll`; for writing
+/// straight to the store.
+pub fn txn_record(
+    id: &str,
+    status: txgate::txn::record::Status,
+    expires_in_ms: i64,
+    coll: &str,
+    members: &[&str],
+) -> txgate::txn::record::TxnRecord {
+    use txgate::txn::record::{Member, TxnRecord};
+    let now = txgate::store::DateTime::now();
+    TxnRecord {
+        id: id.into(),
+        status,
+        started_at: now,
+        expires_at: txgate::store::DateTime::from_millis(now.timestamp_millis() + expires_in_ms),
+        committed_at: status.is_committed().then_some(now),
+        finished_at: None,
+        request: "{}".into(),
+        members: members
+            .iter()
+            .map(|m| Member {
+                collection: coll.into(),
+                id: (*m).into(),
+                op: txgate::documents::model::StagedOp::Update,
+                base_v: None,
+            })
+            .collect(),
+        results: status.is_committed().then(Vec::new),
+        idempotency_key: None,
+        abort_reason: None,
+        failure: None,
+        hook_count: 0,
+    }
+}
+
 /// The JSON body of a response, asserting its status first.
 pub async fn expect(response: Response, status: u16) -> Value {
     let got = response.status().as_u16();

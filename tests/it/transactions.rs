@@ -9,10 +9,10 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::documents::model::{Staged, StagedOp, StoredDoc};
-use txgate::store::{DateTime, Update, doc};
-use txgate::txn::record::{Member, Status, TXNS, TxnRecord};
+use txgate::store::{Update, doc};
+use txgate::txn::record::{Status, TXNS, TxnRecord};
 
-use crate::support::{Backend, TestApp, expect, expect_problem};
+use crate::support::{Backend, TestApp, expect, expect_problem, txn_record};
 
 crate::on_both_backends!(
     commit_applies_every_kind_of_action,
@@ -253,25 +253,7 @@ async fn idempotency_key_replays_the_outcome(backend: Backend) {
 
 /// A pending record for `id` whose lease lasts an hour.
 fn held_record(id: &str, members: &[&str]) -> TxnRecord {
-    let now = DateTime::now();
-    TxnRecord {
-        id: id.into(),
-        status: Status::Pending,
-        started_at: now,
-        expires_at: DateTime::from_millis(now.timestamp_millis() + 3_600_000),
-        committed_at: None,
-        finished_at: None,
-        request: "{}".into(),
-        members: members
-            .iter()
-            .map(|m| Member { collection: "acc".into(), id: (*m).into(), op: StagedOp::Update, base_v: None })
-            .collect(),
-        results: None,
-        idempotency_key: None,
-        abort_reason: None,
-        failure: None,
-        hook_count: 0,
-    }
+    txn_record(id, Status::Pending, 3_600_000, "acc", members)
 }
 
 /// Lock `coll/id` for `holder` with a staged `n: 999`.
