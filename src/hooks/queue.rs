@@ -10,6 +10,11 @@ use std::sync::Mutex;
 
 use tokio::sync::Notify;
 
+/// Most entries kept. Beyond, new entries are dropped: the periodic scan of
+/// the store finds them when they fall due, so a long outage of a receiver
+/// cannot grow this without bound.
+const MAX_ENTRIES: usize = 100_000;
+
 #[derive(Default)]
 pub struct Queue {
     inner: Mutex<Inner>,
@@ -30,6 +35,9 @@ impl Queue {
     pub fn push(&self, id: &str, at_ms: i64) {
         let mut inner = self.inner.lock().expect("delivery queue");
         if inner.due.get(id).is_some_and(|&t| t <= at_ms) {
+            return;
+        }
+        if inner.due.len() >= MAX_ENTRIES && !inner.due.contains_key(id) {
             return;
         }
         let earliest = inner.heap.peek().map(|Reverse((t, _))| *t);
@@ -90,6 +98,17 @@ mod tests {
         assert_eq!(q.pop_due(20, 10), vec!["c", "a", "b"]);
         assert!(q.pop_due(100, 10).is_empty(), "the stale entry for c is dropped");
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn stays_bounded() {
+        let q = Queue::default();
+        for i in 0..MAX_ENTRIES + 10 {
+            q.push(&i.to_string(), i as i64);
+        }
+        assert_eq!(q.len(), MAX_ENTRIES);
+        q.push("0", -1); // a queued id may still move earlier
+        assert_eq!(q.next_due(), Some(-1));
     }
 
     #[test]
