@@ -109,12 +109,14 @@ pub async fn run(store: DynStore, backlog: usize, rate: f64, seconds: f64, clien
     let ids: Vec<String> = (0..backlog + steady).map(|i| format!("d{i:05}")).collect();
 
     // 1. A backlog of committed hooks, then one worker drains it.
+    super::progress(&format!("hooks: committing {backlog} transactions with a hook each"));
     commit_all(&engine, coll, ids[..backlog].to_vec(), &hook, clients).await;
     wait_idle(&engine).await;
     let guard = Arc::new(HookGuard::new("127.0.0.1:*").expect("allow pattern"));
     let cfg = HookConfig::default();
     let sender = Sender::new(Arc::clone(&engine), cfg.clone(), Clients::new(guard, cfg.timeout).expect("clients"));
     let stop = tokio_util::sync::CancellationToken::new();
+    super::progress("hooks: draining them");
     let started = Instant::now();
     let worker = tokio::spawn(Arc::clone(&sender).run(stop.clone()));
     if !until_count(&seen, backlog, Duration::from_secs(600)).await {
@@ -124,6 +126,7 @@ pub async fn run(store: DynStore, backlog: usize, rate: f64, seconds: f64, clien
     let per_sec = backlog as f64 / started.elapsed().as_secs_f64();
 
     // 2. Steady commits at `rate`, at most `clients` in flight.
+    super::progress(&format!("hooks: {steady} transactions at {rate} per second"));
     seen.lags.lock().unwrap().clear();
     let before = seen.count.load(Ordering::Relaxed);
     let in_flight = Arc::new(tokio::sync::Semaphore::new(clients));

@@ -4,8 +4,8 @@
 //! latency (p50/p99 of one client issuing transactions one after the
 //! other), throughput of 32 concurrent clients without conflicts
 //! (disjoint documents) and with conflicts (32 clients over 100 accounts,
-//! retrying retryable aborts), the abort rate, deadlocks (transactions that
-//! never finish), store writes per transaction, and a raw baseline: the same
+//! retrying retryable aborts), the abort rate, slow attempts (over 30 s)
+//! and deadlocks (not finished after 5 minutes), store writes per transaction, and a raw baseline: the same
 //! k single-document updates issued straight to the store, one after the
 //! other, with the latency ratio. Then it measures hook delivery to a
 //! local receiver: deliveries per second and the lag from commit to
@@ -162,9 +162,17 @@ async fn seed(store: &DynStore, coll: &str, count: usize) {
 struct Throughput {
     committed: usize,
     aborted: usize,
+    /// Transactions that took longer than [`SLOW`] (still finished).
+    slow: usize,
+    /// Transactions that did not finish within [`STUCK`].
     deadlocks: usize,
     per_sec: f64,
 }
+
+/// A transaction slower than this is counted as slow.
+const SLOW: Duration = Duration::from_secs(30);
+/// One that has not finished after this is counted as stuck (deadlocked).
+const STUCK: Duration = Duration::from_secs(300);
 
 /// `clients` concurrent clients for `seconds`; `pick(client, round)` names
 /// the documents of each transaction. Retryable aborts are retried.
@@ -178,19 +186,26 @@ async fn throughput(
     let committed = Arc::new(AtomicUsize::new(0));
     let aborted = Arc::new(AtomicUsize::new(0));
     let deadlocks = Arc::new(AtomicUsize::new(0));
+    let slow = Arc::new(AtomicUsize::new(0));
     let until = Instant::now() + Duration::from_secs_f64(seconds);
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
         let (engine, coll, pick) = (Arc::clone(engine), coll.to_owned(), Arc::clone(&pick));
         let (committed, aborted, deadlocks) = (Arc::clone(&committed), Arc::clone(&aborted), Arc::clone(&deadlocks));
+        let slow = Arc::clone(&slow);
         tasks.push(tokio::spawn(async move {
             let mut round = 0;
             while Instant::now() < until {
                 let p = plan(&coll, &pick(c, round));
                 round += 1;
                 loop {
-                    match tokio::time::timeout(Duration::from_secs(30), engine.execute(&p, None, None)).await {
+                    let started = Instant::now();
+                    let outcome = tokio::time::timeout(STUCK, engine.execute(&p, None, None)).await;
+                    if started.elapsed() > SLOW {
+                        slow.fetch_add(1, Ordering::Relaxed);
+                    }
+                    match outcome {
                         Err(_) => {
                             deadlocks.fetch_add(1, Ordering::Relaxed);
                             break;
@@ -217,6 +232,7 @@ async fn throughput(
         committed,
         aborted: aborted.load(Ordering::Relaxed),
         deadlocks: deadlocks.load(Ordering::Relaxed),
+        slow: slow.load(Ordering::Relaxed),
         per_sec: committed as f64 / elapsed,
     }
 }
@@ -252,7 +268,7 @@ async fn main() {
     );
     println!();
     println!(
-        "{:>3} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>10} {:>10} {:>7} {:>7} {:>5}",
+        "{:>3} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>10} {:>10} {:>7} {:>7} {:>5} {:>5}",
         "k",
         "txn p50",
         "txn p99",
@@ -266,13 +282,16 @@ async fn main() {
         "busy tx/s",
         "busy %",
         "aborts",
+        "slow",
         "dead"
     );
     let mut verdicts = Vec::new();
     for &k in &args.k {
         let coll = format!("bench_k{k}");
         let docs = (clients * k).max(args.accounts).max(k * 200);
+        progress(&format!("k={k}: seeding {docs} documents"));
         seed(&raw, &coll, docs).await;
+        progress(&format!("k={k}: latency"));
         let ids: Vec<String> = (0..docs).map(|i| format!("d{i:05}")).collect();
 
         // Latency: one client, transactions one after the other.
@@ -333,6 +352,7 @@ async fn main() {
                 ids[base + off..base + off + k].to_vec()
             })
         };
+        progress(&format!("k={k}: throughput without conflicts"));
         let free = throughput(&engine, &coll, clients, args.seconds, free_pick).await;
         wait_idle(&engine).await;
 
@@ -355,6 +375,7 @@ async fn main() {
             })
         };
         let before = engine.metrics.snapshot();
+        progress(&format!("k={k}: throughput with conflicts"));
         let busy = throughput(&engine, &coll, clients, args.seconds, busy_pick).await;
         wait_idle(&engine).await;
         if args.counters {
@@ -378,7 +399,7 @@ async fn main() {
         let busy_share = 100.0 * busy.per_sec / free.per_sec.max(1e-9);
         let abort_rate = 100.0 * busy.aborted as f64 / (busy.aborted + busy.committed).max(1) as f64;
         println!(
-            "{k:>3} {:>7.2}ms {:>7.2}ms {:>7.2}ms {:>7.2}ms {:>7.2}ms {:>6.2}x {:>6.2}x {:>7.1} {:>10.0} {:>10.0} {:>6.0}% {:>6.1}% {:>5}",
+            "{k:>3} {:>7.2}ms {:>7.2}ms {:>7.2}ms {:>7.2}ms {:>7.2}ms {:>6.2}x {:>6.2}x {:>7.1} {:>10.0} {:>10.0} {:>6.0}% {:>6.1}% {:>5} {:>5}",
             ms(p50),
             ms(p99),
             ms(idle50),
@@ -391,6 +412,7 @@ async fn main() {
             busy.per_sec,
             busy_share,
             abort_rate,
+            free.slow + busy.slow,
             free.deadlocks + busy.deadlocks,
         );
         verdicts.push(format!(
@@ -421,7 +443,8 @@ async fn main() {
         "free/busy tx/s = {clients} clients on disjoint documents / over {} shared accounts; aborts = retried",
         args.accounts
     );
-    println!("aborts per attempt in the busy run; dead = transactions that never finished.");
+    println!("aborts per attempt in the busy run; slow = attempts that took over 30 s (the store could not keep up),");
+    println!("dead = attempts that had not finished after 5 minutes (a deadlock would show here).");
     println!();
     for v in verdicts {
         println!("{v}");
@@ -461,6 +484,11 @@ fn disjoint_at_once(k: usize, accounts: usize, clients: usize) -> f64 {
         }
     }
     total as f64 / trials as f64
+}
+
+/// A progress line on stderr (the figures go to stdout).
+fn progress(what: &str) {
+    eprintln!("  .. {what}");
 }
 
 async fn wait_idle(engine: &Arc<Engine>) {
