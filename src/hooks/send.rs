@@ -180,7 +180,10 @@ impl Sender {
     async fn claim_and_send(&self, id: &str) {
         let claimed = match self.claim(id).await {
             Ok(Some(claimed)) => claimed,
-            Ok(None) => return,
+            Ok(None) => {
+                self.reschedule(id).await;
+                return;
+            }
             Err(err) => {
                 tracing::warn!(delivery.id = %id, error = %err, "claim failed; the scan will find it again");
                 return;
@@ -190,6 +193,20 @@ impl Sender {
         let attempt_no = delivery.attempts.len() + 1;
         let span = tracing::info_span!("delivery", delivery.id = %id, delivery.attempt = attempt_no);
         tracing::Instrument::instrument(self.attempt(delivery, token), span).await;
+    }
+
+    /// A claim failed: the schedule here was stale (another instance has
+    /// it, or it was rescheduled meanwhile). Queue it for when the record
+    /// says it is due, so it is not left to the next scan.
+    async fn reschedule(&self, id: &str) {
+        let Ok(Some(rec)) = self.engine.store.get(DELIVERIES, id).await else { return };
+        let Ok(d) = Delivery::from_record(rec) else { return };
+        if matches!(d.status.as_str(), "pending" | "failed") && d.next_at != AFTER_PREVIOUS {
+            // Not sooner than a moment from now: a claim that keeps failing
+            // on a due record must not spin.
+            let soonest = now().timestamp_millis() + 50;
+            self.engine.deliveries.push(id, d.next_at.timestamp_millis().max(soonest));
+        }
     }
 
     async fn claim(&self, id: &str) -> StoreResult<Option<(Delivery, String)>> {
