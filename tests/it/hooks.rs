@@ -129,10 +129,14 @@ async fn failures_are_retried_with_growing_gaps_and_order_is_kept(backend: Backe
         [("/first", 500), ("/first", 500), ("/first", 500), ("/first", 200), ("/second", 200)],
         "the second hook waits until the first is delivered"
     );
-    // Backoff: 100, 200, 400 ms, each times [0.8, 1.2] (plus sending time).
+    // Backoff: 100, 200, 400 ms, each times [0.8, 1.2], plus the time to
+    // claim and send (which a loaded machine stretches, so only the lower
+    // bounds are exact). Each retry is timed by the worker's own schedule,
+    // not found by its once-a-second scan of the store.
     let gaps: Vec<u128> = seen.windows(2).take(3).map(|w| (w[1].at - w[0].at).as_millis()).collect();
     assert!(gaps[0] >= 80 && gaps[1] >= 160 && gaps[2] >= 320, "gaps {gaps:?}");
-    assert!(gaps[0] < gaps[1] && gaps[1] < gaps[2], "gaps grow: {gaps:?}");
+    assert!(gaps[2] > gaps[0], "gaps grow: {gaps:?}");
+    assert!(gaps.iter().all(|g| *g < 950), "each retry on its own schedule: {gaps:?}");
     let d = delivery_until(&app, &format!("{txn}:0"), status_is("delivered")).await;
     let codes: Vec<_> = d["attempts"].as_array().unwrap().iter().map(|a| a["status_code"].as_i64().unwrap()).collect();
     assert_eq!(codes, [500, 500, 500, 200]);
