@@ -38,8 +38,11 @@ pub struct DeliveryOut {
     pub body: Value,
     pub created_at: String,
     /// When the next attempt is due; null once finished, and while an
-    /// earlier hook of the same transaction is not finished yet.
+    /// earlier hook of the same transaction is not finished yet. While an
+    /// attempt is in flight: when its claim expires.
     pub next_attempt_at: Option<String>,
+    /// An instance is sending it right now.
+    pub in_flight: bool,
     pub attempts: Vec<AttemptOut>,
     pub finished_at: Option<String>,
 }
@@ -88,6 +91,7 @@ fn delivery_out(d: Delivery) -> DeliveryOut {
         headers: d.headers,
         created_at: rfc3339(d.created_at),
         next_attempt_at: (!finished && d.next_at != AFTER_PREVIOUS).then(|| rfc3339(d.next_at)),
+        in_flight: d.claim.is_some() && d.lease_until.is_some_and(|until| until > now()),
         attempts: d
             .attempts
             .into_iter()

@@ -102,6 +102,7 @@ async fn hooks_are_delivered_signed_in_order_with_fixed_payloads(backend: Backen
     assert_eq!(d["attempts"][0]["status_code"], 200);
     assert!(d["finished_at"].is_string());
     assert_eq!(d["next_attempt_at"], Value::Null);
+    assert_eq!(d["in_flight"], false);
     let rec = expect(app.get(&format!("{T}/{txn}")).await, 200).await;
     assert_eq!(rec["hooks"][0]["status"], "delivered");
     let delivered = expect(app.get("/v1/deliveries?status=delivered").await, 200).await;
@@ -173,6 +174,8 @@ async fn gone_is_dead_at_once_and_a_replay_sends_it_again(backend: Backend) {
     expect(res, 202).await;
     let res = app.request(Method::POST, &format!("/v1/deliveries/{id}/retry")).send().await.unwrap();
     expect_problem(res, 409, "delivery_pending").await;
+    let sending = delivery_until(&app, &id, |d| d["in_flight"] == true).await;
+    assert_eq!(sending["status"], "pending");
     rx.next(WAIT).await;
     let res = app.request(Method::POST, "/v1/deliveries/nope:0/retry").send().await.unwrap();
     expect_problem(res, 404, "not_found").await;
