@@ -26,6 +26,7 @@ crate::on_both_backends!(
     younger_transaction_waits_for_an_older_holder_then_409,
     opposite_lock_orders_never_deadlock,
     a_waiting_transaction_holds_only_locks_below_the_one_it_waits_for,
+    a_wounded_transaction_is_retried_with_its_age,
 );
 
 const T: &str = "/v1/transactions";
@@ -514,4 +515,54 @@ async fn a_waiting_transaction_holds_only_locks_below_the_one_it_waits_for(backe
         assert_eq!((d["data"]["n"].as_i64(), d["version"].as_i64()), (Some(2), Some(2)), "{id}");
     }
     assert_unlocked(&app, "acc", &["a", "b", "c"]).await;
+}
+
+async fn a_wounded_transaction_is_retried_with_its_age(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, |c| c.txn.lock_wait = Duration::from_secs(10)).await else {
+        return;
+    };
+    seed(&app, "acc", "a", json!({"n": 1})).await;
+    let older = txn_id_at(-3600);
+    app.store.insert(TXNS, held_record(&older, &["a"]).to_record()).await.unwrap();
+    lock(&app, "acc", "a", &older).await;
+    let app = Arc::new(app);
+    let client = Arc::clone(&app);
+    let body = json!({"actions": [{"op": "update", "collection": "acc", "id": "a", "inc": {"n": 1}}]});
+    let txn = tokio::spawn(async move { expect(client.post(T, &body).await, 200).await });
+    // The transaction waits for the older holder; find its record.
+    let mut first = None;
+    for _ in 0..200 {
+        let page = expect(app.get(&format!("{T}?status=pending")).await, 200).await;
+        first = page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_owned())
+            .find(|id| *id != older);
+        if first.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first = first.expect("the waiting transaction has a pending record");
+    // Another instance's older transaction wounds it (as a store write, so
+    // no in-process signal helps).
+    let set = doc! {"status": "aborted", "abort_reason": "wounded"};
+    assert!(app.store.update(TXNS, &first, doc! {"status": "pending"}, Update::set(set)).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Then the holder goes away; the retry commits.
+    let set = doc! {"status": "aborted", "abort_reason": "test"};
+    assert!(app.store.update(TXNS, &older, doc! {"status": "pending"}, Update::set(set)).await.unwrap());
+    let out = tokio::time::timeout(Duration::from_secs(20), txn).await.expect("commits").unwrap();
+    let retry = out["id"].as_str().unwrap();
+    assert_ne!(retry, first, "a new attempt");
+    assert_eq!(
+        txgate::txn::commit::txn_age(retry).0,
+        txgate::txn::commit::txn_age(&first).0,
+        "with the first attempt's age"
+    );
+    let (_, a) = read(&app, "acc", "a").await;
+    assert_eq!((a["data"]["n"].as_i64(), a["version"].as_i64()), (Some(2), Some(2)));
+    let rec = expect(app.get(&format!("{T}/{first}")).await, 200).await;
+    assert_eq!(rec["abort_reason"], "wounded");
 }
