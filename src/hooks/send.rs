@@ -306,25 +306,23 @@ impl Sender {
                 tracing::warn!(status_code = code, error = outcome.error.as_deref(), "delivery is dead");
             }
         }
-        if next_at.is_none() {
-            self.release_next(&d).await;
+        // A final hook lets the transaction's next one go (a count of 0:
+        // recorded before counts were kept, so try).
+        if next_at.is_none() && (d.count == 0 || d.index + 1 < d.count) {
+            self.release(&d.txn, d.index + 1).await;
         }
     }
 
-    /// Hook `i` of a transaction is final: hook `i + 1` may go now.
-    async fn release_next(&self, d: &Delivery) {
-        if d.count != 0 && d.index + 1 >= d.count {
-            return;
-        }
-        let next = delivery_id(&d.txn, (d.index + 1) as usize);
+    /// The hook before hook `index` of `txn` is final: hook `index` may go
+    /// now (a no-op unless it is still waiting).
+    async fn release(&self, txn: &str, index: i64) {
+        let id = delivery_id(txn, index as usize);
         let at = now();
         let filter = doc! {"status": "pending", "next_at": AFTER_PREVIOUS};
-        match self.engine.store.update(DELIVERIES, &next, filter, Update::set(doc! {"next_at": at})).await {
-            Ok(true) => self.engine.deliveries.push(&next, at.timestamp_millis()),
+        match self.engine.store.update(DELIVERIES, &id, filter, Update::set(doc! {"next_at": at})).await {
+            Ok(true) => self.engine.deliveries.push(&id, at.timestamp_millis()),
             Ok(false) => {}
-            Err(err) => {
-                tracing::warn!(delivery.id = %next, error = %err, "cannot release the next hook; the sweep will")
-            }
+            Err(err) => tracing::warn!(delivery.id = %id, error = %err, "cannot release the next hook; the sweep will"),
         }
     }
 
@@ -405,8 +403,7 @@ impl Sender {
                 Err(_) => false,
             };
             if done {
-                let previous = Delivery { index: d.index - 1, count: 0, ..d.clone() };
-                self.release_next(&previous).await;
+                self.release(&d.txn, d.index).await;
             }
         }
         self.purge().await;

@@ -305,50 +305,33 @@ impl Engine {
             lock_one(i, first.get(&(a.collection.clone(), a.id.clone())).cloned(), false)
         }))
         .await;
-        let steps = match first_pass {
-            Err(e) => Err(e),
-            Ok(outcomes) => {
-                let mut bases: Vec<(usize, i64)> = Vec::with_capacity(outcomes.len());
-                let mut rest: Vec<usize> = Vec::new();
-                for (i, base) in outcomes {
-                    match base {
-                        Some(b) => bases.push((i, b)),
-                        None => rest.push(i),
-                    }
-                }
-                if let Some(lowest) = rest.iter().min_by_key(|i| key(i)).copied() {
-                    let (keep, give_back): (Vec<_>, Vec<_>) =
-                        bases.into_iter().partition(|(i, _)| key(i) < key(&lowest));
-                    bases = keep;
-                    let given =
-                        try_join_all(give_back.iter().map(|(i, _)| {
-                            self.unlock_own(txn_ref, &plan.actions[*i].collection, &plan.actions[*i].id)
-                        }))
-                        .await;
-                    match given {
-                        Ok(_) => {
-                            rest.extend(give_back.into_iter().map(|(i, _)| i));
-                            rest.sort_by_key(|i| key(i));
-                            let mut res = Ok(());
-                            for i in rest {
-                                match lock_one(i, None, true).await {
-                                    Ok((i, Some(b))) => bases.push((i, b)),
-                                    Ok((_, None)) => unreachable!("a waiting pass never answers busy"),
-                                    Err(e) => {
-                                        res = Err(e);
-                                        break;
-                                    }
-                                }
-                            }
-                            res.map(|()| bases)
-                        }
-                        Err(source) => Err(Err(source)),
-                    }
-                } else {
-                    Ok(bases)
+        let steps: Result<Vec<(usize, i64)>, Result<MemberFailure, StoreError>> = async {
+            let (mut bases, mut rest) = (Vec::new(), Vec::new());
+            for (i, base) in first_pass? {
+                match base {
+                    Some(b) => bases.push((i, b)),
+                    None => rest.push(i),
                 }
             }
-        };
+            let Some(lowest) = rest.iter().min_by_key(|i| key(i)).copied() else { return Ok(bases) };
+            let (keep, give_back): (Vec<_>, Vec<_>) = bases.into_iter().partition(|(i, _)| key(i) < key(&lowest));
+            try_join_all(
+                give_back
+                    .iter()
+                    .map(|(i, _)| self.unlock_own(txn_ref, &plan.actions[*i].collection, &plan.actions[*i].id)),
+            )
+            .await
+            .map_err(Err)?;
+            bases = keep;
+            rest.extend(give_back.into_iter().map(|(i, _)| i));
+            rest.sort_by_key(|i| key(i));
+            for i in rest {
+                let (i, base) = lock_one(i, None, true).await?;
+                bases.push((i, base.expect("a waiting pass never answers busy")));
+            }
+            Ok(bases)
+        }
+        .await;
         let bases = match steps {
             Ok(bases) => bases,
             Err(Ok(member)) => {
