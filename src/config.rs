@@ -44,21 +44,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// Who makes a conditional write atomic on the `mongodb` backend.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum CasMode {
-    /// The server applies each filtered single-document write atomically
-    /// (MongoDB). Safe with any number of gateway instances.
-    #[default]
-    Server,
-    /// This process serializes its conditional writes per document, reads
-    /// by `_id`, checks the filter itself and writes by `_id`. For
-    /// MongoDB-wire servers whose filtered writes are not atomic or not
-    /// indexed (FerretDB 1.x). Safe with one gateway instance only.
-    Process,
-}
-
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
@@ -89,9 +74,6 @@ pub struct Settings {
     /// MongoDB database name.
     #[arg(long, global = true, env = "TXGATE_MONGODB_DATABASE")]
     pub mongodb_database: Option<String>,
-    /// How conditional writes are made atomic on the mongodb backend.
-    #[arg(long, global = true, env = "TXGATE_MONGODB_CAS")]
-    pub mongodb_cas: Option<CasMode>,
     /// `text` or `json`.
     #[arg(long, global = true, env = "TXGATE_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
@@ -101,6 +83,13 @@ pub struct Settings {
     /// How long a writer waits for a lock, in milliseconds.
     #[arg(long, global = true, env = "TXGATE_LOCK_WAIT_MS")]
     pub lock_wait_ms: Option<u64>,
+    /// Hard cap on a transaction's whole life, in milliseconds (it aborts
+    /// itself after).
+    #[arg(long, global = true, env = "TXGATE_TXN_MAX_MS")]
+    pub txn_max_ms: Option<u64>,
+    /// Deadline of every store operation, in milliseconds (then 503).
+    #[arg(long, global = true, env = "TXGATE_STORE_TIMEOUT_MS")]
+    pub store_timeout_ms: Option<u64>,
     /// Recovery worker period, in milliseconds.
     #[arg(long, global = true, env = "TXGATE_RECOVERY_INTERVAL_MS")]
     pub recovery_interval_ms: Option<u64>,
@@ -164,7 +153,7 @@ pub struct Config {
 #[derive(Clone, Debug)]
 pub enum StoreConfig {
     Embedded { data_dir: PathBuf },
-    Mongodb { uri: String, database: String, cas: CasMode },
+    Mongodb { uri: String, database: String },
 }
 
 impl Default for Config {
@@ -201,10 +190,11 @@ impl Settings {
             data_dir: self.data_dir.or(file.data_dir),
             mongodb_uri: self.mongodb_uri.or(file.mongodb_uri),
             mongodb_database: self.mongodb_database.or(file.mongodb_database),
-            mongodb_cas: self.mongodb_cas.or(file.mongodb_cas),
             log_format: self.log_format.or(file.log_format),
             lease_ms: self.lease_ms.or(file.lease_ms),
             lock_wait_ms: self.lock_wait_ms.or(file.lock_wait_ms),
+            txn_max_ms: self.txn_max_ms.or(file.txn_max_ms),
+            store_timeout_ms: self.store_timeout_ms.or(file.store_timeout_ms),
             recovery_interval_ms: self.recovery_interval_ms.or(file.recovery_interval_ms),
             clock_skew_ms: self.clock_skew_ms.or(file.clock_skew_ms),
             txn_retention_secs: self.txn_retention_secs.or(file.txn_retention_secs),
@@ -240,11 +230,9 @@ impl Settings {
             (Some(StoreKind::Mongodb), None) => {
                 return Err("--store mongodb needs TXGATE_MONGODB_URI (or --mongodb-uri)".into());
             }
-            (Some(StoreKind::Mongodb) | None, Some(uri)) => StoreConfig::Mongodb {
-                uri,
-                database: settings.mongodb_database.unwrap_or_else(|| "txgate".into()),
-                cas: settings.mongodb_cas.unwrap_or_default(),
-            },
+            (Some(StoreKind::Mongodb) | None, Some(uri)) => {
+                StoreConfig::Mongodb { uri, database: settings.mongodb_database.unwrap_or_else(|| "txgate".into()) }
+            }
             (Some(StoreKind::Embedded) | None, _) => {
                 StoreConfig::Embedded { data_dir: settings.data_dir.unwrap_or_else(|| PathBuf::from("./data")) }
             }
@@ -255,6 +243,8 @@ impl Settings {
             lock_wait: settings.lock_wait_ms.map_or(d.lock_wait, Duration::from_millis),
             clock_skew: settings.clock_skew_ms.map_or(d.clock_skew, Duration::from_millis),
             recovery_interval: positive("recovery_interval_ms", settings.recovery_interval_ms, d.recovery_interval)?,
+            max_duration: positive("txn_max_ms", settings.txn_max_ms, d.max_duration)?,
+            store_timeout: positive("store_timeout_ms", settings.store_timeout_ms, d.store_timeout)?,
             retention: settings.txn_retention_secs.map_or(d.retention, Duration::from_secs),
             max_actions: settings.max_actions.unwrap_or(d.max_actions).max(1),
             max_hooks: settings.max_hooks.unwrap_or(d.max_hooks),

@@ -32,12 +32,14 @@ pub enum RunError {
     Io(#[from] std::io::Error),
 }
 
-/// Open the store the configuration names.
-pub async fn open_store(cfg: &StoreConfig) -> Result<DynStore, StoreError> {
+/// Open the store the configuration names. `timeout` bounds each store
+/// operation (see [`store::deadline::Deadline`]); the mongodb backend also
+/// uses it to bound how long one write may hold its record's write stripe.
+pub async fn open_store(cfg: &StoreConfig, timeout: std::time::Duration) -> Result<DynStore, StoreError> {
     Ok(match cfg {
         StoreConfig::Embedded { data_dir } => Arc::new(store::embedded::EmbeddedStore::open(data_dir)?),
-        StoreConfig::Mongodb { uri, database, cas } => {
-            Arc::new(store::mongo::MongoStore::connect(uri, database, *cas).await?)
+        StoreConfig::Mongodb { uri, database } => {
+            Arc::new(store::mongo::MongoStore::connect(uri, database, timeout).await?)
         }
     })
 }
@@ -75,6 +77,9 @@ pub async fn run_with_store(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
+    // No store call outlives its deadline: a store that stops answering
+    // gives 503s, never a hang, and no lock is held past it.
+    let store: DynStore = Arc::new(store::deadline::Deadline::new(store, config.txn.store_timeout));
     let applied = migrate::run(store.as_ref()).await?;
     if !applied.is_empty() {
         tracing::info!(count = applied.len(), "migrations applied");
@@ -103,6 +108,6 @@ pub async fn run_with_store(
 
 /// Open the configured store and serve (see [`run_with_store`]).
 pub async fn run(config: Config, listener: TcpListener, shutdown: CancellationToken) -> Result<(), RunError> {
-    let store = open_store(&config.store).await?;
+    let store = open_store(&config.store, config.txn.store_timeout).await?;
     run_with_store(config, store, listener, shutdown).await
 }

@@ -58,13 +58,18 @@ async fn serve(config: Config) -> Result<(), String> {
     } else {
         tracing::info!(keys = config.api_keys.len(), "API key authentication enabled");
     }
+    if std::env::var_os("TXGATE_MONGODB_CAS").is_some() {
+        tracing::warn!(
+            "TXGATE_MONGODB_CAS is no longer supported and is ignored: the server always applies conditional writes"
+        );
+    }
     let token = CancellationToken::new();
     tokio::spawn(shutdown_signal(token.clone()));
     txgate::run(config, listener, token).await.map_err(|e| e.to_string())
 }
 
 async fn migrate(config: Config) -> Result<(), String> {
-    let store = txgate::open_store(&config.store).await.map_err(|e| e.to_string())?;
+    let store = txgate::open_store(&config.store, config.txn.store_timeout).await.map_err(|e| e.to_string())?;
     let applied = txgate::migrate::run(store.as_ref()).await.map_err(|e| e.to_string())?;
     println!("{} migration(s) applied; {} known", applied.len(), txgate::migrate::MIGRATIONS.len());
     Ok(())

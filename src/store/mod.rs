@@ -8,6 +8,7 @@
 //! Nothing above this module relies on a multi-document transaction.
 
 pub mod convert;
+pub mod deadline;
 pub mod embedded;
 pub mod filter;
 pub mod mongo;

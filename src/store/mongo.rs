@@ -7,13 +7,9 @@
 //! as two statements), so this backend also serializes its own conditional
 //! writes per record: within one process a conditional write is atomic on
 //! any such server, and on MongoDB the extra ordering costs nothing but a
-//! little queueing on a hot document.
-//!
-//! With [`CasMode::Process`] a conditional write reads the record by `_id`,
-//! checks the filter here and writes by `_id`: every command the server
-//! sees is an `_id` lookup, which servers without general filter push-down
-//! (FerretDB 1.x on SQLite) answer from their primary key instead of a
-//! collection scan. Only one gateway process may then use the database.
+//! little queueing on a hot document. A write holds its record's stripe at
+//! most for the store deadline, so a hung call cannot stop the writes that
+//! share its stripe.
 
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -25,9 +21,6 @@ use futures::TryStreamExt;
 use mongodb::error::{Error as MongoError, ErrorKind, WriteFailure};
 use mongodb::options::{ClientOptions, IndexOptions};
 use mongodb::{Client, Collection, Database, IndexModel};
-
-use super::filter::{apply_update, matches};
-use crate::config::CasMode;
 
 use super::{Document, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Update, doc};
 
@@ -41,7 +34,8 @@ const WRITE_STRIPES: usize = 1024;
 
 pub struct MongoStore {
     db: Database,
-    cas: CasMode,
+    /// Longest time one write holds its stripe (the store deadline).
+    hold: Duration,
     stripes: Vec<Arc<tokio::sync::Mutex<()>>>,
     /// User collections whose indexes this process has already ensured.
     indexed: Mutex<HashSet<String>>,
@@ -73,30 +67,7 @@ enum Write {
     Delete,
 }
 
-async fn conditional_write(
-    coll: &Collection<Document>,
-    cas: CasMode,
-    id: &str,
-    filter: Document,
-    write: Write,
-) -> StoreResult<bool> {
-    if cas == CasMode::Process {
-        // Read by _id, check the filter here, write by _id.
-        let current = match coll.find_one(doc! {"_id": id}).await.map_err(map_err)? {
-            Some(current) if matches(&current, &filter)? => current,
-            _ => return Ok(false),
-        };
-        let by_id = doc! {"_id": id};
-        return Ok(match write {
-            Write::Replace(record) => coll.replace_one(by_id, record).await.map_err(map_err)?.matched_count == 1,
-            Write::Update(update) => {
-                let mut next = current;
-                apply_update(&mut next, &update)?;
-                coll.replace_one(by_id, next).await.map_err(map_err)?.matched_count == 1
-            }
-            Write::Delete => coll.delete_one(by_id).await.map_err(map_err)?.deleted_count == 1,
-        });
-    }
+async fn conditional_write(coll: &Collection<Document>, id: &str, filter: Document, write: Write) -> StoreResult<bool> {
     let filter = with_id(id, filter);
     Ok(match write {
         Write::Replace(record) => coll.replace_one(filter, record).await.map_err(map_err)?.matched_count == 1,
@@ -126,8 +97,9 @@ fn with_id(id: &str, mut filter: Document) -> Document {
 
 impl MongoStore {
     /// Connect to `uri` and use database `database`. Fails fast (5 s server
-    /// selection) when the server is unreachable.
-    pub async fn connect(uri: &str, database: &str, cas: CasMode) -> StoreResult<Self> {
+    /// selection) when the server is unreachable. `hold` bounds how long one
+    /// write may hold its record's write stripe.
+    pub async fn connect(uri: &str, database: &str, hold: Duration) -> StoreResult<Self> {
         let mut options = ClientOptions::parse(uri).await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
         options.app_name.get_or_insert_with(|| "txgate".to_owned());
         options.server_selection_timeout.get_or_insert(Duration::from_secs(5));
@@ -135,7 +107,7 @@ impl MongoStore {
         let client = Client::with_options(options).map_err(map_err)?;
         Ok(Self {
             db: client.database(database),
-            cas,
+            hold,
             stripes: (0..WRITE_STRIPES).map(|_| Arc::new(tokio::sync::Mutex::new(()))).collect(),
             indexed: Mutex::new(HashSet::new()),
         })
@@ -143,17 +115,20 @@ impl MongoStore {
 
     /// Issue a conditional write to record `(coll, id)` while holding its
     /// stripe. The write runs in its own task, so the stripe stays held until
-    /// the server has answered even when the caller stops waiting: a server
-    /// that checks the filter and writes in two steps must never see a
-    /// second write to the record overlap an abandoned one.
+    /// the server has answered even when the caller stops waiting (a server
+    /// that checks the filter and writes in two steps must not see a second
+    /// write to the record overlap an abandoned one), but never longer than
+    /// the store deadline: a call that hangs past it gives its stripe up.
     async fn guarded(&self, coll: &str, id: &str, filter: Document, write: Write) -> StoreResult<bool> {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (coll, id).hash(&mut hasher);
         let stripe = Arc::clone(&self.stripes[(hasher.finish() as usize) % WRITE_STRIPES]);
-        let (collection, cas, id) = (self.coll(coll), self.cas, id.to_owned());
+        let (collection, id, hold) = (self.coll(coll), id.to_owned(), self.hold);
         tokio::spawn(async move {
             let _turn = stripe.lock_owned().await;
-            conditional_write(&collection, cas, &id, filter, write).await
+            tokio::time::timeout(hold, conditional_write(&collection, &id, filter, write)).await.unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(format!("no answer to a write within {} ms", hold.as_millis())))
+            })
         })
         .await
         .map_err(|e| StoreError::Internal(format!("write task failed: {e}")))?
@@ -197,11 +172,6 @@ impl Store for MongoStore {
     async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
         if ids.is_empty() {
             return Ok(Vec::new());
-        }
-        if self.cas == CasMode::Process {
-            // Lookups by _id only: some servers index nothing else.
-            let found = futures::future::try_join_all(ids.iter().map(|id| self.get(coll, id))).await?;
-            return Ok(found.into_iter().flatten().collect());
         }
         let cursor = self.coll(coll).find(doc! {"_id": {"$in": ids}}).await.map_err(map_err)?;
         cursor.try_collect().await.map_err(map_err)

@@ -29,6 +29,11 @@ pub struct TxnConfig {
     pub lock_wait: Duration,
     pub clock_skew: Duration,
     pub recovery_interval: Duration,
+    /// Hard cap on one transaction's life: past it, it aborts itself, and
+    /// its lease is never extended beyond it.
+    pub max_duration: Duration,
+    /// Deadline of every store operation.
+    pub store_timeout: Duration,
     /// How long finished records are kept.
     pub retention: Duration,
     /// Most actions one transaction may have.
@@ -44,6 +49,8 @@ impl Default for TxnConfig {
             lock_wait: Duration::from_millis(2000),
             clock_skew: Duration::from_millis(1000),
             recovery_interval: Duration::from_millis(1000),
+            max_duration: Duration::from_millis(30_000),
+            store_timeout: Duration::from_millis(5000),
             retention: Duration::from_secs(24 * 3600),
             max_actions: 1000,
             max_hooks: 16,

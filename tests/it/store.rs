@@ -5,22 +5,7 @@ use txgate::store::{Bson, Order, Scan, Update, doc};
 
 use crate::support::{Backend, TestStore};
 
-macro_rules! store_suite {
-    ($($name:ident),* $(,)?) => {
-        crate::on_both_backends!($($name),*);
-        /// The mongodb backend with conditional writes checked in-process.
-        mod mongodb_process {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name($crate::support::Backend::MongodbProcess).await
-                }
-            )*
-        }
-    };
-}
-
-store_suite!(
+crate::on_both_backends!(
     insert_is_insert_if_absent,
     conditional_replace_update_delete,
     null_filter_matches_missing_fields,

@@ -14,8 +14,6 @@ use txgate::store::DynStore;
 pub enum Backend {
     Embedded,
     Mongodb,
-    /// The mongodb backend with `TXGATE_MONGODB_CAS=process`.
-    MongodbProcess,
 }
 
 /// The MongoDB-wire server the tests use. Missing is a failure: the test
@@ -36,6 +34,9 @@ pub fn mongodb_uri() -> Option<String> {
     }
 }
 
+/// The store deadline tests open stores with (the gateway's default).
+pub const STORE_TIMEOUT: Duration = Duration::from_millis(5000);
+
 /// A fresh, empty store for one test.
 pub struct TestStore {
     pub store: DynStore,
@@ -49,19 +50,14 @@ impl TestStore {
             Backend::Embedded => {
                 let dir = tempfile::tempdir().expect("temp dir");
                 let config = StoreConfig::Embedded { data_dir: dir.path().to_owned() };
-                let store = txgate::open_store(&config).await.expect("embedded store opens");
+                let store = txgate::open_store(&config, STORE_TIMEOUT).await.expect("embedded store opens");
                 Some(Self { store, config, _dir: Some(dir) })
             }
-            Backend::Mongodb | Backend::MongodbProcess => {
+            Backend::Mongodb => {
                 let uri = mongodb_uri()?;
                 let database = format!("it_{}", uuid::Uuid::now_v7().simple());
-                let cas = if backend == Backend::MongodbProcess {
-                    txgate::config::CasMode::Process
-                } else {
-                    txgate::config::CasMode::Server
-                };
-                let config = StoreConfig::Mongodb { uri, database, cas };
-                let store = txgate::open_store(&config).await.expect("mongodb store opens");
+                let config = StoreConfig::Mongodb { uri, database };
+                let store = txgate::open_store(&config, STORE_TIMEOUT).await.expect("mongodb store opens");
                 Some(Self { store, config, _dir: None })
             }
         }

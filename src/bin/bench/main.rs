@@ -34,15 +34,15 @@ use txgate::txn::commit::TxnError;
 use txgate::txn::plan::{Action, ActionOp, Plan};
 use txgate::txn::{Engine, TxnConfig};
 
+/// Deadline of one store call (FerretDB under the contended runs is slow).
+const STORE_TIMEOUT: Duration = Duration::from_secs(60);
+
 #[derive(Parser)]
 #[command(about = "Benchmark txgate's commit protocol")]
 struct Args {
     /// Benchmark the mongodb backend at this URI (default: embedded store).
     #[arg(long, env = "TXGATE_MONGODB_URI")]
     mongodb_uri: Option<String>,
-    /// `server` or `process` (see TXGATE_MONGODB_CAS).
-    #[arg(long, env = "TXGATE_MONGODB_CAS", default_value = "server")]
-    mongodb_cas: txgate::config::CasMode,
     /// Seconds each measurement runs.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
@@ -243,20 +243,12 @@ async fn main() {
     let dir = tempfile_dir();
     let (config, label) = match &args.mongodb_uri {
         Some(uri) => (
-            StoreConfig::Mongodb {
-                uri: uri.clone(),
-                database: format!("bench_{}", uuid::Uuid::now_v7().simple()),
-                cas: args.mongodb_cas,
-            },
-            if args.mongodb_cas == txgate::config::CasMode::Process {
-                "mongodb (cas: process)"
-            } else {
-                "mongodb (cas: server)"
-            },
+            StoreConfig::Mongodb { uri: uri.clone(), database: format!("bench_{}", uuid::Uuid::now_v7().simple()) },
+            "mongodb",
         ),
         None => (StoreConfig::Embedded { data_dir: dir.clone() }, "embedded"),
     };
-    let raw = txgate::open_store(&config).await.expect("store opens");
+    let raw = txgate::open_store(&config, STORE_TIMEOUT).await.expect("store opens");
     txgate::migrate::run(raw.as_ref()).await.expect("migrations");
     let counting = Arc::new(Counting { inner: Arc::clone(&raw), writes: AtomicU64::new(0), reads: AtomicU64::new(0) });
     let store: DynStore = counting.clone();
@@ -456,8 +448,8 @@ async fn main() {
             None => println!("hook benchmark did not finish"),
         }
     }
-    if let StoreConfig::Mongodb { uri, database, cas } = &config
-        && let Ok(store) = txgate::store::mongo::MongoStore::connect(uri, database, *cas).await
+    if let StoreConfig::Mongodb { uri, database } = &config
+        && let Ok(store) = txgate::store::mongo::MongoStore::connect(uri, database, STORE_TIMEOUT).await
     {
         let _ = store.drop_database().await;
     }

@@ -1,0 +1,126 @@
+//! A deadline on every store operation: a store that stops answering (a
+//! hung connection, a stalled disk) turns into `StoreError::Unavailable`
+//! after `timeout` instead of a request, a heartbeat or a worker that waits
+//! forever. The operation may still land later; the protocol treats that
+//! like any write whose answer was lost (rule zero: re-read, then decide).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{Document, DynStore, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update};
+
+pub struct Deadline {
+    inner: DynStore,
+    timeout: Duration,
+}
+
+impl Deadline {
+    pub fn new(inner: DynStore, timeout: Duration) -> Self {
+        Self { inner, timeout }
+    }
+
+    async fn within<T>(&self, op: &str, fut: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "the store did not answer {op} within {} ms",
+                self.timeout.as_millis()
+            ))),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for Deadline {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn ping(&self) -> StoreResult<()> {
+        self.within("ping", self.inner.ping()).await
+    }
+    async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
+        self.within("get", self.inner.get(coll, id)).await
+    }
+    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
+        self.within("insert", self.inner.insert(coll, record)).await
+    }
+    async fn replace(&self, coll: &str, id: &str, filter: Document, record: Record) -> StoreResult<bool> {
+        self.within("replace", self.inner.replace(coll, id, filter, record)).await
+    }
+    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
+        self.within("update", self.inner.update(coll, id, filter, update)).await
+    }
+    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
+        self.within("delete", self.inner.delete(coll, id, filter)).await
+    }
+    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+        self.within("scan", self.inner.scan(coll, scan)).await
+    }
+    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
+        self.within("get_many", self.inner.get_many(coll, ids)).await
+    }
+    async fn collections(&self) -> StoreResult<Vec<String>> {
+        self.within("collections", self.inner.collections()).await
+    }
+    async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
+        self.within("ensure_index", self.inner.ensure_index(coll, index)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A store whose every call hangs.
+    struct Hung;
+
+    #[async_trait]
+    impl Store for Hung {
+        fn backend(&self) -> &'static str {
+            "hung"
+        }
+        async fn ping(&self) -> StoreResult<()> {
+            std::future::pending().await
+        }
+        async fn get(&self, _: &str, _: &str) -> StoreResult<Option<Record>> {
+            std::future::pending().await
+        }
+        async fn insert(&self, _: &str, _: Record) -> StoreResult<bool> {
+            std::future::pending().await
+        }
+        async fn replace(&self, _: &str, _: &str, _: Document, _: Record) -> StoreResult<bool> {
+            std::future::pending().await
+        }
+        async fn update(&self, _: &str, _: &str, _: Document, _: Update) -> StoreResult<bool> {
+            std::future::pending().await
+        }
+        async fn delete(&self, _: &str, _: &str, _: Document) -> StoreResult<bool> {
+            std::future::pending().await
+        }
+        async fn scan(&self, _: &str, _: Scan) -> StoreResult<Vec<Record>> {
+            std::future::pending().await
+        }
+        async fn get_many(&self, _: &str, _: &[String]) -> StoreResult<Vec<Record>> {
+            std::future::pending().await
+        }
+        async fn collections(&self) -> StoreResult<Vec<String>> {
+            std::future::pending().await
+        }
+        async fn ensure_index(&self, _: &str, _: IndexSpec) -> StoreResult<()> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_call_is_unavailable_at_its_deadline() {
+        let store = Deadline::new(Arc::new(Hung), Duration::from_millis(5000));
+        let started = tokio::time::Instant::now();
+        let err = store.get("c", "a").await.unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert_eq!(started.elapsed(), Duration::from_millis(5000));
+        assert!(matches!(store.ping().await, Err(StoreError::Unavailable(_))));
+    }
+}
