@@ -80,11 +80,14 @@ impl ApiError {
                 "document_rejected",
                 format!("the store refused the document: {msg}"),
             ),
-            StoreError::Internal(msg) => {
-                tracing::error!(error = %msg, "internal store error");
-                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
-            }
+            StoreError::Internal(msg) => Self::internal(format!("store: {msg}")),
         }
+    }
+
+    /// 500 for a bug or corrupted data: logged here, nothing internal in the body.
+    pub fn internal(msg: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %msg, "internal error");
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
     }
 
     pub fn retry(mut self, after: Duration) -> Self {

@@ -2,6 +2,7 @@
 //! list records, abort a pending one.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use axum::Extension;
 use axum::extract::State;
@@ -26,7 +27,7 @@ use crate::txn::commit::TxnError;
 use crate::txn::idem::{Claim, body_hash};
 use crate::txn::plan::{Action, ActionOp, Plan};
 use crate::txn::record::{Failure, Status, TXNS, TxnRecord};
-use crate::txn::summary;
+use crate::txn::{Engine, summary};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -401,9 +402,38 @@ pub async fn create_transaction(
     let input: TransactionIn = serde_json::from_value(value)
         .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", e.to_string()))?;
     let plan = plan(input, &raw, key.clone(), &state)?;
-    let txn = uuid::Uuid::now_v7().to_string();
-    let engine = &state.engine;
     let scoped = key.map(|k| format!("{}:{k}", caller.map_or_else(|| "-".to_owned(), |c| c.0.0.clone())));
+    // From here on the request's life does not depend on its connection: a
+    // client that hangs up (a closed tab, a proxy timeout) drops this
+    // handler, not the transaction, which runs to its outcome and stores it
+    // for its Idempotency-Key. Shutdown waits for it.
+    let engine = Arc::clone(&state.engine);
+    state
+        .engine
+        .tasks
+        .spawn(run_transaction(engine, plan, hash, scoped))
+        .await
+        .map_err(|e| ApiError::internal(format!("transaction task failed: {e}")))?
+}
+
+/// What becomes of an Idempotency-Key once its request has an answer.
+enum KeyOutcome {
+    /// Store the answer: a commit or a non-retryable failure.
+    Complete,
+    /// Free the key: a retryable failure, nothing applied.
+    Release,
+    /// Leave the claim on the attempt: its outcome is unknown, and a retry
+    /// with the key must learn it from the record, not run again.
+    Keep,
+}
+
+async fn run_transaction(
+    engine: Arc<Engine>,
+    plan: Plan,
+    hash: String,
+    scoped: Option<String>,
+) -> Result<Response, ApiError> {
+    let txn = uuid::Uuid::now_v7().to_string();
     if let Some(scoped) = &scoped {
         match engine.claim_key(scoped, &hash, &txn).await? {
             Claim::Fresh => {}
@@ -442,30 +472,32 @@ pub async fn create_transaction(
             | TxnError::OutcomeUnknown { txn },
         ) => txn.clone(),
     };
-    let (status, body, keep) = match result {
-        Ok(committed) => (StatusCode::OK, summary(&committed.record), true),
+    let (status, body, key_outcome) = match result {
+        Ok(committed) => (StatusCode::OK, summary(&committed.record), KeyOutcome::Complete),
         Err(err) => {
-            let keep = match &err {
-                TxnError::Aborted { failure, .. } => !failure.retryable,
-                TxnError::InvalidChange { .. } => true,
-                _ => false,
+            let key_outcome = match &err {
+                TxnError::Aborted { failure, .. } if !failure.retryable => KeyOutcome::Complete,
+                TxnError::InvalidChange { .. } => KeyOutcome::Complete,
+                TxnError::OutcomeUnknown { .. } => KeyOutcome::Keep,
+                _ => KeyOutcome::Release,
             };
             let err = txn_error(err);
-            (err.status, problem_body(&err), keep)
+            (err.status, problem_body(&err), key_outcome)
         }
     };
     if let Some(scoped) = &scoped {
-        let stored = if keep {
-            engine.complete_key(scoped, &txn, status.as_u16(), &body).await
-        } else {
-            engine.release_key(scoped, &txn).await
+        let stored = match key_outcome {
+            KeyOutcome::Complete => engine.complete_key(scoped, &txn, status.as_u16(), &body).await,
+            KeyOutcome::Release => engine.release_key(scoped, &txn).await,
+            KeyOutcome::Keep => Ok(()),
         };
         if let Err(err) = stored {
             tracing::warn!(txn.id = %txn, error = %err, "could not record the idempotency outcome");
         }
     }
+    let retryable = body.get("retryable").and_then(Value::as_bool).unwrap_or(false);
     let mut response = answer(status, body);
-    if status == StatusCode::CONFLICT || status == StatusCode::SERVICE_UNAVAILABLE {
+    if retryable || status == StatusCode::SERVICE_UNAVAILABLE {
         response.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     Ok(response)

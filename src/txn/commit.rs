@@ -177,7 +177,7 @@ impl Engine {
             id: txn.to_owned(),
             status: Status::Pending,
             started_at,
-            expires_at: self.lease_from(started_at),
+            expires_at: self.lease_from(started_at).min(self.hard_end(started_at)),
             committed_at: None,
             finished_at: None,
             request: plan.request.clone(),
@@ -198,14 +198,34 @@ impl Engine {
             hook_count: plan.hook_count as i64,
         };
         if !self.store.insert(TXNS, record.to_record()).await.map_err(store_err)? {
-            return Err(store_err(StoreError::Internal(format!("transaction id {txn} already exists"))));
+            // The id is taken: a later request that took over this one's
+            // Idempotency-Key fenced this attempt with an aborted record.
+            let reason = match self.record(txn).await {
+                Ok(Some(rec)) => rec.abort_reason.unwrap_or_else(|| "superseded".into()),
+                _ => "superseded".into(),
+            };
+            return Err(TxnError::Aborted {
+                txn: txn.to_owned(),
+                failure: aborted(
+                    &reason,
+                    "the attempt was superseded by a later request with the same Idempotency-Key",
+                ),
+            });
         }
         let wounded = CancellationToken::new();
         let _running = self.signals.run(txn, wounded.clone());
-        let heartbeat = self.spawn_heartbeat(txn, wounded.clone());
-        let result = self.lock_and_commit(plan, record, &wounded).await;
-        heartbeat.cancel();
-        result
+        // The heartbeat lives exactly as long as this attempt: however the
+        // attempt ends (answered, failed, cancelled, panicked), it stops
+        // extending the lease, so recovery can always judge it.
+        let _heartbeat = self.spawn_heartbeat(txn, self.hard_end(started_at), wounded.clone()).drop_guard();
+        self.lock_and_commit(plan, record, &wounded).await
+    }
+
+    /// The wall-clock time past which a transaction started at `started_at`
+    /// may not live: its lease is never extended beyond it.
+    fn hard_end(&self, started_at: DateTime) -> DateTime {
+        let max = i64::try_from(self.cfg.max_duration.as_millis()).unwrap_or(i64::MAX);
+        DateTime::from_millis(started_at.timestamp_millis().saturating_add(max))
     }
 
     fn lease_from(&self, at: DateTime) -> DateTime {
@@ -213,9 +233,15 @@ impl Engine {
         DateTime::from_millis(at.timestamp_millis().saturating_add(lease))
     }
 
-    /// Extend the lease every lease/3 while the transaction runs; cancel
-    /// `wounded` as soon as the record is seen aborted.
-    fn spawn_heartbeat(self: &Arc<Self>, txn: &str, wounded: CancellationToken) -> CancellationToken {
+    /// Extend the lease every lease/3 while the transaction runs, never past
+    /// `hard_end`; cancel `wounded` as soon as the record is seen aborted.
+    /// Stops when the returned token is cancelled.
+    fn spawn_heartbeat(
+        self: &Arc<Self>,
+        txn: &str,
+        hard_end: DateTime,
+        wounded: CancellationToken,
+    ) -> CancellationToken {
         let stop = CancellationToken::new();
         let (engine, txn, stop2) = (Arc::clone(self), txn.to_owned(), stop.clone());
         tokio::spawn(async move {
@@ -225,8 +251,13 @@ impl Engine {
                     () = stop2.cancelled() => return,
                     () = tokio::time::sleep(period) => {}
                 }
-                let set = doc! {"expires_at": engine.lease_from(now())};
-                match engine.store.update(TXNS, &txn, doc! {"status": "pending"}, Update::set(set)).await {
+                let set = doc! {"expires_at": engine.lease_from(now()).min(hard_end)};
+                let beat = engine.store.update(TXNS, &txn, doc! {"status": "pending"}, Update::set(set));
+                let beat = tokio::select! {
+                    () = stop2.cancelled() => return,
+                    beat = beat => beat,
+                };
+                match beat {
                     Ok(true) => {}
                     Ok(false) => {
                         // Not pending any more: find out why (rule zero).
@@ -247,10 +278,30 @@ impl Engine {
     async fn lock_and_commit(
         self: &Arc<Self>,
         plan: &Plan,
-        mut record: TxnRecord,
+        record: TxnRecord,
         wounded: &CancellationToken,
     ) -> Result<Committed, TxnError> {
         let txn = record.id.clone();
+        let bases = match tokio::time::timeout(self.cfg.max_duration, self.lock_all(plan, &txn, wounded)).await {
+            Ok(Ok(bases)) => bases,
+            Ok(Err(err)) => return Err(self.give_up(&txn, err).await),
+            Err(_) => {
+                let failure =
+                    aborted("timeout", "the transaction ran longer than its maximum duration (TXGATE_TXN_MAX_MS)");
+                return Err(self.give_up(&txn, TxnError::Aborted { txn: txn.clone(), failure }).await);
+            }
+        };
+        self.commit(plan, record, bases).await
+    }
+
+    /// Steps 2–3: lock and stage every member; the base version of each.
+    async fn lock_all(
+        self: &Arc<Self>,
+        plan: &Plan,
+        txn: &str,
+        wounded: &CancellationToken,
+    ) -> Result<Vec<(usize, i64)>, TxnError> {
+        let store_err = |source| TxnError::Store { txn: txn.to_owned(), source };
         let deadline = Instant::now() + self.cfg.lock_wait;
         // First reads in one round trip per collection.
         let mut first: std::collections::HashMap<(String, String), StoredDoc> = std::collections::HashMap::new();
@@ -259,18 +310,9 @@ impl Engine {
             by_coll.entry(&a.collection).or_default().push(a.id.clone());
         }
         for (coll, ids) in by_coll {
-            let records = self.store.get_many(coll, &ids).await;
-            let records = match records {
-                Ok(r) => r,
-                Err(source) => return Err(self.give_up(&txn, TxnError::Store { txn: txn.clone(), source }).await),
-            };
-            for rec in records {
-                match StoredDoc::from_record(rec) {
-                    Ok(d) => {
-                        first.insert((coll.to_owned(), d.id.clone()), d);
-                    }
-                    Err(source) => return Err(self.give_up(&txn, TxnError::Store { txn: txn.clone(), source }).await),
-                }
+            for rec in self.store.get_many(coll, &ids).await.map_err(store_err)? {
+                let d = StoredDoc::from_record(rec).map_err(store_err)?;
+                first.insert((coll.to_owned(), d.id.clone()), d);
             }
         }
         // 2–3. Lock and stage every member: first all at once without
@@ -281,7 +323,7 @@ impl Engine {
         // waits while holding locks that sort below the one it waits for:
         // waits cannot form a cycle, and wound-wait is left to break only
         // the waits on slow or stuck holders.
-        let txn_ref = txn.as_str();
+        let txn_ref = txn;
         let lock_one = |i: usize, seen: Option<StoredDoc>, wait: bool| {
             let action = &plan.actions[i];
             let txn = txn_ref;
@@ -332,18 +374,25 @@ impl Engine {
             Ok(bases)
         }
         .await;
-        let bases = match steps {
-            Ok(bases) => bases,
-            Err(Ok(member)) => {
-                let err = if member.invalid {
-                    TxnError::InvalidChange { txn: txn.clone(), failure: member.failure }
-                } else {
-                    TxnError::Aborted { txn: txn.clone(), failure: member.failure }
-                };
-                return Err(self.give_up(&txn, err).await);
+        match steps {
+            Ok(bases) => Ok(bases),
+            Err(Ok(member)) if member.invalid => {
+                Err(TxnError::InvalidChange { txn: txn.to_owned(), failure: member.failure })
             }
-            Err(Err(source)) => return Err(self.give_up(&txn, TxnError::Store { txn: txn.clone(), source }).await),
-        };
+            Err(Ok(member)) => Err(TxnError::Aborted { txn: txn.to_owned(), failure: member.failure }),
+            Err(Err(source)) => Err(store_err(source)),
+        }
+    }
+
+    /// Step 4, the commit point, for `record` whose members are locked at
+    /// `bases`; then step 5 starts in the background.
+    async fn commit(
+        self: &Arc<Self>,
+        plan: &Plan,
+        mut record: TxnRecord,
+        bases: Vec<(usize, i64)>,
+    ) -> Result<Committed, TxnError> {
+        let txn = record.id.clone();
         // 4. Commit point.
         let committed_at = now();
         let mut results = vec![None; plan.actions.len()];
@@ -401,10 +450,12 @@ impl Engine {
     }
 
     /// After a commit CAS that failed or errored: read the record until its
-    /// status is decided. A still-pending record after an error means the
-    /// CAS did not land; it is retried.
+    /// status is decided. A still-pending record means the CAS did not land;
+    /// the outcome is then settled as an abort. Gives up (outcome unknown)
+    /// after the store deadline: the client is told to read the record, and
+    /// its Idempotency-Key stays with this attempt.
     async fn outcome_after_commit_attempt(&self, txn: &str) -> Result<TxnRecord, TxnError> {
-        let give_up_at = Instant::now() + self.cfg.lease.max(Duration::from_secs(5));
+        let give_up_at = Instant::now() + self.cfg.store_timeout;
         let mut backoff = Duration::from_millis(10);
         loop {
             match self.record(txn).await {
@@ -434,9 +485,22 @@ impl Engine {
     /// the background. If the record turns out committed after all (it
     /// cannot, since only this path commits it), its roll-forward wins.
     async fn give_up(self: &Arc<Self>, txn: &str, err: TxnError) -> TxnError {
+        if matches!(err, TxnError::Store { .. }) {
+            // The store is failing: answer now rather than after more calls
+            // to it. The abort and roll-back go on in the background; if they
+            // fail too, the lease (no longer extended) runs out and recovery
+            // does them.
+            let (engine, txn) = (Arc::clone(self), txn.to_owned());
+            self.tasks.spawn(async move {
+                if let Ok(Some(rec)) = engine.abort_pending(&txn, None, "store_error").await {
+                    engine.roll_back_in_background(rec);
+                }
+            });
+            return err;
+        }
         let (reason, stored) = match &err {
             TxnError::Aborted { failure, .. } | TxnError::InvalidChange { failure, .. } => {
-                (failure.code.clone(), Some(failure.clone()))
+                (failure.reason.clone().unwrap_or_else(|| failure.code.clone()), Some(failure.clone()))
             }
             _ => ("store_error".to_owned(), None),
         };

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use crate::store::{DateTime, Order, Scan, StoreResult, Update, doc, now};
 
 use super::Engine;
-use super::record::Status;
+use super::record::{Status, TXNS, TxnRecord};
 
 pub const IDEM: &str = "_idem";
 
@@ -57,42 +57,70 @@ impl Engine {
                 return Ok(Claim::Replay { status, body });
             }
             let holder = existing.get_str("txn").unwrap_or_default().to_owned();
-            let takeover = match self.record(&holder).await? {
-                Some(rec) if rec.status.is_committed() => {
-                    let body = super::summary(&rec);
-                    self.complete_key(key, &holder, 200, &body).await?;
-                    return Ok(Claim::Replay { status: 200, body });
-                }
+            match self.record(&holder).await? {
+                Some(rec) if rec.status.is_committed() => return self.replay_committed(key, &rec).await,
                 Some(rec) if rec.status == Status::Pending => return Ok(Claim::InProgress { txn: holder }),
                 // Aborted without a stored outcome: either its request is
-                // retrying (it re-points the key within moments) or it died
-                // before answering; after a lease the key is free again.
+                // retrying (it re-points the key within moments) or it ended
+                // without storing one (it died, or could not learn whether
+                // it committed); after a lease the key is free again.
                 Some(rec) => {
-                    let since = rec.finished_at.or(Some(rec.expires_at)).map_or(0, |d| d.timestamp_millis());
+                    let since = rec.finished_at.unwrap_or(rec.expires_at).timestamp_millis();
                     if now().timestamp_millis() - since < self.cfg.lease.as_millis() as i64 {
                         return Ok(Claim::InProgress { txn: holder });
                     }
-                    true
                 }
-                // No record yet: the first request is just starting, unless
-                // it has been that way for longer than a lease.
+                // No record yet: the request is just starting (or its
+                // attempt was just re-pointed), unless it has been that way
+                // for longer than two leases.
                 None => {
-                    let created = existing.get_datetime("created_at").map(|d| d.timestamp_millis()).unwrap_or(0);
-                    let stale = now().timestamp_millis() - created > 2 * self.cfg.lease.as_millis() as i64;
-                    if !stale {
+                    let since = ["repointed_at", "created_at"]
+                        .iter()
+                        .find_map(|f| existing.get_datetime(f).ok())
+                        .map_or(0, |d| d.timestamp_millis());
+                    if now().timestamp_millis() - since <= 2 * self.cfg.lease.as_millis() as i64 {
                         return Ok(Claim::InProgress { txn: holder });
                     }
-                    true
                 }
-            };
-            if takeover && self.store.replace(IDEM, key, doc! {"txn": &holder, "state": "running"}, fresh).await? {
+            }
+            // Take the key over, but first make sure the attempt holding it
+            // can never commit: a stalled request whose writes land late
+            // finds its record already aborted.
+            if let Some(rec) = self.fence(&holder).await?
+                && rec.status.is_committed()
+            {
+                return self.replay_committed(key, &rec).await;
+            }
+            if self.store.replace(IDEM, key, doc! {"txn": &holder, "state": "running"}, fresh).await? {
                 return Ok(Claim::Fresh);
             }
         }
     }
 
-    /// Move the claim on `key` from attempt `from` to attempt `to`.
+    async fn replay_committed(&self, key: &str, rec: &TxnRecord) -> StoreResult<Claim> {
+        let body = super::summary(rec);
+        self.complete_key(key, &rec.id, 200, &body).await?;
+        Ok(Claim::Replay { status: 200, body })
+    }
+
+    /// Finalize attempt `old` before its key moves on: insert its record as
+    /// aborted if it has none, else CAS it `pending → aborted`. `None` when
+    /// the fencing record was inserted; else the record as it is afterwards
+    /// (a committed one keeps its outcome).
+    async fn fence(&self, old: &str) -> StoreResult<Option<TxnRecord>> {
+        if self.store.insert(TXNS, TxnRecord::fenced(old, now()).to_record()).await? {
+            tracing::info!(txn.id = %old, "idempotency key taken over; attempt fenced");
+            return Ok(None);
+        }
+        self.abort_pending(old, None, "superseded").await
+    }
+
+    /// Move the claim on `key` from attempt `from` to attempt `to`, once
+    /// `from` can no longer commit.
     pub async fn repoint_key(&self, key: &str, from: &str, to: &str) -> StoreResult<bool> {
+        if self.fence(from).await?.is_some_and(|rec| rec.status.is_committed()) {
+            return Ok(false);
+        }
         let set = doc! {"txn": to, "repointed_at": now()};
         self.store.update(IDEM, key, doc! {"txn": from, "state": "running"}, Update::set(set)).await
     }

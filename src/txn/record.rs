@@ -111,6 +111,27 @@ impl TxnRecord {
         mongodb::bson::from_document(record).map_err(|e| StoreError::Internal(format!("bad transaction record: {e}")))
     }
 
+    /// The record that fences attempt `id` out before its Idempotency-Key
+    /// is taken over: aborted, with no members, so the attempt can neither
+    /// insert its own record nor commit.
+    pub fn fenced(id: &str, at: DateTime) -> Self {
+        Self {
+            id: id.to_owned(),
+            status: Status::Aborted,
+            started_at: at,
+            expires_at: at,
+            committed_at: None,
+            finished_at: Some(at),
+            request: String::new(),
+            members: Vec::new(),
+            results: None,
+            idempotency_key: None,
+            abort_reason: Some("superseded".into()),
+            failure: None,
+            hook_count: 0,
+        }
+    }
+
     pub fn to_record(&self) -> Record {
         mongodb::bson::to_document(self).expect("transaction record serializes")
     }
