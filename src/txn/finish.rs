@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use futures::future::try_join_all;
+use futures::future::join_all;
 
 use crate::documents::model::StoredDoc;
 use crate::store::{StoreResult, Update, doc, now};
@@ -23,13 +23,14 @@ impl Engine {
 
     /// Run `step` on each member document still held by `rec`, all members
     /// concurrently, until it succeeds or the document is no longer held
-    /// (someone else finished it).
+    /// (someone else finished it). A member that fails does not stop the
+    /// others; the first failure is returned once all have run.
     async fn for_each_held_member<'a, F, Fut>(&'a self, rec: &'a TxnRecord, step: F) -> StoreResult<()>
     where
         F: Fn(&'a Member, StoredDoc) -> Fut,
         Fut: std::future::Future<Output = StoreResult<bool>>,
     {
-        try_join_all(rec.members.iter().map(|m| {
+        join_all(rec.members.iter().map(|m| {
             let step = &step;
             async move {
                 while let Some(doc) = self.member_doc(m).await? {
@@ -41,7 +42,8 @@ impl Engine {
             }
         }))
         .await
-        .map(|_| ())
+        .into_iter()
+        .collect()
     }
 
     /// Apply every staged change of committed `rec`, release its locks, then

@@ -3,6 +3,10 @@
 //! committed ones left unfinished, roll back aborted ones, clear locks whose
 //! holder is neither pending nor committed, and purge finished records after
 //! retention. Every action is idempotent, so instances may overlap.
+//!
+//! A record recovery cannot handle (one that does not decode, or a member
+//! document another tool broke) is reported and skipped: it never stops the
+//! pass for the others. Only a store that fails as such ends a pass early.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +14,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::documents::model::StoredDoc;
-use crate::store::{Bson, DateTime, Order, Scan, StoreResult, doc, now};
+use crate::store::{Bson, DateTime, Order, Scan, StoreError, StoreResult, doc, now};
 
 use super::Engine;
 use super::record::{Status, TXNS, TxnRecord};
@@ -26,6 +30,8 @@ pub struct Pass {
     pub rolled_back: usize,
     pub locks_cleared: usize,
     pub purged: usize,
+    /// Records skipped because they could not be handled.
+    pub skipped: usize,
 }
 
 impl Pass {
@@ -59,16 +65,44 @@ impl Engine {
                     }
                 }
                 Err(err) => {
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    // The store is failing: back off, but not so far that
+                    // recovery lags long once it answers again.
+                    backoff = (backoff * 2).min(self.cfg.recovery_interval.max(Duration::from_secs(5)));
                     tracing::warn!(error = %err, retry_in_ms = backoff.as_millis() as u64, "recovery pass failed");
                 }
             }
         }
     }
 
-    async fn records(&self, filter: crate::store::Document, sort: &str) -> StoreResult<Vec<TxnRecord>> {
+    async fn records(
+        &self,
+        filter: crate::store::Document,
+        sort: &str,
+        pass: &mut Pass,
+    ) -> StoreResult<Vec<TxnRecord>> {
         let recs = self.store.scan(TXNS, Scan::sorted(filter, sort, Order::Asc, BATCH)).await?;
-        recs.into_iter().map(TxnRecord::from_record).collect()
+        let mut out = Vec::with_capacity(recs.len());
+        for rec in recs {
+            let id = crate::store::record_id(&rec).unwrap_or("?").to_owned();
+            match TxnRecord::from_record(rec) {
+                Ok(r) => out.push(r),
+                Err(err) => self.skip(pass, &id, err)?,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Report a record this pass cannot handle and go on; a store that is
+    /// unavailable ends the pass instead (every other record would fail
+    /// the same way).
+    fn skip(&self, pass: &mut Pass, id: &str, err: StoreError) -> StoreResult<()> {
+        if matches!(err, StoreError::Unavailable(_)) {
+            return Err(err);
+        }
+        pass.skipped += 1;
+        self.metrics.recovery_action("skipped");
+        tracing::warn!(record.id = %id, error = %err, "recovery skipped a record it cannot handle");
+        Ok(())
     }
 
     /// One recovery pass.
@@ -77,28 +111,32 @@ impl Engine {
         let at = now();
         // Pending past lease + skew: abort (a heartbeat that landed first
         // wins the CAS), then roll back.
-        let expired = self
-            .records(doc! {"status": "pending", "expires_at": {"$lt": before(at, self.cfg.clock_skew)}}, "expires_at")
-            .await?;
-        for rec in expired {
-            if let Some(rec) = self.abort_pending(&rec.id, Some(rec.expires_at), "expired").await? {
-                pass.expired += 1;
-                self.metrics.recovery_action("expired");
-                self.finish(&rec, &mut pass).await?;
+        let filter = doc! {"status": "pending", "expires_at": {"$lt": before(at, self.cfg.clock_skew)}};
+        for rec in self.records(filter, "expires_at", &mut pass).await? {
+            let outcome = async {
+                let aborted = self.abort_pending(&rec.id, Some(rec.expires_at), "expired").await?;
+                if let Some(aborted) = aborted {
+                    pass.expired += 1;
+                    self.metrics.recovery_action("expired");
+                    self.finish(&aborted, &mut pass).await?;
+                }
+                StoreResult::Ok(())
+            }
+            .await;
+            if let Err(err) = outcome {
+                self.skip(&mut pass, &rec.id, err)?;
             }
         }
-        // Committed but not finished within a lease.
-        let stuck = self
-            .records(doc! {"status": "committed", "committed_at": {"$lt": before(at, self.cfg.lease)}}, "committed_at")
-            .await?;
-        for rec in stuck {
-            self.finish(&rec, &mut pass).await?;
+        // Committed but not finished within a lease; aborted: roll back.
+        let filter = doc! {"status": "committed", "committed_at": {"$lt": before(at, self.cfg.lease)}};
+        let mut decided = self.records(filter, "committed_at", &mut pass).await?;
+        decided.extend(self.records(doc! {"status": "aborted"}, "_id", &mut pass).await?);
+        for rec in decided {
+            if let Err(err) = self.finish(&rec, &mut pass).await {
+                self.skip(&mut pass, &rec.id, err)?;
+            }
         }
-        // Aborted: roll back.
-        for rec in self.records(doc! {"status": "aborted"}, "_id").await? {
-            self.finish(&rec, &mut pass).await?;
-        }
-        pass.locks_cleared = self.sweep_locks().await?;
+        pass.locks_cleared = self.sweep_locks(&mut pass).await?;
         pass.purged = self.purge(at).await?;
         Ok(pass)
     }
@@ -122,7 +160,7 @@ impl Engine {
 
     /// Clear locks whose holder is neither pending nor committed: a lock CAS
     /// that landed after its transaction was given up.
-    async fn sweep_locks(&self) -> StoreResult<usize> {
+    async fn sweep_locks(&self, pass: &mut Pass) -> StoreResult<usize> {
         let mut cleared = 0;
         for coll in self.store.collections().await? {
             if coll.starts_with('_') {
@@ -130,24 +168,30 @@ impl Engine {
             }
             let locked = self.store.scan(&coll, Scan::by_id(doc! {"_meta.txn": {"$ne": Bson::Null}}, BATCH)).await?;
             for rec in locked {
-                let doc = StoredDoc::from_record(rec)?;
-                let Some(holder) = doc.meta.txn.clone() else { continue };
-                match self.record(&holder).await? {
-                    Some(r) if r.status == Status::Pending || r.status == Status::Committed => {}
-                    Some(r) if r.status == Status::Done => {
-                        // Cannot normally happen (done means every member was
-                        // released); applying it is what "done" promises.
-                        self.roll_forward_member(&r, &coll, &doc).await?;
-                    }
-                    _ => {
-                        if self.release_stale(&holder, &coll, &doc).await? {
-                            cleared += 1;
-                        }
-                    }
+                let id = crate::store::record_id(&rec).unwrap_or("?").to_owned();
+                match self.sweep_lock(&coll, rec).await {
+                    Ok(done) => cleared += usize::from(done),
+                    Err(err) => self.skip(pass, &format!("{coll}/{id}"), err)?,
                 }
             }
         }
         Ok(cleared)
+    }
+
+    /// Clear one document's lock if its holder is gone; whether it did.
+    async fn sweep_lock(&self, coll: &str, rec: crate::store::Record) -> StoreResult<bool> {
+        let doc = StoredDoc::from_record(rec)?;
+        let Some(holder) = doc.meta.txn.clone() else { return Ok(false) };
+        match self.record(&holder).await? {
+            Some(r) if r.status == Status::Pending || r.status == Status::Committed => Ok(false),
+            Some(r) if r.status == Status::Done => {
+                // Cannot normally happen (done means every member was
+                // released); applying it is what "done" promises.
+                self.roll_forward_member(&r, coll, &doc).await?;
+                Ok(false)
+            }
+            _ => self.release_stale(&holder, coll, &doc).await,
+        }
     }
 
     /// Delete finished records older than the retention.
