@@ -6,6 +6,7 @@ mod support;
 mod auth;
 mod crash;
 mod documents;
+mod faults;
 mod hooks;
 mod openapi;
 mod restart;
