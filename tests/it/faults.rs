@@ -642,3 +642,130 @@ async fn mixed_writers_apply_every_acknowledged_change_once(backend: Backend) {
     }
     Arc::try_unwrap(app).ok().expect("no other handle").stop().await;
 }
+
+/// A TCP proxy in front of the MongoDB-wire server that can freeze: every
+/// connection open at that moment, and every one made while frozen, stops
+/// forwarding for good (a server that took a request and never answers).
+/// After `thaw`, new connections go through again.
+struct FreezingProxy {
+    addr: std::net::SocketAddr,
+    state: Arc<Mutex<(bool, Vec<Arc<std::sync::atomic::AtomicBool>>)>>,
+}
+
+impl FreezingProxy {
+    async fn start(upstream: String) -> Self {
+        use std::sync::atomic::AtomicBool;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state: Arc<Mutex<(bool, Vec<Arc<AtomicBool>>)>> = Arc::default();
+        let shared = Arc::clone(&state);
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(outbound) = tokio::net::TcpStream::connect(&upstream).await else { continue };
+                let stuck = {
+                    let mut s = shared.lock().unwrap();
+                    let stuck = Arc::new(AtomicBool::new(s.0));
+                    s.1.push(Arc::clone(&stuck));
+                    stuck
+                };
+                let (ir, iw) = inbound.into_split();
+                let (or, ow) = outbound.into_split();
+                tokio::spawn(Self::forward(ir, ow, Arc::clone(&stuck)));
+                tokio::spawn(Self::forward(or, iw, stuck));
+            }
+        });
+        Self { addr, state }
+    }
+
+    async fn forward(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        stuck: Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if stuck.load(std::sync::atomic::Ordering::SeqCst) {
+                return std::future::pending().await;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn freeze(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.0 = true;
+        for c in &s.1 {
+            c.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn thaw(&self) {
+        self.state.lock().unwrap().0 = false;
+    }
+}
+
+/// Tests that need the mongodb backend's own wire behaviour.
+mod mongodb_wire {
+    use super::*;
+    use txgate::config::StoreConfig;
+
+    /// The MongoDB-wire server stops answering (its connections freeze):
+    /// requests answer 503 within the store deadline, a conditional write
+    /// stuck in the driver gives its record's write stripe up at the
+    /// deadline, and once the server answers again the same record serves
+    /// without a restart.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mongodb_only_a_server_that_stops_answering_gives_503_and_serves_again() {
+        let Some(uri) = crate::support::mongodb_uri() else { return };
+        let upstream = uri.trim_start_matches("mongodb://").split(['/', '?']).next().unwrap().to_owned();
+        let proxy = FreezingProxy::start(upstream).await;
+        let database = format!("it_{}", uuid::Uuid::now_v7().simple());
+        let proxied = format!("mongodb://{}/?directConnection=true&heartbeatFrequencyMS=500", proxy.addr);
+        let timeout = Duration::from_millis(1000);
+        let store_config = StoreConfig::Mongodb { uri: proxied, database: database.clone() };
+        let store = txgate::open_store(&store_config, timeout).await.unwrap();
+        let mut config = test_config(store_config);
+        fast(&mut config);
+        config.txn.store_timeout = timeout;
+        let app = TestApp::on_store(config, Arc::clone(&store), None).await;
+        seed(&app, "s1", 0).await;
+
+        proxy.freeze();
+        let started = Instant::now();
+        let res = app.request(Method::PATCH, &format!("{D}/s1")).json(&json!({"inc": {"n": 1}})).send().await.unwrap();
+        let elapsed = started.elapsed();
+        assert!(res.headers().contains_key("retry-after"));
+        expect_problem(res, 503, "store_unavailable").await;
+        assert!(elapsed < timeout + Duration::from_millis(700), "answered after {elapsed:?}");
+        // A conditional write hung in the driver holds the record's stripe
+        // only until the deadline.
+        let started = Instant::now();
+        let stuck = store.update("f", "s1", doc! {}, Update::set(doc! {"x": 1_i64})).await;
+        assert!(matches!(stuck, Err(StoreError::Unavailable(_))), "{stuck:?}");
+        assert!(started.elapsed() < timeout + Duration::from_millis(500), "held for {:?}", started.elapsed());
+
+        proxy.thaw();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let res =
+                app.request(Method::PATCH, &format!("{D}/s1")).json(&json!({"inc": {"n": 1}})).send().await.unwrap();
+            if res.status() == 200 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the record never served again: {}", res.text().await.unwrap());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        expect(app.post(T, &inc_txn(&["s1"])).await, 200).await;
+        assert_eq!(read(&app, "s1").await.0, 2);
+        app.stop().await;
+        let direct = txgate::store::mongo::MongoStore::connect(&uri, &database, timeout).await.unwrap();
+        direct.drop_database().await.unwrap();
+    }
+}
