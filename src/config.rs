@@ -317,6 +317,30 @@ mod tests {
     }
 
     #[test]
+    fn the_removed_process_cas_mode_is_refused_in_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("txgate.toml");
+        std::fs::write(&path, "mongodb_uri = \"mongodb://x\"\nmongodb_cas = \"process\"\n").unwrap();
+        let err = Settings { config: Some(path), ..Default::default() }.resolve().unwrap_err();
+        assert!(err.contains("mongodb_cas"), "{err}");
+    }
+
+    #[test]
+    fn store_and_transaction_deadlines_are_set_and_checked() {
+        let cfg = Settings::default().resolve().unwrap();
+        assert_eq!(cfg.txn.store_timeout, Duration::from_millis(5000));
+        assert_eq!(cfg.txn.max_duration, Duration::from_millis(30_000));
+        let cfg =
+            Settings { store_timeout_ms: Some(250), txn_max_ms: Some(900), ..Default::default() }.resolve().unwrap();
+        assert_eq!(
+            (cfg.txn.store_timeout, cfg.txn.max_duration),
+            (Duration::from_millis(250), Duration::from_millis(900))
+        );
+        assert!(Settings { store_timeout_ms: Some(0), ..Default::default() }.resolve().is_err());
+        assert!(Settings { txn_max_ms: Some(0), ..Default::default() }.resolve().is_err());
+    }
+
+    #[test]
     fn bad_values_are_refused() {
         assert!(Settings { store: Some(StoreKind::Mongodb), ..Default::default() }.resolve().is_err());
         assert!(Settings { lease_ms: Some(0), ..Default::default() }.resolve().is_err());
