@@ -2,7 +2,7 @@
 # Build stage: compile a release binary.
 FROM rust:1-slim-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock rustfmt.toml ./
+COPY Cargo.toml Cargo.lock rustfmt.toml build.rs ./
 COPY src ./src
 COPY migrations ./migrations
 COPY openapi ./openapi

@@ -8,8 +8,9 @@ use crate::store::{Document, IndexSpec, Store, StoreError, StoreResult, doc, now
 
 pub const MIGRATIONS_COLLECTION: &str = "_migrations";
 
-/// Every migration, in order: `(name, JSON spec)`.
-pub const MIGRATIONS: &[(&str, &str)] = &[("0001_transactions", include_str!("../migrations/0001_transactions.json"))];
+/// Every migration, in order: `(name, JSON spec)`, one per file in
+/// `migrations/` (listed by `build.rs`, so none can be left out).
+pub const MIGRATIONS: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
 
 #[derive(Deserialize)]
 struct Spec {
@@ -67,6 +68,21 @@ pub async fn all_applied(store: &dyn Store) -> StoreResult<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_file_in_migrations_is_listed_in_order() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".json"))
+            .map(|n| n.trim_end_matches(".json").to_owned())
+            .collect();
+        files.sort();
+        let listed: Vec<&str> = MIGRATIONS.iter().map(|(name, _)| *name).collect();
+        assert_eq!(listed, files);
+        assert!(listed.contains(&"0002_deliveries"));
+    }
 
     #[test]
     fn every_migration_parses() {

@@ -13,6 +13,7 @@ crate::on_both_backends!(
     get_many_and_collections,
     int64_values_keep_type_and_precision,
     concurrent_cas_has_one_winner,
+    every_migration_is_applied,
 );
 
 async fn store(backend: Backend) -> Option<TestStore> {
@@ -127,4 +128,35 @@ async fn concurrent_cas_has_one_winner(backend: Backend) {
         wins += usize::from(t.await.unwrap());
     }
     assert_eq!(wins, 1);
+}
+
+/// Every file in `migrations/` is applied at start and recorded; on the
+/// mongodb backend each index it names exists on the server.
+async fn every_migration_is_applied(backend: Backend) {
+    let Some(app) = crate::support::TestApp::spawn(backend).await else { return };
+    // The gateway serves once its migrations are applied.
+    assert_eq!(app.get("/readyz").await.status(), 200);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    assert!(files.len() >= 2, "{files:?}");
+    let mut expected: Vec<(String, String)> = Vec::new();
+    for path in &files {
+        let name = path.file_stem().unwrap().to_str().unwrap();
+        let recorded = app.store.get(txgate::migrate::MIGRATIONS_COLLECTION, name).await.unwrap();
+        assert!(recorded.is_some(), "migration {name} was not applied");
+        let spec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        for index in spec["indexes"].as_array().unwrap() {
+            expected.push((index["collection"].as_str().unwrap().into(), index["name"].as_str().unwrap().into()));
+        }
+    }
+    if let txgate::config::StoreConfig::Mongodb { uri, database } = &app.config.store {
+        let client = ::mongodb::Client::with_uri_str(uri).await.unwrap();
+        let db = client.database(database);
+        for (coll, name) in expected {
+            let names = db.collection::<txgate::store::Document>(&coll).list_index_names().await.unwrap();
+            assert!(names.contains(&name), "{coll} has no index {name}: {names:?}");
+        }
+    }
+    app.stop().await;
 }
