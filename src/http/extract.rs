@@ -43,8 +43,19 @@ pub fn too_large() -> ApiError {
     ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the request body is larger than the limit")
 }
 
-/// Parse JSON: syntax errors are 400, well-formed JSON of the wrong shape 422.
+/// Parse JSON: syntax errors are 400, well-formed JSON of the wrong shape 422,
+/// and so is an object with a member name twice (RFC 8259 leaves its meaning
+/// open: one parser keeps the first, another the last, so it is refused
+/// rather than guessed).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if let Some(pointer) = duplicate_member(bytes) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+            format!("the member {pointer} appears more than once"),
+        )
+        .with("errors", serde_json::json!([{"pointer": pointer, "detail": "duplicate member name"}])));
+    }
     serde_json::from_slice(bytes).map_err(|err| {
         use serde_json::error::Category;
         match err.classify() {
@@ -54,6 +65,78 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             }
         }
     })
+}
+
+/// The JSON pointer of the first member name that appears twice in one
+/// object of `bytes`, if any (`None` too for malformed JSON, which the real
+/// parse then reports).
+fn duplicate_member(bytes: &[u8]) -> Option<String> {
+    use std::cell::RefCell;
+
+    use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+
+    /// Walks any JSON value; on a duplicate, records its pointer and stops.
+    struct Walk<'a> {
+        path: String,
+        found: &'a RefCell<Option<String>>,
+    }
+
+    impl<'de> DeserializeSeed<'de> for Walk<'_> {
+        type Value = ();
+        fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Walk<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            let mut i = 0usize;
+            while seq.next_element_seed(Walk { path: format!("{}/{i}", self.path), found: self.found })?.is_some() {
+                i += 1;
+            }
+            Ok(())
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                let path = format!("{}/{}", self.path, key.replace('~', "~0").replace('/', "~1"));
+                if !seen.insert(key) {
+                    *self.found.borrow_mut() = Some(path);
+                    return Err(de::Error::custom("duplicate member"));
+                }
+                map.next_value_seed(Walk { path, found: self.found })?;
+            }
+            Ok(())
+        }
+    }
+
+    let found = RefCell::new(None);
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let _ = Walk { path: String::new(), found: &found }.deserialize(&mut de);
+    // The walk stops at the duplicate: report it only for well-formed JSON.
+    found.into_inner().filter(|_| serde_json::from_slice::<de::IgnoredAny>(bytes).is_ok())
 }
 
 /// A JSON body (`application/json` or any `application/*+json`), with the
@@ -181,6 +264,19 @@ mod tests {
         for bad in ["12", "\"x\"", "W/\"1\"", "\"1\", \"2\"", "\"-1\"", "\"+1\""] {
             assert_eq!(if_match(&headers(header::IF_MATCH, bad)).unwrap_err().status, StatusCode::BAD_REQUEST, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_duplicated_member_anywhere_is_named_by_its_pointer() {
+        assert_eq!(duplicate_member(br#"{"a":1,"b":2}"#), None);
+        assert_eq!(duplicate_member(br#"{"a":1,"a":2}"#).as_deref(), Some("/a"));
+        let nested = br#"{"hooks":[{"url":"x"},{"url":"y","url":"z"}]}"#;
+        assert_eq!(duplicate_member(nested).as_deref(), Some("/hooks/1/url"));
+        assert_eq!(duplicate_member(br#"{"a/b":{"~":1,"~":2}}"#).as_deref(), Some("/a~1b/~0"));
+        assert_eq!(duplicate_member(br#"{"a":1,"a""#), None, "malformed JSON is left to the parser");
+        let err = parse_json::<serde_json::Value>(br#"{"x":{"k":1,"k":1}}"#).unwrap_err();
+        assert_eq!((err.status, err.code), (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"));
+        assert_eq!(err.extra["errors"][0]["pointer"], "/x/k");
     }
 
     #[test]

@@ -15,6 +15,7 @@ use txgate::txn::record::{Status, TXNS, TxnRecord};
 use crate::support::{Backend, TestApp, expect, expect_problem, txn_record};
 
 crate::on_both_backends!(
+    duplicate_member_names_are_refused_on_every_body,
     commit_applies_every_kind_of_action,
     failed_precondition_aborts_with_nothing_applied,
     invalid_change_is_422_and_nothing_applied,
@@ -568,4 +569,52 @@ async fn a_wounded_transaction_is_retried_with_its_age(backend: Backend) {
     assert_eq!((a["data"]["n"].as_i64(), a["version"].as_i64()), (Some(2), Some(2)));
     let rec = expect(app.get(&format!("{T}/{first}")).await, 200).await;
     assert_eq!(rec["abort_reason"], "wounded");
+}
+
+/// A JSON body with a member name twice, anywhere, is 422
+/// `validation_failed` naming its pointer, on every endpoint that takes a
+/// body, and nothing is written.
+async fn duplicate_member_names_are_refused_on_every_body(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    seed(&app, "acc", "a", json!({"n": 1})).await;
+    let send = |method: Method, path: String, content_type: &'static str, body: &'static str| {
+        app.request(method, &path).header("content-type", content_type).body(body).send()
+    };
+    let a = doc_url("acc", "a");
+    let docs = "/v1/collections/acc/documents".to_owned();
+    let cases = [
+        (
+            Method::POST,
+            T.to_owned(),
+            "application/json",
+            r#"{"actions":[{"op":"update","collection":"acc","id":"a","inc":{"n":1}}],"hooks":[{"url":"http://127.0.0.1:9/x","url":"http://127.0.0.1:9/y"}]}"#,
+            "/hooks/0/url",
+        ),
+        (
+            Method::POST,
+            T.to_owned(),
+            "application/json",
+            r#"{"actions":[{"op":"update","collection":"acc","id":"a","inc":{"n":1}}],"hooks":[],"hooks":[{"url":"http://127.0.0.1:9/x"}]}"#,
+            "/hooks",
+        ),
+        (Method::POST, docs.clone(), "application/json", r#"{"_id":"b","n":1,"n":2}"#, "/n"),
+        (Method::PUT, a.clone(), "application/json", r#"{"n":{"x":1,"x":2}}"#, "/n/x"),
+        (Method::PATCH, a.clone(), "application/json", r#"{"inc":{"n":1},"inc":{"n":5}}"#, "/inc"),
+        (Method::PATCH, a.clone(), "application/merge-patch+json", r#"{"n":2,"n":3}"#, "/n"),
+    ];
+    for (method, path, content_type, body, pointer) in cases {
+        let p = expect_problem(
+            send(method.clone(), path.clone(), content_type, body).await.unwrap(),
+            422,
+            "validation_failed",
+        )
+        .await;
+        assert_eq!(p["errors"][0]["pointer"], pointer, "{method} {path}: {p}");
+    }
+    let (_, a) = read(&app, "acc", "a").await;
+    assert_eq!((a["version"].as_i64(), &a["data"]["n"]), (Some(1), &json!(1)), "nothing written");
+    assert_eq!(read(&app, "acc", "b").await.0, 404);
+    let listed = expect(app.get(T).await, 200).await;
+    assert_eq!(listed["items"], json!([]), "no transaction was started");
+    app.stop().await;
 }
