@@ -16,7 +16,7 @@ use crate::store::{Bson, DateTime, StoreError, Update, doc, now};
 
 use super::Engine;
 use super::plan::{Action, ActionOp, Plan};
-use super::record::{Failure, Member, MemberResult, Status, TXNS, TxnRecord};
+use super::record::{Failure, FailureCode, Member, MemberResult, Status, TXNS, TxnRecord};
 
 /// Why a transaction did not commit.
 #[derive(Debug, thiserror::Error)]
@@ -56,9 +56,9 @@ enum Step {
     Failed(MemberFailure),
 }
 
-fn failure(code: &str, detail: impl Into<String>, retryable: bool) -> Failure {
+fn failure(code: FailureCode, detail: impl Into<String>, retryable: bool) -> Failure {
     Failure {
-        code: code.to_owned(),
+        code,
         detail: detail.into(),
         action: None,
         collection: None,
@@ -73,7 +73,7 @@ fn failure(code: &str, detail: impl Into<String>, retryable: bool) -> Failure {
 
 /// The 409 `aborted` failure for an abort with `reason`.
 fn aborted(reason: &str, detail: impl Into<String>) -> Failure {
-    Failure { reason: Some(reason.to_owned()), ..failure("aborted", detail, true) }
+    Failure { reason: Some(reason.to_owned()), ..failure(FailureCode::Aborted, detail, true) }
 }
 
 /// The timestamp a UUIDv7 transaction id carries: its age for wound-wait.
@@ -159,7 +159,7 @@ impl Engine {
         let outcome = match &result {
             Ok(_) => "committed",
             Err(TxnError::Aborted { failure, .. } | TxnError::InvalidChange { failure, .. }) => {
-                self.metrics.incr("txgate_conflicts_total", &failure.code);
+                self.metrics.incr("txgate_conflicts_total", failure.code.as_str());
                 "aborted"
             }
             Err(_) => "error",
@@ -251,7 +251,12 @@ impl Engine {
                     () = stop2.cancelled() => return,
                     () = tokio::time::sleep(period) => {}
                 }
-                let set = doc! {"expires_at": engine.lease_from(now()).min(hard_end)};
+                let at = now();
+                if at >= hard_end {
+                    // The hard cap is reached: the lease may not grow any more.
+                    return;
+                }
+                let set = doc! {"expires_at": engine.lease_from(at).min(hard_end)};
                 let beat = engine.store.update(TXNS, &txn, doc! {"status": "pending"}, Update::set(set));
                 let beat = tokio::select! {
                     () = stop2.cancelled() => return,
@@ -500,7 +505,7 @@ impl Engine {
         }
         let (reason, stored) = match &err {
             TxnError::Aborted { failure, .. } | TxnError::InvalidChange { failure, .. } => {
-                (failure.reason.clone().unwrap_or_else(|| failure.code.clone()), Some(failure.clone()))
+                (failure.reason.clone().unwrap_or_else(|| failure.code.as_str().to_owned()), Some(failure.clone()))
             }
             _ => ("store_error".to_owned(), None),
         };
@@ -580,10 +585,15 @@ impl Engine {
             };
             let Some(doc) = doc else {
                 if !matches!(action.op, ActionOp::Insert(_)) {
-                    return Ok(fail("not_found", "the document does not exist", action.if_version, None));
+                    return Ok(fail(FailureCode::NotFound, "the document does not exist", action.if_version, None));
                 }
                 if let Some(expected) = action.if_version.filter(|v| *v != 0) {
-                    return Ok(fail("version_conflict", "the document does not exist", Some(expected), Some(0)));
+                    return Ok(fail(
+                        FailureCode::VersionConflict,
+                        "the document does not exist",
+                        Some(expected),
+                        Some(0),
+                    ));
                 }
                 let placeholder = placeholder(&action.id, txn, staged(plan, action, None));
                 if self.store.insert(coll, placeholder.to_record()).await.map_err(Err)? {
@@ -610,7 +620,11 @@ impl Engine {
                     blocked = Some((holder.clone(), since));
                     // A live, older holder: wait for it, up to the lock wait.
                     if Instant::now() >= deadline {
-                        let mut f = failure("locked", format!("the document is locked by transaction {holder}"), true);
+                        let mut f = failure(
+                            FailureCode::Locked,
+                            format!("the document is locked by transaction {holder}"),
+                            true,
+                        );
                         f.holder = Some(holder);
                         return Ok(Step::Failed(MemberFailure { failure: f, invalid: false }));
                     }
@@ -647,7 +661,7 @@ impl Engine {
                 Ok(s) => s,
                 Err(detail) => {
                     return Ok(Step::Failed(MemberFailure {
-                        failure: failure("invalid_change", detail, false),
+                        failure: failure(FailureCode::InvalidChange, detail, false),
                         invalid: true,
                     }));
                 }
@@ -704,7 +718,7 @@ impl Engine {
     }
 }
 
-fn fail(code: &str, detail: &str, expected: Option<i64>, actual: Option<i64>) -> Step {
+fn fail(code: FailureCode, detail: &str, expected: Option<i64>, actual: Option<i64>) -> Step {
     let mut f = failure(code, detail, false);
     f.expected = expected;
     f.actual = actual;
@@ -717,18 +731,23 @@ fn precondition(action: &Action, current: &View, v: i64) -> Option<Step> {
     let version_ok = |actual: i64| action.if_version.is_none_or(|expected| expected == actual);
     match (&action.op, current) {
         (ActionOp::Insert(_), View::Live(_)) => {
-            Some(fail("already_exists", "a document with this id already exists", action.if_version, Some(v)))
+            Some(fail(FailureCode::AlreadyExists, "a document with this id already exists", action.if_version, Some(v)))
         }
-        (ActionOp::Insert(_), View::Deleted { version, .. }) if !version_ok(*version) => {
-            Some(fail("version_conflict", "the tombstone is at another version", action.if_version, Some(*version)))
-        }
+        (ActionOp::Insert(_), View::Deleted { version, .. }) if !version_ok(*version) => Some(fail(
+            FailureCode::VersionConflict,
+            "the tombstone is at another version",
+            action.if_version,
+            Some(*version),
+        )),
         (ActionOp::Insert(_), _) => None,
-        (_, View::NotFound) => Some(fail("not_found", "the document does not exist", action.if_version, None)),
+        (_, View::NotFound) => {
+            Some(fail(FailureCode::NotFound, "the document does not exist", action.if_version, None))
+        }
         (_, View::Deleted { version, .. }) => {
-            Some(fail("deleted", "the document was deleted", action.if_version, Some(*version)))
+            Some(fail(FailureCode::Deleted, "the document was deleted", action.if_version, Some(*version)))
         }
         (_, View::Live(l)) if !version_ok(l.version) => Some(fail(
-            "version_conflict",
+            FailureCode::VersionConflict,
             &format!("expected version {}, the document is at {}", action.if_version.unwrap_or_default(), l.version),
             action.if_version,
             Some(l.version),

@@ -70,7 +70,12 @@ async fn nothing_wedged(app: &TestApp, ids: &[String]) -> Result<(), String> {
     let pending: Value = res.json().await.unwrap();
     let n = pending["items"].as_array().unwrap().len();
     if n > 0 {
-        return Err(format!("{n} transactions still pending"));
+        let now = txgate::store::convert::rfc3339(txgate::store::DateTime::now());
+        let first = &pending["items"][0];
+        return Err(format!(
+            "{n} transactions still pending at {now}, e.g. {} started {} lease until {}",
+            first["id"], first["started_at"], first["expires_at"]
+        ));
     }
     for id in ids {
         let res = app.get(&format!("{D}/{id}")).await;
@@ -96,14 +101,21 @@ async fn nothing_wedged(app: &TestApp, ids: &[String]) -> Result<(), String> {
 /// commits: afterwards, within the lock bound, nothing is pending and every
 /// document takes an If-Match write.
 async fn clients_that_hang_up_leave_nothing_pending(backend: Backend) {
-    let Some(app) = TestApp::spawn_with(backend, fast).await else { return };
+    // Every transaction ends within its hard cap, however slow the store:
+    // past the cap and the lock bound, anything pending is wedged.
+    let tweak = |c: &mut Config| {
+        fast(c);
+        c.txn.max_duration = Duration::from_secs(3);
+    };
+    let Some(app) = TestApp::spawn_with(backend, tweak).await else { return };
     let ids: Vec<String> = (0..6).map(|i| format!("h{i}")).collect();
     for id in &ids {
         seed(&app, id, 0).await;
     }
-    // FerretDB serializes every operation: fewer, slower clients keep the
-    // transactions they leave behind within what it can finish.
-    let (clients, run_for, pause) = if backend == Backend::Embedded { (24, 1500, 0) } else { (4, 1500, 50) };
+    // FerretDB serializes every operation and scans a whole collection for
+    // each conditional write: fewer, slower clients keep the work they leave
+    // behind within what it can finish while other tests share it.
+    let (clients, run_for, pause) = if backend == Backend::Embedded { (24, 1500, 0) } else { (2, 1500, 100) };
     let base = app.base.clone();
     let mut tasks = Vec::new();
     for _ in 0..clients {
@@ -134,10 +146,10 @@ async fn clients_that_hang_up_leave_nothing_pending(backend: Backend) {
     }
     let hung_up = Instant::now();
     assert!(sent > clients, "the clients sent {sent} requests");
-    // Transactions still running when their client left finish within the
-    // lock wait and a few store calls; then the bound applies.
-    let drain = if backend == Backend::Embedded { Duration::from_secs(2) } else { Duration::from_secs(10) };
-    let limit = bound(&app.config) + app.config.txn.lock_wait + drain;
+    // Transactions still running when their client left end within their
+    // hard cap (their final writes within the store deadline); then the
+    // lock bound applies.
+    let limit = app.config.txn.max_duration + app.config.txn.store_timeout + bound(&app.config);
     loop {
         match nothing_wedged(&app, &ids).await {
             Ok(()) => break,

@@ -100,6 +100,16 @@ impl TestApp {
     /// A gateway over an existing store (several instances on one store,
     /// or a store wrapped for fault injection).
     pub async fn on_store(config: Config, store: DynStore, keep: Option<TestStore>) -> Self {
+        // TXGATE_TEST_LOG=<filter> shows the gateways' logs (e.g. `txgate=debug`).
+        static LOG: std::sync::Once = std::sync::Once::new();
+        LOG.call_once(|| {
+            if let Ok(filter) = std::env::var("TXGATE_TEST_LOG") {
+                let _ = tracing_subscriber::fmt()
+                    .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                    .with_test_writer()
+                    .try_init();
+            }
+        });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let shutdown = CancellationToken::new();
