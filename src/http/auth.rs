@@ -10,7 +10,7 @@ use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::error::ApiError;
+use super::error::{ApiError, ProblemCode};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Scope {
@@ -106,16 +106,20 @@ pub async fn require_key(State(keys): State<Arc<Vec<ApiKey>>>, mut req: Request,
     };
     if !key.allows(needed) {
         let scope = format!("{needed:?}").to_lowercase();
-        return ApiError::new(StatusCode::FORBIDDEN, "forbidden", format!("the API key lacks the {scope} scope"))
-            .with("required_scope", scope)
-            .into_response();
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            ProblemCode::Forbidden,
+            format!("the API key lacks the {scope} scope"),
+        )
+        .with("required_scope", scope)
+        .into_response();
     }
     req.extensions_mut().insert(Caller(redact(&key.key)));
     next.run(req).await
 }
 
 fn unauthorized(detail: &str) -> Response {
-    let mut response = ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", detail).into_response();
+    let mut response = ApiError::new(StatusCode::UNAUTHORIZED, ProblemCode::Unauthorized, detail).into_response();
     response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
     response
 }

@@ -10,7 +10,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::documents::page;
-use super::error::{ApiError, Problem};
+use super::error::{ApiError, Problem, ProblemCode};
 use super::extract::{ApiPath, ApiQuery};
 use crate::documents::rules::Invalid;
 use crate::hooks::{AFTER_PREVIOUS, DELIVERIES, Delivery};
@@ -211,5 +211,9 @@ pub async fn retry_delivery(
 }
 
 fn pending(id: &str) -> ApiError {
-    ApiError::new(StatusCode::CONFLICT, "delivery_pending", format!("delivery {id} is queued or being sent already"))
+    ApiError::new(
+        StatusCode::CONFLICT,
+        ProblemCode::DeliveryPending,
+        format!("delivery {id} is queued or being sent already"),
+    )
 }

@@ -13,8 +13,106 @@ use crate::documents::DocError;
 use crate::documents::rules::Invalid;
 use crate::store::StoreError;
 use crate::store::convert::rfc3339;
+use crate::txn::commit::TxnError;
+use crate::txn::record::{Failure, FailureCode};
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
+
+macro_rules! problem_codes {
+    ($($(#[$doc:meta])* $variant:ident => $name:literal,)*) => {
+        /// Every stable machine `code` a problem can carry.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+        pub enum ProblemCode {
+            $($(#[$doc])* #[serde(rename = $name)] $variant,)*
+        }
+
+        impl ProblemCode {
+            /// Every code, for documentation and tests.
+            pub const ALL: &[ProblemCode] = &[$(ProblemCode::$variant,)*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(ProblemCode::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+problem_codes! {
+    /// 400: the body is not JSON.
+    InvalidJson => "invalid_json",
+    /// 400: the body could not be read.
+    InvalidBody => "invalid_body",
+    /// 400: a header (If-Match, Idempotency-Key, ...) is malformed.
+    InvalidHeader => "invalid_header",
+    /// 400: a path parameter cannot be decoded.
+    InvalidPath => "invalid_path",
+    /// 400: anything else malformed.
+    BadRequest => "bad_request",
+    /// 401: no API key, or not a valid one.
+    Unauthorized => "unauthorized",
+    /// 403: the API key lacks the scope.
+    Forbidden => "forbidden",
+    /// 404: never existed (or purged).
+    NotFound => "not_found",
+    /// 405.
+    MethodNotAllowed => "method_not_allowed",
+    /// 409: create over a live document.
+    AlreadyExists => "already_exists",
+    /// 409: the document is not at the expected version.
+    VersionConflict => "version_conflict",
+    /// 409: a transaction held the document past the lock wait.
+    Locked => "locked",
+    /// 409: the transaction was aborted (wounded, expired, superseded, timed out, by an operator).
+    Aborted => "aborted",
+    /// 409: the first request with this Idempotency-Key is still running.
+    InProgress => "in_progress",
+    /// 409: a committed transaction cannot be aborted.
+    AlreadyCommitted => "already_committed",
+    /// 409: the delivery is queued or in flight already.
+    DeliveryPending => "delivery_pending",
+    /// 410: a tombstone.
+    Deleted => "deleted",
+    /// 413.
+    PayloadTooLarge => "payload_too_large",
+    /// 415.
+    UnsupportedMediaType => "unsupported_media_type",
+    /// 422: bad names, ids, reserved fields, values.
+    ValidationFailed => "validation_failed",
+    /// 422: one document appears twice in a transaction.
+    DuplicateMember => "duplicate_member",
+    /// 422: a change cannot apply to the document as it is.
+    InvalidChange => "invalid_change",
+    /// 422: the Idempotency-Key was used with another body.
+    IdempotencyKeyReused => "idempotency_key_reused",
+    /// 422: a hook destination is not allowed.
+    HookNotAllowed => "hook_not_allowed",
+    /// 422: the store refused the document.
+    DocumentRejected => "document_rejected",
+    /// 500.
+    Internal => "internal",
+    /// 503: the store cannot be reached.
+    StoreUnavailable => "store_unavailable",
+    /// 503: the store stopped answering at the commit point.
+    OutcomeUnknown => "outcome_unknown",
+    /// 503: migrations are not applied yet.
+    NotReady => "not_ready",
+}
+
+impl From<FailureCode> for ProblemCode {
+    fn from(code: FailureCode) -> Self {
+        match code {
+            FailureCode::VersionConflict => ProblemCode::VersionConflict,
+            FailureCode::NotFound => ProblemCode::NotFound,
+            FailureCode::Deleted => ProblemCode::Deleted,
+            FailureCode::AlreadyExists => ProblemCode::AlreadyExists,
+            FailureCode::Locked => ProblemCode::Locked,
+            FailureCode::Aborted => ProblemCode::Aborted,
+            FailureCode::InvalidChange => ProblemCode::InvalidChange,
+        }
+    }
+}
 
 /// RFC 9457 problem details, as documented in the OpenAPI spec.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -38,14 +136,14 @@ pub struct Problem {
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ProblemCode,
     pub detail: String,
     pub extra: Map<String, Value>,
     pub retry_after: Option<Duration>,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, code: ProblemCode, detail: impl Into<String>) -> Self {
         Self { status, code, detail: detail.into(), extra: Map::new(), retry_after: None }
     }
 
@@ -54,30 +152,34 @@ impl ApiError {
         self
     }
 
-    pub fn bad_request(code: &'static str, detail: impl Into<String>) -> Self {
+    pub fn bad_request(code: ProblemCode, detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, detail)
     }
 
     /// 422 for a request that parsed but is not acceptable.
     pub fn invalid(invalid: Invalid) -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", invalid.to_string())
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, invalid.to_string())
             .with("errors", json!([{"pointer": invalid.pointer, "detail": invalid.message}]))
     }
 
     pub fn not_found(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", detail)
+        Self::new(StatusCode::NOT_FOUND, ProblemCode::NotFound, detail)
     }
 
     pub fn store(err: &StoreError) -> Self {
         match err {
             StoreError::Unavailable(msg) => {
                 tracing::warn!(error = %msg, "store unavailable");
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", "the store is unreachable; retry later")
-                    .retry(Duration::from_secs(1))
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    ProblemCode::StoreUnavailable,
+                    "the store is unreachable; retry later",
+                )
+                .retry(Duration::from_secs(1))
             }
             StoreError::Rejected(msg) => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "document_rejected",
+                ProblemCode::DocumentRejected,
                 format!("the store refused the document: {msg}"),
             ),
             StoreError::Internal(msg) => Self::internal(format!("store: {msg}")),
@@ -87,7 +189,7 @@ impl ApiError {
     /// 500 for a bug or corrupted data: logged here, nothing internal in the body.
     pub fn internal(msg: impl std::fmt::Display) -> Self {
         tracing::error!(error = %msg, "internal error");
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, ProblemCode::Internal, "internal error")
     }
 
     pub fn retry(mut self, after: Duration) -> Self {
@@ -95,8 +197,54 @@ impl ApiError {
         self
     }
 
-    fn title(&self) -> &'static str {
-        self.status.canonical_reason().unwrap_or("Error")
+    /// The problem+json body (what is answered, and what an
+    /// Idempotency-Key stores for replay).
+    pub fn body(&self) -> Value {
+        let problem = Problem {
+            kind: format!("urn:txgate:problem:{}", self.code.as_str()),
+            title: self.status.canonical_reason().unwrap_or("Error").to_owned(),
+            status: self.status.as_u16(),
+            detail: self.detail.clone(),
+            code: self.code.as_str().to_owned(),
+            extra: self.extra.clone(),
+        };
+        serde_json::to_value(problem).expect("a problem serializes")
+    }
+
+    /// A transaction failure: the failing action, `retryable`, and
+    /// Retry-After exactly when retrying can help.
+    fn failure(status: StatusCode, txn: String, f: Failure) -> Self {
+        let mut err =
+            Self::new(status, f.code.into(), f.detail).with("transaction", txn).with("retryable", f.retryable);
+        let numbers = [("action", f.action), ("expected", f.expected), ("actual", f.actual)];
+        for (k, v) in numbers {
+            if let Some(v) = v {
+                err = err.with(k, v);
+            }
+        }
+        for (k, v) in [("collection", f.collection), ("id", f.id), ("holder", f.holder), ("reason", f.reason)] {
+            if let Some(v) = v {
+                err = err.with(k, v);
+            }
+        }
+        if f.retryable { err.retry(Duration::from_secs(1)) } else { err }
+    }
+}
+
+impl From<TxnError> for ApiError {
+    fn from(err: TxnError) -> Self {
+        match err {
+            TxnError::Aborted { txn, failure } => Self::failure(StatusCode::CONFLICT, txn, failure),
+            TxnError::InvalidChange { txn, failure } => Self::failure(StatusCode::UNPROCESSABLE_ENTITY, txn, failure),
+            TxnError::Store { txn, source } => Self::store(&source).with("transaction", txn),
+            TxnError::OutcomeUnknown { txn } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ProblemCode::OutcomeUnknown,
+                "the store stopped answering at the commit point; read the transaction to learn its outcome",
+            )
+            .with("transaction", txn)
+            .retry(Duration::from_secs(1)),
+        }
     }
 }
 
@@ -118,21 +266,23 @@ impl From<DocError> for ApiError {
         match err {
             DocError::Invalid(invalid) => Self::invalid(invalid),
             DocError::NotFound => Self::not_found(detail),
-            DocError::Deleted { version, deleted_at } => Self::new(StatusCode::GONE, "deleted", detail)
+            DocError::Deleted { version, deleted_at } => Self::new(StatusCode::GONE, ProblemCode::Deleted, detail)
                 .with("version", version)
                 .with("deleted_at", deleted_at.map(rfc3339)),
             DocError::AlreadyExists { version } => {
-                Self::new(StatusCode::CONFLICT, "already_exists", detail).with("version", version)
+                Self::new(StatusCode::CONFLICT, ProblemCode::AlreadyExists, detail).with("version", version)
             }
             DocError::VersionConflict { expected, actual } => {
-                Self::new(StatusCode::CONFLICT, "version_conflict", detail)
+                Self::new(StatusCode::CONFLICT, ProblemCode::VersionConflict, detail)
                     .with("expected", expected)
                     .with("actual", actual)
             }
-            DocError::Locked { holder, retry_after } => {
-                Self::new(StatusCode::CONFLICT, "locked", detail).with("transaction", holder).retry(retry_after)
+            DocError::Locked { holder, retry_after } => Self::new(StatusCode::CONFLICT, ProblemCode::Locked, detail)
+                .with("transaction", holder)
+                .retry(retry_after),
+            DocError::InvalidChange(msg) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::InvalidChange, msg)
             }
-            DocError::InvalidChange(msg) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_change", msg),
             DocError::Store(err) => Self::store(&err),
         }
     }
@@ -140,15 +290,7 @@ impl From<DocError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let problem = Problem {
-            kind: format!("urn:txgate:problem:{}", self.code),
-            title: self.title().to_owned(),
-            status: self.status.as_u16(),
-            detail: self.detail,
-            code: self.code.to_owned(),
-            extra: self.extra,
-        };
-        let mut response = (self.status, axum::Json(problem)).into_response();
+        let mut response = (self.status, axum::Json(self.body())).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(after) = self.retry_after {
@@ -156,5 +298,70 @@ impl IntoResponse for ApiError {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(code: FailureCode, retryable: bool) -> Failure {
+        Failure {
+            code,
+            detail: "d".into(),
+            action: Some(0),
+            collection: None,
+            id: None,
+            expected: None,
+            actual: None,
+            retryable,
+            holder: None,
+            reason: None,
+        }
+    }
+
+    fn retry_after(err: ApiError) -> (bool, Value) {
+        let body = err.body();
+        (err.into_response().headers().contains_key(header::RETRY_AFTER), body)
+    }
+
+    #[test]
+    fn retry_after_exactly_on_retryable_answers() {
+        use FailureCode::*;
+        for (code, retryable) in [
+            (VersionConflict, false),
+            (NotFound, false),
+            (Deleted, false),
+            (AlreadyExists, false),
+            (Locked, true),
+            (Aborted, true),
+        ] {
+            let err = ApiError::from(TxnError::Aborted { txn: "t".into(), failure: failure(code, retryable) });
+            let (has, body) = retry_after(err);
+            assert_eq!(has, retryable, "{code:?}");
+            assert_eq!(body["retryable"], retryable);
+            assert_eq!(body["code"], code.as_str());
+        }
+        let invalid = TxnError::InvalidChange { txn: "t".into(), failure: failure(InvalidChange, false) };
+        assert!(!retry_after(invalid.into()).0);
+        assert!(retry_after(TxnError::OutcomeUnknown { txn: "t".into() }.into()).0);
+        let unavailable = StoreError::Unavailable("down".into());
+        assert!(retry_after(TxnError::Store { txn: "t".into(), source: unavailable }.into()).0);
+        assert!(!retry_after(StoreError::Internal("bug".into()).into()).0);
+        assert!(!retry_after(DocError::VersionConflict { expected: 1, actual: 2 }.into()).0);
+        assert!(!retry_after(DocError::AlreadyExists { version: 1 }.into()).0);
+        assert!(!retry_after(DocError::NotFound.into()).0);
+        assert!(retry_after(DocError::Locked { holder: "t".into(), retry_after: Duration::from_secs(5) }.into()).0);
+        assert!(retry_after(DocError::Store(StoreError::Unavailable("down".into())).into()).0);
+    }
+
+    #[test]
+    fn every_code_renders_its_urn() {
+        for code in ProblemCode::ALL {
+            let body = ApiError::new(StatusCode::BAD_REQUEST, *code, "x").body();
+            assert_eq!(body["code"], code.as_str());
+            assert_eq!(body["type"], format!("urn:txgate:problem:{}", code.as_str()));
+            assert_eq!(serde_json::to_value(code).unwrap(), code.as_str(), "serde and as_str agree");
+        }
     }
 }

@@ -8,7 +8,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use serde::de::DeserializeOwned;
 
-use super::error::ApiError;
+use super::error::{ApiError, ProblemCode};
 
 /// The media type of the request body, lower-cased, without parameters.
 pub fn media_type(headers: &HeaderMap) -> Option<String> {
@@ -23,7 +23,7 @@ fn is_json(media: &str) -> bool {
 pub fn unsupported_media(expected: &str) -> ApiError {
     ApiError::new(
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        "unsupported_media_type",
+        ProblemCode::UnsupportedMediaType,
         format!("the body must be sent as {expected}"),
     )
 }
@@ -34,13 +34,17 @@ pub async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             too_large()
         } else {
-            ApiError::bad_request("invalid_body", format!("could not read the request body: {rejection}"))
+            ApiError::bad_request(ProblemCode::InvalidBody, format!("could not read the request body: {rejection}"))
         }
     })
 }
 
 pub fn too_large() -> ApiError {
-    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "the request body is larger than the limit")
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        ProblemCode::PayloadTooLarge,
+        "the request body is larger than the limit",
+    )
 }
 
 /// Parse JSON: syntax errors are 400, well-formed JSON of the wrong shape 422,
@@ -51,7 +55,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if let Some(pointer) = duplicate_member(bytes) {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
-            "validation_failed",
+            ProblemCode::ValidationFailed,
             format!("the member {pointer} appears more than once"),
         )
         .with("errors", serde_json::json!([{"pointer": pointer, "detail": "duplicate member name"}])));
@@ -59,9 +63,11 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|err| {
         use serde_json::error::Category;
         match err.classify() {
-            Category::Data => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", err.to_string()),
+            Category::Data => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, err.to_string())
+            }
             Category::Syntax | Category::Eof | Category::Io => {
-                ApiError::bad_request("invalid_json", format!("malformed JSON: {err}"))
+                ApiError::bad_request(ProblemCode::InvalidJson, format!("malformed JSON: {err}"))
             }
         }
     })
@@ -168,7 +174,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
         axum::extract::Path::<T>::from_request_parts(parts, state)
             .await
             .map(|p| Self(p.0))
-            .map_err(|e| ApiError::bad_request("invalid_path", e.body_text()))
+            .map_err(|e| ApiError::bad_request(ProblemCode::InvalidPath, e.body_text()))
     }
 }
 
@@ -182,7 +188,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuer
         axum::extract::Query::<T>::from_request_parts(parts, state)
             .await
             .map(|q| Self(q.0))
-            .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", e.body_text()))
+            .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, e.body_text()))
     }
 }
 
@@ -194,7 +200,7 @@ pub fn etag(version: i64) -> String {
 fn parse_tag(tag: &str, name: &str) -> Result<i64, ApiError> {
     let bad = || {
         ApiError::bad_request(
-            "invalid_header",
+            ProblemCode::InvalidHeader,
             format!("{name} must be \"*\" or a quoted version such as \"3\" (the ETag of the document), got {tag:?}"),
         )
     };
@@ -209,12 +215,12 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &header::HeaderName) -> Result<O
     let mut values = headers.get_all(name).iter();
     let Some(value) = values.next() else { return Ok(None) };
     if values.next().is_some() {
-        return Err(ApiError::bad_request("invalid_header", format!("{name} may be given once")));
+        return Err(ApiError::bad_request(ProblemCode::InvalidHeader, format!("{name} may be given once")));
     }
     value
         .to_str()
         .map(|v| Some(v.trim()))
-        .map_err(|_| ApiError::bad_request("invalid_header", format!("{name} is not valid text")))
+        .map_err(|_| ApiError::bad_request(ProblemCode::InvalidHeader, format!("{name} is not valid text")))
 }
 
 /// `If-Match`: `None` when absent or `*`, else the version it names.
@@ -222,7 +228,7 @@ pub fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
     match header_str(headers, &header::IF_MATCH)? {
         None | Some("*") => Ok(None),
         Some(tag) if tag.contains(',') => Err(ApiError::bad_request(
-            "invalid_header",
+            ProblemCode::InvalidHeader,
             "If-Match takes a single entity tag: the version the change was computed from",
         )),
         Some(tag) => parse_tag(tag, "If-Match").map(Some),
@@ -275,7 +281,7 @@ mod tests {
         assert_eq!(duplicate_member(br#"{"a/b":{"~":1,"~":2}}"#).as_deref(), Some("/a~1b/~0"));
         assert_eq!(duplicate_member(br#"{"a":1,"a""#), None, "malformed JSON is left to the parser");
         let err = parse_json::<serde_json::Value>(br#"{"x":{"k":1,"k":1}}"#).unwrap_err();
-        assert_eq!((err.status, err.code), (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed"));
+        assert_eq!((err.status, err.code), (StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed));
         assert_eq!(err.extra["errors"][0]["pointer"], "/x/k");
     }
 

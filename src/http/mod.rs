@@ -24,7 +24,7 @@ use utoipa_redoc::Servable;
 
 use crate::documents::Documents;
 use crate::txn::Engine;
-use error::{ApiError, PROBLEM_JSON};
+use error::{ApiError, PROBLEM_JSON, ProblemCode};
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -119,12 +119,14 @@ async fn problem_for_bare_errors(response: Response) -> Response {
         return response;
     }
     let (code, detail) = match status {
-        StatusCode::METHOD_NOT_ALLOWED => ("method_not_allowed", "this method is not allowed on this resource"),
-        StatusCode::PAYLOAD_TOO_LARGE => ("payload_too_large", "the request body is larger than the limit"),
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => ("unsupported_media_type", "unsupported content type"),
-        StatusCode::NOT_FOUND => ("not_found", "not found"),
-        s if s.is_server_error() => ("internal", "internal error"),
-        _ => ("bad_request", "the request could not be understood"),
+        StatusCode::METHOD_NOT_ALLOWED => {
+            (ProblemCode::MethodNotAllowed, "this method is not allowed on this resource")
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => (ProblemCode::PayloadTooLarge, "the request body is larger than the limit"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => (ProblemCode::UnsupportedMediaType, "unsupported content type"),
+        StatusCode::NOT_FOUND => (ProblemCode::NotFound, "not found"),
+        s if s.is_server_error() => (ProblemCode::Internal, "internal error"),
+        _ => (ProblemCode::BadRequest, "the request could not be understood"),
     };
     let allow = response.headers().get(header::ALLOW).cloned();
     let mut problem = ApiError::new(status, code, detail).into_response();
@@ -155,7 +157,11 @@ async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
     let store = state.engine.store.as_ref();
     store.ping().await?;
     if !crate::migrate::all_applied(store).await? {
-        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", "migrations are not applied yet"));
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ProblemCode::NotReady,
+            "migrations are not applied yet",
+        ));
     }
     let mut response = axum::Json(serde_json::json!({"status": "ready", "store": store.backend()})).into_response();
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

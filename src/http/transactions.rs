@@ -17,7 +17,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::Caller;
 use super::documents::page;
-use super::error::{ApiError, PROBLEM_JSON, Problem};
+use super::error::{ApiError, PROBLEM_JSON, Problem, ProblemCode};
 use super::extract::{ApiPath, ApiQuery, JsonBody};
 use crate::documents::rules::{self, Invalid, Patch};
 use crate::hooks::{Delivery, delivery_id};
@@ -26,7 +26,7 @@ use crate::store::doc;
 use crate::txn::commit::TxnError;
 use crate::txn::idem::{Claim, body_hash};
 use crate::txn::plan::{Action, ActionOp, Plan};
-use crate::txn::record::{Failure, Status, TXNS, TxnRecord};
+use crate::txn::record::{Status, TXNS, TxnRecord};
 use crate::txn::{Engine, summary};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -206,7 +206,7 @@ fn validate_hook(hook: &HookIn, i: usize, guard: &crate::hooks::guard::HookGuard
         return Err(Invalid::new(format!("{p}/url"), "the URL must be http or https with a host").into());
     }
     if let Err(why) = guard.check_url(&url) {
-        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "hook_not_allowed", why)
+        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::HookNotAllowed, why)
             .with("errors", json!([{"pointer": format!("{p}/url"), "detail": "destination not allowed"}])));
     }
     for (name, value) in &hook.headers {
@@ -269,7 +269,7 @@ fn plan(input: TransactionIn, raw: &[u8], key: Option<String>, state: &AppState)
         if !seen.insert((collection.clone(), id.clone())) {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "duplicate_member",
+                ProblemCode::DuplicateMember,
                 format!("document {collection}/{id} appears more than once"),
             )
             .with("action", i));
@@ -287,87 +287,26 @@ fn plan(input: TransactionIn, raw: &[u8], key: Option<String>, state: &AppState)
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
-    let key = value.to_str().map_err(|_| ApiError::bad_request("invalid_header", "Idempotency-Key must be text"))?;
+    let key = value
+        .to_str()
+        .map_err(|_| ApiError::bad_request(ProblemCode::InvalidHeader, "Idempotency-Key must be text"))?;
     let n = key.chars().count();
     if n == 0 || n > MAX_KEY_CHARS || key.chars().any(char::is_control) {
         return Err(ApiError::bad_request(
-            "invalid_header",
+            ProblemCode::InvalidHeader,
             format!("Idempotency-Key must have 1..{MAX_KEY_CHARS} printable characters"),
         ));
     }
     Ok(Some(key.to_owned()))
 }
 
-fn failure_error(status: StatusCode, txn: &str, f: &Failure) -> ApiError {
-    let code: &'static str = match f.code.as_str() {
-        "version_conflict" => "version_conflict",
-        "not_found" => "not_found",
-        "deleted" => "deleted",
-        "already_exists" => "already_exists",
-        "locked" => "locked",
-        "invalid_change" => "invalid_change",
-        _ => "aborted",
-    };
-    let mut err = ApiError::new(status, code, f.detail.clone()).with("transaction", txn).with("retryable", f.retryable);
-    for (k, v) in [
-        ("action", f.action.map(Value::from)),
-        ("expected", f.expected.map(Value::from)),
-        ("actual", f.actual.map(Value::from)),
-    ] {
-        if let Some(v) = v {
-            err = err.with(k, v);
-        }
-    }
-    for (k, v) in [("collection", &f.collection), ("id", &f.id), ("holder", &f.holder), ("reason", &f.reason)] {
-        if let Some(v) = v {
-            err = err.with(k, v.clone());
-        }
-    }
-    if f.retryable {
-        err = err.retry(std::time::Duration::from_secs(1));
-    }
-    err
-}
-
-fn txn_error(err: TxnError) -> ApiError {
-    match err {
-        TxnError::Aborted { txn, failure } => failure_error(StatusCode::CONFLICT, &txn, &failure),
-        TxnError::InvalidChange { txn, failure } => failure_error(StatusCode::UNPROCESSABLE_ENTITY, &txn, &failure),
-        TxnError::Store { txn, source } => ApiError::store(&source).with("transaction", txn),
-        TxnError::OutcomeUnknown { txn } => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "outcome_unknown",
-            "the store stopped answering at the commit point; read the transaction to learn its outcome",
-        )
-        .with("transaction", txn),
-    }
-}
-
-/// The response and, when it must be stored for the idempotency key, its
-/// body (commits and non-retryable failures only).
+/// A response with a JSON body (a stored outcome being replayed).
 fn answer(status: StatusCode, body: Value) -> Response {
     let mut response = (status, axum::Json(body)).into_response();
     if status.is_client_error() || status.is_server_error() {
         response.headers_mut().insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
     }
     response
-}
-
-fn problem_body(err: &ApiError) -> Value {
-    json!({
-        "type": format!("urn:txgate:problem:{}", err.code),
-        "title": err.status.canonical_reason().unwrap_or("Error"),
-        "status": err.status.as_u16(),
-        "detail": err.detail,
-        "code": err.code,
-    })
-    .as_object()
-    .map(|base| {
-        let mut all = base.clone();
-        all.extend(err.extra.clone());
-        Value::Object(all)
-    })
-    .unwrap_or(Value::Null)
 }
 
 /// Run a transaction
@@ -400,7 +339,7 @@ pub async fn create_transaction(
     let key = idempotency_key(&headers)?;
     let hash = body_hash(&value);
     let input: TransactionIn = serde_json::from_value(value)
-        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", e.to_string()))?;
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, e.to_string()))?;
     let plan = plan(input, &raw, key.clone(), &state)?;
     let scoped = key.map(|k| format!("{}:{k}", caller.map_or_else(|| "-".to_owned(), |c| c.0.0.clone())));
     // From here on the request's life does not depend on its connection: a
@@ -445,7 +384,7 @@ async fn run_transaction(
             Claim::InProgress { txn } => {
                 return Err(ApiError::new(
                     StatusCode::CONFLICT,
-                    "in_progress",
+                    ProblemCode::InProgress,
                     "a request with this Idempotency-Key is still running",
                 )
                 .with("transaction", txn)
@@ -455,7 +394,7 @@ async fn run_transaction(
             Claim::Reused => {
                 return Err(ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
-                    "idempotency_key_reused",
+                    ProblemCode::IdempotencyKeyReused,
                     "this Idempotency-Key was used with a different request body",
                 ));
             }
@@ -472,8 +411,8 @@ async fn run_transaction(
             | TxnError::OutcomeUnknown { txn },
         ) => txn.clone(),
     };
-    let (status, body, key_outcome) = match result {
-        Ok(committed) => (StatusCode::OK, summary(&committed.record), KeyOutcome::Complete),
+    let (response, key_outcome) = match result {
+        Ok(committed) => (Ok(summary(&committed.record)), KeyOutcome::Complete),
         Err(err) => {
             let key_outcome = match &err {
                 TxnError::Aborted { failure, .. } if !failure.retryable => KeyOutcome::Complete,
@@ -481,26 +420,23 @@ async fn run_transaction(
                 TxnError::OutcomeUnknown { .. } => KeyOutcome::Keep,
                 _ => KeyOutcome::Release,
             };
-            let err = txn_error(err);
-            (err.status, problem_body(&err), key_outcome)
+            (Err(ApiError::from(err)), key_outcome)
         }
     };
     if let Some(scoped) = &scoped {
-        let stored = match key_outcome {
-            KeyOutcome::Complete => engine.complete_key(scoped, &txn, status.as_u16(), &body).await,
-            KeyOutcome::Release => engine.release_key(scoped, &txn).await,
-            KeyOutcome::Keep => Ok(()),
+        let stored = match (key_outcome, &response) {
+            (KeyOutcome::Complete, Ok(body)) => engine.complete_key(scoped, &txn, 200, body).await,
+            (KeyOutcome::Complete, Err(err)) => {
+                engine.complete_key(scoped, &txn, err.status.as_u16(), &err.body()).await
+            }
+            (KeyOutcome::Release, _) => engine.release_key(scoped, &txn).await,
+            (KeyOutcome::Keep, _) => Ok(()),
         };
         if let Err(err) = stored {
             tracing::warn!(txn.id = %txn, error = %err, "could not record the idempotency outcome");
         }
     }
-    let retryable = body.get("retryable").and_then(Value::as_bool).unwrap_or(false);
-    let mut response = answer(status, body);
-    if retryable || status == StatusCode::SERVICE_UNAVAILABLE {
-        response.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    Ok(response)
+    response.map(|body| answer(StatusCode::OK, body))
 }
 
 fn transaction_out(rec: &TxnRecord, deliveries: &[Option<Delivery>]) -> TransactionOut {
@@ -650,8 +586,12 @@ pub async fn abort_transaction(
         rec
     };
     if rec.status.is_committed() {
-        return Err(ApiError::new(StatusCode::CONFLICT, "already_committed", "the transaction has committed")
-            .with("transaction", rec.id.clone()));
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            ProblemCode::AlreadyCommitted,
+            "the transaction has committed",
+        )
+        .with("transaction", rec.id.clone()));
     }
     if rec.status == Status::Aborted {
         state.engine.roll_back_in_background(rec.clone());

@@ -56,10 +56,41 @@ pub struct MemberResult {
     pub version: i64,
 }
 
+/// Why a transaction could not commit (stored in its record).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureCode {
+    VersionConflict,
+    NotFound,
+    Deleted,
+    AlreadyExists,
+    /// The lock wait ran out.
+    Locked,
+    /// Wounded, expired, superseded, timed out or aborted by an operator
+    /// (`Failure::reason` says which).
+    Aborted,
+    /// A staged change cannot apply to the document as it is.
+    InvalidChange,
+}
+
+impl FailureCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureCode::VersionConflict => "version_conflict",
+            FailureCode::NotFound => "not_found",
+            FailureCode::Deleted => "deleted",
+            FailureCode::AlreadyExists => "already_exists",
+            FailureCode::Locked => "locked",
+            FailureCode::Aborted => "aborted",
+            FailureCode::InvalidChange => "invalid_change",
+        }
+    }
+}
+
 /// Why a transaction did not commit, as answered to the client.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
-    pub code: String,
+    pub code: FailureCode,
     pub detail: String,
     #[serde(default)]
     pub action: Option<i64>,
