@@ -19,9 +19,10 @@ use tokio_util::sync::CancellationToken;
 
 use config::{Config, StoreConfig};
 use documents::Documents;
+use hooks::Hooks;
 use metrics::Metrics;
 use store::{DynStore, StoreError};
-use txn::Engine;
+use txn::{Engine, TxnConfig};
 
 /// Why the gateway could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -47,22 +48,32 @@ pub async fn open_store(cfg: &StoreConfig, timeout: std::time::Duration) -> Resu
 /// Everything a running gateway is made of.
 pub struct App {
     pub engine: Arc<Engine>,
+    pub hooks: Arc<Hooks>,
     pub documents: Arc<Documents>,
     pub metrics: Arc<Metrics>,
+}
+
+/// The transaction engine with its outputs (hook deliveries), as a gateway
+/// runs it.
+pub fn engine(store: DynStore, cfg: TxnConfig, metrics: Arc<Metrics>) -> (Arc<Engine>, Arc<Hooks>) {
+    let hooks = Hooks::new(Arc::clone(&store), Arc::clone(&metrics));
+    let outputs: Vec<Arc<dyn txn::outputs::Outputs>> = vec![Arc::clone(&hooks) as _];
+    (Engine::new(store, cfg, metrics, outputs), hooks)
 }
 
 impl App {
     pub fn new(config: &Config, store: DynStore) -> Self {
         let metrics = Arc::new(Metrics::default());
-        let engine = Engine::new(store, config.txn.clone(), Arc::clone(&metrics));
+        let (engine, hooks) = engine(store, config.txn.clone(), Arc::clone(&metrics));
         let documents = Arc::new(Documents::new(Arc::clone(&engine)));
-        Self { engine, documents, metrics }
+        Self { engine, hooks, documents, metrics }
     }
 
     pub fn router(&self, config: &Config) -> axum::Router {
         let state = http::AppState {
             documents: Arc::clone(&self.documents),
             engine: Arc::clone(&self.engine),
+            hooks: Arc::clone(&self.hooks),
             hook_guard: Arc::new(config.hook_guard.clone()),
         };
         http::router(state, config.max_body_bytes, config.api_keys.clone())
@@ -88,7 +99,7 @@ pub async fn run_with_store(
     let router = app.router(&config);
     let clients = hooks::net::Clients::new(Arc::new(config.hook_guard.clone()), config.hooks.timeout)
         .map_err(std::io::Error::other)?;
-    let sender = hooks::send::Sender::new(Arc::clone(&app.engine), config.hooks.clone(), clients);
+    let sender = hooks::send::Sender::new(Arc::clone(&app.hooks), config.hooks.clone(), clients);
     let workers = tokio_util::task::TaskTracker::new();
     let stop_workers = CancellationToken::new();
     workers.spawn(Arc::clone(&app.engine).run_recovery(stop_workers.clone()));

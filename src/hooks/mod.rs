@@ -18,9 +18,12 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::store::{DateTime, Record, StoreError, StoreResult};
-use crate::txn::Engine;
-use crate::txn::record::TxnRecord;
+use std::sync::Arc;
+
+use crate::metrics::Metrics;
+use crate::store::{DateTime, DynStore, Record, StoreError, StoreResult};
+use crate::txn::outputs::Outputs;
+use crate::txn::record::{TXNS, TxnRecord};
 
 pub const DELIVERIES: &str = "_deliveries";
 
@@ -154,15 +157,30 @@ pub fn delivery_id(txn: &str, index: usize) -> String {
     format!("{txn}:{index}")
 }
 
-impl Engine {
-    /// Record the deliveries of committed `rec` (idempotent).
-    pub async fn record_deliveries(&self, rec: &TxnRecord) -> StoreResult<()> {
+/// The hook deliveries of this instance: recorded as a committed
+/// transaction's output, looked up for the API, and scheduled for the
+/// delivery worker (which shares this with the handlers).
+pub struct Hooks {
+    pub store: DynStore,
+    pub metrics: Arc<Metrics>,
+    /// Deliveries this process knows are due.
+    pub queue: queue::Queue,
+}
+
+impl Hooks {
+    pub fn new(store: DynStore, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Self { store, metrics, queue: queue::Queue::default() })
+    }
+
+    /// Record the deliveries of committed `rec` (insert-if-absent, so any
+    /// number of roll-forwards record each once).
+    pub async fn record(&self, rec: &TxnRecord) -> StoreResult<()> {
         if rec.hook_count == 0 {
             return Ok(());
         }
         let at = rec.committed_at.unwrap_or_else(crate::store::now);
         let summary = crate::txn::summary(rec).to_string();
-        let hooks = hooks_of(&rec.request);
+        let hooks = rec.hooks();
         let count = hooks.len() as i64;
         for (i, hook) in hooks.into_iter().enumerate() {
             let body = match &hook.body {
@@ -193,7 +211,7 @@ impl Engine {
             // Insert-if-absent: a second roll-forward finds it there.
             self.store.insert(DELIVERIES, delivery.to_record()).await?;
         }
-        self.deliveries.push(&delivery_id(&rec.id, 0), at.timestamp_millis());
+        self.queue.push(&delivery_id(&rec.id, 0), at.timestamp_millis());
         Ok(())
     }
 
@@ -206,15 +224,15 @@ impl Engine {
         }
         let Some((txn, index)) = id.rsplit_once(':') else { return Ok(None) };
         let Ok(index) = index.parse::<i64>() else { return Ok(None) };
-        match self.record(txn).await? {
-            Some(rec) if rec.status == crate::txn::Status::Committed && index < rec.hook_count => {
-                self.record_deliveries(&rec).await?;
-                match self.store.get(DELIVERIES, id).await? {
-                    Some(rec) => Delivery::from_record(rec).map(Some),
-                    None => Ok(None),
-                }
-            }
-            _ => Ok(None),
+        let Some(rec) = self.store.get(TXNS, txn).await? else { return Ok(None) };
+        let rec = TxnRecord::from_record(rec)?;
+        if rec.status != crate::txn::Status::Committed || index >= rec.hook_count {
+            return Ok(None);
+        }
+        self.record(&rec).await?;
+        match self.store.get(DELIVERIES, id).await? {
+            Some(rec) => Delivery::from_record(rec).map(Some),
+            None => Ok(None),
         }
     }
 
@@ -228,5 +246,12 @@ impl Engine {
             .map(|d| d.map(|d| (d.id.clone(), d)))
             .collect::<Result<_, _>>()?;
         Ok(ids.iter().map(|id| by_id.remove(id)).collect())
+    }
+}
+
+#[async_trait::async_trait]
+impl Outputs for Hooks {
+    async fn ensure(&self, rec: &TxnRecord) -> StoreResult<()> {
+        self.record(rec).await
     }
 }

@@ -19,9 +19,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::net::Clients;
-use super::{AFTER_PREVIOUS, Attempt, DELIVERIES, Delivery, HookConfig, delivery_id};
+use super::{AFTER_PREVIOUS, Attempt, DELIVERIES, Delivery, HookConfig, Hooks, delivery_id};
 use crate::store::{Bson, DateTime, Order, Scan, StoreResult, Update, doc, now};
-use crate::txn::Engine;
 
 /// First retry delay; it doubles per failed attempt up to [`MAX_DELAY`].
 pub const FIRST_DELAY: Duration = Duration::from_millis(100);
@@ -72,7 +71,7 @@ struct Outcome {
 }
 
 pub struct Sender {
-    engine: Arc<Engine>,
+    hooks: Arc<Hooks>,
     cfg: HookConfig,
     clients: Clients,
     /// This instance, as named in the claims it makes.
@@ -85,11 +84,11 @@ fn add(at: DateTime, d: Duration) -> DateTime {
 }
 
 impl Sender {
-    pub fn new(engine: Arc<Engine>, cfg: HookConfig, clients: Clients) -> Arc<Self> {
+    pub fn new(hooks: Arc<Hooks>, cfg: HookConfig, clients: Clients) -> Arc<Self> {
         let host = std::env::var("HOSTNAME").unwrap_or_default();
         let owner = format!("{}{}{}", host, if host.is_empty() { "" } else { "/" }, uuid::Uuid::now_v7());
         let permits = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
-        Arc::new(Self { engine, cfg, clients, owner, permits })
+        Arc::new(Self { hooks, cfg, clients, owner, permits })
     }
 
     /// Send due deliveries until `shutdown`; then let the attempts in
@@ -127,7 +126,7 @@ impl Sender {
                 next_sweep = Instant::now() + SWEEP_INTERVAL;
             }
             let free = self.permits.available_permits();
-            for id in self.engine.deliveries.pop_due(now().timestamp_millis(), free) {
+            for id in self.hooks.queue.pop_due(now().timestamp_millis(), free) {
                 let permit = Arc::clone(&self.permits).try_acquire_owned().expect("counted free permits");
                 let sender = Arc::clone(&self);
                 attempts.spawn(async move {
@@ -136,8 +135,8 @@ impl Sender {
                 });
             }
             let wake = self
-                .engine
-                .deliveries
+                .hooks
+                .queue
                 .next_due()
                 .map(|at| {
                     let wait = at.saturating_sub(now().timestamp_millis()).max(0) as u64;
@@ -148,7 +147,7 @@ impl Sender {
             tokio::select! {
                 () = shutdown.cancelled() => {}
                 () = tokio::time::sleep_until(wake.into()) => {}
-                () = self.engine.deliveries.changed.notified() => {}
+                () = self.hooks.queue.changed.notified() => {}
                 // All senders busy: go on as soon as one is free.
                 Ok(_) = self.permits.acquire(), if busy => {}
             }
@@ -166,11 +165,11 @@ impl Sender {
     async fn scan(&self) -> StoreResult<usize> {
         let horizon = add(now(), self.cfg.scan_interval);
         let filter = doc! {"status": {"$in": ["pending", "failed"]}, "next_at": {"$lte": horizon}};
-        let due = self.engine.store.scan(DELIVERIES, Scan::sorted(filter, "next_at", Order::Asc, SCAN_BATCH)).await?;
+        let due = self.hooks.store.scan(DELIVERIES, Scan::sorted(filter, "next_at", Order::Asc, SCAN_BATCH)).await?;
         let found = due.len();
         for rec in due {
             if let (Ok(id), Ok(at)) = (rec.get_str("_id"), rec.get_datetime("next_at")) {
-                self.engine.deliveries.push(id, at.timestamp_millis());
+                self.hooks.queue.push(id, at.timestamp_millis());
             }
         }
         Ok(found)
@@ -199,13 +198,13 @@ impl Sender {
     /// it, or it was rescheduled meanwhile). Queue it for when the record
     /// says it is due, so it is not left to the next scan.
     async fn reschedule(&self, id: &str) {
-        let Ok(Some(rec)) = self.engine.store.get(DELIVERIES, id).await else { return };
+        let Ok(Some(rec)) = self.hooks.store.get(DELIVERIES, id).await else { return };
         let Ok(d) = Delivery::from_record(rec) else { return };
         if matches!(d.status.as_str(), "pending" | "failed") && d.next_at != AFTER_PREVIOUS {
             // Not sooner than a moment from now: a claim that keeps failing
             // on a due record must not spin.
             let soonest = now().timestamp_millis() + 50;
-            self.engine.deliveries.push(id, d.next_at.timestamp_millis().max(soonest));
+            self.hooks.queue.push(id, d.next_at.timestamp_millis().max(soonest));
         }
     }
 
@@ -215,10 +214,10 @@ impl Sender {
         let lease_until = add(at, self.cfg.timeout + self.cfg.claim_grace);
         let filter = doc! {"status": {"$in": ["pending", "failed"]}, "next_at": {"$lte": at}};
         let set = doc! {"owner": &self.owner, "claim": &token, "lease_until": lease_until, "next_at": lease_until};
-        if !self.engine.store.update(DELIVERIES, id, filter, Update::set(set)).await? {
+        if !self.hooks.store.update(DELIVERIES, id, filter, Update::set(set)).await? {
             return Ok(None);
         }
-        let Some(rec) = self.engine.store.get(DELIVERIES, id).await? else { return Ok(None) };
+        let Some(rec) = self.hooks.store.get(DELIVERIES, id).await? else { return Ok(None) };
         let delivery = Delivery::from_record(rec)?;
         Ok((delivery.claim.as_deref() == Some(token.as_str())).then_some((delivery, token)))
     }
@@ -269,7 +268,7 @@ impl Sender {
             }
         }
         let filter = doc! {"claim": &token};
-        match self.engine.store.update(DELIVERIES, &d.id, filter, Update::set(set)).await {
+        match self.hooks.store.update(DELIVERIES, &d.id, filter, Update::set(set)).await {
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!("the claim expired before the outcome was written; another attempt will follow");
@@ -280,7 +279,7 @@ impl Sender {
                 return;
             }
         }
-        let metrics = &self.engine.metrics;
+        let metrics = &self.hooks.metrics;
         metrics.incr("txgate_delivery_attempts_total", if delivered { "success" } else { "failure" });
         let ms = duration.as_millis() as u64;
         match (status, next_at) {
@@ -292,7 +291,7 @@ impl Sender {
             }
             (_, Some(next)) => {
                 metrics.incr("txgate_deliveries_total", "failed");
-                self.engine.deliveries.push(&d.id, next.timestamp_millis());
+                self.hooks.queue.push(&d.id, next.timestamp_millis());
                 tracing::info!(
                     status_code = code,
                     error = outcome.error.as_deref(),
@@ -319,8 +318,8 @@ impl Sender {
         let id = delivery_id(txn, index as usize);
         let at = now();
         let filter = doc! {"status": "pending", "next_at": AFTER_PREVIOUS};
-        match self.engine.store.update(DELIVERIES, &id, filter, Update::set(doc! {"next_at": at})).await {
-            Ok(true) => self.engine.deliveries.push(&id, at.timestamp_millis()),
+        match self.hooks.store.update(DELIVERIES, &id, filter, Update::set(doc! {"next_at": at})).await {
+            Ok(true) => self.hooks.queue.push(&id, at.timestamp_millis()),
             Ok(false) => {}
             Err(err) => tracing::warn!(delivery.id = %id, error = %err, "cannot release the next hook; the sweep will"),
         }
@@ -382,7 +381,7 @@ impl Sender {
         if let Some(after) = &after {
             filter.insert("_id", doc! {"$gt": after});
         }
-        let waiting = match self.engine.store.scan(DELIVERIES, Scan::by_id(filter, 256)).await {
+        let waiting = match self.hooks.store.scan(DELIVERIES, Scan::by_id(filter, 256)).await {
             Ok(waiting) => waiting,
             Err(err) => {
                 tracing::warn!(error = %err, "sweep of waiting deliveries failed");
@@ -397,7 +396,7 @@ impl Sender {
                 continue;
             }
             let previous = delivery_id(&d.txn, (d.index - 1) as usize);
-            let done = match self.engine.store.get(DELIVERIES, &previous).await {
+            let done = match self.hooks.store.get(DELIVERIES, &previous).await {
                 Ok(None) => true,
                 Ok(Some(p)) => matches!(p.get_str("status"), Ok("delivered" | "dead")),
                 Err(_) => false,
@@ -417,7 +416,7 @@ impl Sender {
         );
         loop {
             let filter = doc! {"status": {"$in": ["delivered", "dead"]}, "finished_at": {"$lt": cutoff}};
-            let old = match self.engine.store.scan(DELIVERIES, Scan::by_id(filter.clone(), 500)).await {
+            let old = match self.hooks.store.scan(DELIVERIES, Scan::by_id(filter.clone(), 500)).await {
                 Ok(old) => old,
                 Err(err) => {
                     tracing::warn!(error = %err, "purge of old deliveries failed");
@@ -427,7 +426,7 @@ impl Sender {
             let full = old.len() == 500;
             for rec in old {
                 if let Ok(id) = rec.get_str("_id") {
-                    let _ = self.engine.store.delete(DELIVERIES, id, filter.clone()).await;
+                    let _ = self.hooks.store.delete(DELIVERIES, id, filter.clone()).await;
                 }
             }
             if !full {

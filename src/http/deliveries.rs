@@ -133,7 +133,7 @@ pub async fn list_deliveries(
         filter.insert("status", status.as_str());
     }
     let (records, next) =
-        page(state.engine.store.as_ref(), DELIVERIES, filter, query.limit, query.after.as_deref()).await?;
+        page(state.hooks.store.as_ref(), DELIVERIES, filter, query.limit, query.after.as_deref()).await?;
     let items: Vec<Delivery> = records.into_iter().map(Delivery::from_record).collect::<Result<_, _>>()?;
     Ok(axum::Json(DeliveryListOut { items: items.into_iter().map(delivery_out).collect(), next }))
 }
@@ -156,11 +156,8 @@ pub async fn get_delivery(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<DeliveryPath>,
 ) -> Result<axum::Json<DeliveryOut>, ApiError> {
-    let d = state
-        .engine
-        .delivery(&path.id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("no delivery {}", path.id)))?;
+    let d =
+        state.hooks.delivery(&path.id).await?.ok_or_else(|| ApiError::not_found(format!("no delivery {}", path.id)))?;
     Ok(axum::Json(delivery_out(d)))
 }
 
@@ -186,9 +183,9 @@ pub async fn retry_delivery(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<DeliveryPath>,
 ) -> Result<(StatusCode, axum::Json<DeliveryOut>), ApiError> {
-    let store = state.engine.store.as_ref();
+    let store = state.hooks.store.as_ref();
     let not_found = || ApiError::not_found(format!("no delivery {}", path.id));
-    let d = state.engine.delivery(&path.id).await?.ok_or_else(not_found)?;
+    let d = state.hooks.delivery(&path.id).await?.ok_or_else(not_found)?;
     let at = now();
     let (filter, set) = match d.status.as_str() {
         "dead" | "delivered" => (
@@ -204,7 +201,7 @@ pub async fn retry_delivery(
     if !store.update(DELIVERIES, &path.id, filter, Update::set(set)).await? {
         return Err(pending(&path.id));
     }
-    state.engine.deliveries.push(&path.id, at.timestamp_millis());
+    state.hooks.queue.push(&path.id, at.timestamp_millis());
     tracing::info!(delivery.id = %path.id, was = %d.status, "delivery queued by hand");
     let d = Delivery::from_record(store.get(DELIVERIES, &path.id).await?.ok_or_else(not_found)?)?;
     Ok((StatusCode::ACCEPTED, axum::Json(delivery_out(d))))

@@ -31,6 +31,7 @@ use error::{ApiError, PROBLEM_JSON, ProblemCode};
 pub struct AppState {
     pub documents: Arc<Documents>,
     pub engine: Arc<Engine>,
+    pub hooks: Arc<crate::hooks::Hooks>,
     pub hook_guard: Arc<crate::hooks::guard::HookGuard>,
 }
 

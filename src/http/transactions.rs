@@ -20,7 +20,7 @@ use super::documents::page;
 use super::error::{ApiError, PROBLEM_JSON, Problem, ProblemCode};
 use super::extract::{ApiPath, ApiQuery, JsonBody};
 use crate::documents::rules::{self, Invalid, Patch};
-use crate::hooks::{Delivery, delivery_id};
+use crate::hooks::{Delivery, Hook, delivery_id};
 use crate::store::convert::rfc3339;
 use crate::store::doc;
 use crate::txn::commit::TxnError;
@@ -105,6 +105,12 @@ pub struct HookIn {
 
 fn default_method() -> String {
     "POST".into()
+}
+
+impl HookIn {
+    fn into_hook(self) -> Hook {
+        Hook { method: self.method, url: self.url, headers: self.headers, body: self.body }
+    }
 }
 
 /// The answer once the commit point is passed.
@@ -281,7 +287,7 @@ fn plan(input: TransactionIn, raw: &[u8], key: Option<String>, state: &AppState)
         schema_version,
         request: String::from_utf8_lossy(raw).into_owned(),
         idempotency_key: key,
-        hook_count: input.hooks.len(),
+        hooks: input.hooks.into_iter().map(HookIn::into_hook).collect(),
     })
 }
 
@@ -517,7 +523,7 @@ pub async fn get_transaction(
     ApiPath(path): ApiPath<TransactionPath>,
 ) -> Result<axum::Json<TransactionOut>, ApiError> {
     let rec = load(&state, &path.id).await?;
-    let deliveries = state.engine.deliveries_of(&rec.id, rec.hook_count).await?;
+    let deliveries = state.hooks.deliveries_of(&rec.id, rec.hook_count).await?;
     Ok(axum::Json(transaction_out(&rec, &deliveries)))
 }
 
@@ -553,7 +559,7 @@ pub async fn list_transactions(
     let items: Vec<TxnRecord> = records.into_iter().map(TxnRecord::from_record).collect::<Result<_, _>>()?;
     let mut out = Vec::with_capacity(items.len());
     for rec in &items {
-        let deliveries = state.engine.deliveries_of(&rec.id, rec.hook_count).await?;
+        let deliveries = state.hooks.deliveries_of(&rec.id, rec.hook_count).await?;
         out.push(transaction_out(rec, &deliveries));
     }
     Ok(axum::Json(TransactionListOut { items: out, next }))

@@ -195,7 +195,8 @@ impl Engine {
             idempotency_key: plan.idempotency_key.clone(),
             abort_reason: None,
             failure: None,
-            hook_count: plan.hook_count as i64,
+            hook_count: plan.hooks.len() as i64,
+            hooks: plan.hooks.clone(),
         };
         if !self.store.insert(TXNS, record.to_record()).await.map_err(store_err)? {
             // The id is taken: a later request that took over this one's

@@ -6,6 +6,7 @@ pub mod commit;
 pub mod finish;
 pub mod idem;
 pub mod locks;
+pub mod outputs;
 pub mod plan;
 pub mod record;
 pub mod recovery;
@@ -70,12 +71,17 @@ pub struct Engine {
     helping: Mutex<HashSet<String>>,
     /// In-process wake-ups for wounds and lock releases.
     pub signals: signals::Signals,
-    /// Deliveries this process knows are due (for the delivery worker).
-    pub deliveries: crate::hooks::queue::Queue,
+    /// What a committed transaction leaves behind besides its documents.
+    outputs: Vec<Arc<dyn outputs::Outputs>>,
 }
 
 impl Engine {
-    pub fn new(store: DynStore, cfg: TxnConfig, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(
+        store: DynStore,
+        cfg: TxnConfig,
+        metrics: Arc<Metrics>,
+        outputs: Vec<Arc<dyn outputs::Outputs>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
             cfg,
@@ -83,14 +89,17 @@ impl Engine {
             tasks: TaskTracker::new(),
             helping: Mutex::default(),
             signals: Default::default(),
-            deliveries: Default::default(),
+            outputs,
         })
     }
 
-    /// Make sure a committed transaction's change events and hook
-    /// deliveries exist before any of its locks is released.
+    /// Make sure every output of committed `rec` exists: called before any
+    /// of its locks is released.
     pub async fn ensure_outputs(&self, rec: &TxnRecord) -> StoreResult<()> {
-        self.record_deliveries(rec).await
+        for output in &self.outputs {
+            output.ensure(rec).await?;
+        }
+        Ok(())
     }
 }
 

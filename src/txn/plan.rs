@@ -42,5 +42,6 @@ pub struct Plan {
     /// The request body exactly as sent, kept in the record.
     pub request: String,
     pub idempotency_key: Option<String>,
-    pub hook_count: usize,
+    /// The hooks, validated; kept in the record as they are here.
+    pub hooks: Vec<crate::hooks::Hook>,
 }

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::documents::model::StagedOp;
+use crate::hooks::Hook;
 use crate::store::{DateTime, Record, StoreError};
 
 pub const TXNS: &str = "_txns";
@@ -133,11 +134,26 @@ pub struct TxnRecord {
     pub abort_reason: Option<String>,
     #[serde(default)]
     pub failure: Option<Failure>,
+    /// How many hooks the request has.
     #[serde(default)]
     pub hook_count: i64,
+    /// The hooks, as validated when the request was accepted (a record
+    /// written by an earlier version has none here: see [`TxnRecord::hooks`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<Hook>,
 }
 
 impl TxnRecord {
+    /// The validated hooks; for a record written before they were kept in
+    /// it, those of the stored request.
+    pub fn hooks(&self) -> Vec<Hook> {
+        if self.hooks.len() as i64 >= self.hook_count {
+            self.hooks.clone()
+        } else {
+            crate::hooks::hooks_of(&self.request)
+        }
+    }
+
     pub fn from_record(record: Record) -> Result<Self, StoreError> {
         mongodb::bson::from_document(record).map_err(|e| StoreError::Internal(format!("bad transaction record: {e}")))
     }
@@ -160,6 +176,7 @@ impl TxnRecord {
             abort_reason: Some("superseded".into()),
             failure: None,
             hook_count: 0,
+            hooks: Vec::new(),
         }
     }
 

@@ -149,8 +149,12 @@ fn fast_config() -> TxnConfig {
     }
 }
 
+fn hooks(store: DynStore) -> Arc<txgate::hooks::Hooks> {
+    txgate::hooks::Hooks::new(store, Arc::new(Metrics::default()))
+}
+
 fn engine(store: DynStore) -> Arc<Engine> {
-    Engine::new(store, fast_config(), Arc::new(Metrics::default()))
+    txgate::engine(store, fast_config(), Arc::new(Metrics::default())).0
 }
 
 /// One scenario's documents: `u` (update), `r` (replace), `x` (delete) and
@@ -188,7 +192,7 @@ impl Scenario {
             schema_version: 1,
             request: HOOKS.into(),
             idempotency_key: None,
-            hook_count: 2,
+            hooks: txgate::hooks::hooks_of(HOOKS),
         }
     }
 
@@ -400,7 +404,7 @@ async fn second_instance_takes_over(backend: Backend) {
     for k in 1..=total {
         let s = Scenario::seed(&store, &format!("two{k}")).await;
         let a_store = FaultyStore::new(Arc::clone(&store), Fault::CrashAfter(k));
-        let a = Engine::new(a_store.clone(), config.txn.clone(), Arc::new(Metrics::default()));
+        let a = txgate::engine(a_store.clone(), config.txn.clone(), Arc::new(Metrics::default())).0;
         let txn = uuid::Uuid::now_v7().to_string();
         let plan = s.plan();
         tokio::select! {
@@ -452,7 +456,7 @@ async fn committed_with_hooks(store: &DynStore, rx: &TestReceiver) -> String {
     let request = json!({"hooks": [{"url": rx.url(&format!("/{txn}/0"))}, {"url": rx.url(&format!("/{txn}/1"))}]});
     let rec =
         TxnRecord { request: request.to_string(), hook_count: 2, ..txn_record(&txn, Status::Committed, 0, "x", &[]) };
-    engine(Arc::clone(store)).record_deliveries(&rec).await.unwrap();
+    hooks(Arc::clone(store)).record(&rec).await.unwrap();
     txn
 }
 
@@ -465,7 +469,7 @@ fn delivery_worker(store: DynStore, scan_interval: Duration) -> Arc<txgate::hook
     };
     let guard = Arc::new(txgate::hooks::guard::HookGuard::new("127.0.0.1:*").unwrap());
     let clients = txgate::hooks::net::Clients::new(guard, cfg.timeout).unwrap();
-    txgate::hooks::send::Sender::new(engine(store), cfg, clients)
+    txgate::hooks::send::Sender::new(hooks(store), cfg, clients)
 }
 
 async fn both_delivered(store: &DynStore, txn: &str) -> bool {

@@ -188,6 +188,7 @@ pub fn txn_record(
         abort_reason: None,
         failure: None,
         hook_count: 0,
+        hooks: Vec::new(),
     }
 }
 

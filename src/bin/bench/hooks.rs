@@ -75,7 +75,7 @@ async fn commit_all(engine: &Arc<Engine>, coll: &str, ids: Vec<String>, hook: &s
 fn with_hook(coll: &str, id: &str, hook: &str) -> txgate::txn::plan::Plan {
     let mut p = plan(coll, &[id.to_owned()]);
     p.request = serde_json::json!({"hooks": [{"url": hook}]}).to_string();
-    p.hook_count = 1;
+    p.hooks = txgate::hooks::hooks_of(&p.request);
     p
 }
 
@@ -100,7 +100,7 @@ pub struct Figures {
 }
 
 pub async fn run(store: DynStore, backlog: usize, rate: f64, seconds: f64, clients: usize) -> Option<Figures> {
-    let engine = Engine::new(Arc::clone(&store), TxnConfig::default(), Arc::new(Metrics::default()));
+    let (engine, hooks) = txgate::engine(Arc::clone(&store), TxnConfig::default(), Arc::new(Metrics::default()));
     let seen = Arc::new(Seen::default());
     let hook = receiver(Arc::clone(&seen)).await;
     let coll = "hookbench";
@@ -114,7 +114,7 @@ pub async fn run(store: DynStore, backlog: usize, rate: f64, seconds: f64, clien
     wait_idle(&engine).await;
     let guard = Arc::new(HookGuard::new("127.0.0.1:*").expect("allow pattern"));
     let cfg = HookConfig::default();
-    let sender = Sender::new(Arc::clone(&engine), cfg.clone(), Clients::new(guard, cfg.timeout).expect("clients"));
+    let sender = Sender::new(hooks, cfg.clone(), Clients::new(guard, cfg.timeout).expect("clients"));
     let stop = tokio_util::sync::CancellationToken::new();
     super::progress("hooks: draining them");
     let started = Instant::now();

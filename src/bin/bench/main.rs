@@ -147,7 +147,7 @@ fn plan(coll: &str, ids: &[String]) -> Plan {
         schema_version: 1,
         request: "{}".into(),
         idempotency_key: None,
-        hook_count: 0,
+        hooks: Vec::new(),
     }
 }
 
@@ -252,7 +252,7 @@ async fn main() {
     txgate::migrate::run(raw.as_ref()).await.expect("migrations");
     let counting = Arc::new(Counting { inner: Arc::clone(&raw), writes: AtomicU64::new(0), reads: AtomicU64::new(0) });
     let store: DynStore = counting.clone();
-    let engine = Engine::new(Arc::clone(&store), TxnConfig::default(), Arc::new(Metrics::default()));
+    let engine = txgate::engine(Arc::clone(&store), TxnConfig::default(), Arc::new(Metrics::default())).0;
     let clients = args.clients;
     println!(
         "txgate bench: {label} store, {} s per run, {clients} clients, {} contended accounts",

@@ -1,0 +1,18 @@
+//! The outputs port: what a committed transaction leaves behind besides its
+//! documents (hook deliveries now; change events next). Roll-forward makes
+//! every output exist before it releases any lock (DESIGN §3 step 5), so an
+//! output is never lost for a commit and never made for an abort.
+
+use async_trait::async_trait;
+
+use crate::store::StoreResult;
+
+use super::record::TxnRecord;
+
+/// One kind of output. `ensure` is called for a committed transaction, by
+/// any instance, any number of times, concurrently: it must be idempotent
+/// (insert-if-absent under ids derived from the transaction).
+#[async_trait]
+pub trait Outputs: Send + Sync {
+    async fn ensure(&self, rec: &TxnRecord) -> StoreResult<()>;
+}
