@@ -117,7 +117,7 @@ impl Documents {
         deadline: tokio::time::Instant,
         backoff: &mut Duration,
     ) -> Result<(), DocError> {
-        match self.engine.settle(coll, doc).await? {
+        match self.engine.settle(coll, doc, None).await? {
             Settled::Retry => Ok(()),
             Settled::Busy { holder } => {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());

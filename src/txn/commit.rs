@@ -15,6 +15,7 @@ use crate::documents::model::{Staged, StagedOp, StoredDoc, View};
 use crate::store::{Bson, DateTime, StoreError, Update, doc, now};
 
 use super::Engine;
+use super::locks::Settled;
 use super::plan::{Action, ActionOp, Plan};
 use super::record::{Failure, FailureCode, Member, MemberResult, Status, TXNS, TxnRecord};
 
@@ -611,7 +612,8 @@ impl Engine {
                         _ => Instant::now(),
                     };
                     let may_wound = since.elapsed() >= self.wound_after();
-                    if self.resolve_holder(txn, coll, &doc, &holder, may_wound).await.map_err(Err)? {
+                    let wounder = may_wound.then_some(txn);
+                    if self.settle(coll, &doc, wounder).await.map_err(Err)? == Settled::Retry {
                         blocked = None;
                         continue;
                     }
@@ -674,46 +676,6 @@ impl Engine {
             let filter = doc! {"_meta.txn": Bson::Null, "_meta.v": doc.meta.v};
             if self.store.replace(coll, &doc.id, filter, locked.to_record()).await.map_err(Err)? {
                 return Ok(Step::Locked { base_v: doc.meta.v });
-            }
-        }
-    }
-
-    /// Deal with `holder`'s lock on `doc` for `txn`. `Ok(true)`: read again;
-    /// `Ok(false)`: the holder is alive and older, so wait.
-    async fn resolve_holder(
-        &self,
-        txn: &str,
-        coll: &str,
-        doc: &StoredDoc,
-        holder: &str,
-        may_wound: bool,
-    ) -> Result<bool, StoreError> {
-        let mut rec = self.record(holder).await?;
-        loop {
-            match &rec {
-                None => {
-                    self.release_stale(holder, coll, doc).await?;
-                    return Ok(true);
-                }
-                Some(r) if r.status.is_committed() => {
-                    self.roll_forward_member(r, coll, doc).await?;
-                    return Ok(true);
-                }
-                Some(r) if matches!(r.status, Status::Aborted | Status::RolledBack) => {
-                    self.release_stale(holder, coll, doc).await?;
-                    return Ok(true);
-                }
-                Some(r) => {
-                    if self.lease_expired(r, now()) {
-                        rec = self.abort_pending(holder, Some(r.expires_at), "expired").await?;
-                    } else if may_wound && older(txn, holder) {
-                        // Wound-wait: the older transaction wounds the younger.
-                        tracing::debug!(txn.id = %txn, wounded = %holder, "wounding a younger transaction");
-                        rec = self.abort_pending(holder, None, "wounded").await?;
-                    } else {
-                        return Ok(false);
-                    }
-                }
             }
         }
     }

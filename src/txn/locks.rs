@@ -61,8 +61,10 @@ impl Engine {
         self.record(txn).await
     }
 
-    /// Deal with the lock on `doc` (which must carry one).
-    pub async fn settle(&self, coll: &str, doc: &StoredDoc) -> StoreResult<Settled> {
+    /// Deal with the lock on `doc` (which must carry one). `wounder` is a
+    /// transaction that waits for this lock and may wound its holder: if it
+    /// is older than a live holder, the holder is aborted (wound-wait).
+    pub async fn settle(&self, coll: &str, doc: &StoredDoc, wounder: Option<&str>) -> StoreResult<Settled> {
         let Some(holder) = doc.meta.txn.clone() else { return Ok(Settled::Retry) };
         let mut rec = self.record(&holder).await?;
         loop {
@@ -79,12 +81,16 @@ impl Engine {
                     self.roll_forward_member(r, coll, doc).await?;
                     return Ok(Settled::Retry);
                 }
-                Some(r) => {
-                    if !self.lease_expired(r, crate::store::now()) {
-                        return Ok(Settled::Busy { holder });
-                    }
+                Some(r) if self.lease_expired(r, crate::store::now()) => {
                     rec = self.abort_pending(&holder, Some(r.expires_at), "expired").await?;
                 }
+                Some(_) => match wounder {
+                    Some(txn) if super::commit::older(txn, &holder) => {
+                        tracing::debug!(txn.id = %txn, wounded = %holder, "wounding a younger transaction");
+                        rec = self.abort_pending(&holder, None, "wounded").await?;
+                    }
+                    _ => return Ok(Settled::Busy { holder }),
+                },
             }
         }
     }
