@@ -248,6 +248,7 @@ impl Settings {
             retention: settings.txn_retention_secs.map_or(d.retention, Duration::from_secs),
             max_actions: settings.max_actions.unwrap_or(d.max_actions).max(1),
             max_hooks: settings.max_hooks.unwrap_or(d.max_hooks),
+            clock: crate::clock::Clock::System,
         };
         let max_body_bytes = settings.max_body_bytes.unwrap_or(defaults.max_body_bytes);
         if max_body_bytes < 1024 {

@@ -3,6 +3,7 @@
 //! durable post-commit webhooks on a store whose only atomic primitive is a
 //! single-document conditional update.
 
+pub mod clock;
 pub mod config;
 pub mod documents;
 pub mod hooks;
@@ -56,7 +57,7 @@ pub struct App {
 /// The transaction engine with its outputs (hook deliveries), as a gateway
 /// runs it.
 pub fn engine(store: DynStore, cfg: TxnConfig, metrics: Arc<Metrics>) -> (Arc<Engine>, Arc<Hooks>) {
-    let hooks = Hooks::new(Arc::clone(&store), Arc::clone(&metrics));
+    let hooks = Hooks::new(Arc::clone(&store), Arc::clone(&metrics), cfg.clock.clone());
     let outputs: Vec<Arc<dyn txn::outputs::Outputs>> = vec![Arc::clone(&hooks) as _];
     (Engine::new(store, cfg, metrics, outputs), hooks)
 }
@@ -102,7 +103,7 @@ pub async fn run_with_store(
     let sender = hooks::send::Sender::new(Arc::clone(&app.hooks), config.hooks.clone(), clients);
     let workers = tokio_util::task::TaskTracker::new();
     let stop_workers = CancellationToken::new();
-    workers.spawn(Arc::clone(&app.engine).run_recovery(stop_workers.clone()));
+    workers.spawn(txn::recovery::Recovery::new(Arc::clone(&app.engine)).run(stop_workers.clone()));
     workers.spawn(sender.run(stop_workers.clone()));
     workers.close();
     tracing::info!(addr = %listener.local_addr()?, store = app.engine.store.backend(), "txgate listening");

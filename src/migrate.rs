@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use crate::store::{Document, IndexSpec, Store, StoreError, StoreResult, doc, now};
+use crate::store::{DateTime, Document, IndexSpec, Store, StoreError, StoreResult, doc};
 
 pub const MIGRATIONS_COLLECTION: &str = "_migrations";
 
@@ -47,7 +47,10 @@ pub async fn run(store: &dyn Store) -> StoreResult<Vec<String>> {
         // Another instance may have recorded it meanwhile: index creation is
         // idempotent, so losing this insert is harmless.
         store
-            .insert(MIGRATIONS_COLLECTION, doc! {"_id": *name, "description": &spec.description, "applied_at": now()})
+            .insert(
+                MIGRATIONS_COLLECTION,
+                doc! {"_id": *name, "description": &spec.description, "applied_at": DateTime::now()},
+            )
             .await?;
         tracing::info!(migration = %name, description = %spec.description, "migration applied");
         applied.push((*name).to_owned());

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::store::{Bson, DateTime, Document, Scan, StoreError, doc, now};
+use crate::store::{Bson, DateTime, Document, Scan, StoreError, doc};
 use crate::txn::Engine;
 use crate::txn::locks::Settled;
 use model::{Live, StoredDoc, View};
@@ -101,7 +101,7 @@ impl Documents {
         }
         match holders.get(&holder).and_then(Option::as_ref) {
             Some(rec) if rec.status.is_committed() => {
-                let at = rec.committed_at.unwrap_or_else(now);
+                let at = rec.committed_at.unwrap_or_else(|| self.engine.now());
                 self.engine.help_roll_forward(rec.clone());
                 Ok(doc.rolled_forward(at).committed_view())
             }
@@ -143,7 +143,7 @@ impl Documents {
         let deadline = self.deadline();
         let mut backoff = Duration::from_millis(5);
         loop {
-            let at = now();
+            let at = self.engine.now();
             let fresh = StoredDoc::new_live(id.clone(), data.clone(), sv, 1, at);
             if self.store().insert(coll, fresh.to_record()).await? {
                 return Ok(live(fresh));
@@ -196,7 +196,7 @@ impl Documents {
                 self.engine.metrics.incr("txgate_conflicts_total", "version_conflict");
                 return Err(DocError::VersionConflict { expected, actual: doc.meta.v });
             }
-            let at = now();
+            let at = self.engine.now();
             let next = apply_change(&doc, change, at)?;
             if self.cas(coll, &doc, &next).await? {
                 return Ok(match next.committed_view() {

@@ -163,13 +163,15 @@ pub fn delivery_id(txn: &str, index: usize) -> String {
 pub struct Hooks {
     pub store: DynStore,
     pub metrics: Arc<Metrics>,
+    /// Where timestamps come from (the engine's clock).
+    pub clock: crate::clock::Clock,
     /// Deliveries this process knows are due.
     pub queue: queue::Queue,
 }
 
 impl Hooks {
-    pub fn new(store: DynStore, metrics: Arc<Metrics>) -> Arc<Self> {
-        Arc::new(Self { store, metrics, queue: queue::Queue::default() })
+    pub fn new(store: DynStore, metrics: Arc<Metrics>, clock: crate::clock::Clock) -> Arc<Self> {
+        Arc::new(Self { store, metrics, clock, queue: queue::Queue::default() })
     }
 
     /// Record the deliveries of committed `rec` (insert-if-absent, so any
@@ -178,7 +180,7 @@ impl Hooks {
         if rec.hook_count == 0 {
             return Ok(());
         }
-        let at = rec.committed_at.unwrap_or_else(crate::store::now);
+        let at = rec.committed_at.unwrap_or_else(|| self.clock.now());
         let summary = crate::txn::summary(rec).to_string();
         let hooks = rec.hooks();
         let count = hooks.len() as i64;

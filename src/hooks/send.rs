@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 
 use super::net::Clients;
 use super::{AFTER_PREVIOUS, Attempt, DELIVERIES, Delivery, HookConfig, Hooks, delivery_id};
-use crate::store::{Bson, DateTime, Order, Scan, StoreResult, Update, doc, now};
+use crate::store::{Bson, DateTime, Order, Scan, StoreResult, Update, doc};
 
 /// First retry delay; it doubles per failed attempt up to [`MAX_DELAY`].
 pub const FIRST_DELAY: Duration = Duration::from_millis(100);
@@ -126,7 +126,7 @@ impl Sender {
                 next_sweep = Instant::now() + SWEEP_INTERVAL;
             }
             let free = self.permits.available_permits();
-            for id in self.hooks.queue.pop_due(now().timestamp_millis(), free) {
+            for id in self.hooks.queue.pop_due(self.hooks.clock.now().timestamp_millis(), free) {
                 let permit = Arc::clone(&self.permits).try_acquire_owned().expect("counted free permits");
                 let sender = Arc::clone(&self);
                 attempts.spawn(async move {
@@ -139,7 +139,7 @@ impl Sender {
                 .queue
                 .next_due()
                 .map(|at| {
-                    let wait = at.saturating_sub(now().timestamp_millis()).max(0) as u64;
+                    let wait = at.saturating_sub(self.hooks.clock.now().timestamp_millis()).max(0) as u64;
                     Instant::now() + Duration::from_millis(wait)
                 })
                 .map_or(next_scan, |at| at.min(next_scan));
@@ -163,7 +163,7 @@ impl Sender {
     /// Queue the deliveries due now or before the next scan; returns how
     /// many were found.
     async fn scan(&self) -> StoreResult<usize> {
-        let horizon = add(now(), self.cfg.scan_interval);
+        let horizon = add(self.hooks.clock.now(), self.cfg.scan_interval);
         let filter = doc! {"status": {"$in": ["pending", "failed"]}, "next_at": {"$lte": horizon}};
         let due = self.hooks.store.scan(DELIVERIES, Scan::sorted(filter, "next_at", Order::Asc, SCAN_BATCH)).await?;
         let found = due.len();
@@ -203,13 +203,13 @@ impl Sender {
         if matches!(d.status.as_str(), "pending" | "failed") && d.next_at != AFTER_PREVIOUS {
             // Not sooner than a moment from now: a claim that keeps failing
             // on a due record must not spin.
-            let soonest = now().timestamp_millis() + 50;
+            let soonest = self.hooks.clock.now().timestamp_millis() + 50;
             self.hooks.queue.push(id, d.next_at.timestamp_millis().max(soonest));
         }
     }
 
     async fn claim(&self, id: &str) -> StoreResult<Option<(Delivery, String)>> {
-        let at = now();
+        let at = self.hooks.clock.now();
         let token = uuid::Uuid::now_v7().to_string();
         let lease_until = add(at, self.cfg.timeout + self.cfg.claim_grace);
         let filter = doc! {"status": {"$in": ["pending", "failed"]}, "next_at": {"$lte": at}};
@@ -223,11 +223,11 @@ impl Sender {
     }
 
     async fn attempt(&self, d: Delivery, token: String) {
-        let at = now();
+        let at = self.hooks.clock.now();
         let started = Instant::now();
         let outcome = self.send(&d).await;
         let duration = started.elapsed();
-        let finished = now();
+        let finished = self.hooks.clock.now();
         let code = outcome.status_code;
         let delivered = code.is_some_and(|c| (200..300).contains(&c));
         let failures = u32::try_from(d.tries + 1).unwrap_or(u32::MAX);
@@ -316,7 +316,7 @@ impl Sender {
     /// now (a no-op unless it is still waiting).
     async fn release(&self, txn: &str, index: i64) {
         let id = delivery_id(txn, index as usize);
-        let at = now();
+        let at = self.hooks.clock.now();
         let filter = doc! {"status": "pending", "next_at": AFTER_PREVIOUS};
         match self.hooks.store.update(DELIVERIES, &id, filter, Update::set(doc! {"next_at": at})).await {
             Ok(true) => self.hooks.queue.push(&id, at.timestamp_millis()),
@@ -337,7 +337,7 @@ impl Sender {
             Err(why) => return failed(why),
         };
         let method = reqwest::Method::from_bytes(d.method.as_bytes()).unwrap_or(reqwest::Method::POST);
-        let timestamp = now().timestamp_millis() / 1000;
+        let timestamp = self.hooks.clock.now().timestamp_millis() / 1000;
         let mut req = client.request(method, url);
         for (name, value) in &d.headers {
             if !RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
@@ -412,7 +412,8 @@ impl Sender {
     /// Delete deliveries finished longer than the retention ago.
     async fn purge(&self) {
         let cutoff = DateTime::from_millis(
-            now().timestamp_millis() - i64::try_from(self.cfg.retention.as_millis()).unwrap_or(i64::MAX),
+            self.hooks.clock.now().timestamp_millis()
+                - i64::try_from(self.cfg.retention.as_millis()).unwrap_or(i64::MAX),
         );
         loop {
             let filter = doc! {"status": {"$in": ["delivered", "dead"]}, "finished_at": {"$lt": cutoff}};

@@ -15,7 +15,7 @@ use super::extract::{ApiPath, ApiQuery};
 use crate::documents::rules::Invalid;
 use crate::hooks::{AFTER_PREVIOUS, DELIVERIES, Delivery};
 use crate::store::convert::rfc3339;
-use crate::store::{Bson, Update, doc, now};
+use crate::store::{Bson, DateTime, Update, doc};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list_deliveries)).routes(routes!(get_delivery)).routes(routes!(retry_delivery))
@@ -78,7 +78,7 @@ pub struct DeliveryPath {
     pub id: String,
 }
 
-fn delivery_out(d: Delivery) -> DeliveryOut {
+fn delivery_out(d: Delivery, now: DateTime) -> DeliveryOut {
     let finished = matches!(d.status.as_str(), "dead" | "delivered");
     DeliveryOut {
         body: serde_json::from_str(&d.body).unwrap_or(Value::String(d.body.clone())),
@@ -91,7 +91,7 @@ fn delivery_out(d: Delivery) -> DeliveryOut {
         headers: d.headers,
         created_at: rfc3339(d.created_at),
         next_attempt_at: (!finished && d.next_at != AFTER_PREVIOUS).then(|| rfc3339(d.next_at)),
-        in_flight: d.claim.is_some() && d.lease_until.is_some_and(|until| until > now()),
+        in_flight: d.claim.is_some() && d.lease_until.is_some_and(|until| until > now),
         attempts: d
             .attempts
             .into_iter()
@@ -135,7 +135,8 @@ pub async fn list_deliveries(
     let (records, next) =
         page(state.hooks.store.as_ref(), DELIVERIES, filter, query.limit, query.after.as_deref()).await?;
     let items: Vec<Delivery> = records.into_iter().map(Delivery::from_record).collect::<Result<_, _>>()?;
-    Ok(axum::Json(DeliveryListOut { items: items.into_iter().map(delivery_out).collect(), next }))
+    let now = state.hooks.clock.now();
+    Ok(axum::Json(DeliveryListOut { items: items.into_iter().map(|d| delivery_out(d, now)).collect(), next }))
 }
 
 /// Read a delivery
@@ -158,7 +159,7 @@ pub async fn get_delivery(
 ) -> Result<axum::Json<DeliveryOut>, ApiError> {
     let d =
         state.hooks.delivery(&path.id).await?.ok_or_else(|| ApiError::not_found(format!("no delivery {}", path.id)))?;
-    Ok(axum::Json(delivery_out(d)))
+    Ok(axum::Json(delivery_out(d, state.hooks.clock.now())))
 }
 
 /// Send a delivery again
@@ -186,7 +187,7 @@ pub async fn retry_delivery(
     let store = state.hooks.store.as_ref();
     let not_found = || ApiError::not_found(format!("no delivery {}", path.id));
     let d = state.hooks.delivery(&path.id).await?.ok_or_else(not_found)?;
-    let at = now();
+    let at = state.hooks.clock.now();
     let (filter, set) = match d.status.as_str() {
         "dead" | "delivered" => (
             doc! {"status": &d.status, "finished_at": d.finished_at.map_or(Bson::Null, Bson::DateTime)},
@@ -204,7 +205,7 @@ pub async fn retry_delivery(
     state.hooks.queue.push(&path.id, at.timestamp_millis());
     tracing::info!(delivery.id = %path.id, was = %d.status, "delivery queued by hand");
     let d = Delivery::from_record(store.get(DELIVERIES, &path.id).await?.ok_or_else(not_found)?)?;
-    Ok((StatusCode::ACCEPTED, axum::Json(delivery_out(d))))
+    Ok((StatusCode::ACCEPTED, axum::Json(delivery_out(d, state.hooks.clock.now()))))
 }
 
 fn pending(id: &str) -> ApiError {

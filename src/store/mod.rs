@@ -11,6 +11,7 @@ pub mod convert;
 pub mod deadline;
 pub mod embedded;
 pub mod filter;
+pub mod memory;
 pub mod mongo;
 
 use std::sync::Arc;
@@ -127,9 +128,4 @@ pub type DynStore = Arc<dyn Store>;
 /// The `_id` of a record, when it is a string.
 pub fn record_id(record: &Record) -> Option<&str> {
     record.get_str("_id").ok()
-}
-
-/// Current time with millisecond precision, the precision both backends keep.
-pub fn now() -> DateTime {
-    DateTime::now()
 }

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::documents::model::{Staged, StagedOp, StoredDoc, View};
-use crate::store::{Bson, DateTime, StoreError, Update, doc, now};
+use crate::store::{Bson, DateTime, StoreError, Update, doc};
 
 use super::Engine;
 use super::locks::Settled;
@@ -173,7 +173,7 @@ impl Engine {
     async fn run(self: &Arc<Self>, plan: &Plan, txn: &str) -> Result<Committed, TxnError> {
         let store_err = |source| TxnError::Store { txn: txn.to_owned(), source };
         // 1. Prepare: the record with the whole worklist exists before any lock.
-        let started_at = now();
+        let started_at = self.now();
         let record = TxnRecord {
             id: txn.to_owned(),
             status: Status::Pending,
@@ -253,7 +253,7 @@ impl Engine {
                     () = stop2.cancelled() => return,
                     () = tokio::time::sleep(period) => {}
                 }
-                let at = now();
+                let at = engine.now();
                 if at >= hard_end {
                     // The hard cap is reached: the lease may not grow any more.
                     return;
@@ -401,7 +401,7 @@ impl Engine {
     ) -> Result<Committed, TxnError> {
         let txn = record.id.clone();
         // 4. Commit point.
-        let committed_at = now();
+        let committed_at = self.now();
         let mut results = vec![None; plan.actions.len()];
         for (i, base_v) in bases {
             let a = &plan.actions[i];
@@ -597,7 +597,7 @@ impl Engine {
                         Some(0),
                     ));
                 }
-                let placeholder = placeholder(&action.id, txn, staged(plan, action, None));
+                let placeholder = placeholder(&action.id, txn, staged(plan, action, None), self.now());
                 if self.store.insert(coll, placeholder.to_record()).await.map_err(Err)? {
                     return Ok(Step::Locked { base_v: 0 });
                 }
@@ -736,8 +736,8 @@ fn staged(plan: &Plan, action: &Action, base: Option<&StoredDoc>) -> Staged {
 }
 
 /// An invisible document holding an insert's lock.
-fn placeholder(id: &str, txn: &str, staged: Staged) -> StoredDoc {
-    let mut d = StoredDoc::new_live(id.to_owned(), Default::default(), staged.sv, 0, now());
+fn placeholder(id: &str, txn: &str, staged: Staged, at: DateTime) -> StoredDoc {
+    let mut d = StoredDoc::new_live(id.to_owned(), Default::default(), staged.sv, 0, at);
     d.meta.txn = Some(txn.to_owned());
     d.meta.pending = Some(staged);
     d

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures::future::join_all;
 
 use crate::documents::model::StoredDoc;
-use crate::store::{StoreResult, Update, doc, now};
+use crate::store::{StoreResult, Update, doc};
 
 use super::Engine;
 use super::record::{Member, Status, TXNS, TxnRecord};
@@ -58,7 +58,7 @@ impl Engine {
             |m, doc| async move { self.roll_forward_member(rec, &m.collection, &doc).await },
         )
         .await?;
-        let set = doc! {"status": "done", "finished_at": now()};
+        let set = doc! {"status": "done", "finished_at": self.now()};
         if self.store.update(TXNS, &rec.id, doc! {"status": "committed"}, Update::set(set)).await? {
             self.metrics.incr("txgate_transactions_finished_total", "done");
         }
@@ -71,7 +71,7 @@ impl Engine {
         debug_assert!(matches!(rec.status, Status::Aborted | Status::RolledBack));
         self.for_each_held_member(rec, |m, doc| async move { self.release_stale(&rec.id, &m.collection, &doc).await })
             .await?;
-        let set = doc! {"status": "rolled_back", "finished_at": now()};
+        let set = doc! {"status": "rolled_back", "finished_at": self.now()};
         if self.store.update(TXNS, &rec.id, doc! {"status": "aborted"}, Update::set(set)).await? {
             self.metrics.incr("txgate_transactions_finished_total", "rolled_back");
         }

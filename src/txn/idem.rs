@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::store::{DateTime, Order, Scan, StoreResult, Update, doc, now};
+use crate::store::{DateTime, Order, Scan, StoreResult, Update, doc};
 
 use super::Engine;
 use super::record::{Status, TXNS, TxnRecord};
@@ -42,7 +42,7 @@ impl Engine {
     /// Claim `key` for `txn` running a body with hash `hash`.
     pub async fn claim_key(&self, key: &str, hash: &str, txn: &str) -> StoreResult<Claim> {
         loop {
-            let fresh = doc! {"_id": key, "hash": hash, "txn": txn, "state": "running", "created_at": now()};
+            let fresh = doc! {"_id": key, "hash": hash, "txn": txn, "state": "running", "created_at": self.now()};
             if self.store.insert(IDEM, fresh.clone()).await? {
                 return Ok(Claim::Fresh);
             }
@@ -66,7 +66,7 @@ impl Engine {
                 // it committed); after a lease the key is free again.
                 Some(rec) => {
                     let since = rec.finished_at.unwrap_or(rec.expires_at).timestamp_millis();
-                    if now().timestamp_millis() - since < self.cfg.lease.as_millis() as i64 {
+                    if self.now().timestamp_millis() - since < self.cfg.lease.as_millis() as i64 {
                         return Ok(Claim::InProgress { txn: holder });
                     }
                 }
@@ -78,7 +78,7 @@ impl Engine {
                         .iter()
                         .find_map(|f| existing.get_datetime(f).ok())
                         .map_or(0, |d| d.timestamp_millis());
-                    if now().timestamp_millis() - since <= 2 * self.cfg.lease.as_millis() as i64 {
+                    if self.now().timestamp_millis() - since <= 2 * self.cfg.lease.as_millis() as i64 {
                         return Ok(Claim::InProgress { txn: holder });
                     }
                 }
@@ -108,7 +108,7 @@ impl Engine {
     /// the fencing record was inserted; else the record as it is afterwards
     /// (a committed one keeps its outcome).
     async fn fence(&self, old: &str) -> StoreResult<Option<TxnRecord>> {
-        if self.store.insert(TXNS, TxnRecord::fenced(old, now()).to_record()).await? {
+        if self.store.insert(TXNS, TxnRecord::fenced(old, self.now()).to_record()).await? {
             tracing::info!(txn.id = %old, "idempotency key taken over; attempt fenced");
             return Ok(None);
         }
@@ -121,7 +121,7 @@ impl Engine {
         if self.fence(from).await?.is_some_and(|rec| rec.status.is_committed()) {
             return Ok(false);
         }
-        let set = doc! {"txn": to, "repointed_at": now()};
+        let set = doc! {"txn": to, "repointed_at": self.now()};
         self.store.update(IDEM, key, doc! {"txn": from, "state": "running"}, Update::set(set)).await
     }
 

@@ -81,7 +81,7 @@ impl Engine {
                     self.roll_forward_member(r, coll, doc).await?;
                     return Ok(Settled::Retry);
                 }
-                Some(r) if self.lease_expired(r, crate::store::now()) => {
+                Some(r) if self.lease_expired(r, self.now()) => {
                     rec = self.abort_pending(&holder, Some(r.expires_at), "expired").await?;
                 }
                 Some(_) => match wounder {
@@ -102,7 +102,7 @@ impl Engine {
         if rec.status == Status::Committed {
             self.ensure_outputs(rec).await?;
         }
-        let at = rec.committed_at.unwrap_or_else(crate::store::now);
+        let at = rec.committed_at.unwrap_or_else(|| self.now());
         let next = doc.rolled_forward(at);
         let filter = doc! {"_meta.txn": &rec.id, "_meta.v": doc.meta.v};
         let done = self.store.replace(coll, &doc.id, filter, next.to_record()).await?;

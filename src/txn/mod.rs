@@ -41,6 +41,8 @@ pub struct TxnConfig {
     pub max_actions: usize,
     /// Most hooks one transaction may have.
     pub max_hooks: usize,
+    /// Where timestamps come from.
+    pub clock: crate::clock::Clock,
 }
 
 impl Default for TxnConfig {
@@ -55,6 +57,7 @@ impl Default for TxnConfig {
             retention: Duration::from_secs(24 * 3600),
             max_actions: 1000,
             max_hooks: 16,
+            clock: crate::clock::Clock::System,
         }
     }
 }
@@ -91,6 +94,11 @@ impl Engine {
             signals: Default::default(),
             outputs,
         })
+    }
+
+    /// The current time by this engine's clock.
+    pub fn now(&self) -> crate::store::DateTime {
+        self.cfg.clock.now()
     }
 
     /// Make sure every output of committed `rec` exists: called before any

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::documents::model::StoredDoc;
-use crate::store::{Bson, DateTime, Order, Scan, StoreError, StoreResult, doc, now};
+use crate::store::{Bson, DateTime, Order, Scan, StoreError, StoreResult, doc};
 
 use super::Engine;
 use super::record::{Status, TXNS, TxnRecord};
@@ -48,18 +48,29 @@ fn before(at: DateTime, d: Duration) -> DateTime {
     DateTime::from_millis(at.timestamp_millis().saturating_sub(ms(d)))
 }
 
-impl Engine {
-    /// The worker loop: a pass every `recovery_interval` until `shutdown`.
-    pub async fn run_recovery(self: Arc<Self>, shutdown: CancellationToken) {
-        let mut backoff = self.cfg.recovery_interval;
+/// The recovery worker of this instance.
+pub struct Recovery {
+    engine: Arc<Engine>,
+}
+
+impl Recovery {
+    pub fn new(engine: Arc<Engine>) -> Self {
+        Self { engine }
+    }
+
+    /// A pass every `recovery_interval` until `shutdown`; a pass in
+    /// progress is finished first.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let interval = self.engine.cfg.recovery_interval;
+        let mut backoff = interval;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(backoff) => {}
             }
-            match self.recover_once().await {
+            match self.engine.recover_once().await {
                 Ok(pass) => {
-                    backoff = self.cfg.recovery_interval;
+                    backoff = interval;
                     if !pass.is_idle() {
                         tracing::info!(?pass, "recovery pass");
                     }
@@ -67,13 +78,15 @@ impl Engine {
                 Err(err) => {
                     // The store is failing: back off, but not so far that
                     // recovery lags long once it answers again.
-                    backoff = (backoff * 2).min(self.cfg.recovery_interval.max(Duration::from_secs(5)));
+                    backoff = (backoff * 2).min(interval.max(Duration::from_secs(5)));
                     tracing::warn!(error = %err, retry_in_ms = backoff.as_millis() as u64, "recovery pass failed");
                 }
             }
         }
     }
+}
 
+impl Engine {
     async fn records(
         &self,
         filter: crate::store::Document,
@@ -108,7 +121,7 @@ impl Engine {
     /// One recovery pass.
     pub async fn recover_once(&self) -> StoreResult<Pass> {
         let mut pass = Pass::default();
-        let at = now();
+        let at = self.now();
         // Pending past lease + skew: abort (a heartbeat that landed first
         // wins the CAS), then roll back.
         let filter = doc! {"status": "pending", "expires_at": {"$lt": before(at, self.cfg.clock_skew)}};
@@ -209,5 +222,91 @@ impl Engine {
         }
         purged += self.purge_idempotency(at).await?;
         Ok(purged)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::clock::Clock;
+    use crate::documents::model::{Staged, StagedOp, StoredDoc};
+    use crate::metrics::Metrics;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{DynStore, Store};
+    use crate::txn::TxnConfig;
+    use crate::txn::locks::Settled;
+    use crate::txn::record::Member;
+
+    fn engine(store: DynStore) -> Arc<Engine> {
+        let cfg = TxnConfig {
+            lease: Duration::from_millis(500),
+            clock_skew: Duration::from_millis(100),
+            recovery_interval: Duration::from_millis(200),
+            clock: Clock::following_tokio(),
+            ..TxnConfig::default()
+        };
+        crate::engine(store, cfg, Arc::new(Metrics::default())).0
+    }
+
+    /// A pending transaction `txn` whose client is gone, holding document
+    /// `c/d` (at version 1, `n: 1`, staging `n: 2`); its lease ends one
+    /// lease from now.
+    async fn held(engine: &Engine, store: &dyn Store, txn: &str) -> StoredDoc {
+        let now = engine.now();
+        let expires = DateTime::from_millis(now.timestamp_millis() + ms(engine.cfg.lease));
+        let member = Member { collection: "c".into(), id: "d".into(), op: StagedOp::Update, base_v: Some(1) };
+        let rec = TxnRecord { members: vec![member], expires_at: expires, ..TxnRecord::fenced(txn, now) };
+        let rec = TxnRecord { status: Status::Pending, finished_at: None, abort_reason: None, ..rec };
+        assert!(store.insert(TXNS, rec.to_record()).await.unwrap());
+        let mut d = StoredDoc::new_live("d".into(), doc! {"n": 1_i64}, 1, 1, now);
+        d.meta.txn = Some(txn.into());
+        d.meta.pending = Some(Staged { op: StagedOp::Update, data: Some(doc! {"n": 2_i64}), sv: 1 });
+        assert!(store.insert("c", d.to_record()).await.unwrap());
+        d
+    }
+
+    async fn doc_state(store: &dyn Store) -> (Option<String>, i64, i64) {
+        let d = StoredDoc::from_record(store.get("c", "d").await.unwrap().unwrap()).unwrap();
+        (d.meta.txn, d.meta.v, d.data.get_i64("n").unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_runs_out_after_lease_plus_skew_and_not_before() {
+        let store: DynStore = Arc::new(MemoryStore::default());
+        let engine = engine(Arc::clone(&store));
+        let txn = uuid::Uuid::now_v7().to_string();
+        let d = held(&engine, store.as_ref(), &txn).await;
+        tokio::time::advance(engine.cfg.lease + engine.cfg.clock_skew).await;
+        assert_eq!(engine.settle("c", &d, None).await.unwrap(), Settled::Busy { holder: txn.clone() });
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(engine.settle("c", &d, None).await.unwrap(), Settled::Retry);
+        let rec = engine.record(&txn).await.unwrap().unwrap();
+        assert_eq!((rec.status, rec.abort_reason.as_deref()), (Status::Aborted, Some("expired")));
+        assert_eq!(doc_state(store.as_ref()).await, (None, 1, 1), "the staged change is dropped, never applied");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn recovery_frees_a_dead_transactions_lock_within_the_bound() {
+        let store: DynStore = Arc::new(MemoryStore::default());
+        let engine = engine(Arc::clone(&store));
+        let txn = uuid::Uuid::now_v7().to_string();
+        held(&engine, store.as_ref(), &txn).await;
+        let cfg = engine.cfg.clone();
+        let bound = cfg.lease + cfg.clock_skew + 2 * cfg.recovery_interval;
+        let started = tokio::time::Instant::now();
+        let stop = CancellationToken::new();
+        let worker = tokio::spawn(Recovery::new(Arc::clone(&engine)).run(stop.clone()));
+        while doc_state(store.as_ref()).await.0.is_some() {
+            assert!(started.elapsed() <= bound, "still locked after {:?}", started.elapsed());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(started.elapsed() > cfg.lease + cfg.clock_skew, "freed before the lease ran out");
+        assert_eq!(doc_state(store.as_ref()).await, (None, 1, 1));
+        assert_eq!(engine.record(&txn).await.unwrap().unwrap().status, Status::RolledBack);
+        stop.cancel();
+        worker.await.unwrap();
     }
 }

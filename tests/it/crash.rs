@@ -150,7 +150,7 @@ fn fast_config() -> TxnConfig {
 }
 
 fn hooks(store: DynStore) -> Arc<txgate::hooks::Hooks> {
-    txgate::hooks::Hooks::new(store, Arc::new(Metrics::default()))
+    txgate::hooks::Hooks::new(store, Arc::new(Metrics::default()), Default::default())
 }
 
 fn engine(store: DynStore) -> Arc<Engine> {

@@ -152,7 +152,7 @@ fn plan(coll: &str, ids: &[String]) -> Plan {
 }
 
 async fn seed(store: &DynStore, coll: &str, count: usize) {
-    let at = txgate::store::now();
+    let at = txgate::store::DateTime::now();
     for i in 0..count {
         let d = StoredDoc::new_live(format!("d{i:05}"), doc! {"n": 0_i64}, 1, 1, at);
         store.insert(coll, d.to_record()).await.expect("seed");

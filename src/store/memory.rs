@@ -1,0 +1,123 @@
+//! An in-memory store for tests: every operation completes on the calling
+//! task, with no thread or socket to wait for, so the protocol can run
+//! under tokio's paused time (a backend that waits for I/O would let paused
+//! time jump ahead to the next timer). Nothing is kept on disk.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::filter::{apply_update, lookup, matches, sort_order};
+use super::{Document, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Update};
+
+#[derive(Default)]
+pub struct MemoryStore {
+    records: Mutex<BTreeMap<(String, String), Record>>,
+}
+
+impl MemoryStore {
+    fn with<T>(&self, f: impl FnOnce(&mut BTreeMap<(String, String), Record>) -> T) -> T {
+        f(&mut self.records.lock().expect("memory store"))
+    }
+
+    /// Apply `change` to record `(coll, id)` if it exists and matches `filter`.
+    fn conditional(
+        &self,
+        coll: &str,
+        id: &str,
+        filter: &Document,
+        change: impl FnOnce(&mut Record) -> StoreResult<Option<()>>,
+    ) -> StoreResult<bool> {
+        self.with(|records| {
+            let key = (coll.to_owned(), id.to_owned());
+            let Some(current) = records.get_mut(&key) else { return Ok(false) };
+            if !matches(current, filter)? {
+                return Ok(false);
+            }
+            if change(current)?.is_none() {
+                records.remove(&key);
+            }
+            Ok(true)
+        })
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        Ok(())
+    }
+
+    async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
+        Ok(self.with(|r| r.get(&(coll.to_owned(), id.to_owned())).cloned()))
+    }
+
+    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
+        let id = record.get_str("_id").map_err(|_| StoreError::Rejected("record has no string _id".into()))?.to_owned();
+        Ok(self.with(|r| match r.entry((coll.to_owned(), id)) {
+            std::collections::btree_map::Entry::Occupied(_) => false,
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(record);
+                true
+            }
+        }))
+    }
+
+    async fn replace(&self, coll: &str, id: &str, filter: Document, mut record: Record) -> StoreResult<bool> {
+        record.insert("_id", id);
+        self.conditional(coll, id, &filter, |current| {
+            *current = record;
+            Ok(Some(()))
+        })
+    }
+
+    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
+        self.conditional(coll, id, &filter, |current| apply_update(current, &update).map(Some))
+    }
+
+    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
+        self.conditional(coll, id, &filter, |_| Ok(None))
+    }
+
+    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+        let mut out = self.with(|records| {
+            let mut out = Vec::new();
+            for ((c, _), record) in records.range((coll.to_owned(), String::new())..) {
+                if c != coll {
+                    break;
+                }
+                if matches(record, &scan.filter)? {
+                    out.push(record.clone());
+                }
+            }
+            StoreResult::Ok(out)
+        })?;
+        let field = scan.sort.0.as_str();
+        out.sort_by(|a, b| {
+            let ord = sort_order(lookup(a, field), lookup(b, field))
+                .then_with(|| a.get_str("_id").unwrap_or("").cmp(b.get_str("_id").unwrap_or("")));
+            if scan.sort.1 == Order::Desc { ord.reverse() } else { ord }
+        });
+        out.truncate(scan.limit);
+        Ok(out)
+    }
+
+    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
+        Ok(self.with(|r| ids.iter().filter_map(|id| r.get(&(coll.to_owned(), id.clone())).cloned()).collect()))
+    }
+
+    async fn collections(&self) -> StoreResult<Vec<String>> {
+        let mut names: Vec<String> = self.with(|r| r.keys().map(|(c, _)| c.clone()).collect());
+        names.dedup();
+        Ok(names)
+    }
+
+    async fn ensure_index(&self, _coll: &str, _index: IndexSpec) -> StoreResult<()> {
+        Ok(())
+    }
+}
