@@ -306,18 +306,7 @@ mod tests {
     use super::*;
 
     fn failure(code: FailureCode, retryable: bool) -> Failure {
-        Failure {
-            code,
-            detail: "d".into(),
-            action: Some(0),
-            collection: None,
-            id: None,
-            expected: None,
-            actual: None,
-            retryable,
-            holder: None,
-            reason: None,
-        }
+        Failure { action: Some(0), ..Failure::new(code, "d", retryable) }
     }
 
     fn retry_after(err: ApiError) -> (bool, Value) {

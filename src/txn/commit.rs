@@ -58,18 +58,7 @@ enum Step {
 }
 
 fn failure(code: FailureCode, detail: impl Into<String>, retryable: bool) -> Failure {
-    Failure {
-        code,
-        detail: detail.into(),
-        action: None,
-        collection: None,
-        id: None,
-        expected: None,
-        actual: None,
-        retryable,
-        holder: None,
-        reason: None,
-    }
+    Failure::new(code, detail, retryable)
 }
 
 /// The 409 `aborted` failure for an abort with `reason`.

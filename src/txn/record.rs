@@ -112,6 +112,24 @@ pub struct Failure {
     pub reason: Option<String>,
 }
 
+impl Failure {
+    /// A failure with `code`, nothing else known yet.
+    pub fn new(code: FailureCode, detail: impl Into<String>, retryable: bool) -> Self {
+        Self {
+            code,
+            detail: detail.into(),
+            action: None,
+            collection: None,
+            id: None,
+            expected: None,
+            actual: None,
+            retryable,
+            holder: None,
+            reason: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TxnRecord {
     #[serde(rename = "_id")]
