@@ -57,13 +57,9 @@ enum Step {
     Failed(MemberFailure),
 }
 
-fn failure(code: FailureCode, detail: impl Into<String>, retryable: bool) -> Failure {
-    Failure::new(code, detail, retryable)
-}
-
 /// The 409 `aborted` failure for an abort with `reason`.
 fn aborted(reason: &str, detail: impl Into<String>) -> Failure {
-    Failure { reason: Some(reason.to_owned()), ..failure(FailureCode::Aborted, detail, true) }
+    Failure { reason: Some(reason.to_owned()), ..Failure::new(FailureCode::Aborted, detail, true) }
 }
 
 /// The timestamp a UUIDv7 transaction id carries: its age for wound-wait.
@@ -612,7 +608,7 @@ impl Engine {
                     blocked = Some((holder.clone(), since));
                     // A live, older holder: wait for it, up to the lock wait.
                     if Instant::now() >= deadline {
-                        let mut f = failure(
+                        let mut f = Failure::new(
                             FailureCode::Locked,
                             format!("the document is locked by transaction {holder}"),
                             true,
@@ -653,7 +649,7 @@ impl Engine {
                 Ok(s) => s,
                 Err(detail) => {
                     return Ok(Step::Failed(MemberFailure {
-                        failure: failure(FailureCode::InvalidChange, detail, false),
+                        failure: Failure::new(FailureCode::InvalidChange, detail, false),
                         invalid: true,
                     }));
                 }
@@ -671,7 +667,7 @@ impl Engine {
 }
 
 fn fail(code: FailureCode, detail: &str, expected: Option<i64>, actual: Option<i64>) -> Step {
-    let mut f = failure(code, detail, false);
+    let mut f = Failure::new(code, detail, false);
     f.expected = expected;
     f.actual = actual;
     Step::Failed(MemberFailure { failure: f, invalid: false })
