@@ -21,7 +21,7 @@ use serde_json::Value;
 use std::sync::Arc;
 
 use crate::metrics::Metrics;
-use crate::store::{DateTime, DynStore, Record, StoreError, StoreResult};
+use crate::store::{Bson, DateTime, Document, DynStore, Record, StoreError, StoreResult, Update, doc};
 use crate::txn::outputs::Outputs;
 use crate::txn::record::{TXNS, TxnRecord};
 
@@ -92,6 +92,45 @@ pub struct Attempt {
     pub duration_ms: i64,
 }
 
+/// Where a delivery stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryStatus {
+    /// Not tried yet (or waiting for the hook before it).
+    Pending,
+    /// An attempt failed; another is due at `next_at`.
+    Failed,
+    /// Given up (410, or `hook_max_age` reached).
+    Dead,
+    Delivered,
+}
+
+impl DeliveryStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Failed => "failed",
+            DeliveryStatus::Dead => "dead",
+            DeliveryStatus::Delivered => "delivered",
+        }
+    }
+
+    /// Delivered or dead: no attempt will follow unless replayed.
+    pub fn is_final(self) -> bool {
+        matches!(self, DeliveryStatus::Dead | DeliveryStatus::Delivered)
+    }
+}
+
+/// What asking for a delivery to be sent again did.
+#[derive(Debug)]
+pub enum Replay {
+    /// Queued; the delivery as it is now.
+    Queued(Box<Delivery>),
+    /// It is queued or in flight already.
+    AlreadyPending,
+    NotFound,
+}
+
 /// A delivery record in `_deliveries`.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 pub struct Delivery {
@@ -103,9 +142,7 @@ pub struct Delivery {
     /// How many hooks the transaction has.
     #[serde(default)]
     pub count: i64,
-    /// `pending`, `failed` (an attempt failed, another is due), `dead` or
-    /// `delivered`.
-    pub status: String,
+    pub status: DeliveryStatus,
     pub method: String,
     pub url: String,
     pub headers: std::collections::BTreeMap<String, String>,
@@ -194,7 +231,7 @@ impl Hooks {
                 txn: rec.id.clone(),
                 index: i as i64,
                 count,
-                status: "pending".into(),
+                status: DeliveryStatus::Pending,
                 method: hook.method,
                 url: hook.url,
                 headers: hook.headers,
@@ -236,6 +273,49 @@ impl Hooks {
             Some(rec) => Delivery::from_record(rec).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// A page of deliveries in id order (so a transaction's hooks stand
+    /// together), optionally only those with `status`.
+    pub async fn list(
+        &self,
+        status: Option<DeliveryStatus>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<(Vec<Delivery>, Option<String>)> {
+        let filter = status.map_or_else(Document::new, |s| doc! {"status": s.as_str()});
+        let (records, next) = crate::store::page(self.store.as_ref(), DELIVERIES, filter, after, limit).await?;
+        Ok((records.into_iter().map(Delivery::from_record).collect::<Result<_, _>>()?, next))
+    }
+
+    /// Send delivery `id` again: a `dead` or `delivered` one is queued anew
+    /// (fresh backoff and max age); a `failed` one not in flight is made due
+    /// now. Other hooks of its transaction are not affected.
+    pub async fn replay(&self, id: &str) -> StoreResult<Replay> {
+        let Some(d) = self.delivery(id).await? else { return Ok(Replay::NotFound) };
+        let at = self.clock.now();
+        let (filter, set) = match d.status {
+            s if s.is_final() => (
+                doc! {"status": s.as_str(), "finished_at": d.finished_at.map_or(Bson::Null, Bson::DateTime)},
+                doc! {
+                    "status": DeliveryStatus::Pending.as_str(), "next_at": at, "finished_at": Bson::Null,
+                    "tries": 0_i64, "queued_at": at, "owner": Bson::Null, "claim": Bson::Null, "lease_until": Bson::Null,
+                },
+            ),
+            DeliveryStatus::Failed if d.claim.is_none() => {
+                (doc! {"status": DeliveryStatus::Failed.as_str(), "claim": Bson::Null}, doc! {"next_at": at})
+            }
+            _ => return Ok(Replay::AlreadyPending),
+        };
+        if !self.store.update(DELIVERIES, id, filter, Update::set(set)).await? {
+            return Ok(Replay::AlreadyPending);
+        }
+        self.queue.push(id, at.timestamp_millis());
+        tracing::info!(delivery.id = %id, was = d.status.as_str(), "delivery queued by hand");
+        Ok(match self.store.get(DELIVERIES, id).await? {
+            Some(rec) => Replay::Queued(Box::new(Delivery::from_record(rec)?)),
+            None => Replay::NotFound,
+        })
     }
 
     /// The deliveries of transaction `txn`, in hook order.

@@ -19,7 +19,16 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::net::Clients;
-use super::{AFTER_PREVIOUS, Attempt, DELIVERIES, Delivery, HookConfig, Hooks, delivery_id};
+use super::{AFTER_PREVIOUS, Attempt, DELIVERIES, Delivery, DeliveryStatus, HookConfig, Hooks, delivery_id};
+
+/// Statuses of deliveries an attempt may still be made for, and of final ones.
+const DUE: [DeliveryStatus; 2] = [DeliveryStatus::Pending, DeliveryStatus::Failed];
+const FINAL: [DeliveryStatus; 2] = [DeliveryStatus::Delivered, DeliveryStatus::Dead];
+
+/// A filter value matching any of `statuses`.
+fn any_of(statuses: [DeliveryStatus; 2]) -> Vec<&'static str> {
+    statuses.map(DeliveryStatus::as_str).to_vec()
+}
 use crate::store::{Bson, DateTime, Order, Scan, StoreResult, Update, doc};
 
 /// First retry delay; it doubles per failed attempt up to [`MAX_DELAY`].
@@ -164,7 +173,7 @@ impl Sender {
     /// many were found.
     async fn scan(&self) -> StoreResult<usize> {
         let horizon = add(self.hooks.clock.now(), self.cfg.scan_interval);
-        let filter = doc! {"status": {"$in": ["pending", "failed"]}, "next_at": {"$lte": horizon}};
+        let filter = doc! {"status": {"$in": any_of(DUE)}, "next_at": {"$lte": horizon}};
         let due = self.hooks.store.scan(DELIVERIES, Scan::sorted(filter, "next_at", Order::Asc, SCAN_BATCH)).await?;
         let found = due.len();
         for rec in due {
@@ -200,7 +209,7 @@ impl Sender {
     async fn reschedule(&self, id: &str) {
         let Ok(Some(rec)) = self.hooks.store.get(DELIVERIES, id).await else { return };
         let Ok(d) = Delivery::from_record(rec) else { return };
-        if matches!(d.status.as_str(), "pending" | "failed") && d.next_at != AFTER_PREVIOUS {
+        if !d.status.is_final() && d.next_at != AFTER_PREVIOUS {
             // Not sooner than a moment from now: a claim that keeps failing
             // on a due record must not spin.
             let soonest = self.hooks.clock.now().timestamp_millis() + 50;
@@ -212,7 +221,7 @@ impl Sender {
         let at = self.hooks.clock.now();
         let token = uuid::Uuid::now_v7().to_string();
         let lease_until = add(at, self.cfg.timeout + self.cfg.claim_grace);
-        let filter = doc! {"status": {"$in": ["pending", "failed"]}, "next_at": {"$lte": at}};
+        let filter = doc! {"status": {"$in": any_of(DUE)}, "next_at": {"$lte": at}};
         let set = doc! {"owner": &self.owner, "claim": &token, "lease_until": lease_until, "next_at": lease_until};
         if !self.hooks.store.update(DELIVERIES, id, filter, Update::set(set)).await? {
             return Ok(None);
@@ -233,16 +242,20 @@ impl Sender {
         let failures = u32::try_from(d.tries + 1).unwrap_or(u32::MAX);
         let since = d.queued_at.unwrap_or(d.created_at);
         let (status, next_at) = if delivered {
-            ("delivered", None)
+            (DeliveryStatus::Delivered, None)
         } else if code == Some(410) {
-            ("dead", None)
+            (DeliveryStatus::Dead, None)
         } else {
             let mut delay = backoff(failures, rand::rng().random_range(0.8..=1.2));
             if let Some(wait) = outcome.retry_after.filter(|_| matches!(code, Some(429 | 503))) {
                 delay = delay.max(wait.min(MAX_DELAY));
             }
             let next = add(finished, delay);
-            if next > add(since, self.cfg.max_age) { ("dead", None) } else { ("failed", Some(next)) }
+            if next > add(since, self.cfg.max_age) {
+                (DeliveryStatus::Dead, None)
+            } else {
+                (DeliveryStatus::Failed, Some(next))
+            }
         };
         let mut attempts = d.attempts.clone();
         attempts.push(Attempt {
@@ -252,7 +265,7 @@ impl Sender {
             duration_ms: i64::try_from(duration.as_millis()).unwrap_or(i64::MAX),
         });
         let mut set = doc! {
-            "status": status,
+            "status": status.as_str(),
             "attempts": mongodb::bson::to_bson(&attempts).expect("attempts serialize"),
             "tries": i64::from(failures),
             "owner": Bson::Null,
@@ -283,7 +296,7 @@ impl Sender {
         metrics.incr("txgate_delivery_attempts_total", if delivered { "success" } else { "failure" });
         let ms = duration.as_millis() as u64;
         match (status, next_at) {
-            ("delivered", _) => {
+            (DeliveryStatus::Delivered, _) => {
                 metrics.incr("txgate_deliveries_total", "delivered");
                 let lag = finished.timestamp_millis().saturating_sub(since.timestamp_millis()).max(0);
                 metrics.observe("txgate_delivery_lag_seconds", "delivered", Duration::from_millis(lag as u64));
@@ -317,7 +330,7 @@ impl Sender {
     async fn release(&self, txn: &str, index: i64) {
         let id = delivery_id(txn, index as usize);
         let at = self.hooks.clock.now();
-        let filter = doc! {"status": "pending", "next_at": AFTER_PREVIOUS};
+        let filter = doc! {"status": DeliveryStatus::Pending.as_str(), "next_at": AFTER_PREVIOUS};
         match self.hooks.store.update(DELIVERIES, &id, filter, Update::set(doc! {"next_at": at})).await {
             Ok(true) => self.hooks.queue.push(&id, at.timestamp_millis()),
             Ok(false) => {}
@@ -377,7 +390,7 @@ impl Sender {
     /// and purge finished deliveries past retention. Returns where the
     /// next sweep of waiting deliveries goes on from.
     async fn sweep(&self, after: Option<String>) -> Option<String> {
-        let mut filter = doc! {"status": "pending", "next_at": AFTER_PREVIOUS};
+        let mut filter = doc! {"status": DeliveryStatus::Pending.as_str(), "next_at": AFTER_PREVIOUS};
         if let Some(after) = &after {
             filter.insert("_id", doc! {"$gt": after});
         }
@@ -398,7 +411,7 @@ impl Sender {
             let previous = delivery_id(&d.txn, (d.index - 1) as usize);
             let done = match self.hooks.store.get(DELIVERIES, &previous).await {
                 Ok(None) => true,
-                Ok(Some(p)) => matches!(p.get_str("status"), Ok("delivered" | "dead")),
+                Ok(Some(p)) => Delivery::from_record(p).is_ok_and(|p| p.status.is_final()),
                 Err(_) => false,
             };
             if done {
@@ -416,7 +429,7 @@ impl Sender {
                 - i64::try_from(self.cfg.retention.as_millis()).unwrap_or(i64::MAX),
         );
         loop {
-            let filter = doc! {"status": {"$in": ["delivered", "dead"]}, "finished_at": {"$lt": cutoff}};
+            let filter = doc! {"status": {"$in": any_of(FINAL)}, "finished_at": {"$lt": cutoff}};
             let old = match self.hooks.store.scan(DELIVERIES, Scan::by_id(filter.clone(), 500)).await {
                 Ok(old) => old,
                 Err(err) => {

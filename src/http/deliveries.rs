@@ -9,13 +9,13 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::documents::page;
+use super::documents::{encode_cursor, paging};
 use super::error::{ApiError, Problem, ProblemCode};
 use super::extract::{ApiPath, ApiQuery};
 use crate::documents::rules::Invalid;
-use crate::hooks::{AFTER_PREVIOUS, DELIVERIES, Delivery};
+use crate::hooks::{AFTER_PREVIOUS, Delivery, DeliveryStatus, Replay};
+use crate::store::DateTime;
 use crate::store::convert::rfc3339;
-use crate::store::{Bson, DateTime, Update, doc};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list_deliveries)).routes(routes!(get_delivery)).routes(routes!(retry_delivery))
@@ -79,13 +79,13 @@ pub struct DeliveryPath {
 }
 
 fn delivery_out(d: Delivery, now: DateTime) -> DeliveryOut {
-    let finished = matches!(d.status.as_str(), "dead" | "delivered");
+    let finished = d.status.is_final();
     DeliveryOut {
         body: serde_json::from_str(&d.body).unwrap_or(Value::String(d.body.clone())),
         id: d.id,
         transaction: d.txn,
         index: d.index,
-        status: d.status,
+        status: d.status.as_str().to_owned(),
         method: d.method,
         url: d.url,
         headers: d.headers,
@@ -125,18 +125,21 @@ pub async fn list_deliveries(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<DeliveryListQuery>,
 ) -> Result<axum::Json<DeliveryListOut>, ApiError> {
-    let mut filter = doc! {};
-    if let Some(status) = &query.status {
-        if !matches!(status.as_str(), "pending" | "failed" | "dead" | "delivered") {
-            return Err(Invalid::new("/query/status", "status is pending, failed, dead or delivered").into());
-        }
-        filter.insert("status", status.as_str());
-    }
-    let (records, next) =
-        page(state.hooks.store.as_ref(), DELIVERIES, filter, query.limit, query.after.as_deref()).await?;
-    let items: Vec<Delivery> = records.into_iter().map(Delivery::from_record).collect::<Result<_, _>>()?;
+    let status = match query.status.as_deref() {
+        None => None,
+        Some("pending") => Some(DeliveryStatus::Pending),
+        Some("failed") => Some(DeliveryStatus::Failed),
+        Some("dead") => Some(DeliveryStatus::Dead),
+        Some("delivered") => Some(DeliveryStatus::Delivered),
+        Some(_) => return Err(Invalid::new("/query/status", "status is pending, failed, dead or delivered").into()),
+    };
+    let (limit, after) = paging(query.limit, query.after.as_deref())?;
+    let (items, next) = state.hooks.list(status, after.as_deref(), limit).await?;
     let now = state.hooks.clock.now();
-    Ok(axum::Json(DeliveryListOut { items: items.into_iter().map(|d| delivery_out(d, now)).collect(), next }))
+    Ok(axum::Json(DeliveryListOut {
+        items: items.into_iter().map(|d| delivery_out(d, now)).collect(),
+        next: next.as_deref().map(encode_cursor),
+    }))
 }
 
 /// Read a delivery
@@ -184,28 +187,11 @@ pub async fn retry_delivery(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<DeliveryPath>,
 ) -> Result<(StatusCode, axum::Json<DeliveryOut>), ApiError> {
-    let store = state.hooks.store.as_ref();
-    let not_found = || ApiError::not_found(format!("no delivery {}", path.id));
-    let d = state.hooks.delivery(&path.id).await?.ok_or_else(not_found)?;
-    let at = state.hooks.clock.now();
-    let (filter, set) = match d.status.as_str() {
-        "dead" | "delivered" => (
-            doc! {"status": &d.status, "finished_at": d.finished_at.map_or(Bson::Null, Bson::DateTime)},
-            doc! {
-                "status": "pending", "next_at": at, "finished_at": Bson::Null, "tries": 0_i64, "queued_at": at,
-                "owner": Bson::Null, "claim": Bson::Null, "lease_until": Bson::Null,
-            },
-        ),
-        "failed" if d.claim.is_none() => (doc! {"status": "failed", "claim": Bson::Null}, doc! {"next_at": at}),
-        _ => return Err(pending(&path.id)),
-    };
-    if !store.update(DELIVERIES, &path.id, filter, Update::set(set)).await? {
-        return Err(pending(&path.id));
+    match state.hooks.replay(&path.id).await? {
+        Replay::Queued(d) => Ok((StatusCode::ACCEPTED, axum::Json(delivery_out(*d, state.hooks.clock.now())))),
+        Replay::AlreadyPending => Err(pending(&path.id)),
+        Replay::NotFound => Err(ApiError::not_found(format!("no delivery {}", path.id))),
     }
-    state.hooks.queue.push(&path.id, at.timestamp_millis());
-    tracing::info!(delivery.id = %path.id, was = %d.status, "delivery queued by hand");
-    let d = Delivery::from_record(store.get(DELIVERIES, &path.id).await?.ok_or_else(not_found)?)?;
-    Ok((StatusCode::ACCEPTED, axum::Json(delivery_out(d, state.hooks.clock.now()))))
 }
 
 fn pending(id: &str) -> ApiError {

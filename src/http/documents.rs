@@ -402,44 +402,22 @@ pub async fn list_documents(
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<DocumentListOut>, ApiError> {
     let collection = path.check()?;
-    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(Invalid::new("/query/limit", format!("limit must be between 1 and {MAX_PAGE}")).into());
-    }
-    let after = query.after.as_deref().map(decode_cursor).transpose()?;
-    let (items, next) = state.documents.list(collection, after.as_deref(), limit as usize).await?;
+    let (limit, after) = paging(query.limit, query.after.as_deref())?;
+    let (items, next) = state.documents.list(collection, after.as_deref(), limit).await?;
     Ok(axum::Json(DocumentListOut {
         items: items.into_iter().map(|l| DocumentOut::new(collection, l)).collect(),
         next: next.as_deref().map(encode_cursor),
     }))
 }
 
-/// One page of `coll` in id order: records matching `filter` after the
-/// `after` cursor, at most `limit` (1..1000, default 50), and the cursor of
-/// the next page.
-pub async fn page(
-    store: &dyn crate::store::Store,
-    coll: &str,
-    mut filter: crate::store::Document,
-    limit: Option<i64>,
-    after: Option<&str>,
-) -> Result<(Vec<crate::store::Record>, Option<String>), ApiError> {
+/// A page request's size (1..1000, default 50) and the id its `after`
+/// cursor names.
+pub fn paging(limit: Option<i64>, after: Option<&str>) -> Result<(usize, Option<String>), ApiError> {
     let limit = limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(Invalid::new("/query/limit", format!("limit must be between 1 and {MAX_PAGE}")).into());
     }
-    if let Some(after) = after {
-        filter.insert("_id", crate::store::doc! {"$gt": decode_cursor(after)?});
-    }
-    let limit = limit as usize;
-    let mut records = store.scan(coll, crate::store::Scan::by_id(filter, limit + 1)).await?;
-    let next = if records.len() > limit {
-        records.truncate(limit);
-        records.last().and_then(crate::store::record_id).map(encode_cursor)
-    } else {
-        None
-    };
-    Ok((records, next))
+    Ok((limit as usize, after.map(decode_cursor).transpose()?))
 }
 
 pub fn encode_cursor(id: &str) -> String {

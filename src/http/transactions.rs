@@ -16,17 +16,16 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::Caller;
-use super::documents::page;
+use super::documents::{encode_cursor, paging};
 use super::error::{ApiError, PROBLEM_JSON, Problem, ProblemCode};
 use super::extract::{ApiPath, ApiQuery, JsonBody};
 use crate::documents::rules::{self, Invalid, Patch};
 use crate::hooks::{Delivery, Hook, delivery_id};
 use crate::store::convert::rfc3339;
-use crate::store::doc;
 use crate::txn::commit::TxnError;
 use crate::txn::idem::{Claim, body_hash};
 use crate::txn::plan::{Action, ActionOp, Plan};
-use crate::txn::record::{Status, TXNS, TxnRecord};
+use crate::txn::record::{Status, TxnRecord};
 use crate::txn::{Engine, summary};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -478,7 +477,7 @@ fn transaction_out(rec: &TxnRecord, deliveries: &[Option<Delivery>]) -> Transact
         .map(|i| HookStateOut {
             id: delivery_id(&rec.id, i),
             status: match deliveries.get(i).and_then(Option::as_ref) {
-                Some(d) => d.status.clone(),
+                Some(d) => d.status.as_str().to_owned(),
                 None if committed => "pending".to_owned(),
                 None => "not_sent".to_owned(),
             },
@@ -546,17 +545,22 @@ pub async fn list_transactions(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<TransactionListQuery>,
 ) -> Result<axum::Json<TransactionListOut>, ApiError> {
-    let mut filter = doc! {};
-    if let Some(status) = &query.status {
-        if !matches!(status.as_str(), "pending" | "committed" | "done" | "aborted" | "rolled_back") {
+    let status = match query.status.as_deref() {
+        None => None,
+        Some("pending") => Some(Status::Pending),
+        Some("committed") => Some(Status::Committed),
+        Some("done") => Some(Status::Done),
+        Some("aborted") => Some(Status::Aborted),
+        Some("rolled_back") => Some(Status::RolledBack),
+        Some(_) => {
             return Err(
                 Invalid::new("/query/status", "status is pending, committed, done, aborted or rolled_back").into()
             );
         }
-        filter.insert("status", status.as_str());
-    }
-    let (records, next) = page(state.engine.store.as_ref(), TXNS, filter, query.limit, query.after.as_deref()).await?;
-    let items: Vec<TxnRecord> = records.into_iter().map(TxnRecord::from_record).collect::<Result<_, _>>()?;
+    };
+    let (limit, after) = paging(query.limit, query.after.as_deref())?;
+    let (items, next) = state.engine.list_transactions(status, after.as_deref(), limit).await?;
+    let next = next.as_deref().map(encode_cursor);
     let mut out = Vec::with_capacity(items.len());
     for rec in &items {
         let deliveries = state.hooks.deliveries_of(&rec.id, rec.hook_count).await?;

@@ -125,6 +125,28 @@ pub trait Store: Send + Sync + 'static {
 
 pub type DynStore = Arc<dyn Store>;
 
+/// One page of `coll` in `_id` order: up to `limit` records matching
+/// `filter` after id `after`, and the id to continue after when more exist.
+pub async fn page(
+    store: &dyn Store,
+    coll: &str,
+    mut filter: Document,
+    after: Option<&str>,
+    limit: usize,
+) -> StoreResult<(Vec<Record>, Option<String>)> {
+    if let Some(after) = after {
+        filter.insert("_id", doc! {"$gt": after});
+    }
+    let mut records = store.scan(coll, Scan::by_id(filter, limit + 1)).await?;
+    let next = if records.len() > limit {
+        records.truncate(limit);
+        records.last().and_then(record_id).map(str::to_owned)
+    } else {
+        None
+    };
+    Ok((records, next))
+}
+
 /// The `_id` of a record, when it is a string.
 pub fn record_id(record: &Record) -> Option<&str> {
     record.get_str("_id").ok()

@@ -96,6 +96,19 @@ impl Engine {
         })
     }
 
+    /// A page of transaction records, oldest first, optionally only those
+    /// with `status`.
+    pub async fn list_transactions(
+        &self,
+        status: Option<Status>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<(Vec<TxnRecord>, Option<String>)> {
+        let filter = status.map_or_else(crate::store::Document::new, |s| crate::store::doc! {"status": s.as_str()});
+        let (records, next) = crate::store::page(self.store.as_ref(), record::TXNS, filter, after, limit).await?;
+        Ok((records.into_iter().map(TxnRecord::from_record).collect::<Result<_, _>>()?, next))
+    }
+
     /// The current time by this engine's clock.
     pub fn now(&self) -> crate::store::DateTime {
         self.cfg.clock.now()
