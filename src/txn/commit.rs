@@ -36,6 +36,55 @@ pub enum TxnError {
     OutcomeUnknown { txn: String },
 }
 
+/// Extends a running attempt's lease every lease/3, never past its hard
+/// cap, and tells the attempt as soon as it sees its record aborted.
+struct Heartbeat {
+    engine: Arc<Engine>,
+    txn: String,
+    hard_end: DateTime,
+    /// Cancelled when the record is seen aborted (wounded, expired, ...).
+    wounded: CancellationToken,
+}
+
+impl Heartbeat {
+    /// Beat until `stop` (the attempt ended), the hard cap, or the record
+    /// is no longer pending.
+    async fn run(self, stop: CancellationToken) {
+        let Self { engine, txn, hard_end, wounded } = self;
+        let period = engine.cfg.lease / 3;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(period) => {}
+            }
+            let at = engine.now();
+            if at >= hard_end {
+                // The hard cap is reached: the lease may not grow any more.
+                return;
+            }
+            let set = doc! {"expires_at": engine.lease_from(at).min(hard_end)};
+            let beat = engine.store.update(TXNS, &txn, doc! {"status": "pending"}, Update::set(set));
+            let beat = tokio::select! {
+                () = stop.cancelled() => return,
+                beat = beat => beat,
+            };
+            match beat {
+                Ok(true) => {}
+                Ok(false) => {
+                    // Not pending any more: find out why (rule zero).
+                    if let Ok(Some(rec)) = engine.record(&txn).await
+                        && matches!(rec.status, Status::Aborted | Status::RolledBack)
+                    {
+                        wounded.cancel();
+                    }
+                    return;
+                }
+                Err(err) => tracing::warn!(txn.id = %txn, error = %err, "heartbeat failed"),
+            }
+        }
+    }
+}
+
 /// A committed transaction, as answered to the client.
 #[derive(Clone, Debug)]
 pub struct Committed {
@@ -204,7 +253,15 @@ impl Engine {
         // The heartbeat lives exactly as long as this attempt: however the
         // attempt ends (answered, failed, cancelled, panicked), it stops
         // extending the lease, so recovery can always judge it.
-        let _heartbeat = self.spawn_heartbeat(txn, self.hard_end(started_at), wounded.clone()).drop_guard();
+        let heartbeat = Heartbeat {
+            engine: Arc::clone(self),
+            txn: txn.to_owned(),
+            hard_end: self.hard_end(started_at),
+            wounded: wounded.clone(),
+        };
+        let stop = CancellationToken::new();
+        tokio::spawn(heartbeat.run(stop.clone()));
+        let _heartbeat = stop.drop_guard();
         self.lock_and_commit(plan, record, &wounded).await
     }
 
@@ -218,53 +275,6 @@ impl Engine {
     fn lease_from(&self, at: DateTime) -> DateTime {
         let lease = i64::try_from(self.cfg.lease.as_millis()).unwrap_or(i64::MAX);
         DateTime::from_millis(at.timestamp_millis().saturating_add(lease))
-    }
-
-    /// Extend the lease every lease/3 while the transaction runs, never past
-    /// `hard_end`; cancel `wounded` as soon as the record is seen aborted.
-    /// Stops when the returned token is cancelled.
-    fn spawn_heartbeat(
-        self: &Arc<Self>,
-        txn: &str,
-        hard_end: DateTime,
-        wounded: CancellationToken,
-    ) -> CancellationToken {
-        let stop = CancellationToken::new();
-        let (engine, txn, stop2) = (Arc::clone(self), txn.to_owned(), stop.clone());
-        tokio::spawn(async move {
-            let period = engine.cfg.lease / 3;
-            loop {
-                tokio::select! {
-                    () = stop2.cancelled() => return,
-                    () = tokio::time::sleep(period) => {}
-                }
-                let at = engine.now();
-                if at >= hard_end {
-                    // The hard cap is reached: the lease may not grow any more.
-                    return;
-                }
-                let set = doc! {"expires_at": engine.lease_from(at).min(hard_end)};
-                let beat = engine.store.update(TXNS, &txn, doc! {"status": "pending"}, Update::set(set));
-                let beat = tokio::select! {
-                    () = stop2.cancelled() => return,
-                    beat = beat => beat,
-                };
-                match beat {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        // Not pending any more: find out why (rule zero).
-                        if let Ok(Some(rec)) = engine.record(&txn).await
-                            && matches!(rec.status, Status::Aborted | Status::RolledBack)
-                        {
-                            wounded.cancel();
-                        }
-                        return;
-                    }
-                    Err(err) => tracing::warn!(txn.id = %txn, error = %err, "heartbeat failed"),
-                }
-            }
-        });
-        stop
     }
 
     async fn lock_and_commit(
@@ -731,6 +741,46 @@ fn placeholder(id: &str, txn: &str, staged: Staged, at: DateTime) -> StoredDoc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_heartbeat_extends_the_lease_but_never_past_the_hard_cap() {
+        use crate::store::{DynStore, memory::MemoryStore};
+        let store: DynStore = Arc::new(MemoryStore::default());
+        let cfg = super::super::TxnConfig {
+            lease: Duration::from_millis(300),
+            max_duration: Duration::from_millis(1000),
+            clock: crate::clock::Clock::following_tokio(),
+            ..Default::default()
+        };
+        let engine = crate::engine(Arc::clone(&store), cfg, Arc::new(crate::metrics::Metrics::default())).0;
+        let txn = uuid::Uuid::now_v7().to_string();
+        let started = engine.now();
+        let rec = TxnRecord {
+            status: Status::Pending,
+            expires_at: engine.lease_from(started),
+            ..TxnRecord::fenced(&txn, started)
+        };
+        store.insert(TXNS, rec.to_record()).await.unwrap();
+        let hard_end = engine.hard_end(started);
+        let stop = CancellationToken::new();
+        let beat =
+            Heartbeat { engine: Arc::clone(&engine), txn: txn.clone(), hard_end, wounded: CancellationToken::new() };
+        let task = tokio::spawn(beat.run(stop.clone()));
+        let mut latest = 0;
+        for _ in 0..40 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let expires = engine.record(&txn).await.unwrap().unwrap().expires_at.timestamp_millis();
+            assert!(expires <= hard_end.timestamp_millis(), "lease extended past the hard cap");
+            let now = engine.now().timestamp_millis();
+            if now < hard_end.timestamp_millis() {
+                assert!(expires > now, "the lease ran out while the attempt was alive");
+            }
+            latest = expires;
+        }
+        assert_eq!(latest, hard_end.timestamp_millis(), "extended up to the cap");
+        assert!(task.is_finished(), "the heartbeat stops at the hard cap");
+        stop.cancel();
+    }
 
     #[test]
     fn same_age_keeps_the_timestamp() {
