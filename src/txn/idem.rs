@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -32,6 +33,58 @@ pub enum Claim {
     Reused,
 }
 
+/// Whether the request holding a claim is still running or has answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ClaimState {
+    Running,
+    Done,
+}
+
+impl ClaimState {
+    fn to_bson(self) -> crate::store::Bson {
+        mongodb::bson::to_bson(&self).expect("a claim state serializes")
+    }
+}
+
+/// An idempotency claim as stored in `_idem`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct ClaimRecord {
+    /// `<scope>:<key>`.
+    #[serde(rename = "_id")]
+    key: String,
+    /// Hash of the request body.
+    hash: String,
+    /// The attempt holding the claim.
+    txn: String,
+    state: ClaimState,
+    created_at: DateTime,
+    /// When the claim last moved to a new attempt (a wounded retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    repointed_at: Option<DateTime>,
+    /// The stored answer, once `done`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    status: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    body: Option<String>,
+}
+
+impl ClaimRecord {
+    fn from_record(record: crate::store::Record) -> StoreResult<Self> {
+        mongodb::bson::from_document(record)
+            .map_err(|e| crate::store::StoreError::Internal(format!("bad idempotency claim: {e}")))
+    }
+
+    fn to_record(&self) -> crate::store::Record {
+        mongodb::bson::to_document(self).expect("an idempotency claim serializes")
+    }
+
+    /// The filter that holds while `txn` still holds the running claim.
+    fn running(txn: &str) -> crate::store::Document {
+        doc! {"txn": txn, "state": ClaimState::Running.to_bson()}
+    }
+}
+
 /// The hash of a request body, independent of its whitespace.
 pub fn body_hash(body: &Value) -> String {
     let canonical = serde_json::to_vec(body).expect("JSON serializes");
@@ -42,21 +95,30 @@ impl Engine {
     /// Claim `key` for `txn` running a body with hash `hash`.
     pub async fn claim_key(&self, key: &str, hash: &str, txn: &str) -> StoreResult<Claim> {
         loop {
-            let fresh = doc! {"_id": key, "hash": hash, "txn": txn, "state": "running", "created_at": self.now()};
-            if self.store.insert(IDEM, fresh.clone()).await? {
+            let fresh = ClaimRecord {
+                key: key.to_owned(),
+                hash: hash.to_owned(),
+                txn: txn.to_owned(),
+                state: ClaimState::Running,
+                created_at: self.now(),
+                repointed_at: None,
+                status: None,
+                body: None,
+            };
+            if self.store.insert(IDEM, fresh.to_record()).await? {
                 return Ok(Claim::Fresh);
             }
             let Some(existing) = self.store.get(IDEM, key).await? else { continue };
-            if existing.get_str("hash").unwrap_or_default() != hash {
+            let existing = ClaimRecord::from_record(existing)?;
+            if existing.hash != hash {
                 return Ok(Claim::Reused);
             }
-            if existing.get_str("state").unwrap_or_default() == "done" {
-                let status = existing.get_i32("status").unwrap_or(200) as u16;
-                let body =
-                    existing.get_str("body").ok().and_then(|b| serde_json::from_str(b).ok()).unwrap_or(Value::Null);
+            if existing.state == ClaimState::Done {
+                let status = existing.status.and_then(|s| u16::try_from(s).ok()).unwrap_or(200);
+                let body = existing.body.as_deref().and_then(|b| serde_json::from_str(b).ok()).unwrap_or(Value::Null);
                 return Ok(Claim::Replay { status, body });
             }
-            let holder = existing.get_str("txn").unwrap_or_default().to_owned();
+            let holder = existing.txn.clone();
             match self.record(&holder).await? {
                 Some(rec) if rec.status.is_committed() => return self.replay_committed(key, &rec).await,
                 Some(rec) if rec.status == Status::Pending => return Ok(Claim::InProgress { txn: holder }),
@@ -74,10 +136,7 @@ impl Engine {
                 // attempt was just re-pointed), unless it has been that way
                 // for longer than two leases.
                 None => {
-                    let since = ["repointed_at", "created_at"]
-                        .iter()
-                        .find_map(|f| existing.get_datetime(f).ok())
-                        .map_or(0, |d| d.timestamp_millis());
+                    let since = existing.repointed_at.unwrap_or(existing.created_at).timestamp_millis();
                     if self.now().timestamp_millis() - since <= 2 * self.cfg.lease.as_millis() as i64 {
                         return Ok(Claim::InProgress { txn: holder });
                     }
@@ -91,7 +150,7 @@ impl Engine {
             {
                 return self.replay_committed(key, &rec).await;
             }
-            if self.store.replace(IDEM, key, doc! {"txn": &holder, "state": "running"}, fresh).await? {
+            if self.store.replace(IDEM, key, ClaimRecord::running(&holder), fresh.to_record()).await? {
                 return Ok(Claim::Fresh);
             }
         }
@@ -122,12 +181,12 @@ impl Engine {
             return Ok(false);
         }
         let set = doc! {"txn": to, "repointed_at": self.now()};
-        self.store.update(IDEM, key, doc! {"txn": from, "state": "running"}, Update::set(set)).await
+        self.store.update(IDEM, key, ClaimRecord::running(from), Update::set(set)).await
     }
 
     /// Store the outcome answered for `key`.
     pub async fn complete_key(&self, key: &str, txn: &str, status: u16, body: &Value) -> StoreResult<()> {
-        let set = doc! {"state": "done", "status": i32::from(status), "body": body.to_string()};
+        let set = doc! {"state": ClaimState::Done.to_bson(), "status": i32::from(status), "body": body.to_string()};
         self.store.update(IDEM, key, doc! {"txn": txn}, Update::set(set)).await.map(|_| ())
     }
 
