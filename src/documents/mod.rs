@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::store::{Bson, DateTime, Document, Scan, StoreError, doc};
+use crate::store::{DateTime, Document, Scan, StoreError, doc};
 use crate::txn::Engine;
 use crate::txn::locks::Settled;
 use model::{Live, StoredDoc, View};
@@ -166,7 +166,7 @@ impl Documents {
     }
 
     async fn cas(&self, coll: &str, current: &StoredDoc, next: &StoredDoc) -> Result<bool, DocError> {
-        let filter = doc! {"_meta.txn": Bson::Null, "_meta.v": current.meta.v};
+        let filter = current.unchanged_filter(None);
         Ok(self.store().replace(coll, &current.id, filter, next.to_record()).await?)
     }
 

@@ -103,6 +103,21 @@ impl StoredDoc {
         }
     }
 
+    /// The compare-and-set filter of a change computed from this document
+    /// as read: it still holds no lock (`holder: None`) or still the lock of
+    /// `holder`, and is still at the version read. Every write to a user
+    /// document goes through it, so no change is made over one it did not
+    /// see (the version pin is what keeps mixed writers from losing updates).
+    pub fn unchanged_filter(&self, holder: Option<&str>) -> Document {
+        let holder = holder.map_or(Bson::Null, |h| Bson::String(h.to_owned()));
+        mongodb::bson::doc! {"_meta.txn": holder, "_meta.v": self.meta.v}
+    }
+
+    /// The filter of documents holding a lock (the lock sweep's scan).
+    pub fn locked_filter() -> Document {
+        mongodb::bson::doc! {"_meta.txn": {"$ne": Bson::Null}}
+    }
+
     pub fn from_record(mut record: Record) -> Result<Self, StoreError> {
         let id = match record.remove("_id") {
             Some(Bson::String(id)) => id,

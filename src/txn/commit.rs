@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::documents::model::{Staged, StagedOp, StoredDoc, View};
-use crate::store::{Bson, DateTime, StoreError, Update, doc};
+use crate::store::{DateTime, StoreError, Update, doc};
 
 use super::Engine;
 use super::locks::Settled;
@@ -668,7 +668,7 @@ impl Engine {
             locked.meta.txn = Some(txn.to_owned());
             locked.meta.deleting = staged.op == StagedOp::Delete;
             locked.meta.pending = Some(staged);
-            let filter = doc! {"_meta.txn": Bson::Null, "_meta.v": doc.meta.v};
+            let filter = doc.unchanged_filter(None);
             if self.store.replace(coll, &doc.id, filter, locked.to_record()).await.map_err(Err)? {
                 return Ok(Step::Locked { base_v: doc.meta.v });
             }

@@ -104,7 +104,7 @@ impl Engine {
         }
         let at = rec.committed_at.unwrap_or_else(|| self.now());
         let next = doc.rolled_forward(at);
-        let filter = doc! {"_meta.txn": &rec.id, "_meta.v": doc.meta.v};
+        let filter = doc.unchanged_filter(Some(&rec.id));
         let done = self.store.replace(coll, &doc.id, filter, next.to_record()).await?;
         if done {
             self.signals.released(coll, &doc.id);
@@ -136,7 +136,7 @@ impl Engine {
     /// Restore `doc` as it was before `holder` locked it (or remove the
     /// placeholder `holder` inserted).
     async fn unlock(&self, holder: &str, coll: &str, doc: &StoredDoc) -> StoreResult<bool> {
-        let filter = doc! {"_meta.txn": holder, "_meta.v": doc.meta.v};
+        let filter = doc.unchanged_filter(Some(holder));
         let done = match doc.rolled_back() {
             Some(restored) => self.store.replace(coll, &doc.id, filter, restored.to_record()).await?,
             None => self.store.delete(coll, &doc.id, filter).await?,

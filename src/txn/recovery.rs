@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::documents::model::StoredDoc;
-use crate::store::{Bson, DateTime, Order, Scan, StoreError, StoreResult, doc};
+use crate::store::{DateTime, Order, Scan, StoreError, StoreResult, doc};
 
 use super::Engine;
 use super::record::{Status, TXNS, TxnRecord};
@@ -179,7 +179,7 @@ impl Engine {
             if coll.starts_with('_') {
                 continue;
             }
-            let locked = self.store.scan(&coll, Scan::by_id(doc! {"_meta.txn": {"$ne": Bson::Null}}, BATCH)).await?;
+            let locked = self.store.scan(&coll, Scan::by_id(StoredDoc::locked_filter(), BATCH)).await?;
             for rec in locked {
                 let id = crate::store::record_id(&rec).unwrap_or("?").to_owned();
                 match self.sweep_lock(&coll, rec).await {
