@@ -63,7 +63,7 @@ impl Heartbeat {
                 return;
             }
             let set = doc! {"expires_at": engine.lease_from(at).min(hard_end)};
-            let beat = engine.store.update(TXNS, &txn, doc! {"status": "pending"}, Update::set(set));
+            let beat = engine.store.update(TXNS, &txn, Status::Pending.filter(), Update::set(set));
             let beat = tokio::select! {
                 () = stop.cancelled() => return,
                 beat = beat => beat,
@@ -407,9 +407,8 @@ impl Engine {
         let results: Vec<MemberResult> = results.into_iter().map(|r| r.expect("every member locked")).collect();
         let members = mongodb::bson::to_bson(&record.members).expect("members serialize");
         let results_bson = mongodb::bson::to_bson(&results).expect("results serialize");
-        let set =
-            doc! {"status": "committed", "committed_at": committed_at, "results": results_bson, "members": members};
-        let cas = self.store.update(TXNS, &txn, doc! {"status": "pending"}, Update::set(set)).await;
+        let set = doc! {"status": Status::Committed.as_str(), "committed_at": committed_at, "results": results_bson, "members": members};
+        let cas = self.store.update(TXNS, &txn, Status::Pending.filter(), Update::set(set)).await;
         let decided = match cas {
             Ok(true) => None,
             // Lost the CAS or cannot tell: re-read until the outcome is known.
@@ -506,11 +505,11 @@ impl Engine {
             }
             _ => ("store_error".to_owned(), None),
         };
-        let mut set = doc! {"status": "aborted", "abort_reason": &reason};
+        let mut set = doc! {"status": Status::Aborted.as_str(), "abort_reason": &reason};
         if let Some(f) = &stored {
             set.insert("failure", mongodb::bson::to_bson(f).expect("failure serializes"));
         }
-        if let Ok(true) = self.store.update(TXNS, txn, doc! {"status": "pending"}, Update::set(set)).await {
+        if let Ok(true) = self.store.update(TXNS, txn, Status::Pending.filter(), Update::set(set)).await {
             self.metrics.aborted(&reason);
         }
         match self.record(txn).await {

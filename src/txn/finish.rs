@@ -58,8 +58,8 @@ impl Engine {
             |m, doc| async move { self.roll_forward_member(rec, &m.collection, &doc).await },
         )
         .await?;
-        let set = doc! {"status": "done", "finished_at": self.now()};
-        if self.store.update(TXNS, &rec.id, doc! {"status": "committed"}, Update::set(set)).await? {
+        let set = doc! {"status": Status::Done.as_str(), "finished_at": self.now()};
+        if self.store.update(TXNS, &rec.id, Status::Committed.filter(), Update::set(set)).await? {
             self.metrics.incr("txgate_transactions_finished_total", "done");
         }
         Ok(())
@@ -71,8 +71,8 @@ impl Engine {
         debug_assert!(matches!(rec.status, Status::Aborted | Status::RolledBack));
         self.for_each_held_member(rec, |m, doc| async move { self.release_stale(&rec.id, &m.collection, &doc).await })
             .await?;
-        let set = doc! {"status": "rolled_back", "finished_at": self.now()};
-        if self.store.update(TXNS, &rec.id, doc! {"status": "aborted"}, Update::set(set)).await? {
+        let set = doc! {"status": Status::RolledBack.as_str(), "finished_at": self.now()};
+        if self.store.update(TXNS, &rec.id, Status::Aborted.filter(), Update::set(set)).await? {
             self.metrics.incr("txgate_transactions_finished_total", "rolled_back");
         }
         Ok(())

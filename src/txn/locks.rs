@@ -47,11 +47,11 @@ impl Engine {
         expires_at: Option<DateTime>,
         reason: &str,
     ) -> StoreResult<Option<TxnRecord>> {
-        let mut filter = doc! {"status": "pending"};
+        let mut filter = Status::Pending.filter();
         if let Some(at) = expires_at {
             filter.insert("expires_at", at);
         }
-        let set = doc! {"status": "aborted", "abort_reason": reason, "finished_at": Bson::Null};
+        let set = doc! {"status": Status::Aborted.as_str(), "abort_reason": reason, "finished_at": Bson::Null};
         let done = self.store.update(TXNS, txn, filter, crate::store::Update::set(set)).await?;
         if done {
             self.signals.aborted(txn);

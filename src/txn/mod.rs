@@ -104,7 +104,7 @@ impl Engine {
         after: Option<&str>,
         limit: usize,
     ) -> StoreResult<(Vec<TxnRecord>, Option<String>)> {
-        let filter = status.map_or_else(crate::store::Document::new, |s| crate::store::doc! {"status": s.as_str()});
+        let filter = status.map_or_else(crate::store::Document::new, Status::filter);
         let (records, next) = crate::store::page(self.store.as_ref(), record::TXNS, filter, after, limit).await?;
         Ok((records.into_iter().map(TxnRecord::from_record).collect::<Result<_, _>>()?, next))
     }

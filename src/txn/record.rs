@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::documents::model::StagedOp;
 use crate::hooks::Hook;
-use crate::store::{DateTime, Record, StoreError};
+use crate::store::{DateTime, Document, Record, StoreError};
 
 pub const TXNS: &str = "_txns";
 
@@ -29,6 +29,12 @@ impl Status {
             Status::Aborted => "aborted",
             Status::RolledBack => "rolled_back",
         }
+    }
+
+    /// The filter of records in this status (the compare-and-set of every
+    /// status transition, and the recovery scans, start from it).
+    pub fn filter(self) -> Document {
+        mongodb::bson::doc! {"status": self.as_str()}
     }
 
     /// Committed or done: the staged changes are the truth.

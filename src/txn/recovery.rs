@@ -124,7 +124,8 @@ impl Engine {
         let at = self.now();
         // Pending past lease + skew: abort (a heartbeat that landed first
         // wins the CAS), then roll back.
-        let filter = doc! {"status": "pending", "expires_at": {"$lt": before(at, self.cfg.clock_skew)}};
+        let mut filter = Status::Pending.filter();
+        filter.insert("expires_at", doc! {"$lt": before(at, self.cfg.clock_skew)});
         for rec in self.records(filter, "expires_at", &mut pass).await? {
             let outcome = async {
                 let aborted = self.abort_pending(&rec.id, Some(rec.expires_at), "expired").await?;
@@ -141,9 +142,10 @@ impl Engine {
             }
         }
         // Committed but not finished within a lease; aborted: roll back.
-        let filter = doc! {"status": "committed", "committed_at": {"$lt": before(at, self.cfg.lease)}};
+        let mut filter = Status::Committed.filter();
+        filter.insert("committed_at", doc! {"$lt": before(at, self.cfg.lease)});
         let mut decided = self.records(filter, "committed_at", &mut pass).await?;
-        decided.extend(self.records(doc! {"status": "aborted"}, "_id", &mut pass).await?);
+        decided.extend(self.records(Status::Aborted.filter(), "_id", &mut pass).await?);
         for rec in decided {
             if let Err(err) = self.finish(&rec, &mut pass).await {
                 self.skip(&mut pass, &rec.id, err)?;
@@ -210,12 +212,13 @@ impl Engine {
     /// Delete finished records older than the retention.
     async fn purge(&self, at: DateTime) -> StoreResult<usize> {
         let cutoff = before(at, self.cfg.retention);
-        let filter = doc! {"status": {"$in": ["done", "rolled_back"]}, "finished_at": {"$lt": cutoff}};
+        let finished = [Status::Done.as_str(), Status::RolledBack.as_str()];
+        let filter = doc! {"status": {"$in": finished.as_slice()}, "finished_at": {"$lt": cutoff}};
         let old = self.store.scan(TXNS, Scan::sorted(filter, "finished_at", Order::Asc, BATCH)).await?;
         let mut purged = 0;
         for rec in old {
             let Some(id) = crate::store::record_id(&rec).map(str::to_owned) else { continue };
-            let filter = doc! {"status": {"$in": ["done", "rolled_back"]}};
+            let filter = doc! {"status": {"$in": finished.as_slice()}};
             if self.store.delete(TXNS, &id, filter).await? {
                 purged += 1;
             }
