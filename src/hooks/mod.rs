@@ -284,8 +284,7 @@ impl Hooks {
         limit: usize,
     ) -> StoreResult<(Vec<Delivery>, Option<String>)> {
         let filter = status.map_or_else(Document::new, |s| doc! {"status": s.as_str()});
-        let (records, next) = crate::store::page(self.store.as_ref(), DELIVERIES, filter, after, limit).await?;
-        Ok((records.into_iter().map(Delivery::from_record).collect::<Result<_, _>>()?, next))
+        crate::store::page(self.store.as_ref(), DELIVERIES, filter, after, limit, Delivery::from_record).await
     }
 
     /// Send delivery `id` again: a `dead` or `delivered` one is queued anew

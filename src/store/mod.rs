@@ -126,14 +126,16 @@ pub trait Store: Send + Sync + 'static {
 pub type DynStore = Arc<dyn Store>;
 
 /// One page of `coll` in `_id` order: up to `limit` records matching
-/// `filter` after id `after`, and the id to continue after when more exist.
-pub async fn page(
+/// `filter` after id `after`, decoded, and the id to continue after when
+/// more exist.
+pub async fn page<T>(
     store: &dyn Store,
     coll: &str,
     mut filter: Document,
     after: Option<&str>,
     limit: usize,
-) -> StoreResult<(Vec<Record>, Option<String>)> {
+    decode: impl Fn(Record) -> StoreResult<T>,
+) -> StoreResult<(Vec<T>, Option<String>)> {
     if let Some(after) = after {
         filter.insert("_id", doc! {"$gt": after});
     }
@@ -144,7 +146,7 @@ pub async fn page(
     } else {
         None
     };
-    Ok((records, next))
+    Ok((records.into_iter().map(decode).collect::<StoreResult<_>>()?, next))
 }
 
 /// The `_id` of a record, when it is a string.

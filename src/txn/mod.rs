@@ -105,8 +105,7 @@ impl Engine {
         limit: usize,
     ) -> StoreResult<(Vec<TxnRecord>, Option<String>)> {
         let filter = status.map_or_else(crate::store::Document::new, Status::filter);
-        let (records, next) = crate::store::page(self.store.as_ref(), record::TXNS, filter, after, limit).await?;
-        Ok((records.into_iter().map(TxnRecord::from_record).collect::<Result<_, _>>()?, next))
+        crate::store::page(self.store.as_ref(), record::TXNS, filter, after, limit, TxnRecord::from_record).await
     }
 
     /// The current time by this engine's clock.
