@@ -10,6 +10,7 @@ pub mod hooks;
 pub mod http;
 pub mod metrics;
 pub mod migrate;
+pub mod purge;
 pub mod store;
 pub mod txn;
 
@@ -34,16 +35,18 @@ pub enum RunError {
     Io(#[from] std::io::Error),
 }
 
-/// Open the store the configuration names. `timeout` bounds each store
-/// operation (see [`store::deadline::Deadline`]); the mongodb backend also
-/// uses it to bound how long one write may hold its record's write stripe.
+/// Open the store the configuration names, with the index templates of
+/// user collections (see [`store::templates`]). The mongodb backend uses
+/// `timeout` to bound how long one write may hold its record's write
+/// stripe; [`run_with_store`] bounds every operation by it.
 pub async fn open_store(cfg: &StoreConfig, timeout: std::time::Duration) -> Result<DynStore, StoreError> {
-    Ok(match cfg {
+    let raw: DynStore = match cfg {
         StoreConfig::Embedded { data_dir } => Arc::new(store::embedded::EmbeddedStore::open(data_dir)?),
         StoreConfig::Mongodb { uri, database } => {
             Arc::new(store::mongo::MongoStore::connect(uri, database, timeout).await?)
         }
-    })
+    };
+    Ok(Arc::new(store::templates::Templates::new(raw, migrate::templates())))
 }
 
 /// Everything a running gateway is made of.
@@ -105,6 +108,7 @@ pub async fn run_with_store(
     let stop_workers = CancellationToken::new();
     workers.spawn(txn::recovery::Recovery::new(Arc::clone(&app.engine)).run(stop_workers.clone()));
     workers.spawn(sender.run(stop_workers.clone()));
+    workers.spawn(purger(&app, &config).run(stop_workers.clone()));
     workers.close();
     tracing::info!(addr = %listener.local_addr()?, store = app.engine.store.backend(), "txgate listening");
     axum::serve(listener, router).with_graceful_shutdown(shutdown.clone().cancelled_owned()).await?;
@@ -116,6 +120,40 @@ pub async fn run_with_store(
     app.engine.tasks.wait().await;
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// The purge worker of finished transactions, idempotency claims and
+/// finished deliveries.
+fn purger(app: &App, config: &Config) -> purge::Purger {
+    use store::scans::{DELIVERIES_BY_FINISH, IDEM_BY_AGE, TXNS_BY_FINISH};
+    let statuses = |s: &[store::Bson]| s.iter().map(|s| vec![s.clone()]).collect();
+    let rules = vec![
+        purge::Rule {
+            what: "transactions",
+            decl: &TXNS_BY_FINISH,
+            eq: statuses(&[txn::Status::Done.to_bson(), txn::Status::RolledBack.to_bson()]),
+            retention: config.txn.retention,
+        },
+        purge::Rule {
+            what: "idempotency_keys",
+            decl: &IDEM_BY_AGE,
+            eq: vec![Vec::new()],
+            retention: txn::idem::IDEM_RETENTION,
+        },
+        purge::Rule {
+            what: "deliveries",
+            decl: &DELIVERIES_BY_FINISH,
+            eq: statuses(&[hooks::DeliveryStatus::Delivered.to_bson(), hooks::DeliveryStatus::Dead.to_bson()]),
+            retention: config.hooks.retention,
+        },
+    ];
+    purge::Purger::new(
+        Arc::clone(&app.engine.store),
+        config.txn.clock.clone(),
+        Arc::clone(&app.metrics),
+        rules,
+        config.txn.recovery_interval,
+    )
 }
 
 /// Open the configured store and serve (see [`run_with_store`]).

@@ -18,7 +18,11 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn incr(&self, name: &'static str, label: &str) {
-        *self.counters.lock().expect("metrics").entry((name, label.to_owned())).or_default() += 1;
+        self.add(name, label, 1);
+    }
+
+    pub fn add(&self, name: &'static str, label: &str, n: u64) {
+        *self.counters.lock().expect("metrics").entry((name, label.to_owned())).or_default() += n;
     }
 
     pub fn observe(&self, name: &'static str, label: &str, duration: Duration) {

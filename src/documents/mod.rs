@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::store::{DateTime, Document, Scan, StoreError, doc};
+use crate::store::scans::{DOCS_LIVE, DOCS_STAGED};
+use crate::store::{Bson, DateTime, Document, StoreError, record_id};
 use crate::txn::Engine;
 use crate::txn::locks::Settled;
-use model::{Live, StoredDoc, View};
+use model::{Live, StagedOp, StoredDoc, View};
 use rules::{Invalid, Patch};
 
 #[derive(Debug, thiserror::Error)]
@@ -208,7 +209,10 @@ impl Documents {
     }
 
     /// Live documents in id order after `after`, and the cursor of the next
-    /// page (`None` at the end).
+    /// page (`None` at the end). Read along two indexes merged by id: the
+    /// documents that are not tombstones, and those with a staged insert (a
+    /// tombstone a committed transaction is re-creating is live before its
+    /// roll-forward). Tombstones are never read, however many there are.
     pub async fn list(
         &self,
         coll: &str,
@@ -220,13 +224,22 @@ impl Documents {
         let mut cursor = after.map(str::to_owned);
         let batch = (limit + 1).clamp(16, 1000);
         loop {
-            let filter = match &cursor {
-                Some(after) => doc! {"_id": {"$gt": after}},
-                None => doc! {},
-            };
-            let records = self.store().scan(coll, Scan::by_id(filter, batch)).await?;
-            let exhausted = records.len() < batch;
-            for rec in records {
+            let live = DOCS_LIVE.scan(vec![Bson::Boolean(false)]).after(cursor.as_deref()).limit(batch);
+            let staged = DOCS_STAGED.scan(vec![StagedOp::Insert.to_bson()]).after(cursor.as_deref()).limit(batch);
+            let (live, staged) = (self.store().scan(coll, live).await?, self.store().scan(coll, staged).await?);
+            // Both lists are complete up to the last id of a full one.
+            let horizon = [&live, &staged]
+                .into_iter()
+                .filter(|l| l.len() == batch)
+                .filter_map(|l| l.last().and_then(record_id).map(str::to_owned))
+                .min();
+            let mut merged: Vec<_> = live.into_iter().chain(staged).collect();
+            merged.sort_by(|a, b| record_id(a).cmp(&record_id(b)));
+            merged.dedup_by(|a, b| record_id(a) == record_id(b));
+            for rec in merged {
+                if horizon.as_deref().is_some_and(|h| record_id(&rec).is_some_and(|id| id > h)) {
+                    break;
+                }
                 let doc = StoredDoc::from_record(rec)?;
                 cursor = Some(doc.id.clone());
                 if let View::Live(l) = self.view(doc, &mut holders).await? {
@@ -238,7 +251,7 @@ impl Documents {
                     items.push(l);
                 }
             }
-            if exhausted {
+            if horizon.is_none() {
                 return Ok((items, None));
             }
         }

@@ -16,6 +16,13 @@ pub enum StagedOp {
     Check,
 }
 
+impl StagedOp {
+    /// The operation as stored (a scan's equality value).
+    pub fn to_bson(self) -> Bson {
+        mongodb::bson::to_bson(&self).expect("a staged op serializes")
+    }
+}
+
 /// A transaction's staged post-image, never visible until it commits.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Staged {
@@ -111,11 +118,6 @@ impl StoredDoc {
     pub fn unchanged_filter(&self, holder: Option<&str>) -> Document {
         let holder = holder.map_or(Bson::Null, |h| Bson::String(h.to_owned()));
         mongodb::bson::doc! {"_meta.txn": holder, "_meta.v": self.meta.v}
-    }
-
-    /// The filter of documents holding a lock (the lock sweep's scan).
-    pub fn locked_filter() -> Document {
-        mongodb::bson::doc! {"_meta.txn": {"$ne": Bson::Null}}
     }
 
     pub fn from_record(mut record: Record) -> Result<Self, StoreError> {

@@ -21,7 +21,7 @@ use serde_json::Value;
 use std::sync::Arc;
 
 use crate::metrics::Metrics;
-use crate::store::{Bson, DateTime, Document, DynStore, Record, StoreError, StoreResult, Update, doc};
+use crate::store::{Bson, DateTime, DynStore, Record, StoreError, StoreResult, Update, doc, scans};
 use crate::txn::outputs::Outputs;
 use crate::txn::record::{TXNS, TxnRecord};
 
@@ -113,6 +113,11 @@ impl DeliveryStatus {
             DeliveryStatus::Dead => "dead",
             DeliveryStatus::Delivered => "delivered",
         }
+    }
+
+    /// The status as stored (a scan's equality value).
+    pub fn to_bson(self) -> Bson {
+        Bson::String(self.as_str().to_owned())
     }
 
     /// Delivered or dead: no attempt will follow unless replayed.
@@ -283,8 +288,11 @@ impl Hooks {
         after: Option<&str>,
         limit: usize,
     ) -> StoreResult<(Vec<Delivery>, Option<String>)> {
-        let filter = status.map_or_else(Document::new, |s| doc! {"status": s.as_str()});
-        crate::store::page(self.store.as_ref(), DELIVERIES, filter, after, limit, Delivery::from_record).await
+        let scan = match status {
+            Some(s) => scans::DELIVERIES_BY_STATUS.scan(vec![s.to_bson()]),
+            None => scans::DELIVERIES.scan(Vec::new()),
+        };
+        crate::store::page(self.store.as_ref(), DELIVERIES, scan, after, limit, Delivery::from_record).await
     }
 
     /// Send delivery `id` again: a `dead` or `delivered` one is queued anew

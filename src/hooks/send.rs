@@ -21,23 +21,22 @@ use tokio_util::task::TaskTracker;
 use super::net::Clients;
 use super::{AFTER_PREVIOUS, Attempt, DELIVERIES, Delivery, DeliveryStatus, HookConfig, Hooks, delivery_id};
 
-/// Statuses of deliveries an attempt may still be made for, and of final ones.
+/// Statuses of deliveries an attempt may still be made for.
 const DUE: [DeliveryStatus; 2] = [DeliveryStatus::Pending, DeliveryStatus::Failed];
-const FINAL: [DeliveryStatus; 2] = [DeliveryStatus::Delivered, DeliveryStatus::Dead];
 
 /// A filter value matching any of `statuses`.
 fn any_of(statuses: [DeliveryStatus; 2]) -> Vec<&'static str> {
     statuses.map(DeliveryStatus::as_str).to_vec()
 }
-use crate::store::{Bson, DateTime, Order, Scan, StoreResult, Update, doc};
+use crate::store::scans::{DELIVERIES_BY_DUE, DELIVERIES_WAITING};
+use crate::store::{Bound, Bson, DateTime, StoreResult, Update, doc};
 
 /// First retry delay; it doubles per failed attempt up to [`MAX_DELAY`].
 pub const FIRST_DELAY: Duration = Duration::from_millis(100);
 pub const MAX_DELAY: Duration = Duration::from_secs(30);
 /// Deliveries taken from one scan of the store.
 const SCAN_BATCH: usize = 512;
-/// Period of the sweep that purges old deliveries and releases successors
-/// a crash left waiting.
+/// Period of the sweep that releases successors a crash left waiting.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 /// Most of a response body read (and thrown away) per attempt.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
@@ -172,13 +171,16 @@ impl Sender {
     /// Queue the deliveries due now or before the next scan; returns how
     /// many were found.
     async fn scan(&self) -> StoreResult<usize> {
-        let horizon = add(self.hooks.clock.now(), self.cfg.scan_interval);
-        let filter = doc! {"status": {"$in": any_of(DUE)}, "next_at": {"$lte": horizon}};
-        let due = self.hooks.store.scan(DELIVERIES, Scan::sorted(filter, "next_at", Order::Asc, SCAN_BATCH)).await?;
-        let found = due.len();
-        for rec in due {
-            if let (Ok(id), Ok(at)) = (rec.get_str("_id"), rec.get_datetime("next_at")) {
-                self.hooks.queue.push(id, at.timestamp_millis());
+        let horizon = Bson::DateTime(add(self.hooks.clock.now(), self.cfg.scan_interval));
+        let mut found = 0;
+        for status in DUE {
+            let scan = DELIVERIES_BY_DUE.scan(vec![status.to_bson()]).to(Bound::Included(horizon.clone()));
+            let due = self.hooks.store.scan(DELIVERIES, scan.limit(SCAN_BATCH)).await?;
+            found = found.max(due.len());
+            for rec in due {
+                if let (Ok(id), Ok(at)) = (rec.get_str("_id"), rec.get_datetime("next_at")) {
+                    self.hooks.queue.push(id, at.timestamp_millis());
+                }
             }
         }
         Ok(found)
@@ -386,15 +388,14 @@ impl Sender {
         Outcome { status_code: Some(status), error: None, retry_after }
     }
 
-    /// Release successors a crash left waiting behind a finished hook,
-    /// and purge finished deliveries past retention. Returns where the
-    /// next sweep of waiting deliveries goes on from.
+    /// Release successors a crash left waiting behind a finished hook.
+    /// Returns where the next sweep goes on from.
     async fn sweep(&self, after: Option<String>) -> Option<String> {
-        let mut filter = doc! {"status": DeliveryStatus::Pending.as_str(), "next_at": AFTER_PREVIOUS};
-        if let Some(after) = &after {
-            filter.insert("_id", doc! {"$gt": after});
-        }
-        let waiting = match self.hooks.store.scan(DELIVERIES, Scan::by_id(filter, 256)).await {
+        let waiting = DELIVERIES_WAITING
+            .scan(vec![DeliveryStatus::Pending.to_bson(), Bson::DateTime(AFTER_PREVIOUS)])
+            .after(after.as_deref())
+            .limit(256);
+        let waiting = match self.hooks.store.scan(DELIVERIES, waiting).await {
             Ok(waiting) => waiting,
             Err(err) => {
                 tracing::warn!(error = %err, "sweep of waiting deliveries failed");
@@ -418,35 +419,7 @@ impl Sender {
                 self.release(&d.txn, d.index).await;
             }
         }
-        self.purge().await;
         resume.flatten()
-    }
-
-    /// Delete deliveries finished longer than the retention ago.
-    async fn purge(&self) {
-        let cutoff = DateTime::from_millis(
-            self.hooks.clock.now().timestamp_millis()
-                - i64::try_from(self.cfg.retention.as_millis()).unwrap_or(i64::MAX),
-        );
-        loop {
-            let filter = doc! {"status": {"$in": any_of(FINAL)}, "finished_at": {"$lt": cutoff}};
-            let old = match self.hooks.store.scan(DELIVERIES, Scan::by_id(filter.clone(), 500)).await {
-                Ok(old) => old,
-                Err(err) => {
-                    tracing::warn!(error = %err, "purge of old deliveries failed");
-                    return;
-                }
-            };
-            let full = old.len() == 500;
-            for rec in old {
-                if let Ok(id) = rec.get_str("_id") {
-                    let _ = self.hooks.store.delete(DELIVERIES, id, filter.clone()).await;
-                }
-            }
-            if !full {
-                return;
-            }
-        }
     }
 }
 

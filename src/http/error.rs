@@ -183,6 +183,7 @@ impl ApiError {
                 format!("the store refused the document: {msg}"),
             ),
             StoreError::Internal(msg) => Self::internal(format!("store: {msg}")),
+            StoreError::Duplicate(index) => Self::internal(format!("store: duplicate key in {index}")),
         }
     }
 

@@ -63,8 +63,16 @@ impl Store for Deadline {
     async fn collections(&self) -> StoreResult<Vec<String>> {
         self.within("collections", self.inner.collections()).await
     }
+    /// Not bounded: building an index over existing records takes as long
+    /// as the records take (migrations log their progress).
     async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
-        self.within("ensure_index", self.inner.ensure_index(coll, index)).await
+        self.inner.ensure_index(coll, index).await
+    }
+    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
+        self.within("drop_index", self.inner.drop_index(coll, name)).await
+    }
+    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
+        self.within("indexes", self.inner.indexes(coll)).await
     }
 }
 
@@ -108,6 +116,12 @@ mod tests {
         }
         async fn collections(&self) -> StoreResult<Vec<String>> {
             std::future::pending().await
+        }
+        async fn drop_index(&self, _: &str, _: &str) -> StoreResult<()> {
+            Ok(())
+        }
+        async fn indexes(&self, _: &str) -> StoreResult<Vec<IndexSpec>> {
+            Ok(Vec::new())
         }
         async fn ensure_index(&self, _: &str, _: IndexSpec) -> StoreResult<()> {
             std::future::pending().await

@@ -1,5 +1,16 @@
 //! The embedded backend: records as BSON in one redb table, keyed by
-//! `(collection, id)`.
+//! `(collection, id)`, and real secondary indexes beside them.
+//!
+//! An index entry is keyed by `(collection and index name, key bytes)`,
+//! the key being the record's index field values in an order-preserving
+//! encoding ([`super::keys`]) followed by its `_id` (a unique index leaves
+//! the `_id` out, so a second record with the same values collides), and
+//! holds the record's `_id`. Entries are written in the same redb write
+//! transaction as their record, so a crash never leaves an index and its
+//! records disagreeing. A scan reads its range of entries, applying the
+//! limit while it reads: it decodes only the records it returns. Which
+//! indexes exist is kept in a catalog table (and in memory); an index
+//! declared for a collection that already has records is built from them.
 //!
 //! Writes go through one writer thread that applies every queued operation
 //! in a single redb write transaction and commits it with
@@ -9,26 +20,69 @@
 //! is on disk. Reads use redb's MVCC read transactions and never wait for
 //! the writer.
 
+use std::collections::HashMap;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, mpsc};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, mpsc};
 
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
-use super::filter::{apply_update, matches, sort_order};
-use super::{Document, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Update};
+use super::filter::{apply_update, lookup, matches};
+use super::keys;
+use super::{Bson, Document, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Update};
 
 const RECORDS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("records");
+/// `("<collection>\0<index>", key bytes) -> _id`.
+const ENTRIES: TableDefinition<(&str, &[u8]), &str> = TableDefinition::new("index_entries");
+/// `(collection, index) -> IndexSpec as JSON`.
+const CATALOG: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("index_catalog");
 
 /// Upper bound on operations committed together.
 const MAX_BATCH: usize = 512;
 
+/// The indexes of each collection, as committed.
+type Catalog = Arc<RwLock<HashMap<String, Vec<IndexSpec>>>>;
+
 enum WriteOp {
-    Insert { coll: String, record: Record },
-    Replace { coll: String, id: String, filter: Document, record: Record },
-    Update { coll: String, id: String, filter: Document, update: Update },
-    Delete { coll: String, id: String, filter: Document },
+    Insert {
+        coll: String,
+        record: Record,
+    },
+    Replace {
+        coll: String,
+        id: String,
+        filter: Document,
+        record: Record,
+    },
+    Update {
+        coll: String,
+        id: String,
+        filter: Document,
+        update: Update,
+    },
+    Delete {
+        coll: String,
+        id: String,
+        filter: Document,
+    },
+    /// Index changes commit on their own.
+    EnsureIndex {
+        coll: String,
+        spec: IndexSpec,
+    },
+    DropIndex {
+        coll: String,
+        name: String,
+    },
+}
+
+impl WriteOp {
+    fn is_schema(&self) -> bool {
+        matches!(self, WriteOp::EnsureIndex { .. } | WriteOp::DropIndex { .. })
+    }
 }
 
 type Reply = oneshot::Sender<StoreResult<bool>>;
@@ -38,10 +92,18 @@ pub struct EmbeddedStore {
     db: Arc<Database>,
     writer: mpsc::Sender<(WriteOp, Reply)>,
     path: PathBuf,
+    catalog: Catalog,
+    /// Records decoded by reads (gets and scans) since the store opened.
+    decoded: Arc<AtomicU64>,
 }
 
 fn internal(err: impl std::fmt::Display) -> StoreError {
     StoreError::Internal(err.to_string())
+}
+
+/// The entry-table name of index `name` of `coll`.
+fn entries_name(coll: &str, name: &str) -> String {
+    format!("{coll}\0{name}")
 }
 
 impl EmbeddedStore {
@@ -59,19 +121,52 @@ impl EmbeddedStore {
         })?;
         let txn = db.begin_write().map_err(internal)?;
         txn.open_table(RECORDS).map_err(internal)?;
+        txn.open_table(ENTRIES).map_err(internal)?;
+        let mut catalog: HashMap<String, Vec<IndexSpec>> = HashMap::new();
+        {
+            let table = txn.open_table(CATALOG).map_err(internal)?;
+            for entry in table.iter().map_err(internal)? {
+                let (key, value) = entry.map_err(internal)?;
+                let spec: IndexSpec = serde_json::from_slice(value.value()).map_err(internal)?;
+                catalog.entry(key.value().0.to_owned()).or_default().push(spec);
+            }
+        }
         txn.commit().map_err(internal)?;
         let db = Arc::new(db);
+        let catalog: Catalog = Arc::new(RwLock::new(catalog));
         let (tx, rx) = mpsc::channel();
-        let writer_db = Arc::clone(&db);
+        let (writer_db, writer_catalog) = (Arc::clone(&db), Arc::clone(&catalog));
         std::thread::Builder::new()
             .name("txgate-embedded-writer".into())
-            .spawn(move || writer_loop(&writer_db, &rx))
+            .spawn(move || writer_loop(&writer_db, &writer_catalog, &rx))
             .map_err(internal)?;
-        Ok(Self { db, writer: tx, path })
+        Ok(Self { db, writer: tx, path, catalog, decoded: Arc::default() })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Records decoded by reads since the store opened.
+    pub fn decoded(&self) -> u64 {
+        self.decoded.load(Ordering::Relaxed)
+    }
+
+    /// Every entry of index `name` of `coll` as `_id`s in index order (for
+    /// tests that compare an index with its records).
+    pub async fn index_ids(&self, coll: &str, name: &str) -> StoreResult<Vec<String>> {
+        let table_name = entries_name(coll, name);
+        let db = Arc::clone(&self.db);
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_read().map_err(internal)?;
+            let table = txn.open_table(ENTRIES).map_err(internal)?;
+            let end = [keys::END];
+            let range =
+                table.range((table_name.as_str(), &[][..])..(table_name.as_str(), &end[..])).map_err(internal)?;
+            range.map(|e| e.map(|(_, id)| id.value().to_owned()).map_err(internal)).collect()
+        })
+        .await
+        .map_err(internal)?
     }
 
     async fn write(&self, op: WriteOp) -> StoreResult<bool> {
@@ -82,16 +177,22 @@ impl EmbeddedStore {
 
     async fn read<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&redb::ReadOnlyTable<(&'static str, &'static str), &'static [u8]>) -> StoreResult<T> + Send + 'static,
+        f: impl FnOnce(&redb::ReadTransaction, &AtomicU64) -> StoreResult<T> + Send + 'static,
     ) -> StoreResult<T> {
         let db = Arc::clone(&self.db);
+        let decoded = Arc::clone(&self.decoded);
         tokio::task::spawn_blocking(move || {
             let txn = db.begin_read().map_err(internal)?;
-            let table = txn.open_table(RECORDS).map_err(internal)?;
-            f(&table)
+            f(&txn, &decoded)
         })
         .await
         .map_err(internal)?
+    }
+
+    /// The committed spec of index `name` of `coll`.
+    fn spec(&self, coll: &str, name: &str) -> Option<IndexSpec> {
+        let catalog = self.catalog.read().expect("index catalog");
+        catalog.get(coll)?.iter().find(|s| s.name == name).cloned()
     }
 }
 
@@ -110,11 +211,78 @@ fn after_collection(coll: &str) -> String {
     format!("{coll}\0")
 }
 
-fn writer_loop(db: &Database, rx: &mpsc::Receiver<(WriteOp, Reply)>) {
-    while let Ok(first) = rx.recv() {
+/// The entry key of `record` (with `_id` `id`) in index `spec`.
+fn entry_key(spec: &IndexSpec, record: &Record, id: &str) -> Vec<u8> {
+    let mut key = keys::encode(spec.fields.iter().map(|f| lookup(record, f)));
+    if !spec.unique && spec.fields.last().is_none_or(|f| f != "_id") {
+        keys::push(&mut key, Some(&Bson::String(id.to_owned())));
+    }
+    key
+}
+
+type Entries<'t> = redb::Table<'t, (&'static str, &'static [u8]), &'static str>;
+
+/// Keep the entries of every index of `coll` equal to the record `id`
+/// becoming `new` (from `old`). Unique indexes are checked before anything
+/// is changed, so a refused write leaves no trace.
+fn reindex(
+    entries: &mut Entries<'_>,
+    specs: &[IndexSpec],
+    coll: &str,
+    id: &str,
+    old: Option<&Record>,
+    new: Option<&Record>,
+) -> StoreResult<()> {
+    let mut changes = Vec::new();
+    for spec in specs {
+        let old_key = old.map(|r| entry_key(spec, r, id));
+        let new_key = new.map(|r| entry_key(spec, r, id));
+        if old_key == new_key {
+            continue;
+        }
+        let table = entries_name(coll, &spec.name);
+        if let (Some(key), true) = (&new_key, spec.unique) {
+            if let Some(holder) = entries.get((table.as_str(), key.as_slice())).map_err(internal)? {
+                if holder.value() != id {
+                    return Err(StoreError::Duplicate(format!("{coll}.{}", spec.name)));
+                }
+            }
+        }
+        changes.push((table, old_key, new_key));
+    }
+    for (table, old_key, new_key) in changes {
+        if let Some(key) = old_key {
+            entries.remove((table.as_str(), key.as_slice())).map_err(internal)?;
+        }
+        if let Some(key) = new_key {
+            entries.insert((table.as_str(), key.as_slice()), id).map_err(internal)?;
+        }
+    }
+    Ok(())
+}
+
+fn writer_loop(db: &Database, catalog: &Catalog, rx: &mpsc::Receiver<(WriteOp, Reply)>) {
+    let mut held: Option<(WriteOp, Reply)> = None;
+    loop {
+        let first = match held.take() {
+            Some(item) => item,
+            None => match rx.recv() {
+                Ok(item) => item,
+                Err(_) => return,
+            },
+        };
+        if first.0.is_schema() {
+            let (op, reply) = first;
+            let _ = reply.send(schema_change(db, catalog, op));
+            continue;
+        }
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
+                Ok(item) if item.0.is_schema() => {
+                    held = Some(item);
+                    break;
+                }
                 Ok(item) => batch.push(item),
                 Err(_) => break,
             }
@@ -123,9 +291,11 @@ fn writer_loop(db: &Database, rx: &mpsc::Receiver<(WriteOp, Reply)>) {
         let outcome = (|| -> StoreResult<()> {
             let txn = db.begin_write().map_err(internal)?;
             {
+                let specs = catalog.read().expect("index catalog");
                 let mut table = txn.open_table(RECORDS).map_err(internal)?;
+                let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
                 for (op, _) in &batch {
-                    results.push(apply(&mut table, op));
+                    results.push(apply(&mut table, &mut entries, &specs, op));
                 }
             }
             txn.commit().map_err(|e| StoreError::Unavailable(format!("commit failed: {e}")))
@@ -146,13 +316,90 @@ fn writer_loop(db: &Database, rx: &mpsc::Receiver<(WriteOp, Reply)>) {
     }
 }
 
-fn apply(table: &mut redb::Table<(&str, &str), &[u8]>, op: &WriteOp) -> StoreResult<bool> {
+/// Create or drop an index in a write transaction of its own; the
+/// in-memory catalog changes once it is committed.
+fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp) -> StoreResult<bool> {
+    match op {
+        WriteOp::EnsureIndex { coll, spec } => {
+            let existing = catalog
+                .read()
+                .expect("index catalog")
+                .get(&coll)
+                .and_then(|specs| specs.iter().find(|s| s.name == spec.name).cloned());
+            match existing {
+                Some(s) if s == spec => return Ok(false),
+                Some(s) => {
+                    return Err(StoreError::Internal(format!(
+                        "index {} of {coll} exists as {s:?}, not {spec:?}",
+                        spec.name
+                    )));
+                }
+                None => {}
+            }
+            let txn = db.begin_write().map_err(internal)?;
+            let mut built = 0usize;
+            {
+                let records = txn.open_table(RECORDS).map_err(internal)?;
+                let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
+                clear_entries(&mut entries, &entries_name(&coll, &spec.name))?;
+                let end = after_collection(&coll);
+                for entry in records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)? {
+                    let (key, value) = entry.map_err(internal)?;
+                    let record = decode(value.value())?;
+                    let id = key.value().1;
+                    reindex(&mut entries, std::slice::from_ref(&spec), &coll, id, None, Some(&record))?;
+                    built += 1;
+                    if built % 100_000 == 0 {
+                        tracing::info!(collection = %coll, index = %spec.name, records = built, "building index");
+                    }
+                }
+                let mut cat = txn.open_table(CATALOG).map_err(internal)?;
+                let json = serde_json::to_vec(&spec).map_err(internal)?;
+                cat.insert((coll.as_str(), spec.name.as_str()), json.as_slice()).map_err(internal)?;
+            }
+            txn.commit().map_err(|e| StoreError::Unavailable(format!("commit failed: {e}")))?;
+            if built > 0 {
+                tracing::info!(collection = %coll, index = %spec.name, records = built, "index built");
+            }
+            catalog.write().expect("index catalog").entry(coll).or_default().push(spec);
+            Ok(true)
+        }
+        WriteOp::DropIndex { coll, name } => {
+            let txn = db.begin_write().map_err(internal)?;
+            {
+                let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
+                clear_entries(&mut entries, &entries_name(&coll, &name))?;
+                let mut cat = txn.open_table(CATALOG).map_err(internal)?;
+                cat.remove((coll.as_str(), name.as_str())).map_err(internal)?;
+            }
+            txn.commit().map_err(|e| StoreError::Unavailable(format!("commit failed: {e}")))?;
+            if let Some(specs) = catalog.write().expect("index catalog").get_mut(&coll) {
+                specs.retain(|s| s.name != name);
+            }
+            Ok(true)
+        }
+        _ => unreachable!("only index changes commit on their own"),
+    }
+}
+
+fn clear_entries(entries: &mut Entries<'_>, table: &str) -> StoreResult<()> {
+    let end = [keys::END];
+    entries.retain_in((table, &[][..])..(table, &end[..]), |_, _| false).map_err(internal)
+}
+
+fn apply(
+    table: &mut redb::Table<(&str, &str), &[u8]>,
+    entries: &mut Entries<'_>,
+    catalog: &HashMap<String, Vec<IndexSpec>>,
+    op: &WriteOp,
+) -> StoreResult<bool> {
     let current = |table: &redb::Table<(&str, &str), &[u8]>, coll: &str, id: &str| -> StoreResult<Option<Record>> {
         match table.get((coll, id)).map_err(internal)? {
             Some(v) => decode(v.value()).map(Some),
             None => Ok(None),
         }
     };
+    let specs = |coll: &str| catalog.get(coll).map_or(&[][..], Vec::as_slice);
     match op {
         WriteOp::Insert { coll, record } => {
             let id = record.get_str("_id").map_err(|_| StoreError::Rejected("record has no string _id".into()))?;
@@ -160,6 +407,7 @@ fn apply(table: &mut redb::Table<(&str, &str), &[u8]>, op: &WriteOp) -> StoreRes
                 return Ok(false);
             }
             let bytes = encode(record)?;
+            reindex(entries, specs(coll), coll, id, None, Some(record))?;
             table.insert((coll.as_str(), id), bytes.as_slice()).map_err(internal)?;
             Ok(true)
         }
@@ -171,16 +419,19 @@ fn apply(table: &mut redb::Table<(&str, &str), &[u8]>, op: &WriteOp) -> StoreRes
             let mut record = record.clone();
             record.insert("_id", id.as_str());
             let bytes = encode(&record)?;
+            reindex(entries, specs(coll), coll, id, Some(&existing), Some(&record))?;
             table.insert((coll.as_str(), id.as_str()), bytes.as_slice()).map_err(internal)?;
             Ok(true)
         }
         WriteOp::Update { coll, id, filter, update } => {
-            let Some(mut existing) = current(table, coll, id)? else { return Ok(false) };
+            let Some(existing) = current(table, coll, id)? else { return Ok(false) };
             if !matches(&existing, filter)? {
                 return Ok(false);
             }
-            apply_update(&mut existing, update)?;
-            let bytes = encode(&existing)?;
+            let mut next = existing.clone();
+            apply_update(&mut next, update)?;
+            let bytes = encode(&next)?;
+            reindex(entries, specs(coll), coll, id, Some(&existing), Some(&next))?;
             table.insert((coll.as_str(), id.as_str()), bytes.as_slice()).map_err(internal)?;
             Ok(true)
         }
@@ -189,15 +440,103 @@ fn apply(table: &mut redb::Table<(&str, &str), &[u8]>, op: &WriteOp) -> StoreRes
             if !matches(&existing, filter)? {
                 return Ok(false);
             }
+            reindex(entries, specs(coll), coll, id, Some(&existing), None)?;
             table.remove((coll.as_str(), id.as_str())).map_err(internal)?;
             Ok(true)
+        }
+        WriteOp::EnsureIndex { .. } | WriteOp::DropIndex { .. } => {
+            unreachable!("index changes commit on their own")
         }
     }
 }
 
-/// The lower bound of an `_id` scan when the filter pins `_id > x`.
-fn id_lower_bound(filter: &Document) -> Option<String> {
-    filter.get_document("_id").ok()?.get_str("$gt").ok().map(str::to_owned)
+/// The byte range of index entries a scan reads: its equality prefix, then
+/// the bounds on the order field, each bracketed by its type.
+fn entry_range(prefix: &[u8], lower: &Bound<Bson>, upper: &Bound<Bson>) -> (Vec<u8>, Vec<u8>) {
+    let with = |v: &Bson, tail: Option<u8>| {
+        let mut k = prefix.to_vec();
+        keys::push(&mut k, Some(v));
+        k.extend(tail);
+        k
+    };
+    let bracket = |b: &Bound<Bson>| match b {
+        Bound::Included(v) | Bound::Excluded(v) => Some(keys::tag(Some(v))),
+        Bound::Unbounded => None,
+    };
+    let start = match lower {
+        Bound::Included(v) => with(v, None),
+        Bound::Excluded(v) => with(v, Some(keys::END)),
+        Bound::Unbounded => {
+            let mut k = prefix.to_vec();
+            k.extend(bracket(upper));
+            k
+        }
+    };
+    let end = match upper {
+        Bound::Included(v) => with(v, Some(keys::END)),
+        Bound::Excluded(v) => with(v, None),
+        Bound::Unbounded => {
+            let mut k = prefix.to_vec();
+            k.push(bracket(lower).map_or(keys::END, |t| t + 1));
+            k
+        }
+    };
+    (start, end)
+}
+
+fn id_bound(b: &Bound<Bson>, after: bool) -> Bound<String> {
+    match b {
+        Bound::Included(Bson::String(s)) => Bound::Included(s.clone()),
+        Bound::Excluded(Bson::String(s)) if after => Bound::Included(format!("{s}\0")),
+        Bound::Excluded(Bson::String(s)) => Bound::Excluded(s.clone()),
+        _ => Bound::Unbounded,
+    }
+}
+
+/// Hand the first `scan.max()` entries of `range`, in the scan's order, to
+/// `f`: the limit is applied while reading.
+fn in_order<T>(
+    range: impl DoubleEndedIterator<Item = Result<T, redb::StorageError>>,
+    scan: &Scan,
+    mut f: impl FnMut(T) -> StoreResult<()>,
+) -> StoreResult<()> {
+    let entries: Box<dyn Iterator<Item = _>> =
+        if scan.order() == Order::Desc { Box::new(range.rev()) } else { Box::new(range) };
+    for entry in entries.take(scan.max()) {
+        f(entry.map_err(internal)?)?;
+    }
+    Ok(())
+}
+
+/// The records of a scan along the primary index.
+fn scan_primary(
+    table: &redb::ReadOnlyTable<(&'static str, &'static str), &'static [u8]>,
+    coll: &str,
+    scan: &Scan,
+    decoded: &AtomicU64,
+) -> StoreResult<Vec<Record>> {
+    let (lower, upper) = scan.bounds();
+    let end = after_collection(coll);
+    let lo = id_bound(lower, true);
+    let hi = id_bound(upper, false);
+    let start = match &lo {
+        Bound::Included(s) => Bound::Included((coll, s.as_str())),
+        Bound::Excluded(s) => Bound::Excluded((coll, s.as_str())),
+        Bound::Unbounded => Bound::Included((coll, "")),
+    };
+    let stop = match &hi {
+        Bound::Included(s) => Bound::Included((coll, s.as_str())),
+        Bound::Excluded(s) => Bound::Excluded((coll, s.as_str())),
+        Bound::Unbounded => Bound::Excluded((end.as_str(), "")),
+    };
+    let range = table.range::<(&str, &str)>((start, stop)).map_err(internal)?;
+    let mut out = Vec::new();
+    in_order(range, scan, |(_, value)| {
+        decoded.fetch_add(1, Ordering::Relaxed);
+        out.push(decode(value.value())?);
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 #[async_trait]
@@ -207,24 +546,32 @@ impl Store for EmbeddedStore {
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        self.read(|_| Ok(())).await
+        self.read(|_, _| Ok(())).await
     }
 
     async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
         let (coll, id) = (coll.to_owned(), id.to_owned());
-        self.read(move |table| match table.get((coll.as_str(), id.as_str())).map_err(internal)? {
-            Some(v) => decode(v.value()).map(Some),
-            None => Ok(None),
+        self.read(move |txn, decoded| {
+            let table = txn.open_table(RECORDS).map_err(internal)?;
+            match table.get((coll.as_str(), id.as_str())).map_err(internal)? {
+                Some(v) => {
+                    decoded.fetch_add(1, Ordering::Relaxed);
+                    decode(v.value()).map(Some)
+                }
+                None => Ok(None),
+            }
         })
         .await
     }
 
     async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
         let (coll, ids) = (coll.to_owned(), ids.to_vec());
-        self.read(move |table| {
+        self.read(move |txn, decoded| {
+            let table = txn.open_table(RECORDS).map_err(internal)?;
             let mut out = Vec::with_capacity(ids.len());
             for id in &ids {
                 if let Some(v) = table.get((coll.as_str(), id.as_str())).map_err(internal)? {
+                    decoded.fetch_add(1, Ordering::Relaxed);
                     out.push(decode(v.value())?);
                 }
             }
@@ -251,55 +598,59 @@ impl Store for EmbeddedStore {
 
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
         let coll = coll.to_owned();
-        self.read(move |table| {
-            let by_id = scan.sort.0 == "_id";
-            let start = if by_id && scan.sort.1 == Order::Asc { id_lower_bound(&scan.filter) } else { None };
-            let end = after_collection(&coll);
-            let lower = start.as_deref().unwrap_or("");
-            let range = table.range((coll.as_str(), lower)..(end.as_str(), "")).map_err(internal)?;
-            let mut out = Vec::new();
-            let mut push = |entry: Result<
-                (redb::AccessGuard<(&str, &str)>, redb::AccessGuard<&[u8]>),
-                redb::StorageError,
-            >|
-             -> StoreResult<bool> {
-                let (_, value) = entry.map_err(internal)?;
-                let record = decode(value.value())?;
-                if matches(&record, &scan.filter)? {
-                    out.push(record);
-                }
-                // With the key order being the scan order, stop once full.
-                Ok(by_id && out.len() >= scan.limit)
+        // The catalog is read before the snapshot: an index it names was
+        // committed before the snapshot begins.
+        let spec = if scan.index() == super::scans::PRIMARY { None } else { Some(self.spec(&coll, scan.index())) };
+        self.read(move |txn, decoded| {
+            let records = txn.open_table(RECORDS).map_err(internal)?;
+            let Some(spec) = spec else { return scan_primary(&records, &coll, &scan, decoded) };
+            let Some(spec) = spec else {
+                // A collection without records has no indexes yet.
+                let end = after_collection(&coll);
+                let mut any = records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)?;
+                return match any.next() {
+                    None => Ok(Vec::new()),
+                    Some(_) => Err(StoreError::Internal(format!("{coll} has no index {}", scan.index()))),
+                };
             };
-            if by_id && scan.sort.1 == Order::Desc {
-                for entry in range.rev() {
-                    if push(entry)? {
-                        break;
-                    }
-                }
-            } else {
-                for entry in range {
-                    if push(entry)? {
-                        break;
-                    }
-                }
+            let eq: Vec<&str> = scan.eq().iter().map(|(f, _)| *f).collect();
+            let n = eq.len();
+            let by_ok = spec.fields.get(n).map_or(scan.by() == "_id", |f| f == scan.by());
+            if spec.fields.len() < n || spec.fields[..n] != eq[..] || !by_ok {
+                return Err(StoreError::Internal(format!(
+                    "index {} of {coll} ({:?}) does not serve equality on {eq:?} ordered by {}",
+                    spec.name,
+                    spec.fields,
+                    scan.by()
+                )));
             }
-            if !by_id {
-                let field = scan.sort.0.as_str();
-                out.sort_by(|a, b| {
-                    let ord = sort_order(super::filter::lookup(a, field), super::filter::lookup(b, field))
-                        .then_with(|| a.get_str("_id").unwrap_or("").cmp(b.get_str("_id").unwrap_or("")));
-                    if scan.sort.1 == Order::Desc { ord.reverse() } else { ord }
-                });
+            let prefix = keys::encode(scan.eq().iter().map(|(_, v)| Some(v)));
+            let (lower, upper) = scan.bounds();
+            let (start, end) = entry_range(&prefix, lower, upper);
+            if start >= end {
+                return Ok(Vec::new());
             }
-            out.truncate(scan.limit);
+            let name = entries_name(&coll, &spec.name);
+            let entries = txn.open_table(ENTRIES).map_err(internal)?;
+            let range =
+                entries.range((name.as_str(), start.as_slice())..(name.as_str(), end.as_slice())).map_err(internal)?;
+            let mut out = Vec::new();
+            in_order(range, &scan, |(_, id)| {
+                let value = records.get((coll.as_str(), id.value())).map_err(internal)?.ok_or_else(|| {
+                    StoreError::Internal(format!("index {name:?} names a missing record {}", id.value()))
+                })?;
+                decoded.fetch_add(1, Ordering::Relaxed);
+                out.push(decode(value.value())?);
+                Ok(())
+            })?;
             Ok(out)
         })
         .await
     }
 
     async fn collections(&self) -> StoreResult<Vec<String>> {
-        self.read(|table| {
+        self.read(|txn, _| {
+            let table = txn.open_table(RECORDS).map_err(internal)?;
             let mut names = Vec::new();
             let mut from = String::new();
             loop {
@@ -315,7 +666,21 @@ impl Store for EmbeddedStore {
         .await
     }
 
-    async fn ensure_index(&self, _coll: &str, _index: IndexSpec) -> StoreResult<()> {
-        Ok(())
+    async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
+        if self.spec(coll, &index.name).as_ref() == Some(&index) {
+            return Ok(());
+        }
+        self.write(WriteOp::EnsureIndex { coll: coll.to_owned(), spec: index }).await.map(|_| ())
+    }
+
+    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
+        Ok(self.catalog.read().expect("index catalog").get(coll).cloned().unwrap_or_default())
+    }
+
+    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
+        if self.spec(coll, name).is_none() {
+            return Ok(());
+        }
+        self.write(WriteOp::DropIndex { coll: coll.to_owned(), name: name.to_owned() }).await.map(|_| ())
     }
 }

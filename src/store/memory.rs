@@ -85,25 +85,26 @@ impl Store for MemoryStore {
     }
 
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+        let (filter, _) = scan.to_query();
         let mut out = self.with(|records| {
             let mut out = Vec::new();
             for ((c, _), record) in records.range((coll.to_owned(), String::new())..) {
                 if c != coll {
                     break;
                 }
-                if matches(record, &scan.filter)? {
+                if matches(record, &filter)? {
                     out.push(record.clone());
                 }
             }
             StoreResult::Ok(out)
         })?;
-        let field = scan.sort.0.as_str();
+        let field = scan.by();
         out.sort_by(|a, b| {
             let ord = sort_order(lookup(a, field), lookup(b, field))
                 .then_with(|| a.get_str("_id").unwrap_or("").cmp(b.get_str("_id").unwrap_or("")));
-            if scan.sort.1 == Order::Desc { ord.reverse() } else { ord }
+            if scan.order() == Order::Desc { ord.reverse() } else { ord }
         });
-        out.truncate(scan.limit);
+        out.truncate(scan.max());
         Ok(out)
     }
 
@@ -119,5 +120,14 @@ impl Store for MemoryStore {
 
     async fn ensure_index(&self, _coll: &str, _index: IndexSpec) -> StoreResult<()> {
         Ok(())
+    }
+
+    async fn drop_index(&self, _coll: &str, _name: &str) -> StoreResult<()> {
+        Ok(())
+    }
+
+    /// None: scans here filter every record of the collection.
+    async fn indexes(&self, _coll: &str) -> StoreResult<Vec<IndexSpec>> {
+        Ok(Vec::new())
     }
 }

@@ -11,8 +11,11 @@ pub mod convert;
 pub mod deadline;
 pub mod embedded;
 pub mod filter;
+pub mod keys;
 pub mod memory;
 pub mod mongo;
+pub mod scans;
+pub mod templates;
 
 use std::sync::Arc;
 
@@ -31,6 +34,9 @@ pub enum StoreError {
     /// The store refused the document itself (size, field names, nesting).
     #[error("store rejected the document: {0}")]
     Rejected(String),
+    /// The write would give a unique index a second record with one value.
+    #[error("duplicate key in unique index {0}")]
+    Duplicate(String),
     /// Anything else: a bug or a corrupted record.
     #[error("store error: {0}")]
     Internal(String),
@@ -45,23 +51,130 @@ pub enum Order {
     Desc,
 }
 
-/// A bounded scan of one collection.
+/// A bounded read of one collection along one of its declared indexes
+/// (see [`scans`]): records whose index fields equal `eq` (a prefix of the
+/// index's fields), ordered by the next field of the index (`_id` once the
+/// prefix is all of them), within the bounds on that field. Bounds are
+/// bracketed by type as in MongoDB: a lower bound that is a string never
+/// reaches a number or a date. Records with equal order fields come in
+/// `_id` order on the embedded store and in index order on MongoDB.
+///
+/// A scan is made only from a declaration in [`scans`], which a test checks
+/// against the indexes in `migrations/`; so every scan is served by an
+/// index, and reads O(limit) records.
 #[derive(Clone, Debug)]
 pub struct Scan {
-    pub filter: Document,
-    /// Field to sort by; ties are broken by `_id` in the same direction.
-    pub sort: (String, Order),
-    pub limit: usize,
+    index: &'static str,
+    eq: Vec<(&'static str, Bson)>,
+    by: &'static str,
+    lower: Bound<Bson>,
+    upper: Bound<Bson>,
+    order: Order,
+    limit: usize,
 }
 
+pub use std::ops::Bound;
+
 impl Scan {
-    /// Records matching `filter` in `_id` order.
-    pub fn by_id(filter: Document, limit: usize) -> Self {
-        Self { filter, sort: ("_id".into(), Order::Asc), limit }
+    pub(crate) fn new(decl: &scans::ScanDecl, eq: Vec<Bson>) -> Self {
+        assert_eq!(eq.len(), decl.eq.len(), "scan {} takes {} equality values", decl.index, decl.eq.len());
+        Self {
+            index: decl.index,
+            eq: decl.eq.iter().copied().zip(eq).collect(),
+            by: decl.by,
+            lower: Bound::Unbounded,
+            upper: Bound::Unbounded,
+            order: Order::Asc,
+            limit: usize::MAX,
+        }
     }
 
-    pub fn sorted(filter: Document, field: &str, order: Order, limit: usize) -> Self {
-        Self { filter, sort: (field.to_owned(), order), limit }
+    /// Only records whose order field is above `lower`.
+    #[must_use]
+    pub fn from(mut self, lower: Bound<Bson>) -> Self {
+        self.lower = lower;
+        self
+    }
+
+    /// Only records whose order field is below `upper`.
+    #[must_use]
+    pub fn to(mut self, upper: Bound<Bson>) -> Self {
+        self.upper = upper;
+        self
+    }
+
+    /// Only records whose `_id` follows `id` (the order field is `_id`).
+    #[must_use]
+    pub fn after(self, id: Option<&str>) -> Self {
+        debug_assert_eq!(self.by, "_id");
+        match id {
+            Some(id) => self.from(Bound::Excluded(Bson::String(id.to_owned()))),
+            None => self,
+        }
+    }
+
+    #[must_use]
+    pub fn desc(mut self) -> Self {
+        self.order = Order::Desc;
+        self
+    }
+
+    #[must_use]
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    pub fn index(&self) -> &'static str {
+        self.index
+    }
+    pub fn eq(&self) -> &[(&'static str, Bson)] {
+        &self.eq
+    }
+    pub fn by(&self) -> &'static str {
+        self.by
+    }
+    pub fn bounds(&self) -> (&Bound<Bson>, &Bound<Bson>) {
+        (&self.lower, &self.upper)
+    }
+    pub fn order(&self) -> Order {
+        self.order
+    }
+    pub fn max(&self) -> usize {
+        self.limit
+    }
+
+    /// The scan as a MongoDB filter and sort (the order field only: ties
+    /// come in index order).
+    pub fn to_query(&self) -> (Document, Document) {
+        let mut filter = Document::new();
+        for (field, value) in &self.eq {
+            filter.insert(*field, value.clone());
+        }
+        let mut range = Document::new();
+        match &self.lower {
+            Bound::Included(v) => {
+                range.insert("$gte", v.clone());
+            }
+            Bound::Excluded(v) => {
+                range.insert("$gt", v.clone());
+            }
+            Bound::Unbounded => {}
+        }
+        match &self.upper {
+            Bound::Included(v) => {
+                range.insert("$lte", v.clone());
+            }
+            Bound::Excluded(v) => {
+                range.insert("$lt", v.clone());
+            }
+            Bound::Unbounded => {}
+        }
+        if !range.is_empty() {
+            filter.insert(self.by, range);
+        }
+        let dir = if self.order == Order::Asc { 1 } else { -1 };
+        (filter, doc! { self.by: dir })
     }
 }
 
@@ -78,12 +191,14 @@ impl Update {
     }
 }
 
-/// An index a collection should have (used by the MongoDB backend; the
-/// embedded backend plans its scans without them).
-#[derive(Clone, Debug)]
+/// A secondary index: records ordered by the values of `fields` (all
+/// ascending; a missing field counts as null), then by `_id`. A `unique`
+/// index admits one record per value.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IndexSpec {
     pub name: String,
-    pub keys: Document,
+    pub fields: Vec<String>,
+    #[serde(default)]
     pub unique: bool,
 }
 
@@ -119,27 +234,30 @@ pub trait Store: Send + Sync + 'static {
     /// Names of every collection that holds at least one record.
     async fn collections(&self) -> StoreResult<Vec<String>>;
 
-    /// Create an index if it does not exist (idempotent).
+    /// Create an index if it does not exist (idempotent), building it for
+    /// the records already there.
     async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()>;
+
+    /// Drop index `name` if it exists.
+    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()>;
+
+    /// The secondary indexes `coll` has.
+    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>>;
 }
 
 pub type DynStore = Arc<dyn Store>;
 
-/// One page of `coll` in `_id` order: up to `limit` records matching
-/// `filter` after id `after`, decoded, and the id to continue after when
-/// more exist.
+/// One page of an `_id`-ordered `scan` of `coll`: up to `limit` records
+/// after id `after`, decoded, and the id to continue after when more exist.
 pub async fn page<T>(
     store: &dyn Store,
     coll: &str,
-    mut filter: Document,
+    scan: Scan,
     after: Option<&str>,
     limit: usize,
     decode: impl Fn(Record) -> StoreResult<T>,
 ) -> StoreResult<(Vec<T>, Option<String>)> {
-    if let Some(after) = after {
-        filter.insert("_id", doc! {"$gt": after});
-    }
-    let mut records = store.scan(coll, Scan::by_id(filter, limit + 1)).await?;
+    let mut records = store.scan(coll, scan.after(after).limit(limit + 1)).await?;
     let next = if records.len() > limit {
         records.truncate(limit);
         records.last().and_then(record_id).map(str::to_owned)
@@ -147,6 +265,36 @@ pub async fn page<T>(
         None
     };
     Ok((records.into_iter().map(decode).collect::<StoreResult<_>>()?, next))
+}
+
+/// Records one background step reads or deletes at a time: recovery's
+/// scans, the lock sweep, purges. Steps repeat batches while there is work.
+pub const BATCH: usize = 200;
+
+/// Delete every record of `coll` that `scan` finds (it must be bounded so
+/// that what it finds stays found: a cutoff), in batches of [`BATCH`] while
+/// batches come back full. Each delete is conditional on the scan's own
+/// filter, so a record changed meanwhile is kept. Returns how many went.
+pub async fn purge(store: &dyn Store, coll: &str, scan: Scan) -> StoreResult<usize> {
+    let (filter, _) = scan.to_query();
+    let mut purged = 0;
+    loop {
+        let batch = store.scan(coll, scan.clone().limit(BATCH)).await?;
+        let full = batch.len() == BATCH;
+        let mut deleted = 0;
+        for rec in batch {
+            if let Some(id) = record_id(&rec) {
+                if store.delete(coll, id, filter.clone()).await? {
+                    deleted += 1;
+                }
+            }
+        }
+        purged += deleted;
+        // A full batch none of which could go would be read again forever.
+        if !full || deleted == 0 {
+            return Ok(purged);
+        }
+    }
 }
 
 /// The `_id` of a record, when it is a string.

@@ -11,9 +11,8 @@
 //! most for the store deadline, so a hung call cannot stop the writes that
 //! share its stripe.
 
-use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -22,7 +21,7 @@ use mongodb::error::{Error as MongoError, ErrorKind, WriteFailure};
 use mongodb::options::{ClientOptions, IndexOptions};
 use mongodb::{Client, Collection, Database, IndexModel};
 
-use super::{Document, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Update, doc};
+use super::{Bson, Document, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update, doc};
 
 const DUPLICATE_KEY: i32 = 11000;
 
@@ -37,8 +36,6 @@ pub struct MongoStore {
     /// Longest time one write holds its stripe (the store deadline).
     hold: Duration,
     stripes: Vec<Arc<tokio::sync::Mutex<()>>>,
-    /// User collections whose indexes this process has already ensured.
-    indexed: Mutex<HashSet<String>>,
 }
 
 fn map_err(err: MongoError) -> StoreError {
@@ -52,12 +49,22 @@ fn map_err(err: MongoError) -> StoreError {
         }
         ErrorKind::Command(e) if REJECTED_CODES.contains(&e.code) => StoreError::Rejected(e.message.clone()),
         ErrorKind::BsonSerialization(e) => StoreError::Rejected(e.to_string()),
+        ErrorKind::Write(WriteFailure::WriteError(e)) if e.code == DUPLICATE_KEY => {
+            StoreError::Duplicate(e.message.clone())
+        }
         _ => StoreError::Internal(err.to_string()),
     }
 }
 
-fn is_duplicate(err: &MongoError) -> bool {
-    matches!(err.kind.as_ref(), ErrorKind::Write(WriteFailure::WriteError(e)) if e.code == DUPLICATE_KEY)
+/// A duplicate key: `Some(true)` on `_id` (the record exists), `Some(false)`
+/// on a secondary unique index.
+fn duplicate(err: &MongoError) -> Option<bool> {
+    match err.kind.as_ref() {
+        ErrorKind::Write(WriteFailure::WriteError(e)) if e.code == DUPLICATE_KEY => {
+            Some(e.message.contains("_id_") || !e.message.contains("index:"))
+        }
+        _ => None,
+    }
 }
 
 /// A conditional single-record write.
@@ -109,7 +116,6 @@ impl MongoStore {
             db: client.database(database),
             hold,
             stripes: (0..WRITE_STRIPES).map(|_| Arc::new(tokio::sync::Mutex::new(()))).collect(),
-            indexed: Mutex::new(HashSet::new()),
         })
     }
 
@@ -142,17 +148,6 @@ impl MongoStore {
     pub async fn drop_database(&self) -> StoreResult<()> {
         self.db.drop().await.map_err(map_err)
     }
-
-    /// User collections get the index the lock sweep scans by.
-    async fn ensure_user_indexes(&self, coll: &str) -> StoreResult<()> {
-        if coll.starts_with('_') || self.indexed.lock().expect("index set").contains(coll) {
-            return Ok(());
-        }
-        self.ensure_index(coll, IndexSpec { name: "meta_txn".into(), keys: doc! {"_meta.txn": 1}, unique: false })
-            .await?;
-        self.indexed.lock().expect("index set").insert(coll.to_owned());
-        Ok(())
-    }
 }
 
 #[async_trait]
@@ -178,11 +173,12 @@ impl Store for MongoStore {
     }
 
     async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
-        self.ensure_user_indexes(coll).await?;
         match self.coll(coll).insert_one(record).await {
             Ok(_) => Ok(true),
-            Err(err) if is_duplicate(&err) => Ok(false),
-            Err(err) => Err(map_err(err)),
+            Err(err) => match duplicate(&err) {
+                Some(true) => Ok(false),
+                _ => Err(map_err(err)),
+            },
         }
     }
 
@@ -200,13 +196,9 @@ impl Store for MongoStore {
     }
 
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
-        let dir = if scan.sort.1 == Order::Asc { 1 } else { -1 };
-        let mut sort = doc! { scan.sort.0.clone(): dir };
-        if scan.sort.0 != "_id" {
-            sort.insert("_id", dir);
-        }
-        let limit = i64::try_from(scan.limit).unwrap_or(i64::MAX);
-        let cursor = self.coll(coll).find(scan.filter).sort(sort).limit(limit).await.map_err(map_err)?;
+        let (filter, sort) = scan.to_query();
+        let limit = i64::try_from(scan.max()).unwrap_or(i64::MAX);
+        let cursor = self.coll(coll).find(filter).sort(sort).limit(limit).await.map_err(map_err)?;
         cursor.try_collect().await.map_err(map_err)
     }
 
@@ -217,8 +209,37 @@ impl Store for MongoStore {
     }
 
     async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
+        let keys: Document = index.fields.iter().map(|f| (f.clone(), Bson::Int32(1))).collect();
         let options = IndexOptions::builder().name(index.name).unique(index.unique.then_some(true)).build();
-        let model = IndexModel::builder().keys(index.keys).options(options).build();
+        let model = IndexModel::builder().keys(keys).options(options).build();
         self.coll(coll).create_index(model).await.map(|_| ()).map_err(map_err)
+    }
+
+    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
+        let mut out = Vec::new();
+        let mut cursor = match self.coll(coll).list_indexes().await {
+            Ok(cursor) => cursor,
+            // NamespaceNotFound: no collection, no indexes.
+            Err(err) if matches!(err.kind.as_ref(), ErrorKind::Command(e) if e.code == 26) => return Ok(out),
+            Err(err) => return Err(map_err(err)),
+        };
+        while let Some(model) = cursor.try_next().await.map_err(map_err)? {
+            let name = model.options.as_ref().and_then(|o| o.name.clone()).unwrap_or_default();
+            if name == "_id_" {
+                continue;
+            }
+            let unique = model.options.as_ref().and_then(|o| o.unique).unwrap_or(false);
+            out.push(IndexSpec { name, fields: model.keys.keys().cloned().collect(), unique });
+        }
+        Ok(out)
+    }
+
+    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
+        match self.coll(coll).drop_index(name).await {
+            Ok(()) => Ok(()),
+            // IndexNotFound, NamespaceNotFound: nothing to drop.
+            Err(err) if matches!(err.kind.as_ref(), ErrorKind::Command(e) if e.code == 27 || e.code == 26) => Ok(()),
+            Err(err) => Err(map_err(err)),
+        }
     }
 }

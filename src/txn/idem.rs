@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::store::{DateTime, Order, Scan, StoreResult, Update, doc};
+use crate::store::{DateTime, StoreResult, Update, doc};
 
 use super::Engine;
 use super::record::{Status, TXNS, TxnRecord};
@@ -193,21 +193,5 @@ impl Engine {
     /// Free `key` (a retryable failure).
     pub async fn release_key(&self, key: &str, txn: &str) -> StoreResult<()> {
         self.store.delete(IDEM, key, doc! {"txn": txn}).await.map(|_| ())
-    }
-
-    pub(super) async fn purge_idempotency(&self, at: DateTime) -> StoreResult<usize> {
-        let cutoff = DateTime::from_millis(at.timestamp_millis() - IDEM_RETENTION.as_millis() as i64);
-        let old = self
-            .store
-            .scan(IDEM, Scan::sorted(doc! {"created_at": {"$lt": cutoff}}, "created_at", Order::Asc, 200))
-            .await?;
-        let mut purged = 0;
-        for rec in old {
-            let Some(id) = crate::store::record_id(&rec).map(str::to_owned) else { continue };
-            if self.store.delete(IDEM, &id, doc! {"created_at": {"$lt": cutoff}}).await? {
-                purged += 1;
-            }
-        }
-        Ok(purged)
     }
 }

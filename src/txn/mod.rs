@@ -104,8 +104,11 @@ impl Engine {
         after: Option<&str>,
         limit: usize,
     ) -> StoreResult<(Vec<TxnRecord>, Option<String>)> {
-        let filter = status.map_or_else(crate::store::Document::new, Status::filter);
-        crate::store::page(self.store.as_ref(), record::TXNS, filter, after, limit, TxnRecord::from_record).await
+        let scan = match status {
+            Some(s) => crate::store::scans::TXNS_BY_STATUS.scan(vec![s.to_bson()]),
+            None => crate::store::scans::TXNS.scan(Vec::new()),
+        };
+        crate::store::page(self.store.as_ref(), record::TXNS, scan, after, limit, TxnRecord::from_record).await
     }
 
     /// The current time by this engine's clock.

@@ -37,6 +37,11 @@ impl Status {
         mongodb::bson::doc! {"status": self.as_str()}
     }
 
+    /// The status as stored (a scan's equality value).
+    pub fn to_bson(self) -> crate::store::Bson {
+        crate::store::Bson::String(self.as_str().to_owned())
+    }
+
     /// Committed or done: the staged changes are the truth.
     pub fn is_committed(self) -> bool {
         matches!(self, Status::Committed | Status::Done)

@@ -14,13 +14,15 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::documents::model::StoredDoc;
-use crate::store::{DateTime, Order, Scan, StoreError, StoreResult, doc};
+use crate::store::scans::{DOCS_LOCKED, TXNS_BY_COMMIT, TXNS_BY_LEASE, TXNS_BY_STATUS};
+use crate::store::{Bound, Bson, DateTime, Scan, StoreError, StoreResult};
 
 use super::Engine;
 use super::record::{Status, TXNS, TxnRecord};
 
-/// Records handled per category per pass.
-const BATCH: usize = 200;
+/// Records read per scan; the lock sweep repeats until it has seen every
+/// lock, the other categories take one batch per pass.
+const BATCH: usize = crate::store::BATCH;
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -29,7 +31,6 @@ pub struct Pass {
     pub rolled_forward: usize,
     pub rolled_back: usize,
     pub locks_cleared: usize,
-    pub purged: usize,
     /// Records skipped because they could not be handled.
     pub skipped: usize,
 }
@@ -87,13 +88,8 @@ impl Recovery {
 }
 
 impl Engine {
-    async fn records(
-        &self,
-        filter: crate::store::Document,
-        sort: &str,
-        pass: &mut Pass,
-    ) -> StoreResult<Vec<TxnRecord>> {
-        let recs = self.store.scan(TXNS, Scan::sorted(filter, sort, Order::Asc, BATCH)).await?;
+    async fn records(&self, scan: Scan, pass: &mut Pass) -> StoreResult<Vec<TxnRecord>> {
+        let recs = self.store.scan(TXNS, scan.limit(BATCH)).await?;
         let mut out = Vec::with_capacity(recs.len());
         for rec in recs {
             let id = crate::store::record_id(&rec).unwrap_or("?").to_owned();
@@ -124,9 +120,10 @@ impl Engine {
         let at = self.now();
         // Pending past lease + skew: abort (a heartbeat that landed first
         // wins the CAS), then roll back.
-        let mut filter = Status::Pending.filter();
-        filter.insert("expires_at", doc! {"$lt": before(at, self.cfg.clock_skew)});
-        for rec in self.records(filter, "expires_at", &mut pass).await? {
+        let expired = TXNS_BY_LEASE
+            .scan(vec![Status::Pending.to_bson()])
+            .to(Bound::Excluded(Bson::DateTime(before(at, self.cfg.clock_skew))));
+        for rec in self.records(expired, &mut pass).await? {
             let outcome = async {
                 let aborted = self.abort_pending(&rec.id, Some(rec.expires_at), "expired").await?;
                 if let Some(aborted) = aborted {
@@ -142,17 +139,17 @@ impl Engine {
             }
         }
         // Committed but not finished within a lease; aborted: roll back.
-        let mut filter = Status::Committed.filter();
-        filter.insert("committed_at", doc! {"$lt": before(at, self.cfg.lease)});
-        let mut decided = self.records(filter, "committed_at", &mut pass).await?;
-        decided.extend(self.records(Status::Aborted.filter(), "_id", &mut pass).await?);
+        let unfinished = TXNS_BY_COMMIT
+            .scan(vec![Status::Committed.to_bson()])
+            .to(Bound::Excluded(Bson::DateTime(before(at, self.cfg.lease))));
+        let mut decided = self.records(unfinished, &mut pass).await?;
+        decided.extend(self.records(TXNS_BY_STATUS.scan(vec![Status::Aborted.to_bson()]), &mut pass).await?);
         for rec in decided {
             if let Err(err) = self.finish(&rec, &mut pass).await {
                 self.skip(&mut pass, &rec.id, err)?;
             }
         }
         pass.locks_cleared = self.sweep_locks(&mut pass).await?;
-        pass.purged = self.purge(at).await?;
         Ok(pass)
     }
 
@@ -174,58 +171,88 @@ impl Engine {
     }
 
     /// Clear locks whose holder is neither pending nor committed: a lock CAS
-    /// that landed after its transaction was given up.
+    /// that landed after its transaction was given up. The sweep walks each
+    /// user collection's index of locked documents, ordered by holder, and
+    /// skips past every lock of a holder that is still running; so it costs
+    /// one read per holder (plus the stale locks it clears), and reaches
+    /// every lock however many live ones sort ahead of it.
     async fn sweep_locks(&self, pass: &mut Pass) -> StoreResult<usize> {
         let mut cleared = 0;
         for coll in self.store.collections().await? {
             if coll.starts_with('_') {
                 continue;
             }
-            let locked = self.store.scan(&coll, Scan::by_id(StoredDoc::locked_filter(), BATCH)).await?;
-            for rec in locked {
-                let id = crate::store::record_id(&rec).unwrap_or("?").to_owned();
-                match self.sweep_lock(&coll, rec).await {
-                    Ok(done) => cleared += usize::from(done),
-                    Err(err) => self.skip(pass, &format!("{coll}/{id}"), err)?,
+            // Every string: a lock holder is a transaction id.
+            let mut from = Bound::Included(Bson::String(String::new()));
+            loop {
+                let scan = DOCS_LOCKED.scan(Vec::new()).from(from.clone()).limit(BATCH);
+                let locked = self.store.scan(&coll, scan).await?;
+                let full = locked.len() == BATCH;
+                let (mut last_holder, mut first_holder, mut progress) = (None, None, false);
+                let mut running = None;
+                for rec in locked {
+                    let id = crate::store::record_id(&rec).unwrap_or("?").to_owned();
+                    match self.sweep_lock(&coll, rec).await {
+                        Ok((holder, Swept::Running)) => {
+                            running = Some(holder);
+                            break;
+                        }
+                        Ok((holder, swept)) => {
+                            progress |= swept == Swept::Cleared;
+                            cleared += usize::from(swept == Swept::Cleared);
+                            first_holder.get_or_insert_with(|| holder.clone());
+                            last_holder = Some(holder);
+                        }
+                        Err(err) => self.skip(pass, &format!("{coll}/{id}"), err)?,
+                    }
                 }
+                from = match (running, last_holder) {
+                    // Past every lock of a running transaction at once.
+                    (Some(holder), _) => Bound::Excluded(Bson::String(holder)),
+                    (None, Some(holder)) if full => {
+                        // One gone holder filling a whole batch: its cleared
+                        // locks left the index, so read it again while that
+                        // makes progress.
+                        if progress && first_holder.as_ref() == Some(&holder) {
+                            Bound::Included(Bson::String(holder))
+                        } else {
+                            Bound::Excluded(Bson::String(holder))
+                        }
+                    }
+                    _ => break,
+                };
             }
         }
         Ok(cleared)
     }
 
-    /// Clear one document's lock if its holder is gone; whether it did.
-    async fn sweep_lock(&self, coll: &str, rec: crate::store::Record) -> StoreResult<bool> {
+    /// Clear one document's lock if its holder is gone; its holder and
+    /// what was done.
+    async fn sweep_lock(&self, coll: &str, rec: crate::store::Record) -> StoreResult<(String, Swept)> {
         let doc = StoredDoc::from_record(rec)?;
-        let Some(holder) = doc.meta.txn.clone() else { return Ok(false) };
-        match self.record(&holder).await? {
-            Some(r) if r.status == Status::Pending || r.status == Status::Committed => Ok(false),
+        let Some(holder) = doc.meta.txn.clone() else { return Ok((String::new(), Swept::Kept)) };
+        let swept = match self.record(&holder).await? {
+            Some(r) if r.status == Status::Pending || r.status == Status::Committed => Swept::Running,
             Some(r) if r.status == Status::Done => {
                 // Cannot normally happen (done means every member was
                 // released); applying it is what "done" promises.
                 self.roll_forward_member(&r, coll, &doc).await?;
-                Ok(false)
+                Swept::Kept
             }
-            _ => self.release_stale(&holder, coll, &doc).await,
-        }
+            _ if self.release_stale(&holder, coll, &doc).await? => Swept::Cleared,
+            _ => Swept::Kept,
+        };
+        Ok((holder, swept))
     }
+}
 
-    /// Delete finished records older than the retention.
-    async fn purge(&self, at: DateTime) -> StoreResult<usize> {
-        let cutoff = before(at, self.cfg.retention);
-        let finished = [Status::Done.as_str(), Status::RolledBack.as_str()];
-        let filter = doc! {"status": {"$in": finished.as_slice()}, "finished_at": {"$lt": cutoff}};
-        let old = self.store.scan(TXNS, Scan::sorted(filter, "finished_at", Order::Asc, BATCH)).await?;
-        let mut purged = 0;
-        for rec in old {
-            let Some(id) = crate::store::record_id(&rec).map(str::to_owned) else { continue };
-            let filter = doc! {"status": {"$in": finished.as_slice()}};
-            if self.store.delete(TXNS, &id, filter).await? {
-                purged += 1;
-            }
-        }
-        purged += self.purge_idempotency(at).await?;
-        Ok(purged)
-    }
+/// What the sweep did with one locked document.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Swept {
+    Cleared,
+    Kept,
+    /// Its holder is running: every lock it holds stays.
+    Running,
 }
 
 #[cfg(test)]
@@ -238,7 +265,7 @@ mod tests {
     use crate::documents::model::{Staged, StagedOp, StoredDoc};
     use crate::metrics::Metrics;
     use crate::store::memory::MemoryStore;
-    use crate::store::{DynStore, Store};
+    use crate::store::{DynStore, Store, doc};
     use crate::txn::TxnConfig;
     use crate::txn::locks::Settled;
     use crate::txn::record::Member;

@@ -135,6 +135,12 @@ impl Store for FaultyStore {
     async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
         self.inner.ensure_index(coll, index).await
     }
+    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
+        self.inner.drop_index(coll, name).await
+    }
+    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
+        self.inner.indexes(coll).await
+    }
 }
 
 const HOOKS: &str = r#"{"hooks":[{"url":"http://127.0.0.1:9/a","body":{"k":1}},{"url":"http://127.0.0.1:9/b"}]}"#;

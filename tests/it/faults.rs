@@ -260,6 +260,12 @@ impl Store for Rigged {
     async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
         self.inner.ensure_index(coll, index).await
     }
+    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
+        self.inner.drop_index(coll, name).await
+    }
+    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
+        self.inner.indexes(coll).await
+    }
 }
 
 /// A gateway over a fresh store of `backend` wrapped in a [`Rigged`] store.

@@ -41,11 +41,18 @@ pub const STORE_TIMEOUT: Duration = Duration::from_millis(5000);
 pub struct TestStore {
     pub store: DynStore,
     pub config: StoreConfig,
-    _dir: Option<tempfile::TempDir>,
+    pub _dir: Option<tempfile::TempDir>,
 }
 
 impl TestStore {
+    /// A fresh store with the migrations applied, as a gateway leaves it.
     pub async fn new(backend: Backend) -> Option<Self> {
+        let ts = Self::unmigrated(backend).await?;
+        txgate::migrate::run(ts.store.as_ref()).await.expect("migrations apply");
+        Some(ts)
+    }
+
+    pub async fn unmigrated(backend: Backend) -> Option<Self> {
         match backend {
             Backend::Embedded => {
                 let dir = tempfile::tempdir().expect("temp dir");

@@ -117,6 +117,12 @@ impl Store for Counting {
     async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
         self.inner.ensure_index(coll, index).await
     }
+    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
+        self.inner.drop_index(coll, name).await
+    }
+    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
+        self.inner.indexes(coll).await
+    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

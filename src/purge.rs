@@ -1,0 +1,74 @@
+//! The purge worker: deletes what the gateway keeps only for a while —
+//! finished transaction records, idempotency claims, finished deliveries —
+//! once past its retention. Every instance runs one; deletes are
+//! conditional on the record still qualifying, so instances may overlap.
+//! Each kind is purged along its index in batches that repeat while there
+//! is work ([`crate::store::purge`]), so purges keep up with any commit
+//! rate and cost nothing when there is nothing to purge.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::metrics::Metrics;
+use crate::store::scans::ScanDecl;
+use crate::store::{Bound, Bson, DateTime, DynStore, StoreResult};
+
+/// One kind of record to purge: those found by `decl` with one of `eq`
+/// (or none) whose order field is older than `retention`.
+pub struct Rule {
+    /// The metric label.
+    pub what: &'static str,
+    pub decl: &'static ScanDecl,
+    /// Equality values; one scan per entry.
+    pub eq: Vec<Vec<Bson>>,
+    pub retention: Duration,
+}
+
+pub struct Purger {
+    store: DynStore,
+    clock: Clock,
+    metrics: Arc<Metrics>,
+    rules: Vec<Rule>,
+    interval: Duration,
+}
+
+impl Purger {
+    pub fn new(store: DynStore, clock: Clock, metrics: Arc<Metrics>, rules: Vec<Rule>, interval: Duration) -> Self {
+        Self { store, clock, metrics, rules, interval }
+    }
+
+    /// A pass every `interval` until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(self.interval) => {}
+            }
+            match self.purge_once().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(purged = n, "purge pass"),
+                Err(err) => tracing::warn!(error = %err, "purge pass failed; retrying next interval"),
+            }
+        }
+    }
+
+    /// One pass over every rule; how many records went.
+    pub async fn purge_once(&self) -> StoreResult<usize> {
+        let now = self.clock.now().timestamp_millis();
+        let mut total = 0;
+        for rule in &self.rules {
+            let retention = i64::try_from(rule.retention.as_millis()).unwrap_or(i64::MAX);
+            let cutoff = Bson::DateTime(DateTime::from_millis(now.saturating_sub(retention)));
+            for eq in &rule.eq {
+                let scan = rule.decl.scan(eq.clone()).to(Bound::Excluded(cutoff.clone()));
+                let n = crate::store::purge(self.store.as_ref(), rule.decl.coll, scan).await?;
+                self.metrics.add("txgate_purged_total", rule.what, n as u64);
+                total += n;
+            }
+        }
+        Ok(total)
+    }
+}

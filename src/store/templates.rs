@@ -1,0 +1,82 @@
+//! Index templates: user collections are created at run time, by their
+//! first write, and each gets the indexes the migrations declare for `*`
+//! (see [`super::scans`]) before that write lands, on either backend.
+//! Which collections are done is remembered per process; ensuring an index
+//! that exists is a no-op, so instances and restarts may repeat it.
+
+use std::collections::HashSet;
+use std::sync::RwLock;
+
+use async_trait::async_trait;
+
+use super::{Document, DynStore, IndexSpec, Record, Scan, Store, StoreResult, Update};
+
+pub struct Templates {
+    inner: DynStore,
+    templates: Vec<IndexSpec>,
+    done: RwLock<HashSet<String>>,
+}
+
+impl Templates {
+    pub fn new(inner: DynStore, templates: Vec<IndexSpec>) -> Self {
+        Self { inner, templates, done: RwLock::default() }
+    }
+
+    /// Make sure user collection `coll` has every template index.
+    async fn prepare(&self, coll: &str) -> StoreResult<()> {
+        if coll.starts_with('_') || self.done.read().expect("template set").contains(coll) {
+            return Ok(());
+        }
+        for index in &self.templates {
+            self.inner.ensure_index(coll, index.clone()).await?;
+        }
+        self.done.write().expect("template set").insert(coll.to_owned());
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for Templates {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn ping(&self) -> StoreResult<()> {
+        self.inner.ping().await
+    }
+    async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
+        self.inner.get(coll, id).await
+    }
+    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
+        self.prepare(coll).await?;
+        self.inner.insert(coll, record).await
+    }
+    async fn replace(&self, coll: &str, id: &str, filter: Document, record: Record) -> StoreResult<bool> {
+        self.prepare(coll).await?;
+        self.inner.replace(coll, id, filter, record).await
+    }
+    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
+        self.prepare(coll).await?;
+        self.inner.update(coll, id, filter, update).await
+    }
+    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
+        self.inner.delete(coll, id, filter).await
+    }
+    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+        self.inner.scan(coll, scan).await
+    }
+    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
+        self.inner.get_many(coll, ids).await
+    }
+    async fn collections(&self) -> StoreResult<Vec<String>> {
+        self.inner.collections().await
+    }
+    async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
+        self.inner.ensure_index(coll, index).await
+    }
+    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
+        self.inner.drop_index(coll, name).await
+    }
+    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
+        self.inner.indexes(coll).await
+    }
+}
