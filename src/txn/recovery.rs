@@ -8,6 +8,7 @@
 //! document another tool broke) is reported and skipped: it never stops the
 //! pass for the others. Only a store that fails as such ends a pass early.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -178,6 +179,8 @@ impl Engine {
     /// every lock however many live ones sort ahead of it.
     async fn sweep_locks(&self, pass: &mut Pass) -> StoreResult<usize> {
         let mut cleared = 0;
+        // Holders found running in this pass.
+        let mut running: HashSet<String> = HashSet::new();
         for coll in self.store.collections().await? {
             if coll.starts_with('_') {
                 continue;
@@ -188,38 +191,28 @@ impl Engine {
                 let scan = DOCS_LOCKED.scan(Vec::new()).from(from.clone()).limit(BATCH);
                 let locked = self.store.scan(&coll, scan).await?;
                 let full = locked.len() == BATCH;
-                let (mut last_holder, mut first_holder, mut progress) = (None, None, false);
-                let mut running = None;
+                let mut last: Option<(String, bool)> = None;
                 for rec in locked {
                     let id = crate::store::record_id(&rec).unwrap_or("?").to_owned();
-                    match self.sweep_lock(&coll, rec).await {
-                        Ok((holder, Swept::Running)) => {
-                            running = Some(holder);
-                            break;
-                        }
+                    match self.sweep_lock(&coll, rec, &mut running).await {
                         Ok((holder, swept)) => {
-                            progress |= swept == Swept::Cleared;
                             cleared += usize::from(swept == Swept::Cleared);
-                            first_holder.get_or_insert_with(|| holder.clone());
-                            last_holder = Some(holder);
+                            let progress =
+                                swept == Swept::Cleared || last.as_ref().is_some_and(|(h, p)| *h == holder && *p);
+                            last = Some((holder, progress));
                         }
                         Err(err) => self.skip(pass, &format!("{coll}/{id}"), err)?,
                     }
                 }
-                from = match (running, last_holder) {
-                    // Past every lock of a running transaction at once.
-                    (Some(holder), _) => Bound::Excluded(Bson::String(holder)),
-                    (None, Some(holder)) if full => {
-                        // One gone holder filling a whole batch: its cleared
-                        // locks left the index, so read it again while that
-                        // makes progress.
-                        if progress && first_holder.as_ref() == Some(&holder) {
-                            Bound::Included(Bson::String(holder))
-                        } else {
-                            Bound::Excluded(Bson::String(holder))
-                        }
-                    }
-                    _ => break,
+                from = match last {
+                    _ if !full => break,
+                    None => break,
+                    // The rest of a running holder's locks are skipped at
+                    // once; a gone holder whose locks this batch cleared is
+                    // read again (they left the index), so one holding more
+                    // than a batch is cleared in this pass too.
+                    Some((holder, true)) if !running.contains(&holder) => Bound::Included(Bson::String(holder)),
+                    Some((holder, _)) => Bound::Excluded(Bson::String(holder)),
                 };
             }
         }
@@ -228,11 +221,22 @@ impl Engine {
 
     /// Clear one document's lock if its holder is gone; its holder and
     /// what was done.
-    async fn sweep_lock(&self, coll: &str, rec: crate::store::Record) -> StoreResult<(String, Swept)> {
+    async fn sweep_lock(
+        &self,
+        coll: &str,
+        rec: crate::store::Record,
+        running: &mut HashSet<String>,
+    ) -> StoreResult<(String, Swept)> {
         let doc = StoredDoc::from_record(rec)?;
         let Some(holder) = doc.meta.txn.clone() else { return Ok((String::new(), Swept::Kept)) };
+        if running.contains(&holder) {
+            return Ok((holder, Swept::Running));
+        }
         let swept = match self.record(&holder).await? {
-            Some(r) if r.status == Status::Pending || r.status == Status::Committed => Swept::Running,
+            Some(r) if r.status == Status::Pending || r.status == Status::Committed => {
+                running.insert(holder.clone());
+                Swept::Running
+            }
             Some(r) if r.status == Status::Done => {
                 // Cannot normally happen (done means every member was
                 // released); applying it is what "done" promises.

@@ -8,6 +8,7 @@ mod crash;
 mod documents;
 mod faults;
 mod hooks;
+mod indexes;
 mod openapi;
 mod restart;
 mod store;
