@@ -68,6 +68,10 @@ pub struct Settings {
     /// Embedded store directory.
     #[arg(long, global = true, env = "TXGATE_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Page cache of the embedded store, in MiB (its memory use is bounded
+    /// by this, not by the data).
+    #[arg(long, global = true, env = "TXGATE_CACHE_MB")]
+    pub cache_mb: Option<u64>,
     /// Use the mongodb backend at this URI.
     #[arg(long, global = true, env = "TXGATE_MONGODB_URI")]
     pub mongodb_uri: Option<String>,
@@ -99,6 +103,9 @@ pub struct Settings {
     /// How long finished transaction records are kept, in seconds.
     #[arg(long, global = true, env = "TXGATE_TXN_RETENTION_SECS")]
     pub txn_retention_secs: Option<u64>,
+    /// How long idempotency keys are remembered, in seconds.
+    #[arg(long, global = true, env = "TXGATE_IDEMPOTENCY_RETENTION_SECS")]
+    pub idempotency_retention_secs: Option<u64>,
     /// TTL sweeper period, in milliseconds.
     #[arg(long, global = true, env = "TXGATE_TTL_INTERVAL_MS")]
     pub ttl_interval_ms: Option<u64>,
@@ -150,9 +157,12 @@ pub struct Config {
     pub hooks: HookConfig,
 }
 
+/// The embedded store's default page cache, in MiB.
+pub const DEFAULT_CACHE_MB: u64 = 256;
+
 #[derive(Clone, Debug)]
 pub enum StoreConfig {
-    Embedded { data_dir: PathBuf },
+    Embedded { data_dir: PathBuf, cache_mb: u64 },
     Mongodb { uri: String, database: String },
 }
 
@@ -160,7 +170,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:8080".into(),
-            store: StoreConfig::Embedded { data_dir: PathBuf::from("./data") },
+            store: StoreConfig::Embedded { data_dir: PathBuf::from("./data"), cache_mb: DEFAULT_CACHE_MB },
             log_format: LogFormat::Text,
             txn: TxnConfig::default(),
             ttl_interval: Duration::from_millis(500),
@@ -188,6 +198,7 @@ impl Settings {
             listen: self.listen.or(file.listen),
             store: self.store.or(file.store),
             data_dir: self.data_dir.or(file.data_dir),
+            cache_mb: self.cache_mb.or(file.cache_mb),
             mongodb_uri: self.mongodb_uri.or(file.mongodb_uri),
             mongodb_database: self.mongodb_database.or(file.mongodb_database),
             log_format: self.log_format.or(file.log_format),
@@ -198,6 +209,7 @@ impl Settings {
             recovery_interval_ms: self.recovery_interval_ms.or(file.recovery_interval_ms),
             clock_skew_ms: self.clock_skew_ms.or(file.clock_skew_ms),
             txn_retention_secs: self.txn_retention_secs.or(file.txn_retention_secs),
+            idempotency_retention_secs: self.idempotency_retention_secs.or(file.idempotency_retention_secs),
             ttl_interval_ms: self.ttl_interval_ms.or(file.ttl_interval_ms),
             max_body_bytes: self.max_body_bytes.or(file.max_body_bytes),
             max_actions: self.max_actions.or(file.max_actions),
@@ -233,9 +245,10 @@ impl Settings {
             (Some(StoreKind::Mongodb) | None, Some(uri)) => {
                 StoreConfig::Mongodb { uri, database: settings.mongodb_database.unwrap_or_else(|| "txgate".into()) }
             }
-            (Some(StoreKind::Embedded) | None, _) => {
-                StoreConfig::Embedded { data_dir: settings.data_dir.unwrap_or_else(|| PathBuf::from("./data")) }
-            }
+            (Some(StoreKind::Embedded) | None, _) => StoreConfig::Embedded {
+                data_dir: settings.data_dir.unwrap_or_else(|| PathBuf::from("./data")),
+                cache_mb: settings.cache_mb.unwrap_or(DEFAULT_CACHE_MB).max(1),
+            },
         };
         let d = &defaults.txn;
         let txn = TxnConfig {
@@ -246,6 +259,9 @@ impl Settings {
             max_duration: positive("txn_max_ms", settings.txn_max_ms, d.max_duration)?,
             store_timeout: positive("store_timeout_ms", settings.store_timeout_ms, d.store_timeout)?,
             retention: settings.txn_retention_secs.map_or(d.retention, Duration::from_secs),
+            idempotency_retention: settings
+                .idempotency_retention_secs
+                .map_or(d.idempotency_retention, Duration::from_secs),
             max_actions: settings.max_actions.unwrap_or(d.max_actions).max(1),
             max_hooks: settings.max_hooks.unwrap_or(d.max_hooks),
             clock: crate::clock::Clock::System,

@@ -41,7 +41,9 @@ pub enum RunError {
 /// stripe; [`run_with_store`] bounds every operation by it.
 pub async fn open_store(cfg: &StoreConfig, timeout: std::time::Duration) -> Result<DynStore, StoreError> {
     let raw: DynStore = match cfg {
-        StoreConfig::Embedded { data_dir } => Arc::new(store::embedded::EmbeddedStore::open(data_dir)?),
+        StoreConfig::Embedded { data_dir, cache_mb } => {
+            Arc::new(store::embedded::EmbeddedStore::open_with_cache(data_dir, cache_mb.saturating_mul(1 << 20))?)
+        }
         StoreConfig::Mongodb { uri, database } => {
             Arc::new(store::mongo::MongoStore::connect(uri, database, timeout).await?)
         }
@@ -138,7 +140,7 @@ fn purger(app: &App, config: &Config) -> purge::Purger {
             what: "idempotency_keys",
             decl: &IDEM_BY_AGE,
             eq: vec![Vec::new()],
-            retention: txn::idem::IDEM_RETENTION,
+            retention: config.txn.idempotency_retention,
         },
         purge::Rule {
             what: "deliveries",

@@ -36,6 +36,8 @@ struct IndexIn {
     keys: serde_json::Map<String, serde_json::Value>,
     #[serde(default)]
     unique: bool,
+    #[serde(default)]
+    sparse: bool,
 }
 
 #[derive(Deserialize)]
@@ -56,7 +58,12 @@ fn spec(name: &str, index: &IndexIn) -> StoreResult<IndexSpec> {
             index.name
         )));
     }
-    Ok(IndexSpec { name: index.name.clone(), fields: index.keys.keys().cloned().collect(), unique: index.unique })
+    Ok(IndexSpec {
+        name: index.name.clone(),
+        fields: index.keys.keys().cloned().collect(),
+        unique: index.unique,
+        sparse: index.sparse,
+    })
 }
 
 /// Every index the migrations leave in place: `(collection, spec)`, `*`

@@ -11,7 +11,9 @@
 //! (work recorded or released by other instances) is due.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use rand::Rng;
 use tokio::sync::Semaphore;
@@ -154,7 +156,7 @@ impl Sender {
             let busy = self.permits.available_permits() == 0;
             tokio::select! {
                 () = shutdown.cancelled() => {}
-                () = tokio::time::sleep_until(wake.into()) => {}
+                () = tokio::time::sleep_until(wake) => {}
                 () = self.hooks.queue.changed.notified() => {}
                 // All senders busy: go on as soon as one is free.
                 Ok(_) = self.permits.acquire(), if busy => {}

@@ -107,12 +107,19 @@ fn entries_name(coll: &str, name: &str) -> String {
 }
 
 impl EmbeddedStore {
-    /// Open (or create) the store in `dir`.
+    /// Open (or create) the store in `dir` with the default page cache.
     pub fn open(dir: &Path) -> StoreResult<Self> {
+        Self::open_with_cache(dir, crate::config::DEFAULT_CACHE_MB << 20)
+    }
+
+    /// Open (or create) the store in `dir` with a page cache of
+    /// `cache_bytes`.
+    pub fn open_with_cache(dir: &Path, cache_bytes: u64) -> StoreResult<Self> {
         std::fs::create_dir_all(dir)
             .map_err(|e| StoreError::Unavailable(format!("cannot create data directory {}: {e}", dir.display())))?;
         let path = dir.join("txgate.redb");
-        let db = Database::create(&path).map_err(|e| match e {
+        let cache = usize::try_from(cache_bytes).unwrap_or(usize::MAX);
+        let db = redb::Builder::new().set_cache_size(cache).create(&path).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
                 "{} is already open in another process (the embedded store serves one instance)",
                 path.display()
@@ -211,32 +218,42 @@ fn after_collection(coll: &str) -> String {
     format!("{coll}\0")
 }
 
-/// The entry key of `record` (with `_id` `id`) in index `spec`.
-fn entry_key(spec: &IndexSpec, record: &Record, id: &str) -> Vec<u8> {
+/// The entry key of `record` (with `_id` `id`) in index `spec`; none in a
+/// sparse index when its first field is null or missing.
+fn entry_key(spec: &IndexSpec, record: &Record, id: &str) -> Option<Vec<u8>> {
+    if spec.sparse && spec.fields.first().is_some_and(|f| matches!(lookup(record, f), None | Some(Bson::Null))) {
+        return None;
+    }
     let mut key = keys::encode(spec.fields.iter().map(|f| lookup(record, f)));
     if !spec.unique && spec.fields.last().is_none_or(|f| f != "_id") {
         keys::push(&mut key, Some(&Bson::String(id.to_owned())));
     }
-    key
+    Some(key)
 }
 
 type Entries<'t> = redb::Table<'t, (&'static str, &'static [u8]), &'static str>;
 
+/// The entry keys of `record` in each of `specs`.
+fn keys_of(specs: &[IndexSpec], record: &Record, id: &str) -> Vec<Option<Vec<u8>>> {
+    specs.iter().map(|spec| entry_key(spec, record, id)).collect()
+}
+
 /// Keep the entries of every index of `coll` equal to the record `id`
-/// becoming `new` (from `old`). Unique indexes are checked before anything
+/// becoming `new` (from the record whose keys are `old`). Unique indexes are checked before anything
 /// is changed, so a refused write leaves no trace.
 fn reindex(
     entries: &mut Entries<'_>,
     specs: &[IndexSpec],
     coll: &str,
     id: &str,
-    old: Option<&Record>,
+    old: Option<Vec<Option<Vec<u8>>>>,
     new: Option<&Record>,
 ) -> StoreResult<()> {
     let mut changes = Vec::new();
+    let mut old = old.map(Vec::into_iter);
     for spec in specs {
-        let old_key = old.map(|r| entry_key(spec, r, id));
-        let new_key = new.map(|r| entry_key(spec, r, id));
+        let old_key = old.as_mut().and_then(Iterator::next).flatten();
+        let new_key = new.and_then(|r| entry_key(spec, r, id));
         if old_key == new_key {
             continue;
         }
@@ -419,19 +436,20 @@ fn apply(
             let mut record = record.clone();
             record.insert("_id", id.as_str());
             let bytes = encode(&record)?;
-            reindex(entries, specs(coll), coll, id, Some(&existing), Some(&record))?;
+            let old = keys_of(specs(coll), &existing, id);
+            reindex(entries, specs(coll), coll, id, Some(old), Some(&record))?;
             table.insert((coll.as_str(), id.as_str()), bytes.as_slice()).map_err(internal)?;
             Ok(true)
         }
         WriteOp::Update { coll, id, filter, update } => {
-            let Some(existing) = current(table, coll, id)? else { return Ok(false) };
-            if !matches(&existing, filter)? {
+            let Some(mut record) = current(table, coll, id)? else { return Ok(false) };
+            if !matches(&record, filter)? {
                 return Ok(false);
             }
-            let mut next = existing.clone();
-            apply_update(&mut next, update)?;
-            let bytes = encode(&next)?;
-            reindex(entries, specs(coll), coll, id, Some(&existing), Some(&next))?;
+            let old = keys_of(specs(coll), &record, id);
+            apply_update(&mut record, update)?;
+            let bytes = encode(&record)?;
+            reindex(entries, specs(coll), coll, id, Some(old), Some(&record))?;
             table.insert((coll.as_str(), id.as_str()), bytes.as_slice()).map_err(internal)?;
             Ok(true)
         }
@@ -440,7 +458,8 @@ fn apply(
             if !matches(&existing, filter)? {
                 return Ok(false);
             }
-            reindex(entries, specs(coll), coll, id, Some(&existing), None)?;
+            let old = keys_of(specs(coll), &existing, id);
+            reindex(entries, specs(coll), coll, id, Some(old), None)?;
             table.remove((coll.as_str(), id.as_str())).map_err(internal)?;
             Ok(true)
         }
@@ -490,6 +509,19 @@ fn id_bound(b: &Bound<Bson>, after: bool) -> Bound<String> {
         Bound::Excluded(Bson::String(s)) if after => Bound::Included(format!("{s}\0")),
         Bound::Excluded(Bson::String(s)) => Bound::Excluded(s.clone()),
         _ => Bound::Unbounded,
+    }
+}
+
+/// Whether `scan` can only match records whose first index field is set
+/// (what a sparse index holds).
+fn excludes_null(scan: &Scan) -> bool {
+    let not_null = |b: &Bound<Bson>| matches!(b, Bound::Included(v) | Bound::Excluded(v) if *v != Bson::Null);
+    match scan.eq().first() {
+        Some((_, v)) => *v != Bson::Null,
+        None => {
+            let (lower, upper) = scan.bounds();
+            not_null(lower) || not_null(upper)
+        }
     }
 }
 
@@ -614,6 +646,12 @@ impl Store for EmbeddedStore {
                 };
             };
             let eq: Vec<&str> = scan.eq().iter().map(|(f, _)| *f).collect();
+            if spec.sparse && !excludes_null(&scan) {
+                return Err(StoreError::Internal(format!(
+                    "sparse index {} of {coll} cannot answer a scan that may match null",
+                    spec.name
+                )));
+            }
             let n = eq.len();
             let by_ok = spec.fields.get(n).map_or(scan.by() == "_id", |f| f == scan.by());
             if spec.fields.len() < n || spec.fields[..n] != eq[..] || !by_ok {

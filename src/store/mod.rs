@@ -200,6 +200,14 @@ pub struct IndexSpec {
     pub fields: Vec<String>,
     #[serde(default)]
     pub unique: bool,
+    /// Records whose first field is null or missing have no entry, so the
+    /// index holds only what its scans look for (locks, staged inserts):
+    /// such an index serves only scans that pin its first field to, or
+    /// bound it by, a value that is not null. The embedded store leaves
+    /// those entries out; MongoDB gets a full index (FerretDB has no sparse
+    /// indexes), which answers the same scans.
+    #[serde(default)]
+    pub sparse: bool,
 }
 
 /// The narrow interface the protocol is written against.

@@ -51,6 +51,8 @@ scans! {
     TXNS_BY_COMMIT: "_txns"."status_committed", eq ["status"], by "committed_at";
     /// Records with one status by finish time (purge).
     TXNS_BY_FINISH: "_txns"."status_finished", eq ["status"], by "finished_at";
+    /// Idempotency claims by key (the bench's counts).
+    IDEM: "_idem"."_id", eq [], by "_id";
     /// Idempotency claims by creation time (purge).
     IDEM_BY_AGE: "_idem"."created", eq [], by "created_at";
     /// Deliveries by id (the API's listing).

@@ -4,8 +4,6 @@
 //! answered again for the same key and body; a retryable failure frees the
 //! key; a different body is refused.
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -16,9 +14,6 @@ use super::Engine;
 use super::record::{Status, TXNS, TxnRecord};
 
 pub const IDEM: &str = "_idem";
-
-/// How long an outcome is kept for replay (at least).
-pub const IDEM_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// What claiming a key found.
 #[derive(Debug, Clone, PartialEq)]

@@ -37,6 +37,8 @@ pub struct TxnConfig {
     pub store_timeout: Duration,
     /// How long finished records are kept.
     pub retention: Duration,
+    /// How long idempotency keys are remembered.
+    pub idempotency_retention: Duration,
     /// Most actions one transaction may have.
     pub max_actions: usize,
     /// Most hooks one transaction may have.
@@ -55,6 +57,7 @@ impl Default for TxnConfig {
             max_duration: Duration::from_millis(30_000),
             store_timeout: Duration::from_millis(5000),
             retention: Duration::from_secs(24 * 3600),
+            idempotency_retention: Duration::from_secs(24 * 3600),
             max_actions: 1000,
             max_hooks: 16,
             clock: crate::clock::Clock::System,

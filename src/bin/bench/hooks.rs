@@ -176,3 +176,20 @@ pub fn print(f: &Figures) {
         ms(f.p99)
     );
 }
+
+/// A local receiver that counts what it gets.
+pub struct Counting {
+    pub url: String,
+    seen: Arc<Seen>,
+}
+
+impl Counting {
+    pub fn count(&self) -> usize {
+        self.seen.count.load(Ordering::Relaxed)
+    }
+}
+
+pub async fn counting_receiver() -> Counting {
+    let seen = Arc::new(Seen::default());
+    Counting { url: receiver(Arc::clone(&seen)).await, seen }
+}

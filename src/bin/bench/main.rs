@@ -18,6 +18,7 @@
 //! ```
 
 mod hooks;
+mod scale;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -66,6 +67,27 @@ struct Args {
     /// Transactions per second (one hook each) of the lag measurement.
     #[arg(long, default_value_t = 1000.0)]
     hook_rate: f64,
+    /// Measure idle CPU, latency and memory as the data grows (instead of
+    /// the protocol benchmark).
+    #[arg(long)]
+    scale: bool,
+    /// Documents of the large size in `--scale` (default: 1,000,000 on the
+    /// embedded store, 100,000 on mongodb).
+    #[arg(long)]
+    scale_docs: Option<usize>,
+    /// Finished transaction records added at the large size in `--scale`.
+    #[arg(long)]
+    scale_txns: Option<usize>,
+    /// Seconds each idle CPU measurement lasts.
+    #[arg(long, default_value_t = 20.0)]
+    idle_secs: f64,
+    /// Requests per latency figure in `--scale`.
+    #[arg(long, default_value_t = 2000)]
+    samples: usize,
+    /// Run the soak for this many seconds (instead of the protocol
+    /// benchmark): sustained commits, collection sizes every minute.
+    #[arg(long)]
+    soak_secs: Option<f64>,
 }
 
 /// Counts store writes (and reads) passing through.
@@ -252,8 +274,25 @@ async fn main() {
             StoreConfig::Mongodb { uri: uri.clone(), database: format!("bench_{}", uuid::Uuid::now_v7().simple()) },
             "mongodb",
         ),
-        None => (StoreConfig::Embedded { data_dir: dir.clone() }, "embedded"),
+        None => {
+            (StoreConfig::Embedded { data_dir: dir.clone(), cache_mb: txgate::config::DEFAULT_CACHE_MB }, "embedded")
+        }
     };
+    if args.scale {
+        let mongo = args.mongodb_uri.is_some();
+        let docs = args.scale_docs.unwrap_or(if mongo { 100_000 } else { 1_000_000 });
+        let txns = args.scale_txns.unwrap_or(docs / 10);
+        let scale_args =
+            scale::ScaleArgs { store: config.clone(), docs, txns, idle_secs: args.idle_secs, samples: args.samples };
+        scale::run(scale_args).await;
+        cleanup(&config, &dir).await;
+        return;
+    }
+    if let Some(secs) = args.soak_secs {
+        scale::soak(config.clone(), secs, args.clients).await;
+        cleanup(&config, &dir).await;
+        return;
+    }
     let raw = txgate::open_store(&config, STORE_TIMEOUT).await.expect("store opens");
     txgate::migrate::run(raw.as_ref()).await.expect("migrations");
     let counting = Arc::new(Counting { inner: Arc::clone(&raw), writes: AtomicU64::new(0), reads: AtomicU64::new(0) });
@@ -454,12 +493,17 @@ async fn main() {
             None => println!("hook benchmark did not finish"),
         }
     }
-    if let StoreConfig::Mongodb { uri, database } = &config
+    cleanup(&config, &dir).await;
+}
+
+/// Drop the benchmark's database or data directory.
+async fn cleanup(config: &StoreConfig, dir: &std::path::Path) {
+    if let StoreConfig::Mongodb { uri, database } = config
         && let Ok(store) = txgate::store::mongo::MongoStore::connect(uri, database, STORE_TIMEOUT).await
     {
         let _ = store.drop_database().await;
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// How many of `clients` transactions, each over `k` random accounts of
