@@ -72,3 +72,44 @@ impl Purger {
         Ok(total)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::scans::TXNS_BY_FINISH;
+    use crate::store::doc;
+
+    /// More than a batch past retention goes in one pass; what is newer,
+    /// or not finished, stays.
+    #[tokio::test]
+    async fn a_pass_purges_every_batch_past_the_cutoff() {
+        let store: DynStore = Arc::new(MemoryStore::default());
+        let now = DateTime::now().timestamp_millis();
+        let old = DateTime::from_millis(now - 120_000);
+        let recent = DateTime::from_millis(now - 1_000);
+        for i in 0..(crate::store::BATCH * 2 + 50) {
+            store
+                .insert("_txns", doc! {"_id": format!("old{i:04}"), "status": "done", "finished_at": old})
+                .await
+                .unwrap();
+        }
+        store.insert("_txns", doc! {"_id": "recent", "status": "done", "finished_at": recent}).await.unwrap();
+        store.insert("_txns", doc! {"_id": "running", "status": "pending", "finished_at": old}).await.unwrap();
+        let rule = Rule {
+            what: "transactions",
+            decl: &TXNS_BY_FINISH,
+            eq: vec![vec![Bson::String("done".into())]],
+            retention: Duration::from_secs(60),
+        };
+        let metrics = Arc::new(Metrics::default());
+        let purger =
+            Purger::new(Arc::clone(&store), Clock::System, Arc::clone(&metrics), vec![rule], Duration::from_secs(1));
+        assert_eq!(purger.purge_once().await.unwrap(), crate::store::BATCH * 2 + 50);
+        assert_eq!(metrics.get("txgate_purged_total", "transactions"), (crate::store::BATCH * 2 + 50) as u64);
+        assert!(store.get("_txns", "recent").await.unwrap().is_some());
+        assert!(store.get("_txns", "running").await.unwrap().is_some());
+        assert!(store.get("_txns", "old0000").await.unwrap().is_none());
+        assert_eq!(purger.purge_once().await.unwrap(), 0);
+    }
+}

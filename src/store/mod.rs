@@ -289,13 +289,12 @@ pub async fn purge(store: &dyn Store, coll: &str, scan: Scan) -> StoreResult<usi
     loop {
         let batch = store.scan(coll, scan.clone().limit(BATCH)).await?;
         let full = batch.len() == BATCH;
+        // The deletes of a batch go together: one group commit (or one
+        // round of requests) for all of them, not one each.
+        let deletes = batch.iter().filter_map(record_id).map(|id| store.delete(coll, id, filter.clone()));
         let mut deleted = 0;
-        for rec in batch {
-            if let Some(id) = record_id(&rec) {
-                if store.delete(coll, id, filter.clone()).await? {
-                    deleted += 1;
-                }
-            }
+        for done in futures::future::join_all(deletes).await {
+            deleted += usize::from(done?);
         }
         purged += deleted;
         // A full batch none of which could go would be read again forever.

@@ -81,7 +81,12 @@ struct Args {
     /// Seconds each idle CPU measurement lasts.
     #[arg(long, default_value_t = 20.0)]
     idle_secs: f64,
-    /// Requests per latency figure in `--scale`.
+    /// The database server's process id: `--scale` reports its idle CPU
+    /// too (scripts/bench passes FerretDB's).
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// Requests per latency figure in `--scale` (0: idle CPU and memory
+    /// only).
     #[arg(long, default_value_t = 2000)]
     samples: usize,
     /// Run the soak for this many seconds (instead of the protocol
@@ -282,8 +287,14 @@ async fn main() {
         let mongo = args.mongodb_uri.is_some();
         let docs = args.scale_docs.unwrap_or(if mongo { 100_000 } else { 1_000_000 });
         let txns = args.scale_txns.unwrap_or(docs / 10);
-        let scale_args =
-            scale::ScaleArgs { store: config.clone(), docs, txns, idle_secs: args.idle_secs, samples: args.samples };
+        let scale_args = scale::ScaleArgs {
+            store: config.clone(),
+            docs,
+            txns,
+            idle_secs: args.idle_secs,
+            samples: args.samples,
+            server_pid: args.server_pid,
+        };
         scale::run(scale_args).await;
         cleanup(&config, &dir).await;
         return;

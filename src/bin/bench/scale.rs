@@ -64,9 +64,10 @@ impl Gateway {
     }
 }
 
-/// CPU time this process has used (all threads, dead ones included).
-fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+/// CPU time process `pid` (`self`: this one) has used (all threads, dead
+/// ones included).
+fn cpu_time(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name (which may hold spaces): utime is the
     // 14th field of the line, stime the 15th; both in clock ticks (100/s).
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
@@ -89,13 +90,17 @@ fn rss_mib() -> (f64, f64) {
     (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0)
 }
 
-/// Share of one core used while nothing happens for `secs`.
-async fn idle_cpu(secs: f64) -> f64 {
+/// Share of one core used while nothing happens for `secs`: by this
+/// process (the gateway) and by process `server` (the database), if given.
+async fn idle_cpu(secs: f64, server: Option<u32>) -> (f64, Option<f64>) {
     // Let work a load left behind settle first.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (cpu, wall) = (cpu_time(), Instant::now());
+    let server = server.map(|p| p.to_string());
+    let before = (cpu_time("self"), server.as_deref().map(cpu_time), Instant::now());
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-    (cpu_time() - cpu).as_secs_f64() / wall.elapsed().as_secs_f64() * 100.0
+    let wall = before.2.elapsed().as_secs_f64();
+    let share = |now: Duration, then: Duration| (now.saturating_sub(then)).as_secs_f64() / wall * 100.0;
+    (share(cpu_time("self"), before.0), server.as_deref().map(cpu_time).zip(before.1).map(|(n, t)| share(n, t)))
 }
 
 /// Insert documents `from..to` of the scale collection straight into the
@@ -149,8 +154,12 @@ fn id(i: usize) -> String {
     format!("d{i:08}")
 }
 
-/// p50/p99 of k = 2 transactions and of single-document reads over `docs`.
+/// p50/p99 of k = 2 transactions and of single-document reads over `docs`
+/// (`n` of each; none when `n` is 0).
 async fn latencies(base: &str, docs: usize, n: usize) -> [Duration; 4] {
+    if n == 0 {
+        return [Duration::ZERO; 4];
+    }
     use rand::Rng;
     let client = reqwest::Client::new();
     let mut txn = Vec::with_capacity(n);
@@ -191,13 +200,15 @@ pub struct ScaleArgs {
     pub txns: usize,
     pub idle_secs: f64,
     pub samples: usize,
+    /// The database server's process, to report its idle CPU too.
+    pub server_pid: Option<u32>,
 }
 
 pub async fn run(args: ScaleArgs) {
     let config = Config { store: args.store.clone(), ..Config::default() };
     let gw = Gateway::start(config).await;
     progress("idle, empty");
-    let idle_empty = idle_cpu(args.idle_secs).await;
+    let idle_empty = idle_cpu(args.idle_secs, args.server_pid).await;
     let small = 10_000.min(args.docs);
     progress(&format!("loading {small} documents"));
     load_docs(&gw.store, 0, small).await;
@@ -211,7 +222,7 @@ pub async fn run(args: ScaleArgs) {
     progress("latency at the large size");
     let at_large = latencies(&gw.base, args.docs, args.samples).await;
     progress("idle, large");
-    let idle_large = idle_cpu(args.idle_secs).await;
+    let idle_large = idle_cpu(args.idle_secs, args.server_pid).await;
     let (rss, peak) = rss_mib();
     gw.stop().await;
 
@@ -227,15 +238,21 @@ pub async fn run(args: ScaleArgs) {
         let (a_ms, b_ms) = (format!("{:.2}ms", ms(a)), format!("{:.2}ms", ms(b)));
         println!("{what:<44} {a_ms:>12} {b_ms:>12} {:>6.2}x", b.as_secs_f64() / a.as_secs_f64().max(1e-9));
     };
-    row("k=2 transaction p50", at_small[0], at_large[0]);
-    row("k=2 transaction p99", at_small[1], at_large[1]);
-    row("single-document read p50", at_small[2], at_large[2]);
-    row("single-document read p99", at_small[3], at_large[3]);
-    println!();
-    println!("idle CPU, empty store:                        {idle_empty:.2}% of one core");
+    if args.samples > 0 {
+        row("k=2 transaction p50", at_small[0], at_large[0]);
+        row("k=2 transaction p99", at_small[1], at_large[1]);
+        row("single-document read p50", at_small[2], at_large[2]);
+        row("single-document read p99", at_small[3], at_large[3]);
+        println!();
+    }
+    let server = |s: Option<f64>| s.map_or(String::new(), |s| format!("; database server {s:.2}%"));
+    println!("idle CPU, empty store: gateway {:.2}% of one core{}", idle_empty.0, server(idle_empty.1));
     println!(
-        "idle CPU, {} documents + {} finished txns: {idle_large:.2}% of one core (target < 2%)",
-        args.docs, args.txns
+        "idle CPU, {} documents + {} finished txns: gateway {:.2}% of one core{} (target < 2%)",
+        args.docs,
+        args.txns,
+        idle_large.0,
+        server(idle_large.1)
     );
     println!("resident memory after loading: {rss:.0} MiB (peak {peak:.0} MiB)");
 }
