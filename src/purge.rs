@@ -76,9 +76,9 @@ impl Purger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::doc;
     use crate::store::memory::MemoryStore;
     use crate::store::scans::TXNS_BY_FINISH;
-    use crate::store::doc;
 
     /// More than a batch past retention goes in one pass; what is newer,
     /// or not finished, stays.
