@@ -4,7 +4,7 @@
 //! lease, expiry and backoff arithmetic runs under `tokio::time::pause()`
 //! and `advance()` instead of sleeping.
 
-use crate::store::DateTime;
+pub use crate::store::DateTime;
 
 #[derive(Clone, Debug, Default)]
 pub enum Clock {
@@ -31,6 +31,16 @@ impl Clock {
             }
         }
     }
+}
+
+/// RFC 3339 with milliseconds, UTC (`2026-01-02T03:04:05.678Z`).
+pub fn rfc3339(dt: DateTime) -> String {
+    const FORMAT: &[time::format_description::FormatItem<'static>] =
+        time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(dt.timestamp_millis()) * 1_000_000)
+        .ok()
+        .and_then(|t| t.format(FORMAT).ok())
+        .unwrap_or_else(|| dt.timestamp_millis().to_string())
 }
 
 #[cfg(test)]

@@ -90,6 +90,13 @@ pub struct Live {
     pub data: Document,
 }
 
+impl Live {
+    /// The user fields as JSON.
+    pub fn data_json(&self) -> serde_json::Map<String, serde_json::Value> {
+        crate::store::convert::document_to_object(&self.data)
+    }
+}
+
 impl StoredDoc {
     /// A new, committed, unlocked document at `version`.
     pub fn new_live(id: String, data: Document, sv: i64, version: i64, at: DateTime) -> Self {

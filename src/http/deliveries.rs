@@ -12,10 +12,9 @@ use super::AppState;
 use super::documents::{encode_cursor, paging};
 use super::error::{ApiError, Problem, ProblemCode};
 use super::extract::{ApiPath, ApiQuery};
+use crate::clock::{DateTime, rfc3339};
 use crate::documents::rules::Invalid;
 use crate::hooks::{AFTER_PREVIOUS, Delivery, DeliveryStatus, Replay};
-use crate::store::DateTime;
-use crate::store::convert::rfc3339;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list_deliveries)).routes(routes!(get_delivery)).routes(routes!(retry_delivery))

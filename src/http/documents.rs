@@ -17,10 +17,10 @@ use super::error::{ApiError, Problem};
 use super::extract::{
     ApiPath, ApiQuery, JsonBody, body_bytes, etag, if_match, if_none_match, media_type, parse_json, unsupported_media,
 };
+use crate::clock::rfc3339;
 use crate::documents::model::{Live, View};
 use crate::documents::rules::{self, Invalid, Patch};
 use crate::documents::{Change, DocError, Written};
-use crate::store::convert::{document_to_object, rfc3339};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(create_document, list_documents)).routes(routes!(
@@ -48,6 +48,7 @@ pub struct DocumentOut {
 
 impl DocumentOut {
     pub fn new(collection: &str, live: Live) -> Self {
+        let data = live.data_json();
         Self {
             collection: collection.to_owned(),
             id: live.id,
@@ -55,7 +56,7 @@ impl DocumentOut {
             schema_version: live.schema_version,
             created_at: rfc3339(live.created_at),
             updated_at: rfc3339(live.updated_at),
-            data: document_to_object(&live.data),
+            data,
         }
     }
 }

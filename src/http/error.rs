@@ -9,10 +9,10 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
+use crate::clock::rfc3339;
 use crate::documents::DocError;
 use crate::documents::rules::Invalid;
 use crate::store::StoreError;
-use crate::store::convert::rfc3339;
 use crate::txn::commit::TxnError;
 use crate::txn::record::{Failure, FailureCode};
 

@@ -7,7 +7,8 @@
 
 use serde_json::{Map, Number, Value};
 
-use super::{Bson, DateTime, Document};
+use super::{Bson, Document};
+use crate::clock::rfc3339;
 
 /// A JSON value that has no BSON equivalent.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -65,19 +66,10 @@ pub fn document_to_object(doc: &Document) -> Map<String, Value> {
     doc.iter().map(|(k, v)| (k.clone(), bson_to_json(v))).collect()
 }
 
-/// RFC 3339 with milliseconds, UTC (`2026-01-02T03:04:05.678Z`).
-pub fn rfc3339(dt: DateTime) -> String {
-    const FORMAT: &[time::format_description::FormatItem<'static>] =
-        time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(dt.timestamp_millis()) * 1_000_000)
-        .ok()
-        .and_then(|t| t.format(FORMAT).ok())
-        .unwrap_or_else(|| dt.timestamp_millis().to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::DateTime;
     use serde_json::json;
 
     #[test]

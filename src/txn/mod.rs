@@ -131,7 +131,7 @@ impl Engine {
 
 /// The commit summary: the 200 answer, and the default hook body.
 pub fn summary(rec: &TxnRecord) -> serde_json::Value {
-    use crate::store::convert::rfc3339;
+    use crate::clock::rfc3339;
     let results: Vec<_> = rec
         .results
         .iter()

@@ -70,7 +70,7 @@ async fn nothing_wedged(app: &TestApp, ids: &[String]) -> Result<(), String> {
     let pending: Value = res.json().await.unwrap();
     let n = pending["items"].as_array().unwrap().len();
     if n > 0 {
-        let now = txgate::store::convert::rfc3339(txgate::store::DateTime::now());
+        let now = txgate::clock::rfc3339(txgate::store::DateTime::now());
         let first = &pending["items"][0];
         return Err(format!(
             "{n} transactions still pending at {now}, e.g. {} started {} lease until {}",
