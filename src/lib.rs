@@ -112,14 +112,14 @@ pub async fn run_with_store(
     workers.spawn(sender.run(stop_workers.clone()));
     workers.spawn(purger(&app, &config).run(stop_workers.clone()));
     workers.close();
-    tracing::info!(addr = %listener.local_addr()?, store = app.engine.store.backend(), "txgate listening");
+    tracing::info!(addr = %listener.local_addr()?, store = app.engine.store().backend(), "txgate listening");
     axum::serve(listener, router).with_graceful_shutdown(shutdown.clone().cancelled_owned()).await?;
     tracing::info!("HTTP server stopped; finishing background work");
     // Workers finish the step they are in; then request follow-ups finish.
     stop_workers.cancel();
     workers.wait().await;
-    app.engine.tasks.close();
-    app.engine.tasks.wait().await;
+    app.engine.tasks().close();
+    app.engine.tasks().wait().await;
     tracing::info!("shutdown complete");
     Ok(())
 }
@@ -150,7 +150,7 @@ fn purger(app: &App, config: &Config) -> purge::Purger {
         },
     ];
     purge::Purger::new(
-        Arc::clone(&app.engine.store),
+        Arc::clone(app.engine.store()),
         config.txn.clock.clone(),
         Arc::clone(&app.metrics),
         rules,

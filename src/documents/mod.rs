@@ -70,7 +70,7 @@ impl Documents {
     }
 
     fn store(&self) -> &dyn crate::store::Store {
-        self.engine.store.as_ref()
+        self.engine.store().as_ref()
     }
 
     async fn load(&self, coll: &str, id: &str) -> Result<Option<StoredDoc>, DocError> {
@@ -123,10 +123,10 @@ impl Documents {
             Settled::Busy { holder } => {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 if left.is_zero() {
-                    self.engine.metrics.incr("txgate_conflicts_total", "locked");
-                    return Err(DocError::Locked { holder, retry_after: self.engine.cfg.lease });
+                    self.engine.metrics().incr("txgate_conflicts_total", "locked");
+                    return Err(DocError::Locked { holder, retry_after: self.engine.config().lease });
                 }
-                self.engine.signals.wait_release(coll, &doc.id, (*backoff).min(left)).await;
+                self.engine.wait_release(coll, &doc.id, (*backoff).min(left)).await;
                 *backoff = (*backoff * 2).min(MAX_BACKOFF);
                 Ok(())
             }
@@ -134,7 +134,7 @@ impl Documents {
     }
 
     fn deadline(&self) -> tokio::time::Instant {
-        tokio::time::Instant::now() + self.engine.cfg.lock_wait
+        tokio::time::Instant::now() + self.engine.config().lock_wait
     }
 
     /// Create a document. Over a tombstone the document is re-created and
@@ -194,7 +194,7 @@ impl Documents {
                 View::Live(_) => {}
             }
             if let Some(expected) = if_match.filter(|v| *v != doc.meta.v) {
-                self.engine.metrics.incr("txgate_conflicts_total", "version_conflict");
+                self.engine.metrics().incr("txgate_conflicts_total", "version_conflict");
                 return Err(DocError::VersionConflict { expected, actual: doc.meta.v });
             }
             let at = self.engine.now();

@@ -155,7 +155,7 @@ async fn healthz() -> impl IntoResponse {
         (status = 503, description = "Store unreachable or migrations missing", body = error::Problem, content_type = "application/problem+json"),
     ))]
 async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let store = state.engine.store.as_ref();
+    let store = state.engine.store().as_ref();
     store.ping().await?;
     if !crate::migrate::all_applied(store).await? {
         return Err(ApiError::new(

@@ -227,7 +227,7 @@ fn validate_hook(hook: &HookIn, i: usize, guard: &crate::hooks::guard::HookGuard
 
 /// Check the request and resolve it into a plan.
 fn plan(input: TransactionIn, raw: &[u8], key: Option<String>, state: &AppState) -> Result<Plan, ApiError> {
-    let cfg = &state.engine.cfg;
+    let cfg = &state.engine.config();
     if input.actions.is_empty() || input.actions.len() > cfg.max_actions {
         return Err(Invalid::new("/actions", format!("a transaction has 1..{} actions", cfg.max_actions)).into());
     }
@@ -354,7 +354,7 @@ pub async fn create_transaction(
     let engine = Arc::clone(&state.engine);
     state
         .engine
-        .tasks
+        .tasks()
         .spawn(run_transaction(engine, plan, hash, scoped))
         .await
         .map_err(|e| ApiError::internal(format!("transaction task failed: {e}")))?

@@ -97,6 +97,17 @@ struct MemberFailure {
     invalid: bool,
 }
 
+/// What locking the members of one attempt works with.
+#[derive(Clone, Copy)]
+struct Locking<'a> {
+    txn: &'a str,
+    plan: &'a Plan,
+    /// When waiting for held locks ends.
+    deadline: Instant,
+    /// Cancelled when an older transaction wounds this one.
+    wounded: &'a CancellationToken,
+}
+
 enum Step {
     Locked {
         base_v: i64,
@@ -325,13 +336,12 @@ impl Engine {
         // waits while holding locks that sort below the one it waits for:
         // waits cannot form a cycle, and wound-wait is left to break only
         // the waits on slow or stuck holders.
-        let txn_ref = txn;
+        let attempt = Locking { txn, plan, deadline, wounded };
+        let attempt = &attempt;
         let lock_one = |i: usize, seen: Option<StoredDoc>, wait: bool| {
             let action = &plan.actions[i];
-            let txn = txn_ref;
-            let known = seen.is_some();
             async move {
-                match self.lock_member(txn, plan, action, seen, known, deadline, wounded, wait).await? {
+                match self.lock_member(attempt, action, seen, wait).await.map_err(Err)? {
                     Step::Locked { base_v } => Ok((i, Some(base_v))),
                     Step::Busy => Ok((i, None)),
                     Step::Failed(mut f) => {
@@ -360,9 +370,7 @@ impl Engine {
             let Some(lowest) = rest.iter().min_by_key(|i| key(i)).copied() else { return Ok(bases) };
             let (keep, give_back): (Vec<_>, Vec<_>) = bases.into_iter().partition(|(i, _)| key(i) < key(&lowest));
             try_join_all(
-                give_back
-                    .iter()
-                    .map(|(i, _)| self.unlock_own(txn_ref, &plan.actions[*i].collection, &plan.actions[*i].id)),
+                give_back.iter().map(|(i, _)| self.unlock_own(txn, &plan.actions[*i].collection, &plan.actions[*i].id)),
             )
             .await
             .map_err(Err)?;
@@ -545,19 +553,18 @@ impl Engine {
         });
     }
 
-    /// Lock `action`'s document for `txn` and stage its post-image.
-    #[allow(clippy::too_many_arguments)]
+    /// Lock `action`'s document for the attempt and stage its post-image,
+    /// starting from `seen` (the document as read, if it was). Waits for a
+    /// live holder only when `wait`.
     async fn lock_member(
         &self,
-        txn: &str,
-        plan: &Plan,
+        attempt: &Locking<'_>,
         action: &Action,
         mut seen: Option<StoredDoc>,
-        mut known: bool,
-        deadline: Instant,
-        wounded: &CancellationToken,
         wait: bool,
-    ) -> Result<Step, Result<MemberFailure, StoreError>> {
+    ) -> Result<Step, StoreError> {
+        let Locking { txn, plan, deadline, wounded } = *attempt;
+        let mut known = seen.is_some();
         let coll = action.collection.as_str();
         let mut backoff = Duration::from_millis(2);
         let mut waits = 0u32;
@@ -574,8 +581,8 @@ impl Engine {
                 known = false;
                 seen.take()
             } else {
-                match self.store.get(coll, &action.id).await.map_err(Err)? {
-                    Some(rec) => Some(StoredDoc::from_record(rec).map_err(Err)?),
+                match self.store.get(coll, &action.id).await? {
+                    Some(rec) => Some(StoredDoc::from_record(rec)?),
                     None => None,
                 }
             };
@@ -592,7 +599,7 @@ impl Engine {
                     ));
                 }
                 let placeholder = placeholder(&action.id, txn, staged(plan, action, None), self.now());
-                if self.store.insert(coll, placeholder.to_record()).await.map_err(Err)? {
+                if self.store.insert(coll, placeholder.to_record()).await? {
                     return Ok(Step::Locked { base_v: 0 });
                 }
                 continue;
@@ -607,7 +614,7 @@ impl Engine {
                     };
                     let may_wound = since.elapsed() >= self.wound_after();
                     let wounder = may_wound.then_some(txn);
-                    if self.settle(coll, &doc, wounder).await.map_err(Err)? == Settled::Retry {
+                    if self.settle(coll, &doc, wounder).await? == Settled::Retry {
                         blocked = None;
                         continue;
                     }
@@ -668,7 +675,7 @@ impl Engine {
             locked.meta.deleting = staged.op == StagedOp::Delete;
             locked.meta.pending = Some(staged);
             let filter = doc.unchanged_filter(None);
-            if self.store.replace(coll, &doc.id, filter, locked.to_record()).await.map_err(Err)? {
+            if self.store.replace(coll, &doc.id, filter, locked.to_record()).await? {
                 return Ok(Step::Locked { base_v: doc.meta.v });
             }
         }

@@ -65,18 +65,19 @@ impl Default for TxnConfig {
     }
 }
 
-/// The protocol engine shared by the HTTP handlers and the workers.
+/// The protocol engine shared by the HTTP handlers and the workers. Its
+/// state is reached from outside `txn/` only through the methods below.
 pub struct Engine {
-    pub store: DynStore,
-    pub cfg: TxnConfig,
-    pub metrics: Arc<Metrics>,
+    store: DynStore,
+    cfg: TxnConfig,
+    metrics: Arc<Metrics>,
     /// Background work started on a request's behalf (roll-forward after
     /// the answer); awaited at shutdown.
-    pub tasks: TaskTracker,
+    tasks: TaskTracker,
     /// Transactions this process is rolling forward in the background.
     helping: Mutex<HashSet<String>>,
     /// In-process wake-ups for wounds and lock releases.
-    pub signals: signals::Signals,
+    signals: signals::Signals,
     /// What a committed transaction leaves behind besides its documents.
     outputs: Vec<Arc<dyn outputs::Outputs>>,
 }
@@ -112,6 +113,29 @@ impl Engine {
             None => crate::store::scans::TXNS.scan(Vec::new()),
         };
         crate::store::page(self.store.as_ref(), record::TXNS, scan, after, limit, TxnRecord::from_record).await
+    }
+
+    pub fn store(&self) -> &DynStore {
+        &self.store
+    }
+
+    pub fn config(&self) -> &TxnConfig {
+        &self.cfg
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Background work started on a request's behalf; a caller that stops
+    /// the engine closes it and waits.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
+    /// Wait until `coll`/`id` is released in this process, or `max` passes.
+    pub async fn wait_release(&self, coll: &str, id: &str, max: std::time::Duration) {
+        self.signals.wait_release(coll, id, max).await;
     }
 
     /// The current time by this engine's clock.

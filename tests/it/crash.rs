@@ -292,8 +292,8 @@ async fn run_case(store: &DynStore, tag: &str, fault: Fault) -> (bool, usize) {
     };
     if matches!(fault, Fault::None) {
         // Let the background roll-forward finish, to count its operations.
-        dying.tasks.close();
-        dying.tasks.wait().await;
+        dying.tasks().close();
+        dying.tasks().wait().await;
     }
     // Deliveries exist before any lock is released.
     if s.some_member_released(store).await {

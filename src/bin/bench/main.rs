@@ -422,19 +422,19 @@ async fn main() {
                 chosen
             })
         };
-        let before = engine.metrics.snapshot();
+        let before = engine.metrics().snapshot();
         progress(&format!("k={k}: throughput with conflicts"));
         let busy = throughput(&engine, &coll, clients, args.seconds, busy_pick).await;
         wait_idle(&engine).await;
         if args.counters {
             eprintln!("  k={k}, contended run:");
-            for (n, l, v) in engine.metrics.snapshot() {
+            for (n, l, v) in engine.metrics().snapshot() {
                 let was = before.iter().find(|(n2, l2, _)| *n2 == n && *l2 == l).map_or(0, |x| x.2);
                 if v > was {
                     eprintln!("    {n}{{{l}}} {}", v - was);
                 }
             }
-            for (n, l, sum, count) in engine.metrics.timings() {
+            for (n, l, sum, count) in engine.metrics().timings() {
                 eprintln!("    {n}{{{l}}} mean {:.1}ms over the whole run, n={count}", sum * 1000.0 / count as f64);
             }
         }
@@ -546,7 +546,7 @@ fn progress(what: &str) {
 
 async fn wait_idle(engine: &Arc<Engine>) {
     // Background roll-forwards are tracked; wait until none is running.
-    while !engine.tasks.is_empty() {
+    while !engine.tasks().is_empty() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
