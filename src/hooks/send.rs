@@ -74,16 +74,35 @@ pub fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> 
 }
 
 /// What one attempt came to.
-struct Outcome {
-    status_code: Option<u16>,
-    error: Option<String>,
-    retry_after: Option<Duration>,
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// The receiver's status code; none when no answer came.
+    pub status_code: Option<u16>,
+    /// Why no answer came.
+    pub error: Option<String>,
+    /// The receiver's `Retry-After`.
+    pub retry_after: Option<Duration>,
+}
+
+/// How an attempt reaches its receiver: [`Http`] in a gateway; tests
+/// script the answers (and run the worker under paused time).
+#[async_trait::async_trait]
+pub trait Transport: Send + Sync + 'static {
+    async fn send(&self, d: &Delivery) -> Outcome;
+}
+
+/// Attempts as HTTP requests, signed when a key is set.
+pub struct Http {
+    clients: Clients,
+    signer: Option<super::sign::Signer>,
+    timeout: Duration,
+    clock: crate::clock::Clock,
 }
 
 pub struct Sender {
     hooks: Arc<Hooks>,
     cfg: HookConfig,
-    clients: Clients,
+    transport: Arc<dyn Transport>,
     /// This instance, as named in the claims it makes.
     owner: String,
     permits: Arc<Semaphore>,
@@ -94,11 +113,17 @@ fn add(at: DateTime, d: Duration) -> DateTime {
 }
 
 impl Sender {
+    /// A sender making its attempts over HTTP with `clients`.
     pub fn new(hooks: Arc<Hooks>, cfg: HookConfig, clients: Clients) -> Arc<Self> {
+        let http = Http { clients, signer: cfg.signer.clone(), timeout: cfg.timeout, clock: hooks.clock.clone() };
+        Self::with_transport(hooks, cfg, Arc::new(http))
+    }
+
+    pub fn with_transport(hooks: Arc<Hooks>, cfg: HookConfig, transport: Arc<dyn Transport>) -> Arc<Self> {
         let host = std::env::var("HOSTNAME").unwrap_or_default();
         let owner = format!("{}{}{}", host, if host.is_empty() { "" } else { "/" }, uuid::Uuid::now_v7());
         let permits = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
-        Arc::new(Self { hooks, cfg, clients, owner, permits })
+        Arc::new(Self { hooks, cfg, transport, owner, permits })
     }
 
     /// Send due deliveries until `shutdown`; then let the attempts in
@@ -238,7 +263,7 @@ impl Sender {
     async fn attempt(&self, d: Delivery, token: String) {
         let at = self.hooks.clock.now();
         let started = Instant::now();
-        let outcome = self.send(&d).await;
+        let outcome = self.transport.send(&d).await;
         let duration = started.elapsed();
         let finished = self.hooks.clock.now();
         let code = outcome.status_code;
@@ -342,54 +367,6 @@ impl Sender {
         }
     }
 
-    /// Make one HTTP request for `d`.
-    async fn send(&self, d: &Delivery) -> Outcome {
-        let failed = |error: String| Outcome { status_code: None, error: Some(error), retry_after: None };
-        let url = match url::Url::parse(&d.url) {
-            Ok(url) => url,
-            Err(e) => return failed(format!("invalid URL: {e}")),
-        };
-        let client = match self.clients.for_url(&url) {
-            Ok(client) => client,
-            Err(why) => return failed(why),
-        };
-        let method = reqwest::Method::from_bytes(d.method.as_bytes()).unwrap_or(reqwest::Method::POST);
-        let timestamp = self.hooks.clock.now().timestamp_millis() / 1000;
-        let mut req = client.request(method, url);
-        for (name, value) in &d.headers {
-            if !RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
-                req = req.header(name, value);
-            }
-        }
-        req = req
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header("webhook-id", &d.id)
-            .header("webhook-timestamp", timestamp.to_string())
-            .header("txgate-transaction", &d.txn);
-        if let Some(signer) = &self.cfg.signer {
-            req = req.header("webhook-signature", signer.sign(&d.id, timestamp, d.body.as_bytes()));
-        }
-        let mut res = match req.body(d.body.clone()).send().await {
-            Ok(res) => res,
-            Err(err) => return failed(describe(&err, self.cfg.timeout)),
-        };
-        let status = res.status().as_u16();
-        let retry_after = res
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| retry_after(v, std::time::SystemTime::now()));
-        // Read (a bounded part of) the body so the connection can be reused.
-        let mut read = 0;
-        while read < MAX_RESPONSE_BYTES {
-            match res.chunk().await {
-                Ok(Some(chunk)) => read += chunk.len(),
-                _ => break,
-            }
-        }
-        Outcome { status_code: Some(status), error: None, retry_after }
-    }
-
     /// Release successors a crash left waiting behind a finished hook.
     /// Returns where the next sweep goes on from.
     async fn sweep(&self, after: Option<String>) -> Option<String> {
@@ -425,6 +402,57 @@ impl Sender {
     }
 }
 
+#[async_trait::async_trait]
+impl Transport for Http {
+    /// Make one HTTP request for `d`.
+    async fn send(&self, d: &Delivery) -> Outcome {
+        let failed = |error: String| Outcome { status_code: None, error: Some(error), retry_after: None };
+        let url = match url::Url::parse(&d.url) {
+            Ok(url) => url,
+            Err(e) => return failed(format!("invalid URL: {e}")),
+        };
+        let client = match self.clients.for_url(&url) {
+            Ok(client) => client,
+            Err(why) => return failed(why),
+        };
+        let method = reqwest::Method::from_bytes(d.method.as_bytes()).unwrap_or(reqwest::Method::POST);
+        let timestamp = self.clock.now().timestamp_millis() / 1000;
+        let mut req = client.request(method, url);
+        for (name, value) in &d.headers {
+            if !RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+                req = req.header(name, value);
+            }
+        }
+        req = req
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header("webhook-id", &d.id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("txgate-transaction", &d.txn);
+        if let Some(signer) = &self.signer {
+            req = req.header("webhook-signature", signer.sign(&d.id, timestamp, d.body.as_bytes()));
+        }
+        let mut res = match req.body(d.body.clone()).send().await {
+            Ok(res) => res,
+            Err(err) => return failed(describe(&err, self.timeout)),
+        };
+        let status = res.status().as_u16();
+        let retry_after = res
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| retry_after(v, std::time::SystemTime::now()));
+        // Read (a bounded part of) the body so the connection can be reused.
+        let mut read = 0;
+        while read < MAX_RESPONSE_BYTES {
+            match res.chunk().await {
+                Ok(Some(chunk)) => read += chunk.len(),
+                _ => break,
+            }
+        }
+        Outcome { status_code: Some(status), error: None, retry_after }
+    }
+}
+
 /// An attempt's error as one line: the cause chain, without the URL
 /// (it is in the delivery already).
 fn describe(err: &reqwest::Error, timeout: Duration) -> String {
@@ -449,6 +477,111 @@ fn describe(err: &reqwest::Error, timeout: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::Clock;
+    use crate::metrics::Metrics;
+    use crate::store::DynStore;
+    use crate::store::memory::MemoryStore;
+
+    /// Answers attempts from a script and notes when each came.
+    struct Scripted {
+        answers: std::sync::Mutex<std::collections::VecDeque<Outcome>>,
+        at: std::sync::Mutex<Vec<Instant>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Transport for Scripted {
+        async fn send(&self, _: &Delivery) -> Outcome {
+            self.at.lock().unwrap().push(Instant::now());
+            self.answers.lock().unwrap().pop_front().unwrap_or(Outcome { status_code: Some(200), ..Outcome::default() })
+        }
+    }
+
+    fn answer(code: u16, retry_after: Option<Duration>) -> Outcome {
+        Outcome { status_code: Some(code), error: None, retry_after }
+    }
+
+    /// A delivery due now, recorded as a commit leaves it.
+    async fn due(hooks: &Hooks, id: &str) {
+        let now = hooks.clock.now();
+        let d = Delivery {
+            id: id.into(),
+            txn: "T".into(),
+            index: 0,
+            count: 1,
+            status: DeliveryStatus::Pending,
+            method: "POST".into(),
+            url: "http://receiver.test/".into(),
+            headers: Default::default(),
+            body: "{}".into(),
+            created_at: now,
+            next_at: now,
+            attempts: Vec::new(),
+            finished_at: None,
+            tries: 0,
+            queued_at: None,
+            owner: None,
+            claim: None,
+            lease_until: None,
+        };
+        assert!(hooks.store.insert(DELIVERIES, d.to_record()).await.unwrap());
+        hooks.queue.push(id, now.timestamp_millis());
+    }
+
+    async fn status(hooks: &Hooks, id: &str) -> DeliveryStatus {
+        Delivery::from_record(hooks.store.get(DELIVERIES, id).await.unwrap().unwrap()).unwrap().status
+    }
+
+    /// Under paused time: failed attempts are retried after 100 ms doubling
+    /// (times 0.8-1.2), a 503's `Retry-After` is waited out, and a delivery
+    /// not delivered within `max_age` is dead.
+    #[tokio::test(start_paused = true)]
+    async fn retries_back_off_honour_retry_after_and_die_at_max_age() {
+        let store: DynStore = Arc::new(MemoryStore::default());
+        let hooks = Hooks::new(Arc::clone(&store), Arc::new(Metrics::default()), Clock::following_tokio());
+        let script =
+            [answer(500, None), answer(500, None), answer(503, Some(Duration::from_secs(7))), answer(500, None)];
+        let transport = Arc::new(Scripted { answers: std::sync::Mutex::new(script.into()), at: Default::default() });
+        let cfg = HookConfig { max_age: Duration::from_secs(60), ..HookConfig::default() };
+        let sender = Sender::with_transport(Arc::clone(&hooks), cfg, Arc::clone(&transport) as Arc<dyn Transport>);
+        let stop = CancellationToken::new();
+        let worker = tokio::spawn(Arc::clone(&sender).run(stop.clone()));
+        due(&hooks, "T:0").await;
+        while status(&hooks, "T:0").await != DeliveryStatus::Delivered {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let at = transport.at.lock().unwrap().clone();
+        assert_eq!(at.len(), 5, "four failures, then delivered");
+        let gaps: Vec<u128> = at.windows(2).map(|w| (w[1] - w[0]).as_millis()).collect();
+        let within = |gap: u128, base: u128| gap * 10 >= base * 8 - 10 && gap * 10 <= base * 12 + 30;
+        assert!(within(gaps[0], 100) && within(gaps[1], 200), "{gaps:?}");
+        assert!((7000..=7003).contains(&gaps[2]), "Retry-After 7 s is waited out: {gaps:?}");
+        assert!(within(gaps[3], 800), "{gaps:?}");
+
+        // A receiver that always fails: dead once the next try would pass
+        // max_age (1 s here), never retried after.
+        let always = Arc::new(Scripted {
+            answers: std::sync::Mutex::new((0..100).map(|_| answer(500, None)).collect()),
+            at: Default::default(),
+        });
+        let cfg = HookConfig { max_age: Duration::from_secs(1), ..HookConfig::default() };
+        let dying = Sender::with_transport(Arc::clone(&hooks), cfg, Arc::clone(&always) as Arc<dyn Transport>);
+        stop.cancel();
+        worker.await.unwrap();
+        let stop = CancellationToken::new();
+        let worker = tokio::spawn(dying.run(stop.clone()));
+        let started = Instant::now();
+        due(&hooks, "U:0").await;
+        while status(&hooks, "U:0").await != DeliveryStatus::Dead {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let attempts = always.at.lock().unwrap().len();
+        assert!((3..=5).contains(&attempts), "{attempts} attempts in 1 s of backoff from 100 ms");
+        assert!(started.elapsed() <= Duration::from_secs(1), "dead within max_age: {:?}", started.elapsed());
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(always.at.lock().unwrap().len(), attempts, "a dead delivery is not tried again");
+        stop.cancel();
+        worker.await.unwrap();
+    }
 
     #[test]
     fn backoff_doubles_from_100ms_to_a_30s_cap() {
