@@ -184,6 +184,65 @@ impl Delivery {
     }
 }
 
+/// A change of a delivery record, each a compare-and-set (the delivery
+/// state machine, written only here and in [`Hooks::replay`]).
+pub enum DeliveryChange<'a> {
+    /// A due, unclaimed delivery is claimed by `owner` with `token` until
+    /// `lease_until` (also its `next_at`: not due again before).
+    Claim { at: DateTime, owner: &'a str, token: &'a str, lease_until: DateTime },
+    /// The outcome of the attempt made under claim `token`: failed with a
+    /// `next` try, or final (delivered or dead) at `finished`.
+    Outcome {
+        token: &'a str,
+        status: DeliveryStatus,
+        attempts: &'a [Attempt],
+        tries: i64,
+        next: Option<DateTime>,
+        finished: DateTime,
+    },
+    /// A delivery waiting for the hook before it may go at `at`.
+    Release { at: DateTime },
+}
+
+impl DeliveryChange<'_> {
+    pub fn cas(&self) -> (mongodb::bson::Document, Update) {
+        match self {
+            DeliveryChange::Claim { at, owner, token, lease_until } => {
+                let due = [DeliveryStatus::Pending.as_str(), DeliveryStatus::Failed.as_str()];
+                let filter = doc! {"status": {"$in": due.as_slice()}, "next_at": {"$lte": *at}};
+                let set = doc! {"owner": *owner, "claim": *token, "lease_until": *lease_until, "next_at": *lease_until};
+                (filter, Update::set(set))
+            }
+            DeliveryChange::Outcome { token, status, attempts, tries, next, finished } => {
+                let mut set = doc! {
+                    "status": status.as_str(),
+                    "attempts": mongodb::bson::to_bson(attempts).expect("attempts serialize"),
+                    "tries": *tries,
+                    "owner": Bson::Null,
+                    "claim": Bson::Null,
+                    "lease_until": Bson::Null,
+                };
+                match next {
+                    Some(next) => set.insert("next_at", *next),
+                    None => set.insert("finished_at", *finished),
+                };
+                (doc! {"claim": *token}, Update::set(set))
+            }
+            DeliveryChange::Release { at } => {
+                let filter = doc! {"status": DeliveryStatus::Pending.as_str(), "next_at": AFTER_PREVIOUS};
+                (filter, Update::set(doc! {"next_at": *at}))
+            }
+        }
+    }
+
+    /// Apply this change to delivery `id`: whether this compare-and-set
+    /// made it.
+    pub async fn apply(&self, store: &dyn crate::store::Store, id: &str) -> StoreResult<bool> {
+        let (filter, update) = self.cas();
+        store.update(DELIVERIES, id, filter, update).await
+    }
+}
+
 /// The hooks of a transaction request (none when it has no `hooks`).
 pub fn hooks_of(request: &str) -> Vec<Hook> {
     #[derive(Deserialize)]

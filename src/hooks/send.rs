@@ -21,17 +21,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::net::Clients;
-use super::{AFTER_PREVIOUS, Attempt, DELIVERIES, Delivery, DeliveryStatus, HookConfig, Hooks, delivery_id};
+use super::{
+    AFTER_PREVIOUS, Attempt, DELIVERIES, Delivery, DeliveryChange, DeliveryStatus, HookConfig, Hooks, delivery_id,
+};
 
 /// Statuses of deliveries an attempt may still be made for.
 const DUE: [DeliveryStatus; 2] = [DeliveryStatus::Pending, DeliveryStatus::Failed];
 
-/// A filter value matching any of `statuses`.
-fn any_of(statuses: [DeliveryStatus; 2]) -> Vec<&'static str> {
-    statuses.map(DeliveryStatus::as_str).to_vec()
-}
 use crate::store::scans::{DELIVERIES_BY_DUE, DELIVERIES_WAITING};
-use crate::store::{Bound, Bson, DateTime, StoreResult, Update, doc};
+use crate::store::{Bound, Bson, DateTime, StoreResult};
 
 /// First retry delay; it doubles per failed attempt up to [`MAX_DELAY`].
 pub const FIRST_DELAY: Duration = Duration::from_millis(100);
@@ -250,9 +248,8 @@ impl Sender {
         let at = self.hooks.clock.now();
         let token = uuid::Uuid::now_v7().to_string();
         let lease_until = add(at, self.cfg.timeout + self.cfg.claim_grace);
-        let filter = doc! {"status": {"$in": any_of(DUE)}, "next_at": {"$lte": at}};
-        let set = doc! {"owner": &self.owner, "claim": &token, "lease_until": lease_until, "next_at": lease_until};
-        if !self.hooks.store.update(DELIVERIES, id, filter, Update::set(set)).await? {
+        let claim = DeliveryChange::Claim { at, owner: &self.owner, token: &token, lease_until };
+        if !claim.apply(self.hooks.store.as_ref(), id).await? {
             return Ok(None);
         }
         let Some(rec) = self.hooks.store.get(DELIVERIES, id).await? else { return Ok(None) };
@@ -293,24 +290,15 @@ impl Sender {
             error: outcome.error.clone(),
             duration_ms: i64::try_from(duration.as_millis()).unwrap_or(i64::MAX),
         });
-        let mut set = doc! {
-            "status": status.as_str(),
-            "attempts": mongodb::bson::to_bson(&attempts).expect("attempts serialize"),
-            "tries": i64::from(failures),
-            "owner": Bson::Null,
-            "claim": Bson::Null,
-            "lease_until": Bson::Null,
+        let change = DeliveryChange::Outcome {
+            token: &token,
+            status,
+            attempts: &attempts,
+            tries: i64::from(failures),
+            next: next_at,
+            finished,
         };
-        match next_at {
-            Some(next) => {
-                set.insert("next_at", next);
-            }
-            None => {
-                set.insert("finished_at", finished);
-            }
-        }
-        let filter = doc! {"claim": &token};
-        match self.hooks.store.update(DELIVERIES, &d.id, filter, Update::set(set)).await {
+        match change.apply(self.hooks.store.as_ref(), &d.id).await {
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!("the claim expired before the outcome was written; another attempt will follow");
@@ -359,8 +347,7 @@ impl Sender {
     async fn release(&self, txn: &str, index: i64) {
         let id = delivery_id(txn, index as usize);
         let at = self.hooks.clock.now();
-        let filter = doc! {"status": DeliveryStatus::Pending.as_str(), "next_at": AFTER_PREVIOUS};
-        match self.hooks.store.update(DELIVERIES, &id, filter, Update::set(doc! {"next_at": at})).await {
+        match (DeliveryChange::Release { at }).apply(self.hooks.store.as_ref(), &id).await {
             Ok(true) => self.hooks.queue.push(&id, at.timestamp_millis()),
             Ok(false) => {}
             Err(err) => tracing::warn!(delivery.id = %id, error = %err, "cannot release the next hook; the sweep will"),

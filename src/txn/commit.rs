@@ -4,6 +4,7 @@
 //! commit point with one CAS on the record. Roll-forward (step 5) continues
 //! in the background after the answer.
 
+use crate::txn::record::Transition;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::documents::model::{Staged, StagedOp, StoredDoc, View};
-use crate::store::{DateTime, StoreError, Update, doc};
+use crate::store::{DateTime, StoreError};
 
 use super::Engine;
 use super::locks::Settled;
@@ -62,8 +63,8 @@ impl Heartbeat {
                 // The hard cap is reached: the lease may not grow any more.
                 return;
             }
-            let set = doc! {"expires_at": engine.lease_from(at).min(hard_end)};
-            let beat = engine.store.update(TXNS, &txn, Status::Pending.filter(), Update::set(set));
+            let beat = Transition::Heartbeat { expires_at: engine.lease_from(at).min(hard_end) };
+            let beat = beat.apply(engine.store.as_ref(), &txn);
             let beat = tokio::select! {
                 () = stop.cancelled() => return,
                 beat = beat => beat,
@@ -413,10 +414,8 @@ impl Engine {
             record.members[i].base_v = Some(base_v);
         }
         let results: Vec<MemberResult> = results.into_iter().map(|r| r.expect("every member locked")).collect();
-        let members = mongodb::bson::to_bson(&record.members).expect("members serialize");
-        let results_bson = mongodb::bson::to_bson(&results).expect("results serialize");
-        let set = doc! {"status": Status::Committed.as_str(), "committed_at": committed_at, "results": results_bson, "members": members};
-        let cas = self.store.update(TXNS, &txn, Status::Pending.filter(), Update::set(set)).await;
+        let commit = Transition::Commit { at: committed_at, results: &results, members: &record.members };
+        let cas = commit.apply(self.store.as_ref(), &txn).await;
         let decided = match cas {
             Ok(true) => None,
             // Lost the CAS or cannot tell: re-read until the outcome is known.
@@ -513,11 +512,8 @@ impl Engine {
             }
             _ => ("store_error".to_owned(), None),
         };
-        let mut set = doc! {"status": Status::Aborted.as_str(), "abort_reason": &reason};
-        if let Some(f) = &stored {
-            set.insert("failure", mongodb::bson::to_bson(f).expect("failure serializes"));
-        }
-        if let Ok(true) = self.store.update(TXNS, txn, Status::Pending.filter(), Update::set(set)).await {
+        let abort = Transition::Abort { reason: &reason, failure: stored.as_ref(), lease: None };
+        if let Ok(true) = abort.apply(self.store.as_ref(), txn).await {
             self.metrics.aborted(&reason);
         }
         match self.record(txn).await {

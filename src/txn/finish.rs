@@ -3,15 +3,16 @@
 //! keyed by the transaction id, so any instance may run them, any number of
 //! times, concurrently.
 
+use crate::txn::record::Transition;
 use std::sync::Arc;
 
 use futures::future::join_all;
 
 use crate::documents::model::StoredDoc;
-use crate::store::{StoreResult, Update, doc};
+use crate::store::StoreResult;
 
 use super::Engine;
-use super::record::{Member, Status, TXNS, TxnRecord};
+use super::record::{Member, Status, TxnRecord};
 
 impl Engine {
     async fn member_doc(&self, m: &Member) -> StoreResult<Option<StoredDoc>> {
@@ -58,8 +59,8 @@ impl Engine {
             |m, doc| async move { self.roll_forward_member(rec, &m.collection, &doc).await },
         )
         .await?;
-        let set = doc! {"status": Status::Done.as_str(), "finished_at": self.now()};
-        if self.store.update(TXNS, &rec.id, Status::Committed.filter(), Update::set(set)).await? {
+        let finish = Transition::Finish { from: Status::Committed, at: self.now() };
+        if finish.apply(self.store.as_ref(), &rec.id).await? {
             self.metrics.incr("txgate_transactions_finished_total", "done");
         }
         Ok(())
@@ -71,8 +72,8 @@ impl Engine {
         debug_assert!(matches!(rec.status, Status::Aborted | Status::RolledBack));
         self.for_each_held_member(rec, |m, doc| async move { self.release_stale(&rec.id, &m.collection, &doc).await })
             .await?;
-        let set = doc! {"status": Status::RolledBack.as_str(), "finished_at": self.now()};
-        if self.store.update(TXNS, &rec.id, Status::Aborted.filter(), Update::set(set)).await? {
+        let finish = Transition::Finish { from: Status::Aborted, at: self.now() };
+        if finish.apply(self.store.as_ref(), &rec.id).await? {
             self.metrics.incr("txgate_transactions_finished_total", "rolled_back");
         }
         Ok(())

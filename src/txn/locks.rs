@@ -8,7 +8,8 @@
 //! or missing.
 
 use crate::documents::model::StoredDoc;
-use crate::store::{Bson, DateTime, StoreResult, doc};
+use crate::store::{DateTime, StoreResult};
+use crate::txn::record::Transition;
 
 use super::Engine;
 use super::record::{Status, TXNS, TxnRecord};
@@ -47,12 +48,8 @@ impl Engine {
         expires_at: Option<DateTime>,
         reason: &str,
     ) -> StoreResult<Option<TxnRecord>> {
-        let mut filter = Status::Pending.filter();
-        if let Some(at) = expires_at {
-            filter.insert("expires_at", at);
-        }
-        let set = doc! {"status": Status::Aborted.as_str(), "abort_reason": reason, "finished_at": Bson::Null};
-        let done = self.store.update(TXNS, txn, filter, crate::store::Update::set(set)).await?;
+        let abort = Transition::Abort { reason, failure: None, lease: expires_at };
+        let done = abort.apply(self.store.as_ref(), txn).await?;
         if done {
             self.signals.aborted(txn);
             self.metrics.aborted(reason);

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::documents::model::StagedOp;
 use crate::hooks::Hook;
-use crate::store::{DateTime, Document, Record, StoreError};
+use crate::store::{DateTime, Document, Record, Store, StoreError, StoreResult, Update};
 
 pub const TXNS: &str = "_txns";
 
@@ -211,5 +211,61 @@ impl TxnRecord {
 
     pub fn to_record(&self) -> Record {
         mongodb::bson::to_document(self).expect("transaction record serializes")
+    }
+}
+/// A change of a transaction record, each a compare-and-set on its status
+/// (the protocol's state machine, written only here).
+pub enum Transition<'a> {
+    /// A pending record's lease, extended.
+    Heartbeat { expires_at: DateTime },
+    /// The commit point: pending to committed, with the members' versions.
+    Commit { at: DateTime, results: &'a [MemberResult], members: &'a [Member] },
+    /// Pending to aborted. `lease`, when given, pins the lease judged
+    /// expired, so a heartbeat that landed first wins.
+    Abort { reason: &'a str, failure: Option<&'a Failure>, lease: Option<DateTime> },
+    /// Committed to done, or aborted to rolled back.
+    Finish { from: Status, at: DateTime },
+}
+
+impl Transition<'_> {
+    /// The filter and update of this change.
+    pub fn cas(&self) -> (Document, Update) {
+        use mongodb::bson::{Bson, doc, to_bson};
+        match self {
+            Transition::Heartbeat { expires_at } => {
+                (Status::Pending.filter(), Update::set(doc! {"expires_at": *expires_at}))
+            }
+            Transition::Commit { at, results, members } => {
+                let set = doc! {
+                    "status": Status::Committed.as_str(),
+                    "committed_at": *at,
+                    "results": to_bson(results).expect("results serialize"),
+                    "members": to_bson(members).expect("members serialize"),
+                };
+                (Status::Pending.filter(), Update::set(set))
+            }
+            Transition::Abort { reason, failure, lease } => {
+                let mut filter = Status::Pending.filter();
+                if let Some(at) = lease {
+                    filter.insert("expires_at", *at);
+                }
+                let mut set =
+                    doc! {"status": Status::Aborted.as_str(), "abort_reason": *reason, "finished_at": Bson::Null};
+                if let Some(f) = failure {
+                    set.insert("failure", to_bson(f).expect("failure serializes"));
+                }
+                (filter, Update::set(set))
+            }
+            Transition::Finish { from, at } => {
+                let to = if *from == Status::Committed { Status::Done } else { Status::RolledBack };
+                (from.filter(), Update::set(doc! {"status": to.as_str(), "finished_at": *at}))
+            }
+        }
+    }
+
+    /// Apply this change to record `id`: whether this compare-and-set made it.
+    pub async fn apply(&self, store: &dyn Store, id: &str) -> StoreResult<bool> {
+        let (filter, update) = self.cas();
+        store.update(TXNS, id, filter, update).await
     }
 }
