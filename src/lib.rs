@@ -6,6 +6,7 @@
 pub mod clock;
 pub mod config;
 pub mod documents;
+pub mod error;
 pub mod hooks;
 pub mod http;
 pub mod metrics;

@@ -25,24 +25,7 @@ pub use mongodb::bson::{self, Bson, DateTime, Document, doc};
 /// A stored record: a BSON document whose `_id` is a string.
 pub type Record = Document;
 
-/// Errors every backend maps its failures onto.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The store could not be reached or did not answer in time.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    /// The store refused the document itself (size, field names, nesting).
-    #[error("store rejected the document: {0}")]
-    Rejected(String),
-    /// The write would give a unique index a second record with one value.
-    #[error("duplicate key in unique index {0}")]
-    Duplicate(String),
-    /// Anything else: a bug or a corrupted record.
-    #[error("store error: {0}")]
-    Internal(String),
-}
-
-pub type StoreResult<T> = Result<T, StoreError>;
+pub use crate::error::{StoreError, StoreResult};
 
 /// Sort direction of a scan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
