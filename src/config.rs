@@ -140,6 +140,10 @@ pub struct Settings {
     /// API keys, `key:scope[+scope],...` with scopes read, write, admin.
     #[arg(long, global = true, env = "TXGATE_API_KEYS", hide_env_values = true)]
     pub api_keys: Option<String>,
+    /// Origins browsers may call from (CORS), comma-separated
+    /// (`https://app.example.com`), or `*` for any (never with credentials).
+    #[arg(long, global = true, env = "TXGATE_CORS_ORIGINS")]
+    pub cors_origins: Option<String>,
 }
 
 /// The resolved configuration.
@@ -155,6 +159,48 @@ pub struct Config {
     pub api_keys: Vec<ApiKey>,
     pub hook_guard: HookGuard,
     pub hooks: HookConfig,
+    /// Origins browsers may call from; empty: none (no CORS headers).
+    pub cors: Cors,
+}
+
+/// Which origins may call from a browser.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Cors {
+    #[default]
+    None,
+    /// Any origin (`*`); credentials are never allowed with it.
+    Any,
+    /// These origins (`scheme://host[:port]`, as browsers send them).
+    Origins(Vec<String>),
+}
+
+impl Cors {
+    /// Parse `TXGATE_CORS_ORIGINS`.
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let items: Vec<&str> = spec.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+        if items.is_empty() {
+            return Ok(Cors::None);
+        }
+        if items.contains(&"*") {
+            return if items.len() == 1 {
+                Ok(Cors::Any)
+            } else {
+                Err("cors_origins: `*` stands alone (it allows every origin)".into())
+            };
+        }
+        let mut origins = Vec::new();
+        for item in items {
+            let url = url::Url::parse(item).map_err(|e| format!("cors_origins: {item:?} is not an origin: {e}"))?;
+            let origin = url.origin().ascii_serialization();
+            if !matches!(url.scheme(), "http" | "https") || origin != item.trim_end_matches('/') || url.path() != "/" {
+                return Err(format!(
+                    "cors_origins: {item:?} is not an origin (scheme://host[:port], no path), e.g. {origin:?}"
+                ));
+            }
+            origins.push(origin);
+        }
+        Ok(Cors::Origins(origins))
+    }
 }
 
 /// The embedded store's default page cache, in MiB.
@@ -176,6 +222,7 @@ impl Default for Config {
             ttl_interval: Duration::from_millis(500),
             max_body_bytes: 1024 * 1024,
             api_keys: Vec::new(),
+            cors: Cors::None,
             hook_guard: HookGuard::default(),
             hooks: HookConfig::default(),
         }
@@ -215,6 +262,7 @@ impl Settings {
             max_actions: self.max_actions.or(file.max_actions),
             max_hooks: self.max_hooks.or(file.max_hooks),
             api_keys: self.api_keys.or(file.api_keys),
+            cors_origins: self.cors_origins.or(file.cors_origins),
             hook_allow: self.hook_allow.or(file.hook_allow),
             hook_secret: self.hook_secret.or(file.hook_secret),
             hook_timeout_ms: self.hook_timeout_ms.or(file.hook_timeout_ms),
@@ -294,10 +342,12 @@ impl Settings {
             scan_interval: h.scan_interval,
             claim_grace: h.claim_grace,
         };
+        let cors = Cors::parse(settings.cors_origins.as_deref().unwrap_or(""))?;
         Ok(Config {
             hooks,
             hook_guard,
             api_keys,
+            cors,
             listen: settings.listen.unwrap_or(defaults.listen),
             store,
             log_format: settings.log_format.unwrap_or_default(),

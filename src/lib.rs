@@ -83,7 +83,7 @@ impl App {
             hooks: Arc::clone(&self.hooks),
             hook_guard: Arc::new(config.hook_guard.clone()),
         };
-        http::router(state, config.max_body_bytes, config.api_keys.clone())
+        http::router(state, config.max_body_bytes, config.api_keys.clone(), &config.cors)
     }
 }
 

@@ -22,6 +22,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_redoc::Servable;
 
+use crate::config::Cors;
 use crate::documents::Documents;
 use crate::txn::Engine;
 use error::{ApiError, PROBLEM_JSON, ProblemCode};
@@ -70,7 +71,7 @@ pub fn openapi_json() -> String {
 }
 
 /// The complete application router.
-pub fn router(state: AppState, max_body_bytes: usize, api_keys: Vec<auth::ApiKey>) -> Router {
+pub fn router(state: AppState, max_body_bytes: usize, api_keys: Vec<auth::ApiKey>, cors: &Cors) -> Router {
     let (routes, openapi) = api();
     let spec = Arc::new(openapi_json());
     let docs: Router<AppState> = utoipa_redoc::Redoc::with_url("/docs", openapi).into();
@@ -92,6 +93,8 @@ pub fn router(state: AppState, max_body_bytes: usize, api_keys: Vec<auth::ApiKey
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(max_body_bytes))
         .layer(axum::middleware::map_response(problem_for_bare_errors))
+        // Outside authentication: a preflight carries no credentials.
+        .layer(tower::util::option_layer(cors_layer(cors)))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(|req: &Request<_>| {
@@ -108,6 +111,41 @@ pub fn router(state: AppState, max_body_bytes: usize, api_keys: Vec<auth::ApiKey
                 }),
         )
         .with_state(state)
+}
+
+/// CORS for the configured origins: preflight on every route, the
+/// request headers the API reads allowed, the response headers a client
+/// needs (`ETag` for `If-Match`, `Location`, `Retry-After`) exposed. No
+/// credentials: API keys travel in `Authorization`, which is allowed.
+fn cors_layer(cors: &Cors) -> Option<tower_http::cors::CorsLayer> {
+    use axum::http::{HeaderName, Method};
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let origin = match cors {
+        Cors::None => return None,
+        Cors::Any => AllowOrigin::any(),
+        Cors::Origins(list) => {
+            AllowOrigin::list(list.iter().map(|o| HeaderValue::from_str(o).expect("origins are validated")))
+        }
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(origin)
+            .allow_methods([Method::GET, Method::POST, Method::PUT, Method::PATCH, Method::DELETE])
+            .allow_headers([
+                header::IF_MATCH,
+                header::IF_NONE_MATCH,
+                HeaderName::from_static("idempotency-key"),
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+            ])
+            .expose_headers([
+                header::ETAG,
+                header::LOCATION,
+                header::RETRY_AFTER,
+                HeaderName::from_static("idempotent-replayed"),
+            ])
+            .max_age(Duration::from_secs(600)),
+    )
 }
 
 /// Error responses produced outside the handlers (unknown method, body
