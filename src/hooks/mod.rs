@@ -175,6 +175,32 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// Hook `index` of the `count` of transaction `txn`, recorded at `at`
+    /// with the exact `body` to send: the first is due at once, each next
+    /// one once the one before it is final.
+    pub fn queued(txn: &str, index: usize, count: i64, hook: Hook, body: String, at: DateTime) -> Self {
+        Self {
+            id: delivery_id(txn, index),
+            txn: txn.to_owned(),
+            index: index as i64,
+            count,
+            status: DeliveryStatus::Pending,
+            method: hook.method,
+            url: hook.url,
+            headers: hook.headers,
+            body,
+            created_at: at,
+            next_at: if index == 0 { at } else { AFTER_PREVIOUS },
+            attempts: Vec::new(),
+            finished_at: None,
+            tries: 0,
+            queued_at: None,
+            owner: None,
+            claim: None,
+            lease_until: None,
+        }
+    }
+
     pub fn from_record(record: Record) -> Result<Self, StoreError> {
         mongodb::bson::from_document(record).map_err(|e| StoreError::Internal(format!("bad delivery record: {e}")))
     }
@@ -290,27 +316,7 @@ impl Hooks {
                 Some(body) => body.to_string(),
                 None => summary.clone(),
             };
-            let delivery = Delivery {
-                id: delivery_id(&rec.id, i),
-                txn: rec.id.clone(),
-                index: i as i64,
-                count,
-                status: DeliveryStatus::Pending,
-                method: hook.method,
-                url: hook.url,
-                headers: hook.headers,
-                body,
-                created_at: at,
-                // Hook i + 1 is first tried once hook i is final.
-                next_at: if i == 0 { at } else { AFTER_PREVIOUS },
-                attempts: Vec::new(),
-                finished_at: None,
-                tries: 0,
-                queued_at: None,
-                owner: None,
-                claim: None,
-                lease_until: None,
-            };
+            let delivery = Delivery::queued(&rec.id, i, count, hook, body, at);
             // Insert-if-absent: a second roll-forward finds it there.
             self.store.insert(DELIVERIES, delivery.to_record()).await?;
         }

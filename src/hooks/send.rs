@@ -490,26 +490,14 @@ mod tests {
     /// A delivery due now, recorded as a commit leaves it.
     async fn due(hooks: &Hooks, id: &str) {
         let now = hooks.clock.now();
-        let d = Delivery {
-            id: id.into(),
-            txn: "T".into(),
-            index: 0,
-            count: 1,
-            status: DeliveryStatus::Pending,
+        let (txn, _) = id.split_once(':').expect("a delivery id");
+        let hook = crate::hooks::Hook {
             method: "POST".into(),
             url: "http://receiver.test/".into(),
             headers: Default::default(),
-            body: "{}".into(),
-            created_at: now,
-            next_at: now,
-            attempts: Vec::new(),
-            finished_at: None,
-            tries: 0,
-            queued_at: None,
-            owner: None,
-            claim: None,
-            lease_until: None,
+            body: None,
         };
+        let d = Delivery::queued(txn, 0, 1, hook, "{}".into(), now);
         assert!(hooks.store.insert(DELIVERIES, d.to_record()).await.unwrap());
         hooks.queue.push(id, now.timestamp_millis());
     }
