@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::store::convert::{ConvertError, json_to_bson, object_to_document};
+use crate::store::convert::{json_to_bson, object_to_document};
 use crate::store::{Bson, Document};
 
 /// Why an input was refused; `pointer` is a JSON pointer into the request.
@@ -99,21 +99,13 @@ fn check_value(value: &Value, pointer: &str) -> Result<(), Invalid> {
     }
 }
 
-fn convert(value: &Value, pointer: &str) -> Result<Bson, Invalid> {
-    json_to_bson(value).map_err(|ConvertError::IntegerRange(n)| {
-        Invalid::new(pointer, format!("integer {n} is outside the signed 64-bit range"))
-    })
-}
-
 /// Validate user fields (the whole document body) and convert them.
 pub fn user_data(map: &Map<String, Value>, pointer: &str) -> Result<Document, Invalid> {
     for (k, v) in map {
         check_key(k, pointer, true)?;
         check_value(v, &format!("{pointer}/{}", escape(k)))?;
     }
-    object_to_document(map).map_err(|ConvertError::IntegerRange(n)| {
-        Invalid::new(pointer, format!("integer {n} is outside the signed 64-bit range"))
-    })
+    Ok(object_to_document(map))
 }
 
 /// A `{"set","unset","inc"}` patch, validated.
@@ -146,7 +138,7 @@ impl Patch {
             let p = format!("{pointer}/set");
             let parts = path(k, &p)?;
             check_value(v, &format!("{p}/{}", escape(k)))?;
-            patch.set.push((parts, convert(v, &format!("{p}/{}", escape(k)))?));
+            patch.set.push((parts, json_to_bson(v)));
         }
         for (i, k) in unset.into_iter().flatten().enumerate() {
             let parts = path(k, &format!("{pointer}/unset"))
@@ -159,7 +151,7 @@ impl Patch {
             if !v.is_number() {
                 return Err(Invalid::new(p, "inc takes a number"));
             }
-            patch.inc.push((parts, convert(v, &p)?));
+            patch.inc.push((parts, json_to_bson(v)));
         }
         let mut all: Vec<&Vec<String>> =
             patch.set.iter().map(|(p, _)| p).chain(&patch.unset).chain(patch.inc.iter().map(|(p, _)| p)).collect();
@@ -172,9 +164,8 @@ impl Patch {
                 ));
             }
         }
-        if all.is_empty() {
-            return Err(Invalid::new(pointer.to_owned(), "a patch needs at least one of set, unset, inc"));
-        }
+        // An empty patch is a write that changes no field, as an empty
+        // merge patch is.
         Ok(patch)
     }
 
@@ -269,7 +260,7 @@ fn merge_into(target: &mut Document, patch: &Map<String, Value>, pointer: &str) 
             }
             other => {
                 check_value(other, &p)?;
-                target.insert(k.clone(), convert(other, &p)?);
+                target.insert(k.clone(), json_to_bson(other));
             }
         }
     }

@@ -9,8 +9,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
+use super::contract::{AnyValue, Cursor};
 use super::documents::{encode_cursor, paging};
-use super::error::{ApiError, Problem, ProblemCode};
+use super::error::{ApiError, ProblemCode};
 use super::extract::{ApiPath, ApiQuery};
 use crate::clock::{DateTime, rfc3339};
 use crate::documents::rules::Invalid;
@@ -27,27 +28,42 @@ pub struct DeliveryOut {
     pub id: String,
     pub transaction: String,
     pub index: i64,
-    /// `pending`, `failed` (will be retried), `dead` or `delivered`.
+    #[schema(value_type = DeliveryState)]
     pub status: String,
     pub method: String,
     pub url: String,
     pub headers: std::collections::BTreeMap<String, String>,
     /// The body, fixed when the transaction committed.
-    #[schema(value_type = Object)]
+    #[schema(value_type = AnyValue)]
     pub body: Value,
+    #[schema(format = DateTime)]
     pub created_at: String,
     /// When the next attempt is due; null once finished, and while an
     /// earlier hook of the same transaction is not finished yet. While an
     /// attempt is in flight: when its claim expires.
+    #[schema(format = DateTime)]
     pub next_attempt_at: Option<String>,
     /// An instance is sending it right now.
     pub in_flight: bool,
     pub attempts: Vec<AttemptOut>,
+    #[schema(format = DateTime)]
     pub finished_at: Option<String>,
+}
+
+/// A delivery's state: `failed` will be retried, `dead` will not.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum DeliveryState {
+    Pending,
+    Failed,
+    Dead,
+    Delivered,
 }
 
 #[derive(Serialize, ToSchema)]
 pub struct AttemptOut {
+    #[schema(format = DateTime)]
     pub at: String,
     pub status_code: Option<i32>,
     pub error: Option<String>,
@@ -57,23 +73,29 @@ pub struct AttemptOut {
 #[derive(Serialize, ToSchema)]
 pub struct DeliveryListOut {
     pub items: Vec<DeliveryOut>,
+    /// Cursor for `after=`; `null` on the last page.
+    #[schema(value_type = Option<Cursor>)]
     pub next: Option<String>,
 }
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct DeliveryListQuery {
-    /// `pending`, `failed`, `dead` or `delivered`.
+    /// Only those in this state.
+    #[param(value_type = Option<DeliveryState>)]
     pub status: Option<String>,
-    /// Page size, 1..1000 (default 50).
+    /// Page size (default 50).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
     /// The `next` cursor of the previous page.
+    #[param(value_type = Option<Cursor>)]
     pub after: Option<String>,
 }
 
 #[derive(Deserialize, IntoParams)]
 pub struct DeliveryPath {
     /// Delivery id, `<transaction>:<index>`.
+    #[param(min_length = 1, max_length = 300)]
     pub id: String,
 }
 
@@ -117,7 +139,6 @@ fn delivery_out(d: Delivery, now: DateTime) -> DeliveryOut {
     params(DeliveryListQuery),
     responses(
         (status = 200, description = "A page of deliveries", body = DeliveryListOut),
-        (status = 422, description = "Bad status, limit or cursor", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn list_deliveries(
@@ -152,7 +173,6 @@ pub async fn list_deliveries(
     params(DeliveryPath),
     responses(
         (status = 200, description = "The delivery", body = DeliveryOut),
-        (status = 404, description = "`not_found`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_delivery(
@@ -178,8 +198,6 @@ pub async fn get_delivery(
     params(DeliveryPath),
     responses(
         (status = 202, description = "Queued; it is sent as soon as a sender is free", body = DeliveryOut),
-        (status = 404, description = "`not_found`", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`delivery_pending`: it is queued or being sent already", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn retry_delivery(

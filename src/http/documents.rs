@@ -5,7 +5,6 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
@@ -13,7 +12,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::error::{ApiError, Problem};
+use super::contract::{
+    Collection, Cursor, DocumentId, Fields, IfMatch, IfNoneMatch, IncFields, MergePatch, NewDocument, SetFields,
+    UnsetFields,
+};
+use super::error::ApiError;
 use super::extract::{
     ApiPath, ApiQuery, JsonBody, body_bytes, etag, if_match, if_none_match, media_type, parse_json, unsupported_media,
 };
@@ -34,15 +37,22 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// A document as the API shows it.
 #[derive(Serialize, ToSchema)]
 pub struct DocumentOut {
+    #[schema(value_type = Collection)]
     pub collection: String,
+    #[schema(value_type = DocumentId)]
     pub id: String,
     /// Increases by exactly 1 with every committed change; the `ETag`.
+    #[schema(minimum = 1, example = 3)]
     pub version: i64,
+    /// The schema version its last writer declared.
+    #[schema(minimum = 1, example = 1)]
     pub schema_version: i64,
+    #[schema(format = DateTime, example = "2026-01-02T03:04:05.678Z")]
     pub created_at: String,
+    #[schema(format = DateTime, example = "2026-01-02T03:04:05.678Z")]
     pub updated_at: String,
     /// The user's fields.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Fields)]
     pub data: Map<String, Value>,
 }
 
@@ -65,34 +75,46 @@ impl DocumentOut {
 #[derive(Serialize, ToSchema)]
 pub struct DocumentListOut {
     pub items: Vec<DocumentOut>,
-    /// Opaque cursor for `after=`; `null` on the last page.
+    /// Cursor for `after=`; `null` on the last page.
+    #[schema(value_type = Option<Cursor>)]
     pub next: Option<String>,
 }
 
 /// A `set` / `unset` / `inc` patch. Keys may be dotted paths into nested
-/// objects (`"address.city"`).
+/// objects (`"address.city"`); an empty patch changes no field but is a
+/// write (the version moves on).
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"set": {"status": "paid"}, "inc": {"revision": 1}}))]
 pub struct DocumentPatch {
-    #[schema(value_type = Option<Object>)]
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<SetFields>, nullable = false)]
     pub set: Option<Map<String, Value>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<UnsetFields>, nullable = false)]
     pub unset: Option<Vec<String>>,
-    /// Numbers to add; a missing field starts at 0.
-    #[schema(value_type = Option<Object>)]
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<IncFields>, nullable = false)]
     pub inc: Option<Map<String, Value>>,
+}
+
+/// An optional member that, when present, must have a value: `null` is
+/// refused rather than read as absent.
+pub fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(deserializer: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(deserializer).map(Some)
 }
 
 #[derive(Deserialize, IntoParams)]
 pub struct CollectionPath {
-    /// Collection name, `^[a-zA-Z][a-zA-Z0-9_-]{0,63}$`.
+    #[param(value_type = Collection)]
     pub collection: String,
 }
 
 #[derive(Deserialize, IntoParams)]
 pub struct DocumentPath {
-    /// Collection name, `^[a-zA-Z][a-zA-Z0-9_-]{0,63}$`.
+    #[param(value_type = Collection)]
     pub collection: String,
-    /// Document id: 1..256 printable characters (percent-encode `/`).
+    #[param(value_type = DocumentId)]
     pub id: String,
 }
 
@@ -100,15 +122,18 @@ pub struct DocumentPath {
 #[into_params(parameter_in = Query)]
 pub struct WriteQuery {
     /// Schema version the writer declares (default: unchanged, 1 for new documents).
+    #[param(minimum = 1, maximum = 9223372036854775807_i64)]
     pub schema_version: Option<i64>,
 }
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
-    /// Page size, 1..1000 (default 50).
+    /// Page size (default 50).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
     /// The `next` cursor of the previous page.
+    #[param(value_type = Option<Cursor>)]
     pub after: Option<String>,
 }
 
@@ -174,12 +199,11 @@ fn written(collection: &str, written: Written) -> Response {
     operation_id = "v1.documents.create",
     tag = "documents",
     params(CollectionPath, WriteQuery),
-    request_body(content = Object, description = "The document's fields, optional `_id`", content_type = "application/json"),
+    request_body(content = NewDocument, description = "The document's fields, optional `_id`", content_type = "application/json",
+        example = json!({"_id": "order-1001", "customer": "ada", "total": 42})),
     responses(
         (status = 201, description = "Created", body = DocumentOut,
             headers(("Location" = String, description = "URL of the document"), ("ETag" = String, description = "\"<version>\""))),
-        (status = 409, description = "`already_exists`, or `locked` while a transaction inserts that id", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid name, id or fields", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_document(
@@ -222,12 +246,10 @@ pub async fn create_document(
     path = "/v1/collections/{collection}/documents/{id}",
     operation_id = "v1.documents.get",
     tag = "documents",
-    params(DocumentPath, ("If-None-Match" = Option<String>, Header, description = "ETag(s) the client has")),
+    params(DocumentPath, ("If-None-Match" = Option<IfNoneMatch>, Header, description = "ETag(s) the client has")),
     responses(
         (status = 200, description = "The document", body = DocumentOut, headers(("ETag" = String, description = "\"<version>\""))),
-        (status = 304, description = "Not modified"),
-        (status = 404, description = "`not_found`: never existed", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "`deleted`: a tombstone; body has `version` and `deleted_at`", body = Problem, content_type = "application/problem+json"),
+        (status = 304, description = "Not modified: the client's ETag is current", headers(("ETag" = String, description = "\"<version>\""))),
     )
 )]
 pub async fn get_document(
@@ -258,15 +280,11 @@ pub async fn get_document(
     path = "/v1/collections/{collection}/documents/{id}",
     operation_id = "v1.documents.replace",
     tag = "documents",
-    params(DocumentPath, WriteQuery, ("If-Match" = Option<String>, Header, description = "\"<version>\" the change was computed from")),
-    request_body(content = Object, description = "The document's new fields", content_type = "application/json"),
+    params(DocumentPath, WriteQuery, ("If-Match" = Option<IfMatch>, Header, description = "\"<version>\" the change was computed from")),
+    request_body(content = Fields, description = "The document's new fields", content_type = "application/json",
+        example = json!({"customer": "ada", "total": 45})),
     responses(
         (status = 200, description = "Replaced", body = DocumentOut, headers(("ETag" = String, description = "\"<version>\""))),
-        (status = 400, description = "Malformed `If-Match`", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`version_conflict` (body: `expected`, `actual`) or `locked` (body: `transaction`; `Retry-After`)", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "`deleted`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid fields", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn replace_document(
@@ -303,19 +321,13 @@ pub async fn replace_document(
     path = "/v1/collections/{collection}/documents/{id}",
     operation_id = "v1.documents.patch",
     tag = "documents",
-    params(DocumentPath, WriteQuery, ("If-Match" = Option<String>, Header, description = "\"<version>\" the change was computed from")),
+    params(DocumentPath, WriteQuery, ("If-Match" = Option<IfMatch>, Header, description = "\"<version>\" the change was computed from")),
     request_body(content(
-        (DocumentPatch = "application/json"),
-        (Object = "application/merge-patch+json"),
+        (DocumentPatch = "application/json", example = json!({"set": {"status": "paid"}, "inc": {"revision": 1}})),
+        (MergePatch = "application/merge-patch+json", example = json!({"status": "paid", "draft": null})),
     )),
     responses(
         (status = 200, description = "Patched", body = DocumentOut, headers(("ETag" = String, description = "\"<version>\""))),
-        (status = 400, description = "Malformed JSON or `If-Match`", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`version_conflict` or `locked`", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "`deleted`", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Neither JSON nor merge-patch JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`invalid_change` (an `inc` on a non-number) or invalid fields", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn patch_document(
@@ -363,13 +375,9 @@ pub async fn patch_document(
     path = "/v1/collections/{collection}/documents/{id}",
     operation_id = "v1.documents.delete",
     tag = "documents",
-    params(DocumentPath, ("If-Match" = Option<String>, Header, description = "\"<version>\" the delete was decided at")),
+    params(DocumentPath, ("If-Match" = Option<IfMatch>, Header, description = "\"<version>\" the delete was decided at")),
     responses(
         (status = 204, description = "Deleted", headers(("ETag" = String, description = "\"<version>\" of the tombstone"))),
-        (status = 400, description = "Malformed `If-Match`", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`version_conflict` or `locked`", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "`deleted` already", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn delete_document(
@@ -394,7 +402,6 @@ pub async fn delete_document(
     params(CollectionPath, ListQuery),
     responses(
         (status = 200, description = "A page of documents", body = DocumentListOut),
-        (status = 422, description = "Bad collection name, limit or cursor", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn list_documents(
@@ -421,14 +428,24 @@ pub fn paging(limit: Option<i64>, after: Option<&str>) -> Result<(usize, Option<
     Ok((limit as usize, after.map(decode_cursor).transpose()?))
 }
 
+/// Cursors: unpadded base64url of the last id of a page. Decoding is
+/// lenient (stray trailing bits, invalid UTF-8 replaced): a cursor is a
+/// position, `after` it is well defined for any string.
+const CURSOR: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::URL_SAFE,
+    base64::engine::GeneralPurposeConfig::new()
+        .with_encode_padding(false)
+        .with_decode_allow_trailing_bits(true)
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::RequireNone),
+);
+
 pub fn encode_cursor(id: &str) -> String {
-    URL_SAFE_NO_PAD.encode(id)
+    CURSOR.encode(id)
 }
 
 pub fn decode_cursor(cursor: &str) -> Result<String, ApiError> {
-    URL_SAFE_NO_PAD
+    CURSOR
         .decode(cursor)
-        .ok()
-        .and_then(|bytes| String::from_utf8(bytes).ok())
-        .ok_or_else(|| Invalid::new("/query/after", "not a cursor returned by this API").into())
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .map_err(|_| Invalid::new("/query/after", "not a cursor returned by this API").into())
 }

@@ -19,11 +19,11 @@ use crate::txn::record::{Failure, FailureCode};
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 macro_rules! problem_codes {
-    ($($(#[$doc:meta])* $variant:ident => $name:literal,)*) => {
+    ($($variant:ident => $name:literal, $status:literal, $family:ident, $doc:literal;)*) => {
         /// Every stable machine `code` a problem can carry.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
         pub enum ProblemCode {
-            $($(#[$doc])* #[serde(rename = $name)] $variant,)*
+            $(#[doc = $doc] #[serde(rename = $name)] $variant,)*
         }
 
         impl ProblemCode {
@@ -35,69 +35,104 @@ macro_rules! problem_codes {
                     $(ProblemCode::$variant => $name,)*
                 }
             }
+
+            /// The status a problem with this code is answered with (a
+            /// transaction's failure is a 409 whatever its code).
+            pub fn status(self) -> u16 {
+                match self {
+                    $(ProblemCode::$variant => $status,)*
+                }
+            }
+
+            /// The problem schema a body with this code follows.
+            pub fn family(self) -> Family {
+                match self {
+                    $(ProblemCode::$variant => Family::$family,)*
+                }
+            }
+
+            /// What the code means, for the API description.
+            pub fn describe(self) -> &'static str {
+                match self {
+                    $(ProblemCode::$variant => $doc,)*
+                }
+            }
         }
     };
 }
 
 problem_codes! {
-    /// 400: the body is not JSON.
-    InvalidJson => "invalid_json",
-    /// 400: the body could not be read.
-    InvalidBody => "invalid_body",
-    /// 400: a header (If-Match, Idempotency-Key, ...) is malformed.
-    InvalidHeader => "invalid_header",
-    /// 400: a path parameter cannot be decoded.
-    InvalidPath => "invalid_path",
-    /// 400: anything else malformed.
-    BadRequest => "bad_request",
-    /// 401: no API key, or not a valid one.
-    Unauthorized => "unauthorized",
-    /// 403: the API key lacks the scope.
-    Forbidden => "forbidden",
-    /// 404: never existed (or purged).
-    NotFound => "not_found",
-    /// 405.
-    MethodNotAllowed => "method_not_allowed",
-    /// 409: create over a live document.
-    AlreadyExists => "already_exists",
-    /// 409: the document is not at the expected version.
-    VersionConflict => "version_conflict",
-    /// 409: a transaction held the document past the lock wait.
-    Locked => "locked",
-    /// 409: the transaction was aborted (wounded, expired, superseded, timed out, by an operator).
-    Aborted => "aborted",
-    /// 409: the first request with this Idempotency-Key is still running.
-    InProgress => "in_progress",
-    /// 409: a committed transaction cannot be aborted.
-    AlreadyCommitted => "already_committed",
-    /// 409: the delivery is queued or in flight already.
-    DeliveryPending => "delivery_pending",
-    /// 410: a tombstone.
-    Deleted => "deleted",
-    /// 413.
-    PayloadTooLarge => "payload_too_large",
-    /// 415.
-    UnsupportedMediaType => "unsupported_media_type",
-    /// 422: bad names, ids, reserved fields, values.
-    ValidationFailed => "validation_failed",
-    /// 422: one document appears twice in a transaction.
-    DuplicateMember => "duplicate_member",
-    /// 422: a change cannot apply to the document as it is.
-    InvalidChange => "invalid_change",
-    /// 422: the Idempotency-Key was used with another body.
-    IdempotencyKeyReused => "idempotency_key_reused",
-    /// 422: a hook destination is not allowed.
-    HookNotAllowed => "hook_not_allowed",
-    /// 422: the store refused the document.
-    DocumentRejected => "document_rejected",
-    /// 500.
-    Internal => "internal",
-    /// 503: the store cannot be reached.
-    StoreUnavailable => "store_unavailable",
-    /// 503: the store stopped answering at the commit point.
-    OutcomeUnknown => "outcome_unknown",
-    /// 503: migrations are not applied yet.
-    NotReady => "not_ready",
+    InvalidJson => "invalid_json", 400, Problem, "the body is not JSON";
+    InvalidBody => "invalid_body", 400, Problem, "the body could not be read";
+    InvalidHeader => "invalid_header", 400, Problem, "a header (`If-Match`, `If-None-Match`, `Idempotency-Key`) is malformed";
+    InvalidPath => "invalid_path", 400, Problem, "a path parameter cannot be decoded";
+    BadRequest => "bad_request", 400, Problem, "the request could not be understood";
+    Unauthorized => "unauthorized", 401, Problem, "no API key, or not a valid one";
+    Forbidden => "forbidden", 403, Problem, "the API key lacks the scope";
+    NotFound => "not_found", 404, Problem, "never existed (or purged after its retention)";
+    MethodNotAllowed => "method_not_allowed", 405, Problem, "the method is not allowed on this resource";
+    AlreadyExists => "already_exists", 409, AlreadyExists, "a live document has this id";
+    VersionConflict => "version_conflict", 409, VersionConflict, "the document is not at the expected version";
+    Locked => "locked", 409, Locked, "a transaction held the document past the lock wait";
+    Aborted => "aborted", 409, Aborted, "the transaction was aborted (wounded, expired, superseded, timed out, by an operator)";
+    InProgress => "in_progress", 409, Problem, "the first request with this `Idempotency-Key` is still running";
+    AlreadyCommitted => "already_committed", 409, Problem, "a committed transaction cannot be aborted";
+    DeliveryPending => "delivery_pending", 409, Problem, "the delivery is queued or in flight already";
+    Deleted => "deleted", 410, Deleted, "the document is deleted (a tombstone)";
+    PayloadTooLarge => "payload_too_large", 413, Problem, "the body is larger than the limit";
+    UnsupportedMediaType => "unsupported_media_type", 415, Problem, "the body's `Content-Type` is not one this operation takes";
+    ValidationFailed => "validation_failed", 422, ValidationFailed, "a name, id, field, value or parameter is not acceptable";
+    DuplicateMember => "duplicate_member", 422, ValidationFailed, "one document appears twice in a transaction";
+    InvalidChange => "invalid_change", 422, Problem, "a change cannot apply to the document as it is (`inc` on a non-number)";
+    IdempotencyKeyReused => "idempotency_key_reused", 422, ValidationFailed, "the `Idempotency-Key` was used with another body";
+    HookNotAllowed => "hook_not_allowed", 422, ValidationFailed, "a hook destination is not allowed";
+    DocumentRejected => "document_rejected", 422, ValidationFailed, "the store refused the document";
+    Internal => "internal", 500, Problem, "an internal error";
+    StoreUnavailable => "store_unavailable", 503, Problem, "the store cannot be reached; retry later";
+    OutcomeUnknown => "outcome_unknown", 503, Problem, "the store stopped answering at the commit point; read the transaction to learn its outcome";
+    NotReady => "not_ready", 503, Problem, "migrations are not applied yet";
+}
+
+/// The problem schemas of the API description: a body follows the one its
+/// code belongs to, and carries that family's typed members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    Problem,
+    ValidationFailed,
+    VersionConflict,
+    Locked,
+    Deleted,
+    AlreadyExists,
+    Aborted,
+}
+
+impl Family {
+    pub const ALL: &[Family] = &[
+        Family::Problem,
+        Family::ValidationFailed,
+        Family::VersionConflict,
+        Family::Locked,
+        Family::Deleted,
+        Family::AlreadyExists,
+        Family::Aborted,
+    ];
+
+    /// The schema's name in the API description.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Problem => "Problem",
+            Family::ValidationFailed => "ValidationFailed",
+            Family::VersionConflict => "VersionConflict",
+            Family::Locked => "Locked",
+            Family::Deleted => "Deleted",
+            Family::AlreadyExists => "AlreadyExists",
+            Family::Aborted => "Aborted",
+        }
+    }
+
+    pub fn codes(self) -> impl Iterator<Item = ProblemCode> {
+        ProblemCode::ALL.iter().copied().filter(move |c| c.family() == self)
+    }
 }
 
 impl From<FailureCode> for ProblemCode {
@@ -114,8 +149,9 @@ impl From<FailureCode> for ProblemCode {
     }
 }
 
-/// RFC 9457 problem details, as documented in the OpenAPI spec.
-#[derive(Serialize, utoipa::ToSchema)]
+/// RFC 9457 problem details; the API description's problem schemas are
+/// built in `contract.rs` from the codes' families.
+#[derive(Serialize)]
 pub struct Problem {
     /// URI naming the problem type: `urn:txgate:problem:<code>`.
     #[serde(rename = "type")]
@@ -128,7 +164,6 @@ pub struct Problem {
     /// Extra members depending on the code (`expected`, `actual`,
     /// `transaction`, `version`, `errors`, ...).
     #[serde(flatten)]
-    #[schema(value_type = Object)]
     pub extra: Map<String, Value>,
 }
 

@@ -6,6 +6,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::error::{ApiError, ProblemCode};
@@ -164,6 +165,22 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
+/// An optional integer member of a JSON body. JSON has one number type, so
+/// an integral number written with a fraction or exponent (`3.0`, `3e0`)
+/// is that integer, as JSON Schema's `integer` says.
+pub fn integer<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
+    use serde::de::Error;
+    let Some(number) = Option::<serde_json::Number>::deserialize(deserializer)? else { return Ok(None) };
+    if let Some(i) = number.as_i64() {
+        return Ok(Some(i));
+    }
+    match number.as_f64() {
+        // i64::MAX as f64 rounds up to 2^63, which is out of range.
+        Some(f) if f.fract() == 0.0 && f >= i64::MIN as f64 && f < i64::MAX as f64 => Ok(Some(f as i64)),
+        _ => Err(D::Error::custom(format!("expected an integer in the signed 64-bit range, got {number}"))),
+    }
+}
+
 /// Path parameters; a parameter that cannot be decoded is a 400.
 pub struct ApiPath<T>(pub T);
 
@@ -204,7 +221,15 @@ fn parse_tag(tag: &str, name: &str) -> Result<i64, ApiError> {
             format!("{name} must be \"*\" or a quoted version such as \"3\" (the ETag of the document), got {tag:?}"),
         )
     };
-    let inner = tag.strip_prefix('"').and_then(|t| t.strip_suffix('"')).ok_or_else(bad)?;
+    // A bare version is read as its quoted tag: what the client means is
+    // not in doubt.
+    let inner = match tag.strip_prefix('"') {
+        Some(quoted) => quoted.strip_suffix('"').ok_or_else(bad)?,
+        None => tag,
+    };
+    if inner.is_empty() || !inner.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
     match inner.parse::<i64>() {
         Ok(v) if v >= 0 && !inner.starts_with('+') => Ok(v),
         _ => Err(bad()),
@@ -267,7 +292,8 @@ mod tests {
         assert_eq!(if_match(&HeaderMap::new()).unwrap(), None);
         assert_eq!(if_match(&headers(header::IF_MATCH, "*")).unwrap(), None);
         assert_eq!(if_match(&headers(header::IF_MATCH, "\"12\"")).unwrap(), Some(12));
-        for bad in ["12", "\"x\"", "W/\"1\"", "\"1\", \"2\"", "\"-1\"", "\"+1\""] {
+        assert_eq!(if_match(&headers(header::IF_MATCH, "12")).unwrap(), Some(12), "a bare version is its tag");
+        for bad in ["\"12", "12\"", "\"x\"", "x", "W/\"1\"", "\"1\", \"2\"", "\"-1\"", "\"+1\"", "+1", "\"\""] {
             assert_eq!(if_match(&headers(header::IF_MATCH, bad)).unwrap_err().status, StatusCode::BAD_REQUEST, "{bad}");
         }
     }

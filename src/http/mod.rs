@@ -2,6 +2,7 @@
 //! endpoints (`/healthz`, `/readyz`, `/openapi.json`, `/docs`).
 
 pub mod auth;
+pub mod contract;
 pub mod deliveries;
 pub mod documents;
 pub mod error;
@@ -20,7 +21,6 @@ use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-use utoipa_redoc::Servable;
 
 use crate::config::Cors;
 use crate::documents::Documents;
@@ -42,6 +42,7 @@ pub struct AppState {
         title = "txgate",
         description = "HTTP/JSON gateway for MongoDB: multi-document transactions, optimistic locking, durable post-commit webhooks.\n\nErrors are RFC 9457 `application/problem+json` with a stable `code`.",
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
+        contact(name = "txgate"),
     ),
     tags(
         (name = "documents", description = "Single documents with optimistic locking"),
@@ -65,20 +66,21 @@ pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 
 /// The OpenAPI document as committed in `openapi/openapi.json`.
 pub fn openapi_json() -> String {
-    let mut text = api().1.to_pretty_json().expect("OpenAPI document serializes");
+    let mut text = serde_json::to_string_pretty(&contract::document(api().1)).expect("the document serializes");
     text.push('\n');
     text
 }
 
 /// The complete application router.
 pub fn router(state: AppState, max_body_bytes: usize, api_keys: Vec<auth::ApiKey>, cors: &Cors) -> Router {
-    let (routes, openapi) = api();
+    let (routes, _) = api();
     let spec = Arc::new(openapi_json());
-    let docs: Router<AppState> = utoipa_redoc::Redoc::with_url("/docs", openapi).into();
     let routes = if api_keys.is_empty() {
         routes
     } else {
-        routes.layer(axum::middleware::from_fn_with_state(Arc::new(api_keys), auth::require_key))
+        // On matched routes only: an unknown path or method answers 404/405
+        // without a key, as it reveals nothing.
+        routes.route_layer(axum::middleware::from_fn_with_state(Arc::new(api_keys), auth::require_key))
     };
     routes
         .route(
@@ -88,7 +90,8 @@ pub fn router(state: AppState, max_body_bytes: usize, api_keys: Vec<auth::ApiKey
                 async move { ([(header::CONTENT_TYPE, "application/json")], spec.as_str().to_owned()) }
             }),
         )
-        .merge(docs)
+        .route("/docs", axum::routing::get(docs_page))
+        .route("/docs/redoc.standalone.js", axum::routing::get(docs_script))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(max_body_bytes))
@@ -148,6 +151,20 @@ fn cors_layer(cors: &Cors) -> Option<tower_http::cors::CorsLayer> {
     )
 }
 
+/// `/docs`: the API description rendered by a vendored Redoc (see
+/// `docs/index.html`): the page loads nothing from anywhere but the gateway.
+async fn docs_page() -> Response {
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], include_str!("docs/index.html")).into_response()
+}
+
+async fn docs_script() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8"), (header::CACHE_CONTROL, "public, max-age=86400")],
+        include_str!("docs/redoc.standalone.js"),
+    )
+        .into_response()
+}
+
 /// Error responses produced outside the handlers (unknown method, body
 /// over the limit, ...) get a problem+json body like every other error.
 async fn problem_for_bare_errors(response: Response) -> Response {
@@ -175,13 +192,45 @@ async fn problem_for_bare_errors(response: Response) -> Response {
     problem
 }
 
+/// `GET /healthz`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(example = json!({"status": "ok"}))]
+struct Health {
+    #[schema(value_type = HealthStatus)]
+    status: &'static str,
+}
+
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum HealthStatus {
+    Ok,
+}
+
+/// `GET /readyz`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(example = json!({"status": "ready", "store": "embedded"}))]
+struct Ready {
+    #[schema(value_type = ReadyStatus)]
+    status: &'static str,
+    /// `embedded` or `mongodb`.
+    store: &'static str,
+}
+
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum ReadyStatus {
+    Ready,
+}
+
 /// Liveness
 ///
 /// The process is up.
 #[utoipa::path(get, path = "/healthz", operation_id = "v1.health.get", tag = "operations",
-    responses((status = 200, description = "Up", body = Object, example = json!({"status": "ok"}))))]
+    responses((status = 200, description = "Up", body = Health)))]
 async fn healthz() -> impl IntoResponse {
-    axum::Json(serde_json::json!({"status": "ok"}))
+    axum::Json(Health { status: "ok" })
 }
 
 /// Readiness
@@ -189,8 +238,7 @@ async fn healthz() -> impl IntoResponse {
 /// The store answers and its migrations are applied.
 #[utoipa::path(get, path = "/readyz", operation_id = "v1.ready.get", tag = "operations",
     responses(
-        (status = 200, description = "Ready", body = Object, example = json!({"status": "ready", "store": "mongodb"})),
-        (status = 503, description = "Store unreachable or migrations missing", body = error::Problem, content_type = "application/problem+json"),
+        (status = 200, description = "Ready", body = Ready),
     ))]
 async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
     let store = state.engine.store().as_ref();
@@ -202,7 +250,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
             "migrations are not applied yet",
         ));
     }
-    let mut response = axum::Json(serde_json::json!({"status": "ready", "store": store.backend()})).into_response();
+    let mut response = axum::Json(Ready { status: "ready", store: store.backend() }).into_response();
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(response)
 }

@@ -16,9 +16,13 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::Caller;
-use super::documents::{encode_cursor, paging};
-use super::error::{ApiError, PROBLEM_JSON, Problem, ProblemCode};
-use super::extract::{ApiPath, ApiQuery, JsonBody};
+use super::contract::{
+    AnyObject, AnyValue, Collection, Cursor, DocumentId, Fields, HookHeaders, HookUrl, IdempotencyKey, IncFields,
+    SetFields, UnsetFields,
+};
+use super::documents::{encode_cursor, paging, present};
+use super::error::{ApiError, PROBLEM_JSON, ProblemCode};
+use super::extract::{ApiPath, ApiQuery, JsonBody, integer};
 use crate::clock::rfc3339;
 use crate::documents::rules::{self, Invalid, Patch};
 use crate::hooks::{Delivery, Hook, delivery_id};
@@ -38,68 +42,246 @@ pub fn router() -> OpenApiRouter<AppState> {
 /// A transaction request.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "actions": [
+        {"op": "update", "collection": "accounts", "id": "alice", "if_version": 3, "inc": {"balance": -25}},
+        {"op": "update", "collection": "accounts", "id": "bob", "inc": {"balance": 25}},
+        {"op": "insert", "collection": "transfers", "data": {"from": "alice", "to": "bob", "amount": 25}}
+    ],
+    "hooks": [{"url": "https://example.com/hooks/transfer"}]
+}))]
 pub struct TransactionIn {
-    /// 1..1000 actions; a document may appear once.
+    /// A document may appear once. At most 1000 by default (`TXGATE_MAX_ACTIONS`).
+    #[schema(min_items = 1, max_items = 1000)]
     pub actions: Vec<ActionIn>,
-    /// 0..16 webhooks called after the commit, in order.
+    /// Webhooks called after the commit, in order. At most 16 by default (`TXGATE_MAX_HOOKS`).
     #[serde(default)]
+    #[schema(max_items = 16)]
     pub hooks: Vec<HookIn>,
     /// Schema version of what the transaction writes (default 1).
+    #[serde(default, deserialize_with = "integer")]
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
     pub schema_version: Option<i64>,
 }
 
-/// One action. `if_version` (optional) makes the transaction fail unless
-/// the document is at that version.
-#[derive(Deserialize, ToSchema)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+/// The `op` of each action: one single-valued enum per action, so the
+/// description's discriminator and the parser agree.
+macro_rules! op_tags {
+    ($($tag:ident => $op:literal,)*) => {
+        $(
+            #[derive(Clone, Copy, Debug, Deserialize, ToSchema)]
+            pub enum $tag {
+                #[serde(rename = $op)]
+                #[schema(rename = $op)]
+                Tag,
+            }
+        )*
+    };
+}
+
+op_tags! {
+    InsertOp => "insert",
+    UpdateOp => "update",
+    ReplaceOp => "replace",
+    DeleteOp => "delete",
+    CheckOp => "check",
+}
+
+/// One action, chosen by `op`. `if_version` (optional) makes the
+/// transaction fail unless the document is at that version.
 pub enum ActionIn {
-    /// Create a document (over a tombstone, re-create it).
-    Insert {
-        collection: String,
-        /// Generated (UUIDv7) when absent.
-        id: Option<String>,
-        #[schema(value_type = Object)]
-        data: Map<String, Value>,
-    },
-    /// Change fields: `set`, `unset`, `inc` (dotted paths allowed).
-    Update {
-        collection: String,
-        id: String,
-        if_version: Option<i64>,
-        #[schema(value_type = Option<Object>)]
-        set: Option<Map<String, Value>>,
-        unset: Option<Vec<String>>,
-        #[schema(value_type = Option<Object>)]
-        inc: Option<Map<String, Value>>,
-    },
-    /// Replace all fields.
-    Replace {
-        collection: String,
-        id: String,
-        if_version: Option<i64>,
-        #[schema(value_type = Object)]
-        data: Map<String, Value>,
-    },
-    /// Delete, leaving a tombstone.
-    Delete { collection: String, id: String, if_version: Option<i64> },
-    /// Write nothing, but hold the document at its version until commit.
-    Check { collection: String, id: String, if_version: Option<i64> },
+    Insert(InsertAction),
+    Update(UpdateAction),
+    Replace(ReplaceAction),
+    Delete(DeleteAction),
+    Check(CheckAction),
+}
+
+/// The action kinds: `op`, and the schema of its action.
+const ACTIONS: &[(&str, &str)] = &[
+    ("insert", "InsertAction"),
+    ("update", "UpdateAction"),
+    ("replace", "ReplaceAction"),
+    ("delete", "DeleteAction"),
+    ("check", "CheckAction"),
+];
+
+impl<'de> Deserialize<'de> for ActionIn {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let map = Map::<String, Value>::deserialize(deserializer)?;
+        let op = match map.get("op") {
+            Some(Value::String(op)) => op.clone(),
+            Some(_) => return Err(D::Error::custom("`op` must be a string")),
+            None => return Err(D::Error::missing_field("op")),
+        };
+        let value = Value::Object(map);
+        let parsed = match op.as_str() {
+            "insert" => InsertAction::deserialize(value).map(ActionIn::Insert),
+            "update" => UpdateAction::deserialize(value).map(ActionIn::Update),
+            "replace" => ReplaceAction::deserialize(value).map(ActionIn::Replace),
+            "delete" => DeleteAction::deserialize(value).map(ActionIn::Delete),
+            "check" => CheckAction::deserialize(value).map(ActionIn::Check),
+            other => {
+                let ops: Vec<&str> = ACTIONS.iter().map(|(op, _)| *op).collect();
+                return Err(D::Error::custom(format!("unknown op {other:?}, expected one of {}", ops.join(", "))));
+            }
+        };
+        parsed.map_err(|e| D::Error::custom(format!("{op}: {e}")))
+    }
+}
+
+impl utoipa::PartialSchema for ActionIn {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+        use utoipa::openapi::schema::{Discriminator, OneOfBuilder, Ref};
+        let reference = |name: &str| format!("#/components/schemas/{name}");
+        let mut one_of = OneOfBuilder::new().description(Some("One action, chosen by `op`.")).discriminator(Some(
+            Discriminator::with_mapping("op", ACTIONS.iter().map(|(op, name)| (*op, reference(name)))),
+        ));
+        for (_, name) in ACTIONS {
+            one_of = one_of.item(Ref::new(reference(name)));
+        }
+        one_of.into()
+    }
+}
+
+impl ToSchema for ActionIn {
+    fn schemas(schemas: &mut Vec<(String, utoipa::openapi::RefOr<utoipa::openapi::Schema>)>) {
+        use utoipa::PartialSchema;
+        schemas.push((InsertAction::name().into(), InsertAction::schema()));
+        schemas.push((UpdateAction::name().into(), UpdateAction::schema()));
+        schemas.push((ReplaceAction::name().into(), ReplaceAction::schema()));
+        schemas.push((DeleteAction::name().into(), DeleteAction::schema()));
+        schemas.push((CheckAction::name().into(), CheckAction::schema()));
+        InsertAction::schemas(schemas);
+        UpdateAction::schemas(schemas);
+    }
+}
+
+/// Create a document (over a tombstone, re-create it).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"op": "insert", "collection": "orders", "id": "order-1001", "data": {"total": 42}}))]
+pub struct InsertAction {
+    #[schema(inline)]
+    pub op: InsertOp,
+    #[schema(value_type = Collection)]
+    pub collection: String,
+    /// Generated (UUIDv7) when absent.
+    #[schema(value_type = Option<DocumentId>)]
+    pub id: Option<String>,
+    #[schema(value_type = Fields)]
+    pub data: Map<String, Value>,
+}
+
+/// Change fields: `set`, `unset`, `inc` (dotted paths allowed).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"op": "update", "collection": "orders", "id": "order-1001", "if_version": 1, "set": {"status": "paid"}}))]
+pub struct UpdateAction {
+    #[schema(inline)]
+    pub op: UpdateOp,
+    #[schema(value_type = Collection)]
+    pub collection: String,
+    #[schema(value_type = DocumentId)]
+    pub id: String,
+    #[serde(default, deserialize_with = "integer")]
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    pub if_version: Option<i64>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<SetFields>, nullable = false)]
+    pub set: Option<Map<String, Value>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<UnsetFields>, nullable = false)]
+    pub unset: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<IncFields>, nullable = false)]
+    pub inc: Option<Map<String, Value>>,
+}
+
+/// Replace all fields.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"op": "replace", "collection": "orders", "id": "order-1001", "data": {"total": 45}}))]
+pub struct ReplaceAction {
+    #[schema(inline)]
+    pub op: ReplaceOp,
+    #[schema(value_type = Collection)]
+    pub collection: String,
+    #[schema(value_type = DocumentId)]
+    pub id: String,
+    #[serde(default, deserialize_with = "integer")]
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    pub if_version: Option<i64>,
+    #[schema(value_type = Fields)]
+    pub data: Map<String, Value>,
+}
+
+/// Delete, leaving a tombstone.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"op": "delete", "collection": "orders", "id": "order-1001", "if_version": 2}))]
+pub struct DeleteAction {
+    #[schema(inline)]
+    pub op: DeleteOp,
+    #[schema(value_type = Collection)]
+    pub collection: String,
+    #[schema(value_type = DocumentId)]
+    pub id: String,
+    #[serde(default, deserialize_with = "integer")]
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    pub if_version: Option<i64>,
+}
+
+/// Write nothing, but hold the document at its version until commit.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"op": "check", "collection": "limits", "id": "daily", "if_version": 7}))]
+pub struct CheckAction {
+    #[schema(inline)]
+    pub op: CheckOp,
+    #[schema(value_type = Collection)]
+    pub collection: String,
+    #[schema(value_type = DocumentId)]
+    pub id: String,
+    #[serde(default, deserialize_with = "integer")]
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    pub if_version: Option<i64>,
 }
 
 /// A webhook sent after the transaction commits.
 #[derive(Deserialize, Serialize, ToSchema, Clone)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"url": "https://example.com/hooks/order-paid", "headers": {"X-Tenant": "acme"}}))]
 pub struct HookIn {
-    /// `POST` (default), `PUT`, `PATCH`, `DELETE` or `GET`.
     #[serde(default = "default_method")]
+    #[schema(value_type = Option<HookMethod>, nullable = false)]
     pub method: String,
-    /// An http(s) URL.
+    /// An http(s) URL the gateway's destination policy allows.
+    #[schema(value_type = HookUrl)]
     pub url: String,
     #[serde(default)]
+    #[schema(value_type = Option<HookHeaders>, nullable = false)]
     pub headers: BTreeMap<String, String>,
     /// The body to send; the commit summary when absent.
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<AnyValue>)]
     pub body: Option<Value>,
+}
+
+/// A hook's HTTP method.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub enum HookMethod {
+    #[schema(rename = "POST")]
+    Post,
+    #[schema(rename = "PUT")]
+    Put,
+    #[schema(rename = "PATCH")]
+    Patch,
+    #[schema(rename = "DELETE")]
+    Delete,
+    #[schema(rename = "GET")]
+    Get,
 }
 
 fn default_method() -> String {
@@ -115,19 +297,34 @@ impl HookIn {
 /// The answer once the commit point is passed.
 #[derive(Serialize, ToSchema)]
 pub struct CommittedOut {
+    /// The transaction's id (a UUIDv7).
     pub id: String,
     /// Always `committed`.
+    #[schema(value_type = CommittedStatus)]
     pub status: String,
+    #[schema(format = DateTime, example = "2026-01-02T03:04:05.678Z")]
     pub committed_at: String,
+    /// One per action, in order.
     pub results: Vec<ResultOut>,
     pub hooks: Vec<HookStateOut>,
 }
 
+/// The status of a committed transaction's answer.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum CommittedStatus {
+    Committed,
+}
+
 #[derive(Serialize, ToSchema)]
 pub struct ResultOut {
+    #[schema(value_type = Collection)]
     pub collection: String,
+    #[schema(value_type = DocumentId)]
     pub id: String,
     /// The new version (the current one for `check`, the tombstone's for `delete`).
+    #[schema(minimum = 1)]
     pub version: i64,
 }
 
@@ -135,67 +332,116 @@ pub struct ResultOut {
 pub struct HookStateOut {
     /// `<transaction>:<index>`: the delivery id.
     pub id: String,
-    /// `pending`, `failed`, `dead`, `delivered`; `not_sent` when the
-    /// transaction did not commit.
+    #[schema(value_type = HookState)]
     pub status: String,
+}
+
+/// A hook's delivery state: `not_sent` when the transaction did not commit.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum HookState {
+    Pending,
+    Failed,
+    Dead,
+    Delivered,
+    NotSent,
 }
 
 /// A transaction record.
 #[derive(Serialize, ToSchema)]
 pub struct TransactionOut {
     pub id: String,
-    /// `pending`, `committed`, `done`, `aborted` or `rolled_back`.
     pub status: Status,
+    #[schema(format = DateTime)]
     pub started_at: String,
+    #[schema(format = DateTime)]
     pub expires_at: String,
+    #[schema(format = DateTime)]
     pub committed_at: Option<String>,
+    #[schema(format = DateTime)]
     pub finished_at: Option<String>,
+    /// Why it was aborted: `wounded`, `expired`, `superseded`, `timed_out`, `operator`.
     pub abort_reason: Option<String>,
     pub idempotency_key: Option<String>,
     /// The request as sent.
-    #[schema(value_type = Object)]
+    #[schema(value_type = AnyValue)]
     pub request: Value,
     pub actions: Vec<ActionStateOut>,
     pub hooks: Vec<HookStateOut>,
-    /// Why it did not commit, when it did not.
-    #[schema(value_type = Option<Object>)]
+    /// Why it did not commit, when it did not: `code`, `detail`, and the
+    /// members a failing transaction's problem carries.
+    #[schema(value_type = Option<AnyObject>)]
     pub failure: Option<Value>,
 }
 
 #[derive(Serialize, ToSchema)]
 pub struct ActionStateOut {
+    #[schema(minimum = 0)]
     pub index: usize,
+    #[schema(value_type = ActionKind)]
     pub op: String,
+    #[schema(value_type = Collection)]
     pub collection: String,
+    #[schema(value_type = DocumentId)]
     pub id: String,
     /// The version the change was computed from, once known.
     pub base_version: Option<i64>,
     /// The version after the commit.
     pub version: Option<i64>,
-    /// `pending`, `committed`, `failed` or `not_applied`.
+    #[schema(value_type = ActionOutcome)]
     pub outcome: String,
+}
+
+/// An action's `op`.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum ActionKind {
+    Insert,
+    Update,
+    Replace,
+    Delete,
+    Check,
+}
+
+/// What became of an action.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum ActionOutcome {
+    Pending,
+    Committed,
+    Failed,
+    NotApplied,
 }
 
 #[derive(Serialize, ToSchema)]
 pub struct TransactionListOut {
     pub items: Vec<TransactionOut>,
+    /// Cursor for `after=`; `null` on the last page.
+    #[schema(value_type = Option<Cursor>)]
     pub next: Option<String>,
 }
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct TransactionListQuery {
-    /// `pending` (not yet decided), `committed`, `done`, `aborted`, `rolled_back`.
+    /// Only those with this status (`pending`: not yet decided).
+    #[param(value_type = Option<Status>)]
     pub status: Option<String>,
-    /// Page size, 1..1000 (default 50).
+    /// Page size (default 50).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
     /// The `next` cursor of the previous page.
+    #[param(value_type = Option<Cursor>)]
     pub after: Option<String>,
 }
 
 #[derive(Deserialize, IntoParams)]
 pub struct TransactionPath {
     /// Transaction id.
+    #[param(min_length = 1, max_length = 256)]
     pub id: String,
 }
 
@@ -250,22 +496,22 @@ fn plan(input: TransactionIn, raw: &[u8], key: Option<String>, state: &AppState)
             v => Ok(v),
         };
         let (collection, id, op, if_version) = match action {
-            ActionIn::Insert { collection, id, data } => {
+            ActionIn::Insert(InsertAction { collection, id, data, .. }) => {
                 let id = id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
                 (collection, id, ActionOp::Insert(rules::user_data(&data, &format!("{p}/data"))?), None)
             }
-            ActionIn::Update { collection, id, if_version, set, unset, inc } => {
+            ActionIn::Update(UpdateAction { collection, id, if_version, set, unset, inc, .. }) => {
                 let patch = Patch::parse(set.as_ref(), unset.as_deref(), inc.as_ref(), &p)?;
                 (collection, id, ActionOp::Update(patch), check_version(if_version)?)
             }
-            ActionIn::Replace { collection, id, if_version, data } => {
+            ActionIn::Replace(ReplaceAction { collection, id, if_version, data, .. }) => {
                 let data = rules::user_data(&data, &format!("{p}/data"))?;
                 (collection, id, ActionOp::Replace(data), check_version(if_version)?)
             }
-            ActionIn::Delete { collection, id, if_version } => {
+            ActionIn::Delete(DeleteAction { collection, id, if_version, .. }) => {
                 (collection, id, ActionOp::Delete, check_version(if_version)?)
             }
-            ActionIn::Check { collection, id, if_version } => {
+            ActionIn::Check(CheckAction { collection, id, if_version, .. }) => {
                 (collection, id, ActionOp::Check, check_version(if_version)?)
             }
         };
@@ -325,14 +571,11 @@ fn answer(status: StatusCode, body: Value) -> Response {
     path = "/v1/transactions",
     operation_id = "v1.transactions.create",
     tag = "transactions",
-    params(("Idempotency-Key" = Option<String>, Header, description = "1..255 characters; scoped to the API key")),
+    params(("Idempotency-Key" = Option<IdempotencyKey>, Header, description = "Makes a retry safe: the same key and body answer the first outcome")),
     request_body(content = TransactionIn, content_type = "application/json"),
     responses(
-        (status = 200, description = "Committed", body = CommittedOut),
-        (status = 400, description = "Malformed JSON or header", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Not committed, nothing applied: `version_conflict`, `not_found`, `deleted`, `already_exists` (retryable: false), `locked`, `aborted` (retryable: true), or `in_progress` for a repeated Idempotency-Key", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Malformed body (`validation_failed`, `duplicate_member`), `invalid_change`, `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Store unreachable (`transaction` names it when the outcome is unknown)", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "Committed", body = CommittedOut,
+            headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored outcome of an earlier request with the key"))),
     )
 )]
 pub async fn create_transaction(
@@ -514,7 +757,6 @@ async fn load(state: &AppState, id: &str) -> Result<TxnRecord, ApiError> {
     params(TransactionPath),
     responses(
         (status = 200, description = "The transaction", body = TransactionOut),
-        (status = 404, description = "`not_found` (never existed, or purged after retention)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_transaction(
@@ -538,7 +780,6 @@ pub async fn get_transaction(
     params(TransactionListQuery),
     responses(
         (status = 200, description = "A page of transactions", body = TransactionListOut),
-        (status = 422, description = "Bad status, limit or cursor", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn list_transactions(
@@ -581,8 +822,6 @@ pub async fn list_transactions(
     params(TransactionPath),
     responses(
         (status = 200, description = "Aborted (its changes are being rolled back)", body = TransactionOut),
-        (status = 404, description = "`not_found`", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`already_committed`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn abort_transaction(

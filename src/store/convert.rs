@@ -1,7 +1,8 @@
 //! Conversion between the JSON clients send and the BSON the stores keep.
 //!
 //! JSON integers become BSON `Int64` (so `inc` on 64-bit values keeps type
-//! and precision on both backends), other numbers `Double`. On the way back
+//! and precision on both backends), other numbers `Double`, and so do
+//! integers past the signed 64-bit range, as MongoDB's own JSON import does. On the way back
 //! dates become RFC 3339 strings, object ids hex strings, and other BSON
 //! types relaxed Extended JSON.
 
@@ -10,40 +11,30 @@ use serde_json::{Map, Number, Value};
 use super::{Bson, Document};
 use crate::clock::rfc3339;
 
-/// A JSON value that has no BSON equivalent.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ConvertError {
-    #[error("integer {0} is outside the signed 64-bit range")]
-    IntegerRange(String),
-}
-
-pub fn json_to_bson(value: &Value) -> Result<Bson, ConvertError> {
-    Ok(match value {
+pub fn json_to_bson(value: &Value) -> Bson {
+    match value {
         Value::Null => Bson::Null,
         Value::Bool(b) => Bson::Boolean(*b),
-        Value::Number(n) => number_to_bson(n)?,
+        Value::Number(n) => number_to_bson(n),
         Value::String(s) => Bson::String(s.clone()),
-        Value::Array(items) => Bson::Array(items.iter().map(json_to_bson).collect::<Result<_, _>>()?),
-        Value::Object(map) => Bson::Document(object_to_document(map)?),
-    })
-}
-
-fn number_to_bson(n: &Number) -> Result<Bson, ConvertError> {
-    if let Some(i) = n.as_i64() {
-        Ok(Bson::Int64(i))
-    } else if n.is_u64() {
-        Err(ConvertError::IntegerRange(n.to_string()))
-    } else {
-        Ok(Bson::Double(n.as_f64().unwrap_or(f64::NAN)))
+        Value::Array(items) => Bson::Array(items.iter().map(json_to_bson).collect()),
+        Value::Object(map) => Bson::Document(object_to_document(map)),
     }
 }
 
-pub fn object_to_document(map: &Map<String, Value>) -> Result<Document, ConvertError> {
+fn number_to_bson(n: &Number) -> Bson {
+    match n.as_i64() {
+        Some(i) => Bson::Int64(i),
+        None => Bson::Double(n.as_f64().unwrap_or(f64::NAN)),
+    }
+}
+
+pub fn object_to_document(map: &Map<String, Value>) -> Document {
     let mut doc = Document::new();
     for (key, value) in map {
-        doc.insert(key.clone(), json_to_bson(value)?);
+        doc.insert(key.clone(), json_to_bson(value));
     }
-    Ok(doc)
+    doc
 }
 
 pub fn bson_to_json(value: &Bson) -> Value {
@@ -75,7 +66,7 @@ mod tests {
     #[test]
     fn integers_round_trip_exactly() {
         for n in [0_i64, -1, i64::MAX, i64::MIN, 9_007_199_254_740_993] {
-            let b = json_to_bson(&json!(n)).unwrap();
+            let b = json_to_bson(&json!(n));
             assert_eq!(b, Bson::Int64(n));
             assert_eq!(bson_to_json(&b), json!(n));
         }
@@ -83,10 +74,11 @@ mod tests {
     }
 
     #[test]
-    fn floats_stay_floats_and_big_unsigned_is_refused() {
-        assert_eq!(json_to_bson(&json!(1.5)).unwrap(), Bson::Double(1.5));
+    fn floats_stay_floats_and_integers_past_64_bits_become_doubles() {
+        assert_eq!(json_to_bson(&json!(1.5)), Bson::Double(1.5));
         assert_eq!(bson_to_json(&Bson::Double(2.0)).to_string(), "2.0");
-        assert!(matches!(json_to_bson(&json!(u64::MAX)), Err(ConvertError::IntegerRange(_))));
+        assert_eq!(json_to_bson(&json!(u64::MAX)), Bson::Double(u64::MAX as f64));
+        assert_eq!(json_to_bson(&json!(i64::MAX)), Bson::Int64(i64::MAX));
     }
 
     #[test]
@@ -97,7 +89,7 @@ mod tests {
     #[test]
     fn nested_values_round_trip() {
         let v = json!({"a": [1, {"b": null}], "c": "x", "d": true});
-        let b = json_to_bson(&v).unwrap();
+        let b = json_to_bson(&v);
         assert_eq!(bson_to_json(&b), v);
     }
 }

@@ -185,7 +185,7 @@ async fn malformed_transactions_are_refused_before_anything_is_written(backend: 
             "validation_failed",
         ),
         (json!({"actions": [{"op": "insert", "collection": "acc", "data": {"_meta": 1}}]}), "validation_failed"),
-        (json!({"actions": [{"op": "update", "collection": "acc", "id": "a"}]}), "validation_failed"),
+        (json!({"actions": [{"op": "update", "collection": "acc", "id": "a", "set": null}]}), "validation_failed"),
         (json!({"actions": [{"op": "delete", "collection": "acc", "id": "a", "bogus": 1}]}), "validation_failed"),
         (json!({"actions": [u("a")], "extra": true}), "validation_failed"),
         (json!({"actions": [u("a"), u("a")]}), "duplicate_member"),
