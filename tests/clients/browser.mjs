@@ -1,0 +1,362 @@
+#!/usr/bin/env node
+// Real-browser checks of a running txgate, in Debian's headless Chromium
+// driven by playwright-core (installed by scripts/install-test-tools).
+//
+//   node tests/clients/browser.mjs <gateway-base-url> <artifact-dir> [api-key] [page-port]
+//   node tests/clients/browser.mjs free-port     # prints a free loopback port
+//
+// 1. cors: a page served from another origin, http://127.0.0.1:<page-port>,
+//    runs its own fetch() calls against the gateway: create a document, read
+//    the ETag header, replace it with If-Match (a new ETag), then replace it
+//    again with the stale ETag, which must answer 409 version_conflict; the
+//    page shows `conflict: expected 1, actual 2` from the problem body. With
+//    an api-key every call carries `Authorization: Bearer <key>`, so the CORS
+//    preflight must allow that header too. Screenshot: <artifact-dir>/browser.png.
+// 2. docs: <gateway>/docs must render the API reference without any request
+//    leaving the gateway's origin. Requests elsewhere are recorded and
+//    aborted (never sent). Screenshot: <artifact-dir>/docs.png.
+//
+// The gateway must list the page's origin in TXGATE_CORS_ORIGINS, so the
+// caller chooses the page port first (4th argument or PAGE_ORIGIN_PORT; if
+// neither, a free port is picked and printed, which only works with
+// TXGATE_CORS_ORIGINS='*'), e.g.:
+//
+//   port=$(node tests/clients/browser.mjs free-port)
+//   TXGATE_CORS_ORIGINS=http://127.0.0.1:$port TXGATE_API_KEYS=$key:read+write ... txgate serve &
+//   node tests/clients/browser.mjs http://127.0.0.1:8080 target/browser "$key" "$port"
+//
+// Environment: CHROMIUM (default /usr/bin/chromium); BROWSER_CHECKS, a
+// comma-separated subset of `cors,docs` (default both); BROWSER_TIMEOUT_MS
+// (default 15000) for each wait. Exits 0 when every check passes, 1 when one
+// fails (each failure is printed), 2 on bad usage.
+
+import { createServer } from "node:http";
+import { mkdirSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { chromium } from "playwright-core";
+
+const CHROMIUM_ARGS = [
+  "--headless",
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-quic",
+  "--no-first-run",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+];
+const TIMEOUT = Number(process.env.BROWSER_TIMEOUT_MS || 15000);
+
+function usage(message) {
+  if (message) console.error(`browser: ${message}`);
+  console.error(
+    "usage: node tests/clients/browser.mjs <gateway-base-url> <artifact-dir> [api-key] [page-port]\n" +
+      "       node tests/clients/browser.mjs free-port",
+  );
+  process.exit(2);
+}
+
+function freePort() {
+  return new Promise((ok, fail) => {
+    const s = createServer();
+    s.on("error", fail);
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => ok(port));
+    });
+  });
+}
+
+async function screenshot(page, path, failures) {
+  try {
+    await page.screenshot({ path });
+  } catch (e) {
+    failures.push(`no screenshot ${path}: ${e.message.split("\n")[0]}`);
+  }
+}
+
+const escapeJson = (v) => JSON.stringify(v).replace(/</g, "\\u003c");
+
+// The page of check 1. All of its logic runs in the browser; it reports each
+// step as one line of #log, and sets data-state on <body> to done or error.
+function corsPage(config) {
+  return `<!doctype html>
+<html>
+<head><meta charset="utf-8"><title>txgate CORS check</title><link rel="icon" href="data:,">
+<style>body{font:15px/1.5 monospace;margin:2em}#log li{white-space:pre}</style></head>
+<body data-state="running">
+<h1>txgate from another origin</h1>
+<p>page origin <b id="origin"></b>, gateway <b id="gateway"></b></p>
+<ol id="log"></ol>
+<script id="config" type="application/json">${escapeJson(config)}</script>
+<script>
+const cfg = JSON.parse(document.getElementById("config").textContent);
+document.getElementById("origin").textContent = location.origin;
+document.getElementById("gateway").textContent = cfg.gateway;
+const log = document.getElementById("log");
+const line = (text) => { const li = document.createElement("li"); li.textContent = text; log.append(li); };
+async function run() {
+  const headers = { "content-type": "application/json" };
+  if (cfg.apiKey) headers.authorization = "Bearer " + cfg.apiKey;
+  const collection = cfg.gateway + "/v1/collections/" + cfg.collection + "/documents";
+
+  let r = await fetch(collection, { method: "POST", headers, body: JSON.stringify({ title: "first" }) });
+  if (r.status !== 201) throw new Error("create answered " + r.status + ": " + await r.text());
+  const created = await r.json();
+  const etag1 = r.headers.get("ETag");
+  line("created: version " + created.version + ", etag " + etag1);
+  line("location header readable: " + (r.headers.get("Location") !== null));
+  if (etag1 === null) throw new Error("the ETag header of the create is not readable (Access-Control-Expose-Headers)");
+  const doc = collection + "/" + encodeURIComponent(created.id);
+
+  r = await fetch(doc, { method: "PUT", headers: { ...headers, "If-Match": etag1 }, body: JSON.stringify({ title: "second" }) });
+  if (r.status !== 200) throw new Error("update with If-Match " + etag1 + " answered " + r.status + ": " + await r.text());
+  const updated = await r.json();
+  const etag2 = r.headers.get("ETag");
+  line("updated: version " + updated.version + ", etag " + etag2);
+
+  r = await fetch(doc, { method: "PUT", headers: { ...headers, "If-Match": etag1 }, body: JSON.stringify({ title: "stale" }) });
+  const type = r.headers.get("Content-Type");
+  const problem = await r.json();
+  line("stale update: status " + r.status + ", " + type + ", code " + problem.code);
+  line("conflict: expected " + problem.expected + ", actual " + problem.actual);
+}
+run().then(
+  () => { line("done"); document.body.dataset.state = "done"; },
+  (e) => { line("error: " + e.message); document.body.dataset.state = "error"; },
+);
+</script>
+</body>
+</html>`;
+}
+
+async function checkCors(browser, { gateway, artifacts, apiKey, pagePort }) {
+  const failures = [];
+  const collection = `browser_${Date.now().toString(36)}`;
+  const html = corsPage({ gateway, apiKey: apiKey ?? null, collection });
+  const server = createServer((req, res) => {
+    if (req.url === "/" || req.url.startsWith("/?")) {
+      res.writeHead(200, { "content-type": "text/html; charset=utf-8", "cache-control": "no-store" });
+      res.end(html);
+    } else {
+      res.writeHead(404, { "content-type": "text/plain" });
+      res.end("not found");
+    }
+  });
+  await new Promise((ok, fail) => {
+    server.on("error", (e) => fail(new Error(`cannot serve the page on 127.0.0.1:${pagePort}: ${e.message}`)));
+    server.listen(pagePort, "127.0.0.1", ok);
+  });
+  const pageUrl = `http://127.0.0.1:${pagePort}/`;
+  const context = await browser.newContext({ viewport: { width: 1000, height: 520 } });
+  const page = await context.newPage();
+  const gatewayOrigin = new URL(gateway).origin;
+  const staleNote = "Failed to load resource: the server responded with a status of 409";
+  let expected409 = 0;
+  const responses = [];
+  page.on("console", (m) => {
+    if (m.type() !== "error") return;
+    // Chromium logs every 4xx; the stale update's 409 is the one expected.
+    if (m.text().startsWith(staleNote) && m.location().url.startsWith(gatewayOrigin) && expected409++ === 0) return;
+    failures.push(`console error: ${m.text()}${m.location().url ? ` (${m.location().url})` : ""}`);
+  });
+  page.on("pageerror", (e) => failures.push(`uncaught page error: ${e.message}`));
+  page.on("requestfailed", (r) => failures.push(`request failed: ${r.method()} ${r.url()}: ${r.failure()?.errorText}`));
+  page.on("response", (r) => {
+    const req = r.request();
+    responses.push(`${req.method()} ${r.url()} -> ${r.status()}`);
+    if (r.status() >= 400 && !(r.status() === 409 && req.method() === "PUT")) {
+      failures.push(`request answered ${r.status()}: ${req.method()} ${r.url()}`);
+    }
+  });
+  // Preflights are not page requests for Playwright; see them through CDP.
+  // (No page.route here: with interception on, Playwright answers preflights
+  // itself, and the gateway's CORS would not be tested.)
+  const preflights = [];
+  const cdp = await context.newCDPSession(page);
+  await cdp.send("Network.enable");
+  cdp.on("Network.responseReceived", (e) => {
+    if (e.type === "Preflight") preflights.push(`OPTIONS ${e.response.url} -> ${e.response.status}`);
+  });
+
+  try {
+    await page.goto(pageUrl);
+    await page.waitForSelector("body[data-state=done], body[data-state=error]", { timeout: TIMEOUT });
+  } catch (e) {
+    failures.push(`the page did not finish: ${e.message.split("\n")[0]}`);
+  }
+  const lines = await page.locator("#log li").allInnerTexts().catch(() => []);
+  await screenshot(page, join(artifacts, "browser.png"), failures);
+  await context.close();
+  await new Promise((ok) => server.close(ok));
+
+  const want = [
+    'created: version 1, etag "1"',
+    "location header readable: true",
+    'updated: version 2, etag "2"',
+    "stale update: status 409, application/problem+json, code version_conflict",
+    "conflict: expected 1, actual 2",
+    "done",
+  ];
+  if (JSON.stringify(lines) !== JSON.stringify(want)) {
+    failures.push(
+      `the page shows:\n      ${lines.join("\n      ") || "(nothing)"}\n    instead of:\n      ${want.join("\n      ")}`,
+    );
+  }
+  if (expected409 !== 1 && lines.includes("done")) {
+    failures.push(`expected exactly one 409 console line for the stale update, saw ${expected409}`);
+  }
+  if (apiKey && preflights.length === 0) {
+    failures.push("no CORS preflight was seen although every call carried Authorization");
+  }
+  console.log(`cors: page ${pageUrl} -> gateway ${gateway}${apiKey ? " (Authorization: Bearer ...)" : ""}`);
+  for (const l of lines) console.log(`  page: ${l}`);
+  console.log(`  preflights:\n    ${preflights.join("\n    ") || "(none)"}`);
+  console.log(`  responses:\n    ${responses.join("\n    ")}`);
+  return failures;
+}
+
+async function checkDocs(browser, { gateway, artifacts }) {
+  const failures = [];
+  const origin = new URL(gateway).origin;
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const requests = [];
+  const foreign = [];
+  // Every request the page makes goes through here: the gateway's own are
+  // let through, anything else is recorded and aborted, never sent.
+  await context.route("**/*", (route) => {
+    const url = route.request().url();
+    requests.push(`${route.request().method()} ${url}`);
+    if (url.startsWith("data:") || url.startsWith("blob:") || new URL(url).origin === origin) {
+      return route.continue();
+    }
+    foreign.push(url);
+    return route.abort("blockedbyclient");
+  });
+  const page = await context.newPage();
+  const consoleErrors = [];
+  page.on("console", (m) => {
+    if (m.type() === "error") consoleErrors.push(`${m.text()}${m.location().url ? ` (${m.location().url})` : ""}`);
+  });
+  page.on("pageerror", (e) => failures.push(`uncaught page error: ${e.message}`));
+  page.on("websocket", (ws) => foreign.push(ws.url()));
+
+  let rendered = false;
+  try {
+    const r = await page.goto(`${gateway}/docs`);
+    if (!r || r.status() !== 200) failures.push(`GET ${gateway}/docs answered ${r?.status()}`);
+    // Rendered: a heading names the API (txgate) and an operation's summary
+    // is shown as a heading too.
+    await page.waitForFunction(
+      () => {
+        const headings = [...document.querySelectorAll("h1, h2")].map((h) => h.innerText);
+        return headings.some((t) => t.includes("txgate")) && headings.some((t) => t.includes("Create a document"));
+      },
+      null,
+      { timeout: TIMEOUT },
+    );
+    rendered = true;
+    await page.waitForLoadState("networkidle", { timeout: TIMEOUT }).catch(() => {});
+  } catch (e) {
+    failures.push(`the API reference did not render: ${e.message.split("\n")[0]}`);
+  }
+  const title = await page.title().catch(() => "");
+  if (!title.includes("txgate")) failures.push(`the page title is ${JSON.stringify(title)}, not one naming txgate`);
+  await screenshot(page, join(artifacts, "docs.png"), failures);
+  await context.close();
+
+  if (foreign.length > 0) {
+    // Put first: when the page depends on another host, that is why it failed.
+    failures.unshift(
+      `${foreign.length} request(s) went to another host than the gateway (${origin}) (aborted here, not sent):\n      ${[...new Set(foreign)].join("\n      ")}`,
+    );
+  }
+  // A load the page's own Content-Security-Policy refused was never sent
+  // (Chromium stops it before the network): shown, not a failure. The
+  // requests this check aborted itself are already counted above.
+  const cspBlocked = [];
+  for (const e of consoleErrors) {
+    if (/violates the following Content Security Policy directive.*has been blocked/.test(e)) cspBlocked.push(e);
+    else if (!/ERR_BLOCKED_BY_CLIENT/.test(e)) failures.push(`console error: ${e}`);
+  }
+  console.log(`docs: ${gateway}/docs, title ${JSON.stringify(title)}, rendered: ${rendered}`);
+  console.log(`  ${requests.length} request(s):\n    ${requests.join("\n    ")}`);
+  for (const e of cspBlocked) console.log(`  not sent, refused by the page's CSP: ${e}`);
+  return failures;
+}
+
+async function main() {
+  const argv = process.argv.slice(2);
+  if (argv[0] === "free-port") {
+    console.log(await freePort());
+    return 0;
+  }
+  if (argv.length < 2 || argv.length > 4 || argv[0].startsWith("-")) usage();
+  const [gatewayArg, artifactArg, apiKeyArg, portArg] = argv;
+  let gateway;
+  try {
+    gateway = new URL(gatewayArg).href.replace(/\/+$/, "");
+  } catch {
+    usage(`not a URL: ${gatewayArg}`);
+  }
+  const artifacts = resolve(artifactArg);
+  mkdirSync(artifacts, { recursive: true });
+  const apiKey = apiKeyArg || undefined;
+  const checks = (process.env.BROWSER_CHECKS || "cors,docs").split(",").map((s) => s.trim()).filter(Boolean);
+  for (const c of checks) if (!["cors", "docs"].includes(c)) usage(`unknown check in BROWSER_CHECKS: ${c}`);
+  let pagePort = Number(portArg || process.env.PAGE_ORIGIN_PORT || 0);
+  if (!Number.isInteger(pagePort) || pagePort < 0 || pagePort > 65535) usage(`bad page port: ${portArg}`);
+  if (pagePort === 0 && checks.includes("cors")) {
+    pagePort = await freePort();
+    console.log(`browser: no page port given; serving the page on 127.0.0.1:${pagePort} (the gateway must allow that origin)`);
+  }
+
+  try {
+    const r = await fetch(`${gateway}/healthz`, { signal: AbortSignal.timeout(5000) });
+    if (!r.ok) throw new Error(`GET /healthz answered ${r.status}`);
+  } catch (e) {
+    console.error(`browser: FAIL: the gateway at ${gateway} does not answer: ${e.cause?.message || e.message}`);
+    return 1;
+  }
+
+  const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
+  let browser;
+  try {
+    browser = await chromium.launch({ executablePath, headless: true, args: CHROMIUM_ARGS });
+  } catch (e) {
+    console.error(`browser: FAIL: cannot start ${executablePath} (scripts/install-test-tools chromium): ${e.message.split("\n")[0]}`);
+    return 1;
+  }
+  console.log(`browser: ${executablePath} ${browser.version()}, artifacts in ${artifacts}`);
+  const opts = { gateway, artifacts, apiKey, pagePort };
+  let failed = 0;
+  try {
+    for (const check of checks) {
+      let failures;
+      try {
+        failures = await (check === "cors" ? checkCors : checkDocs)(browser, opts);
+      } catch (e) {
+        failures = [`crashed: ${e.stack || e}`];
+      }
+      if (failures.length === 0) {
+        console.log(`browser: ${check}: ok`);
+      } else {
+        failed++;
+        console.log(`browser: ${check}: FAIL`);
+        for (const f of failures) console.log(`  - ${f}`);
+      }
+    }
+  } finally {
+    await browser.close();
+  }
+  console.log(`browser: ${checks.length - failed} passed, ${failed} failed`);
+  return failed === 0 ? 0 : 1;
+}
+
+main().then(
+  (code) => process.exit(code),
+  (e) => {
+    console.error(`browser: FAIL: ${e.stack || e}`);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,71 @@
+"""Schemathesis hooks for txgate's contract run.
+
+Two rules of the API cannot be written in JSON Schema, so the description
+states them in prose and these hooks keep generated requests from breaking
+them (the server refuses such requests with 422, as documented):
+
+- a transaction names each document once (`duplicate_member`);
+- in one patch (`set`/`unset`/`inc`), no field path appears twice or inside
+  another (`a` with `a.b`).
+
+And an Idempotency-Key names one logical request: a client sends a fresh key
+for each new request and the same key only to retry that same request
+(draft-ietf-httpapi-idempotency-key-header). Generated requests are new
+requests, so each gets a fresh key; a key reused with another body is
+rightly refused (422 `idempotency_key_reused`).
+"""
+
+import uuid
+
+import schemathesis
+
+
+def _paths_conflict(patch):
+    if not isinstance(patch, dict):
+        return False
+    paths = []
+    for part in ("set", "inc"):
+        if isinstance(patch.get(part), dict):
+            paths.extend(patch[part].keys())
+    if isinstance(patch.get("unset"), list):
+        paths.extend(p for p in patch["unset"] if isinstance(p, str))
+    split = sorted(tuple(p.split(".")) for p in paths)
+    return any(b[: len(a)] == a for a, b in zip(split, split[1:]))
+
+
+def _names_a_document_twice(actions):
+    seen = set()
+    for action in actions if isinstance(actions, list) else []:
+        if not isinstance(action, dict) or not isinstance(action.get("id"), str):
+            continue
+        key = (action.get("collection"), action["id"])
+        if key in seen:
+            return True
+        seen.add(key)
+    return False
+
+
+@schemathesis.hook
+def filter_body(context, body):
+    operation = context.operation
+    if operation is None:
+        return True
+    if operation.method.upper() == "POST" and operation.path == "/v1/transactions" and isinstance(body, dict):
+        actions = body.get("actions")
+        if _names_a_document_twice(actions):
+            return False
+        if isinstance(actions, list) and any(_paths_conflict(a) for a in actions if isinstance(a, dict)):
+            return False
+    if operation.method.upper() == "PATCH" and _paths_conflict(body):
+        return False
+    return True
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    headers = case.headers or {}
+    if "Idempotency-Key" in headers:
+        key = f"st-{uuid.uuid4()}"
+        headers["Idempotency-Key"] = key
+        if isinstance(kwargs.get("headers"), dict):
+            kwargs["headers"]["Idempotency-Key"] = key

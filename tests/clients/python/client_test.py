@@ -1,0 +1,188 @@
+"""txgate through the Python client openapi-python-client generates from openapi/openapi.json.
+
+    python tests/clients/python/client_test.py <base-url> <api-key>
+
+tests/clients/clients-test generates the client first (`openapi-python-client
+generate --meta none` into tests/clients/generated/openapi-python-client/txgate_client)
+and runs this with the venv of scripts/install-test-tools. Every answer is read
+through the generated model the client parsed it into (`Response.parsed`).
+Exits 0 when every step passes, 1 at the first deviation, 2 on bad usage.
+"""
+
+import secrets
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "generated" / "openapi-python-client"))
+try:
+    from txgate_client import AuthenticatedClient
+    from txgate_client.api.documents import (
+        v1_documents_create,
+        v1_documents_delete,
+        v1_documents_get,
+        v1_documents_replace,
+    )
+    from txgate_client.api.transactions import v1_transactions_create
+    from txgate_client.models import (
+        CommittedOut,
+        Deleted,
+        DocumentOut,
+        Fields,
+        IncFields,
+        InsertAction,
+        InsertActionOp,
+        NewDocument,
+        TransactionIn,
+        UpdateAction,
+        UpdateActionOp,
+        VersionConflict,
+    )
+except ImportError as err:
+    sys.exit(f"python-client: FAIL: the generated client is missing ({err}); run tests/clients/clients-test")
+
+from checks import Deviation, expect, expect_equal
+
+
+
+
+def answer(response, status, model, what):
+    """`response.parsed`, which must be a `model` answered with `status`."""
+    if response.status_code != status or not isinstance(response.parsed, model):
+        raise Deviation(
+            f"{what}: expected {status} as {model.__name__}, got {int(response.status_code)} "
+            f"as {type(response.parsed).__name__}: {response.content.decode(errors='replace')}"
+        )
+    return response.parsed
+
+
+def step(text):
+    print(f"python-client: {text}", flush=True)
+
+
+def run(client):
+    collection = f"py_{int(time.time() * 1000):x}_{secrets.token_hex(3)}"
+
+    # 1. create
+    step(f"1. create in {collection}")
+    created = v1_documents_create.sync_detailed(
+        collection, client=client, body=NewDocument.from_dict({"_id": "doc-1", "customer": "ada", "total": 42})
+    )
+    doc = answer(created, 201, DocumentOut, "create")
+    etag1 = created.headers.get("etag")
+    expect_equal(doc.version, 1, "create: version")
+    expect_equal(etag1, '"1"', "create: ETag")
+
+    # 2. read
+    step("2. read")
+    read = answer(v1_documents_get.sync_detailed(collection, doc.id, client=client), 200, DocumentOut, "read")
+    expect_equal(read.id, "doc-1", "read: id")
+    expect_equal(read.data["total"], 42, "read: data.total")
+
+    # 3. replace with the current ETag
+    step("3. replace with If-Match")
+    replaced = v1_documents_replace.sync_detailed(
+        collection, doc.id, client=client, body=Fields.from_dict({"customer": "ada", "total": 45}), if_match=etag1
+    )
+    expect_equal(answer(replaced, 200, DocumentOut, "replace").version, 2, "replace: version")
+    expect_equal(replaced.headers.get("etag"), '"2"', "replace: ETag")
+
+    # 4. replace with the stale ETag: 409 version_conflict
+    step("4. stale replace -> 409")
+    stale = v1_documents_replace.sync_detailed(
+        collection, doc.id, client=client, body=Fields.from_dict({"total": 0}), if_match=etag1
+    )
+    conflict = answer(stale, 409, VersionConflict, "stale replace")
+    expect_equal(conflict.expected, 1, "stale replace: expected")
+    expect_equal(conflict.actual, 2, "stale replace: actual")
+
+    # 5. delete, then read: 410 deleted
+    step("5. delete, read -> 410")
+    deleted = v1_documents_delete.sync_detailed(collection, doc.id, client=client, if_match='"2"')
+    expect_equal(deleted.status_code, 204, "delete: status")
+    gone = answer(v1_documents_get.sync_detailed(collection, doc.id, client=client), 410, Deleted, "read deleted")
+    expect_equal(gone.version, 3, "read deleted: version")
+
+    # 6. a two-document transaction
+    step("6. transaction of two inserts -> 200")
+    inserts = [
+        InsertAction(op=InsertActionOp.INSERT, collection=collection, id=doc_id, data=Fields.from_dict({"balance": n}))
+        for doc_id, n in [("tx-a", 10), ("tx-b", 20)]
+    ]
+    committed = answer(
+        v1_transactions_create.sync_detailed(client=client, body=TransactionIn(actions=inserts)),
+        200,
+        CommittedOut,
+        "transaction",
+    )
+    expect_equal(str(committed.status), "committed", "transaction: status")
+    expect_equal(len(committed.results), 2, "transaction: number of results")
+    for i, (result, action) in enumerate(zip(committed.results, inserts)):
+        expect_equal(result.collection, collection, f"transaction: results[{i}].collection")
+        expect_equal(result.id, action.id, f"transaction: results[{i}].id")
+        expect_equal(result.version, 1, f"transaction: results[{i}].version")
+
+    # 7. a transaction whose second action expects the wrong version
+    step("7. transaction with a stale if_version -> 409 naming action 1")
+    updates = [
+        UpdateAction(
+            op=UpdateActionOp.UPDATE, collection=collection, id="tx-a", if_version=1, inc=IncFields.from_dict({"balance": -5})
+        ),
+        UpdateAction(
+            op=UpdateActionOp.UPDATE, collection=collection, id="tx-b", if_version=7, inc=IncFields.from_dict({"balance": 5})
+        ),
+    ]
+    failure = answer(
+        v1_transactions_create.sync_detailed(client=client, body=TransactionIn(actions=updates)),
+        409,
+        VersionConflict,
+        "failing transaction",
+    )
+    expect_equal(failure.action, 1, "failing transaction: action")
+    expect_equal(failure.collection, collection, "failing transaction: collection")
+    expect_equal(failure.id, "tx-b", "failing transaction: id")
+    expect_equal(failure.expected, 7, "failing transaction: expected")
+    expect_equal(failure.actual, 1, "failing transaction: actual")
+    untouched = answer(v1_documents_get.sync_detailed(collection, "tx-a", client=client), 200, DocumentOut, "read tx-a")
+    expect_equal(untouched.version, 1, "failing transaction: tx-a must be unchanged, version")
+
+    # 8. an id with reserved, escaped and non-ASCII characters, through the path parameter
+    odd = "a/b%c d-é✓?#+"
+    step(f"8. id {odd!r} round-trips")
+    odd_created = v1_documents_create.sync_detailed(
+        collection, client=client, body=NewDocument.from_dict({"_id": odd, "n": 1})
+    )
+    expect_equal(answer(odd_created, 201, DocumentOut, "odd id: create").id, odd, "odd id: create: id")
+    odd_read = answer(v1_documents_get.sync_detailed(collection, odd, client=client), 200, DocumentOut, "odd id: read")
+    expect_equal(odd_read.id, odd, "odd id: read: id")
+    odd_replaced = answer(
+        v1_documents_replace.sync_detailed(collection, odd, client=client, body=Fields.from_dict({"n": 2}), if_match='"1"'),
+        200,
+        DocumentOut,
+        "odd id: replace",
+    )
+    expect_equal(odd_replaced.id, odd, "odd id: replace: id")
+    expect_equal(odd_replaced.version, 2, "odd id: replace: version")
+    odd_deleted = v1_documents_delete.sync_detailed(collection, odd, client=client, if_match='"2"')
+    expect_equal(odd_deleted.status_code, 204, "odd id: delete: status")
+    odd_gone = answer(v1_documents_get.sync_detailed(collection, odd, client=client), 410, Deleted, "odd id: read deleted")
+    expect_equal(odd_gone.version, 3, "odd id: read deleted: version")
+
+
+def main(argv):
+    if len(argv) != 3:
+        print("usage: python tests/clients/python/client_test.py <base-url> <api-key>", file=sys.stderr)
+        return 2
+    client = AuthenticatedClient(base_url=argv[1], token=argv[2], raise_on_unexpected_status=True)
+    try:
+        with client:
+            run(client)
+    except Deviation as err:
+        print(f"python-client: FAIL: {err}", file=sys.stderr)
+        return 1
+    print("python-client: PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,178 @@
+// txgate through a TypeScript client generated from openapi/openapi.json:
+// openapi-typescript's types (../generated/ts/txgate.ts) driving openapi-fetch.
+//
+//   tsx tests/clients/ts/client-test.ts <base-url> <api-key>
+//
+// tests/clients/clients-test generates the types, type-checks this file
+// (`tsc --noEmit -p tests/clients/ts`, strict) and runs it against a gateway.
+// Every problem body is read through the generated type its `code` narrows to.
+// Exits 0 when every step passes, 1 at the first deviation, 2 on bad usage.
+
+import createClient from "openapi-fetch";
+import type { components, paths } from "../generated/ts/txgate.ts";
+
+type Schemas = components["schemas"];
+
+class Deviation extends Error {}
+
+function expect(condition: boolean, what: string): asserts condition {
+  if (!condition) throw new Deviation(what);
+}
+
+function expectEqual<T>(actual: T, expected: T, what: string): void {
+  if (actual !== expected) {
+    throw new Deviation(`${what}: expected ${JSON.stringify(expected)}, got ${JSON.stringify(actual)}`);
+  }
+}
+
+/** The body of a success answer with `status`. */
+function success<D>(result: { data?: D; error?: unknown; response: Response }, status: number, what: string): D {
+  const { data, error, response } = result;
+  if (response.status !== status || data === undefined) {
+    throw new Deviation(`${what}: expected ${status}, got ${response.status} ${JSON.stringify(error ?? data)}`);
+  }
+  return data;
+}
+
+/** The (typed) problem body of an error answer with `status`. */
+function problem<E>(result: { data?: unknown; error?: E; response: Response }, status: number, what: string): E {
+  const { data, error, response } = result;
+  if (response.status !== status || error === undefined) {
+    throw new Deviation(`${what}: expected ${status}, got ${response.status} ${JSON.stringify(error ?? data)}`);
+  }
+  return error;
+}
+
+function etagOf(response: Response, what: string): string {
+  const etag = response.headers.get("etag");
+  expect(etag !== null, `${what}: no ETag header`);
+  return etag;
+}
+
+async function main(baseUrl: string, apiKey: string): Promise<void> {
+  const client = createClient<paths>({ baseUrl, headers: { Authorization: `Bearer ${apiKey}` } });
+  const collection = `ts_${Date.now().toString(36)}_${Math.random().toString(36).slice(2, 8)}`;
+  const docs = "/v1/collections/{collection}/documents/{id}" as const;
+  const step = (text: string) => console.log(`ts: ${text}`);
+
+  // 1. create
+  step(`1. create in ${collection}`);
+  const body: Schemas["NewDocument"] = { _id: "doc-1", customer: "ada", total: 42 };
+  const created = await client.POST("/v1/collections/{collection}/documents", {
+    params: { path: { collection } },
+    body,
+  });
+  const doc: Schemas["DocumentOut"] = success(created, 201, "create");
+  const etag1 = etagOf(created.response, "create");
+  expectEqual(doc.version, 1, "create: version");
+  expectEqual(etag1, '"1"', "create: ETag");
+  const path = { collection, id: doc.id };
+
+  // 2. read
+  step("2. read");
+  const read = success(await client.GET(docs, { params: { path } }), 200, "read");
+  expectEqual(read.id, "doc-1", "read: id");
+  expectEqual(read.data["total"], 42, "read: data.total");
+
+  // 3. replace with the current ETag
+  step("3. replace with If-Match");
+  const replaced = await client.PUT(docs, {
+    params: { path, header: { "If-Match": etag1 } },
+    body: { customer: "ada", total: 45 },
+  });
+  expectEqual(success(replaced, 200, "replace").version, 2, "replace: version");
+  expectEqual(etagOf(replaced.response, "replace"), '"2"', "replace: ETag");
+
+  // 4. replace with the stale ETag: 409 version_conflict
+  step("4. stale replace -> 409");
+  const stale = problem(
+    await client.PUT(docs, { params: { path, header: { "If-Match": etag1 } }, body: { total: 0 } }),
+    409,
+    "stale replace",
+  );
+  expect(stale.code === "version_conflict", `stale replace: code ${stale.code}`);
+  const conflict: Schemas["VersionConflict"] = stale;
+  expectEqual(conflict.expected, 1, "stale replace: expected");
+  expectEqual(conflict.actual, 2, "stale replace: actual");
+
+  // 5. delete, then read: 410 deleted
+  step("5. delete, read -> 410");
+  const deleted = await client.DELETE(docs, { params: { path, header: { "If-Match": '"2"' } } });
+  expectEqual(deleted.response.status, 204, "delete: status");
+  const gone = problem(await client.GET(docs, { params: { path } }), 410, "read deleted");
+  expect(gone.code === "deleted", `read deleted: code ${gone.code}`);
+  const tombstone: Schemas["Deleted"] = gone;
+  expectEqual(tombstone.version, 3, "read deleted: version");
+
+  // 6. a two-document transaction
+  step("6. transaction of two inserts -> 200");
+  const inserts: Schemas["InsertAction"][] = [
+    { op: "insert", collection, id: "tx-a", data: { balance: 10 } },
+    { op: "insert", collection, id: "tx-b", data: { balance: 20 } },
+  ];
+  const committed: Schemas["CommittedOut"] = success(
+    await client.POST("/v1/transactions", { body: { actions: inserts } }),
+    200,
+    "transaction",
+  );
+  expectEqual(committed.status, "committed", "transaction: status");
+  expectEqual(committed.results.length, 2, "transaction: number of results");
+  committed.results.forEach((result, i) => {
+    expectEqual(result.collection, collection, `transaction: results[${i}].collection`);
+    expectEqual(result.id, inserts[i]?.id, `transaction: results[${i}].id`);
+    expectEqual(result.version, 1, `transaction: results[${i}].version`);
+  });
+
+  // 7. a transaction whose second action expects the wrong version
+  step("7. transaction with a stale if_version -> 409 naming action 1");
+  const updates: Schemas["UpdateAction"][] = [
+    { op: "update", collection, id: "tx-a", if_version: 1, inc: { balance: -5 } },
+    { op: "update", collection, id: "tx-b", if_version: 7, inc: { balance: 5 } },
+  ];
+  const failed = problem(await client.POST("/v1/transactions", { body: { actions: updates } }), 409, "failing transaction");
+  expect(failed.code === "version_conflict", `failing transaction: code ${failed.code}`);
+  const failure: Schemas["VersionConflict"] = failed;
+  expectEqual(failure.action, 1, "failing transaction: action");
+  expectEqual(failure.collection, collection, "failing transaction: collection");
+  expectEqual(failure.id, "tx-b", "failing transaction: id");
+  expectEqual(failure.expected, 7, "failing transaction: expected");
+  expectEqual(failure.actual, 1, "failing transaction: actual");
+  const untouched = success(await client.GET(docs, { params: { path: { collection, id: "tx-a" } } }), 200, "read tx-a");
+  expectEqual(untouched.version, 1, "failing transaction: tx-a must be unchanged, version");
+
+  // 8. an id with reserved, escaped and non-ASCII characters, through the path parameter
+  const odd = "a/b%c d-é✓?#+";
+  step(`8. id ${JSON.stringify(odd)} round-trips`);
+  const oddPath = { collection, id: odd };
+  const oddCreated = await client.POST("/v1/collections/{collection}/documents", {
+    params: { path: { collection } },
+    body: { _id: odd, n: 1 },
+  });
+  expectEqual(success(oddCreated, 201, "odd id: create").id, odd, "odd id: create: id");
+  expectEqual(success(await client.GET(docs, { params: { path: oddPath } }), 200, "odd id: read").id, odd, "odd id: read: id");
+  const oddReplaced = success(
+    await client.PUT(docs, { params: { path: oddPath, header: { "If-Match": '"1"' } }, body: { n: 2 } }),
+    200,
+    "odd id: replace",
+  );
+  expectEqual(oddReplaced.id, odd, "odd id: replace: id");
+  expectEqual(oddReplaced.version, 2, "odd id: replace: version");
+  const oddDeleted = await client.DELETE(docs, { params: { path: oddPath, header: { "If-Match": '"2"' } } });
+  expectEqual(oddDeleted.response.status, 204, "odd id: delete: status");
+  const oddGone = problem(await client.GET(docs, { params: { path: oddPath } }), 410, "odd id: read deleted");
+  expect(oddGone.code === "deleted", `odd id: read deleted: code ${oddGone.code}`);
+  expectEqual(oddGone.version, 3, "odd id: read deleted: version");
+}
+
+const [baseUrl, apiKey] = process.argv.slice(2);
+if (!baseUrl || !apiKey) {
+  console.error("usage: tsx tests/clients/ts/client-test.ts <base-url> <api-key>");
+  process.exit(2);
+}
+try {
+  await main(baseUrl, apiKey);
+  console.log("ts: PASS");
+} catch (err) {
+  console.error(`ts: FAIL: ${err instanceof Deviation ? err.message : err instanceof Error ? (err.stack ?? err.message) : String(err)}`);
+  process.exit(1);
+}
