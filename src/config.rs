@@ -72,6 +72,11 @@ pub struct Settings {
     /// by this, not by the data).
     #[arg(long, global = true, env = "TXGATE_CACHE_MB")]
     pub cache_mb: Option<u64>,
+    /// Longest time an unsynced write of the embedded store waits to be
+    /// made durable, in milliseconds (writes a client is told of are
+    /// always synced first).
+    #[arg(long, global = true, env = "TXGATE_SYNC_INTERVAL_MS")]
+    pub sync_interval_ms: Option<u64>,
     /// Use the mongodb backend at this URI.
     #[arg(long, global = true, env = "TXGATE_MONGODB_URI")]
     pub mongodb_uri: Option<String>,
@@ -206,9 +211,13 @@ impl Cors {
 /// The embedded store's default page cache, in MiB.
 pub const DEFAULT_CACHE_MB: u64 = 256;
 
+/// How long, at most, an unsynced write of the embedded store waits for a
+/// sync by default.
+pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_millis(200);
+
 #[derive(Clone, Debug)]
 pub enum StoreConfig {
-    Embedded { data_dir: PathBuf, cache_mb: u64 },
+    Embedded { data_dir: PathBuf, cache_mb: u64, sync_interval: Duration },
     Mongodb { uri: String, database: String },
 }
 
@@ -216,7 +225,11 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:8080".into(),
-            store: StoreConfig::Embedded { data_dir: PathBuf::from("./data"), cache_mb: DEFAULT_CACHE_MB },
+            store: StoreConfig::Embedded {
+                data_dir: PathBuf::from("./data"),
+                cache_mb: DEFAULT_CACHE_MB,
+                sync_interval: DEFAULT_SYNC_INTERVAL,
+            },
             log_format: LogFormat::Text,
             txn: TxnConfig::default(),
             ttl_interval: Duration::from_millis(500),
@@ -246,6 +259,7 @@ impl Settings {
             store: self.store.or(file.store),
             data_dir: self.data_dir.or(file.data_dir),
             cache_mb: self.cache_mb.or(file.cache_mb),
+            sync_interval_ms: self.sync_interval_ms.or(file.sync_interval_ms),
             mongodb_uri: self.mongodb_uri.or(file.mongodb_uri),
             mongodb_database: self.mongodb_database.or(file.mongodb_database),
             log_format: self.log_format.or(file.log_format),
@@ -296,6 +310,7 @@ impl Settings {
             (Some(StoreKind::Embedded) | None, _) => StoreConfig::Embedded {
                 data_dir: settings.data_dir.unwrap_or_else(|| PathBuf::from("./data")),
                 cache_mb: settings.cache_mb.unwrap_or(DEFAULT_CACHE_MB).max(1),
+                sync_interval: positive("sync_interval_ms", settings.sync_interval_ms, DEFAULT_SYNC_INTERVAL)?,
             },
         };
         let d = &defaults.txn;

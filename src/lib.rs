@@ -42,9 +42,9 @@ pub enum RunError {
 /// stripe; [`run_with_store`] bounds every operation by it.
 pub async fn open_store(cfg: &StoreConfig, timeout: std::time::Duration) -> Result<DynStore, StoreError> {
     let raw: DynStore = match cfg {
-        StoreConfig::Embedded { data_dir, cache_mb } => {
-            Arc::new(store::embedded::EmbeddedStore::open_with_cache(data_dir, cache_mb.saturating_mul(1 << 20))?)
-        }
+        StoreConfig::Embedded { data_dir, cache_mb, sync_interval } => Arc::new(
+            store::embedded::EmbeddedStore::open_with(data_dir, cache_mb.saturating_mul(1 << 20), *sync_interval)?,
+        ),
         StoreConfig::Mongodb { uri, database } => {
             Arc::new(store::mongo::MongoStore::connect(uri, database, timeout).await?)
         }
@@ -121,6 +121,8 @@ pub async fn run_with_store(
     workers.wait().await;
     app.engine.tasks().close();
     app.engine.tasks().wait().await;
+    // Everything written so far durable before the process ends.
+    app.engine.store().sync().await?;
     tracing::info!("shutdown complete");
     Ok(())
 }

@@ -262,10 +262,11 @@ impl DeliveryChange<'_> {
     }
 
     /// Apply this change to delivery `id`: whether this compare-and-set
-    /// made it.
+    /// made it. Unsynced: a lost claim or outcome means one more attempt
+    /// (deliveries are at least once), never a lost delivery.
     pub async fn apply(&self, store: &dyn crate::store::Store, id: &str) -> StoreResult<bool> {
         let (filter, update) = self.cas();
-        store.update(DELIVERIES, id, filter, update).await
+        store.unsynced().update(DELIVERIES, id, filter, update).await
     }
 }
 
@@ -318,7 +319,8 @@ impl Hooks {
             };
             let delivery = Delivery::queued(&rec.id, i, count, hook, body, at);
             // Insert-if-absent: a second roll-forward finds it there.
-            self.store.insert(DELIVERIES, delivery.to_record()).await?;
+            // Unsynced: recovery records it again from the committed record.
+            self.store.unsynced().insert(DELIVERIES, delivery.to_record()).await?;
         }
         self.queue.push(&delivery_id(&rec.id, 0), at.timestamp_millis());
         Ok(())

@@ -29,7 +29,7 @@ use crate::hooks::{Delivery, Hook, delivery_id};
 use crate::txn::commit::TxnError;
 use crate::txn::idem::{Claim, body_hash};
 use crate::txn::plan::{Action, ActionOp, Plan};
-use crate::txn::record::{Status, TxnRecord};
+use crate::txn::record::{OPERATOR, Status, TxnRecord};
 use crate::txn::{Engine, summary};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -830,7 +830,7 @@ pub async fn abort_transaction(
 ) -> Result<axum::Json<TransactionOut>, ApiError> {
     let rec = load(&state, &path.id).await?;
     let rec = if rec.status == Status::Pending {
-        state.engine.abort_pending(&rec.id, None, "operator").await?.unwrap_or(rec)
+        state.engine.abort_pending(&rec.id, None, OPERATOR).await?.unwrap_or(rec)
     } else {
         rec
     };

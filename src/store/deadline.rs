@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{Document, DynStore, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update};
+use super::{Durability, DynStore, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
 
 pub struct Deadline {
     inner: DynStore,
@@ -42,17 +42,12 @@ impl Store for Deadline {
     async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
         self.within("get", self.inner.get(coll, id)).await
     }
-    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
-        self.within("insert", self.inner.insert(coll, record)).await
+    async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
+        self.within(write.kind(), self.inner.write(coll, write, durability)).await
     }
-    async fn replace(&self, coll: &str, id: &str, filter: Document, record: Record) -> StoreResult<bool> {
-        self.within("replace", self.inner.replace(coll, id, filter, record)).await
-    }
-    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
-        self.within("update", self.inner.update(coll, id, filter, update)).await
-    }
-    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
-        self.within("delete", self.inner.delete(coll, id, filter)).await
+    /// Not bounded: a sync at shutdown takes what the disk takes.
+    async fn sync(&self) -> StoreResult<()> {
+        self.inner.sync().await
     }
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
         self.within("scan", self.inner.scan(coll, scan)).await
@@ -96,16 +91,10 @@ mod tests {
         async fn get(&self, _: &str, _: &str) -> StoreResult<Option<Record>> {
             std::future::pending().await
         }
-        async fn insert(&self, _: &str, _: Record) -> StoreResult<bool> {
+        async fn write(&self, _: &str, _: Write<'_>, _: Durability) -> StoreResult<bool> {
             std::future::pending().await
         }
-        async fn replace(&self, _: &str, _: &str, _: Document, _: Record) -> StoreResult<bool> {
-            std::future::pending().await
-        }
-        async fn update(&self, _: &str, _: &str, _: Document, _: Update) -> StoreResult<bool> {
-            std::future::pending().await
-        }
-        async fn delete(&self, _: &str, _: &str, _: Document) -> StoreResult<bool> {
+        async fn sync(&self) -> StoreResult<()> {
             std::future::pending().await
         }
         async fn scan(&self, _: &str, _: Scan) -> StoreResult<Vec<Record>> {

@@ -13,18 +13,25 @@
 //! declared for a collection that already has records is built from them.
 //!
 //! Writes go through one writer thread that applies every queued operation
-//! in a single redb write transaction and commits it with
-//! `Durability::Immediate` (fsync) before answering any of them: group
-//! commit. Each operation is still checked and applied on its own, in queue
-//! order, so it is atomic on its one record; it is acknowledged only once it
-//! is on disk. Reads use redb's MVCC read transactions and never wait for
-//! the writer.
+//! in a single redb write transaction: group commit. Each operation is
+//! still checked and applied on its own, in queue order, so it is atomic on
+//! its one record. A batch holding a write that must be synced commits with
+//! `Durability::Immediate` (fsync) before any of it is answered, so such a
+//! write is visible only once it is on disk, with everything before it; a
+//! batch of unsynced writes commits with `Durability::None`: visible at
+//! once, durable with the next synced commit. redb loses only a suffix of
+//! `None` commits in a crash (DESIGN.md §1). While unsynced commits exist,
+//! the writer syncs at least every sync interval and when the store closes;
+//! a failed sync stops the process, as the unsynced writes readers may have
+//! seen could no longer be made durable. Reads use redb's MVCC read
+//! transactions and never wait for the writer.
 
 use std::collections::HashMap;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, mpsc};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -32,7 +39,9 @@ use tokio::sync::oneshot;
 
 use super::filter::{apply_update, lookup, matches};
 use super::keys;
-use super::{Bson, Document, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Update};
+use super::{
+    Bson, Document, Durability, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Update, Write,
+};
 
 const RECORDS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("records");
 /// `("<collection>\0<index>", key bytes) -> _id`.
@@ -77,6 +86,8 @@ enum WriteOp {
         coll: String,
         name: String,
     },
+    /// Nothing to apply: make every write so far durable.
+    Sync,
 }
 
 impl WriteOp {
@@ -87,14 +98,23 @@ impl WriteOp {
 
 type Reply = oneshot::Sender<StoreResult<bool>>;
 
+/// A write waiting for the writer.
+struct Queued {
+    op: WriteOp,
+    durability: Durability,
+    reply: Reply,
+}
+
 /// A store in one redb file under the data directory.
 pub struct EmbeddedStore {
     db: Arc<Database>,
-    writer: mpsc::Sender<(WriteOp, Reply)>,
+    writer: mpsc::Sender<Queued>,
     path: PathBuf,
     catalog: Catalog,
     /// Records decoded by reads (gets and scans) since the store opened.
     decoded: Arc<AtomicU64>,
+    /// Commits made durable (fsyncs) since the store opened.
+    syncs: Arc<AtomicU64>,
 }
 
 fn internal(err: impl std::fmt::Display) -> StoreError {
@@ -107,14 +127,16 @@ fn entries_name(coll: &str, name: &str) -> String {
 }
 
 impl EmbeddedStore {
-    /// Open (or create) the store in `dir` with the default page cache.
+    /// Open (or create) the store in `dir` with the default page cache and
+    /// sync interval.
     pub fn open(dir: &Path) -> StoreResult<Self> {
-        Self::open_with_cache(dir, crate::config::DEFAULT_CACHE_MB << 20)
+        Self::open_with(dir, crate::config::DEFAULT_CACHE_MB << 20, crate::config::DEFAULT_SYNC_INTERVAL)
     }
 
     /// Open (or create) the store in `dir` with a page cache of
-    /// `cache_bytes`.
-    pub fn open_with_cache(dir: &Path, cache_bytes: u64) -> StoreResult<Self> {
+    /// `cache_bytes`; unsynced writes are made durable at least every
+    /// `sync_interval`.
+    pub fn open_with(dir: &Path, cache_bytes: u64, sync_interval: Duration) -> StoreResult<Self> {
         std::fs::create_dir_all(dir)
             .map_err(|e| StoreError::Unavailable(format!("cannot create data directory {}: {e}", dir.display())))?;
         let path = dir.join("txgate.redb");
@@ -142,12 +164,19 @@ impl EmbeddedStore {
         let db = Arc::new(db);
         let catalog: Catalog = Arc::new(RwLock::new(catalog));
         let (tx, rx) = mpsc::channel();
-        let (writer_db, writer_catalog) = (Arc::clone(&db), Arc::clone(&catalog));
+        let syncs: Arc<AtomicU64> = Arc::default();
+        let writer = Writer {
+            db: Arc::clone(&db),
+            catalog: Arc::clone(&catalog),
+            syncs: Arc::clone(&syncs),
+            interval: sync_interval,
+            unsynced_since: None,
+        };
         std::thread::Builder::new()
             .name("txgate-embedded-writer".into())
-            .spawn(move || writer_loop(&writer_db, &writer_catalog, &rx))
+            .spawn(move || writer.run(&rx))
             .map_err(internal)?;
-        Ok(Self { db, writer: tx, path, catalog, decoded: Arc::default() })
+        Ok(Self { db, writer: tx, path, catalog, decoded: Arc::default(), syncs })
     }
 
     pub fn path(&self) -> &Path {
@@ -157,6 +186,11 @@ impl EmbeddedStore {
     /// Records decoded by reads since the store opened.
     pub fn decoded(&self) -> u64 {
         self.decoded.load(Ordering::Relaxed)
+    }
+
+    /// Durable commits (fsyncs) since the store opened.
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
     }
 
     /// Every entry of index `name` of `coll` as `_id`s in index order (for
@@ -176,9 +210,11 @@ impl EmbeddedStore {
         .map_err(internal)?
     }
 
-    async fn write(&self, op: WriteOp) -> StoreResult<bool> {
-        let (tx, rx) = oneshot::channel();
-        self.writer.send((op, tx)).map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?;
+    async fn queue(&self, op: WriteOp, durability: Durability) -> StoreResult<bool> {
+        let (reply, rx) = oneshot::channel();
+        self.writer
+            .send(Queued { op, durability, reply })
+            .map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?;
         rx.await.map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?
     }
 
@@ -278,59 +314,136 @@ fn reindex(
     Ok(())
 }
 
-fn writer_loop(db: &Database, catalog: &Catalog, rx: &mpsc::Receiver<(WriteOp, Reply)>) {
-    let mut held: Option<(WriteOp, Reply)> = None;
-    loop {
-        let first = match held.take() {
-            Some(item) => item,
-            None => match rx.recv() {
-                Ok(item) => item,
-                Err(_) => return,
-            },
-        };
-        if first.0.is_schema() {
-            let (op, reply) = first;
-            let _ = reply.send(schema_change(db, catalog, op));
-            continue;
-        }
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(item) if item.0.is_schema() => {
-                    held = Some(item);
-                    break;
+/// The writer thread's state.
+struct Writer {
+    db: Arc<Database>,
+    catalog: Catalog,
+    syncs: Arc<AtomicU64>,
+    interval: Duration,
+    /// When the oldest commit not yet durable was made.
+    unsynced_since: Option<Instant>,
+}
+
+impl Writer {
+    fn run(mut self, rx: &mpsc::Receiver<Queued>) {
+        let mut held: Option<Queued> = None;
+        loop {
+            let first = match held.take() {
+                Some(item) => item,
+                None => match self.next(rx) {
+                    Some(item) => item,
+                    None => {
+                        // Every handle is gone: the store closes durable.
+                        self.sync_or_stop();
+                        return;
+                    }
+                },
+            };
+            if first.op.is_schema() {
+                // Schema changes commit on their own, durable, after
+                // everything before them is.
+                self.sync_or_stop();
+                let _ = first.reply.send(schema_change(&self.db, &self.catalog, first.op));
+                continue;
+            }
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(item) if item.op.is_schema() => {
+                        held = Some(item);
+                        break;
+                    }
+                    Ok(item) => batch.push(item),
+                    Err(_) => break,
                 }
-                Ok(item) => batch.push(item),
-                Err(_) => break,
+            }
+            self.commit(batch);
+        }
+    }
+
+    /// The next queued write; with unsynced commits outstanding, a sync
+    /// once the interval since the oldest has passed. `None` once every
+    /// handle to the store is gone.
+    fn next(&mut self, rx: &mpsc::Receiver<Queued>) -> Option<Queued> {
+        loop {
+            let Some(since) = self.unsynced_since else { return rx.recv().ok() };
+            let left = self.interval.saturating_sub(since.elapsed());
+            match rx.recv_timeout(left) {
+                Ok(item) => return Some(item),
+                Err(mpsc::RecvTimeoutError::Timeout) => self.sync_or_stop(),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
             }
         }
+    }
+
+    /// Commit a batch: durable when it holds a write that must be.
+    fn commit(&mut self, batch: Vec<Queued>) {
+        let durable = batch.iter().any(|q| q.durability == Durability::Synced);
         let mut results = Vec::with_capacity(batch.len());
         let outcome = (|| -> StoreResult<()> {
-            let txn = db.begin_write().map_err(internal)?;
+            let mut txn = self.db.begin_write().map_err(internal)?;
+            txn.set_durability(if durable { redb::Durability::Immediate } else { redb::Durability::None })
+                .map_err(internal)?;
             {
-                let specs = catalog.read().expect("index catalog");
+                let specs = self.catalog.read().expect("index catalog");
                 let mut table = txn.open_table(RECORDS).map_err(internal)?;
                 let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
-                for (op, _) in &batch {
-                    results.push(apply(&mut table, &mut entries, &specs, op));
+                for queued in &batch {
+                    results.push(apply(&mut table, &mut entries, &specs, &queued.op));
                 }
             }
             txn.commit().map_err(|e| StoreError::Unavailable(format!("commit failed: {e}")))
         })();
         match outcome {
             Ok(()) => {
-                for ((_, reply), result) in batch.into_iter().zip(results) {
-                    let _ = reply.send(result);
+                if durable {
+                    self.syncs.fetch_add(1, Ordering::Relaxed);
+                    self.unsynced_since = None;
+                } else if self.unsynced_since.is_none() {
+                    self.unsynced_since = Some(Instant::now());
+                }
+                for (queued, result) in batch.into_iter().zip(results) {
+                    let _ = queued.reply.send(result);
                 }
             }
             Err(err) => {
+                if self.unsynced_since.is_some() {
+                    stop(&err);
+                }
                 tracing::error!(error = %err, "embedded store commit failed; batch not applied");
-                for (_, reply) in batch {
-                    let _ = reply.send(Err(StoreError::Unavailable(err.to_string())));
+                for queued in batch {
+                    let _ = queued.reply.send(Err(StoreError::Unavailable(err.to_string())));
                 }
             }
         }
     }
+
+    /// Make the unsynced commits durable, or stop the process.
+    fn sync_or_stop(&mut self) {
+        if self.unsynced_since.is_none() {
+            return;
+        }
+        let synced = (|| -> StoreResult<()> {
+            let mut txn = self.db.begin_write().map_err(internal)?;
+            txn.set_durability(redb::Durability::Immediate).map_err(internal)?;
+            txn.commit().map_err(internal)
+        })();
+        match synced {
+            Ok(()) => {
+                self.syncs.fetch_add(1, Ordering::Relaxed);
+                self.unsynced_since = None;
+            }
+            Err(err) => stop(&err),
+        }
+    }
+}
+
+/// Unsynced commits that cannot be made durable: readers may have seen
+/// them, so the process stops rather than go on past them.
+fn stop(err: &StoreError) -> ! {
+    tracing::error!(error = %err, "embedded store cannot sync; stopping");
+    eprintln!("txgate: the embedded store cannot sync ({err}); stopping");
+    std::process::exit(70)
 }
 
 /// Create or drop an index in a write transaction of its own; the
@@ -463,6 +576,8 @@ fn apply(
             table.remove((coll.as_str(), id.as_str())).map_err(internal)?;
             Ok(true)
         }
+        // Committing the batch durable is all a sync asks.
+        WriteOp::Sync => Ok(true),
         WriteOp::EnsureIndex { .. } | WriteOp::DropIndex { .. } => {
             unreachable!("index changes commit on their own")
         }
@@ -612,20 +727,19 @@ impl Store for EmbeddedStore {
         .await
     }
 
-    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
-        self.write(WriteOp::Insert { coll: coll.to_owned(), record }).await
+    async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
+        let coll = coll.to_owned();
+        let op = match write {
+            Write::Insert(record) => WriteOp::Insert { coll, record },
+            Write::Replace { id, filter, record } => WriteOp::Replace { coll, id: id.to_owned(), filter, record },
+            Write::Update { id, filter, update } => WriteOp::Update { coll, id: id.to_owned(), filter, update },
+            Write::Delete { id, filter } => WriteOp::Delete { coll, id: id.to_owned(), filter },
+        };
+        self.queue(op, durability).await
     }
 
-    async fn replace(&self, coll: &str, id: &str, filter: Document, record: Record) -> StoreResult<bool> {
-        self.write(WriteOp::Replace { coll: coll.to_owned(), id: id.to_owned(), filter, record }).await
-    }
-
-    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
-        self.write(WriteOp::Update { coll: coll.to_owned(), id: id.to_owned(), filter, update }).await
-    }
-
-    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
-        self.write(WriteOp::Delete { coll: coll.to_owned(), id: id.to_owned(), filter }).await
+    async fn sync(&self) -> StoreResult<()> {
+        self.queue(WriteOp::Sync, Durability::Synced).await.map(|_| ())
     }
 
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
@@ -708,7 +822,7 @@ impl Store for EmbeddedStore {
         if self.spec(coll, &index.name).as_ref() == Some(&index) {
             return Ok(());
         }
-        self.write(WriteOp::EnsureIndex { coll: coll.to_owned(), spec: index }).await.map(|_| ())
+        self.queue(WriteOp::EnsureIndex { coll: coll.to_owned(), spec: index }, Durability::Synced).await.map(|_| ())
     }
 
     async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
@@ -719,6 +833,8 @@ impl Store for EmbeddedStore {
         if self.spec(coll, name).is_none() {
             return Ok(());
         }
-        self.write(WriteOp::DropIndex { coll: coll.to_owned(), name: name.to_owned() }).await.map(|_| ())
+        self.queue(WriteOp::DropIndex { coll: coll.to_owned(), name: name.to_owned() }, Durability::Synced)
+            .await
+            .map(|_| ())
     }
 }

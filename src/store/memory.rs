@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::filter::{apply_update, lookup, matches, sort_order};
-use super::{Document, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Update};
+use super::{Document, Durability, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Write};
 
 #[derive(Default)]
 pub struct MemoryStore {
@@ -57,31 +57,38 @@ impl Store for MemoryStore {
         Ok(self.with(|r| r.get(&(coll.to_owned(), id.to_owned())).cloned()))
     }
 
-    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
-        let id = record.get_str("_id").map_err(|_| StoreError::Rejected("record has no string _id".into()))?.to_owned();
-        Ok(self.with(|r| match r.entry((coll.to_owned(), id)) {
-            std::collections::btree_map::Entry::Occupied(_) => false,
-            std::collections::btree_map::Entry::Vacant(v) => {
-                v.insert(record);
-                true
+    /// Memory has nothing to sync: every write is as durable as the store.
+    async fn write(&self, coll: &str, write: Write<'_>, _: Durability) -> StoreResult<bool> {
+        match write {
+            Write::Insert(record) => {
+                let id = record
+                    .get_str("_id")
+                    .map_err(|_| StoreError::Rejected("record has no string _id".into()))?
+                    .to_owned();
+                Ok(self.with(|r| match r.entry((coll.to_owned(), id)) {
+                    std::collections::btree_map::Entry::Occupied(_) => false,
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        v.insert(record);
+                        true
+                    }
+                }))
             }
-        }))
+            Write::Replace { id, filter, mut record } => {
+                record.insert("_id", id);
+                self.conditional(coll, id, &filter, |current| {
+                    *current = record;
+                    Ok(Some(()))
+                })
+            }
+            Write::Update { id, filter, update } => {
+                self.conditional(coll, id, &filter, |current| apply_update(current, &update).map(Some))
+            }
+            Write::Delete { id, filter } => self.conditional(coll, id, &filter, |_| Ok(None)),
+        }
     }
 
-    async fn replace(&self, coll: &str, id: &str, filter: Document, mut record: Record) -> StoreResult<bool> {
-        record.insert("_id", id);
-        self.conditional(coll, id, &filter, |current| {
-            *current = record;
-            Ok(Some(()))
-        })
-    }
-
-    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
-        self.conditional(coll, id, &filter, |current| apply_update(current, &update).map(Some))
-    }
-
-    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
-        self.conditional(coll, id, &filter, |_| Ok(None))
+    async fn sync(&self) -> StoreResult<()> {
+        Ok(())
     }
 
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {

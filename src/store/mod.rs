@@ -193,6 +193,52 @@ pub struct IndexSpec {
     pub sparse: bool,
 }
 
+/// Whether a write must be on disk before it returns (DESIGN.md §1,
+/// "Durable where it matters").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Durable before the call returns, and visible to readers only once
+    /// durable. Everything written before it is durable with it.
+    Synced,
+    /// Visible at once, in order; durable with the next synced write, or
+    /// within the store's sync interval. A crash may lose a suffix of
+    /// these writes, never a write before a synced one.
+    Unsynced,
+}
+
+/// One conditional single-record write.
+#[derive(Debug)]
+pub enum Write<'a> {
+    /// Insert-if-absent. `Ok(false)` when a record with that `_id` exists.
+    Insert(Record),
+    /// Replace record `id` (its `_id` is kept) if it matches `filter`.
+    Replace { id: &'a str, filter: Document, record: Record },
+    /// Apply `update` to record `id` if it matches `filter`.
+    Update { id: &'a str, filter: Document, update: Update },
+    /// Delete record `id` if it matches `filter`.
+    Delete { id: &'a str, filter: Document },
+}
+
+impl Write<'_> {
+    /// The `_id` the write is about.
+    pub fn id(&self) -> Option<&str> {
+        match self {
+            Write::Insert(record) => record_id(record),
+            Write::Replace { id, .. } | Write::Update { id, .. } | Write::Delete { id, .. } => Some(id),
+        }
+    }
+
+    /// `insert`, `replace`, `update` or `delete`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Write::Insert(_) => "insert",
+            Write::Replace { .. } => "replace",
+            Write::Update { .. } => "update",
+            Write::Delete { .. } => "delete",
+        }
+    }
+}
+
 /// The narrow interface the protocol is written against.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -204,17 +250,32 @@ pub trait Store: Send + Sync + 'static {
 
     async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>>;
 
-    /// Insert-if-absent. `Ok(false)` when a record with that `_id` exists.
-    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool>;
+    /// Apply one write to collection `coll`, durable as `durability` says.
+    /// `Ok(false)`: the record exists (insert) or does not match the filter.
+    async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool>;
 
-    /// Replace record `id` (its `_id` is kept) if it matches `filter`.
-    async fn replace(&self, coll: &str, id: &str, filter: Document, record: Record) -> StoreResult<bool>;
+    /// Make every write so far durable (at shutdown).
+    async fn sync(&self) -> StoreResult<()>;
 
-    /// Apply `update` to record `id` if it matches `filter`.
-    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool>;
+    /// A synced insert-if-absent (see [`Write::Insert`]).
+    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
+        self.write(coll, Write::Insert(record), Durability::Synced).await
+    }
 
-    /// Delete record `id` if it matches `filter`.
-    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool>;
+    /// A synced [`Write::Replace`].
+    async fn replace(&self, coll: &str, id: &str, filter: Document, record: Record) -> StoreResult<bool> {
+        self.write(coll, Write::Replace { id, filter, record }, Durability::Synced).await
+    }
+
+    /// A synced [`Write::Update`].
+    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
+        self.write(coll, Write::Update { id, filter, update }, Durability::Synced).await
+    }
+
+    /// A synced [`Write::Delete`].
+    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
+        self.write(coll, Write::Delete { id, filter }, Durability::Synced).await
+    }
 
     /// Up to `scan.limit` records matching the filter, in the scan's order.
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>>;
@@ -237,6 +298,35 @@ pub trait Store: Send + Sync + 'static {
 }
 
 pub type DynStore = Arc<dyn Store>;
+
+impl dyn Store {
+    /// The same writes, [`Durability::Unsynced`]: for what no client is
+    /// told and a synced write or recovery makes good (DESIGN.md §1).
+    pub fn unsynced(&self) -> Unsynced<'_> {
+        Unsynced(self)
+    }
+}
+
+/// Unsynced writes to a store (see [`Durability::Unsynced`]).
+pub struct Unsynced<'a>(&'a dyn Store);
+
+impl Unsynced<'_> {
+    pub async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
+        self.0.write(coll, Write::Insert(record), Durability::Unsynced).await
+    }
+
+    pub async fn replace(&self, coll: &str, id: &str, filter: Document, record: Record) -> StoreResult<bool> {
+        self.0.write(coll, Write::Replace { id, filter, record }, Durability::Unsynced).await
+    }
+
+    pub async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
+        self.0.write(coll, Write::Update { id, filter, update }, Durability::Unsynced).await
+    }
+
+    pub async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
+        self.0.write(coll, Write::Delete { id, filter }, Durability::Unsynced).await
+    }
+}
 
 /// One page of an `_id`-ordered `scan` of `coll`: up to `limit` records
 /// after id `after`, decoded, and the id to continue after when more exist.
@@ -274,7 +364,9 @@ pub async fn purge(store: &dyn Store, coll: &str, scan: Scan) -> StoreResult<usi
         let full = batch.len() == BATCH;
         // The deletes of a batch go together: one group commit (or one
         // round of requests) for all of them, not one each.
-        let deletes = batch.iter().filter_map(record_id).map(|id| store.delete(coll, id, filter.clone()));
+        // Unsynced: a purge lost in a crash is done again by the next pass.
+        let unsynced = store.unsynced();
+        let deletes = batch.iter().filter_map(record_id).map(|id| unsynced.delete(coll, id, filter.clone()));
         let mut deleted = 0;
         for done in futures::future::join_all(deletes).await {
             deleted += usize::from(done?);

@@ -18,10 +18,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::TryStreamExt;
 use mongodb::error::{Error as MongoError, ErrorKind, WriteFailure};
-use mongodb::options::{ClientOptions, IndexOptions};
+use mongodb::options::{ClientOptions, IndexOptions, ReadConcern, WriteConcern};
 use mongodb::{Client, Collection, Database, IndexModel};
 
-use super::{Bson, Document, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update, doc};
+use super::{Bson, Document, Durability, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update, Write, doc};
 
 const DUPLICATE_KEY: i32 = 11000;
 
@@ -67,18 +67,23 @@ fn duplicate(err: &MongoError) -> Option<bool> {
     }
 }
 
-/// A conditional single-record write.
-enum Write {
+/// A conditional single-record write, as the stripe holder issues it.
+enum Guarded {
     Replace(Record),
     Update(Update),
     Delete,
 }
 
-async fn conditional_write(coll: &Collection<Document>, id: &str, filter: Document, write: Write) -> StoreResult<bool> {
+async fn conditional_write(
+    coll: &Collection<Document>,
+    id: &str,
+    filter: Document,
+    write: Guarded,
+) -> StoreResult<bool> {
     let filter = with_id(id, filter);
     Ok(match write {
-        Write::Replace(record) => coll.replace_one(filter, record).await.map_err(map_err)?.matched_count == 1,
-        Write::Update(update) => {
+        Guarded::Replace(record) => coll.replace_one(filter, record).await.map_err(map_err)?.matched_count == 1,
+        Guarded::Update(update) => {
             let mut spec = Document::new();
             if !update.set.is_empty() {
                 spec.insert("$set", update.set);
@@ -93,7 +98,7 @@ async fn conditional_write(coll: &Collection<Document>, id: &str, filter: Docume
                 coll.update_one(filter, spec).await.map_err(map_err)?.matched_count == 1
             }
         }
-        Write::Delete => coll.delete_one(filter).await.map_err(map_err)?.deleted_count == 1,
+        Guarded::Delete => coll.delete_one(filter).await.map_err(map_err)?.deleted_count == 1,
     })
 }
 
@@ -111,6 +116,12 @@ impl MongoStore {
         options.app_name.get_or_insert_with(|| "txgate".to_owned());
         options.server_selection_timeout.get_or_insert(Duration::from_secs(5));
         options.connect_timeout.get_or_insert(Duration::from_secs(5));
+        // Nothing is relaxed here (DESIGN.md §1): after a replica-set
+        // failover, writes acknowledged by one member are rolled back while
+        // later ones survive, so every write waits for a majority, and reads
+        // see only what a majority has, whatever the URI asks.
+        options.write_concern = Some(WriteConcern::majority());
+        options.read_concern = Some(ReadConcern::majority());
         let client = Client::with_options(options).map_err(map_err)?;
         Ok(Self {
             db: client.database(database),
@@ -125,7 +136,7 @@ impl MongoStore {
     /// that checks the filter and writes in two steps must not see a second
     /// write to the record overlap an abandoned one), but never longer than
     /// the store deadline: a call that hangs past it gives its stripe up.
-    async fn guarded(&self, coll: &str, id: &str, filter: Document, write: Write) -> StoreResult<bool> {
+    async fn guarded(&self, coll: &str, id: &str, filter: Document, write: Guarded) -> StoreResult<bool> {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (coll, id).hash(&mut hasher);
         let stripe = Arc::clone(&self.stripes[(hasher.finish() as usize) % WRITE_STRIPES]);
@@ -172,27 +183,28 @@ impl Store for MongoStore {
         cursor.try_collect().await.map_err(map_err)
     }
 
-    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
-        match self.coll(coll).insert_one(record).await {
-            Ok(_) => Ok(true),
-            Err(err) => match duplicate(&err) {
-                Some(true) => Ok(false),
-                _ => Err(map_err(err)),
+    /// Every write is majority-acknowledged, whatever `durability` says.
+    async fn write(&self, coll: &str, write: Write<'_>, _: Durability) -> StoreResult<bool> {
+        match write {
+            Write::Insert(record) => match self.coll(coll).insert_one(record).await {
+                Ok(_) => Ok(true),
+                Err(err) => match duplicate(&err) {
+                    Some(true) => Ok(false),
+                    _ => Err(map_err(err)),
+                },
             },
+            Write::Replace { id, filter, mut record } => {
+                record.insert("_id", id);
+                self.guarded(coll, id, filter, Guarded::Replace(record)).await
+            }
+            Write::Update { id, filter, update } => self.guarded(coll, id, filter, Guarded::Update(update)).await,
+            Write::Delete { id, filter } => self.guarded(coll, id, filter, Guarded::Delete).await,
         }
     }
 
-    async fn replace(&self, coll: &str, id: &str, filter: Document, mut record: Record) -> StoreResult<bool> {
-        record.insert("_id", id);
-        self.guarded(coll, id, filter, Write::Replace(record)).await
-    }
-
-    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
-        self.guarded(coll, id, filter, Write::Update(update)).await
-    }
-
-    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
-        self.guarded(coll, id, filter, Write::Delete).await
+    /// Each write was durable when it returned.
+    async fn sync(&self) -> StoreResult<()> {
+        Ok(())
     }
 
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {

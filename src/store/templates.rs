@@ -9,7 +9,7 @@ use std::sync::RwLock;
 
 use async_trait::async_trait;
 
-use super::{Document, DynStore, IndexSpec, Record, Scan, Store, StoreResult, Update};
+use super::{Durability, DynStore, IndexSpec, Record, Scan, Store, StoreResult, Write};
 
 pub struct Templates {
     inner: DynStore,
@@ -46,20 +46,15 @@ impl Store for Templates {
     async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
         self.inner.get(coll, id).await
     }
-    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
-        self.prepare(coll).await?;
-        self.inner.insert(coll, record).await
+    async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
+        // A delete needs no index: it can only remove what a write put there.
+        if !matches!(write, Write::Delete { .. }) {
+            self.prepare(coll).await?;
+        }
+        self.inner.write(coll, write, durability).await
     }
-    async fn replace(&self, coll: &str, id: &str, filter: Document, record: Record) -> StoreResult<bool> {
-        self.prepare(coll).await?;
-        self.inner.replace(coll, id, filter, record).await
-    }
-    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
-        self.prepare(coll).await?;
-        self.inner.update(coll, id, filter, update).await
-    }
-    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
-        self.inner.delete(coll, id, filter).await
+    async fn sync(&self) -> StoreResult<()> {
+        self.inner.sync().await
     }
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
         self.inner.scan(coll, scan).await

@@ -245,7 +245,9 @@ impl Engine {
             hook_count: plan.hooks.len() as i64,
             hooks: plan.hooks.clone(),
         };
-        if !self.store.insert(TXNS, record.to_record()).await.map_err(store_err)? {
+        // Unsynced, like every step before the commit point: a crash
+        // before the synced commit CAS leaves a transaction recovery aborts.
+        if !self.store.unsynced().insert(TXNS, record.to_record()).await.map_err(store_err)? {
             // The id is taken: a later request that took over this one's
             // Idempotency-Key fenced this attempt with an aborted record.
             let reason = match self.record(txn).await {
@@ -595,7 +597,7 @@ impl Engine {
                     ));
                 }
                 let placeholder = placeholder(&action.id, txn, staged(plan, action, None), self.now());
-                if self.store.insert(coll, placeholder.to_record()).await? {
+                if self.store.unsynced().insert(coll, placeholder.to_record()).await? {
                     return Ok(Step::Locked { base_v: 0 });
                 }
                 continue;
@@ -671,7 +673,7 @@ impl Engine {
             locked.meta.deleting = staged.op == StagedOp::Delete;
             locked.meta.pending = Some(staged);
             let filter = doc.unchanged_filter(None);
-            if self.store.replace(coll, &doc.id, filter, locked.to_record()).await? {
+            if self.store.unsynced().replace(coll, &doc.id, filter, locked.to_record()).await? {
                 return Ok(Step::Locked { base_v: doc.meta.v });
             }
         }

@@ -100,7 +100,9 @@ impl Engine {
                 status: None,
                 body: None,
             };
-            if self.store.insert(IDEM, fresh.to_record()).await? {
+            // Unsynced: a claim matters once its transaction commits, and
+            // the commit is synced after it.
+            if self.store.unsynced().insert(IDEM, fresh.to_record()).await? {
                 return Ok(Claim::Fresh);
             }
             let Some(existing) = self.store.get(IDEM, key).await? else { continue };
@@ -145,7 +147,7 @@ impl Engine {
             {
                 return self.replay_committed(key, &rec).await;
             }
-            if self.store.replace(IDEM, key, ClaimRecord::running(&holder), fresh.to_record()).await? {
+            if self.store.unsynced().replace(IDEM, key, ClaimRecord::running(&holder), fresh.to_record()).await? {
                 return Ok(Claim::Fresh);
             }
         }
@@ -162,7 +164,7 @@ impl Engine {
     /// the fencing record was inserted; else the record as it is afterwards
     /// (a committed one keeps its outcome).
     async fn fence(&self, old: &str) -> StoreResult<Option<TxnRecord>> {
-        if self.store.insert(TXNS, TxnRecord::fenced(old, self.now()).to_record()).await? {
+        if self.store.unsynced().insert(TXNS, TxnRecord::fenced(old, self.now()).to_record()).await? {
             tracing::info!(txn.id = %old, "idempotency key taken over; attempt fenced");
             return Ok(None);
         }
@@ -176,10 +178,10 @@ impl Engine {
             return Ok(false);
         }
         let set = doc! {"txn": to, "repointed_at": self.now()};
-        self.store.update(IDEM, key, ClaimRecord::running(from), Update::set(set)).await
+        self.store.unsynced().update(IDEM, key, ClaimRecord::running(from), Update::set(set)).await
     }
 
-    /// Store the outcome answered for `key`.
+    /// Store the outcome answered for `key` (synced: a retry must get it).
     pub async fn complete_key(&self, key: &str, txn: &str, status: u16, body: &Value) -> StoreResult<()> {
         let set = doc! {"state": ClaimState::Done.to_bson(), "status": i32::from(status), "body": body.to_string()};
         self.store.update(IDEM, key, doc! {"txn": txn}, Update::set(set)).await.map(|_| ())

@@ -102,7 +102,8 @@ impl Engine {
         let at = rec.committed_at.unwrap_or_else(|| self.now());
         let next = doc.rolled_forward(at);
         let filter = doc.unchanged_filter(Some(&rec.id));
-        let done = self.store.replace(coll, &doc.id, filter, next.to_record()).await?;
+        // Unsynced: recovery rolls forward again from the committed record.
+        let done = self.store.unsynced().replace(coll, &doc.id, filter, next.to_record()).await?;
         if done {
             self.signals.released(coll, &doc.id);
         }
@@ -134,9 +135,10 @@ impl Engine {
     /// placeholder `holder` inserted).
     async fn unlock(&self, holder: &str, coll: &str, doc: &StoredDoc) -> StoreResult<bool> {
         let filter = doc.unchanged_filter(Some(holder));
+        // Unsynced: a lock lost in a crash is one recovery releases again.
         let done = match doc.rolled_back() {
-            Some(restored) => self.store.replace(coll, &doc.id, filter, restored.to_record()).await?,
-            None => self.store.delete(coll, &doc.id, filter).await?,
+            Some(restored) => self.store.unsynced().replace(coll, &doc.id, filter, restored.to_record()).await?,
+            None => self.store.unsynced().delete(coll, &doc.id, filter).await?,
         };
         if done {
             self.signals.released(coll, &doc.id);

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::documents::model::StagedOp;
 use crate::hooks::Hook;
-use crate::store::{DateTime, Document, Record, Store, StoreError, StoreResult, Update};
+use crate::store::{DateTime, Document, Durability, Record, Store, StoreError, StoreResult, Update, Write};
 
 pub const TXNS: &str = "_txns";
 
@@ -213,6 +213,9 @@ impl TxnRecord {
         mongodb::bson::to_document(self).expect("transaction record serializes")
     }
 }
+/// The abort reason of an operator's abort (`POST /v1/transactions/{id}/abort`).
+pub const OPERATOR: &str = "operator";
+
 /// A change of a transaction record, each a compare-and-set on its status
 /// (the protocol's state machine, written only here).
 pub enum Transition<'a> {
@@ -263,9 +266,22 @@ impl Transition<'_> {
         }
     }
 
+    /// Whether this change must be durable before it returns (DESIGN.md
+    /// §1): the commit point, and an operator's abort (the operator is
+    /// told). Everything else is implied by a synced write or redone by
+    /// recovery: a lost heartbeat or abort leaves a pending record that
+    /// recovery aborts, a lost finish is finished again.
+    pub fn durability(&self) -> Durability {
+        match self {
+            Transition::Commit { .. } => Durability::Synced,
+            Transition::Abort { reason, .. } if *reason == OPERATOR => Durability::Synced,
+            _ => Durability::Unsynced,
+        }
+    }
+
     /// Apply this change to record `id`: whether this compare-and-set made it.
     pub async fn apply(&self, store: &dyn Store, id: &str) -> StoreResult<bool> {
         let (filter, update) = self.cas();
-        store.update(TXNS, id, filter, update).await
+        store.write(TXNS, Write::Update { id, filter, update }, self.durability()).await
     }
 }

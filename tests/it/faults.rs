@@ -14,7 +14,9 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::config::Config;
 use txgate::documents::model::{Staged, StagedOp, StoredDoc};
-use txgate::store::{Document, DynStore, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update, doc};
+use txgate::store::{
+    Document, Durability, DynStore, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update, Write, doc,
+};
 use txgate::txn::record::{Status, TXNS, TxnRecord};
 
 use crate::support::{Backend, TestApp, TestStore, expect, expect_problem, test_config, txn_record};
@@ -233,20 +235,17 @@ impl Store for Rigged {
     async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
         self.run(op("get", coll, Some(id)), self.inner.get(coll, id)).await
     }
-    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
-        let id = record.get_str("_id").ok().map(str::to_owned);
-        self.run(op("insert", coll, id.as_deref()), self.inner.insert(coll, record)).await
+    async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
+        let id = write.id().map(str::to_owned);
+        let set = match &write {
+            Write::Update { update, .. } => Some(update.set.clone()),
+            _ => None,
+        };
+        let op = Op { kind: write.kind(), coll, id: id.as_deref(), set: set.as_ref() };
+        self.run(op, self.inner.write(coll, write, durability)).await
     }
-    async fn replace(&self, coll: &str, id: &str, filter: Document, record: Record) -> StoreResult<bool> {
-        self.run(op("replace", coll, Some(id)), self.inner.replace(coll, id, filter, record)).await
-    }
-    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
-        let set = update.set.clone();
-        let op = Op { kind: "update", coll, id: Some(id), set: Some(&set) };
-        self.run(op, self.inner.update(coll, id, filter, update)).await
-    }
-    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
-        self.run(op("delete", coll, Some(id)), self.inner.delete(coll, id, filter)).await
+    async fn sync(&self) -> StoreResult<()> {
+        self.inner.sync().await
     }
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
         self.run(op("scan", coll, None), self.inner.scan(coll, scan)).await

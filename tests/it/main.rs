@@ -9,6 +9,7 @@ mod documents;
 mod faults;
 mod hooks;
 mod indexes;
+mod kill;
 mod openapi;
 mod restart;
 mod store;

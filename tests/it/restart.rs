@@ -11,12 +11,18 @@ use crate::support::{TestReceiver, expect};
 
 /// The real `txgate` binary on the embedded store in `dir`, on a free port.
 fn start(dir: &std::path::Path) -> (Child, String) {
+    start_with(dir, &[])
+}
+
+/// [`start`], with more settings in the environment.
+pub fn start_with(dir: &std::path::Path, env: &[(&str, &str)]) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_txgate"))
         .env_clear()
         .env("TXGATE_DATA_DIR", dir)
         .env("TXGATE_LISTEN", "127.0.0.1:0")
         .env("TXGATE_LOG_FORMAT", "json")
         .env("TXGATE_HOOK_ALLOW", "127.0.0.1:*")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -56,7 +56,11 @@ impl TestStore {
         match backend {
             Backend::Embedded => {
                 let dir = tempfile::tempdir().expect("temp dir");
-                let config = StoreConfig::Embedded { data_dir: dir.path().to_owned(), cache_mb: 64 };
+                let config = StoreConfig::Embedded {
+                    data_dir: dir.path().to_owned(),
+                    cache_mb: 64,
+                    sync_interval: txgate::config::DEFAULT_SYNC_INTERVAL,
+                };
                 let store = txgate::open_store(&config, STORE_TIMEOUT).await.expect("embedded store opens");
                 Some(Self { store, config, _dir: Some(dir) })
             }

@@ -18,6 +18,7 @@
 //! ```
 
 mod hooks;
+mod peer;
 mod scale;
 
 use std::sync::Arc;
@@ -30,7 +31,7 @@ use txgate::config::StoreConfig;
 use txgate::documents::model::StoredDoc;
 use txgate::documents::rules::Patch;
 use txgate::metrics::Metrics;
-use txgate::store::{Document, DynStore, IndexSpec, Record, Scan, Store, StoreResult, Update, doc};
+use txgate::store::{Durability, DynStore, IndexSpec, Record, Scan, Store, StoreResult, Update, Write, doc};
 use txgate::txn::commit::TxnError;
 use txgate::txn::plan::{Action, ActionOp, Plan};
 use txgate::txn::{Engine, TxnConfig};
@@ -93,13 +94,25 @@ struct Args {
     /// benchmark): sustained commits, collection sizes every minute.
     #[arg(long)]
     soak_secs: Option<f64>,
+    /// Run the workloads `scripts/bench --peer postgres` compares with
+    /// PostgreSQL, over HTTP (instead of the protocol benchmark).
+    #[arg(long)]
+    peer_workloads: bool,
 }
 
 /// Counts store writes (and reads) passing through.
 struct Counting {
     inner: DynStore,
     writes: AtomicU64,
+    /// Writes that had to be durable before they returned.
+    synced: AtomicU64,
     reads: AtomicU64,
+}
+
+impl Counting {
+    fn new(inner: DynStore) -> Self {
+        Self { inner, writes: AtomicU64::new(0), synced: AtomicU64::new(0), reads: AtomicU64::new(0) }
+    }
 }
 
 #[async_trait]
@@ -114,21 +127,15 @@ impl Store for Counting {
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.inner.get(coll, id).await
     }
-    async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
+    async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
         self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.insert(coll, record).await
+        if durability == Durability::Synced {
+            self.synced.fetch_add(1, Ordering::Relaxed);
+        }
+        self.inner.write(coll, write, durability).await
     }
-    async fn replace(&self, coll: &str, id: &str, filter: Document, record: Record) -> StoreResult<bool> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.replace(coll, id, filter, record).await
-    }
-    async fn update(&self, coll: &str, id: &str, filter: Document, update: Update) -> StoreResult<bool> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.update(coll, id, filter, update).await
-    }
-    async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.inner.delete(coll, id, filter).await
+    async fn sync(&self) -> StoreResult<()> {
+        self.inner.sync().await
     }
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
         self.reads.fetch_add(1, Ordering::Relaxed);
@@ -279,9 +286,14 @@ async fn main() {
             StoreConfig::Mongodb { uri: uri.clone(), database: format!("bench_{}", uuid::Uuid::now_v7().simple()) },
             "mongodb",
         ),
-        None => {
-            (StoreConfig::Embedded { data_dir: dir.clone(), cache_mb: txgate::config::DEFAULT_CACHE_MB }, "embedded")
-        }
+        None => (
+            StoreConfig::Embedded {
+                data_dir: dir.clone(),
+                cache_mb: txgate::config::DEFAULT_CACHE_MB,
+                sync_interval: txgate::config::DEFAULT_SYNC_INTERVAL,
+            },
+            "embedded",
+        ),
     };
     if args.scale {
         let mongo = args.mongodb_uri.is_some();
@@ -299,6 +311,11 @@ async fn main() {
         cleanup(&config, &dir).await;
         return;
     }
+    if args.peer_workloads {
+        peer::run(config.clone(), args.seconds).await;
+        cleanup(&config, &dir).await;
+        return;
+    }
     if let Some(secs) = args.soak_secs {
         scale::soak(config.clone(), secs, args.clients).await;
         cleanup(&config, &dir).await;
@@ -306,7 +323,7 @@ async fn main() {
     }
     let raw = txgate::open_store(&config, STORE_TIMEOUT).await.expect("store opens");
     txgate::migrate::run(raw.as_ref()).await.expect("migrations");
-    let counting = Arc::new(Counting { inner: Arc::clone(&raw), writes: AtomicU64::new(0), reads: AtomicU64::new(0) });
+    let counting = Arc::new(Counting::new(Arc::clone(&raw)));
     let store: DynStore = counting.clone();
     let engine = txgate::engine(Arc::clone(&store), TxnConfig::default(), Arc::new(Metrics::default())).0;
     let clients = args.clients;
@@ -345,6 +362,7 @@ async fn main() {
         // Latency: one client, transactions one after the other.
         let mut lat = Vec::new();
         let writes_before = counting.writes.load(Ordering::Relaxed);
+        let synced_before = counting.synced.load(Ordering::Relaxed);
         let until = Instant::now() + Duration::from_secs_f64(args.seconds);
         let mut round = 0;
         while Instant::now() < until {
@@ -358,6 +376,7 @@ async fn main() {
         // Let the background roll-forwards finish before counting writes.
         wait_idle(&engine).await;
         let writes = (counting.writes.load(Ordering::Relaxed) - writes_before) as f64 / lat.len() as f64;
+        let synced = (counting.synced.load(Ordering::Relaxed) - synced_before) as f64 / lat.len() as f64;
         lat.sort();
 
         // The critical path alone: each transaction starts once the
@@ -464,7 +483,7 @@ async fn main() {
             free.deadlocks + busy.deadlocks,
         );
         verdicts.push(format!(
-            "k={k}: writes/txn {writes:.1} (target <= {}){}{}; contended {busy_share:.0}% of uncontended (target >= 50%; \
+            "k={k}: writes/txn {writes:.1} (target <= {}), synced writes/txn {synced:.1} (target <= 1){}{}; contended {busy_share:.0}% of uncontended (target >= 50%; \
              at most {:.1} of {clients} random transactions are free of conflicts at once); deadlocks {}",
             2 * k + 3,
             if k == 2 {

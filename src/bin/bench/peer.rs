@@ -1,0 +1,169 @@
+//! `bench --peer-workloads`: the four workloads `scripts/bench --peer
+//! postgres` runs against txgate and PostgreSQL in the same run, here
+//! against a gateway serving in this process, over HTTP with keep-alive:
+//!
+//! - one single-document update (`PATCH` with `inc`), one client, p50;
+//! - a k = 2 and a k = 10 update transaction, one client, p50;
+//! - a contended bank: 16 clients moving money between 100 accounts with
+//!   k = 2 transactions, committed transactions per second.
+//!
+//! Each result is also printed as a `peer txgate <name> <value>` line for
+//! the script to put beside PostgreSQL's. Synced writes per k = 2
+//! transaction are counted on the store (the commit point is the only one
+//! on its critical path).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use txgate::config::{Config, StoreConfig};
+use txgate::store::DynStore;
+
+use super::{Counting, ms, percentile};
+
+/// Accounts of the contended bank (as in the PostgreSQL script).
+const BANK_ACCOUNTS: usize = 100;
+/// Clients of the contended bank.
+const BANK_CLIENTS: usize = 16;
+/// Documents the uncontended workloads rotate over.
+const POOL: usize = 2000;
+
+struct Served {
+    base: String,
+    counting: Arc<Counting>,
+    shutdown: CancellationToken,
+    server: tokio::task::JoinHandle<()>,
+}
+
+async fn serve(store: StoreConfig) -> Served {
+    let config = Config { store, ..Config::default() };
+    let raw = txgate::open_store(&config.store, config.txn.store_timeout).await.expect("store opens");
+    let counting = Arc::new(Counting::new(raw));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let shutdown = CancellationToken::new();
+    let server = {
+        let (store, shutdown) = (Arc::clone(&counting) as DynStore, shutdown.clone());
+        tokio::spawn(async move {
+            txgate::run_with_store(config, store, listener, shutdown).await.expect("gateway runs");
+        })
+    };
+    let client = reqwest::Client::new();
+    while client.get(format!("{base}/readyz")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) != 200 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Served { base, counting, shutdown, server }
+}
+
+async fn create(client: &reqwest::Client, base: &str, coll: &str, id: String, data: Value) {
+    let mut body = data;
+    body["_id"] = json!(id);
+    let res = client.post(format!("{base}/v1/collections/{coll}/documents")).json(&body).send().await.unwrap();
+    assert_eq!(res.status(), 201, "seeding {coll}");
+}
+
+fn update(coll: &str, id: usize, by: i64) -> Value {
+    json!({"op": "update", "collection": coll, "id": format!("d{id}"), "inc": {"balance": by}})
+}
+
+/// Sequential requests for `seconds`: sorted latencies.
+async fn sequential(seconds: f64, mut request: impl FnMut(usize) -> reqwest::RequestBuilder) -> Vec<Duration> {
+    let mut lat = Vec::new();
+    let until = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut i = 0;
+    while Instant::now() < until {
+        let t = Instant::now();
+        let res = request(i).send().await.expect("the gateway answers");
+        assert_eq!(res.status(), 200, "{}", res.text().await.unwrap_or_default());
+        res.bytes().await.expect("body");
+        lat.push(t.elapsed());
+        i += 1;
+    }
+    lat.sort();
+    lat
+}
+
+pub async fn run(store: StoreConfig, seconds: f64) {
+    let served = serve(store).await;
+    let base = served.base.clone();
+    let client = reqwest::Client::new();
+    println!("peer workloads: txgate over HTTP (keep-alive), embedded store, {seconds} s each");
+
+    // Single-document update.
+    for i in 0..100 {
+        create(&client, &base, "peer_single", format!("s{i}"), json!({"n": 0})).await;
+    }
+    let lat = sequential(seconds, |i| {
+        client
+            .patch(format!("{base}/v1/collections/peer_single/documents/s{}", i % 100))
+            .header("content-type", "application/json")
+            .body(r#"{"inc":{"n":1}}"#)
+    })
+    .await;
+    report("single_update_p50_ms", ms(percentile(&lat, 0.5)), lat.len());
+
+    // k = 2 and k = 10 update transactions over a pool of documents.
+    for i in 0..POOL {
+        create(&client, &base, "peer_k", format!("d{i}"), json!({"balance": 0})).await;
+    }
+    for k in [2usize, 10] {
+        let synced_before = served.counting.synced.load(Ordering::Relaxed);
+        let lat = sequential(seconds, |i| {
+            let start = (i * k) % (POOL - k);
+            let actions: Vec<Value> = (0..k).map(|j| update("peer_k", start + j, 1)).collect();
+            client.post(format!("{base}/v1/transactions")).json(&json!({"actions": actions}))
+        })
+        .await;
+        report(&format!("k{k}_txn_p50_ms"), ms(percentile(&lat, 0.5)), lat.len());
+        let synced = served.counting.synced.load(Ordering::Relaxed) - synced_before;
+        println!("peer txgate k{k}_synced_writes_per_txn {:.2}", synced as f64 / lat.len() as f64);
+    }
+
+    // The contended bank.
+    for i in 0..BANK_ACCOUNTS {
+        create(&client, &base, "peer_bank", format!("d{i}"), json!({"balance": 1000})).await;
+    }
+    let committed = Arc::new(AtomicU64::new(0));
+    let conflicts = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let until = start + Duration::from_secs_f64(seconds);
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..BANK_CLIENTS {
+        let (client, base) = (reqwest::Client::new(), base.clone());
+        let (committed, conflicts) = (Arc::clone(&committed), Arc::clone(&conflicts));
+        clients.spawn(async move {
+            while Instant::now() < until {
+                let (a, b) = {
+                    let mut rng = rand::rng();
+                    let a = rng.random_range(0..BANK_ACCOUNTS);
+                    (a, (a + rng.random_range(1..BANK_ACCOUNTS)) % BANK_ACCOUNTS)
+                };
+                let body = json!({"actions": [update("peer_bank", a, -1), update("peer_bank", b, 1)]});
+                let res = client.post(format!("{base}/v1/transactions")).json(&body).send().await.expect("answers");
+                match res.status().as_u16() {
+                    200 => committed.fetch_add(1, Ordering::Relaxed),
+                    409 => conflicts.fetch_add(1, Ordering::Relaxed),
+                    other => panic!("bank transfer answered {other}"),
+                };
+                res.bytes().await.expect("body");
+            }
+        });
+    }
+    while clients.join_next().await.is_some() {}
+    let elapsed = start.elapsed().as_secs_f64();
+    let per_sec = committed.load(Ordering::Relaxed) as f64 / elapsed;
+    println!(
+        "peer txgate bank_commits_per_sec {per_sec:.0} ({} committed, {} answered 409 and retried)",
+        committed.load(Ordering::Relaxed),
+        conflicts.load(Ordering::Relaxed)
+    );
+    served.shutdown.cancel();
+    let _ = served.server.await;
+}
+
+fn report(name: &str, value: f64, samples: usize) {
+    println!("peer txgate {name} {value:.3} ({samples} samples)");
+}
