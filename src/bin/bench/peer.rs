@@ -20,7 +20,7 @@ use rand::Rng;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use txgate::config::{Config, StoreConfig};
-use txgate::store::DynStore;
+use txgate::store::{Durability, DynStore, Update, Write, doc};
 
 use super::{Counting, ms, percentile};
 
@@ -120,6 +120,31 @@ pub async fn run(store: StoreConfig, seconds: f64) {
         report(&format!("k{k}_txn_p50_ms"), ms(percentile(&lat, 0.5)), lat.len());
         let synced = served.counting.synced.load(Ordering::Relaxed) - synced_before;
         println!("peer txgate k{k}_synced_writes_per_txn {:.2}", synced as f64 / lat.len() as f64);
+    }
+
+    // Where the time goes: an HTTP read of a document (no write), and one
+    // conditional update straight to the store, synced and unsynced.
+    let lat =
+        sequential(seconds / 2.0, |i| client.get(format!("{base}/v1/collections/peer_k/documents/d{}", i % POOL)))
+            .await;
+    report("http_read_p50_ms", ms(percentile(&lat, 0.5)), lat.len());
+    for durability in [Durability::Synced, Durability::Unsynced] {
+        let store: &dyn txgate::store::Store = served.counting.as_ref();
+        let mut lat = Vec::new();
+        let until = Instant::now() + Duration::from_secs_f64(seconds / 2.0);
+        let mut i = 0;
+        while Instant::now() < until {
+            let id = format!("d{}", i % POOL);
+            let update = Update::set(doc! {"touched": i as i64});
+            let t = Instant::now();
+            store.write("peer_k", Write::Update { id: &id, filter: doc! {}, update }, durability).await.expect("write");
+            lat.push(t.elapsed());
+            i += 1;
+        }
+        lat.sort();
+        let name =
+            if durability == Durability::Synced { "store_synced_write_p50_ms" } else { "store_unsynced_write_p50_ms" };
+        report(name, ms(percentile(&lat, 0.5)), lat.len());
     }
 
     // The contended bank.
