@@ -232,6 +232,16 @@ impl EmbeddedStore {
         .map_err(internal)?
     }
 
+    /// A point read (one record, or a few by id), on the calling thread:
+    /// redb serves it from its page cache in microseconds, less than
+    /// handing it to the blocking pool costs (a page not in the cache is
+    /// read from disk on this thread). Scans, which may read many pages,
+    /// go to the blocking pool.
+    fn read_now<T>(&self, f: impl FnOnce(&redb::ReadTransaction, &AtomicU64) -> StoreResult<T>) -> StoreResult<T> {
+        let txn = self.db.begin_read().map_err(internal)?;
+        f(&txn, &self.decoded)
+    }
+
     /// The committed spec of index `name` of `coll`.
     fn spec(&self, coll: &str, name: &str) -> Option<IndexSpec> {
         let catalog = self.catalog.read().expect("index catalog");
@@ -697,10 +707,9 @@ impl Store for EmbeddedStore {
     }
 
     async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
-        let (coll, id) = (coll.to_owned(), id.to_owned());
-        self.read(move |txn, decoded| {
+        self.read_now(|txn, decoded| {
             let table = txn.open_table(RECORDS).map_err(internal)?;
-            match table.get((coll.as_str(), id.as_str())).map_err(internal)? {
+            match table.get((coll, id)).map_err(internal)? {
                 Some(v) => {
                     decoded.fetch_add(1, Ordering::Relaxed);
                     decode(v.value()).map(Some)
@@ -708,23 +717,20 @@ impl Store for EmbeddedStore {
                 None => Ok(None),
             }
         })
-        .await
     }
 
     async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
-        let (coll, ids) = (coll.to_owned(), ids.to_vec());
-        self.read(move |txn, decoded| {
+        self.read_now(|txn, decoded| {
             let table = txn.open_table(RECORDS).map_err(internal)?;
             let mut out = Vec::with_capacity(ids.len());
-            for id in &ids {
-                if let Some(v) = table.get((coll.as_str(), id.as_str())).map_err(internal)? {
+            for id in ids {
+                if let Some(v) = table.get((coll, id.as_str())).map_err(internal)? {
                     decoded.fetch_add(1, Ordering::Relaxed);
                     out.push(decode(v.value())?);
                 }
             }
             Ok(out)
         })
-        .await
     }
 
     async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {

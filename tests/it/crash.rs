@@ -55,6 +55,19 @@ pub struct FaultyStore {
     /// What each write since the last synced one replaced, oldest first:
     /// a crash that loses unsynced writes puts these back.
     unsynced: std::sync::Mutex<Vec<(String, String, Option<Record>)>>,
+    /// Operations past the gate and not finished.
+    in_flight: AtomicUsize,
+    /// No operation starts any more (a crash is under way).
+    stopping: AtomicBool,
+}
+
+/// Counts an operation in flight until it ends, or is dropped.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl FaultyStore {
@@ -65,6 +78,8 @@ impl FaultyStore {
             count: AtomicUsize::new(0),
             crashed: AtomicBool::new(false),
             unsynced: std::sync::Mutex::default(),
+            in_flight: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
         })
     }
 
@@ -106,10 +121,16 @@ impl FaultyStore {
     }
 
     async fn gate<T>(&self, op: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
-        if self.crashed.load(Ordering::SeqCst) {
+        if self.crashed.load(Ordering::SeqCst) || self.stopping.load(Ordering::SeqCst) {
             return std::future::pending().await;
         }
         let n = self.count.fetch_add(1, Ordering::SeqCst) + 1;
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let _counted = InFlight(&self.in_flight);
+        self.gated(n, op).await
+    }
+
+    async fn gated<T>(&self, n: usize, op: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
         let injected = || StoreError::Unavailable("injected fault".into());
         match self.fault {
             Fault::ErrorBefore(k) if k == n => Err(injected()),
@@ -128,6 +149,12 @@ impl FaultyStore {
             }
             Fault::CrashLosingUnsynced(k) if k == n => {
                 let _ = op.await;
+                // The moment of the crash: nothing new starts, what was
+                // under way lands, then the unsynced suffix is lost.
+                self.stopping.store(true, Ordering::SeqCst);
+                while self.in_flight.load(Ordering::SeqCst) > 1 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
                 self.lose_unsynced().await;
                 self.crashed.store(true, Ordering::SeqCst);
                 std::future::pending().await
@@ -153,15 +180,20 @@ impl Store for FaultyStore {
         if matches!(self.fault, Fault::CrashLosingUnsynced(_))
             && durability == Durability::Unsynced
             && !self.crashed.load(Ordering::SeqCst)
+            && !self.stopping.load(Ordering::SeqCst)
             && let Some(id) = id
         {
             let before = self.inner.get(coll, &id).await?;
             self.unsynced.lock().unwrap().push((coll.to_owned(), id, before));
         }
+        // A synced write makes durable what was written before it started
+        // (a write issued meanwhile may commit after it).
+        let before_it = self.unsynced.lock().unwrap().len();
         let done = self.gate(self.inner.write(coll, write, durability)).await?;
         if durability == Durability::Synced {
-            // Durable, and everything before it with it.
-            self.unsynced.lock().unwrap().clear();
+            let mut log = self.unsynced.lock().unwrap();
+            let durable = before_it.min(log.len());
+            log.drain(..durable);
         }
         Ok(done)
     }
