@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 use txgate::config::{Config, StoreConfig};
 use txgate::store::{Durability, DynStore, Update, Write, doc};
 
@@ -32,30 +31,16 @@ const BANK_CLIENTS: usize = 16;
 const POOL: usize = 2000;
 
 struct Served {
-    base: String,
+    gateway: super::scale::Gateway,
     counting: Arc<Counting>,
-    shutdown: CancellationToken,
-    server: tokio::task::JoinHandle<()>,
 }
 
 async fn serve(store: StoreConfig) -> Served {
     let config = Config { store, ..Config::default() };
     let raw = txgate::open_store(&config.store, config.txn.store_timeout).await.expect("store opens");
     let counting = Arc::new(Counting::new(raw));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let shutdown = CancellationToken::new();
-    let server = {
-        let (store, shutdown) = (Arc::clone(&counting) as DynStore, shutdown.clone());
-        tokio::spawn(async move {
-            txgate::run_with_store(config, store, listener, shutdown).await.expect("gateway runs");
-        })
-    };
-    let client = reqwest::Client::new();
-    while client.get(format!("{base}/readyz")).send().await.map(|r| r.status().as_u16()).unwrap_or(0) != 200 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Served { base, counting, shutdown, server }
+    let gateway = super::scale::Gateway::start_with(config, Arc::clone(&counting) as DynStore).await;
+    Served { gateway, counting }
 }
 
 async fn create(client: &reqwest::Client, base: &str, coll: &str, id: String, data: Value) {
@@ -88,7 +73,7 @@ async fn sequential(seconds: f64, mut request: impl FnMut(usize) -> reqwest::Req
 
 pub async fn run(store: StoreConfig, seconds: f64) {
     let served = serve(store).await;
-    let base = served.base.clone();
+    let base = served.gateway.base.clone();
     let client = reqwest::Client::new();
     println!("peer workloads: txgate over HTTP (keep-alive), embedded store, {seconds} s each");
 
@@ -185,8 +170,7 @@ pub async fn run(store: StoreConfig, seconds: f64) {
         committed.load(Ordering::Relaxed),
         conflicts.load(Ordering::Relaxed)
     );
-    served.shutdown.cancel();
-    let _ = served.server.await;
+    served.gateway.stop().await;
 }
 
 fn report(name: &str, value: f64, samples: usize) {

@@ -42,6 +42,11 @@ pub struct Gateway {
 impl Gateway {
     pub async fn start(config: Config) -> Self {
         let store = txgate::open_store(&config.store, config.txn.store_timeout).await.expect("store opens");
+        Self::start_with(config, store).await
+    }
+
+    /// Serve `store` (opened from `config.store`, perhaps wrapped).
+    pub async fn start_with(config: Config, store: DynStore) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let shutdown = CancellationToken::new();
