@@ -66,15 +66,19 @@ pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 
 /// The OpenAPI document as committed in `openapi/openapi.json`.
 pub fn openapi_json() -> String {
-    let mut text = serde_json::to_string_pretty(&contract::document(api().1)).expect("the document serializes");
+    document_text(api().1)
+}
+
+fn document_text(derived: utoipa::openapi::OpenApi) -> String {
+    let mut text = serde_json::to_string_pretty(&contract::document(derived)).expect("the document serializes");
     text.push('\n');
     text
 }
 
 /// The complete application router.
 pub fn router(state: AppState, max_body_bytes: usize, api_keys: Vec<auth::ApiKey>, cors: &Cors) -> Router {
-    let (routes, _) = api();
-    let spec = Arc::new(openapi_json());
+    let (routes, derived) = api();
+    let spec = Arc::new(document_text(derived));
     let routes = if api_keys.is_empty() {
         routes
     } else {

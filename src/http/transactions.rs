@@ -64,10 +64,11 @@ pub struct TransactionIn {
     pub schema_version: Option<i64>,
 }
 
-/// The `op` of each action: one single-valued enum per action, so the
-/// description's discriminator and the parser agree.
-macro_rules! op_tags {
-    ($($tag:ident => $op:literal,)*) => {
+/// The actions, each named once: its variant, its schema, its `op` and the
+/// single-valued enum of that `op` (so the description's discriminator and
+/// the parser agree). `ActionIn` reads `op`, then the action's own fields.
+macro_rules! actions {
+    ($($variant:ident($action:ident, $tag:ident) => $op:literal,)*) => {
         $(
             #[derive(Clone, Copy, Debug, Deserialize, ToSchema)]
             pub enum $tag {
@@ -76,35 +77,44 @@ macro_rules! op_tags {
                 Tag,
             }
         )*
+
+        /// One action, chosen by `op`. `if_version` (optional) makes the
+        /// transaction fail unless the document is at that version.
+        pub enum ActionIn {
+            $($variant($action),)*
+        }
+
+        impl ActionIn {
+            /// Every action's `op` and schema name.
+            const KINDS: &[(&str, &str)] = &[$(($op, stringify!($action)),)*];
+
+            fn parse(op: &str, value: Value) -> Option<Result<Self, serde_json::Error>> {
+                match op {
+                    $($op => Some($action::deserialize(value).map(ActionIn::$variant)),)*
+                    _ => None,
+                }
+            }
+        }
+
+        impl ToSchema for ActionIn {
+            fn schemas(schemas: &mut Vec<(String, utoipa::openapi::RefOr<utoipa::openapi::Schema>)>) {
+                use utoipa::PartialSchema;
+                $(
+                    schemas.push(($action::name().into(), $action::schema()));
+                    $action::schemas(schemas);
+                )*
+            }
+        }
     };
 }
 
-op_tags! {
-    InsertOp => "insert",
-    UpdateOp => "update",
-    ReplaceOp => "replace",
-    DeleteOp => "delete",
-    CheckOp => "check",
+actions! {
+    Insert(InsertAction, InsertOp) => "insert",
+    Update(UpdateAction, UpdateOp) => "update",
+    Replace(ReplaceAction, ReplaceOp) => "replace",
+    Delete(DeleteAction, DeleteOp) => "delete",
+    Check(CheckAction, CheckOp) => "check",
 }
-
-/// One action, chosen by `op`. `if_version` (optional) makes the
-/// transaction fail unless the document is at that version.
-pub enum ActionIn {
-    Insert(InsertAction),
-    Update(UpdateAction),
-    Replace(ReplaceAction),
-    Delete(DeleteAction),
-    Check(CheckAction),
-}
-
-/// The action kinds: `op`, and the schema of its action.
-const ACTIONS: &[(&str, &str)] = &[
-    ("insert", "InsertAction"),
-    ("update", "UpdateAction"),
-    ("replace", "ReplaceAction"),
-    ("delete", "DeleteAction"),
-    ("check", "CheckAction"),
-];
 
 impl<'de> Deserialize<'de> for ActionIn {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -115,19 +125,13 @@ impl<'de> Deserialize<'de> for ActionIn {
             Some(_) => return Err(D::Error::custom("`op` must be a string")),
             None => return Err(D::Error::missing_field("op")),
         };
-        let value = Value::Object(map);
-        let parsed = match op.as_str() {
-            "insert" => InsertAction::deserialize(value).map(ActionIn::Insert),
-            "update" => UpdateAction::deserialize(value).map(ActionIn::Update),
-            "replace" => ReplaceAction::deserialize(value).map(ActionIn::Replace),
-            "delete" => DeleteAction::deserialize(value).map(ActionIn::Delete),
-            "check" => CheckAction::deserialize(value).map(ActionIn::Check),
-            other => {
-                let ops: Vec<&str> = ACTIONS.iter().map(|(op, _)| *op).collect();
-                return Err(D::Error::custom(format!("unknown op {other:?}, expected one of {}", ops.join(", "))));
+        match ActionIn::parse(&op, Value::Object(map)) {
+            Some(parsed) => parsed.map_err(|e| D::Error::custom(format!("{op}: {e}"))),
+            None => {
+                let ops: Vec<&str> = ActionIn::KINDS.iter().map(|(op, _)| *op).collect();
+                Err(D::Error::custom(format!("unknown op {op:?}, expected one of {}", ops.join(", "))))
             }
-        };
-        parsed.map_err(|e| D::Error::custom(format!("{op}: {e}")))
+        }
     }
 }
 
@@ -136,25 +140,12 @@ impl utoipa::PartialSchema for ActionIn {
         use utoipa::openapi::schema::{Discriminator, OneOfBuilder, Ref};
         let reference = |name: &str| format!("#/components/schemas/{name}");
         let mut one_of = OneOfBuilder::new().description(Some("One action, chosen by `op`.")).discriminator(Some(
-            Discriminator::with_mapping("op", ACTIONS.iter().map(|(op, name)| (*op, reference(name)))),
+            Discriminator::with_mapping("op", ActionIn::KINDS.iter().map(|(op, name)| (*op, reference(name)))),
         ));
-        for (_, name) in ACTIONS {
+        for (_, name) in ActionIn::KINDS {
             one_of = one_of.item(Ref::new(reference(name)));
         }
         one_of.into()
-    }
-}
-
-impl ToSchema for ActionIn {
-    fn schemas(schemas: &mut Vec<(String, utoipa::openapi::RefOr<utoipa::openapi::Schema>)>) {
-        use utoipa::PartialSchema;
-        schemas.push((InsertAction::name().into(), InsertAction::schema()));
-        schemas.push((UpdateAction::name().into(), UpdateAction::schema()));
-        schemas.push((ReplaceAction::name().into(), ReplaceAction::schema()));
-        schemas.push((DeleteAction::name().into(), DeleteAction::schema()));
-        schemas.push((CheckAction::name().into(), CheckAction::schema()));
-        InsertAction::schemas(schemas);
-        UpdateAction::schemas(schemas);
     }
 }
 
