@@ -59,6 +59,8 @@ pub struct FaultyStore {
     in_flight: AtomicUsize,
     /// No operation starts any more (a crash is under way).
     stopping: AtomicBool,
+    /// Orders writes when a crash is to lose the unsynced ones.
+    serial: tokio::sync::Mutex<()>,
 }
 
 /// Counts an operation in flight until it ends, or is dropped.
@@ -80,6 +82,7 @@ impl FaultyStore {
             unsynced: std::sync::Mutex::default(),
             in_flight: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
+            serial: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -176,24 +179,32 @@ impl Store for FaultyStore {
         self.gate(self.inner.get(coll, id)).await
     }
     async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
-        let id = write.id().map(str::to_owned);
-        if matches!(self.fault, Fault::CrashLosingUnsynced(_))
-            && durability == Durability::Unsynced
-            && !self.crashed.load(Ordering::SeqCst)
-            && !self.stopping.load(Ordering::SeqCst)
-            && let Some(id) = id
-        {
-            let before = self.inner.get(coll, &id).await?;
-            self.unsynced.lock().unwrap().push((coll.to_owned(), id, before));
+        if !matches!(self.fault, Fault::CrashLosingUnsynced(_)) {
+            return self.gate(self.inner.write(coll, write, durability)).await;
         }
-        // A synced write makes durable what was written before it started
-        // (a write issued meanwhile may commit after it).
-        let before_it = self.unsynced.lock().unwrap().len();
+        // Writes one at a time, so that each one's pre-image is exact and
+        // the log holds them in the order they landed.
+        let _serial = self.serial.lock().await;
+        if self.crashed.load(Ordering::SeqCst) || self.stopping.load(Ordering::SeqCst) {
+            return std::future::pending().await;
+        }
+        let logged = match (write.id().map(str::to_owned), durability) {
+            (Some(id), Durability::Unsynced) => {
+                // Logged before it lands: a crash right after it loses it too.
+                let before = self.inner.get(coll, &id).await?;
+                self.unsynced.lock().unwrap().push((coll.to_owned(), id, before));
+                true
+            }
+            _ => false,
+        };
         let done = self.gate(self.inner.write(coll, write, durability)).await?;
+        let mut log = self.unsynced.lock().unwrap();
         if durability == Durability::Synced {
-            let mut log = self.unsynced.lock().unwrap();
-            let durable = before_it.min(log.len());
-            log.drain(..durable);
+            // Durable, and everything before it with it.
+            log.clear();
+        } else if logged && !done {
+            // It changed nothing, so there is nothing to lose.
+            log.pop();
         }
         Ok(done)
     }
@@ -371,6 +382,16 @@ async fn run_case(store: &DynStore, tag: &str, fault: Fault) -> (bool, usize) {
         // Let the background roll-forward finish, to count its operations.
         dying.tasks().close();
         dying.tasks().wait().await;
+    }
+    if matches!(fault, Fault::CrashLosingUnsynced(_)) {
+        // A crash in the background roll-forward, after the answer, undoes
+        // writes: recovery starts once the process is gone (or the
+        // roll-forward finished without reaching the crash).
+        dying.tasks().close();
+        tokio::select! {
+            () = faulty.died() => {}
+            () = dying.tasks().wait() => {}
+        }
     }
     // Deliveries exist before any lock is released.
     if s.some_member_released(store).await {
