@@ -45,6 +45,9 @@ impl Store for Deadline {
     async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
         self.within(write.kind(), self.inner.write(coll, write, durability)).await
     }
+    async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
+        self.within("write_in_order", self.inner.write_in_order(writes, durability)).await
+    }
     /// Not bounded: a sync at shutdown takes what the disk takes.
     async fn sync(&self) -> StoreResult<()> {
         self.inner.sync().await

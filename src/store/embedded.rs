@@ -91,18 +91,36 @@ enum WriteOp {
 }
 
 impl WriteOp {
+    fn of(coll: &str, write: Write<'_>) -> Self {
+        let coll = coll.to_owned();
+        match write {
+            Write::Insert(record) => WriteOp::Insert { coll, record },
+            Write::Replace { id, filter, record } => WriteOp::Replace { coll, id: id.to_owned(), filter, record },
+            Write::Update { id, filter, update } => WriteOp::Update { coll, id: id.to_owned(), filter, update },
+            Write::Delete { id, filter } => WriteOp::Delete { coll, id: id.to_owned(), filter },
+        }
+    }
+
     fn is_schema(&self) -> bool {
         matches!(self, WriteOp::EnsureIndex { .. } | WriteOp::DropIndex { .. })
     }
 }
 
-type Reply = oneshot::Sender<StoreResult<bool>>;
+/// How many of a queued chain's writes were applied.
+type Reply = oneshot::Sender<StoreResult<usize>>;
 
-/// A write waiting for the writer.
+/// Writes waiting for the writer: one, or a chain applied in order until
+/// one is not applied ([`Store::write_in_order`]).
 struct Queued {
-    op: WriteOp,
+    ops: Vec<WriteOp>,
     durability: Durability,
     reply: Reply,
+}
+
+impl Queued {
+    fn is_schema(&self) -> bool {
+        self.ops.first().is_some_and(WriteOp::is_schema)
+    }
 }
 
 /// A store in one redb file under the data directory.
@@ -113,8 +131,23 @@ pub struct EmbeddedStore {
     catalog: Catalog,
     /// Records decoded by reads (gets and scans) since the store opened.
     decoded: Arc<AtomicU64>,
-    /// Commits made durable (fsyncs) since the store opened.
-    syncs: Arc<AtomicU64>,
+    /// What the writer has done since the store opened.
+    stats: Arc<WriterStats>,
+}
+
+/// Counters of the writer thread, for benchmarks and metrics.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    /// redb commits (group commits), synced or not.
+    pub commits: AtomicU64,
+    /// Commits made durable (fsyncs), including syncs with nothing to apply.
+    pub syncs: AtomicU64,
+    /// Queued writes applied or refused (a chain counts each of its writes).
+    pub writes: AtomicU64,
+    /// Time spent committing, in nanoseconds (the writer's busy time).
+    pub busy_nanos: AtomicU64,
+    /// Of which in durable commits.
+    pub synced_nanos: AtomicU64,
 }
 
 fn internal(err: impl std::fmt::Display) -> StoreError {
@@ -164,11 +197,11 @@ impl EmbeddedStore {
         let db = Arc::new(db);
         let catalog: Catalog = Arc::new(RwLock::new(catalog));
         let (tx, rx) = mpsc::channel();
-        let syncs: Arc<AtomicU64> = Arc::default();
+        let stats: Arc<WriterStats> = Arc::default();
         let writer = Writer {
             db: Arc::clone(&db),
             catalog: Arc::clone(&catalog),
-            syncs: Arc::clone(&syncs),
+            stats: Arc::clone(&stats),
             interval: sync_interval,
             unsynced_since: None,
         };
@@ -176,7 +209,7 @@ impl EmbeddedStore {
             .name("txgate-embedded-writer".into())
             .spawn(move || writer.run(&rx))
             .map_err(internal)?;
-        Ok(Self { db, writer: tx, path, catalog, decoded: Arc::default(), syncs })
+        Ok(Self { db, writer: tx, path, catalog, decoded: Arc::default(), stats })
     }
 
     pub fn path(&self) -> &Path {
@@ -188,9 +221,9 @@ impl EmbeddedStore {
         self.decoded.load(Ordering::Relaxed)
     }
 
-    /// Durable commits (fsyncs) since the store opened.
-    pub fn syncs(&self) -> u64 {
-        self.syncs.load(Ordering::Relaxed)
+    /// What the writer thread has done since the store opened.
+    pub fn stats(&self) -> &WriterStats {
+        &self.stats
     }
 
     /// Every entry of index `name` of `coll` as `_id`s in index order (for
@@ -211,9 +244,13 @@ impl EmbeddedStore {
     }
 
     async fn queue(&self, op: WriteOp, durability: Durability) -> StoreResult<bool> {
+        self.queue_chain(vec![op], durability).await.map(|applied| applied == 1)
+    }
+
+    async fn queue_chain(&self, ops: Vec<WriteOp>, durability: Durability) -> StoreResult<usize> {
         let (reply, rx) = oneshot::channel();
         self.writer
-            .send(Queued { op, durability, reply })
+            .send(Queued { ops, durability, reply })
             .map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?;
         rx.await.map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?
     }
@@ -324,11 +361,24 @@ fn reindex(
     Ok(())
 }
 
+impl WriterStats {
+    /// A commit that started at `started`.
+    fn count(&self, started: Instant, durable: bool) {
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
+        if durable {
+            self.syncs.fetch_add(1, Ordering::Relaxed);
+            self.synced_nanos.fetch_add(nanos, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The writer thread's state.
 struct Writer {
     db: Arc<Database>,
     catalog: Catalog,
-    syncs: Arc<AtomicU64>,
+    stats: Arc<WriterStats>,
     interval: Duration,
     /// When the oldest commit not yet durable was made.
     unsynced_since: Option<Instant>,
@@ -349,17 +399,18 @@ impl Writer {
                     }
                 },
             };
-            if first.op.is_schema() {
+            if first.is_schema() {
                 // Schema changes commit on their own, durable, after
                 // everything before them is.
                 self.sync_or_stop();
-                let _ = first.reply.send(schema_change(&self.db, &self.catalog, first.op));
+                let op = first.ops.into_iter().next().expect("a schema change");
+                let _ = first.reply.send(schema_change(&self.db, &self.catalog, op).map(usize::from));
                 continue;
             }
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {
-                    Ok(item) if item.op.is_schema() => {
+                    Ok(item) if item.is_schema() => {
                         held = Some(item);
                         break;
                     }
@@ -388,6 +439,7 @@ impl Writer {
 
     /// Commit a batch: durable when it holds a write that must be.
     fn commit(&mut self, batch: Vec<Queued>) {
+        let started = Instant::now();
         let durable = batch.iter().any(|q| q.durability == Durability::Synced);
         let mut results = Vec::with_capacity(batch.len());
         let outcome = (|| -> StoreResult<()> {
@@ -399,15 +451,29 @@ impl Writer {
                 let mut table = txn.open_table(RECORDS).map_err(internal)?;
                 let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
                 for queued in &batch {
-                    results.push(apply(&mut table, &mut entries, &specs, &queued.op));
+                    let mut applied = 0;
+                    let mut result = Ok(());
+                    for op in &queued.ops {
+                        match apply(&mut table, &mut entries, &specs, op) {
+                            Ok(true) => applied += 1,
+                            Ok(false) => break,
+                            Err(err) => {
+                                result = Err(err);
+                                break;
+                            }
+                        }
+                    }
+                    results.push(result.map(|()| applied));
                 }
             }
             txn.commit().map_err(|e| StoreError::Unavailable(format!("commit failed: {e}")))
         })();
+        let writes: usize = batch.iter().map(|q| q.ops.len()).sum();
+        self.stats.writes.fetch_add(writes as u64, Ordering::Relaxed);
+        self.stats.count(started, durable);
         match outcome {
             Ok(()) => {
                 if durable {
-                    self.syncs.fetch_add(1, Ordering::Relaxed);
                     self.unsynced_since = None;
                 } else if self.unsynced_since.is_none() {
                     self.unsynced_since = Some(Instant::now());
@@ -433,14 +499,15 @@ impl Writer {
         if self.unsynced_since.is_none() {
             return;
         }
+        let started = Instant::now();
         let synced = (|| -> StoreResult<()> {
             let mut txn = self.db.begin_write().map_err(internal)?;
             txn.set_durability(redb::Durability::Immediate).map_err(internal)?;
             txn.commit().map_err(internal)
         })();
+        self.stats.count(started, true);
         match synced {
             Ok(()) => {
-                self.syncs.fetch_add(1, Ordering::Relaxed);
                 self.unsynced_since = None;
             }
             Err(err) => stop(&err),
@@ -734,14 +801,16 @@ impl Store for EmbeddedStore {
     }
 
     async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
-        let coll = coll.to_owned();
-        let op = match write {
-            Write::Insert(record) => WriteOp::Insert { coll, record },
-            Write::Replace { id, filter, record } => WriteOp::Replace { coll, id: id.to_owned(), filter, record },
-            Write::Update { id, filter, update } => WriteOp::Update { coll, id: id.to_owned(), filter, update },
-            Write::Delete { id, filter } => WriteOp::Delete { coll, id: id.to_owned(), filter },
-        };
-        self.queue(op, durability).await
+        self.queue(WriteOp::of(coll, write), durability).await
+    }
+
+    /// One queued chain: one group commit for all of it.
+    async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
+        if writes.is_empty() {
+            return Ok(0);
+        }
+        let ops = writes.into_iter().map(|(coll, write)| WriteOp::of(coll, write)).collect();
+        self.queue_chain(ops, durability).await
     }
 
     async fn sync(&self) -> StoreResult<()> {

@@ -254,6 +254,26 @@ pub trait Store: Send + Sync + 'static {
     /// `Ok(false)`: the record exists (insert) or does not match the filter.
     async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool>;
 
+    /// Apply `writes` in order, each on its own as [`Store::write`] does,
+    /// until one is not applied: a write is attempted only when every
+    /// write before it was. Returns how many were applied. This is no
+    /// transaction: each write is atomic on its one record, a crash may
+    /// keep any prefix, and on an error a prefix may have been applied
+    /// (as any write's outcome is unknown when it errs). It saves round
+    /// trips where a step needs several writes in a set order (a
+    /// transaction's record before its locks): the embedded store commits
+    /// them together, in one group commit.
+    async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
+        let mut applied = 0;
+        for (coll, write) in writes {
+            if !self.write(coll, write, durability).await? {
+                break;
+            }
+            applied += 1;
+        }
+        Ok(applied)
+    }
+
     /// Make every write so far durable (at shutdown).
     async fn sync(&self) -> StoreResult<()>;
 
@@ -325,6 +345,11 @@ impl Unsynced<'_> {
 
     pub async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
         self.0.write(coll, Write::Delete { id, filter }, Durability::Unsynced).await
+    }
+
+    /// See [`Store::write_in_order`].
+    pub async fn in_order(&self, writes: Vec<(&str, Write<'_>)>) -> StoreResult<usize> {
+        self.0.write_in_order(writes, Durability::Unsynced).await
     }
 }
 

@@ -53,6 +53,14 @@ impl Store for Templates {
         }
         self.inner.write(coll, write, durability).await
     }
+    async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
+        for (coll, write) in &writes {
+            if !matches!(write, Write::Delete { .. }) {
+                self.prepare(coll).await?;
+            }
+        }
+        self.inner.write_in_order(writes, durability).await
+    }
     async fn sync(&self) -> StoreResult<()> {
         self.inner.sync().await
     }

@@ -13,7 +13,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::documents::model::{Staged, StagedOp, StoredDoc, View};
-use crate::store::{DateTime, StoreError};
+use std::collections::HashMap;
+
+use crate::store::{DateTime, StoreError, Write};
 
 use super::Engine;
 use super::locks::Settled;
@@ -245,9 +247,36 @@ impl Engine {
             hook_count: plan.hooks.len() as i64,
             hooks: plan.hooks.clone(),
         };
-        // Unsynced, like every step before the commit point: a crash
-        // before the synced commit CAS leaves a transaction recovery aborts.
-        if !self.store.unsynced().insert(TXNS, record.to_record()).await.map_err(store_err)? {
+        // The members as they are now, read in one round trip per
+        // collection: the record and the locks of every member that is free
+        // and meets its preconditions go to the store as one chain, the
+        // record first (it must exist before any lock), in one round trip
+        // (one group commit on the embedded store). Unsynced, like every
+        // step before the commit point: a crash before the synced commit
+        // CAS leaves a transaction recovery aborts.
+        let wounded = CancellationToken::new();
+        let _running = self.signals.run(txn, wounded.clone());
+        let began = Instant::now();
+        let prepare = async {
+            let first = self.first_reads(plan).await?;
+            let at = self.now();
+            let mut chain = vec![(TXNS, Write::Insert(record.to_record()))];
+            let mut chained = Vec::new();
+            for (i, action) in plan.actions.iter().enumerate() {
+                let seen = first.get(&(action.collection.clone(), action.id.clone()));
+                if let Some((write, base_v)) = plain_stage(plan, action, seen, txn, at) {
+                    chain.push((action.collection.as_str(), write));
+                    chained.push((i, base_v));
+                }
+            }
+            let applied = self.store.unsynced().in_order(chain).await?;
+            Ok::<_, StoreError>((first, chained, applied))
+        };
+        let (first, chained, applied) = match tokio::time::timeout(self.cfg.max_duration, prepare).await {
+            Ok(prepared) => prepared.map_err(store_err)?,
+            Err(_) => return Err(self.timed_out_preparing(record).await),
+        };
+        if applied == 0 {
             // The id is taken: a later request that took over this one's
             // Idempotency-Key fenced this attempt with an aborted record.
             let reason = match self.record(txn).await {
@@ -262,8 +291,15 @@ impl Engine {
                 ),
             });
         }
-        let wounded = CancellationToken::new();
-        let _running = self.signals.run(txn, wounded.clone());
+        // Members locked by the chain; the others (held, failing a
+        // precondition, or changed since they were read) go through the
+        // full locking path, read again if the chain tried them.
+        let locked: Vec<(usize, i64)> = chained[..applied - 1].to_vec();
+        let mut seen: Vec<Option<StoredDoc>> =
+            plan.actions.iter().map(|a| first.get(&(a.collection.clone(), a.id.clone())).cloned()).collect();
+        for (i, _) in &chained[applied - 1..] {
+            seen[*i] = None;
+        }
         // The heartbeat lives exactly as long as this attempt: however the
         // attempt ends (answered, failed, cancelled, panicked), it stops
         // extending the lease, so recovery can always judge it.
@@ -276,7 +312,41 @@ impl Engine {
         let stop = CancellationToken::new();
         tokio::spawn(heartbeat.run(stop.clone()));
         let _heartbeat = stop.drop_guard();
-        self.lock_and_commit(plan, record, &wounded).await
+        let left = self.cfg.max_duration.saturating_sub(began.elapsed());
+        self.lock_and_commit(plan, record, &wounded, locked, seen, left).await
+    }
+
+    /// The maximum duration ran out before the record was known to be
+    /// written: the transaction is aborted (`timeout`) either way. Its
+    /// record is inserted aborted if it is not there, so the answer's
+    /// transaction id can be looked up, and the chain, if it lands later,
+    /// finds the id taken and locks nothing; if the record is there, it is
+    /// aborted as any other.
+    async fn timed_out_preparing(self: &Arc<Self>, mut record: TxnRecord) -> TxnError {
+        let failure = aborted("timeout", "the transaction ran longer than its maximum duration (TXGATE_TXN_MAX_MS)");
+        let txn = record.id.clone();
+        record.status = Status::Aborted;
+        record.abort_reason = failure.reason.clone();
+        record.failure = Some(failure.clone());
+        let _ = self.store.unsynced().insert(TXNS, record.to_record()).await;
+        self.give_up(&txn, TxnError::Aborted { txn: txn.clone(), failure }).await
+    }
+
+    /// Every member document of `plan` that exists, by (collection, id):
+    /// one read per collection.
+    async fn first_reads(&self, plan: &Plan) -> Result<HashMap<(String, String), StoredDoc>, StoreError> {
+        let mut first = HashMap::new();
+        let mut by_coll: std::collections::BTreeMap<&str, Vec<String>> = std::collections::BTreeMap::new();
+        for a in &plan.actions {
+            by_coll.entry(&a.collection).or_default().push(a.id.clone());
+        }
+        for (coll, ids) in by_coll {
+            for rec in self.store.get_many(coll, &ids).await? {
+                let d = StoredDoc::from_record(rec)?;
+                first.insert((coll.to_owned(), d.id.clone()), d);
+            }
+        }
+        Ok(first)
     }
 
     /// The wall-clock time past which a transaction started at `started_at`
@@ -296,9 +366,13 @@ impl Engine {
         plan: &Plan,
         record: TxnRecord,
         wounded: &CancellationToken,
+        locked: Vec<(usize, i64)>,
+        seen: Vec<Option<StoredDoc>>,
+        left: Duration,
     ) -> Result<Committed, TxnError> {
         let txn = record.id.clone();
-        let bases = match tokio::time::timeout(self.cfg.max_duration, self.lock_all(plan, &txn, wounded)).await {
+        let lock_all = self.lock_all(plan, &txn, wounded, locked, seen);
+        let bases = match tokio::time::timeout(left, lock_all).await {
             Ok(Ok(bases)) => bases,
             Ok(Err(err)) => return Err(self.give_up(&txn, err).await),
             Err(_) => {
@@ -310,26 +384,22 @@ impl Engine {
         self.commit(plan, record, bases).await
     }
 
-    /// Steps 2–3: lock and stage every member; the base version of each.
+    /// Steps 2–3: lock and stage every member not `locked` yet (by the
+    /// chain with the record), starting from the document as `seen` (when
+    /// it is still worth trusting); the base version of each.
     async fn lock_all(
         self: &Arc<Self>,
         plan: &Plan,
         txn: &str,
         wounded: &CancellationToken,
+        locked: Vec<(usize, i64)>,
+        mut seen: Vec<Option<StoredDoc>>,
     ) -> Result<Vec<(usize, i64)>, TxnError> {
         let store_err = |source| TxnError::Store { txn: txn.to_owned(), source };
         let deadline = Instant::now() + self.cfg.lock_wait;
-        // First reads in one round trip per collection.
-        let mut first: std::collections::HashMap<(String, String), StoredDoc> = std::collections::HashMap::new();
-        let mut by_coll: std::collections::BTreeMap<&str, Vec<String>> = std::collections::BTreeMap::new();
-        for a in &plan.actions {
-            by_coll.entry(&a.collection).or_default().push(a.id.clone());
-        }
-        for (coll, ids) in by_coll {
-            for rec in self.store.get_many(coll, &ids).await.map_err(store_err)? {
-                let d = StoredDoc::from_record(rec).map_err(store_err)?;
-                first.insert((coll.to_owned(), d.id.clone()), d);
-            }
+        let mut done = vec![None; plan.actions.len()];
+        for (i, base_v) in locked {
+            done[i] = Some(base_v);
         }
         // 2–3. Lock and stage every member: first all at once without
         // waiting (the uncontended case ends here); then, if some are held
@@ -358,8 +428,14 @@ impl Engine {
         };
         let key = |i: &usize| (&plan.actions[*i].collection, &plan.actions[*i].id);
         let first_pass = try_join_all((0..plan.actions.len()).map(|i| {
-            let a = &plan.actions[i];
-            lock_one(i, first.get(&(a.collection.clone(), a.id.clone())).cloned(), false)
+            let seen = seen[i].take();
+            let done = done[i];
+            async move {
+                match done {
+                    Some(base_v) => Ok((i, Some(base_v))),
+                    None => lock_one(i, seen, false).await,
+                }
+            }
         }))
         .await;
         let steps: Result<Vec<(usize, i64)>, Result<MemberFailure, StoreError>> = async {
@@ -668,16 +744,52 @@ impl Engine {
                     }));
                 }
             };
-            let mut locked = doc.clone();
-            locked.meta.txn = Some(txn.to_owned());
-            locked.meta.deleting = staged.op == StagedOp::Delete;
-            locked.meta.pending = Some(staged);
+            let locked = locked_by(&doc, txn, staged);
             let filter = doc.unchanged_filter(None);
             if self.store.unsynced().replace(coll, &doc.id, filter, locked.to_record()).await? {
                 return Ok(Step::Locked { base_v: doc.meta.v });
             }
         }
     }
+}
+
+/// The one write that locks and stages `action` on its document as read
+/// (`None`: absent), with the base version, when nothing else is needed:
+/// the document is free and every precondition holds. `None` otherwise:
+/// [`Engine::lock_member`] takes it from there.
+fn plain_stage<'p>(
+    plan: &Plan,
+    action: &'p Action,
+    doc: Option<&StoredDoc>,
+    txn: &str,
+    at: DateTime,
+) -> Option<(Write<'p>, i64)> {
+    match doc {
+        None => {
+            let fresh = matches!(action.op, ActionOp::Insert(_)) && action.if_version.is_none_or(|v| v == 0);
+            fresh.then(|| (Write::Insert(placeholder(&action.id, txn, staged(plan, action, None), at).to_record()), 0))
+        }
+        Some(doc) if doc.meta.txn.is_none() => {
+            let current = doc.committed_view();
+            if precondition(action, &current, doc.meta.v).is_some() {
+                return None;
+            }
+            let base = matches!(current, View::Live(_)).then_some(doc);
+            let staged = staged_checked(plan, action, base).ok()?;
+            let record = locked_by(doc, txn, staged).to_record();
+            Some((Write::Replace { id: &action.id, filter: doc.unchanged_filter(None), record }, doc.meta.v))
+        }
+        Some(_) => None,
+    }
+}
+
+/// `doc` locked by `txn` with `staged` as its pending change.
+fn locked_by(doc: &StoredDoc, txn: &str, staged: Staged) -> StoredDoc {
+    let mut locked = doc.clone();
+    locked.meta.txn = Some(txn.to_owned());
+    locked.meta.deleting = staged.op == StagedOp::Delete;
+    locked.meta.pending = Some(staged);
+    locked
 }
 
 fn fail(code: FailureCode, detail: &str, expected: Option<i64>, actual: Option<i64>) -> Step {

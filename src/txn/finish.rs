@@ -9,10 +9,10 @@ use std::sync::Arc;
 use futures::future::join_all;
 
 use crate::documents::model::StoredDoc;
-use crate::store::StoreResult;
+use crate::store::{StoreResult, Write};
 
 use super::Engine;
-use super::record::{Member, Status, TxnRecord};
+use super::record::{Member, Status, TXNS, TxnRecord};
 
 impl Engine {
     async fn member_doc(&self, m: &Member) -> StoreResult<Option<StoredDoc>> {
@@ -54,6 +54,9 @@ impl Engine {
         if rec.status == Status::Committed {
             self.ensure_outputs(rec).await?;
         }
+        if self.roll_forward_at_once(rec).await? {
+            return Ok(());
+        }
         self.for_each_held_member(
             rec,
             |m, doc| async move { self.roll_forward_member(rec, &m.collection, &doc).await },
@@ -64,6 +67,50 @@ impl Engine {
             self.metrics.incr("txgate_transactions_finished_total", "done");
         }
         Ok(())
+    }
+
+    /// The usual case of a roll-forward, in one round trip: every member
+    /// still held is rolled forward and the record finished, as one chain
+    /// (each write conditional on its own, in order, the finish last).
+    /// `false` when some member was not held as read (another instance
+    /// finished it meanwhile, or it was never locked): the caller then
+    /// goes member by member.
+    async fn roll_forward_at_once(&self, rec: &TxnRecord) -> StoreResult<bool> {
+        let at = rec.committed_at.unwrap_or_else(|| self.now());
+        let mut held = Vec::with_capacity(rec.members.len());
+        for m in &rec.members {
+            // Anything unusual (a record that cannot be read) is left to the
+            // member-by-member path, which finishes the others.
+            match self.member_doc(m).await {
+                Ok(Some(doc)) if doc.meta.txn.as_deref() == Some(rec.id.as_str()) => held.push((m, doc)),
+                _ => return Ok(false),
+            }
+        }
+        let mut chain: Vec<(&str, Write<'_>)> = held
+            .iter()
+            .map(|(m, doc)| {
+                let write = Write::Replace {
+                    id: &m.id,
+                    filter: doc.unchanged_filter(Some(&rec.id)),
+                    record: doc.rolled_forward(at).to_record(),
+                };
+                (m.collection.as_str(), write)
+            })
+            .collect();
+        let (filter, update) = Transition::Finish { from: Status::Committed, at: self.now() }.cas();
+        chain.push((TXNS, Write::Update { id: &rec.id, filter, update }));
+        // Unsynced: recovery rolls forward again from the committed record.
+        let applied = self.store.unsynced().in_order(chain).await?;
+        for (m, _) in held.iter().take(applied) {
+            self.signals.released(&m.collection, &m.id);
+        }
+        if applied < held.len() {
+            return Ok(false);
+        }
+        if applied > held.len() {
+            self.metrics.incr("txgate_transactions_finished_total", "done");
+        }
+        Ok(true)
     }
 
     /// Drop every lock and staged change of aborted `rec`, then mark it

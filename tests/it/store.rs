@@ -11,6 +11,7 @@ use crate::support::{Backend, TestStore};
 crate::on_both_backends!(
     insert_is_insert_if_absent,
     conditional_replace_update_delete,
+    writes_in_order_stop_at_the_first_not_applied,
     null_filter_matches_missing_fields,
     declared_scans_read_their_index,
     index_entries_match_records_under_random_writes,
@@ -52,6 +53,41 @@ async fn conditional_replace_update_delete(backend: Backend) {
     assert!(s.delete("c", "a", doc! {"m.txn": "T"}).await.unwrap());
     assert_eq!(s.get("c", "a").await.unwrap(), None);
     assert!(!s.delete("c", "a", doc! {}).await.unwrap());
+}
+
+async fn writes_in_order_stop_at_the_first_not_applied(backend: Backend) {
+    use txgate::store::{Durability, Write};
+    let Some(ts) = store(backend).await else { return };
+    let s = &ts.store;
+    s.insert("c", doc! {"_id": "b", "v": 1}).await.unwrap();
+    for durability in [Durability::Unsynced, Durability::Synced] {
+        // All applied, in order: the update sees the insert before it.
+        let chain = vec![
+            ("c", Write::Insert(doc! {"_id": "a", "v": 1})),
+            ("c", Write::Update { id: "a", filter: doc! {"v": 1}, update: Update::set(doc! {"v": 2}) }),
+            ("d", Write::Insert(doc! {"_id": "x"})),
+        ];
+        assert_eq!(s.write_in_order(chain, durability).await.unwrap(), 3);
+        assert_eq!(s.get("c", "a").await.unwrap().unwrap(), doc! {"_id": "a", "v": 2});
+        // The second write is not applied: the third is not attempted.
+        let chain = vec![
+            ("c", Write::Update { id: "b", filter: doc! {"v": 1}, update: Update::set(doc! {"v": 5}) }),
+            ("c", Write::Insert(doc! {"_id": "a", "v": 9})),
+            ("c", Write::Delete { id: "b", filter: doc! {} }),
+        ];
+        assert_eq!(s.write_in_order(chain, durability).await.unwrap(), 1);
+        assert_eq!(s.get("c", "b").await.unwrap().unwrap(), doc! {"_id": "b", "v": 5});
+        assert_eq!(s.get("c", "a").await.unwrap().unwrap(), doc! {"_id": "a", "v": 2});
+        // The first is not applied: nothing is.
+        let chain = vec![("c", Write::Insert(doc! {"_id": "b"})), ("c", Write::Delete { id: "a", filter: doc! {} })];
+        assert_eq!(s.write_in_order(chain, durability).await.unwrap(), 0);
+        assert!(s.get("c", "a").await.unwrap().is_some());
+        // Reset for the next round.
+        assert!(s.delete("c", "a", doc! {}).await.unwrap());
+        assert!(s.delete("d", "x", doc! {}).await.unwrap());
+        assert!(s.replace("c", "b", doc! {}, doc! {"v": 1}).await.unwrap());
+        assert_eq!(s.write_in_order(Vec::new(), durability).await.unwrap(), 0);
+    }
 }
 
 async fn null_filter_matches_missing_fields(backend: Backend) {

@@ -134,6 +134,14 @@ impl Store for Counting {
         }
         self.inner.write(coll, write, durability).await
     }
+    async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
+        let n = writes.len() as u64;
+        self.writes.fetch_add(n, Ordering::Relaxed);
+        if durability == Durability::Synced {
+            self.synced.fetch_add(n, Ordering::Relaxed);
+        }
+        self.inner.write_in_order(writes, durability).await
+    }
     async fn sync(&self) -> StoreResult<()> {
         self.inner.sync().await
     }

@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use serde_json::{Value, json};
 use txgate::config::{Config, StoreConfig};
+use txgate::store::embedded::EmbeddedStore;
+use txgate::store::templates::Templates;
 use txgate::store::{Durability, DynStore, Update, Write, doc};
 
 use super::{Counting, ms, percentile};
@@ -33,14 +35,60 @@ const POOL: usize = 2000;
 struct Served {
     gateway: super::scale::Gateway,
     counting: Arc<Counting>,
+    embedded: Arc<EmbeddedStore>,
 }
 
 async fn serve(store: StoreConfig) -> Served {
+    let StoreConfig::Embedded { data_dir, cache_mb, sync_interval } = &store else {
+        panic!("the peer workloads run on the embedded store")
+    };
+    let embedded =
+        Arc::new(EmbeddedStore::open_with(data_dir, cache_mb << 20, *sync_interval).expect("the store opens"));
+    let raw: DynStore = Arc::new(Templates::new(Arc::clone(&embedded) as DynStore, txgate::migrate::templates()));
     let config = Config { store, ..Config::default() };
-    let raw = txgate::open_store(&config.store, config.txn.store_timeout).await.expect("store opens");
     let counting = Arc::new(Counting::new(raw));
     let gateway = super::scale::Gateway::start_with(config, Arc::clone(&counting) as DynStore).await;
-    Served { gateway, counting }
+    Served { gateway, counting, embedded }
+}
+
+/// The embedded store's writer thread at one moment.
+#[derive(Clone, Copy)]
+struct WriterAt {
+    at: Instant,
+    commits: u64,
+    syncs: u64,
+    writes: u64,
+    busy: u64,
+    synced: u64,
+}
+
+impl WriterAt {
+    fn now(store: &EmbeddedStore) -> Self {
+        let s = store.stats();
+        Self {
+            at: Instant::now(),
+            commits: s.commits.load(Ordering::Relaxed),
+            syncs: s.syncs.load(Ordering::Relaxed),
+            writes: s.writes.load(Ordering::Relaxed),
+            busy: s.busy_nanos.load(Ordering::Relaxed),
+            synced: s.synced_nanos.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Where the writer's time went since `self`, per unit of work done.
+    fn report(self, store: &EmbeddedStore, name: &str, done: usize) {
+        let now = Self::now(store);
+        let per = |n: u64| n as f64 / done.max(1) as f64;
+        let syncs = now.syncs - self.syncs;
+        println!(
+            "writer {name}: {:.2} commits, {:.2} syncs and {:.2} writes per unit; busy {:.0}% of the time; a synced commit takes {:.3} ms on average",
+            per(now.commits - self.commits),
+            per(syncs),
+            per(now.writes - self.writes),
+            100.0 * (now.busy - self.busy) as f64 / (now.at - self.at).as_nanos() as f64,
+            (now.synced - self.synced) as f64 / syncs.max(1) as f64 / 1e6,
+        );
+    }
 }
 
 async fn create(client: &reqwest::Client, base: &str, coll: &str, id: String, data: Value) {
@@ -81,6 +129,7 @@ pub async fn run(store: StoreConfig, seconds: f64) {
     for i in 0..100 {
         create(&client, &base, "peer_single", format!("s{i}"), json!({"n": 0})).await;
     }
+    let writer = WriterAt::now(&served.embedded);
     let lat = sequential(seconds, |i| {
         client
             .patch(format!("{base}/v1/collections/peer_single/documents/s{}", i % 100))
@@ -89,6 +138,7 @@ pub async fn run(store: StoreConfig, seconds: f64) {
     })
     .await;
     report("single_update_p50_ms", ms(percentile(&lat, 0.5)), lat.len());
+    writer.report(&served.embedded, "single update", lat.len());
 
     // k = 2 and k = 10 update transactions over a pool of documents.
     for i in 0..POOL {
@@ -96,6 +146,7 @@ pub async fn run(store: StoreConfig, seconds: f64) {
     }
     for k in [2usize, 10] {
         let synced_before = served.counting.synced.load(Ordering::Relaxed);
+        let writer = WriterAt::now(&served.embedded);
         let lat = sequential(seconds, |i| {
             let start = (i * k) % (POOL - k);
             let actions: Vec<Value> = (0..k).map(|j| update("peer_k", start + j, 1)).collect();
@@ -103,6 +154,7 @@ pub async fn run(store: StoreConfig, seconds: f64) {
         })
         .await;
         report(&format!("k{k}_txn_p50_ms"), ms(percentile(&lat, 0.5)), lat.len());
+        writer.report(&served.embedded, &format!("k={k} transaction"), lat.len());
         let synced = served.counting.synced.load(Ordering::Relaxed) - synced_before;
         println!("peer txgate k{k}_synced_writes_per_txn {:.2}", synced as f64 / lat.len() as f64);
     }
@@ -138,6 +190,7 @@ pub async fn run(store: StoreConfig, seconds: f64) {
     }
     let committed = Arc::new(AtomicU64::new(0));
     let conflicts = Arc::new(AtomicU64::new(0));
+    let writer = WriterAt::now(&served.embedded);
     let start = Instant::now();
     let until = start + Duration::from_secs_f64(seconds);
     let mut clients = tokio::task::JoinSet::new();
@@ -165,6 +218,7 @@ pub async fn run(store: StoreConfig, seconds: f64) {
     while clients.join_next().await.is_some() {}
     let elapsed = start.elapsed().as_secs_f64();
     let per_sec = committed.load(Ordering::Relaxed) as f64 / elapsed;
+    writer.report(&served.embedded, "bank transfer", committed.load(Ordering::Relaxed) as usize);
     println!(
         "peer txgate bank_commits_per_sec {per_sec:.0} ({} committed, {} answered 409 and retried)",
         committed.load(Ordering::Relaxed),
