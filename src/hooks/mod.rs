@@ -410,4 +410,8 @@ impl Outputs for Hooks {
     async fn ensure(&self, rec: &TxnRecord) -> StoreResult<()> {
         self.record(rec).await
     }
+
+    fn has_any(&self, rec: &TxnRecord) -> bool {
+        rec.hook_count > 0
+    }
 }

@@ -48,6 +48,9 @@ impl Store for Deadline {
     async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
         self.within("write_in_order", self.inner.write_in_order(writes, durability)).await
     }
+    fn chains_cheaply(&self) -> bool {
+        self.inner.chains_cheaply()
+    }
     /// Not bounded: a sync at shutdown takes what the disk takes.
     async fn sync(&self) -> StoreResult<()> {
         self.inner.sync().await

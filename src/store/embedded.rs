@@ -804,6 +804,10 @@ impl Store for EmbeddedStore {
         self.queue(WriteOp::of(coll, write), durability).await
     }
 
+    fn chains_cheaply(&self) -> bool {
+        true
+    }
+
     /// One queued chain: one group commit for all of it.
     async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
         if writes.is_empty() {

@@ -274,6 +274,14 @@ pub trait Store: Send + Sync + 'static {
         Ok(applied)
     }
 
+    /// Whether [`Store::write_in_order`] costs one round trip, so that a
+    /// chain beats the same writes issued in parallel. Where it does not
+    /// (MongoDB: one request per write), the protocol's steps go in
+    /// parallel instead.
+    fn chains_cheaply(&self) -> bool {
+        false
+    }
+
     /// Make every write so far durable (at shutdown).
     async fn sync(&self) -> StoreResult<()>;
 

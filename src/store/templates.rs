@@ -61,6 +61,9 @@ impl Store for Templates {
         }
         self.inner.write_in_order(writes, durability).await
     }
+    fn chains_cheaply(&self) -> bool {
+        self.inner.chains_cheaply()
+    }
     async fn sync(&self) -> StoreResult<()> {
         self.inner.sync().await
     }

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::documents::model::{Staged, StagedOp, StoredDoc, View};
 use std::collections::HashMap;
 
-use crate::store::{DateTime, StoreError, Write};
+use crate::store::{DateTime, Durability, StoreError, Write};
 
 use super::Engine;
 use super::locks::Settled;
@@ -260,20 +260,35 @@ impl Engine {
         let prepare = async {
             let first = self.first_reads(plan).await?;
             let at = self.now();
-            let mut chain = vec![(TXNS, Write::Insert(record.to_record()))];
-            let mut chained = Vec::new();
-            for (i, action) in plan.actions.iter().enumerate() {
+            let mut stages = Vec::new();
+            // Where a chain costs a round trip per write, the record goes
+            // alone and the members are locked in parallel.
+            let chains = self.store.chains_cheaply();
+            for (i, action) in plan.actions.iter().enumerate().filter(|_| chains) {
                 let seen = first.get(&(action.collection.clone(), action.id.clone()));
-                if let Some((write, base_v)) = plain_stage(plan, action, seen, txn, at) {
-                    chain.push((action.collection.as_str(), write));
-                    chained.push((i, base_v));
+                if let Some(stage) = plain_stage(plan, action, seen, txn, at) {
+                    stages.push((i, stage));
                 }
             }
+            if stages.len() == plan.actions.len() && !self.has_outputs(&record) {
+                // Every member is free: the whole protocol in one chain.
+                return Ok(Prepared::Whole(self.whole(plan, &record, stages).await?));
+            }
+            let mut chain = vec![(TXNS, Write::Insert(record.to_record()))];
+            let mut chained = Vec::new();
+            for (i, stage) in stages {
+                chain.push((plan.actions[i].collection.as_str(), stage.write));
+                chained.push((i, stage.base_v));
+            }
             let applied = self.store.unsynced().in_order(chain).await?;
-            Ok::<_, StoreError>((first, chained, applied))
+            Ok::<_, StoreError>(Prepared::Chained { first, chained, applied })
         };
         let (first, chained, applied) = match tokio::time::timeout(self.cfg.max_duration, prepare).await {
-            Ok(prepared) => prepared.map_err(store_err)?,
+            Ok(Ok(Prepared::Chained { first, chained, applied })) => (first, chained, applied),
+            Ok(Ok(Prepared::Whole(Whole::Committed(record)))) => return Ok(Committed { record: *record }),
+            Ok(Ok(Prepared::Whole(Whole::Failed(err)))) => return Err(*err),
+            Ok(Ok(Prepared::Whole(Whole::Partly { chained, applied }))) => (HashMap::new(), chained, applied),
+            Ok(Err(err)) => return Err(store_err(err)),
             Err(_) => return Err(self.timed_out_preparing(record).await),
         };
         if applied == 0 {
@@ -314,6 +329,120 @@ impl Engine {
         let _heartbeat = stop.drop_guard();
         let left = self.cfg.max_duration.saturating_sub(began.elapsed());
         self.lock_and_commit(plan, record, &wounded, locked, seen, left).await
+    }
+
+    /// Whether committed `rec` leaves outputs (hook deliveries) behind.
+    fn has_outputs(&self, rec: &TxnRecord) -> bool {
+        self.outputs.iter().any(|o| o.has_any(rec))
+    }
+
+    /// A transaction whose members are all free and meet their
+    /// preconditions, with no outputs, as one chain of the protocol's own
+    /// steps, synced: the record, every lock, the commit CAS, every
+    /// roll-forward, the finish. Each is the same conditional single-record
+    /// write as on the long path, in the same order, and each is applied
+    /// only if every one before it was; nothing relies on the chain being
+    /// atomic (on the embedded store it is one group commit, so the
+    /// transaction costs one sync and one writer round trip). A chain
+    /// stopped before its commit CAS leaves the long path to go on from
+    /// where it stopped.
+    async fn whole(
+        self: &Arc<Self>,
+        plan: &Plan,
+        record: &TxnRecord,
+        stages: Vec<(usize, PlainStage<'_>)>,
+    ) -> Result<Whole, StoreError> {
+        let txn = record.id.as_str();
+        let chained: Vec<(usize, i64)> = stages.iter().map(|(i, s)| (*i, s.base_v)).collect();
+        let mut members = record.members.clone();
+        let results = member_results(plan, &mut members, &chained);
+        let committed_at = self.now();
+        let mut chain = vec![(TXNS, Write::Insert(record.to_record()))];
+        let mut forward = Vec::with_capacity(stages.len());
+        for (i, stage) in stages {
+            let coll = plan.actions[i].collection.as_str();
+            let id = plan.actions[i].id.as_str();
+            let record = stage.locked.rolled_forward(committed_at).to_record();
+            forward.push((coll, Write::Replace { id, filter: stage.locked.unchanged_filter(Some(txn)), record }));
+            chain.push((coll, stage.write));
+        }
+        let locks = chain.len();
+        let (filter, update) = Transition::Commit { at: committed_at, results: &results, members: &members }.cas();
+        chain.push((TXNS, Write::Update { id: txn, filter, update }));
+        chain.extend(forward);
+        let (filter, update) = Transition::Finish { from: Status::Committed, at: committed_at }.cas();
+        chain.push((TXNS, Write::Update { id: txn, filter, update }));
+        let total = chain.len();
+        let applied = match self.store.write_in_order(chain, Durability::Synced).await {
+            Ok(applied) => applied,
+            // How far the chain got is unknown, the commit CAS included
+            // (rule zero): re-read until the outcome is known.
+            Err(source) => {
+                return Ok(match self.outcome_after_commit_attempt(txn, "store_error").await {
+                    Ok(rec) if rec.status.is_committed() => {
+                        Whole::Committed(Box::new(self.committed_then_forward(plan, rec)))
+                    }
+                    // Aborted here: the commit point was not reached, for
+                    // the store failed before it.
+                    Ok(rec) if rec.abort_reason.as_deref() == Some("store_error") => {
+                        self.roll_back_in_background(rec);
+                        Whole::Failed(Box::new(TxnError::Store { txn: txn.to_owned(), source }))
+                    }
+                    Ok(rec) => {
+                        let reason = rec.abort_reason.clone().unwrap_or_else(|| "aborted".into());
+                        let err = TxnError::Aborted {
+                            txn: txn.to_owned(),
+                            failure: aborted(&reason, format!("the transaction was aborted ({reason})")),
+                        };
+                        self.roll_back_in_background(rec);
+                        Whole::Failed(Box::new(err))
+                    }
+                    Err(err) => Whole::Failed(Box::new(err)),
+                });
+            }
+        };
+        if applied <= locks {
+            // Stopped at a lock (the member changed since it was read) or at
+            // the commit CAS (the record is no longer pending): the long
+            // path goes on, and settles a failed commit as it always does.
+            return Ok(Whole::Partly { chained, applied });
+        }
+        let mut rec = record.clone();
+        rec.status = Status::Committed;
+        rec.committed_at = Some(committed_at);
+        rec.members = members;
+        rec.results = Some(results);
+        if applied == total {
+            self.metrics.incr("txgate_transactions_finished_total", "done");
+            tracing::info!(txn.id = %txn, "transaction committed");
+            for a in &plan.actions {
+                self.signals.released(&a.collection, &a.id);
+            }
+            return Ok(Whole::Committed(Box::new(rec)));
+        }
+        // Another instance finished part of it meanwhile (a store that
+        // applies the chain write by write): finish the rest.
+        Ok(Whole::Committed(Box::new(self.committed_then_forward(plan, rec))))
+    }
+
+    /// Committed `rec` whose roll-forward is not known to be done: waiters
+    /// are told (they may now apply the change and go on), and step 5 runs
+    /// in the background, after the answer; recovery finishes it if this
+    /// fails.
+    fn committed_then_forward(self: &Arc<Self>, plan: &Plan, rec: TxnRecord) -> TxnRecord {
+        let txn = rec.id.as_str();
+        tracing::info!(txn.id = %txn, "transaction committed");
+        for a in &plan.actions {
+            self.signals.released(&a.collection, &a.id);
+        }
+        let engine = Arc::clone(self);
+        let forward = rec.clone();
+        self.tasks.spawn(async move {
+            if let Err(err) = engine.roll_forward(&forward).await {
+                tracing::warn!(txn.id = %forward.id, error = %err, "roll-forward failed; recovery will finish it");
+            }
+        });
+        rec
     }
 
     /// The maximum duration ran out before the record was known to be
@@ -484,20 +613,13 @@ impl Engine {
         let txn = record.id.clone();
         // 4. Commit point.
         let committed_at = self.now();
-        let mut results = vec![None; plan.actions.len()];
-        for (i, base_v) in bases {
-            let a = &plan.actions[i];
-            let version = if matches!(a.op, ActionOp::Check) { base_v } else { base_v + 1 };
-            results[i] = Some(MemberResult { collection: a.collection.clone(), id: a.id.clone(), version });
-            record.members[i].base_v = Some(base_v);
-        }
-        let results: Vec<MemberResult> = results.into_iter().map(|r| r.expect("every member locked")).collect();
+        let results = member_results(plan, &mut record.members, &bases);
         let commit = Transition::Commit { at: committed_at, results: &results, members: &record.members };
         let cas = commit.apply(self.store.as_ref(), &txn).await;
         let decided = match cas {
             Ok(true) => None,
             // Lost the CAS or cannot tell: re-read until the outcome is known.
-            Ok(false) | Err(_) => Some(self.outcome_after_commit_attempt(&txn).await),
+            Ok(false) | Err(_) => Some(self.outcome_after_commit_attempt(&txn, "commit_unconfirmed").await),
         };
         let record = match decided {
             None => {
@@ -518,20 +640,7 @@ impl Engine {
             }
             Some(Err(err)) => return Err(err),
         };
-        tracing::info!(txn.id = %txn, "transaction committed");
-        // Whoever waits here for one of its documents may now apply the
-        // change and go on, without waiting for the roll-forward below.
-        for a in &plan.actions {
-            self.signals.released(&a.collection, &a.id);
-        }
-        // 5. Roll forward after the answer; recovery finishes it if this fails.
-        let engine = Arc::clone(self);
-        let rec = record.clone();
-        self.tasks.spawn(async move {
-            if let Err(err) = engine.roll_forward(&rec).await {
-                tracing::warn!(txn.id = %rec.id, error = %err, "roll-forward failed; recovery will finish it");
-            }
-        });
+        let record = self.committed_then_forward(plan, record);
         Ok(Committed { record })
     }
 
@@ -540,7 +649,8 @@ impl Engine {
     /// the outcome is then settled as an abort. Gives up (outcome unknown)
     /// after the store deadline: the client is told to read the record, and
     /// its Idempotency-Key stays with this attempt.
-    async fn outcome_after_commit_attempt(&self, txn: &str) -> Result<TxnRecord, TxnError> {
+    /// A record still pending is aborted with `reason`.
+    async fn outcome_after_commit_attempt(&self, txn: &str, reason: &str) -> Result<TxnRecord, TxnError> {
         let give_up_at = Instant::now() + self.cfg.store_timeout;
         let mut backoff = Duration::from_millis(10);
         loop {
@@ -549,7 +659,7 @@ impl Engine {
                 Ok(Some(_)) => {
                     // Still pending: our CAS did not land. Try the decision again
                     // as an abort so the outcome is settled one way.
-                    let _ = self.abort_pending(txn, None, "commit_unconfirmed").await;
+                    let _ = self.abort_pending(txn, None, reason).await;
                 }
                 Ok(None) => {
                     return Err(TxnError::Store {
@@ -753,21 +863,53 @@ impl Engine {
     }
 }
 
+/// Where preparing a transaction got to.
+enum Prepared {
+    /// The record and the locks of the free members went as one chain, of
+    /// which `applied` writes were applied; `first` holds the members as
+    /// read.
+    Chained { first: HashMap<(String, String), StoredDoc>, chained: Vec<(usize, i64)>, applied: usize },
+    /// Every member was free: see [`Engine::whole`].
+    Whole(Whole),
+}
+
+/// What became of a whole-transaction chain.
+enum Whole {
+    /// Committed (and rolled forward, or being rolled forward).
+    Committed(Box<TxnRecord>),
+    /// Stopped at or before the commit CAS, after `applied` writes.
+    Partly { chained: Vec<(usize, i64)>, applied: usize },
+    /// The chain failed and the outcome was then settled as not committed
+    /// (or could not be learned).
+    Failed(Box<TxnError>),
+}
+
+/// The one write that locks and stages an action on its document.
+struct PlainStage<'p> {
+    write: Write<'p>,
+    /// The document as the write leaves it (locked, its change staged).
+    locked: StoredDoc,
+    base_v: i64,
+}
+
 /// The one write that locks and stages `action` on its document as read
-/// (`None`: absent), with the base version, when nothing else is needed:
-/// the document is free and every precondition holds. `None` otherwise:
-/// [`Engine::lock_member`] takes it from there.
+/// (`None`: absent), when nothing else is needed: the document is free and
+/// every precondition holds. `None` otherwise: [`Engine::lock_member`]
+/// takes it from there.
 fn plain_stage<'p>(
     plan: &Plan,
     action: &'p Action,
     doc: Option<&StoredDoc>,
     txn: &str,
     at: DateTime,
-) -> Option<(Write<'p>, i64)> {
+) -> Option<PlainStage<'p>> {
     match doc {
         None => {
             let fresh = matches!(action.op, ActionOp::Insert(_)) && action.if_version.is_none_or(|v| v == 0);
-            fresh.then(|| (Write::Insert(placeholder(&action.id, txn, staged(plan, action, None), at).to_record()), 0))
+            fresh.then(|| {
+                let locked = placeholder(&action.id, txn, staged(plan, action, None), at);
+                PlainStage { write: Write::Insert(locked.to_record()), locked, base_v: 0 }
+            })
         }
         Some(doc) if doc.meta.txn.is_none() => {
             let current = doc.committed_view();
@@ -776,11 +918,26 @@ fn plain_stage<'p>(
             }
             let base = matches!(current, View::Live(_)).then_some(doc);
             let staged = staged_checked(plan, action, base).ok()?;
-            let record = locked_by(doc, txn, staged).to_record();
-            Some((Write::Replace { id: &action.id, filter: doc.unchanged_filter(None), record }, doc.meta.v))
+            let locked = locked_by(doc, txn, staged);
+            let write =
+                Write::Replace { id: &action.id, filter: doc.unchanged_filter(None), record: locked.to_record() };
+            Some(PlainStage { write, locked, base_v: doc.meta.v })
         }
         Some(_) => None,
     }
+}
+
+/// Each member's version once committed (the new one; the current one for
+/// a check), with `members` given their base versions.
+fn member_results(plan: &Plan, members: &mut [Member], bases: &[(usize, i64)]) -> Vec<MemberResult> {
+    let mut results = vec![None; plan.actions.len()];
+    for &(i, base_v) in bases {
+        let a = &plan.actions[i];
+        let version = if matches!(a.op, ActionOp::Check) { base_v } else { base_v + 1 };
+        results[i] = Some(MemberResult { collection: a.collection.clone(), id: a.id.clone(), version });
+        members[i].base_v = Some(base_v);
+    }
+    results.into_iter().map(|r| r.expect("every member locked")).collect()
 }
 
 /// `doc` locked by `txn` with `staged` as its pending change.

@@ -54,7 +54,7 @@ impl Engine {
         if rec.status == Status::Committed {
             self.ensure_outputs(rec).await?;
         }
-        if self.roll_forward_at_once(rec).await? {
+        if self.store.chains_cheaply() && self.roll_forward_at_once(rec).await? {
             return Ok(());
         }
         self.for_each_held_member(

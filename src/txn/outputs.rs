@@ -15,4 +15,7 @@ use super::record::TxnRecord;
 #[async_trait]
 pub trait Outputs: Send + Sync {
     async fn ensure(&self, rec: &TxnRecord) -> StoreResult<()>;
+
+    /// Whether `rec` leaves any output of this kind.
+    fn has_any(&self, rec: &TxnRecord) -> bool;
 }

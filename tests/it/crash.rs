@@ -208,6 +208,11 @@ impl Store for FaultyStore {
         }
         Ok(done)
     }
+    /// Chains go write by write through this store (each a fault point),
+    /// but the engine uses them as it would on the store underneath.
+    fn chains_cheaply(&self) -> bool {
+        self.inner.chains_cheaply()
+    }
     async fn sync(&self) -> StoreResult<()> {
         self.inner.sync().await
     }

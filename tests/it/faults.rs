@@ -229,6 +229,11 @@ impl Store for Rigged {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
+    /// Chains go write by write through the rules, used as the store
+    /// underneath would have them used.
+    fn chains_cheaply(&self) -> bool {
+        self.inner.chains_cheaply()
+    }
     async fn ping(&self) -> StoreResult<()> {
         self.inner.ping().await
     }

@@ -142,6 +142,9 @@ impl Store for Counting {
         }
         self.inner.write_in_order(writes, durability).await
     }
+    fn chains_cheaply(&self) -> bool {
+        self.inner.chains_cheaply()
+    }
     async fn sync(&self) -> StoreResult<()> {
         self.inner.sync().await
     }
