@@ -5,6 +5,7 @@
 //! in the background after the answer.
 
 use crate::txn::record::Transition;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,8 +14,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::documents::model::{Staged, StagedOp, StoredDoc, View};
-use std::collections::HashMap;
-
 use crate::store::{DateTime, Durability, StoreError, Write};
 
 use super::Engine;
@@ -248,12 +247,13 @@ impl Engine {
             hooks: plan.hooks.clone(),
         };
         // The members as they are now, read in one round trip per
-        // collection: the record and the locks of every member that is free
-        // and meets its preconditions go to the store as one chain, the
-        // record first (it must exist before any lock), in one round trip
-        // (one group commit on the embedded store). Unsynced, like every
-        // step before the commit point: a crash before the synced commit
-        // CAS leaves a transaction recovery aborts.
+        // collection. Where the store takes a chain of writes in one round
+        // trip: with every member free (and no outputs), the whole protocol
+        // goes as one chain (`whole`); otherwise the record and the locks of
+        // the free members go as one, the record first (it must exist
+        // before any lock). Unsynced, like every step before the commit
+        // point: a crash before the synced commit CAS leaves a transaction
+        // recovery aborts.
         let wounded = CancellationToken::new();
         let _running = self.signals.run(txn, wounded.clone());
         let began = Instant::now();
@@ -388,15 +388,7 @@ impl Engine {
                         self.roll_back_in_background(rec);
                         Whole::Failed(Box::new(TxnError::Store { txn: txn.to_owned(), source }))
                     }
-                    Ok(rec) => {
-                        let reason = rec.abort_reason.clone().unwrap_or_else(|| "aborted".into());
-                        let err = TxnError::Aborted {
-                            txn: txn.to_owned(),
-                            failure: aborted(&reason, format!("the transaction was aborted ({reason})")),
-                        };
-                        self.roll_back_in_background(rec);
-                        Whole::Failed(Box::new(err))
-                    }
+                    Ok(rec) => Whole::Failed(Box::new(self.found_aborted(rec))),
                     Err(err) => Whole::Failed(Box::new(err)),
                 });
             }
@@ -423,6 +415,19 @@ impl Engine {
         // Another instance finished part of it meanwhile (a store that
         // applies the chain write by write): finish the rest.
         Ok(Whole::Committed(Box::new(self.committed_then_forward(plan, rec))))
+    }
+
+    /// The answer for a transaction whose commit CAS did not land and whose
+    /// record `rec` was then found aborted: 409 with its reason; the
+    /// roll-back goes on in the background.
+    fn found_aborted(self: &Arc<Self>, rec: TxnRecord) -> TxnError {
+        let reason = rec.abort_reason.clone().unwrap_or_else(|| "aborted".into());
+        let err = TxnError::Aborted {
+            txn: rec.id.clone(),
+            failure: aborted(&reason, format!("the transaction was aborted ({reason})")),
+        };
+        self.roll_back_in_background(rec);
+        err
     }
 
     /// Committed `rec` whose roll-forward is not known to be done: waiters
@@ -629,15 +634,7 @@ impl Engine {
                 record
             }
             Some(Ok(rec)) if rec.status.is_committed() => rec,
-            Some(Ok(rec)) => {
-                let reason = rec.abort_reason.clone().unwrap_or_else(|| "aborted".into());
-                let err = TxnError::Aborted {
-                    txn: txn.clone(),
-                    failure: aborted(&reason, format!("the transaction was aborted ({reason})")),
-                };
-                self.roll_back_in_background(rec);
-                return Err(err);
-            }
+            Some(Ok(rec)) => return Err(self.found_aborted(rec)),
             Some(Err(err)) => return Err(err),
         };
         let record = self.committed_then_forward(plan, record);
