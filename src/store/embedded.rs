@@ -15,16 +15,20 @@
 //! Writes go through one writer thread that applies every queued operation
 //! in a single redb write transaction: group commit. Each operation is
 //! still checked and applied on its own, in queue order, so it is atomic on
-//! its one record. A batch holding a write that must be synced commits with
-//! `Durability::Immediate` (fsync) before any of it is answered, so such a
-//! write is visible only once it is on disk, with everything before it; a
-//! batch of unsynced writes commits with `Durability::None`: visible at
-//! once, durable with the next synced commit. redb loses only a suffix of
-//! `None` commits in a crash (DESIGN.md §1). While unsynced commits exist,
-//! the writer syncs at least every sync interval and when the store closes;
-//! a failed sync stops the process, as the unsynced writes readers may have
-//! seen could no longer be made durable. Reads use redb's MVCC read
-//! transactions and never wait for the writer.
+//! its one record. redb commits are not synced: durability comes from the
+//! [`journal`](super::journal), where each commit's effects are written
+//! before the commit becomes visible. A batch holding a write that must be
+//! synced syncs the journal before its commit becomes visible and before
+//! any of it is answered, so such a write is visible only once it is on
+//! disk, with everything before it; other batches are visible at once and
+//! durable with the next sync. A crash keeps a prefix of the journal, so
+//! it loses only a suffix of unsynced commits (DESIGN.md §1). While
+//! unsynced entries exist, the writer syncs at least every sync interval;
+//! once the journal has grown past a bound, and when the store closes, a
+//! checkpoint makes redb itself durable and the journal starts over. A
+//! failed journal write or sync stops the process, as the unsynced writes
+//! readers may have seen could no longer be made durable. Reads use redb's
+//! MVCC read transactions and never wait for the writer.
 
 use std::collections::HashMap;
 use std::ops::Bound;
@@ -38,6 +42,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
 use super::filter::{apply_update, lookup, matches};
+use super::journal::{self, Effect, Effects, Journal};
 use super::keys;
 use super::{
     Bson, Document, Durability, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Update, Write,
@@ -49,8 +54,16 @@ const ENTRIES: TableDefinition<(&str, &[u8]), &str> = TableDefinition::new("inde
 /// `(collection, index) -> IndexSpec as JSON`.
 const CATALOG: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("index_catalog");
 
+/// `"applied" -> ` the number of the last journal entry this state holds.
+const JOURNAL_STATE: TableDefinition<&str, u64> = TableDefinition::new("journal_state");
+const APPLIED: &str = "applied";
+
 /// Upper bound on operations committed together.
 const MAX_BATCH: usize = 512;
+
+/// Journal bytes after which a checkpoint makes redb durable and the
+/// journal starts over; it bounds what opening the store replays.
+const CHECKPOINT_BYTES: u64 = 16 << 20;
 
 /// The indexes of each collection, as committed.
 type Catalog = Arc<RwLock<HashMap<String, Vec<IndexSpec>>>>;
@@ -140,13 +153,15 @@ pub struct EmbeddedStore {
 pub struct WriterStats {
     /// redb commits (group commits), synced or not.
     pub commits: AtomicU64,
-    /// Commits made durable (fsyncs), including syncs with nothing to apply.
+    /// Syncs (fsyncs) of the journal or, at checkpoints, of redb.
     pub syncs: AtomicU64,
+    /// Checkpoints: redb made durable, the journal started over.
+    pub checkpoints: AtomicU64,
     /// Queued writes applied or refused (a chain counts each of its writes).
     pub writes: AtomicU64,
     /// Time spent committing, in nanoseconds (the writer's busy time).
     pub busy_nanos: AtomicU64,
-    /// Of which in durable commits.
+    /// Of which in commits that synced, and in checkpoints.
     pub synced_nanos: AtomicU64,
 }
 
@@ -193,7 +208,9 @@ impl EmbeddedStore {
                 catalog.entry(key.value().0.to_owned()).or_default().push(spec);
             }
         }
+        txn.open_table(JOURNAL_STATE).map_err(internal)?;
         txn.commit().map_err(internal)?;
+        let journal = replay(&db, &catalog, &dir.join("txgate.journal"))?;
         let db = Arc::new(db);
         let catalog: Catalog = Arc::new(RwLock::new(catalog));
         let (tx, rx) = mpsc::channel();
@@ -204,6 +221,7 @@ impl EmbeddedStore {
             stats: Arc::clone(&stats),
             interval: sync_interval,
             unsynced_since: None,
+            journal,
         };
         std::thread::Builder::new()
             .name("txgate-embedded-writer".into())
@@ -362,13 +380,11 @@ fn reindex(
 }
 
 impl WriterStats {
-    /// A commit that started at `started`.
-    fn count(&self, started: Instant, durable: bool) {
+    /// Busy time of a batch that started at `started` (and synced).
+    fn count(&self, started: Instant, synced: bool) {
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.commits.fetch_add(1, Ordering::Relaxed);
         self.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
-        if durable {
-            self.syncs.fetch_add(1, Ordering::Relaxed);
+        if synced {
             self.synced_nanos.fetch_add(nanos, Ordering::Relaxed);
         }
     }
@@ -380,8 +396,9 @@ struct Writer {
     catalog: Catalog,
     stats: Arc<WriterStats>,
     interval: Duration,
-    /// When the oldest commit not yet durable was made.
+    /// When the oldest journal entry not yet synced was written.
     unsynced_since: Option<Instant>,
+    journal: Journal,
 }
 
 impl Writer {
@@ -394,15 +411,15 @@ impl Writer {
                     Some(item) => item,
                     None => {
                         // Every handle is gone: the store closes durable.
-                        self.sync_or_stop();
+                        self.checkpoint_or_stop();
                         return;
                     }
                 },
             };
             if first.is_schema() {
                 // Schema changes commit on their own, durable, after
-                // everything before them is.
-                self.sync_or_stop();
+                // everything before them is; the journal never spans one.
+                self.checkpoint_or_stop();
                 let op = first.ops.into_iter().next().expect("a schema change");
                 let _ = first.reply.send(schema_change(&self.db, &self.catalog, op).map(usize::from));
                 continue;
@@ -437,15 +454,17 @@ impl Writer {
         }
     }
 
-    /// Commit a batch: durable when it holds a write that must be.
+    /// Commit a batch: its effects go to the journal before the commit is
+    /// visible, and the journal is synced first when the batch holds a
+    /// write that must be durable.
     fn commit(&mut self, batch: Vec<Queued>) {
         let started = Instant::now();
         let durable = batch.iter().any(|q| q.durability == Durability::Synced);
         let mut results = Vec::with_capacity(batch.len());
-        let outcome = (|| -> StoreResult<()> {
+        let mut effects = Effects::default();
+        let prepared = (|| -> StoreResult<redb::WriteTransaction> {
             let mut txn = self.db.begin_write().map_err(internal)?;
-            txn.set_durability(if durable { redb::Durability::Immediate } else { redb::Durability::None })
-                .map_err(internal)?;
+            txn.set_durability(redb::Durability::None).map_err(internal)?;
             {
                 let specs = self.catalog.read().expect("index catalog");
                 let mut table = txn.open_table(RECORDS).map_err(internal)?;
@@ -454,7 +473,7 @@ impl Writer {
                     let mut applied = 0;
                     let mut result = Ok(());
                     for op in &queued.ops {
-                        match apply(&mut table, &mut entries, &specs, op) {
+                        match apply(&mut table, &mut entries, &specs, op, &mut effects) {
                             Ok(true) => applied += 1,
                             Ok(false) => break,
                             Err(err) => {
@@ -466,53 +485,150 @@ impl Writer {
                     results.push(result.map(|()| applied));
                 }
             }
-            txn.commit().map_err(|e| StoreError::Unavailable(format!("commit failed: {e}")))
+            if !effects.is_empty() {
+                let mut state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
+                state.insert(APPLIED, self.journal.next_lsn()).map_err(internal)?;
+            }
+            Ok(txn)
         })();
         let writes: usize = batch.iter().map(|q| q.ops.len()).sum();
         self.stats.writes.fetch_add(writes as u64, Ordering::Relaxed);
-        self.stats.count(started, durable);
-        match outcome {
-            Ok(()) => {
-                if durable {
-                    self.unsynced_since = None;
-                } else if self.unsynced_since.is_none() {
-                    self.unsynced_since = Some(Instant::now());
-                }
-                for (queued, result) in batch.into_iter().zip(results) {
-                    let _ = queued.reply.send(result);
-                }
-            }
+        let txn = match prepared {
+            Ok(txn) => txn,
             Err(err) => {
-                if self.unsynced_since.is_some() {
-                    stop(&err);
-                }
+                // Nothing was written: the batch is refused as a whole.
                 tracing::error!(error = %err, "embedded store commit failed; batch not applied");
                 for queued in batch {
                     let _ = queued.reply.send(Err(StoreError::Unavailable(err.to_string())));
                 }
+                return;
             }
+        };
+        let txn = if effects.is_empty() {
+            // Only refusals and syncs: nothing to commit.
+            if let Err(err) = txn.abort() {
+                tracing::warn!(error = %err, "aborting an empty embedded write transaction failed");
+            }
+            None
+        } else {
+            if let Err(err) = self.journal.append(&effects) {
+                stop(&StoreError::Unavailable(format!("journal write failed: {err}")));
+            }
+            if self.unsynced_since.is_none() {
+                self.unsynced_since = Some(Instant::now());
+            }
+            Some(txn)
+        };
+        let synced = durable && self.journal.is_unsynced();
+        if durable {
+            self.sync_or_stop();
+        }
+        if let Some(txn) = txn {
+            if let Err(err) = txn.commit() {
+                // The journal holds the batch: opening the store again
+                // applies it.
+                stop(&StoreError::Unavailable(format!("commit failed: {err}")));
+            }
+            self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stats.count(started, synced);
+        for (queued, result) in batch.into_iter().zip(results) {
+            let _ = queued.reply.send(result);
+        }
+        if self.journal.written() >= CHECKPOINT_BYTES {
+            self.checkpoint_or_stop();
         }
     }
 
-    /// Make the unsynced commits durable, or stop the process.
+    /// Make every journal entry durable, or stop the process.
     fn sync_or_stop(&mut self) {
         if self.unsynced_since.is_none() {
             return;
         }
+        if let Err(err) = self.journal.sync() {
+            stop(&StoreError::Unavailable(format!("journal sync failed: {err}")));
+        }
+        self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        self.unsynced_since = None;
+    }
+
+    /// Make redb durable with every commit so far, and start the journal
+    /// over; or stop the process.
+    fn checkpoint_or_stop(&mut self) {
+        if self.journal.written() == 0 {
+            return;
+        }
         let started = Instant::now();
-        let synced = (|| -> StoreResult<()> {
+        let done = (|| -> StoreResult<()> {
             let mut txn = self.db.begin_write().map_err(internal)?;
             txn.set_durability(redb::Durability::Immediate).map_err(internal)?;
             txn.commit().map_err(internal)
         })();
-        self.stats.count(started, true);
-        match synced {
-            Ok(()) => {
-                self.unsynced_since = None;
-            }
-            Err(err) => stop(&err),
+        if let Err(err) = done {
+            stop(&err);
         }
+        self.journal.restart(self.journal.next_lsn());
+        self.unsynced_since = None;
+        self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.stats.synced_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
+}
+
+/// Apply the journal entries at `path` that the state in `db` does not
+/// hold yet, make them durable in redb, and hand back the journal, started
+/// over.
+fn replay(db: &Database, catalog: &HashMap<String, Vec<IndexSpec>>, path: &Path) -> StoreResult<Journal> {
+    let unavailable = |e: std::io::Error| StoreError::Unavailable(format!("journal {}: {e}", path.display()));
+    let (mut journal, entries) = Journal::open(path).map_err(unavailable)?;
+    let applied = {
+        let txn = db.begin_read().map_err(internal)?;
+        let state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
+        state.get(APPLIED).map_err(internal)?.map_or(0, |v| v.value())
+    };
+    let missing: Vec<_> = entries.into_iter().filter(|(lsn, _)| *lsn > applied).collect();
+    let Some(&(first, _)) = missing.first() else {
+        journal.restart(applied + 1);
+        return Ok(journal);
+    };
+    if first != applied + 1 {
+        return Err(StoreError::Unavailable(format!(
+            "journal {} starts at entry {first}, but the store holds entries up to {applied} only",
+            path.display()
+        )));
+    }
+    let last = missing.last().map_or(applied, |(lsn, _)| *lsn);
+    let txn = db.begin_write().map_err(internal)?;
+    {
+        let mut table = txn.open_table(RECORDS).map_err(internal)?;
+        let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
+        let specs = |coll: &str| catalog.get(coll).map_or(&[][..], Vec::as_slice);
+        for (_, payload) in &missing {
+            for effect in journal::effects(payload).map_err(unavailable)? {
+                let (coll, id, new) = match effect {
+                    Effect::Put { coll, id, bytes } => (coll, id, Some((decode(bytes)?, bytes))),
+                    Effect::Delete { coll, id } => (coll, id, None),
+                };
+                let old = match table.get((coll, id)).map_err(internal)? {
+                    Some(v) => Some(keys_of(specs(coll), &decode(v.value())?, id)),
+                    None => None,
+                };
+                reindex(&mut entries, specs(coll), coll, id, old, new.as_ref().map(|(r, _)| r))?;
+                match new {
+                    Some((_, bytes)) => table.insert((coll, id), bytes).map_err(internal)?,
+                    None => table.remove((coll, id)).map_err(internal)?,
+                };
+            }
+        }
+        let mut state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
+        state.insert(APPLIED, last).map_err(internal)?;
+    }
+    txn.commit().map_err(|e| StoreError::Unavailable(format!("commit of the replayed journal failed: {e}")))?;
+    tracing::info!(entries = missing.len(), up_to = last, "replayed the embedded store's journal");
+    journal.restart(last + 1);
+    Ok(journal)
 }
 
 /// Unsynced commits that cannot be made durable: readers may have seen
@@ -594,11 +710,13 @@ fn clear_entries(entries: &mut Entries<'_>, table: &str) -> StoreResult<()> {
     entries.retain_in((table, &[][..])..(table, &end[..]), |_, _| false).map_err(internal)
 }
 
+/// Apply `op` if its condition holds, adding what it changed to `effects`.
 fn apply(
     table: &mut redb::Table<(&str, &str), &[u8]>,
     entries: &mut Entries<'_>,
     catalog: &HashMap<String, Vec<IndexSpec>>,
     op: &WriteOp,
+    effects: &mut Effects,
 ) -> StoreResult<bool> {
     let current = |table: &redb::Table<(&str, &str), &[u8]>, coll: &str, id: &str| -> StoreResult<Option<Record>> {
         match table.get((coll, id)).map_err(internal)? {
@@ -616,6 +734,7 @@ fn apply(
             let bytes = encode(record)?;
             reindex(entries, specs(coll), coll, id, None, Some(record))?;
             table.insert((coll.as_str(), id), bytes.as_slice()).map_err(internal)?;
+            effects.put(coll, id, &bytes);
             Ok(true)
         }
         WriteOp::Replace { coll, id, filter, record } => {
@@ -629,6 +748,7 @@ fn apply(
             let old = keys_of(specs(coll), &existing, id);
             reindex(entries, specs(coll), coll, id, Some(old), Some(&record))?;
             table.insert((coll.as_str(), id.as_str()), bytes.as_slice()).map_err(internal)?;
+            effects.put(coll, id, &bytes);
             Ok(true)
         }
         WriteOp::Update { coll, id, filter, update } => {
@@ -641,6 +761,7 @@ fn apply(
             let bytes = encode(&record)?;
             reindex(entries, specs(coll), coll, id, Some(old), Some(&record))?;
             table.insert((coll.as_str(), id.as_str()), bytes.as_slice()).map_err(internal)?;
+            effects.put(coll, id, &bytes);
             Ok(true)
         }
         WriteOp::Delete { coll, id, filter } => {
@@ -651,9 +772,10 @@ fn apply(
             let old = keys_of(specs(coll), &existing, id);
             reindex(entries, specs(coll), coll, id, Some(old), None)?;
             table.remove((coll.as_str(), id.as_str())).map_err(internal)?;
+            effects.delete(coll, id);
             Ok(true)
         }
-        // Committing the batch durable is all a sync asks.
+        // Syncing the journal with the batch is all a sync asks.
         WriteOp::Sync => Ok(true),
         WriteOp::EnsureIndex { .. } | WriteOp::DropIndex { .. } => {
             unreachable!("index changes commit on their own")

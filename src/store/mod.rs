@@ -11,6 +11,7 @@ pub mod convert;
 pub mod deadline;
 pub mod embedded;
 pub mod filter;
+pub mod journal;
 pub mod keys;
 pub mod memory;
 pub mod mongo;
