@@ -68,6 +68,55 @@ const CHECKPOINT_BYTES: u64 = 16 << 20;
 /// The indexes of each collection, as committed.
 type Catalog = Arc<RwLock<HashMap<String, Vec<IndexSpec>>>>;
 
+/// Records the writer wrote lately, decoded: the next conditional write of
+/// one of them (a transaction's record moving on, a locked document rolled
+/// forward, a hot document) takes it from here instead of decoding it
+/// again. Only the writer thread changes records, and it keeps this equal
+/// to what it committed: a write takes its record out and puts the new one
+/// back once applied; a write that fails leaves it out; a batch that fails
+/// empties it.
+#[derive(Default)]
+struct Recent {
+    records: HashMap<String, Record>,
+    bytes: usize,
+}
+
+impl Recent {
+    const MAX_RECORDS: usize = 4096;
+    const MAX_BYTES: usize = 32 << 20;
+    /// Larger records are not kept.
+    const MAX_RECORD: usize = 64 << 10;
+
+    fn key(coll: &str, id: &str) -> String {
+        format!("{coll}\0{id}")
+    }
+
+    fn contains(&self, coll: &str, id: &str) -> bool {
+        self.records.contains_key(&Self::key(coll, id))
+    }
+
+    fn take(&mut self, coll: &str, id: &str) -> Option<Record> {
+        self.records.remove(&Self::key(coll, id))
+    }
+
+    /// Keep `record` (encoded in `size` bytes) as the current `coll`/`id`.
+    fn put(&mut self, coll: &str, id: &str, record: Record, size: usize) {
+        if size > Self::MAX_RECORD {
+            return;
+        }
+        if self.records.len() >= Self::MAX_RECORDS || self.bytes + size > Self::MAX_BYTES {
+            self.clear();
+        }
+        self.bytes += size;
+        self.records.insert(Self::key(coll, id), record);
+    }
+
+    fn clear(&mut self) {
+        self.records.clear();
+        self.bytes = 0;
+    }
+}
+
 enum WriteOp {
     Insert {
         coll: String,
@@ -222,6 +271,7 @@ impl EmbeddedStore {
             interval: sync_interval,
             unsynced_since: None,
             journal,
+            recent: Recent::default(),
         };
         std::thread::Builder::new()
             .name("txgate-embedded-writer".into())
@@ -399,6 +449,7 @@ struct Writer {
     /// When the oldest journal entry not yet synced was written.
     unsynced_since: Option<Instant>,
     journal: Journal,
+    recent: Recent,
 }
 
 impl Writer {
@@ -473,7 +524,7 @@ impl Writer {
                     let mut applied = 0;
                     let mut result = Ok(());
                     for op in &queued.ops {
-                        match apply(&mut table, &mut entries, &specs, op, &mut effects) {
+                        match apply(&mut table, &mut entries, &specs, &mut self.recent, op, &mut effects) {
                             Ok(true) => applied += 1,
                             Ok(false) => break,
                             Err(err) => {
@@ -497,6 +548,7 @@ impl Writer {
             Ok(txn) => txn,
             Err(err) => {
                 // Nothing was written: the batch is refused as a whole.
+                self.recent.clear();
                 tracing::error!(error = %err, "embedded store commit failed; batch not applied");
                 for queued in batch {
                     let _ = queued.reply.send(Err(StoreError::Unavailable(err.to_string())));
@@ -715,10 +767,16 @@ fn apply(
     table: &mut redb::Table<(&str, &str), &[u8]>,
     entries: &mut Entries<'_>,
     catalog: &HashMap<String, Vec<IndexSpec>>,
+    recent: &mut Recent,
     op: &WriteOp,
     effects: &mut Effects,
 ) -> StoreResult<bool> {
-    let current = |table: &redb::Table<(&str, &str), &[u8]>, coll: &str, id: &str| -> StoreResult<Option<Record>> {
+    // The current record, taken out of `recent` (put back by the caller
+    // unless the write fails).
+    let mut current = |coll: &str, id: &str| -> StoreResult<Option<Record>> {
+        if let Some(record) = recent.take(coll, id) {
+            return Ok(Some(record));
+        }
         match table.get((coll, id)).map_err(internal)? {
             Some(v) => decode(v.value()).map(Some),
             None => Ok(None),
@@ -728,18 +786,20 @@ fn apply(
     match op {
         WriteOp::Insert { coll, record } => {
             let id = record.get_str("_id").map_err(|_| StoreError::Rejected("record has no string _id".into()))?;
-            if table.get((coll.as_str(), id)).map_err(internal)?.is_some() {
+            if recent.contains(coll, id) || table.get((coll.as_str(), id)).map_err(internal)?.is_some() {
                 return Ok(false);
             }
             let bytes = encode(record)?;
             reindex(entries, specs(coll), coll, id, None, Some(record))?;
             table.insert((coll.as_str(), id), bytes.as_slice()).map_err(internal)?;
             effects.put(coll, id, &bytes);
+            recent.put(coll, id, record.clone(), bytes.len());
             Ok(true)
         }
         WriteOp::Replace { coll, id, filter, record } => {
-            let Some(existing) = current(table, coll, id)? else { return Ok(false) };
+            let Some(existing) = current(coll, id)? else { return Ok(false) };
             if !matches(&existing, filter)? {
+                recent.put(coll, id, existing, 0);
                 return Ok(false);
             }
             let mut record = record.clone();
@@ -749,11 +809,13 @@ fn apply(
             reindex(entries, specs(coll), coll, id, Some(old), Some(&record))?;
             table.insert((coll.as_str(), id.as_str()), bytes.as_slice()).map_err(internal)?;
             effects.put(coll, id, &bytes);
+            recent.put(coll, id, record, bytes.len());
             Ok(true)
         }
         WriteOp::Update { coll, id, filter, update } => {
-            let Some(mut record) = current(table, coll, id)? else { return Ok(false) };
+            let Some(mut record) = current(coll, id)? else { return Ok(false) };
             if !matches(&record, filter)? {
+                recent.put(coll, id, record, 0);
                 return Ok(false);
             }
             let old = keys_of(specs(coll), &record, id);
@@ -762,11 +824,13 @@ fn apply(
             reindex(entries, specs(coll), coll, id, Some(old), Some(&record))?;
             table.insert((coll.as_str(), id.as_str()), bytes.as_slice()).map_err(internal)?;
             effects.put(coll, id, &bytes);
+            recent.put(coll, id, record, bytes.len());
             Ok(true)
         }
         WriteOp::Delete { coll, id, filter } => {
-            let Some(existing) = current(table, coll, id)? else { return Ok(false) };
+            let Some(existing) = current(coll, id)? else { return Ok(false) };
             if !matches(&existing, filter)? {
+                recent.put(coll, id, existing, 0);
                 return Ok(false);
             }
             let old = keys_of(specs(coll), &existing, id);

@@ -11,6 +11,7 @@ use crate::support::{Backend, TestStore};
 crate::on_both_backends!(
     insert_is_insert_if_absent,
     conditional_replace_update_delete,
+    a_failed_update_changes_nothing,
     writes_in_order_stop_at_the_first_not_applied,
     null_filter_matches_missing_fields,
     declared_scans_read_their_index,
@@ -53,6 +54,20 @@ async fn conditional_replace_update_delete(backend: Backend) {
     assert!(s.delete("c", "a", doc! {"m.txn": "T"}).await.unwrap());
     assert_eq!(s.get("c", "a").await.unwrap(), None);
     assert!(!s.delete("c", "a", doc! {}).await.unwrap());
+}
+
+/// An update that fails halfway (its second field cannot be set) leaves the
+/// record as it was, for reads and for the next conditional write alike.
+async fn a_failed_update_changes_nothing(backend: Backend) {
+    let Some(ts) = store(backend).await else { return };
+    let s = &ts.store;
+    s.insert("c", doc! {"_id": "a", "n": 0_i64, "a": 1_i64}).await.unwrap();
+    let bad = Update { set: doc! {"n": 5_i64, "a.b": 1_i64}, unset: vec![] };
+    assert!(s.update("c", "a", doc! {}, bad).await.is_err(), "a.b cannot be set on a number");
+    assert_eq!(s.get("c", "a").await.unwrap().unwrap(), doc! {"_id": "a", "n": 0_i64, "a": 1_i64});
+    assert!(!s.update("c", "a", doc! {"n": 5_i64}, Update::set(doc! {"m": 1_i64})).await.unwrap());
+    assert!(s.update("c", "a", doc! {"n": 0_i64}, Update::set(doc! {"m": 1_i64})).await.unwrap());
+    assert_eq!(s.get("c", "a").await.unwrap().unwrap(), doc! {"_id": "a", "n": 0_i64, "a": 1_i64, "m": 1_i64});
 }
 
 async fn writes_in_order_stop_at_the_first_not_applied(backend: Backend) {

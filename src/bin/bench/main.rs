@@ -28,6 +28,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use clap::Parser;
 use txgate::config::StoreConfig;
+
+/// The same allocator as the `txgate` binary, so the gateway measured here
+/// is the one that runs.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use txgate::documents::model::StoredDoc;
 use txgate::documents::rules::Patch;
 use txgate::metrics::Metrics;
