@@ -623,9 +623,7 @@ impl Writer {
         self.unsynced_since = None;
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         self.stats.syncs.fetch_add(1, Ordering::Relaxed);
-        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.stats.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
-        self.stats.synced_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.stats.count(started, true);
     }
 }
 

@@ -43,7 +43,6 @@ const DELETE: u8 = 2;
 #[derive(Default)]
 pub struct Effects {
     buf: Vec<u8>,
-    count: usize,
 }
 
 /// One effect of a replayed entry.
@@ -67,18 +66,16 @@ impl Effects {
         push_bytes(&mut self.buf, coll.as_bytes());
         push_bytes(&mut self.buf, id.as_bytes());
         push_bytes(&mut self.buf, bytes);
-        self.count += 1;
     }
 
     pub fn delete(&mut self, coll: &str, id: &str) {
         self.buf.push(DELETE);
         push_bytes(&mut self.buf, coll.as_bytes());
         push_bytes(&mut self.buf, id.as_bytes());
-        self.count += 1;
     }
 
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.buf.is_empty()
     }
 }
 
