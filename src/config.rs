@@ -114,6 +114,13 @@ pub struct Settings {
     /// TTL sweeper period, in milliseconds.
     #[arg(long, global = true, env = "TXGATE_TTL_INTERVAL_MS")]
     pub ttl_interval_ms: Option<u64>,
+    /// How long change events are kept, in seconds (a cursor older gets 410).
+    #[arg(long, global = true, env = "TXGATE_EVENT_RETENTION_SECS")]
+    pub event_retention_secs: Option<u64>,
+    /// How long tombstones are kept, in seconds; at least the event
+    /// retention.
+    #[arg(long, global = true, env = "TXGATE_TOMBSTONE_RETENTION_SECS")]
+    pub tombstone_retention_secs: Option<u64>,
     /// Request body limit in bytes (413 beyond).
     #[arg(long, global = true, env = "TXGATE_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
@@ -164,6 +171,7 @@ pub struct Config {
     pub api_keys: Vec<ApiKey>,
     pub hook_guard: HookGuard,
     pub hooks: HookConfig,
+    pub events: crate::events::EventsConfig,
     /// Origins browsers may call from; empty: none (no CORS headers).
     pub cors: Cors,
 }
@@ -238,6 +246,7 @@ impl Default for Config {
             cors: Cors::None,
             hook_guard: HookGuard::default(),
             hooks: HookConfig::default(),
+            events: crate::events::EventsConfig::default(),
         }
     }
 }
@@ -272,6 +281,8 @@ impl Settings {
             txn_retention_secs: self.txn_retention_secs.or(file.txn_retention_secs),
             idempotency_retention_secs: self.idempotency_retention_secs.or(file.idempotency_retention_secs),
             ttl_interval_ms: self.ttl_interval_ms.or(file.ttl_interval_ms),
+            event_retention_secs: self.event_retention_secs.or(file.event_retention_secs),
+            tombstone_retention_secs: self.tombstone_retention_secs.or(file.tombstone_retention_secs),
             max_body_bytes: self.max_body_bytes.or(file.max_body_bytes),
             max_actions: self.max_actions.or(file.max_actions),
             max_hooks: self.max_hooks.or(file.max_hooks),
@@ -358,7 +369,26 @@ impl Settings {
             claim_grace: h.claim_grace,
         };
         let cors = Cors::parse(settings.cors_origins.as_deref().unwrap_or(""))?;
+        let e = crate::events::EventsConfig::default();
+        let events = crate::events::EventsConfig {
+            retention: match settings.event_retention_secs {
+                Some(0) => return Err("event_retention_secs must be greater than 0".into()),
+                v => v.map_or(e.retention, Duration::from_secs),
+            },
+            tombstone_retention: settings.tombstone_retention_secs.map_or(e.tombstone_retention, Duration::from_secs),
+            clock_skew: txn.clock_skew,
+            ..e
+        };
+        if events.tombstone_retention < events.retention {
+            return Err(format!(
+                "tombstone_retention_secs ({}) must be at least event_retention_secs ({}): a document re-created after \
+                 its tombstone is gone starts at version 1 again, and must not reuse a retained event id",
+                events.tombstone_retention.as_secs(),
+                events.retention.as_secs()
+            ));
+        }
         Ok(Config {
+            events,
             hooks,
             hook_guard,
             api_keys,

@@ -7,6 +7,7 @@ pub mod clock;
 pub mod config;
 pub mod documents;
 pub mod error;
+pub mod events;
 pub mod hooks;
 pub mod http;
 pub mod metrics;
@@ -58,22 +59,29 @@ pub struct App {
     pub hooks: Arc<Hooks>,
     pub documents: Arc<Documents>,
     pub metrics: Arc<Metrics>,
+    pub events: Arc<events::Log>,
+    /// Cancelled at shutdown: open event streams end.
+    pub stop: CancellationToken,
 }
 
 /// The transaction engine with its outputs (hook deliveries), as a gateway
 /// runs it.
 pub fn engine(store: DynStore, cfg: TxnConfig, metrics: Arc<Metrics>) -> (Arc<Engine>, Arc<Hooks>) {
     let hooks = Hooks::new(Arc::clone(&store), Arc::clone(&metrics), cfg.clock.clone());
-    let outputs: Vec<Arc<dyn txn::outputs::Outputs>> = vec![Arc::clone(&hooks) as _];
+    let events = events::TxnEvents::new(Arc::clone(&store), cfg.clock.clone());
+    let outputs: Vec<Arc<dyn txn::outputs::Outputs>> = vec![events as _, Arc::clone(&hooks) as _];
     (Engine::new(store, cfg, metrics, outputs), hooks)
 }
 
 impl App {
     pub fn new(config: &Config, store: DynStore) -> Self {
         let metrics = Arc::new(Metrics::default());
+        let mut events_cfg = config.events.clone();
+        events_cfg.clock = config.txn.clock.clone();
+        let (events, store) = events::Log::new(store, events_cfg);
         let (engine, hooks) = engine(store, config.txn.clone(), Arc::clone(&metrics));
         let documents = Arc::new(Documents::new(Arc::clone(&engine)));
-        Self { engine, hooks, documents, metrics }
+        Self { engine, hooks, documents, metrics, events, stop: CancellationToken::new() }
     }
 
     pub fn router(&self, config: &Config) -> axum::Router {
@@ -82,6 +90,8 @@ impl App {
             engine: Arc::clone(&self.engine),
             hooks: Arc::clone(&self.hooks),
             hook_guard: Arc::new(config.hook_guard.clone()),
+            events: Arc::clone(&self.events),
+            stop: self.stop.clone(),
         };
         http::router(state, config.max_body_bytes, config.api_keys.clone(), &config.cors)
     }
@@ -112,9 +122,16 @@ pub async fn run_with_store(
     workers.spawn(txn::recovery::Recovery::new(Arc::clone(&app.engine)).run(stop_workers.clone()));
     workers.spawn(sender.run(stop_workers.clone()));
     workers.spawn(purger(&app, &config).run(stop_workers.clone()));
+    workers.spawn(events::purge_worker(Arc::clone(&app.events), config.txn.recovery_interval, stop_workers.clone()));
     workers.close();
     tracing::info!(addr = %listener.local_addr()?, store = app.engine.store().backend(), "txgate listening");
-    axum::serve(listener, router).with_graceful_shutdown(shutdown.clone().cancelled_owned()).await?;
+    let streams = app.stop.clone();
+    let stopping = async move {
+        shutdown.cancelled().await;
+        // Open event streams end at once; the rest drains.
+        streams.cancel();
+    };
+    axum::serve(listener, router).with_graceful_shutdown(stopping).await?;
     tracing::info!("HTTP server stopped; finishing background work");
     // Workers finish the step they are in; then request follow-ups finish.
     stop_workers.cancel();

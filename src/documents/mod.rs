@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use crate::events::{self, EventType};
 use crate::store::scans::{DOCS_LIVE, DOCS_STAGED};
-use crate::store::{Bson, DateTime, Document, StoreError, record_id};
+use crate::store::{Bson, DateTime, Document, Durability, StoreError, Write, record_id};
 use crate::txn::Engine;
 use crate::txn::locks::Settled;
 use model::{Live, StagedOp, StoredDoc, View};
@@ -146,7 +147,7 @@ impl Documents {
         loop {
             let at = self.engine.now();
             let fresh = StoredDoc::new_live(id.clone(), data.clone(), sv, 1, at);
-            if self.store().insert(coll, fresh.to_record()).await? {
+            if self.write_with_event(coll, None, fresh.clone(), EventType::Created).await? {
                 return Ok(live(fresh));
             }
             let Some(existing) = self.load(coll, &id).await? else { continue };
@@ -160,15 +161,52 @@ impl Documents {
                 View::NotFound => 0,
             };
             let next = StoredDoc::new_live(id.clone(), data.clone(), sv, version + 1, at);
-            if self.cas(coll, &existing, &next).await? {
+            if self.write_with_event(coll, Some(&existing), next.clone(), EventType::Created).await? {
                 return Ok(live(next));
             }
         }
     }
 
-    async fn cas(&self, coll: &str, current: &StoredDoc, next: &StoredDoc) -> Result<bool, DocError> {
-        let filter = current.unchanged_filter(None);
-        Ok(self.store().replace(coll, &current.id, filter, next.to_record()).await?)
+    /// Write `next` over `current` as read (`None`: insert it where
+    /// nothing is), as one compare-and-set that also stores its change
+    /// event in the outbox; then move the event to the log and clear the
+    /// outbox. An outbox `current` still holds goes to the log first, so
+    /// a document's events follow its versions. Synced: the answer
+    /// depends on it. `false`: the document changed since it was read.
+    async fn write_with_event(
+        &self,
+        coll: &str,
+        current: Option<&StoredDoc>,
+        mut next: StoredDoc,
+        kind: EventType,
+    ) -> Result<bool, DocError> {
+        let store = self.store();
+        if let Some(cur) = current.filter(|c| c.meta.outbox.is_some()) {
+            events::publish_outbox(store, coll, cur, self.engine.now()).await?;
+        }
+        let at = next.meta.updated_at.unwrap_or_else(|| self.engine.now());
+        let event = events::model::document_event(kind, coll, &next, None, at);
+        let eid = event.get_str("_id").unwrap_or_default().to_owned();
+        next.meta.outbox = Some(event.clone());
+        let mut logged = event;
+        logged.insert("logged_at", self.engine.now());
+        let first = match current {
+            None => Write::Insert(next.to_record()),
+            Some(cur) => Write::Replace { id: &cur.id, filter: cur.unchanged_filter(None), record: next.to_record() },
+        };
+        let chain = vec![
+            (coll, first),
+            (events::EVENTS, Write::Append(logged)),
+            (
+                coll,
+                Write::Update {
+                    id: &next.id,
+                    filter: events::outbox_filter(next.meta.v, &eid),
+                    update: events::clear_outbox(),
+                },
+            ),
+        ];
+        Ok(store.write_in_order(chain, Durability::Synced).await? > 0)
     }
 
     /// Replace, patch or delete an existing document, optionally only at
@@ -199,7 +237,8 @@ impl Documents {
             }
             let at = self.engine.now();
             let next = apply_change(&doc, change, at)?;
-            if self.cas(coll, &doc, &next).await? {
+            let kind = if matches!(change, Change::Delete) { EventType::Deleted } else { EventType::Updated };
+            if self.write_with_event(coll, Some(&doc), next.clone(), kind).await? {
                 return Ok(match next.committed_view() {
                     View::Live(l) => Written::Live(l),
                     _ => Written::Deleted { version: next.meta.v },

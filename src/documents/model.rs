@@ -53,6 +53,10 @@ pub struct Meta {
     pub updated_at: Option<DateTime>,
     #[serde(default)]
     pub deleted_at: Option<DateTime>,
+    /// The change event of the single-document write that left the
+    /// document as it is, until it is in the event log (DESIGN §2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outbox: Option<Document>,
 }
 
 fn one() -> i64 {
@@ -113,6 +117,7 @@ impl StoredDoc {
                 created_at: Some(at),
                 updated_at: Some(at),
                 deleted_at: None,
+                outbox: None,
             },
         }
     }

@@ -395,6 +395,7 @@ pub fn problems(operation: &str) -> Option<Vec<(u16, ProblemCode)>> {
         "v1.transactions.get" | "v1.deliveries.get" => plain(&[InvalidPath, NotFound]),
         "v1.transactions.abort" => plain(&[InvalidPath, NotFound, AlreadyCommitted]),
         "v1.deliveries.retry" => plain(&[InvalidPath, NotFound, DeliveryPending]),
+        "v1.events.list" => plain(&[InvalidHeader, ValidationFailed, CursorExpired]),
         _ => return None,
     };
     if public(operation) {
@@ -543,6 +544,7 @@ mod tests {
             "v1.deliveries.list",
             "v1.deliveries.get",
             "v1.deliveries.retry",
+            "v1.events.list",
         ];
         let answered: std::collections::HashSet<ProblemCode> =
             operations.iter().flat_map(|op| problems(op).expect("listed")).map(|(_, c)| c).collect();

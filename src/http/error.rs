@@ -79,6 +79,7 @@ problem_codes! {
     AlreadyCommitted => "already_committed", 409, Problem, "a committed transaction cannot be aborted";
     DeliveryPending => "delivery_pending", 409, Problem, "the delivery is queued or in flight already";
     Deleted => "deleted", 410, Deleted, "the document is deleted (a tombstone)";
+    CursorExpired => "cursor_expired", 410, Problem, "the events after this cursor are past their retention; start again without one";
     PayloadTooLarge => "payload_too_large", 413, Problem, "the body is larger than the limit";
     UnsupportedMediaType => "unsupported_media_type", 415, Problem, "the body's `Content-Type` is not one this operation takes";
     ValidationFailed => "validation_failed", 422, ValidationFailed, "a name, id, field, value or parameter is not acceptable";

@@ -6,6 +6,7 @@ pub mod contract;
 pub mod deliveries;
 pub mod documents;
 pub mod error;
+pub mod events;
 pub mod extract;
 pub mod transactions;
 
@@ -34,6 +35,9 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     pub hooks: Arc<crate::hooks::Hooks>,
     pub hook_guard: Arc<crate::hooks::guard::HookGuard>,
+    pub events: Arc<crate::events::Log>,
+    /// Cancelled when the gateway shuts down: open event streams end.
+    pub stop: tokio_util::sync::CancellationToken,
 }
 
 #[derive(OpenApi)]
@@ -48,6 +52,7 @@ pub struct AppState {
         (name = "documents", description = "Single documents with optimistic locking"),
         (name = "transactions", description = "Multi-document transactions"),
         (name = "deliveries", description = "Post-commit hook deliveries"),
+        (name = "events", description = "Change events: a resumable stream and pages"),
         (name = "operations", description = "Health and readiness"),
     )
 )]
@@ -59,6 +64,7 @@ pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(documents::router())
         .merge(transactions::router())
         .merge(deliveries::router())
+        .merge(events::router())
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .split_for_parts()

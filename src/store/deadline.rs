@@ -48,6 +48,9 @@ impl Store for Deadline {
     async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
         self.within("write_in_order", self.inner.write_in_order(writes, durability)).await
     }
+    async fn append_all(&self, coll: &str, records: Vec<Record>) -> StoreResult<Vec<bool>> {
+        self.within("append_all", self.inner.append_all(coll, records)).await
+    }
     fn chains_cheaply(&self) -> bool {
         self.inner.chains_cheaply()
     }

@@ -139,6 +139,10 @@ enum WriteOp {
         id: String,
         filter: Document,
     },
+    Append {
+        coll: String,
+        record: Record,
+    },
     /// Index changes commit on their own.
     EnsureIndex {
         coll: String,
@@ -160,6 +164,7 @@ impl WriteOp {
             Write::Replace { id, filter, record } => WriteOp::Replace { coll, id: id.to_owned(), filter, record },
             Write::Update { id, filter, update } => WriteOp::Update { coll, id: id.to_owned(), filter, update },
             Write::Delete { id, filter } => WriteOp::Delete { coll, id: id.to_owned(), filter },
+            Write::Append(record) => WriteOp::Append { coll, record },
         }
     }
 
@@ -272,6 +277,7 @@ impl EmbeddedStore {
             unsynced_since: None,
             journal,
             recent: Recent::default(),
+            positions: HashMap::new(),
         };
         std::thread::Builder::new()
             .name("txgate-embedded-writer".into())
@@ -450,6 +456,9 @@ struct Writer {
     unsynced_since: Option<Instant>,
     journal: Journal,
     recent: Recent,
+    /// The next position of each log collection appended to (see
+    /// [`Write::Append`]), learned from its last record on first use.
+    positions: HashMap<String, u64>,
 }
 
 impl Writer {
@@ -524,7 +533,8 @@ impl Writer {
                     let mut applied = 0;
                     let mut result = Ok(());
                     for op in &queued.ops {
-                        match apply(&mut table, &mut entries, &specs, &mut self.recent, op, &mut effects) {
+                        let mut state = Applying { recent: &mut self.recent, positions: &mut self.positions };
+                        match apply(&mut table, &mut entries, &specs, &mut state, op, &mut effects) {
                             Ok(true) => applied += 1,
                             Ok(false) => break,
                             Err(err) => {
@@ -549,6 +559,7 @@ impl Writer {
             Err(err) => {
                 // Nothing was written: the batch is refused as a whole.
                 self.recent.clear();
+                self.positions.clear();
                 tracing::error!(error = %err, "embedded store commit failed; batch not applied");
                 for queued in batch {
                     let _ = queued.reply.send(Err(StoreError::Unavailable(err.to_string())));
@@ -761,14 +772,50 @@ fn clear_entries(entries: &mut Entries<'_>, table: &str) -> StoreResult<()> {
 }
 
 /// Apply `op` if its condition holds, adding what it changed to `effects`.
+/// What the writer keeps between writes besides the database.
+struct Applying<'a> {
+    recent: &'a mut Recent,
+    positions: &'a mut HashMap<String, u64>,
+}
+
+/// The index of log collection `coll` that keeps positions unique.
+fn position_index<'a>(specs: &'a [IndexSpec], coll: &str) -> StoreResult<&'a IndexSpec> {
+    specs
+        .iter()
+        .find(|s| s.unique && s.fields.len() == 1 && s.fields[0] == super::LOG_SEQ)
+        .ok_or_else(|| StoreError::Rejected(format!("{coll} is no log: it has no unique index on {}", super::LOG_SEQ)))
+}
+
+/// The position after the last record of log collection `coll`.
+fn next_position(
+    table: &redb::Table<(&str, &str), &[u8]>,
+    entries: &Entries<'_>,
+    spec: &IndexSpec,
+    coll: &str,
+) -> StoreResult<u64> {
+    let name = entries_name(coll, &spec.name);
+    let end = [keys::END];
+    let mut range = entries.range((name.as_str(), &[][..])..(name.as_str(), &end[..])).map_err(internal)?;
+    let Some(last) = range.next_back() else { return Ok(1) };
+    let (_, id) = last.map_err(internal)?;
+    let id = id.value().to_owned();
+    let record = table
+        .get((coll, id.as_str()))
+        .map_err(internal)?
+        .ok_or_else(|| StoreError::Internal(format!("{coll}: index {} names {id}, which is not there", spec.name)))?;
+    let seq = decode(record.value())?.get_i64(super::LOG_SEQ).ok().and_then(|n| u64::try_from(n).ok());
+    seq.map(|n| n + 1).ok_or_else(|| StoreError::Internal(format!("{coll}/{id} has no position")))
+}
+
 fn apply(
     table: &mut redb::Table<(&str, &str), &[u8]>,
     entries: &mut Entries<'_>,
     catalog: &HashMap<String, Vec<IndexSpec>>,
-    recent: &mut Recent,
+    state: &mut Applying<'_>,
     op: &WriteOp,
     effects: &mut Effects,
 ) -> StoreResult<bool> {
+    let recent = &mut *state.recent;
     // The current record, taken out of `recent` (put back by the caller
     // unless the write fails).
     let mut current = |coll: &str, id: &str| -> StoreResult<Option<Record>> {
@@ -835,6 +882,32 @@ fn apply(
             reindex(entries, specs(coll), coll, id, Some(old), None)?;
             table.remove((coll.as_str(), id.as_str())).map_err(internal)?;
             effects.delete(coll, id);
+            Ok(true)
+        }
+        WriteOp::Append { coll, record } => {
+            let id = record.get_str("_id").map_err(|_| StoreError::Rejected("record has no string _id".into()))?;
+            if recent.contains(coll, id) || table.get((coll.as_str(), id)).map_err(internal)?.is_some() {
+                return Ok(false);
+            }
+            let index = position_index(specs(coll), coll)?;
+            let mut seq = match state.positions.get(coll) {
+                Some(next) => *next,
+                None => next_position(table, entries, index, coll)?,
+            };
+            let taken = format!("{coll}.{}", index.name);
+            let mut record = record.clone();
+            loop {
+                record.insert(super::LOG_SEQ, i64::try_from(seq).map_err(internal)?);
+                match reindex(entries, specs(coll), coll, id, None, Some(&record)) {
+                    // A reader closed this position (a void entry).
+                    Err(StoreError::Duplicate(which)) if which == taken => seq += 1,
+                    other => break other?,
+                }
+            }
+            let bytes = encode(&record)?;
+            table.insert((coll.as_str(), id), bytes.as_slice()).map_err(internal)?;
+            effects.put(coll, id, &bytes);
+            state.positions.insert(coll.clone(), seq + 1);
             Ok(true)
         }
         // Syncing the journal with the batch is all a sync asks.

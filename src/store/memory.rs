@@ -84,6 +84,28 @@ impl Store for MemoryStore {
                 self.conditional(coll, id, &filter, |current| apply_update(current, &update).map(Some))
             }
             Write::Delete { id, filter } => self.conditional(coll, id, &filter, |_| Ok(None)),
+            Write::Append(mut record) => {
+                let id = record
+                    .get_str("_id")
+                    .map_err(|_| StoreError::Rejected("record has no string _id".into()))?
+                    .to_owned();
+                Ok(self.with(|r| {
+                    if r.contains_key(&(coll.to_owned(), id.clone())) {
+                        return false;
+                    }
+                    let mut next = 1;
+                    for ((c, _), existing) in r.range((coll.to_owned(), String::new())..) {
+                        if c != coll {
+                            break;
+                        }
+                        let seq = existing.get_i64(super::LOG_SEQ).unwrap_or_default();
+                        next = next.max(seq + 1);
+                    }
+                    record.insert(super::LOG_SEQ, next);
+                    r.insert((coll.to_owned(), id), record);
+                    true
+                }))
+            }
         }
     }
 

@@ -218,13 +218,36 @@ pub enum Write<'a> {
     Update { id: &'a str, filter: Document, update: Update },
     /// Delete record `id` if it matches `filter`.
     Delete { id: &'a str, filter: Document },
+    /// Insert-if-absent of `record` (by its `_id`) into log collection
+    /// `coll`, at the next free position: the store sets its [`LOG_SEQ`]
+    /// field, which the log's unique index on it keeps unique. `Ok(false)`
+    /// when a record with that `_id` exists. The embedded store numbers
+    /// appends in the order it applies them, so its positions never show a
+    /// gap; on MongoDB a position is taken from a counter before the
+    /// insert, so a later position may be visible before an earlier one,
+    /// and one whose appender died stays empty: readers of the log wait
+    /// for such a gap and close it for good with a void entry
+    /// ([`void_entry`]) after a timeout, and an append that finds its
+    /// position taken takes the next one.
+    Append(Record),
+}
+
+/// The field of a log record holding its position.
+pub const LOG_SEQ: &str = "seq";
+/// The field marking a log record as a void entry: a position closed for
+/// good with nothing in it.
+pub const LOG_VOID: &str = "void";
+
+/// The void entry closing position `seq` of a log, logged at `at`.
+pub fn void_entry(seq: u64, at: DateTime) -> Record {
+    doc! {"_id": format!("void/{seq}"), LOG_SEQ: i64::try_from(seq).unwrap_or(i64::MAX), LOG_VOID: true, "logged_at": at}
 }
 
 impl Write<'_> {
     /// The `_id` the write is about.
     pub fn id(&self) -> Option<&str> {
         match self {
-            Write::Insert(record) => record_id(record),
+            Write::Insert(record) | Write::Append(record) => record_id(record),
             Write::Replace { id, .. } | Write::Update { id, .. } | Write::Delete { id, .. } => Some(id),
         }
     }
@@ -233,6 +256,7 @@ impl Write<'_> {
     pub fn kind(&self) -> &'static str {
         match self {
             Write::Insert(_) => "insert",
+            Write::Append(_) => "append",
             Write::Replace { .. } => "replace",
             Write::Update { .. } => "update",
             Write::Delete { .. } => "delete",
@@ -281,6 +305,18 @@ pub trait Store: Send + Sync + 'static {
     /// parallel instead.
     fn chains_cheaply(&self) -> bool {
         false
+    }
+
+    /// [`Write::Append`] of each of `records` to `coll`, unsynced; where
+    /// positions are taken from a counter (MongoDB), those of one call are
+    /// taken at once and follow the order of `records`. Returns whether
+    /// each was appended (`false`: it was there already).
+    async fn append_all(&self, coll: &str, records: Vec<Record>) -> StoreResult<Vec<bool>> {
+        let mut out = Vec::with_capacity(records.len());
+        for record in records {
+            out.push(self.write(coll, Write::Append(record), Durability::Unsynced).await?);
+        }
+        Ok(out)
     }
 
     /// Make every write so far durable (at shutdown).
@@ -354,6 +390,11 @@ impl Unsynced<'_> {
 
     pub async fn delete(&self, coll: &str, id: &str, filter: Document) -> StoreResult<bool> {
         self.0.write(coll, Write::Delete { id, filter }, Durability::Unsynced).await
+    }
+
+    /// See [`Write::Append`].
+    pub async fn append(&self, coll: &str, record: Record) -> StoreResult<bool> {
+        self.0.write(coll, Write::Append(record), Durability::Unsynced).await
     }
 
     /// See [`Store::write_in_order`].

@@ -25,6 +25,10 @@ use super::{Bson, Document, Durability, IndexSpec, Record, Scan, Store, StoreErr
 
 const DUPLICATE_KEY: i32 = 11000;
 
+/// Where [`Write::Append`] keeps the next position of each log: one
+/// record per log collection, `{_id: <collection>, n: <last position taken>}`.
+pub const COUNTERS: &str = "_counters";
+
 /// Error codes meaning "this document cannot be stored as it is".
 const REJECTED_CODES: &[i32] = &[2, 14, 52, 55, 56, 57, 10334, 15974, 16755, 17419, 238];
 
@@ -64,6 +68,15 @@ fn duplicate(err: &MongoError) -> Option<bool> {
             Some(e.message.contains("_id_") || !e.message.contains("index:"))
         }
         _ => None,
+    }
+}
+
+/// A duplicate key, whatever the command (an upsert racing another).
+fn is_duplicate(err: &MongoError) -> bool {
+    match err.kind.as_ref() {
+        ErrorKind::Write(WriteFailure::WriteError(e)) => e.code == DUPLICATE_KEY,
+        ErrorKind::Command(e) => e.code == DUPLICATE_KEY,
+        _ => err.to_string().contains("E11000"),
     }
 }
 
@@ -151,6 +164,69 @@ impl MongoStore {
         .map_err(|e| StoreError::Internal(format!("write task failed: {e}")))?
     }
 
+    /// [`Write::Append`]: unless the record is there already, take the
+    /// next position of `coll` from its counter in [`COUNTERS`] and insert
+    /// the record at it. A position found taken (a reader voided it, or the
+    /// counter was behind) moves the counter past the log's last position
+    /// and takes another; a record another appender inserted meanwhile
+    /// leaves the position taken for it void at once, so no reader waits
+    /// for it.
+    async fn append(&self, coll: &str, mut record: Record) -> StoreResult<bool> {
+        let log = self.coll(coll);
+        let id = record.get_str("_id").map_err(|_| StoreError::Rejected("record has no string _id".into()))?.to_owned();
+        if log.find_one(doc! {"_id": &id}).await.map_err(map_err)?.is_some() {
+            return Ok(false);
+        }
+        let counters = self.coll(COUNTERS);
+        loop {
+            let counter = match counters
+                .find_one_and_update(doc! {"_id": coll}, doc! {"$inc": {"n": 1_i64}})
+                .upsert(true)
+                .return_document(mongodb::options::ReturnDocument::After)
+                .await
+            {
+                Ok(counter) => counter,
+                // Two first appends created the counter at once: the one
+                // that lost goes again.
+                Err(err) if is_duplicate(&err) => continue,
+                Err(err) => return Err(map_err(err)),
+            };
+            let seq = counter
+                .as_ref()
+                .and_then(|c| c.get_i64("n").ok())
+                .filter(|n| *n > 0)
+                .ok_or_else(|| StoreError::Internal(format!("counter of {coll} is not a position: {counter:?}")))?;
+            record.insert(super::LOG_SEQ, seq);
+            match log.insert_one(&record).await {
+                Ok(_) => return Ok(true),
+                Err(err) if duplicate(&err).is_none() => return Err(map_err(err)),
+                Err(_) if log.find_one(doc! {"_id": &id}).await.map_err(map_err)?.is_some() => {
+                    // Another appender inserted it meanwhile: close the
+                    // position this one took.
+                    let void = super::void_entry(seq as u64, mongodb::bson::DateTime::now());
+                    match log.insert_one(void).await {
+                        Ok(_) => {}
+                        Err(err) if duplicate(&err).is_some() => {}
+                        Err(err) => return Err(map_err(err)),
+                    }
+                    return Ok(false);
+                }
+                Err(_) => {
+                    // The position is taken: move the counter past the
+                    // last one, then take the next.
+                    let last = log
+                        .find_one(doc! {})
+                        .sort(doc! {super::LOG_SEQ: -1})
+                        .await
+                        .map_err(map_err)?
+                        .and_then(|r| r.get_i64(super::LOG_SEQ).ok())
+                        .unwrap_or(0);
+                    counters.update_one(doc! {"_id": coll}, doc! {"$max": {"n": last}}).await.map_err(map_err)?;
+                }
+            }
+        }
+    }
+
     fn coll(&self, name: &str) -> Collection<Document> {
         self.db.collection(name)
     }
@@ -199,7 +275,92 @@ impl Store for MongoStore {
             }
             Write::Update { id, filter, update } => self.guarded(coll, id, filter, Guarded::Update(update)).await,
             Write::Delete { id, filter } => self.guarded(coll, id, filter, Guarded::Delete).await,
+            Write::Append(record) => self.append(coll, record).await,
         }
+    }
+
+    /// One round trip to learn which are there, one to take positions for
+    /// the rest, then their inserts at once.
+    async fn append_all(&self, coll: &str, records: Vec<Record>) -> StoreResult<Vec<bool>> {
+        if records.len() < 2 {
+            let mut out = Vec::new();
+            for record in records {
+                out.push(self.append(coll, record).await?);
+            }
+            return Ok(out);
+        }
+        let log = self.coll(coll);
+        let ids: Vec<String> = records.iter().filter_map(|r| r.get_str("_id").ok().map(str::to_owned)).collect();
+        if ids.len() != records.len() {
+            return Err(StoreError::Rejected("record has no string _id".into()));
+        }
+        // One lookup per id, at once: an `_id` equality is what every
+        // MongoDB-wire server answers from its primary index.
+        let lookups = ids.iter().map(|id| {
+            let log = log.clone();
+            async move { log.find_one(doc! {"_id": id}).await.map(|found| found.is_some()) }
+        });
+        let mut absent = Vec::with_capacity(ids.len());
+        for (i, there) in futures::future::join_all(lookups).await.into_iter().enumerate() {
+            if !there.map_err(map_err)? {
+                absent.push(i);
+            }
+        }
+        if absent.is_empty() {
+            return Ok(vec![false; records.len()]);
+        }
+        let n = i64::try_from(absent.len()).unwrap_or(i64::MAX);
+        let counter = loop {
+            match self
+                .coll(COUNTERS)
+                .find_one_and_update(doc! {"_id": coll}, doc! {"$inc": {"n": n}})
+                .upsert(true)
+                .return_document(mongodb::options::ReturnDocument::After)
+                .await
+            {
+                Ok(counter) => break counter,
+                Err(err) if is_duplicate(&err) => continue,
+                Err(err) => return Err(map_err(err)),
+            }
+        };
+        let last = counter
+            .as_ref()
+            .and_then(|c| c.get_i64("n").ok())
+            .filter(|last| *last >= n)
+            .ok_or_else(|| StoreError::Internal(format!("counter of {coll} is not a position: {counter:?}")))?;
+        let mut records: Vec<Option<Record>> = records.into_iter().map(Some).collect();
+        let inserts = absent.iter().enumerate().map(|(k, &i)| {
+            let mut record = records[i].take().expect("each record once");
+            let seq = last - n + 1 + k as i64;
+            record.insert(super::LOG_SEQ, seq);
+            let log = log.clone();
+            async move {
+                match log.insert_one(&record).await {
+                    Ok(_) => Ok((i, true, None)),
+                    Err(err) if duplicate(&err).is_some() => Ok((i, false, Some((seq, record)))),
+                    Err(err) => Err(map_err(err)),
+                }
+            }
+        });
+        let mut out = vec![false; ids.len()];
+        for done in futures::future::join_all(inserts).await {
+            let (i, appended, retry) = done?;
+            out[i] = appended;
+            if let Some((seq, mut record)) = retry {
+                // Inserted by another appender meanwhile, or the position
+                // was taken: settle it the way one append does, after
+                // closing the position it was given if it is still free.
+                record.remove(super::LOG_SEQ);
+                let taken = log.find_one(doc! {"_id": &ids[i]}).await.map_err(map_err)?.is_some();
+                match log.insert_one(super::void_entry(seq as u64, mongodb::bson::DateTime::now())).await {
+                    Ok(_) => {}
+                    Err(err) if duplicate(&err).is_some() => {}
+                    Err(err) => return Err(map_err(err)),
+                }
+                out[i] = !taken && self.append(coll, record).await?;
+            }
+        }
+        Ok(out)
     }
 
     /// Each write was durable when it returned.

@@ -73,6 +73,14 @@ scans! {
     DOCS_STAGED: "*"."staged", eq ["_meta.pending.op"], by "_id";
     /// User documents by the transaction holding them (the lock sweep).
     DOCS_LOCKED: "*"."locked", eq [], by "_meta.txn";
+    /// User documents with an event in their outbox, by its id (recovery
+    /// publishes what a crash left there).
+    DOCS_OUTBOX: "*"."outbox", eq [], by "_meta.outbox._id";
+    /// Tombstones (or live documents) by deletion time (the tombstone
+    /// purge).
+    DOCS_BY_DELETION: "*"."deleted_at", eq ["_meta.deleted"], by "_meta.deleted_at";
+    /// The event log in position order.
+    EVENTS_BY_SEQ: "_events"."seq", eq [], by "seq";
 }
 
 /// Why `decl` is not served by an index among `indexes` (collection and

@@ -61,6 +61,10 @@ impl Store for Templates {
         }
         self.inner.write_in_order(writes, durability).await
     }
+    async fn append_all(&self, coll: &str, records: Vec<Record>) -> StoreResult<Vec<bool>> {
+        self.prepare(coll).await?;
+        self.inner.append_all(coll, records).await
+    }
     fn chains_cheaply(&self) -> bool {
         self.inner.chains_cheaply()
     }

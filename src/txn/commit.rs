@@ -270,7 +270,7 @@ impl Engine {
                     stages.push((i, stage));
                 }
             }
-            if stages.len() == plan.actions.len() && !self.has_outputs(&record) {
+            if stages.len() == plan.actions.len() && self.outputs_chain(&record) {
                 // Every member is free: the whole protocol in one chain.
                 return Ok(Prepared::Whole(self.whole(plan, &record, stages).await?));
             }
@@ -331,9 +331,10 @@ impl Engine {
         self.lock_and_commit(plan, record, &wounded, locked, seen, left).await
     }
 
-    /// Whether committed `rec` leaves outputs (hook deliveries) behind.
-    fn has_outputs(&self, rec: &TxnRecord) -> bool {
-        self.outputs.iter().any(|o| o.has_any(rec))
+    /// Whether every output committed `rec` leaves behind can be made in
+    /// the chain of a whole transaction ([`Outputs::chained`]).
+    fn outputs_chain(&self, rec: &TxnRecord) -> bool {
+        self.outputs.iter().all(|o| !o.has_any(rec) || o.chained(rec, &[]).is_some())
     }
 
     /// A transaction whose members are all free and meet their
@@ -359,16 +360,31 @@ impl Engine {
         let committed_at = self.now();
         let mut chain = vec![(TXNS, Write::Insert(record.to_record()))];
         let mut forward = Vec::with_capacity(stages.len());
+        let mut forwarded = Vec::with_capacity(stages.len());
         for (i, stage) in stages {
             let coll = plan.actions[i].collection.as_str();
             let id = plan.actions[i].id.as_str();
-            let record = stage.locked.rolled_forward(committed_at).to_record();
-            forward.push((coll, Write::Replace { id, filter: stage.locked.unchanged_filter(Some(txn)), record }));
+            let after = stage.locked.rolled_forward(committed_at);
+            let write =
+                Write::Replace { id, filter: stage.locked.unchanged_filter(Some(txn)), record: after.to_record() };
+            forward.push((coll, write));
+            forwarded.push((i, after));
             chain.push((coll, stage.write));
         }
         let locks = chain.len();
         let (filter, update) = Transition::Commit { at: committed_at, results: &results, members: &members }.cas();
         chain.push((TXNS, Write::Update { id: txn, filter, update }));
+        // The outputs exist before any lock is released (step 5).
+        let mut committed = record.clone();
+        committed.status = Status::Committed;
+        committed.committed_at = Some(committed_at);
+        committed.members = members.clone();
+        committed.results = Some(results.clone());
+        let refs: Vec<(usize, &StoredDoc)> = forwarded.iter().map(|(i, d)| (*i, d)).collect();
+        for output in self.outputs.iter().filter(|o| o.has_any(&committed)) {
+            let appends = output.chained(&committed, &refs).expect("checked by outputs_chain");
+            chain.extend(appends.into_iter().map(|(coll, r)| (coll, Write::Append(r))));
+        }
         chain.extend(forward);
         let (filter, update) = Transition::Finish { from: Status::Committed, at: committed_at }.cas();
         chain.push((TXNS, Write::Update { id: txn, filter, update }));
@@ -399,11 +415,7 @@ impl Engine {
             // path goes on, and settles a failed commit as it always does.
             return Ok(Whole::Partly { chained, applied });
         }
-        let mut rec = record.clone();
-        rec.status = Status::Committed;
-        rec.committed_at = Some(committed_at);
-        rec.members = members;
-        rec.results = Some(results);
+        let rec = committed;
         if applied == total {
             self.metrics.incr("txgate_transactions_finished_total", "done");
             tracing::info!(txn.id = %txn, "transaction committed");
@@ -851,6 +863,9 @@ impl Engine {
                     }));
                 }
             };
+            if doc.meta.outbox.is_some() {
+                crate::events::publish_outbox(self.store.as_ref(), coll, &doc, self.now()).await?;
+            }
             let locked = locked_by(&doc, txn, staged);
             let filter = doc.unchanged_filter(None);
             if self.store.unsynced().replace(coll, &doc.id, filter, locked.to_record()).await? {
@@ -908,7 +923,8 @@ fn plain_stage<'p>(
                 PlainStage { write: Write::Insert(locked.to_record()), locked, base_v: 0 }
             })
         }
-        Some(doc) if doc.meta.txn.is_none() => {
+        // An outbox goes to the event log before the document is locked.
+        Some(doc) if doc.meta.txn.is_none() && doc.meta.outbox.is_none() => {
             let current = doc.committed_view();
             if precondition(action, &current, doc.meta.v).is_some() {
                 return None;
@@ -937,9 +953,11 @@ fn member_results(plan: &Plan, members: &mut [Member], bases: &[(usize, i64)]) -
     results.into_iter().map(|r| r.expect("every member locked")).collect()
 }
 
-/// `doc` locked by `txn` with `staged` as its pending change.
+/// `doc` locked by `txn` with `staged` as its pending change (its outbox,
+/// if any, must be in the event log: the lock drops it).
 fn locked_by(doc: &StoredDoc, txn: &str, staged: Staged) -> StoredDoc {
     let mut locked = doc.clone();
+    locked.meta.outbox = None;
     locked.meta.txn = Some(txn.to_owned());
     locked.meta.deleting = staged.op == StagedOp::Delete;
     locked.meta.pending = Some(staged);

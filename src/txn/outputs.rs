@@ -5,7 +5,8 @@
 
 use async_trait::async_trait;
 
-use crate::store::StoreResult;
+use crate::documents::model::StoredDoc;
+use crate::store::{Record, StoreResult};
 
 use super::record::TxnRecord;
 
@@ -18,4 +19,13 @@ pub trait Outputs: Send + Sync {
 
     /// Whether `rec` leaves any output of this kind.
     fn has_any(&self, rec: &TxnRecord) -> bool;
+
+    /// The records that make this output exist, as appends to log
+    /// collections, from committed `rec` and its members' post-images
+    /// (member index, document as rolled forward): for a transaction that
+    /// commits in one chain of writes. `None`: this output cannot be made
+    /// that way, and `ensure` must run instead.
+    fn chained(&self, _rec: &TxnRecord, _forwarded: &[(usize, &StoredDoc)]) -> Option<Vec<(&'static str, Record)>> {
+        None
+    }
 }

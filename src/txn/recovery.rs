@@ -15,11 +15,17 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::documents::model::StoredDoc;
-use crate::store::scans::{DOCS_LOCKED, TXNS_BY_COMMIT, TXNS_BY_LEASE, TXNS_BY_STATUS};
+use crate::store::scans::{DOCS_LOCKED, DOCS_OUTBOX, TXNS_BY_COMMIT, TXNS_BY_LEASE, TXNS_BY_STATUS};
 use crate::store::{Bound, Bson, DateTime, Scan, StoreError, StoreResult};
 
 use super::Engine;
 use super::record::{Status, TXNS, TxnRecord};
+
+/// The worker sweeps outboxes every this many passes: an outbox outlives
+/// only a crash between a single-document write and its event's move to
+/// the log (the next writer of the document moves it anyway), so the sweep
+/// need not cost a scan of every collection on every pass.
+const OUTBOX_SWEEP_EVERY: u64 = 10;
 
 /// Records read per scan; the lock sweep repeats until it has seen every
 /// lock, the other categories take one batch per pass.
@@ -32,6 +38,8 @@ pub struct Pass {
     pub rolled_forward: usize,
     pub rolled_back: usize,
     pub locks_cleared: usize,
+    /// Outboxes a crash left behind, moved to the event log.
+    pub outboxes: usize,
     /// Records skipped because they could not be handled.
     pub skipped: usize,
 }
@@ -65,12 +73,14 @@ impl Recovery {
     pub async fn run(self, shutdown: CancellationToken) {
         let interval = self.engine.cfg.recovery_interval;
         let mut backoff = interval;
+        let mut passes: u64 = 0;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(backoff) => {}
             }
-            match self.engine.recover_once().await {
+            passes += 1;
+            match self.engine.recover(passes % OUTBOX_SWEEP_EVERY == 1).await {
                 Ok(pass) => {
                     backoff = interval;
                     if !pass.is_idle() {
@@ -115,8 +125,13 @@ impl Engine {
         Ok(())
     }
 
-    /// One recovery pass.
+    /// One recovery pass, the outbox sweep included.
     pub async fn recover_once(&self) -> StoreResult<Pass> {
+        self.recover(true).await
+    }
+
+    /// One recovery pass; the outbox sweep when `outboxes`.
+    async fn recover(&self, outboxes: bool) -> StoreResult<Pass> {
         let mut pass = Pass::default();
         let at = self.now();
         // Pending past lease + skew: abort (a heartbeat that landed first
@@ -151,7 +166,50 @@ impl Engine {
             }
         }
         pass.locks_cleared = self.sweep_locks(&mut pass).await?;
+        if outboxes {
+            pass.outboxes = self.sweep_outboxes(&mut pass).await?;
+        }
         Ok(pass)
+    }
+
+    /// Move to the event log every outbox a single-document write left
+    /// behind (it stopped between its compare-and-set and the log), along
+    /// each user collection's index of documents with an outbox.
+    async fn sweep_outboxes(&self, pass: &mut Pass) -> StoreResult<usize> {
+        let mut moved = 0;
+        for coll in self.store.collections().await? {
+            if coll.starts_with('_') {
+                continue;
+            }
+            let mut from = Bound::Included(Bson::String(String::new()));
+            loop {
+                let scan = DOCS_OUTBOX.scan(Vec::new()).from(from.clone()).limit(BATCH);
+                let found = self.store.scan(&coll, scan).await?;
+                let full = found.len() == BATCH;
+                for rec in found {
+                    let id = crate::store::record_id(&rec).unwrap_or("?").to_owned();
+                    let outcome = async {
+                        let doc = StoredDoc::from_record(rec)?;
+                        if let Some(eid) = doc.meta.outbox.as_ref().and_then(|o| o.get_str("_id").ok()) {
+                            from = Bound::Excluded(Bson::String(eid.to_owned()));
+                        }
+                        crate::events::publish_outbox(self.store.as_ref(), &coll, &doc, self.now()).await
+                    }
+                    .await;
+                    match outcome {
+                        Ok(()) => {
+                            moved += 1;
+                            self.metrics.recovery_action("outbox_published");
+                        }
+                        Err(err) => self.skip(pass, &format!("{coll}/{id}"), err)?,
+                    }
+                }
+                if !full {
+                    break;
+                }
+            }
+        }
+        Ok(moved)
     }
 
     async fn finish(&self, rec: &TxnRecord, pass: &mut Pass) -> StoreResult<()> {

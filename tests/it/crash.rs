@@ -304,6 +304,35 @@ impl Scenario {
         n
     }
 
+    /// The ids of the change events of `txn` in the log.
+    async fn events(&self, store: &DynStore, txn: &str) -> Vec<String> {
+        let scan = txgate::store::scans::EVENTS_BY_SEQ.scan(Vec::new());
+        let mut ids: Vec<String> = store
+            .scan(txgate::events::EVENTS, scan)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| r.get_str("transaction").ok() == Some(txn))
+            .map(|r| r.get_str("_id").unwrap().to_owned())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// The events a commit of `txn` leaves (the check member has none).
+    fn expected_events(&self, txn: &str) -> Vec<String> {
+        let i = &self.ids;
+        let mut ids = vec![
+            format!("crash/{}/2", i[0]),
+            format!("crash/{}/2", i[1]),
+            format!("crash/{}/2", i[2]),
+            format!("crash/{}/1", i[4]),
+            format!("_txns/{txn}"),
+        ];
+        ids.sort();
+        ids
+    }
+
     /// Whether any member already carries its post-image unlocked (its
     /// lock was released by a roll-forward).
     async fn some_member_released(&self, store: &DynStore) -> bool {
@@ -401,10 +430,17 @@ async fn run_case(store: &DynStore, tag: &str, fault: Fault) -> (bool, usize) {
     // Deliveries exist before any lock is released.
     if s.some_member_released(store).await {
         assert_eq!(s.deliveries(store, &txn).await, 2, "{fault:?}: a lock was released before the hooks were recorded");
+        assert_eq!(
+            s.events(store, &txn).await,
+            s.expected_events(&txn),
+            "{fault:?}: a lock was released before the events were logged"
+        );
     }
     let rec = recover(store, &s, &txn).await;
     let applied = s.applied(store).await;
     assert_eq!(s.deliveries(store, &txn).await, if applied { 2 } else { 0 }, "{fault:?}: hooks exist iff committed");
+    let expected = if applied { s.expected_events(&txn) } else { Vec::new() };
+    assert_eq!(s.events(store, &txn).await, expected, "{fault:?}: events exist, once each, iff committed");
     match (&answer, rec.as_ref().map(|r| r.status)) {
         (_, None) => assert!(!applied, "{fault:?}: no record, so nothing may apply"),
         (_, Some(status)) => assert_eq!(applied, status == Status::Done, "{fault:?}: record {status:?} vs documents"),

@@ -6,6 +6,7 @@ mod support;
 mod auth;
 mod crash;
 mod documents;
+mod events;
 mod faults;
 mod hooks;
 mod indexes;

@@ -20,7 +20,52 @@ crate::on_both_backends!(
     int64_values_keep_type_and_precision,
     concurrent_cas_has_one_winner,
     every_migration_is_applied,
+    appends_take_increasing_positions_once_per_key,
 );
+
+/// A log collection: appends take increasing positions, a record is
+/// logged once however many append it at once, and a position a reader
+/// closed is never filled.
+async fn appends_take_increasing_positions_once_per_key(backend: Backend) {
+    let Some(ts) = store(backend).await else { return };
+    let s = &ts.store;
+    let index =
+        txgate::store::IndexSpec { name: "seq".into(), fields: vec!["seq".into()], unique: true, sparse: false };
+    s.ensure_index("log", index).await.unwrap();
+    let u = s.unsynced();
+    assert!(u.append("log", doc! {"_id": "a"}).await.unwrap());
+    assert!(u.append("log", doc! {"_id": "b"}).await.unwrap());
+    assert!(!u.append("log", doc! {"_id": "a"}).await.unwrap(), "a record is logged once");
+    let all = |s: txgate::store::DynStore| async move {
+        let scan = txgate::store::scans::EVENTS_BY_SEQ.scan(Vec::new());
+        s.scan("log", scan).await.unwrap()
+    };
+    let keyed = |recs: &[Document]| -> Vec<(i64, String)> {
+        recs.iter()
+            .filter(|r| !r.get_bool("void").unwrap_or(false))
+            .map(|r| (r.get_i64("seq").unwrap(), r.get_str("_id").unwrap().to_owned()))
+            .collect()
+    };
+    let recs = all(s.clone()).await;
+    assert_eq!(keyed(&recs), vec![(1, "a".to_owned()), (2, "b".to_owned())]);
+    // A reader closes the next position: the next append goes past it.
+    let last = recs.last().unwrap().get_i64("seq").unwrap() as u64;
+    assert!(s.insert("log", txgate::store::void_entry(last + 1, DateTime::now())).await.unwrap());
+    assert!(u.append("log", doc! {"_id": "c"}).await.unwrap());
+    let c = keyed(&all(s.clone()).await).into_iter().find(|(_, k)| k == "c").unwrap();
+    assert!(c.0 > (last + 1) as i64, "{c:?} filled the closed position {}", last + 1);
+    // Many at once: distinct positions, one record per key.
+    let appends = (0..40).map(|i| {
+        let s = s.clone();
+        async move { s.unsynced().append("log", doc! {"_id": format!("k{}", i % 20)}).await.unwrap() }
+    });
+    let applied = futures::future::join_all(appends).await.into_iter().filter(|a| *a).count();
+    assert_eq!(applied, 20);
+    let recs = all(s.clone()).await;
+    assert_eq!(keyed(&recs).len(), 23, "{:?}", keyed(&recs));
+    let seqs: Vec<i64> = recs.iter().map(|r| r.get_i64("seq").unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "positions are unique, in order: {seqs:?}");
+}
 
 async fn store(backend: Backend) -> Option<TestStore> {
     TestStore::new(backend).await

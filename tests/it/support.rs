@@ -379,3 +379,119 @@ impl Drop for TestReceiver {
         self.stop.cancel();
     }
 }
+
+/// A Server-Sent Events client over one streaming response.
+pub struct SseStream {
+    response: Response,
+    buffer: String,
+}
+
+/// One event of a stream: its `id` and its `data` as JSON.
+#[derive(Clone, Debug)]
+pub struct SseEvent {
+    pub id: Option<String>,
+    pub data: Value,
+}
+
+impl SseStream {
+    /// Open `path` on `app` as a stream, with `Last-Event-ID` when given.
+    pub async fn open(app: &TestApp, path: &str, last_event_id: Option<&str>) -> Self {
+        Self::open_url(&format!("{}{path}", app.base), last_event_id).await
+    }
+
+    /// Open `url` as a stream, with `Last-Event-ID` when given.
+    pub async fn open_url(url: &str, last_event_id: Option<&str>) -> Self {
+        let client = reqwest::Client::new();
+        let path = url;
+        let mut req = client.get(url).header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        let response = req.send().await.expect("stream opens");
+        assert_eq!(response.status(), 200, "stream {path}");
+        let kind = response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        assert!(kind.starts_with("text/event-stream"), "{kind}");
+        Self { response, buffer: String::new() }
+    }
+
+    /// The next event within `within` (comments skipped); `None` on
+    /// timeout or at the end of the stream.
+    pub async fn next(&mut self, within: Duration) -> Option<SseEvent> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let mut id = None;
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id:") {
+                        id = Some(v.trim().to_owned());
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.trim_start());
+                    }
+                }
+                if data.is_empty() {
+                    continue;
+                }
+                return Some(SseEvent { id, data: serde_json::from_str(&data).expect("event data is JSON") });
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.response.chunk()).await.ok()?.ok()??;
+            self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
+    /// Events until `n` have come or `within` passes.
+    pub async fn take(&mut self, n: usize, within: Duration) -> Vec<SseEvent> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut out = Vec::new();
+        while out.len() < n {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next(left).await {
+                Some(e) => out.push(e),
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// Whether the server ended the stream within `within`.
+    pub async fn ended(&mut self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, self.response.chunk()).await {
+                Err(_) => return false,
+                Ok(Ok(None)) | Ok(Err(_)) => return true,
+                Ok(Ok(Some(chunk))) => self.buffer.push_str(&String::from_utf8_lossy(&chunk)),
+            }
+        }
+    }
+}
+
+/// One JSON page of `/v1/events`.
+pub async fn events_page(app: &TestApp, query: &str) -> Value {
+    let res = app
+        .request(Method::GET, &format!("/v1/events?{query}"))
+        .header("accept", "application/json")
+        .send()
+        .await
+        .expect("sent");
+    expect(res, 200).await
+}
+
+/// Every event after `after` through JSON pages (until a page comes back
+/// empty), and the last `next`.
+pub async fn all_events(app: &TestApp, after: u64, extra: &str) -> (Vec<Value>, u64) {
+    let mut next = after;
+    let mut out = Vec::new();
+    loop {
+        let page = events_page(app, &format!("after={next}&limit=7{extra}")).await;
+        let items = page["items"].as_array().expect("items").clone();
+        let to = page["next"].as_u64().expect("next");
+        assert!(to >= next, "next never goes back: {to} < {next}");
+        next = to;
+        if items.is_empty() {
+            return (out, next);
+        }
+        out.extend(items);
+    }
+}

@@ -1,0 +1,458 @@
+//! The change-event log (DESIGN §5): every committed change leaves one
+//! event at a unique, increasing position (`seq`) of `_events`.
+//!
+//! Events are appended ([`crate::store::Write::Append`]) by whoever makes a
+//! change durable in the documents: a transaction's roll-forward before it
+//! releases any lock (its outputs, [`TxnEvents`]), and a single-document
+//! write right after its compare-and-set, which stored the event in the
+//! document's `_meta.outbox` ([`publish_outbox`]). Appends are idempotent
+//! by event id (the log's unique index), so any number of helpers may make
+//! sure an event exists.
+//!
+//! Readers ([`Log::read`]) go through the log in position order and never
+//! move past a position that may still fill (a gap): one still empty once
+//! the position after it is older than a timeout is closed for good with
+//! a void entry (insert-if-absent), and an append that finds its position
+//! closed takes another. What a reader hands out is durable first
+//! (DESIGN §1): it syncs the store after reading.
+
+pub mod model;
+pub mod tap;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::clock::Clock;
+use crate::documents::model::StoredDoc;
+use crate::store::{
+    Bound, Bson, DateTime, Document, DynStore, LOG_SEQ, Record, Store, StoreError, StoreResult, Update, Write, doc,
+    void_entry,
+};
+use crate::txn::TxnRecord;
+use crate::txn::outputs::Outputs;
+pub use model::{Entry, Event, EventMember, EventType, Logged};
+
+/// The log collection.
+pub const EVENTS: &str = "_events";
+/// Where the log keeps its floor: `{_id: "_events.floor", n}`, the last
+/// position purged (every position up to it is gone or going).
+pub const STATE: &str = "_counters";
+const FLOOR: &str = "_events.floor";
+
+/// Position `seq` as the log stores it.
+fn position(seq: u64) -> Bson {
+    Bson::Int64(i64::try_from(seq).unwrap_or(i64::MAX))
+}
+
+/// Positions one read takes at most.
+pub const READ_BATCH: usize = 500;
+
+/// How the log is kept.
+#[derive(Clone, Debug)]
+pub struct EventsConfig {
+    /// Events older than this are purged.
+    pub retention: Duration,
+    /// Tombstones older than this are purged (at least `retention`).
+    pub tombstone_retention: Duration,
+    /// How long a gap may stay open before a reader closes it.
+    pub gap_timeout: Duration,
+    /// How far instances' clocks may be apart.
+    pub clock_skew: Duration,
+    pub clock: Clock,
+}
+
+impl Default for EventsConfig {
+    fn default() -> Self {
+        Self {
+            retention: Duration::from_secs(7 * 24 * 3600),
+            tombstone_retention: Duration::from_secs(30 * 24 * 3600),
+            gap_timeout: Duration::from_secs(3),
+            clock_skew: Duration::from_secs(1),
+            clock: Clock::System,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The cursor lies before the oldest retained position.
+    #[error("events after {after} are no longer retained (the oldest retained position follows {floor})")]
+    Expired { after: u64, floor: u64 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What one read found: the events after the cursor up to the first gap
+/// that may still fill (void entries left out), and the last position read
+/// (the cursor of the next read).
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub events: Vec<Event>,
+    pub next: u64,
+    /// Whether a gap that may still fill stopped the read.
+    pub gap: bool,
+    /// Whether the read stopped at `max` positions with more after.
+    pub more: bool,
+}
+
+/// The log: reads, the wake-up of local readers, retention.
+pub struct Log {
+    store: DynStore,
+    cfg: EventsConfig,
+    appended: watch::Sender<u64>,
+}
+
+impl Log {
+    /// The log of `store`, and the store to write through so that this
+    /// log's readers wake when an append lands.
+    pub fn new(store: DynStore, cfg: EventsConfig) -> (Arc<Self>, DynStore) {
+        let appended = watch::Sender::new(0);
+        let tapped: DynStore = Arc::new(tap::Tap::new(store, appended.clone()));
+        (Arc::new(Self { store: Arc::clone(&tapped), cfg, appended }), tapped)
+    }
+
+    pub fn config(&self) -> &EventsConfig {
+        &self.cfg
+    }
+
+    /// A receiver that changes whenever this process appended to the log.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.appended.subscribe()
+    }
+
+    /// The last position purged; a cursor before it is expired.
+    pub async fn floor(&self) -> StoreResult<u64> {
+        Ok(self
+            .store
+            .get(STATE, FLOOR)
+            .await?
+            .and_then(|r| r.get_i64("n").ok())
+            .and_then(|n| u64::try_from(n).ok())
+            .unwrap_or(0))
+    }
+
+    /// The last position in the log (0 when empty): where a stream without
+    /// a cursor starts.
+    pub async fn head(&self) -> StoreResult<u64> {
+        let scan = crate::store::scans::EVENTS_BY_SEQ.scan(Vec::new()).desc().limit(1);
+        let last = self.store.scan(EVENTS, scan).await?;
+        Ok(last.first().and_then(|r| r.get_i64(LOG_SEQ).ok()).and_then(|n| u64::try_from(n).ok()).unwrap_or(0))
+    }
+
+    /// Up to `max` positions after `after`, stopping before a gap that
+    /// may still fill; what is returned is durable.
+    pub async fn read(&self, after: u64, max: usize) -> Result<Batch, ReadError> {
+        let floor = self.floor().await?;
+        if after < floor {
+            return Err(ReadError::Expired { after, floor });
+        }
+        let mut batch = Batch { next: after, ..Batch::default() };
+        let mut read = 0;
+        'scan: while read < max {
+            let want = (max - read).min(READ_BATCH);
+            let scan = crate::store::scans::EVENTS_BY_SEQ
+                .scan(Vec::new())
+                .from(Bound::Excluded(position(batch.next)))
+                .limit(want);
+            let records = self.store.scan(EVENTS, scan).await?;
+            let full = records.len() == want;
+            for rec in records {
+                let logged = Logged::from_record(rec)?;
+                if logged.seq != batch.next + 1 {
+                    if self.close_gap(batch.next + 1, &logged).await? {
+                        // Closed: read on from the same place.
+                        continue 'scan;
+                    }
+                    batch.gap = true;
+                    break 'scan;
+                }
+                batch.next = logged.seq;
+                read += 1;
+                if let Entry::Event(event) = logged.entry {
+                    batch.events.push(*event);
+                }
+            }
+            if !full {
+                break;
+            }
+            batch.more = read >= max;
+        }
+        // Nothing leaves the process on the strength of an unsynced write.
+        if batch.next > after {
+            self.store.sync().await?;
+        }
+        Ok(batch)
+    }
+
+    /// Positions `from` up to `next.seq` are empty: when `next` was logged
+    /// longer than the gap timeout ago (so were they taken), close them
+    /// with void entries. `true` when every one is filled or closed now.
+    async fn close_gap(&self, from: u64, next: &Logged) -> StoreResult<bool> {
+        let now = self.cfg.clock.now().timestamp_millis();
+        let wait = i64::try_from((self.cfg.gap_timeout + self.cfg.clock_skew).as_millis()).unwrap_or(i64::MAX);
+        match next.logged_at {
+            Some(at) if now.saturating_sub(at.timestamp_millis()) < wait => return Ok(false),
+            _ => {}
+        }
+        for seq in from..next.seq {
+            let void = void_entry(seq, self.cfg.clock.now());
+            // Unsynced: the read syncs before anything is handed out.
+            if self.store.unsynced().insert(EVENTS, void).await? {
+                tracing::warn!(seq, "closed a gap in the event log that stayed empty past its timeout");
+            }
+        }
+        Ok(true)
+    }
+
+    /// Purge what is past retention, oldest first, in position order: the
+    /// floor moves first (synced), so no reader ever takes a purged
+    /// position for a gap; then the records up to it go. Returns how many.
+    pub async fn purge(&self) -> StoreResult<usize> {
+        let cutoff = self
+            .cfg
+            .clock
+            .now()
+            .timestamp_millis()
+            .saturating_sub(i64::try_from(self.cfg.retention.as_millis()).unwrap_or(i64::MAX));
+        let mut total = 0;
+        loop {
+            let floor = self.floor().await?;
+            // Nothing to do unless the oldest record is past retention (or
+            // below the floor): one read when idle.
+            let oldest = self.store.scan(EVENTS, crate::store::scans::EVENTS_BY_SEQ.scan(Vec::new()).limit(1)).await?;
+            match oldest.into_iter().next().map(Logged::from_record).transpose()? {
+                None => return Ok(total),
+                Some(l) if l.seq > floor && l.logged_at.is_some_and(|at| at.timestamp_millis() >= cutoff) => {
+                    return Ok(total);
+                }
+                Some(_) => {}
+            }
+            let scan = crate::store::scans::EVENTS_BY_SEQ.scan(Vec::new()).limit(crate::store::BATCH);
+            let records = self.store.scan(EVENTS, scan).await?;
+            let full = records.len() == crate::store::BATCH;
+            // The contiguous old prefix above the floor (or left below it by
+            // an earlier pass that stopped between its steps).
+            let mut upto = floor;
+            let mut ids = Vec::new();
+            for rec in &records {
+                let id = crate::store::record_id(rec).unwrap_or_default().to_owned();
+                let logged = Logged::from_record(rec.clone())?;
+                let old = logged.logged_at.is_none_or(|at| at.timestamp_millis() < cutoff);
+                if logged.seq <= floor {
+                    ids.push(id);
+                    continue;
+                }
+                if logged.seq != upto + 1 || !old {
+                    break;
+                }
+                upto = logged.seq;
+                ids.push(id);
+            }
+            if ids.is_empty() {
+                return Ok(total);
+            }
+            if upto > floor {
+                let moved =
+                    self.store.replace(STATE, FLOOR, doc! {"n": {"$lt": upto as i64}}, doc! {"n": upto as i64}).await?
+                        || self.store.insert(STATE, doc! {"_id": FLOOR, "n": upto as i64}).await?;
+                if !moved {
+                    // Another instance moved it meanwhile.
+                    continue;
+                }
+            }
+            let unsynced = self.store.unsynced();
+            let unsynced = &unsynced;
+            let deletes = ids.iter().map(|id| async move { unsynced.delete(EVENTS, id, Document::new()).await });
+            for done in futures::future::join_all(deletes).await {
+                total += usize::from(done?);
+            }
+            if !full {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+/// Purge the log and the tombstones past their retention every
+/// `interval` until `stop`.
+pub async fn purge_worker(log: Arc<Log>, interval: Duration, stop: tokio_util::sync::CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        match log.purge().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(purged = n, "event log purged past its retention"),
+            Err(err) => tracing::warn!(error = %err, "event log purge failed; retrying next interval"),
+        }
+        match log.purge_tombstones().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(purged = n, "tombstones purged past their retention"),
+            Err(err) => tracing::warn!(error = %err, "tombstone purge failed; retrying next interval"),
+        }
+    }
+}
+
+impl Log {
+    /// Delete the tombstones older than the tombstone retention (unlocked,
+    /// their event logged), along each user collection's index of
+    /// documents by deletion time. The retention is at least the events':
+    /// a document re-created once its tombstone is gone starts at version
+    /// 1 again, and its event ids must not be in the log any more.
+    pub async fn purge_tombstones(&self) -> StoreResult<usize> {
+        let retention = i64::try_from(self.cfg.tombstone_retention.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = DateTime::from_millis(self.cfg.clock.now().timestamp_millis().saturating_sub(retention));
+        let filter =
+            doc! {"_meta.deleted": true, "_meta.deleted_at": {"$lt": cutoff}, "_meta.txn": null, "_meta.outbox": null};
+        let mut total = 0;
+        for coll in self.store.collections().await? {
+            if coll.starts_with('_') {
+                continue;
+            }
+            loop {
+                let scan = crate::store::scans::DOCS_BY_DELETION
+                    .scan(vec![Bson::Boolean(true)])
+                    .to(Bound::Excluded(Bson::DateTime(cutoff)))
+                    .limit(crate::store::BATCH);
+                let batch = self.store.scan(&coll, scan).await?;
+                let full = batch.len() == crate::store::BATCH;
+                let unsynced = self.store.unsynced();
+                let unsynced = &unsynced;
+                let deletes = batch.iter().filter_map(crate::store::record_id).map(|id| {
+                    let (coll, filter) = (coll.as_str(), filter.clone());
+                    async move { unsynced.delete(coll, id, filter).await }
+                });
+                let mut deleted = 0;
+                for done in futures::future::join_all(deletes).await {
+                    deleted += usize::from(done?);
+                }
+                total += deleted;
+                // A full batch none of which could go would be read again.
+                if !full || deleted == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// Make sure the event `doc` holds in its outbox is in the log, then clear
+/// the outbox (unless the document moved on). Readers never call this;
+/// writers do before they write a document that has one, and recovery for
+/// any a crash left behind.
+pub async fn publish_outbox(store: &dyn Store, coll: &str, doc: &StoredDoc, at: DateTime) -> StoreResult<()> {
+    let Some(outbox) = &doc.meta.outbox else { return Ok(()) };
+    let Ok(eid) = outbox.get_str("_id") else {
+        return Err(StoreError::Internal(format!("{coll}/{}: outbox without an event id", doc.id)));
+    };
+    let mut record = outbox.clone();
+    record.insert("logged_at", at);
+    let chain = vec![
+        (EVENTS, Write::Append(record)),
+        (coll, Write::Update { id: &doc.id, filter: outbox_filter(doc.meta.v, eid), update: clear_outbox() }),
+    ];
+    if store.unsynced().in_order(chain).await? == 0 {
+        // It was in the log already: only the outbox is left to clear.
+        store.unsynced().update(coll, &doc.id, outbox_filter(doc.meta.v, eid), clear_outbox()).await?;
+    }
+    Ok(())
+}
+
+/// The filter of a document still at `v` with the outbox of event `eid`.
+pub fn outbox_filter(v: i64, eid: &str) -> Document {
+    doc! {"_meta.v": v, "_meta.outbox._id": eid}
+}
+
+pub fn clear_outbox() -> Update {
+    Update { set: Document::new(), unset: vec!["_meta.outbox".into()] }
+}
+
+/// The log records (positions left to the store) of committed `rec`'s
+/// events, from its members' post-images `forwarded` (member index and
+/// the document as rolled forward): one per changed member, then the
+/// `transaction.committed` event.
+pub fn transaction_records(rec: &TxnRecord, forwarded: &[(usize, &StoredDoc)], at: DateTime) -> Vec<Record> {
+    let committed = rec.committed_at.unwrap_or(at);
+    let mut out = Vec::with_capacity(forwarded.len() + 1);
+    for (i, doc) in forwarded {
+        let m = &rec.members[*i];
+        if let Some(kind) = EventType::of_staged(m.op) {
+            let mut r = model::document_event(kind, &m.collection, doc, Some(&rec.id), committed);
+            r.insert("logged_at", at);
+            out.push(r);
+        }
+    }
+    let mut r = model::transaction_event(rec);
+    r.insert("logged_at", at);
+    out.push(r);
+    out
+}
+
+/// The event output of committed transactions: before any lock is
+/// released, the events of every member still held, then the
+/// `transaction.committed` event.
+pub struct TxnEvents {
+    store: DynStore,
+    clock: Clock,
+}
+
+impl TxnEvents {
+    pub fn new(store: DynStore, clock: Clock) -> Arc<Self> {
+        Arc::new(Self { store, clock })
+    }
+}
+
+#[async_trait]
+impl Outputs for TxnEvents {
+    async fn ensure(&self, rec: &TxnRecord) -> StoreResult<()> {
+        let at = self.clock.now();
+        let committed = rec.committed_at.unwrap_or(at);
+        // A member no longer held was released by someone who made every
+        // event of the transaction exist first: with none held, there is
+        // nothing to do.
+        // `Some(None)`: held, but another tool broke the document; its lock
+        // cannot be released either, and the rest go on.
+        let reads = rec.members.iter().enumerate().map(|(i, m)| async move {
+            let Some(found) = self.store.get(&m.collection, &m.id).await? else { return Ok(None) };
+            match StoredDoc::from_record(found) {
+                Ok(doc) if doc.meta.txn.as_deref() == Some(rec.id.as_str()) => {
+                    Ok(Some(Some((i, doc.rolled_forward(committed)))))
+                }
+                Ok(_) => Ok(None),
+                Err(err) => {
+                    tracing::warn!(txn.id = %rec.id, collection = %m.collection, id = %m.id, error = %err, "no event for a member that cannot be read");
+                    Ok(Some(None))
+                }
+            }
+        });
+        let held: Vec<Option<(usize, StoredDoc)>> = futures::future::join_all(reads)
+            .await
+            .into_iter()
+            .collect::<StoreResult<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .collect();
+        if held.is_empty() {
+            return Ok(());
+        }
+        let forwarded: Vec<(usize, StoredDoc)> = held.into_iter().flatten().collect();
+        let refs: Vec<(usize, &StoredDoc)> = forwarded.iter().map(|(i, d)| (*i, d)).collect();
+        // Positions in the order of the records: the members' events, then
+        // the transaction's own. `false`: it is in the log already.
+        self.store.append_all(EVENTS, transaction_records(rec, &refs, at)).await?;
+        Ok(())
+    }
+
+    fn has_any(&self, _: &TxnRecord) -> bool {
+        true
+    }
+
+    fn chained(&self, rec: &TxnRecord, forwarded: &[(usize, &StoredDoc)]) -> Option<Vec<(&'static str, Record)>> {
+        Some(transaction_records(rec, forwarded, self.clock.now()).into_iter().map(|r| (EVENTS, r)).collect())
+    }
+}

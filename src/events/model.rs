@@ -1,0 +1,252 @@
+//! Change events as stored in the log and as clients see them (DESIGN §5).
+
+use serde::Serialize;
+
+use crate::documents::model::{StagedOp, StoredDoc};
+use crate::store::{Bson, DateTime, LOG_SEQ, LOG_VOID, Record, StoreError, doc};
+use crate::txn::TxnRecord;
+
+/// What happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub enum EventType {
+    #[serde(rename = "document.created")]
+    Created,
+    #[serde(rename = "document.updated")]
+    Updated,
+    #[serde(rename = "document.deleted")]
+    Deleted,
+    #[serde(rename = "document.expired")]
+    Expired,
+    #[serde(rename = "transaction.committed")]
+    TransactionCommitted,
+}
+
+impl EventType {
+    pub const ALL: [EventType; 5] = [
+        EventType::Created,
+        EventType::Updated,
+        EventType::Deleted,
+        EventType::Expired,
+        EventType::TransactionCommitted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Created => "document.created",
+            EventType::Updated => "document.updated",
+            EventType::Deleted => "document.deleted",
+            EventType::Expired => "document.expired",
+            EventType::TransactionCommitted => "transaction.committed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// The event a committed staged operation causes (none for a check).
+    pub fn of_staged(op: StagedOp) -> Option<Self> {
+        match op {
+            StagedOp::Insert => Some(EventType::Created),
+            StagedOp::Update | StagedOp::Replace => Some(EventType::Updated),
+            StagedOp::Delete => Some(EventType::Deleted),
+            StagedOp::Check => None,
+        }
+    }
+}
+
+/// A member of a committed transaction, as its `transaction.committed`
+/// event lists it.
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct EventMember {
+    pub collection: String,
+    pub id: String,
+    /// `insert`, `update`, `replace`, `delete` or `check`.
+    pub op: String,
+    /// The member's version after the commit (unchanged for a check).
+    pub version: i64,
+}
+
+/// One change event (DESIGN §5).
+#[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct Event {
+    /// `<collection>/<document>/<version>`; `_txns/<transaction>` for a
+    /// `transaction.committed` event.
+    pub id: String,
+    /// The event's position in the log: unique and increasing.
+    pub seq: u64,
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    pub collection: Option<String>,
+    pub document: Option<String>,
+    pub version: Option<i64>,
+    /// The transaction that made the change; null for a single-document
+    /// write.
+    pub transaction: Option<String>,
+    /// When the change was committed (RFC 3339).
+    #[schema(value_type = String)]
+    pub at: String,
+    /// The document after the change (`document.created` and
+    /// `document.updated` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub data: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The transaction's members (`transaction.committed` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub members: Option<Vec<EventMember>>,
+}
+
+impl Event {
+    /// Whether the event concerns one of `collections` (a transaction's
+    /// event: one of its members does).
+    pub fn touches(&self, collections: &[String]) -> bool {
+        match (&self.collection, &self.members) {
+            (Some(c), _) => collections.contains(c),
+            (None, Some(members)) => members.iter().any(|m| collections.contains(&m.collection)),
+            (None, None) => false,
+        }
+    }
+}
+
+/// The event id of document `id` of `coll` at `version`.
+pub fn document_event_id(coll: &str, id: &str, version: i64) -> String {
+    format!("{coll}/{id}/{version}")
+}
+
+/// The event id of transaction `txn`'s `transaction.committed`.
+pub fn transaction_event_id(txn: &str) -> String {
+    format!("_txns/{txn}")
+}
+
+/// The log record (without its position; its `_id` is the event id) of
+/// the change that left `doc` as
+/// it is, made at `at` by `txn` (none: a single-document write).
+pub fn document_event(kind: EventType, coll: &str, doc: &StoredDoc, txn: Option<&str>, at: DateTime) -> Record {
+    let mut rec = doc! {
+        "_id": document_event_id(coll, &doc.id, doc.meta.v),
+        "type": kind.as_str(),
+        "collection": coll,
+        "document": &doc.id,
+        "version": doc.meta.v,
+        "transaction": txn.map_or(Bson::Null, |t| Bson::String(t.to_owned())),
+        "at": at,
+    };
+    if matches!(kind, EventType::Created | EventType::Updated) {
+        rec.insert("data", doc.data.clone());
+    }
+    rec
+}
+
+/// The log record (without its position) of committed `rec`'s
+/// `transaction.committed` event.
+pub fn transaction_event(rec: &TxnRecord) -> Record {
+    let results = rec.results.as_deref().unwrap_or_default();
+    let members: Vec<Bson> = rec
+        .members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let version = results.get(i).map_or(m.base_v.unwrap_or_default(), |r| r.version);
+            let op = mongodb::bson::to_bson(&m.op).unwrap_or(Bson::Null);
+            Bson::Document(doc! {"collection": &m.collection, "id": &m.id, "op": op, "version": version})
+        })
+        .collect();
+    doc! {
+        "_id": transaction_event_id(&rec.id),
+        "type": EventType::TransactionCommitted.as_str(),
+        "collection": Bson::Null,
+        "document": Bson::Null,
+        "version": Bson::Null,
+        "transaction": &rec.id,
+        "at": rec.committed_at.unwrap_or_else(DateTime::now),
+        "members": members,
+    }
+}
+
+/// What a position of the log holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Entry {
+    Event(Box<Event>),
+    /// Closed for good with no event.
+    Void,
+}
+
+/// A log record read back: its position, when it was logged, and what it
+/// holds.
+#[derive(Debug, Clone)]
+pub struct Logged {
+    pub seq: u64,
+    pub logged_at: Option<DateTime>,
+    pub entry: Entry,
+}
+
+fn bad(what: &str) -> StoreError {
+    StoreError::Internal(format!("malformed event record: {what}"))
+}
+
+impl Logged {
+    pub fn from_record(rec: Record) -> Result<Self, StoreError> {
+        let seq = rec.get_i64(LOG_SEQ).ok().and_then(|s| u64::try_from(s).ok()).ok_or_else(|| bad("seq"))?;
+        let logged_at = rec.get_datetime("logged_at").ok().copied();
+        if rec.get_bool(LOG_VOID).unwrap_or(false) {
+            return Ok(Self { seq, logged_at, entry: Entry::Void });
+        }
+        let text = |k: &str| rec.get_str(k).ok().map(str::to_owned);
+        let kind = rec.get_str("type").ok().and_then(EventType::parse).ok_or_else(|| bad("type"))?;
+        let members = match rec.get_array("members") {
+            Ok(list) => Some(
+                list.iter()
+                    .filter_map(Bson::as_document)
+                    .map(|m| EventMember {
+                        collection: m.get_str("collection").unwrap_or_default().to_owned(),
+                        id: m.get_str("id").unwrap_or_default().to_owned(),
+                        op: m.get_str("op").unwrap_or_default().to_owned(),
+                        version: m.get_i64("version").unwrap_or_default(),
+                    })
+                    .collect(),
+            ),
+            Err(_) => None,
+        };
+        let event = Event {
+            id: text("_id").ok_or_else(|| bad("_id"))?,
+            seq,
+            kind,
+            collection: text("collection"),
+            document: text("document"),
+            version: rec.get_i64("version").ok(),
+            transaction: text("transaction"),
+            at: rec.get_datetime("at").map(|d| crate::clock::rfc3339(*d)).unwrap_or_default(),
+            data: rec.get_document("data").ok().map(crate::store::convert::document_to_object),
+            members,
+        };
+        Ok(Self { seq, logged_at, entry: Entry::Event(Box::new(event)) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_document_event_reads_back() {
+        let d = StoredDoc::new_live("a".into(), doc! {"x": 1_i64}, 1, 3, DateTime::from_millis(5));
+        let mut rec = document_event(EventType::Updated, "c", &d, Some("T"), DateTime::from_millis(7));
+        rec.insert(LOG_SEQ, 9_i64);
+        let logged = Logged::from_record(rec).unwrap();
+        let Entry::Event(e) = logged.entry else { panic!("an event") };
+        assert_eq!(e.id, "c/a/3");
+        assert_eq!(e.seq, 9);
+        assert_eq!(e.kind, EventType::Updated);
+        assert_eq!(e.transaction.as_deref(), Some("T"));
+        assert_eq!(e.data.unwrap()["x"], serde_json::json!(1));
+        let json = serde_json::to_value(EventType::TransactionCommitted).unwrap();
+        assert_eq!(json, "transaction.committed");
+    }
+
+    #[test]
+    fn a_deleted_event_has_no_data() {
+        let d = StoredDoc::new_live("a".into(), doc! {"x": 1_i64}, 1, 3, DateTime::from_millis(5));
+        let rec = document_event(EventType::Deleted, "c", &d, None, DateTime::from_millis(7));
+        assert!(rec.get("data").is_none());
+    }
+}

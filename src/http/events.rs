@@ -1,0 +1,278 @@
+//! `/v1/events`: the change-event log as a Server-Sent Events stream, or
+//! as JSON pages for clients that cannot hold a connection (DESIGN §5).
+//!
+//! A stream reads the log from the store at its own pace: the next read
+//! happens only when the client has taken what came before, so a slow or
+//! paused client holds one read's worth of events, never a growing queue.
+//! It wakes when this process appends, and polls for what other instances
+//! append.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::error::{ApiError, ProblemCode};
+use super::extract::ApiQuery;
+use crate::documents::rules::Invalid;
+use crate::events::{Event, EventType, Log, READ_BATCH, ReadError};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(events))
+}
+
+/// How often an idle stream looks for events other instances appended.
+const POLL: Duration = Duration::from_millis(250);
+/// How soon a stream stopped at a gap looks again.
+const GAP_RETRY: Duration = Duration::from_millis(20);
+/// The comment line an idle stream gets.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+const DEFAULT_PAGE: i64 = 100;
+const MAX_PAGE: i64 = 1000;
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Only events about these collections, comma-separated (a
+    /// `transaction.committed` event: when one of its members is).
+    pub collections: Option<String>,
+    /// Only these event types, comma-separated.
+    #[param(example = "document.created,document.updated")]
+    pub types: Option<String>,
+    /// Start after this position: the `seq` of the last event received,
+    /// or the `next` of the last page. A stream without it (and without
+    /// `Last-Event-ID`) starts at the end of the log; a page without it
+    /// at the oldest retained event.
+    #[param(value_type = Option<u64>, minimum = 0)]
+    pub after: Option<String>,
+    /// Page size of a JSON page (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<i64>,
+}
+
+/// A page of events.
+#[derive(Serialize, ToSchema)]
+pub struct EventPage {
+    pub items: Vec<Event>,
+    /// The position to continue after (`after=`): the last position read,
+    /// never past a gap that may still fill. The same as `after` when
+    /// nothing new was found.
+    pub next: u64,
+}
+
+/// Which events a reader wants.
+#[derive(Clone, Debug, Default)]
+struct Filter {
+    collections: Option<Vec<String>>,
+    types: Option<Vec<EventType>>,
+}
+
+impl Filter {
+    fn parse(query: &EventsQuery) -> Result<Self, ApiError> {
+        let list = |s: &str| -> Vec<String> {
+            s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_owned).collect()
+        };
+        let collections = query.collections.as_deref().map(list);
+        let types = match query.types.as_deref() {
+            None => None,
+            Some(s) => Some(
+                list(s)
+                    .iter()
+                    .map(|t| {
+                        EventType::parse(t).ok_or_else(|| {
+                            let known: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
+                            Invalid::new(
+                                "/query/types",
+                                format!("unknown event type {t:?}; known: {}", known.join(", ")),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        Ok(Self { collections, types })
+    }
+
+    fn wants(&self, event: &Event) -> bool {
+        self.types.as_ref().is_none_or(|t| t.contains(&event.kind))
+            && self.collections.as_ref().is_none_or(|c| event.touches(c))
+    }
+}
+
+fn position(value: &str, pointer: &str) -> Result<u64, ApiError> {
+    value.trim().parse::<u64>().map_err(|_| Invalid::new(pointer, "a position is a non-negative integer").into())
+}
+
+fn expired(err: ReadError) -> ApiError {
+    match err {
+        ReadError::Expired { .. } => ApiError::new(StatusCode::GONE, ProblemCode::CursorExpired, err.to_string()),
+        ReadError::Store(e) => e.into(),
+    }
+}
+
+/// Whether the client asked for JSON rather than a stream.
+fn wants_json(headers: &HeaderMap) -> bool {
+    let accept = headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>().join(",");
+    accept.contains("application/json") && !accept.contains("text/event-stream")
+}
+
+/// Read change events
+///
+/// Server-Sent Events by default: each event as `id: <seq>` and `data:
+/// <the event as JSON>`, every matching event after the cursor, in `seq`
+/// order, none lost; reconnect with `Last-Event-ID` (or `after=`) to go
+/// on. An idle stream gets a comment line every 15 s.
+///
+/// With `Accept: application/json`: one page, `{"items", "next"}`; pass
+/// `next` as `after` for the following page.
+///
+/// Only committed changes appear, each once per position. A cursor older
+/// than the event retention answers 410 `cursor_expired`.
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    operation_id = "v1.events.list",
+    tag = "events",
+    params(
+        EventsQuery,
+        ("Last-Event-ID" = Option<String>, Header, description = "The `id` of the last event received (a stream's cursor; `after=` wins when both are given)"),
+    ),
+    responses(
+        (status = 200, description = "The event stream, or one page of events", content(
+            (EventPage = "application/json"),
+            (String = "text/event-stream"),
+        )),
+    )
+)]
+pub async fn events(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiQuery(query): ApiQuery<EventsQuery>,
+) -> Result<Response, ApiError> {
+    let filter = Filter::parse(&query)?;
+    let after = match (&query.after, headers.get("last-event-id")) {
+        (Some(after), _) => Some(position(after, "/query/after")?),
+        (None, Some(id)) => Some(id.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()).ok_or_else(|| {
+            ApiError::new(StatusCode::BAD_REQUEST, ProblemCode::InvalidHeader, "Last-Event-ID is the seq of an event")
+        })?),
+        (None, None) => None,
+    };
+    let log = Arc::clone(&state.events);
+    if wants_json(&headers) {
+        let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+        if !(1..=MAX_PAGE).contains(&limit) {
+            return Err(Invalid::new("/query/limit", format!("limit must be between 1 and {MAX_PAGE}")).into());
+        }
+        let after = match after {
+            Some(after) => after,
+            None => log.floor().await?,
+        };
+        let page = page(&log, &filter, after, limit as usize).await.map_err(expired)?;
+        return Ok(axum::Json(page).into_response());
+    }
+    let start = match after {
+        Some(after) => {
+            let floor = log.floor().await?;
+            if after < floor {
+                return Err(expired(ReadError::Expired { after, floor }));
+            }
+            after
+        }
+        None => log.head().await?,
+    };
+    let reader = Reader {
+        log,
+        filter,
+        cursor: start,
+        pending: VecDeque::new(),
+        appended: state.events.subscribe(),
+        stop: state.stop.clone(),
+    };
+    let stream = futures::stream::unfold(reader, Reader::next);
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response())
+}
+
+/// One page: up to `limit` matching events after `after`.
+async fn page(log: &Log, filter: &Filter, after: u64, limit: usize) -> Result<EventPage, ReadError> {
+    let mut items = Vec::new();
+    let mut next = after;
+    loop {
+        let batch = log.read(next, READ_BATCH).await?;
+        let mut read_to = batch.next;
+        for event in batch.events {
+            if filter.wants(&event) {
+                if items.len() == limit {
+                    // The page is full: the next one starts before this.
+                    read_to = event.seq - 1;
+                    break;
+                }
+                items.push(event);
+            }
+        }
+        next = read_to;
+        if items.len() == limit || !batch.more {
+            return Ok(EventPage { items, next });
+        }
+    }
+}
+
+/// A stream's state between the events it hands out.
+struct Reader {
+    log: Arc<Log>,
+    filter: Filter,
+    cursor: u64,
+    pending: VecDeque<Event>,
+    appended: tokio::sync::watch::Receiver<u64>,
+    stop: CancellationToken,
+}
+
+impl Reader {
+    async fn next(mut self) -> Option<(Result<SseEvent, Infallible>, Self)> {
+        loop {
+            if self.stop.is_cancelled() {
+                return None;
+            }
+            if let Some(event) = self.pending.pop_front() {
+                let data = serde_json::to_string(&event).expect("an event serializes");
+                return Some((Ok(SseEvent::default().id(event.seq.to_string()).data(data)), self));
+            }
+            // Changes from here on wake the wait below.
+            self.appended.borrow_and_update();
+            let wait = match self.log.read(self.cursor, READ_BATCH).await {
+                Ok(batch) => {
+                    let moved = batch.next > self.cursor;
+                    self.cursor = batch.next;
+                    self.pending.extend(batch.events.into_iter().filter(|e| self.filter.wants(e)));
+                    if !self.pending.is_empty() || batch.more || (moved && !batch.gap) {
+                        continue;
+                    }
+                    if batch.gap { GAP_RETRY } else { POLL }
+                }
+                Err(ReadError::Expired { after, floor }) => {
+                    tracing::warn!(after, floor, "an event stream fell behind the retention; closing it");
+                    return None;
+                }
+                Err(ReadError::Store(err)) => {
+                    tracing::warn!(error = %err, "an event stream could not read the log; retrying");
+                    Duration::from_secs(1)
+                }
+            };
+            tokio::select! {
+                () = self.stop.cancelled() => return None,
+                _ = self.appended.changed() => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}

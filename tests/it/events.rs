@@ -1,0 +1,410 @@
+//! Change events (DESIGN §5): the log, JSON pages, the SSE stream, gaps,
+//! retention and shutdown, over HTTP against both backends.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use txgate::documents::model::StoredDoc;
+use txgate::events::EVENTS;
+use txgate::store::{DateTime, doc};
+
+use crate::support::{Backend, SseStream, TestApp, all_events, events_page, expect, expect_problem};
+
+crate::on_both_backends!(
+    events_come_only_from_committed_changes,
+    pages_resume_with_next_and_filter,
+    a_stream_filters_and_resumes_without_loss,
+    two_instances_one_stream_sees_every_event_once,
+    a_gap_that_never_fills_is_voided,
+    an_expired_cursor_gets_410,
+    an_outbox_left_by_a_crash_reaches_the_log_in_version_order,
+    shutdown_with_open_streams_is_prompt,
+    tombstones_go_after_their_retention,
+);
+
+async fn create(app: &TestApp, coll: &str, id: &str, body: Value) -> Value {
+    let mut body = body;
+    body["_id"] = json!(id);
+    expect(app.post(&format!("/v1/collections/{coll}/documents"), &body).await, 201).await
+}
+
+async fn patch(app: &TestApp, coll: &str, id: &str, set: Value) -> reqwest::Response {
+    app.send_json(reqwest::Method::PATCH, &format!("/v1/collections/{coll}/documents/{id}"), &json!({"set": set})).await
+}
+
+fn ids(events: &[Value]) -> Vec<&str> {
+    events.iter().map(|e| e["id"].as_str().unwrap()).collect()
+}
+
+/// Positions increase; per document, versions follow one another.
+fn check_order(events: &[Value]) {
+    let mut last_seq = 0;
+    let mut versions: HashMap<(String, String), i64> = HashMap::new();
+    for e in events {
+        let seq = e["seq"].as_u64().unwrap();
+        assert!(seq > last_seq, "seq goes up: {seq} after {last_seq}");
+        last_seq = seq;
+        if let (Some(c), Some(d)) = (e["collection"].as_str(), e["document"].as_str()) {
+            let v = e["version"].as_i64().unwrap();
+            if let Some(prev) = versions.insert((c.into(), d.into()), v) {
+                assert_eq!(v, prev + 1, "{c}/{d}: version {v} after {prev}");
+            }
+        }
+    }
+}
+
+async fn events_come_only_from_committed_changes(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "acc", "a", json!({"bal": 10})).await;
+    create(&app, "acc", "b", json!({"bal": 0})).await;
+    let transfer = json!({"actions": [
+        {"op": "update", "collection": "acc", "id": "a", "inc": {"bal": -3}, "if_version": 1},
+        {"op": "update", "collection": "acc", "id": "b", "inc": {"bal": 3}},
+        {"op": "check", "collection": "acc", "id": "b"},
+    ]});
+    // A document named twice is refused, and leaves nothing.
+    assert_eq!(app.post("/v1/transactions", &transfer).await.status(), 422);
+    let transfer = json!({"actions": [
+        {"op": "update", "collection": "acc", "id": "a", "inc": {"bal": -3}, "if_version": 1},
+        {"op": "update", "collection": "acc", "id": "b", "inc": {"bal": 3}},
+        {"op": "insert", "collection": "log", "id": "t1", "data": {"n": 1}},
+    ]});
+    let committed = expect(app.post("/v1/transactions", &transfer).await, 200).await;
+    let txn = committed["id"].as_str().unwrap().to_owned();
+    // Failures write no event: a stale version, an aborted transaction.
+    let stale = app
+        .request(reqwest::Method::PATCH, "/v1/collections/acc/documents/a")
+        .header("if-match", "\"1\"")
+        .json(&json!({"set": {"x": 1}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stale.status(), 409);
+    let aborted = app
+        .post(
+            "/v1/transactions",
+            &json!({"actions": [
+                {"op": "update", "collection": "acc", "id": "a", "set": {"y": 1}},
+                {"op": "update", "collection": "acc", "id": "b", "set": {"y": 1}, "if_version": 1},
+            ]}),
+        )
+        .await;
+    assert_eq!(aborted.status(), 409);
+    assert_eq!(
+        app.request(reqwest::Method::DELETE, "/v1/collections/acc/documents/b").send().await.unwrap().status(),
+        204
+    );
+
+    let (events, next) = all_events(&app, 0, "").await;
+    check_order(&events);
+    let all = ids(&events);
+    assert_eq!(all.len(), 7, "{all:?}");
+    assert_eq!((all[0], all[1], all[5], all[6]), ("acc/a/1", "acc/b/1", format!("_txns/{txn}").as_str(), "acc/b/3"));
+    let mut members: Vec<&str> = all[2..5].to_vec();
+    members.sort();
+    assert_eq!(members, vec!["acc/a/2", "acc/b/2", "log/t1/1"]);
+    assert_eq!(next, events.last().unwrap()["seq"].as_u64().unwrap());
+    let by_id: HashMap<&str, &Value> = events.iter().map(|e| (e["id"].as_str().unwrap(), e)).collect();
+    assert_eq!(by_id["acc/a/1"]["type"], "document.created");
+    assert_eq!(by_id["acc/a/1"]["transaction"], Value::Null);
+    assert_eq!(by_id["acc/a/1"]["data"], json!({"bal": 10}));
+    assert_eq!(by_id["acc/a/2"]["type"], "document.updated");
+    assert_eq!(by_id["acc/a/2"]["transaction"], json!(txn));
+    assert_eq!(by_id["acc/a/2"]["data"], json!({"bal": 7}));
+    assert_eq!(by_id["log/t1/1"]["type"], "document.created");
+    assert_eq!(by_id["acc/b/3"]["type"], "document.deleted");
+    assert!(by_id["acc/b/3"].get("data").is_none(), "a delete carries no data");
+    let tx = by_id[format!("_txns/{txn}").as_str()];
+    assert_eq!(tx["type"], "transaction.committed");
+    assert_eq!(
+        tx["members"],
+        json!([
+            {"collection": "acc", "id": "a", "op": "update", "version": 2},
+            {"collection": "acc", "id": "b", "op": "update", "version": 2},
+            {"collection": "log", "id": "t1", "op": "insert", "version": 1},
+        ])
+    );
+    // No outbox is left behind.
+    for id in ["a", "b"] {
+        let d = StoredDoc::from_record(app.store.get("acc", id).await.unwrap().unwrap()).unwrap();
+        assert!(d.meta.outbox.is_none(), "{id}: {:?}", d.meta.outbox);
+    }
+    app.stop().await;
+}
+
+async fn pages_resume_with_next_and_filter(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    // Without `after`, an empty log's page is empty at position 0.
+    let empty = events_page(&app, "").await;
+    assert_eq!(empty, json!({"items": [], "next": 0}));
+    for i in 0..12 {
+        create(&app, if i % 3 == 0 { "b" } else { "a" }, &format!("d{i}"), json!({"i": i})).await;
+    }
+    for i in 0..4 {
+        expect(patch(&app, "a", &format!("d{}", i * 3 + 1), json!({"p": 1})).await, 200).await;
+    }
+    let (all, next) = all_events(&app, 0, "").await;
+    assert_eq!(all.len(), 16);
+    check_order(&all);
+    // Pages of 5 cover the same, in order, and `next` continues.
+    let first = events_page(&app, "limit=5").await;
+    assert_eq!(first["items"].as_array().unwrap().len(), 5);
+    assert_eq!(first["next"], all[4]["seq"]);
+    let second = events_page(&app, &format!("after={}&limit=5", first["next"])).await;
+    assert_eq!(second["items"][0], all[5]);
+    // Nothing new: the same cursor back.
+    let none = events_page(&app, &format!("after={next}")).await;
+    assert_eq!(none, json!({"items": [], "next": next}));
+    // Filters.
+    let (only_b, _) = all_events(&app, 0, "&collections=b").await;
+    assert_eq!(only_b.len(), 4);
+    assert!(only_b.iter().all(|e| e["collection"] == "b"));
+    let (updates, _) = all_events(&app, 0, "&types=document.updated&collections=a,zz").await;
+    assert_eq!(ids(&updates), vec!["a/d1/2", "a/d4/2", "a/d7/2", "a/d10/2"]);
+    let (both, _) = all_events(&app, 0, "&types=document.created,document.updated").await;
+    assert_eq!(both.len(), 16);
+    // Bad input.
+    for q in ["after=-1", "after=x", "limit=0", "limit=1001", "types=document.nope"] {
+        let res = app
+            .request(reqwest::Method::GET, &format!("/v1/events?{q}"))
+            .header("accept", "application/json")
+            .send()
+            .await
+            .unwrap();
+        expect_problem(res, 422, "validation_failed").await;
+    }
+    let res = app.request(reqwest::Method::GET, "/v1/events").header("last-event-id", "soon").send().await.unwrap();
+    expect_problem(res, 400, "invalid_header").await;
+    app.stop().await;
+}
+
+async fn a_stream_filters_and_resumes_without_loss(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "s", "before", json!({})).await;
+    // Without a cursor the stream starts at now.
+    let mut stream = SseStream::open(&app, "/v1/events", None).await;
+    let mut updates = SseStream::open(&app, "/v1/events?collections=s&types=document.updated", None).await;
+    create(&app, "s", "x", json!({"n": 0})).await;
+    create(&app, "other", "y", json!({})).await;
+    expect(patch(&app, "s", "x", json!({"n": 1})).await, 200).await;
+    let got = stream.take(3, Duration::from_secs(5)).await;
+    assert_eq!(
+        got.iter().map(|e| e.data["id"].as_str().unwrap()).collect::<Vec<_>>(),
+        vec!["s/x/1", "other/y/1", "s/x/2"]
+    );
+    for e in &got {
+        assert_eq!(e.id.as_deref(), Some(e.data["seq"].to_string().as_str()), "id: is the seq");
+    }
+    let up = updates.take(1, Duration::from_secs(5)).await;
+    assert_eq!(up[0].data["id"], "s/x/2");
+    assert!(updates.next(Duration::from_millis(300)).await.is_none(), "nothing else matches");
+    // Disconnect; changes go on; resume from the last id seen.
+    let last = got.last().unwrap().id.clone().unwrap();
+    drop(stream);
+    for i in 2..7 {
+        expect(patch(&app, "s", "x", json!({"n": i})).await, 200).await;
+    }
+    let mut resumed = SseStream::open(&app, "/v1/events", Some(&last)).await;
+    let rest = resumed.take(5, Duration::from_secs(5)).await;
+    let versions: Vec<i64> = rest.iter().map(|e| e.data["version"].as_i64().unwrap()).collect();
+    assert_eq!(versions, vec![3, 4, 5, 6, 7]);
+    // `after=` does the same.
+    let mut again = SseStream::open(&app, &format!("/v1/events?after={last}"), None).await;
+    assert_eq!(again.take(5, Duration::from_secs(5)).await.len(), 5);
+    app.stop().await;
+}
+
+/// Two gateways on one store, writing at once: one stream sees every
+/// event exactly once, in `seq` order, and so do the pages.
+async fn two_instances_one_stream_sees_every_event_once(backend: Backend) {
+    let Some(a) = TestApp::spawn(backend).await else { return };
+    let b = TestApp::on_store(a.config.clone(), Arc::clone(&a.store), None).await;
+    let mut stream = SseStream::open(&a, "/v1/events", None).await;
+    let writers = [&a, &b].into_iter().enumerate().map(|(w, app)| async move {
+        for i in 0..15 {
+            create(app, "two", &format!("w{w}-{i}"), json!({"i": i})).await;
+            let t = json!({"actions": [
+                {"op": "update", "collection": "two", "id": format!("w{w}-{i}"), "set": {"t": 1}},
+                {"op": "insert", "collection": "two", "id": format!("w{w}-{i}-t"), "data": {}},
+            ]});
+            expect(app.post("/v1/transactions", &t).await, 200).await;
+        }
+    });
+    futures::future::join_all(writers).await;
+    // 2 writers x 15 x (create + 2 members + transaction event).
+    let got = stream.take(120, Duration::from_secs(20)).await;
+    assert_eq!(got.len(), 120);
+    let data: Vec<Value> = got.iter().map(|e| e.data.clone()).collect();
+    check_order(&data);
+    let mut seen: Vec<&str> = ids(&data);
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 120, "each event once");
+    assert!(stream.next(Duration::from_millis(500)).await.is_none());
+    let (paged, _) = all_events(&b, 0, "").await;
+    assert_eq!(paged, data, "pages read what the stream read");
+    b.stop().await;
+    a.stop().await;
+}
+
+/// A position taken and never filled (its writer died) holds readers back
+/// until the gap timeout; then it is voided and they go on, none lost.
+async fn a_gap_that_never_fills_is_voided(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, |c| {
+        c.events.gap_timeout = Duration::from_millis(700);
+        c.events.clock_skew = Duration::ZERO;
+    })
+    .await
+    else {
+        return;
+    };
+    create(&app, "g", "a", json!({})).await;
+    let (before, head) = all_events(&app, 0, "").await;
+    assert_eq!(before.len(), 1);
+    // A writer that took position head+1 died; the next one landed at +2.
+    let at = DateTime::now();
+    let orphan = doc! {"_id": "g/b/1", "seq": (head + 2) as i64, "type": "document.created",
+    "collection": "g", "document": "b", "version": 1_i64, "transaction": null, "at": at, "data": {}, "logged_at": at};
+    assert!(app.store.insert(EVENTS, orphan).await.unwrap());
+    let mut stream = SseStream::open(&app, "/v1/events", Some(&head.to_string())).await;
+    let page = events_page(&app, &format!("after={head}")).await;
+    assert_eq!(page, json!({"items": [], "next": head}), "a page stops before a gap that may still fill");
+    let started = Instant::now();
+    let got = stream.take(1, Duration::from_secs(5)).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].data["id"], "g/b/1");
+    assert!(started.elapsed() >= Duration::from_millis(400), "the stream waited for the gap");
+    let void = app.store.get(EVENTS, &format!("void/{}", head + 1)).await.unwrap().expect("the gap was voided");
+    assert_eq!(void.get_bool("void"), Ok(true));
+    // The position stays void: later events go after it.
+    create(&app, "g", "c", json!({})).await;
+    let (after, _) = all_events(&app, head, "").await;
+    assert_eq!(ids(&after), vec!["g/b/1", "g/c/1"]);
+    app.stop().await;
+}
+
+async fn an_expired_cursor_gets_410(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, |c| {
+        c.events.retention = Duration::from_secs(1);
+        c.txn.recovery_interval = Duration::from_millis(100);
+    })
+    .await
+    else {
+        return;
+    };
+    for i in 0..3 {
+        create(&app, "r", &format!("old{i}"), json!({})).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    create(&app, "r", "new", json!({})).await;
+    let started = Instant::now();
+    loop {
+        let res = app
+            .request(reqwest::Method::GET, "/v1/events?after=0")
+            .header("accept", "application/json")
+            .send()
+            .await
+            .unwrap();
+        if res.status() == 410 {
+            expect_problem(res, 410, "cursor_expired").await;
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "old events were not purged");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let res = app.request(reqwest::Method::GET, "/v1/events").header("last-event-id", "1").send().await.unwrap();
+    expect_problem(res, 410, "cursor_expired").await;
+    // Without a cursor, pages start at the oldest retained event.
+    let page = events_page(&app, "").await;
+    assert_eq!(ids(page["items"].as_array().unwrap()), vec!["r/new/1"]);
+    app.stop().await;
+}
+
+/// A single-document write whose process died after its compare-and-set
+/// left its event in the document's outbox: the next writer logs it
+/// before its own, and recovery logs one nobody writes over.
+async fn an_outbox_left_by_a_crash_reaches_the_log_in_version_order(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, |c| c.txn.recovery_interval = Duration::from_millis(100)).await else {
+        return;
+    };
+    for id in ["w", "r", "t"] {
+        create(&app, "o", id, json!({"n": 0})).await;
+    }
+    // What the crash leaves: version 2 with its event in the outbox only.
+    for id in ["w", "r", "t"] {
+        let mut d = StoredDoc::from_record(app.store.get("o", id).await.unwrap().unwrap()).unwrap();
+        d.meta.v = 2;
+        d.data = doc! {"n": 1_i64};
+        let at = DateTime::now();
+        d.meta.outbox =
+            Some(txgate::events::model::document_event(txgate::events::EventType::Updated, "o", &d, None, at));
+        assert!(app.store.replace("o", id, doc! {"_meta.v": 1_i64}, d.to_record()).await.unwrap());
+    }
+    // A reader leaves it alone.
+    let read = expect(app.get("/v1/collections/o/documents/r").await, 200).await;
+    assert_eq!(read["version"], 2);
+    // A writer logs it first.
+    expect(patch(&app, "o", "w", json!({"n": 2})).await, 200).await;
+    // A transaction does too.
+    let t = json!({"actions": [{"op": "update", "collection": "o", "id": "t", "set": {"n": 2}}]});
+    expect(app.post("/v1/transactions", &t).await, 200).await;
+    let started = Instant::now();
+    loop {
+        let (events, _) = all_events(&app, 0, "").await;
+        check_order(&events);
+        let mut got: Vec<&str> = ids(&events).into_iter().filter(|i| i.ends_with("/2") || i.ends_with("/3")).collect();
+        got.sort();
+        if got == vec!["o/r/2", "o/t/2", "o/t/3", "o/w/2", "o/w/3"] {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "recovery did not log the outbox: {got:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let left = StoredDoc::from_record(app.store.get("o", "r").await.unwrap().unwrap()).unwrap();
+    assert!(left.meta.outbox.is_none(), "recovery clears what it logged");
+    app.stop().await;
+}
+
+async fn shutdown_with_open_streams_is_prompt(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    let mut streams = Vec::new();
+    for _ in 0..5 {
+        streams.push(SseStream::open(&app, "/v1/events", None).await);
+    }
+    let started = Instant::now();
+    app.stop().await;
+    assert!(started.elapsed() < Duration::from_secs(3), "shutdown waited for the streams: {:?}", started.elapsed());
+    for mut s in streams {
+        assert!(s.ended(Duration::from_secs(2)).await, "a stream stayed open");
+    }
+}
+
+/// A tombstone past its retention is purged: the id then reads 404, and a
+/// document created under it starts at version 1 again.
+async fn tombstones_go_after_their_retention(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, |c| {
+        c.events.retention = Duration::from_millis(500);
+        c.events.tombstone_retention = Duration::from_millis(800);
+        c.txn.recovery_interval = Duration::from_millis(100);
+    })
+    .await
+    else {
+        return;
+    };
+    create(&app, "t", "gone", json!({"n": 1})).await;
+    create(&app, "t", "kept", json!({"n": 1})).await;
+    let del = app.request(reqwest::Method::DELETE, "/v1/collections/t/documents/gone").send().await.unwrap();
+    assert_eq!(del.status(), 204);
+    assert_eq!(app.get("/v1/collections/t/documents/gone").await.status(), 410);
+    let started = Instant::now();
+    while app.get("/v1/collections/t/documents/gone").await.status() != 404 {
+        assert!(started.elapsed() < Duration::from_secs(5), "the tombstone was not purged");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    expect(app.get("/v1/collections/t/documents/kept").await, 200).await;
+    let again = create(&app, "t", "gone", json!({"n": 2})).await;
+    assert_eq!(again["version"], 1);
+    app.stop().await;
+}
