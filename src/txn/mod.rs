@@ -146,10 +146,8 @@ impl Engine {
     /// Make sure every output of committed `rec` exists: called before any
     /// of its locks is released.
     pub async fn ensure_outputs(&self, rec: &TxnRecord) -> StoreResult<()> {
-        for output in &self.outputs {
-            output.ensure(rec).await?;
-        }
-        Ok(())
+        // Kinds of output are independent of one another: made at once.
+        futures::future::join_all(self.outputs.iter().map(|o| o.ensure(rec))).await.into_iter().collect()
     }
 }
 

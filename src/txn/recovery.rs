@@ -21,11 +21,11 @@ use crate::store::{Bound, Bson, DateTime, Scan, StoreError, StoreResult};
 use super::Engine;
 use super::record::{Status, TXNS, TxnRecord};
 
-/// The worker sweeps outboxes every this many passes: an outbox outlives
-/// only a crash between a single-document write and its event's move to
-/// the log (the next writer of the document moves it anyway), so the sweep
-/// need not cost a scan of every collection on every pass.
-const OUTBOX_SWEEP_EVERY: u64 = 10;
+/// How often the worker sweeps outboxes (at most once a pass): an outbox
+/// outlives only a crash between a single-document write and its event's
+/// move to the log (the next writer of the document moves it anyway), so
+/// the sweep need not cost a scan of every collection on every pass.
+const OUTBOX_SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// Records read per scan; the lock sweep repeats until it has seen every
 /// lock, the other categories take one batch per pass.
@@ -73,14 +73,17 @@ impl Recovery {
     pub async fn run(self, shutdown: CancellationToken) {
         let interval = self.engine.cfg.recovery_interval;
         let mut backoff = interval;
-        let mut passes: u64 = 0;
+        let mut last_outbox_sweep: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(backoff) => {}
             }
-            passes += 1;
-            match self.engine.recover(passes % OUTBOX_SWEEP_EVERY == 1).await {
+            let outboxes = last_outbox_sweep.is_none_or(|at| at.elapsed() >= OUTBOX_SWEEP_EVERY.max(interval));
+            if outboxes {
+                last_outbox_sweep = Some(tokio::time::Instant::now());
+            }
+            match self.engine.recover(outboxes).await {
                 Ok(pass) => {
                     backoff = interval;
                     if !pass.is_idle() {
