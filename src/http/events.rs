@@ -48,13 +48,16 @@ pub struct EventsQuery {
     /// `transaction.committed` event: when one of its members is).
     pub collections: Option<String>,
     /// Only these event types, comma-separated.
-    #[param(example = "document.created,document.updated")]
+    #[param(
+        example = "document.created,document.updated",
+        pattern = r"^(?:document\.(?:created|updated|deleted|expired)|transaction\.committed)(?:,(?:document\.(?:created|updated|deleted|expired)|transaction\.committed))*$"
+    )]
     pub types: Option<String>,
     /// Start after this position: the `seq` of the last event received,
     /// or the `next` of the last page. A stream without it (and without
     /// `Last-Event-ID`) starts at the end of the log; a page without it
     /// at the oldest retained event.
-    #[param(value_type = Option<u64>, minimum = 0)]
+    #[param(value_type = Option<i64>, minimum = 0)]
     pub after: Option<String>,
     /// Page size of a JSON page (default 100).
     #[param(minimum = 1, maximum = 1000)]
@@ -86,8 +89,11 @@ impl Filter {
         let collections = query.collections.as_deref().map(list);
         let types = match query.types.as_deref() {
             None => None,
+            // Strict, as the description's pattern: no empty or padded parts.
             Some(s) => Some(
-                list(s)
+                s.split(',')
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
                     .iter()
                     .map(|t| {
                         EventType::parse(t).ok_or_else(|| {
@@ -111,7 +117,12 @@ impl Filter {
 }
 
 fn position(value: &str, pointer: &str) -> Result<u64, ApiError> {
-    value.trim().parse::<u64>().map_err(|_| Invalid::new(pointer, "a position is a non-negative integer").into())
+    value
+        .trim()
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or_else(|| Invalid::new(pointer, "a position is an integer from 0 to 2^63-1").into())
 }
 
 fn expired(err: ReadError) -> ApiError {
@@ -146,7 +157,7 @@ fn wants_json(headers: &HeaderMap) -> bool {
     tag = "events",
     params(
         EventsQuery,
-        ("Last-Event-ID" = Option<String>, Header, description = "The `id` of the last event received (a stream's cursor; `after=` wins when both are given)"),
+        ("Last-Event-ID" = Option<i64>, Header, minimum = 0, description = "The `id` of the last event received (a stream's cursor; `after=` wins when both are given; empty: none)"),
     ),
     responses(
         (status = 200, description = "The event stream, or one page of events", content(
@@ -161,12 +172,28 @@ pub async fn events(
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
     let filter = Filter::parse(&query)?;
-    let after = match (&query.after, headers.get("last-event-id")) {
-        (Some(after), _) => Some(position(after, "/query/after")?),
-        (None, Some(id)) => Some(id.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()).ok_or_else(|| {
-            ApiError::new(StatusCode::BAD_REQUEST, ProblemCode::InvalidHeader, "Last-Event-ID is the seq of an event")
-        })?),
-        (None, None) => None,
+    // An empty Last-Event-ID is no cursor (as an EventSource that has
+    // seen no id yet would send).
+    let last_event_id = headers.get("last-event-id").filter(|v| !v.as_bytes().trim_ascii().is_empty());
+    let from_header = match last_event_id {
+        None => None,
+        Some(id) => Some(
+            id.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<i64>().ok())
+                .and_then(|n| u64::try_from(n).ok())
+                .ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        ProblemCode::InvalidHeader,
+                        "Last-Event-ID is the seq of an event",
+                    )
+                })?,
+        ),
+    };
+    let after = match &query.after {
+        Some(after) => Some(position(after, "/query/after")?),
+        None => from_header,
     };
     let log = Arc::clone(&state.events);
     if wants_json(&headers) {

@@ -70,10 +70,9 @@ def before_call(context, case, kwargs):
     # `/v1/events` answers with a stream that stays open unless JSON pages
     # are asked for; a request/response tester asks for pages.
     if case.path == "/v1/events":
+        case.headers = {**(case.headers or {}), "Accept": "application/json"}
         if isinstance(kwargs.get("headers"), dict):
             kwargs["headers"]["Accept"] = "application/json"
-        else:
-            kwargs["headers"] = {"Accept": "application/json"}
     headers = case.headers or {}
     if "Idempotency-Key" in headers:
         key = f"st-{uuid.uuid4()}"
