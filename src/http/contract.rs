@@ -111,6 +111,8 @@ schema_here! {
     IfNoneMatch,
     /// `Idempotency-Key`.
     IdempotencyKey,
+    /// `Last-Event-ID`.
+    LastEventId,
     /// A hook's destination.
     HookUrl,
     /// Headers a hook sends.
@@ -218,6 +220,12 @@ fn schema_here(name: &str) -> Value {
             "description": "`*`, or the ETags the client holds, comma-separated (`W/` prefixes are ignored).",
             "pattern": "^(?:\\*|(?:(?:W/)?\"[0-9]{1,18}\"|[0-9]{1,18})(?: *, *(?:(?:W/)?\"[0-9]{1,18}\"|[0-9]{1,18}))*)$",
             "examples": ["\"3\""],
+        }),
+        "LastEventId" => json!({
+            "type": "string",
+            "description": "The `id` (the `seq`) of the last event received.",
+            "pattern": "^[0-9]{1,18}$",
+            "examples": ["42"],
         }),
         "IdempotencyKey" => json!({
             "type": "string",

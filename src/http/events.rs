@@ -23,6 +23,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
+use super::contract::LastEventId;
 use super::error::{ApiError, ProblemCode};
 use super::extract::ApiQuery;
 use crate::documents::rules::Invalid;
@@ -118,7 +119,6 @@ impl Filter {
 
 fn position(value: &str, pointer: &str) -> Result<u64, ApiError> {
     value
-        .trim()
         .parse::<i64>()
         .ok()
         .and_then(|n| u64::try_from(n).ok())
@@ -157,7 +157,7 @@ fn wants_json(headers: &HeaderMap) -> bool {
     tag = "events",
     params(
         EventsQuery,
-        ("Last-Event-ID" = Option<i64>, Header, minimum = 0, description = "The `id` of the last event received (a stream's cursor; `after=` wins when both are given; empty: none)"),
+        ("Last-Event-ID" = Option<LastEventId>, Header, description = "The `id` of the last event received (a stream's cursor; `after=` wins when both are given)"),
     ),
     responses(
         (status = 200, description = "The event stream, or one page of events", content(
@@ -172,15 +172,14 @@ pub async fn events(
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
     let filter = Filter::parse(&query)?;
-    // An empty Last-Event-ID is no cursor (as an EventSource that has
-    // seen no id yet would send).
-    let last_event_id = headers.get("last-event-id").filter(|v| !v.as_bytes().trim_ascii().is_empty());
+    let last_event_id = headers.get("last-event-id");
     let from_header = match last_event_id {
         None => None,
         Some(id) => Some(
             id.to_str()
                 .ok()
-                .and_then(|s| s.trim().parse::<i64>().ok())
+                .filter(|s| (1..=18).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|s| s.parse::<i64>().ok())
                 .and_then(|n| u64::try_from(n).ok())
                 .ok_or_else(|| {
                     ApiError::new(
