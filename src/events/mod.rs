@@ -442,9 +442,15 @@ impl Outputs for TxnEvents {
         }
         let forwarded: Vec<(usize, StoredDoc)> = held.into_iter().flatten().collect();
         let refs: Vec<(usize, &StoredDoc)> = forwarded.iter().map(|(i, d)| (*i, d)).collect();
-        // Positions in the order of the records: the members' events, then
-        // the transaction's own. `false`: it is in the log already.
-        self.store.append_all(EVENTS, transaction_records(rec, &refs, at)).await?;
+        // The members' events first; the transaction's own only once every
+        // one of them is in the log, whoever put it there. Another helper
+        // may be appending the same events at once and win some of them at
+        // later positions: a position taken after all members exist is
+        // larger than each of theirs, so the transaction's event comes last.
+        let mut records = transaction_records(rec, &refs, at);
+        let own = records.pop().expect("the transaction's own event is last");
+        self.store.append_all(EVENTS, records).await?;
+        self.store.unsynced().append(EVENTS, own).await?;
         Ok(())
     }
 

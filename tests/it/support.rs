@@ -2,7 +2,7 @@
 //! one store (temp directory or MongoDB database) per test.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::{Method, RequestBuilder, Response};
 use serde_json::Value;
@@ -478,9 +478,14 @@ pub async fn events_page(app: &TestApp, query: &str) -> Value {
     expect(res, 200).await
 }
 
-/// Every event after `after` through JSON pages (until a page comes back
-/// empty), and the last `next`.
+/// Every event after `after` through JSON pages, and the last `next`.
+///
+/// Pages are read until one comes back empty at the log's head: a page
+/// stops before a position another helper took and has not filled yet
+/// (it becomes a void entry), so an empty page alone does not mean the end.
 pub async fn all_events(app: &TestApp, after: u64, extra: &str) -> (Vec<Value>, u64) {
+    let (log, _) = txgate::events::Log::new(Arc::clone(&app.store), app.config.events.clone());
+    let deadline = Instant::now() + Duration::from_secs(20);
     let mut next = after;
     let mut out = Vec::new();
     loop {
@@ -490,7 +495,12 @@ pub async fn all_events(app: &TestApp, after: u64, extra: &str) -> (Vec<Value>, 
         assert!(to >= next, "next never goes back: {to} < {next}");
         next = to;
         if items.is_empty() {
-            return (out, next);
+            let head = log.head().await.expect("head");
+            if next >= head {
+                return (out, next);
+            }
+            assert!(Instant::now() < deadline, "the log never reached its head {head}: stuck at {next}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         out.extend(items);
     }
