@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod purge;
 pub mod store;
+pub mod subscriptions;
 pub mod txn;
 
 use std::sync::Arc;
@@ -60,6 +61,7 @@ pub struct App {
     pub documents: Arc<Documents>,
     pub metrics: Arc<Metrics>,
     pub events: Arc<events::Log>,
+    pub subscriptions: Arc<subscriptions::Subscriptions>,
     /// Cancelled at shutdown: open event streams end.
     pub stop: CancellationToken,
 }
@@ -81,7 +83,9 @@ impl App {
         let (events, store) = events::Log::new(store, events_cfg);
         let (engine, hooks) = engine(store, config.txn.clone(), Arc::clone(&metrics));
         let documents = Arc::new(Documents::new(Arc::clone(&engine)));
-        Self { engine, hooks, documents, metrics, events, stop: CancellationToken::new() }
+        let subscriptions =
+            subscriptions::Subscriptions::new(Arc::clone(engine.store()), Arc::clone(&events), Arc::clone(&hooks));
+        Self { engine, hooks, documents, metrics, events, subscriptions, stop: CancellationToken::new() }
     }
 
     pub fn router(&self, config: &Config) -> axum::Router {
@@ -91,6 +95,7 @@ impl App {
             hooks: Arc::clone(&self.hooks),
             hook_guard: Arc::new(config.hook_guard.clone()),
             events: Arc::clone(&self.events),
+            subscriptions: Arc::clone(&self.subscriptions),
             stop: self.stop.clone(),
         };
         http::router(state, config.max_body_bytes, config.api_keys.clone(), &config.cors)
@@ -121,6 +126,7 @@ pub async fn run_with_store(
     let stop_workers = CancellationToken::new();
     workers.spawn(txn::recovery::Recovery::new(Arc::clone(&app.engine)).run(stop_workers.clone()));
     workers.spawn(sender.run(stop_workers.clone()));
+    workers.spawn(Arc::clone(&app.subscriptions).run(stop_workers.clone()));
     workers.spawn(purger(&app, &config).run(stop_workers.clone()));
     workers.spawn(events::purge_worker(Arc::clone(&app.events), config.txn.recovery_interval, stop_workers.clone()));
     workers.close();

@@ -98,6 +98,20 @@ pub struct Batch {
     pub more: bool,
 }
 
+/// Which events a reader wants: `None` is any.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pub collections: Option<Vec<String>>,
+    pub types: Option<Vec<EventType>>,
+}
+
+impl Filter {
+    pub fn wants(&self, event: &Event) -> bool {
+        self.types.as_ref().is_none_or(|t| t.contains(&event.kind))
+            && self.collections.as_ref().is_none_or(|c| event.touches(c))
+    }
+}
+
 /// The log: reads, the wake-up of local readers, retention.
 pub struct Log {
     store: DynStore,

@@ -20,8 +20,9 @@ use serde_json::Value;
 
 use std::sync::Arc;
 
+use crate::events::Event;
 use crate::metrics::Metrics;
-use crate::store::{Bson, DateTime, DynStore, Record, StoreError, StoreResult, Update, doc, scans};
+use crate::store::{Bound, Bson, DateTime, DynStore, Record, StoreError, StoreResult, Update, doc, scans};
 use crate::txn::outputs::Outputs;
 use crate::txn::record::{TXNS, TxnRecord};
 
@@ -142,6 +143,9 @@ pub struct Delivery {
     /// `<txn>:<index>`.
     #[serde(rename = "_id")]
     pub id: String,
+    /// The transaction whose hook (or whose change's event) this is; empty
+    /// for the event of a single-document write.
+    #[serde(default)]
     pub txn: String,
     pub index: i64,
     /// How many hooks the transaction has.
@@ -172,6 +176,22 @@ pub struct Delivery {
     pub claim: Option<String>,
     #[serde(default)]
     pub lease_until: Option<DateTime>,
+    /// The subscription whose event this delivers (none: a hook).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscription: Option<String>,
+    /// The id of the event it delivers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// Deliveries of one key go in `seq` order, each once the one before
+    /// it is final: `<subscription>:<collection>/<document>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The event's position in the log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<i64>,
+    /// The delivery of the same key it waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev: Option<String>,
 }
 
 impl Delivery {
@@ -198,7 +218,36 @@ impl Delivery {
             owner: None,
             claim: None,
             lease_until: None,
+            subscription: None,
+            event: None,
+            key: None,
+            seq: None,
+            prev: None,
         }
+    }
+
+    /// The delivery of `event` (its JSON as `body`) to subscription
+    /// `subscription` at `url`, recorded at `at`; one waiting for `prev`
+    /// (the delivery of the document's event before it) goes once that one
+    /// is final.
+    pub fn of_event(subscription: &str, url: &str, event: &Event, prev: Option<String>, at: DateTime) -> Self {
+        let hook = Hook { method: "POST".into(), url: url.to_owned(), headers: Default::default(), body: None };
+        let body = serde_json::to_string(event).expect("an event serializes");
+        let txn = event.transaction.clone().unwrap_or_default();
+        let mut d = Self::queued(&txn, 0, 1, hook, body, at);
+        d.id = format!("{subscription}:{}", event.id);
+        d.key = match (&event.collection, &event.document) {
+            (Some(c), Some(doc)) => Some(format!("{subscription}:{c}/{doc}")),
+            _ => None,
+        };
+        if prev.is_some() {
+            d.next_at = AFTER_PREVIOUS;
+        }
+        d.subscription = Some(subscription.to_owned());
+        d.event = Some(event.id.clone());
+        d.seq = i64::try_from(event.seq).ok();
+        d.prev = prev;
+        d
     }
 
     pub fn from_record(record: Record) -> Result<Self, StoreError> {
@@ -389,6 +438,45 @@ impl Hooks {
         Ok(match self.store.get(DELIVERIES, id).await? {
             Some(rec) => Replay::Queued(Box::new(Delivery::from_record(rec)?)),
             None => Replay::NotFound,
+        })
+    }
+
+    /// The delivery before waiting delivery `id` is final: `id` may go now
+    /// (a no-op unless it is still waiting). Whether this released it.
+    pub async fn release(&self, id: &str) -> StoreResult<bool> {
+        let at = self.clock.now();
+        let released = (DeliveryChange::Release { at }).apply(self.store.as_ref(), id).await?;
+        if released {
+            self.queue.push(id, at.timestamp_millis());
+        }
+        Ok(released)
+    }
+
+    /// The delivery of `key` after position `seq`, if any.
+    pub async fn next_of_key(&self, key: &str, seq: i64) -> StoreResult<Option<Delivery>> {
+        let scan =
+            scans::DELIVERIES_BY_KEY.scan(vec![Bson::String(key.to_owned())]).from(Bound::Excluded(Bson::Int64(seq)));
+        self.store.scan(DELIVERIES, scan.limit(1)).await?.into_iter().next().map(Delivery::from_record).transpose()
+    }
+
+    /// The last delivery of `key` before position `seq`, if any.
+    pub async fn last_of_key(&self, key: &str, seq: i64) -> StoreResult<Option<Delivery>> {
+        let scan =
+            scans::DELIVERIES_BY_KEY.scan(vec![Bson::String(key.to_owned())]).to(Bound::Excluded(Bson::Int64(seq)));
+        self.store
+            .scan(DELIVERIES, scan.desc().limit(1))
+            .await?
+            .into_iter()
+            .next()
+            .map(Delivery::from_record)
+            .transpose()
+    }
+
+    /// Whether delivery `id` is final (or gone: purged after it was).
+    pub async fn is_final(&self, id: &str) -> StoreResult<bool> {
+        Ok(match self.store.get(DELIVERIES, id).await? {
+            None => true,
+            Some(rec) => Delivery::from_record(rec)?.status.is_final(),
         })
     }
 

@@ -47,6 +47,7 @@ pub const RESERVED_HEADERS: &[&str] = &[
     "webhook-timestamp",
     "webhook-signature",
     "txgate-transaction",
+    "txgate-subscription",
     "host",
     "content-length",
     "content-type",
@@ -80,6 +81,8 @@ pub struct Outcome {
     pub error: Option<String>,
     /// The receiver's `Retry-After`.
     pub retry_after: Option<Duration>,
+    /// No attempt was made and none will be: the delivery is dead.
+    pub gone: bool,
 }
 
 /// How an attempt reaches its receiver: [`Http`] in a gateway; tests
@@ -211,6 +214,22 @@ impl Sender {
         Ok(found)
     }
 
+    /// Why delivery `d` of a subscription's event is not to be sent: the
+    /// subscription was deleted (it is dead without an attempt). `None`:
+    /// send it (also when the store cannot tell; the attempt is fenced
+    /// like any other).
+    async fn unsubscribed(&self, d: &Delivery) -> Option<Outcome> {
+        let sub = d.subscription.as_deref()?;
+        match self.hooks.store.get(crate::subscriptions::SUBSCRIPTIONS, sub).await {
+            Ok(None) => Some(Outcome {
+                error: Some(format!("subscription {sub} was deleted")),
+                gone: true,
+                ..Outcome::default()
+            }),
+            _ => None,
+        }
+    }
+
     /// Claim `id` and, if this instance got it, make one attempt.
     async fn claim_and_send(&self, id: &str) {
         let claimed = match self.claim(id).await {
@@ -260,7 +279,10 @@ impl Sender {
     async fn attempt(&self, d: Delivery, token: String) {
         let at = self.hooks.clock.now();
         let started = Instant::now();
-        let outcome = self.transport.send(&d).await;
+        let outcome = match self.unsubscribed(&d).await {
+            Some(why) => why,
+            None => self.transport.send(&d).await,
+        };
         let duration = started.elapsed();
         let finished = self.hooks.clock.now();
         let code = outcome.status_code;
@@ -269,7 +291,7 @@ impl Sender {
         let since = d.queued_at.unwrap_or(d.created_at);
         let (status, next_at) = if delivered {
             (DeliveryStatus::Delivered, None)
-        } else if code == Some(410) {
+        } else if code == Some(410) || outcome.gone {
             (DeliveryStatus::Dead, None)
         } else {
             let mut delay = backoff(failures, rand::rng().random_range(0.8..=1.2));
@@ -337,20 +359,31 @@ impl Sender {
         }
         // A final hook lets the transaction's next one go (a count of 0:
         // recorded before counts were kept, so try).
-        if next_at.is_none() && (d.count == 0 || d.index + 1 < d.count) {
-            self.release(&d.txn, d.index + 1).await;
+        if next_at.is_none() {
+            if let (Some(key), Some(seq)) = (&d.key, d.seq) {
+                self.release_next_of_key(key, seq).await;
+            } else if d.count == 0 || d.index + 1 < d.count {
+                self.release(&delivery_id(&d.txn, (d.index + 1) as usize)).await;
+            }
         }
     }
 
     /// The hook before hook `index` of `txn` is final: hook `index` may go
     /// now (a no-op unless it is still waiting).
-    async fn release(&self, txn: &str, index: i64) {
-        let id = delivery_id(txn, index as usize);
-        let at = self.hooks.clock.now();
-        match (DeliveryChange::Release { at }).apply(self.hooks.store.as_ref(), &id).await {
-            Ok(true) => self.hooks.queue.push(&id, at.timestamp_millis()),
-            Ok(false) => {}
-            Err(err) => tracing::warn!(delivery.id = %id, error = %err, "cannot release the next hook; the sweep will"),
+    async fn release(&self, id: &str) {
+        if let Err(err) = self.hooks.release(id).await {
+            tracing::warn!(delivery.id = %id, error = %err, "cannot release the next delivery; the sweep will");
+        }
+    }
+
+    /// Delivery `d` of a key is final: the next one of its key may go.
+    async fn release_next_of_key(&self, key: &str, seq: i64) {
+        match self.hooks.next_of_key(key, seq).await {
+            Ok(Some(next)) if next.prev.is_some() => self.release(&next.id).await,
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(key, error = %err, "cannot find the next delivery of a document; the sweep will")
+            }
         }
     }
 
@@ -372,17 +405,18 @@ impl Sender {
             (waiting.len() == 256).then(|| waiting.last().and_then(|r| r.get_str("_id").ok()).map(str::to_owned));
         for rec in waiting {
             let Ok(d) = Delivery::from_record(rec) else { continue };
-            if d.index == 0 {
-                continue;
-            }
-            let previous = delivery_id(&d.txn, (d.index - 1) as usize);
+            let previous = match (&d.prev, d.index) {
+                (Some(prev), _) => prev.clone(),
+                (None, 0) => continue,
+                (None, i) => delivery_id(&d.txn, (i - 1) as usize),
+            };
             let done = match self.hooks.store.get(DELIVERIES, &previous).await {
                 Ok(None) => true,
                 Ok(Some(p)) => Delivery::from_record(p).is_ok_and(|p| p.status.is_final()),
                 Err(_) => false,
             };
             if done {
-                self.release(&d.txn, d.index).await;
+                self.release(&d.id).await;
             }
         }
         resume.flatten()
@@ -393,7 +427,7 @@ impl Sender {
 impl Transport for Http {
     /// Make one HTTP request for `d`.
     async fn send(&self, d: &Delivery) -> Outcome {
-        let failed = |error: String| Outcome { status_code: None, error: Some(error), retry_after: None };
+        let failed = |error: String| Outcome { status_code: None, error: Some(error), ..Outcome::default() };
         let url = match url::Url::parse(&d.url) {
             Ok(url) => url,
             Err(e) => return failed(format!("invalid URL: {e}")),
@@ -413,8 +447,13 @@ impl Transport for Http {
         req = req
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .header("webhook-id", &d.id)
-            .header("webhook-timestamp", timestamp.to_string())
-            .header("txgate-transaction", &d.txn);
+            .header("webhook-timestamp", timestamp.to_string());
+        if !d.txn.is_empty() {
+            req = req.header("txgate-transaction", &d.txn);
+        }
+        if let Some(sub) = &d.subscription {
+            req = req.header("txgate-subscription", sub);
+        }
         if let Some(signer) = &self.signer {
             req = req.header("webhook-signature", signer.sign(&d.id, timestamp, d.body.as_bytes()));
         }
@@ -436,7 +475,7 @@ impl Transport for Http {
                 _ => break,
             }
         }
-        Outcome { status_code: Some(status), error: None, retry_after }
+        Outcome { status_code: Some(status), error: None, retry_after, gone: false }
     }
 }
 
@@ -484,7 +523,7 @@ mod tests {
     }
 
     fn answer(code: u16, retry_after: Option<Duration>) -> Outcome {
-        Outcome { status_code: Some(code), error: None, retry_after }
+        Outcome { status_code: Some(code), error: None, retry_after, gone: false }
     }
 
     /// A delivery due now, recorded as a commit leaves it.

@@ -404,6 +404,9 @@ pub fn problems(operation: &str) -> Option<Vec<(u16, ProblemCode)>> {
         "v1.transactions.abort" => plain(&[InvalidPath, NotFound, AlreadyCommitted]),
         "v1.deliveries.retry" => plain(&[InvalidPath, NotFound, DeliveryPending]),
         "v1.events.list" => plain(&[InvalidHeader, ValidationFailed, CursorExpired]),
+        "v1.subscriptions.create" => plain(&[&body[..], &[ValidationFailed, HookNotAllowed]].concat()),
+        "v1.subscriptions.list" => plain(&[ValidationFailed]),
+        "v1.subscriptions.get" | "v1.subscriptions.delete" => plain(&[InvalidPath, NotFound]),
         _ => return None,
     };
     if public(operation) {
@@ -473,6 +476,10 @@ pub fn document(derived: utoipa::openapi::OpenApi) -> Value {
     }
     for family in Family::ALL {
         schemas.insert(family.name().to_owned(), problem_schema(*family));
+    }
+    // What derives cannot say: a subscription names each filter value once.
+    for field in ["collections", "types"] {
+        schemas["SubscriptionIn"]["properties"][field]["uniqueItems"] = json!(true);
     }
     let paths = doc["paths"].as_object_mut().expect("paths");
     for item in paths.values_mut() {

@@ -21,13 +21,21 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list_deliveries)).routes(routes!(get_delivery)).routes(routes!(retry_delivery))
 }
 
-/// A hook delivery.
+/// A delivery: of a transaction's hook, or of an event to a subscription.
 #[derive(Serialize, ToSchema)]
 pub struct DeliveryOut {
-    /// `<transaction>:<index>`; sent as `webhook-id`.
+    /// `<transaction>:<index>` for a hook, `<subscription>:<event id>` for
+    /// an event; sent as `webhook-id`.
     pub id: String,
-    pub transaction: String,
+    /// The transaction whose hook this is, or whose change the event is
+    /// about; `null` for the event of a single-document write.
+    pub transaction: Option<String>,
+    /// The hook's place in its transaction's list (0 for an event).
     pub index: i64,
+    /// The subscription whose event this delivers; `null` for a hook.
+    pub subscription: Option<String>,
+    /// The id of the event it delivers; `null` for a hook.
+    pub event: Option<String>,
     #[schema(value_type = DeliveryState)]
     pub status: String,
     pub method: String,
@@ -94,7 +102,7 @@ pub struct DeliveryListQuery {
 
 #[derive(Deserialize, IntoParams)]
 pub struct DeliveryPath {
-    /// Delivery id, `<transaction>:<index>`.
+    /// Delivery id, `<transaction>:<index>` or `<subscription>:<event id>`.
     #[param(min_length = 1, max_length = 300)]
     pub id: String,
 }
@@ -104,8 +112,10 @@ fn delivery_out(d: Delivery, now: DateTime) -> DeliveryOut {
     DeliveryOut {
         body: serde_json::from_str(&d.body).unwrap_or(Value::String(d.body.clone())),
         id: d.id,
-        transaction: d.txn,
+        transaction: (!d.txn.is_empty()).then_some(d.txn),
         index: d.index,
+        subscription: d.subscription,
+        event: d.event,
         status: d.status.as_str().to_owned(),
         method: d.method,
         url: d.url,

@@ -27,7 +27,7 @@ use super::contract::LastEventId;
 use super::error::{ApiError, ProblemCode};
 use super::extract::ApiQuery;
 use crate::documents::rules::Invalid;
-use crate::events::{Event, EventType, Log, READ_BATCH, ReadError};
+use crate::events::{Event, EventType, Filter, Log, READ_BATCH, ReadError};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(events))
@@ -75,46 +75,26 @@ pub struct EventPage {
     pub next: u64,
 }
 
-/// Which events a reader wants.
-#[derive(Clone, Debug, Default)]
-struct Filter {
-    collections: Option<Vec<String>>,
-    types: Option<Vec<EventType>>,
+/// The filter of `query`.
+fn filter(query: &EventsQuery) -> Result<Filter, ApiError> {
+    let collections = query
+        .collections
+        .as_deref()
+        .map(|s| s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_owned).collect::<Vec<String>>());
+    let types = match query.types.as_deref() {
+        None => None,
+        // Strict, as the description's pattern: no empty or padded parts.
+        Some(s) => Some(s.split(',').map(|t| event_type(t, "/query/types")).collect::<Result<Vec<_>, _>>()?),
+    };
+    Ok(Filter { collections, types })
 }
 
-impl Filter {
-    fn parse(query: &EventsQuery) -> Result<Self, ApiError> {
-        let list = |s: &str| -> Vec<String> {
-            s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_owned).collect()
-        };
-        let collections = query.collections.as_deref().map(list);
-        let types = match query.types.as_deref() {
-            None => None,
-            // Strict, as the description's pattern: no empty or padded parts.
-            Some(s) => Some(
-                s.split(',')
-                    .map(str::to_owned)
-                    .collect::<Vec<_>>()
-                    .iter()
-                    .map(|t| {
-                        EventType::parse(t).ok_or_else(|| {
-                            let known: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
-                            Invalid::new(
-                                "/query/types",
-                                format!("unknown event type {t:?}; known: {}", known.join(", ")),
-                            )
-                        })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-        };
-        Ok(Self { collections, types })
-    }
-
-    fn wants(&self, event: &Event) -> bool {
-        self.types.as_ref().is_none_or(|t| t.contains(&event.kind))
-            && self.collections.as_ref().is_none_or(|c| event.touches(c))
-    }
+/// Event type `t`, or why not (at `pointer`).
+pub fn event_type(t: &str, pointer: &str) -> Result<EventType, Invalid> {
+    EventType::parse(t).ok_or_else(|| {
+        let known: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
+        Invalid::new(pointer, format!("unknown event type {t:?}; known: {}", known.join(", ")))
+    })
 }
 
 fn position(value: &str, pointer: &str) -> Result<u64, ApiError> {
@@ -171,7 +151,7 @@ pub async fn events(
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
-    let filter = Filter::parse(&query)?;
+    let filter = filter(&query)?;
     let last_event_id = headers.get("last-event-id");
     let from_header = match last_event_id {
         None => None,

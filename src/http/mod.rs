@@ -8,6 +8,7 @@ pub mod documents;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod subscriptions;
 pub mod transactions;
 
 use std::sync::Arc;
@@ -36,6 +37,7 @@ pub struct AppState {
     pub hooks: Arc<crate::hooks::Hooks>,
     pub hook_guard: Arc<crate::hooks::guard::HookGuard>,
     pub events: Arc<crate::events::Log>,
+    pub subscriptions: Arc<crate::subscriptions::Subscriptions>,
     /// Cancelled when the gateway shuts down: open event streams end.
     pub stop: tokio_util::sync::CancellationToken,
 }
@@ -53,6 +55,7 @@ pub struct AppState {
         (name = "transactions", description = "Multi-document transactions"),
         (name = "deliveries", description = "Post-commit hook deliveries"),
         (name = "events", description = "Change events: a resumable stream and pages"),
+        (name = "subscriptions", description = "Change events as webhooks"),
         (name = "operations", description = "Health and readiness"),
     )
 )]
@@ -65,6 +68,7 @@ pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(transactions::router())
         .merge(deliveries::router())
         .merge(events::router())
+        .merge(subscriptions::router())
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .split_for_parts()

@@ -443,14 +443,7 @@ fn validate_hook(hook: &HookIn, i: usize, guard: &crate::hooks::guard::HookGuard
     if !matches!(hook.method.as_str(), "POST" | "PUT" | "PATCH" | "DELETE" | "GET") {
         return Err(Invalid::new(format!("{p}/method"), "method must be POST, PUT, PATCH, DELETE or GET").into());
     }
-    let url = url::Url::parse(&hook.url).map_err(|e| Invalid::new(format!("{p}/url"), format!("not a URL: {e}")))?;
-    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-        return Err(Invalid::new(format!("{p}/url"), "the URL must be http or https with a host").into());
-    }
-    if let Err(why) = guard.check_url(&url) {
-        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::HookNotAllowed, why)
-            .with("errors", json!([{"pointer": format!("{p}/url"), "detail": "destination not allowed"}])));
-    }
+    destination(&hook.url, &format!("{p}/url"), guard)?;
     for (name, value) in &hook.headers {
         if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() || HeaderValue::from_str(value).is_err() {
             return Err(Invalid::new(format!("{p}/headers/{name}"), "not a valid HTTP header").into());
@@ -460,6 +453,43 @@ fn validate_hook(hook: &HookIn, i: usize, guard: &crate::hooks::guard::HookGuard
         }
     }
     Ok(())
+}
+
+/// Longest destination URL.
+const MAX_URL: usize = 2048;
+
+/// Webhook destination `url` (at `pointer`), checked: an http(s) URL with
+/// a host name of letters, digits, `-` and `.` (or an IP address) that the
+/// destination guard allows.
+pub fn destination(url: &str, pointer: &str, guard: &crate::hooks::guard::HookGuard) -> Result<url::Url, ApiError> {
+    if url.len() > MAX_URL {
+        return Err(Invalid::new(pointer, format!("a URL has at most {MAX_URL} characters")).into());
+    }
+    let bytes = url.as_bytes();
+    let bad_escape = bytes.iter().enumerate().any(|(i, b)| {
+        *b == b'%'
+            && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    });
+    if bad_escape {
+        return Err(Invalid::new(pointer, "not a URL: '%' must start a percent-escape of two hex digits").into());
+    }
+    let parsed = url::Url::parse(url).map_err(|e| Invalid::new(pointer, format!("not a URL: {e}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(Invalid::new(pointer, "the URL must be http or https with a host").into());
+    }
+    match parsed.host() {
+        None => return Err(Invalid::new(pointer, "the URL must be http or https with a host").into()),
+        Some(url::Host::Domain(name)) if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') => {
+            return Err(Invalid::new(pointer, "a host name has only letters, digits, '-' and '.'").into());
+        }
+        Some(_) => {}
+    }
+    if let Err(why) = guard.check_url(&parsed) {
+        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::HookNotAllowed, why)
+            .with("errors", json!([{"pointer": pointer, "detail": "destination not allowed"}])));
+    }
+    Ok(parsed)
 }
 
 /// Check the request and resolve it into a plan.

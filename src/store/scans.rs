@@ -64,6 +64,11 @@ scans! {
     /// Deliveries with one status and due time, by id (those waiting for
     /// the hook before them).
     DELIVERIES_WAITING: "_deliveries"."status_next_id", eq ["status", "next_at"], by "_id";
+    /// The deliveries of one key (a subscription's events of one
+    /// document) by position: each goes once the one before it is final.
+    DELIVERIES_BY_KEY: "_deliveries"."key_seq", eq ["key"], by "seq";
+    /// Subscriptions by id (the API's listing; the dispatcher's pass).
+    SUBSCRIPTIONS: "_subscriptions"."_id", eq [], by "_id";
     /// Deliveries with one status by finish time (purge).
     DELIVERIES_BY_FINISH: "_deliveries"."status_finished", eq ["status"], by "finished_at";
     /// User documents that are not tombstones, by id (listing).

@@ -8,7 +8,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::support::{Backend, TestApp, TestReceiver, expect, expect_problem};
+use crate::support::{Backend, SECRET, TestApp, TestReceiver, expect, expect_problem, signed_app};
 
 crate::on_both_backends!(
     hooks_are_delivered_signed_in_order_with_fixed_payloads,
@@ -22,16 +22,7 @@ crate::on_both_backends!(
 );
 
 const T: &str = "/v1/transactions";
-/// The signing secret of these tests (Standard Webhooks example key).
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const WAIT: Duration = Duration::from_secs(20);
-
-async fn signed_app(backend: Backend) -> Option<TestApp> {
-    TestApp::spawn_with(backend, |c| {
-        c.hooks.signer = Some(txgate::hooks::sign::Signer::from_secret(SECRET).unwrap());
-    })
-    .await
-}
 
 fn insert_with_hooks(id: &str, hooks: Value) -> Value {
     json!({"actions": [{"op": "insert", "collection": "orders", "id": id, "data": {"total": 5}}], "hooks": hooks})

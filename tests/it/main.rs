@@ -14,4 +14,5 @@ mod kill;
 mod openapi;
 mod restart;
 mod store;
+mod subscriptions;
 mod transactions;

@@ -505,3 +505,14 @@ pub async fn all_events(app: &TestApp, after: u64, extra: &str) -> (Vec<Value>, 
         out.extend(items);
     }
 }
+
+/// The signing secret of the webhook tests (Standard Webhooks example key).
+pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// A gateway that signs its webhooks with [`SECRET`].
+pub async fn signed_app(backend: Backend) -> Option<TestApp> {
+    TestApp::spawn_with(backend, |c| {
+        c.hooks.signer = Some(txgate::hooks::sign::Signer::from_secret(SECRET).unwrap());
+    })
+    .await
+}

@@ -17,6 +17,7 @@
 //! scripts/bench                                          # against a fresh FerretDB
 //! ```
 
+mod events;
 mod hooks;
 mod peer;
 mod scale;
@@ -106,6 +107,27 @@ struct Args {
     /// PostgreSQL, over HTTP (instead of the protocol benchmark).
     #[arg(long)]
     peer_workloads: bool,
+    /// Measure change events under load (instead of the protocol
+    /// benchmark): throughput with and without streams, stream lag, a
+    /// paused stream's cost, subscription deliveries. Runs the `txgate`
+    /// binary beside this one as the gateway.
+    #[arg(long)]
+    events: bool,
+    /// Event streams attached in `--events`.
+    #[arg(long, default_value_t = 100)]
+    streams: usize,
+    /// Commits per second of the lag and pause runs in `--events`.
+    #[arg(long, default_value_t = 1000.0)]
+    event_rate: f64,
+    /// Seconds each throughput and lag run of `--events` lasts.
+    #[arg(long, default_value_t = 20.0)]
+    event_seconds: f64,
+    /// Seconds the paused stream of `--events` reads nothing.
+    #[arg(long, default_value_t = 60.0)]
+    pause_secs: f64,
+    /// Events sent to a subscription in `--events` (0: skip).
+    #[arg(long, default_value_t = 5000)]
+    event_deliveries: usize,
 }
 
 /// Counts store writes (and reads) passing through.
@@ -329,6 +351,20 @@ async fn main() {
             server_pid: args.server_pid,
         };
         scale::run(scale_args).await;
+        cleanup(&config, &dir).await;
+        return;
+    }
+    if args.events {
+        events::run(events::EventArgs {
+            mongodb_uri: args.mongodb_uri.clone(),
+            streams: args.streams,
+            rate: args.event_rate,
+            seconds: args.event_seconds,
+            pause: args.pause_secs,
+            clients: args.clients,
+            deliveries: args.event_deliveries,
+        })
+        .await;
         cleanup(&config, &dir).await;
         return;
     }

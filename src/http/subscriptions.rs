@@ -1,0 +1,266 @@
+//! `/v1/subscriptions`: change events as webhooks (DESIGN §5), sent by the
+//! delivery engine of `/v1/deliveries`.
+
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::contract::{Collection, Cursor, HookUrl};
+use super::documents::{encode_cursor, paging};
+use super::error::{ApiError, ProblemCode};
+use super::events::event_type;
+use super::extract::{ApiPath, ApiQuery, JsonBody};
+use crate::clock::rfc3339;
+use crate::documents::rules::{Invalid, check_collection};
+use crate::events::EventType;
+use crate::subscriptions::Subscription;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_subscription, list_subscriptions))
+        .routes(routes!(get_subscription, delete_subscription))
+}
+
+/// Most collections one subscription may name.
+const MAX_COLLECTIONS: usize = 100;
+
+/// A new subscription.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"url": "https://example.com/hooks/orders", "collections": ["orders"], "types": ["document.created", "document.updated"]}))]
+pub struct SubscriptionIn {
+    /// Where each event is POSTed: an http(s) URL the gateway's destination
+    /// policy allows (as for hooks).
+    #[schema(value_type = HookUrl)]
+    pub url: String,
+    /// Only events about these collections (a `transaction.committed`
+    /// event: when one of its members is in one). Every collection when
+    /// absent.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<Vec<Collection>>, nullable = false, min_items = 1, max_items = 100)]
+    pub collections: Option<Vec<String>>,
+    /// Only events of these types. Every type when absent.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<Vec<EventType>>, nullable = false, min_items = 1, max_items = 5)]
+    pub types: Option<Vec<String>>,
+}
+
+/// An optional member that, when given, is not `null` (leave it out).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// A subscription: every event appended to the log since its creation that
+/// its filters want is POSTed to `url`, one per request, with
+/// `webhook-id: <subscription>:<event id>`, signed like hooks, retried and
+/// dead-lettered like them (see `/v1/deliveries`); one document's events
+/// go in order.
+#[derive(Serialize, ToSchema)]
+pub struct SubscriptionOut {
+    pub id: String,
+    #[schema(format = "uri")]
+    pub url: String,
+    /// `null`: every collection.
+    #[schema(value_type = Option<Vec<Collection>>)]
+    pub collections: Option<Vec<String>>,
+    /// `null`: every type.
+    pub types: Option<Vec<EventType>>,
+    #[schema(format = DateTime)]
+    pub created_at: String,
+    /// The log position up to which its events have been queued as
+    /// deliveries (it started at the end of the log when created).
+    pub position: i64,
+}
+
+impl From<Subscription> for SubscriptionOut {
+    fn from(s: Subscription) -> Self {
+        Self {
+            id: s.id,
+            url: s.url,
+            collections: s.collections,
+            types: s.types,
+            created_at: rfc3339(s.created_at),
+            position: s.position,
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SubscriptionListOut {
+    pub items: Vec<SubscriptionOut>,
+    /// Cursor for `after=`; `null` on the last page.
+    #[schema(value_type = Option<Cursor>)]
+    pub next: Option<String>,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SubscriptionListQuery {
+    /// Page size (default 50).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<i64>,
+    /// The `next` cursor of the previous page.
+    #[param(value_type = Option<Cursor>)]
+    pub after: Option<String>,
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct SubscriptionPath {
+    /// Subscription id.
+    #[param(min_length = 1, max_length = 64)]
+    pub id: String,
+}
+
+/// A subscription's filters: collections and types (`None`: all).
+type Filters = (Option<Vec<String>>, Option<Vec<EventType>>);
+
+/// The subscription's destination and filters, checked.
+fn check(input: &SubscriptionIn, state: &AppState) -> Result<Filters, ApiError> {
+    super::transactions::destination(&input.url, "/url", &state.hook_guard)?;
+    let collections = match &input.collections {
+        None => None,
+        Some(list) => {
+            if list.is_empty() || list.len() > MAX_COLLECTIONS {
+                let why = format!("name 1 to {MAX_COLLECTIONS} collections, or leave it out for every collection");
+                return Err(Invalid::new("/collections", why).into());
+            }
+            for (i, c) in list.iter().enumerate() {
+                check_collection(c, &format!("/collections/{i}"))?;
+                if list[..i].contains(c) {
+                    return Err(Invalid::new(format!("/collections/{i}"), format!("{c} is named twice")).into());
+                }
+            }
+            Some(list.clone())
+        }
+    };
+    let types = match &input.types {
+        None => None,
+        Some(list) => {
+            if list.is_empty() {
+                return Err(Invalid::new("/types", "name at least one type, or leave it out for every type").into());
+            }
+            let mut types = Vec::new();
+            for (i, t) in list.iter().enumerate() {
+                let pointer = format!("/types/{i}");
+                let t = event_type(t, &pointer)?;
+                if types.contains(&t) {
+                    return Err(Invalid::new(pointer, format!("{} is named twice", t.as_str())).into());
+                }
+                types.push(t);
+            }
+            Some(types)
+        }
+    };
+    Ok((collections, types))
+}
+
+/// Create a subscription
+///
+/// Every event appended from now on that the filters want is POSTed to
+/// `url` as JSON (the event as `/v1/events` shows it), one per request,
+/// with `webhook-id: <subscription>:<event id>`, `txgate-subscription`,
+/// and `webhook-signature` when a signing secret is configured. Failed
+/// attempts are retried with backoff, then dead-lettered; each delivery
+/// is listed under `/v1/deliveries`, and can be replayed there. One
+/// document's events are delivered in version order.
+#[utoipa::path(
+    post,
+    path = "/v1/subscriptions",
+    operation_id = "v1.subscriptions.create",
+    tag = "subscriptions",
+    request_body(content = SubscriptionIn, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created", body = SubscriptionOut,
+            headers(("Location" = String, description = "URL of the subscription"))),
+    )
+)]
+pub async fn create_subscription(
+    State(state): State<AppState>,
+    JsonBody { value, .. }: JsonBody<Value>,
+) -> Result<Response, ApiError> {
+    let input: SubscriptionIn = serde_json::from_value(value)
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, e.to_string()))?;
+    let (collections, types) = check(&input, &state)?;
+    let sub = state.subscriptions.create(input.url, collections, types).await?;
+    let location = format!("/v1/subscriptions/{}", sub.id);
+    let mut response = (StatusCode::CREATED, axum::Json(SubscriptionOut::from(sub))).into_response();
+    if let Ok(value) = HeaderValue::from_str(&location) {
+        response.headers_mut().insert(header::LOCATION, value);
+    }
+    Ok(response)
+}
+
+/// List subscriptions
+///
+/// In creation order.
+#[utoipa::path(
+    get,
+    path = "/v1/subscriptions",
+    operation_id = "v1.subscriptions.list",
+    tag = "subscriptions",
+    params(SubscriptionListQuery),
+    responses(
+        (status = 200, description = "A page of subscriptions", body = SubscriptionListOut),
+    )
+)]
+pub async fn list_subscriptions(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<SubscriptionListQuery>,
+) -> Result<axum::Json<SubscriptionListOut>, ApiError> {
+    let (limit, after) = paging(query.limit, query.after.as_deref())?;
+    let (items, next) = state.subscriptions.list(after.as_deref(), limit).await?;
+    Ok(axum::Json(SubscriptionListOut {
+        items: items.into_iter().map(SubscriptionOut::from).collect(),
+        next: next.as_deref().map(encode_cursor),
+    }))
+}
+
+/// Read a subscription
+#[utoipa::path(
+    get,
+    path = "/v1/subscriptions/{id}",
+    operation_id = "v1.subscriptions.get",
+    tag = "subscriptions",
+    params(SubscriptionPath),
+    responses(
+        (status = 200, description = "The subscription", body = SubscriptionOut),
+    )
+)]
+pub async fn get_subscription(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<SubscriptionPath>,
+) -> Result<axum::Json<SubscriptionOut>, ApiError> {
+    let sub = state.subscriptions.get(&path.id).await?.ok_or_else(|| not_found(&path.id))?;
+    Ok(axum::Json(sub.into()))
+}
+
+/// Delete a subscription
+///
+/// No more of its events are queued, and deliveries of it not yet sent
+/// are dead without an attempt.
+#[utoipa::path(
+    delete,
+    path = "/v1/subscriptions/{id}",
+    operation_id = "v1.subscriptions.delete",
+    tag = "subscriptions",
+    params(SubscriptionPath),
+    responses(
+        (status = 204, description = "Deleted"),
+    )
+)]
+pub async fn delete_subscription(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<SubscriptionPath>,
+) -> Result<StatusCode, ApiError> {
+    if state.subscriptions.delete(&path.id).await? { Ok(StatusCode::NO_CONTENT) } else { Err(not_found(&path.id)) }
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::not_found(format!("no subscription {id}"))
+}
