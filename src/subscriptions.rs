@@ -218,7 +218,7 @@ impl Subscriptions {
         // own chain), each chain in position order.
         let mut chains: Vec<Vec<Event>> = Vec::new();
         let mut by_doc: HashMap<(String, String), usize> = HashMap::new();
-        for event in batch.events.into_iter().filter(|e| filter.wants(e)) {
+        for event in batch.events.iter().filter(|r| filter.wants(&r.event)).map(|r| r.event.clone()) {
             match (&event.collection, &event.document) {
                 (Some(c), Some(d)) => {
                     let i = *by_doc.entry((c.clone(), d.clone())).or_insert_with(|| {

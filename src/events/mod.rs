@@ -85,12 +85,27 @@ pub enum ReadError {
     Store(#[from] StoreError),
 }
 
+/// An event as readers hand it out: decoded once and written as JSON
+/// once, however many readers take it.
+#[derive(Debug)]
+pub struct Ready {
+    pub event: Event,
+    pub json: String,
+}
+
+impl Ready {
+    fn new(event: Event) -> Arc<Self> {
+        let json = serde_json::to_string(&event).expect("an event serializes");
+        Arc::new(Self { event, json })
+    }
+}
+
 /// What one read found: the events after the cursor up to the first gap
 /// that may still fill (void entries left out), and the last position read
 /// (the cursor of the next read).
 #[derive(Debug, Default)]
 pub struct Batch {
-    pub events: Vec<Event>,
+    pub events: Vec<Arc<Ready>>,
     pub next: u64,
     /// Whether a gap that may still fill stopped the read.
     pub gap: bool,
@@ -112,11 +127,70 @@ impl Filter {
     }
 }
 
+/// Positions the cache of recent reads holds at most.
+const RECENT: usize = 4096;
+
+/// The positions read last from the store, durable and contiguous:
+/// `entries[i]` is position `from + i` (`None`: a void entry). Streams at
+/// the head of the log all want the same few positions; the first to miss
+/// reads them from the store (the others wait for it), the rest take them
+/// from here. A reader further back reads the store itself.
+#[derive(Default)]
+struct Recent {
+    from: u64,
+    entries: std::collections::VecDeque<Option<Arc<Ready>>>,
+}
+
+impl Recent {
+    /// The first position not held.
+    fn end(&self) -> u64 {
+        self.from + self.entries.len() as u64
+    }
+
+    /// Up to `max` positions after `after`, if the next one is held.
+    fn after(&self, after: u64, max: usize) -> Option<Batch> {
+        let first = after.checked_add(1)?;
+        if first < self.from || first >= self.end() || self.entries.is_empty() {
+            return None;
+        }
+        let skip = (first - self.from) as usize;
+        let taken: Vec<&Option<Arc<Ready>>> = self.entries.iter().skip(skip).take(max).collect();
+        let next = after + taken.len() as u64;
+        let events = taken.into_iter().flatten().cloned().collect();
+        Some(Batch { events, next, gap: false, more: next + 1 < self.end() })
+    }
+
+    /// Positions `after + 1 ..` as read from the store.
+    fn remember(&mut self, after: u64, read: Vec<Option<Arc<Ready>>>) {
+        if read.is_empty() {
+            return;
+        }
+        if after + 1 != self.end() || self.entries.is_empty() {
+            if after + 1 < self.end() {
+                // Older than what is held: leave it.
+                return;
+            }
+            self.entries.clear();
+            self.from = after + 1;
+        }
+        self.entries.extend(read);
+        while self.entries.len() > RECENT {
+            self.entries.pop_front();
+            self.from += 1;
+        }
+    }
+}
+
 /// The log: reads, the wake-up of local readers, retention.
 pub struct Log {
     store: DynStore,
     cfg: EventsConfig,
     appended: watch::Sender<u64>,
+    recent: std::sync::Mutex<Recent>,
+    /// Held by the reader filling [`Recent`] from the store.
+    filling: tokio::sync::Mutex<()>,
+    /// The floor as last read (or moved) here.
+    floor_seen: std::sync::atomic::AtomicU64,
 }
 
 impl Log {
@@ -125,7 +199,15 @@ impl Log {
     pub fn new(store: DynStore, cfg: EventsConfig) -> (Arc<Self>, DynStore) {
         let appended = watch::Sender::new(0);
         let tapped: DynStore = Arc::new(tap::Tap::new(store, appended.clone()));
-        (Arc::new(Self { store: Arc::clone(&tapped), cfg, appended }), tapped)
+        let log = Self {
+            store: Arc::clone(&tapped),
+            cfg,
+            appended,
+            recent: std::sync::Mutex::default(),
+            filling: tokio::sync::Mutex::new(()),
+            floor_seen: std::sync::atomic::AtomicU64::new(0),
+        };
+        (Arc::new(log), tapped)
     }
 
     pub fn config(&self) -> &EventsConfig {
@@ -159,10 +241,41 @@ impl Log {
     /// Up to `max` positions after `after`, stopping before a gap that
     /// may still fill; what is returned is durable.
     pub async fn read(&self, after: u64, max: usize) -> Result<Batch, ReadError> {
+        if let Some(batch) = self.cached(after, max) {
+            return Ok(batch);
+        }
+        let at_head = after + 1 >= self.recent.lock().expect("recent reads").end();
+        if !at_head {
+            return Ok(self.read_store(after, max).await?.0);
+        }
+        // One reader at the head reads the store; the others take what it
+        // read.
+        let _filling = self.filling.lock().await;
+        if let Some(batch) = self.cached(after, max) {
+            return Ok(batch);
+        }
+        let (batch, read) = self.read_store(after, max).await?;
+        self.recent.lock().expect("recent reads").remember(after, read);
+        Ok(batch)
+    }
+
+    /// What [`Recent`] holds after `after`, unless the cursor may be
+    /// older than the floor (the store then says whether it is).
+    fn cached(&self, after: u64, max: usize) -> Option<Batch> {
+        if after < self.floor_seen.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        self.recent.lock().expect("recent reads").after(after, max)
+    }
+
+    /// [`Log::read`] from the store; also every position read, in order.
+    async fn read_store(&self, after: u64, max: usize) -> Result<(Batch, Vec<Option<Arc<Ready>>>), ReadError> {
         let floor = self.floor().await?;
+        self.floor_seen.fetch_max(floor, std::sync::atomic::Ordering::Relaxed);
         if after < floor {
             return Err(ReadError::Expired { after, floor });
         }
+        let mut positions = Vec::new();
         let mut batch = Batch { next: after, ..Batch::default() };
         let mut read = 0;
         'scan: while read < max {
@@ -185,8 +298,13 @@ impl Log {
                 }
                 batch.next = logged.seq;
                 read += 1;
-                if let Entry::Event(event) = logged.entry {
-                    batch.events.push(*event);
+                match logged.entry {
+                    Entry::Event(event) => {
+                        let ready = Ready::new(*event);
+                        positions.push(Some(Arc::clone(&ready)));
+                        batch.events.push(ready);
+                    }
+                    _ => positions.push(None),
                 }
             }
             if !full {
@@ -198,7 +316,7 @@ impl Log {
         if batch.next > after {
             self.store.sync().await?;
         }
-        Ok(batch)
+        Ok((batch, positions))
     }
 
     /// Positions `from` up to `next.seq` are empty: when `next` was logged
@@ -276,6 +394,7 @@ impl Log {
                     // Another instance moved it meanwhile.
                     continue;
                 }
+                self.floor_seen.fetch_max(upto, std::sync::atomic::Ordering::Relaxed);
             }
             let unsynced = self.store.unsynced();
             let unsynced = &unsynced;
@@ -474,5 +593,56 @@ impl Outputs for TxnEvents {
 
     fn chained(&self, rec: &TxnRecord, forwarded: &[(usize, &StoredDoc)]) -> Option<Vec<(&'static str, Record)>> {
         Some(transaction_records(rec, forwarded, self.clock.now()).into_iter().map(|r| (EVENTS, r)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready(seq: u64) -> Option<Arc<Ready>> {
+        let event = Event {
+            id: format!("c/d/{seq}"),
+            seq,
+            kind: EventType::Updated,
+            collection: Some("c".into()),
+            document: Some("d".into()),
+            version: Some(seq as i64),
+            transaction: None,
+            at: "2026-01-01T00:00:00.000Z".into(),
+            data: None,
+            members: None,
+        };
+        Some(Ready::new(event))
+    }
+
+    fn seqs(batch: &Batch) -> Vec<u64> {
+        batch.events.iter().map(|r| r.event.seq).collect()
+    }
+
+    #[test]
+    fn recent_reads_hand_out_held_positions_in_order_and_stay_bounded() {
+        let mut recent = Recent::default();
+        assert!(recent.after(0, 10).is_none(), "nothing held");
+        // Positions 6..=8, 7 a void entry.
+        recent.remember(5, vec![ready(6), None, ready(8)]);
+        let b = recent.after(5, 10).unwrap();
+        assert_eq!((seqs(&b), b.next, b.more, b.gap), (vec![6, 8], 8, false, false));
+        let b = recent.after(5, 2).unwrap();
+        assert_eq!((seqs(&b), b.next, b.more), (vec![6], 7, true), "a void position counts toward max");
+        assert!(recent.after(8, 10).is_none(), "past the end: the store is read");
+        assert!(recent.after(4, 10).is_none(), "before the start: the store is read");
+        // Contiguous reads extend it; a read further back leaves it alone;
+        // one past its end starts it over.
+        recent.remember(8, vec![ready(9)]);
+        assert_eq!(seqs(&recent.after(7, 10).unwrap()), vec![8, 9]);
+        recent.remember(2, vec![ready(3)]);
+        assert_eq!(recent.from, 6);
+        recent.remember(20, vec![ready(21)]);
+        assert_eq!((recent.from, recent.end()), (21, 22));
+        let many: Vec<_> = (22..22 + RECENT as u64 + 10).map(ready).collect();
+        recent.remember(21, many);
+        assert_eq!(recent.entries.len(), RECENT);
+        assert_eq!(recent.end(), 22 + RECENT as u64 + 10);
     }
 }

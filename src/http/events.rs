@@ -9,12 +9,13 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -27,7 +28,7 @@ use super::contract::LastEventId;
 use super::error::{ApiError, ProblemCode};
 use super::extract::ApiQuery;
 use crate::documents::rules::Invalid;
-use crate::events::{Event, EventType, Filter, Log, READ_BATCH, ReadError};
+use crate::events::{Event, EventType, Filter, Log, READ_BATCH, ReadError, Ready};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(events))
@@ -204,9 +205,19 @@ pub async fn events(
         pending: VecDeque::new(),
         appended: state.events.subscribe(),
         stop: state.stop.clone(),
+        idle_since: tokio::time::Instant::now(),
     };
     let stream = futures::stream::unfold(reader, Reader::next);
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response())
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+            // Proxies that buffer responses (nginx) pass this one through.
+            (header::HeaderName::from_static("x-accel-buffering"), "no"),
+        ],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response())
 }
 
 /// One page: up to `limit` matching events after `after`.
@@ -216,14 +227,15 @@ async fn page(log: &Log, filter: &Filter, after: u64, limit: usize) -> Result<Ev
     loop {
         let batch = log.read(next, READ_BATCH).await?;
         let mut read_to = batch.next;
-        for event in batch.events {
-            if filter.wants(&event) {
+        for ready in batch.events {
+            let event = &ready.event;
+            if filter.wants(event) {
                 if items.len() == limit {
                     // The page is full: the next one starts before this.
                     read_to = event.seq - 1;
                     break;
                 }
-                items.push(event);
+                items.push(event.clone());
             }
         }
         next = read_to;
@@ -238,20 +250,35 @@ struct Reader {
     log: Arc<Log>,
     filter: Filter,
     cursor: u64,
-    pending: VecDeque<Event>,
+    pending: VecDeque<Arc<Ready>>,
     appended: tokio::sync::watch::Receiver<u64>,
     stop: CancellationToken,
+    /// When the stream last sent something.
+    idle_since: tokio::time::Instant,
 }
 
 impl Reader {
-    async fn next(mut self) -> Option<(Result<SseEvent, Infallible>, Self)> {
+    /// The next piece of the stream: every event one read found, as
+    /// Server-Sent Events in one chunk (`id: <seq>`, `data: <JSON>`; the
+    /// JSON of an event is one line), or a comment line after
+    /// [`KEEP_ALIVE`] without one.
+    async fn next(mut self) -> Option<(Result<Bytes, Infallible>, Self)> {
         loop {
             if self.stop.is_cancelled() {
                 return None;
             }
-            if let Some(event) = self.pending.pop_front() {
-                let data = serde_json::to_string(&event).expect("an event serializes");
-                return Some((Ok(SseEvent::default().id(event.seq.to_string()).data(data)), self));
+            if !self.pending.is_empty() {
+                let size: usize = self.pending.iter().map(|r| r.json.len() + 32).sum();
+                let mut chunk = String::with_capacity(size);
+                for ready in self.pending.drain(..) {
+                    let _ = write!(chunk, "id: {}\ndata: {}\n\n", ready.event.seq, ready.json);
+                }
+                self.idle_since = tokio::time::Instant::now();
+                return Some((Ok(Bytes::from(chunk)), self));
+            }
+            if self.idle_since.elapsed() >= KEEP_ALIVE {
+                self.idle_since = tokio::time::Instant::now();
+                return Some((Ok(Bytes::from_static(b":\n\n")), self));
             }
             // Changes from here on wake the wait below.
             self.appended.borrow_and_update();
@@ -259,7 +286,7 @@ impl Reader {
                 Ok(batch) => {
                     let moved = batch.next > self.cursor;
                     self.cursor = batch.next;
-                    self.pending.extend(batch.events.into_iter().filter(|e| self.filter.wants(e)));
+                    self.pending.extend(batch.events.into_iter().filter(|e| self.filter.wants(&e.event)));
                     if !self.pending.is_empty() || batch.more || (moved && !batch.gap) {
                         continue;
                     }
@@ -274,6 +301,7 @@ impl Reader {
                     Duration::from_secs(1)
                 }
             };
+            let wait = wait.min(KEEP_ALIVE.saturating_sub(self.idle_since.elapsed()));
             tokio::select! {
                 () = self.stop.cancelled() => return None,
                 _ = self.appended.changed() => {}

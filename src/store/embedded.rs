@@ -217,6 +217,10 @@ pub struct WriterStats {
     pub busy_nanos: AtomicU64,
     /// Of which in commits that synced, and in checkpoints.
     pub synced_nanos: AtomicU64,
+    /// Some commit is not durable yet: set before such a commit becomes
+    /// visible, cleared once a sync covers it. A reader that finds it
+    /// clear after reading has read only durable data.
+    pub unsynced: std::sync::atomic::AtomicBool,
 }
 
 fn internal(err: impl std::fmt::Display) -> StoreError {
@@ -579,6 +583,7 @@ impl Writer {
             }
             if self.unsynced_since.is_none() {
                 self.unsynced_since = Some(Instant::now());
+                self.stats.unsynced.store(true, Ordering::SeqCst);
             }
             Some(txn)
         };
@@ -613,6 +618,7 @@ impl Writer {
         }
         self.stats.syncs.fetch_add(1, Ordering::Relaxed);
         self.unsynced_since = None;
+        self.stats.unsynced.store(false, Ordering::SeqCst);
     }
 
     /// Make redb durable with every commit so far, and start the journal
@@ -632,6 +638,7 @@ impl Writer {
         }
         self.journal.restart(self.journal.next_lsn());
         self.unsynced_since = None;
+        self.stats.unsynced.store(false, Ordering::SeqCst);
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         self.stats.syncs.fetch_add(1, Ordering::Relaxed);
         self.stats.count(started, true);
@@ -1075,6 +1082,11 @@ impl Store for EmbeddedStore {
     }
 
     async fn sync(&self) -> StoreResult<()> {
+        // Everything committed so far is durable already: nothing to wait
+        // for (a reader's sync after its read, most of the time).
+        if !self.stats.unsynced.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         self.queue(WriteOp::Sync, Durability::Synced).await.map(|_| ())
     }
 

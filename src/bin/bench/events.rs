@@ -258,7 +258,15 @@ pub async fn run(args: EventArgs) {
 
     // 1. Throughput without and with streams.
     progress("events: throughput, no stream attached");
+    let gw_pid = gw.process.id().to_string();
+    let cpu = || (super::scale::cpu_time(&gw_pid), super::scale::cpu_time("self"));
+    let share = |before: (Duration, Duration), after: (Duration, Duration)| {
+        let per = |a: Duration, b: Duration| (b - a).as_secs_f64() / args.seconds * 100.0;
+        (per(before.0, after.0), per(before.1, after.1))
+    };
+    let at = cpu();
     let bare = write(&base, args.clients, None, args.seconds).await as f64 / args.seconds;
+    let (bare_gw, bare_bench) = share(at, cpu());
     let lags = Arc::new(Lags::new());
     let stop = Arc::new(AtomicBool::new(false));
     let mut streams = Vec::new();
@@ -273,12 +281,19 @@ pub async fn run(args: EventArgs) {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     progress(&format!("events: throughput, {} streams attached", args.streams));
+    let at = cpu();
     let attached = write(&base, args.clients, None, args.seconds).await as f64 / args.seconds;
+    let (attached_gw, attached_bench) = share(at, cpu());
     println!(
         "  commit throughput, {} clients: {bare:.0}/s with no stream, {attached:.0}/s with {} streams attached: {:.0}% (target >= 90%)",
         args.clients,
         args.streams,
         attached / bare * 100.0
+    );
+    println!(
+        "    CPU (% of one core; the machine has {}): gateway {bare_gw:.0}% / {attached_gw:.0}%, this process (writers and stream readers) {bare_bench:.0}% / {attached_bench:.0}%; {:.0} events/s sent on the streams",
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        attached * args.streams as f64,
     );
 
     // 2. Lag at a steady rate.

@@ -71,7 +71,7 @@ impl Gateway {
 
 /// CPU time process `pid` (`self`: this one) has used (all threads, dead
 /// ones included).
-fn cpu_time(pid: &str) -> Duration {
+pub fn cpu_time(pid: &str) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name (which may hold spaces): utime is the
     // 14th field of the line, stime the 15th; both in clock ticks (100/s).
