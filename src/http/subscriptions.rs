@@ -222,6 +222,9 @@ pub async fn list_subscriptions(
 }
 
 /// Read a subscription
+///
+/// Its destination, filters, and the log position up to which its events
+/// have been queued as deliveries.
 #[utoipa::path(
     get,
     path = "/v1/subscriptions/{id}",

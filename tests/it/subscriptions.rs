@@ -15,6 +15,7 @@ use crate::support::{Backend, Received, SECRET, TestApp, TestReceiver, expect, e
 crate::on_both_backends!(
     subscriptions_get_exactly_their_events_signed_in_document_order,
     a_failing_receiver_holds_back_later_events_of_the_document,
+    a_down_receiver_is_retried_then_dead_and_replayed_when_back,
     subscriptions_are_checked_listed_and_deleted,
     two_instances_record_each_delivery_once,
 );
@@ -184,6 +185,30 @@ async fn a_failing_receiver_holds_back_later_events_of_the_document(backend: Bac
     assert_eq!(again.header("webhook-id"), id(4));
     assert_eq!(again.body, got[0].body);
     delivery_until(&app, &id(4), "delivered").await;
+    app.stop().await;
+}
+
+async fn a_down_receiver_is_retried_then_dead_and_replayed_when_back(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, |c| c.hooks.max_age = Duration::from_secs(2)).await else { return };
+    let rx = TestReceiver::start().await;
+    let addr = rx.addr.to_string();
+    let sub = subscribe(&app, json!({"url": rx.url("/"), "types": ["document.created"]})).await;
+    rx.stop();
+    create(&app, "acc", "a", json!({})).await;
+    let id = format!("{sub}:acc/a/1");
+    // Refused connections are retried with backoff until the maximum age.
+    let dead = delivery_until(&app, &id, "dead").await;
+    let attempts = dead["attempts"].as_array().unwrap();
+    assert!(attempts.len() >= 3, "retried before it died: {dead}");
+    assert!(attempts.iter().all(|a| a["status_code"].is_null() && a["error"].is_string()), "{dead}");
+    // Back up on the same address, a replay delivers it.
+    let rx = TestReceiver::start_on(&addr).await;
+    let res = app.request(Method::POST, &format!("/v1/deliveries/{}/retry", id.replace('/', "%2F"))).send().await;
+    expect(res.unwrap(), 202).await;
+    let got = rx.next(WAIT).await;
+    assert_eq!(got.header("webhook-id"), id);
+    assert_eq!(got.json()["id"], "acc/a/1");
+    delivery_until(&app, &id, "delivered").await;
     app.stop().await;
 }
 
