@@ -38,6 +38,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 const POLL: Duration = Duration::from_millis(250);
 /// How soon a stream stopped at a gap looks again.
 const GAP_RETRY: Duration = Duration::from_millis(20);
+/// How long a stream that has just sent waits before it reads again.
+const COALESCE: Duration = Duration::from_millis(10);
 /// The comment line an idle stream gets.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 const DEFAULT_PAGE: i64 = 100;
@@ -279,6 +281,17 @@ impl Reader {
             if self.idle_since.elapsed() >= KEEP_ALIVE {
                 self.idle_since = tokio::time::Instant::now();
                 return Some((Ok(Bytes::from_static(b":\n\n")), self));
+            }
+            // A stream that has just sent reads again only after a moment,
+            // so that under a steady flow each send carries what arrived
+            // meanwhile: one wake-up and one write per stream every few
+            // milliseconds, not per commit.
+            let since = self.idle_since.elapsed();
+            if since < COALESCE {
+                tokio::select! {
+                    () = self.stop.cancelled() => return None,
+                    () = tokio::time::sleep(COALESCE - since) => {}
+                }
             }
             // Changes from here on wake the wait below.
             self.appended.borrow_and_update();
