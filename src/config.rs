@@ -387,6 +387,15 @@ impl Settings {
                 events.retention.as_secs()
             ));
         }
+        if events.tombstone_retention < hooks.retention {
+            return Err(format!(
+                "tombstone_retention_secs ({}) must be at least delivery_retention_secs ({}): a document re-created \
+                 after its tombstone is gone starts at version 1 again, and its events' deliveries to a \
+                 subscription must not reuse the id of one still kept",
+                events.tombstone_retention.as_secs(),
+                hooks.retention.as_secs()
+            ));
+        }
         Ok(Config {
             events,
             hooks,
@@ -456,5 +465,16 @@ mod tests {
     fn bad_values_are_refused() {
         assert!(Settings { store: Some(StoreKind::Mongodb), ..Default::default() }.resolve().is_err());
         assert!(Settings { lease_ms: Some(0), ..Default::default() }.resolve().is_err());
+        // Tombstones outlive the events and deliveries whose ids they keep
+        // from being reused.
+        let short = |event, delivery| Settings {
+            tombstone_retention_secs: Some(100),
+            event_retention_secs: Some(event),
+            delivery_retention_secs: Some(delivery),
+            ..Default::default()
+        };
+        assert!(short(100, 100).resolve().is_ok());
+        assert!(short(101, 100).resolve().unwrap_err().contains("event_retention_secs"));
+        assert!(short(100, 101).resolve().unwrap_err().contains("delivery_retention_secs"));
     }
 }

@@ -113,7 +113,9 @@ impl Subscriptions {
         collections: Option<Vec<String>>,
         types: Option<Vec<EventType>>,
     ) -> StoreResult<Subscription> {
-        let position = i64::try_from(self.log.head().await?).unwrap_or(i64::MAX);
+        // The end of the log; after a purge of all of it, the floor.
+        let head = self.log.head().await?.max(self.log.floor().await?);
+        let position = i64::try_from(head).unwrap_or(i64::MAX);
         let sub = Subscription {
             id: uuid::Uuid::now_v7().to_string(),
             url,
@@ -179,21 +181,36 @@ impl Subscriptions {
         }
     }
 
-    /// One pass over every subscription.
+    /// One pass over every subscription. One that fails (a record it
+    /// cannot read, a delivery the store refuses) is logged and passed
+    /// over: the others go on.
     pub async fn pass(&self) -> StoreResult<Pass> {
         let mut pass = Pass::default();
         let mut after: Option<String> = None;
         loop {
-            let (page, next) = self.list(after.as_deref(), PAGE).await?;
-            for sub in page {
-                let step = self.dispatch(&sub).await?;
-                pass.recorded += step.recorded;
-                pass.gap |= step.gap;
-                pass.more |= step.more;
+            let scan = scans::SUBSCRIPTIONS.scan(Vec::new()).after(after.as_deref()).limit(PAGE);
+            let records = self.store.scan(SUBSCRIPTIONS, scan).await?;
+            let full = records.len() == PAGE;
+            after = records.last().and_then(crate::store::record_id).map(str::to_owned);
+            for record in records {
+                let id = crate::store::record_id(&record).unwrap_or_default().to_owned();
+                let step = match Subscription::from_record(record) {
+                    Ok(sub) => self.dispatch(&sub).await,
+                    Err(err) => Err(err),
+                };
+                match step {
+                    Ok(step) => {
+                        pass.recorded += step.recorded;
+                        pass.gap |= step.gap;
+                        pass.more |= step.more;
+                    }
+                    Err(err) => {
+                        tracing::warn!(subscription.id = %id, error = %err, "dispatch of a subscription failed; it is tried again next pass");
+                    }
+                }
             }
-            match next {
-                Some(next) => after = Some(next),
-                None => return Ok(pass),
+            if !full {
+                return Ok(pass);
             }
         }
     }
@@ -277,6 +294,23 @@ impl Subscriptions {
                     }
                     Some(_) => {}
                     None => self.hooks.queue.push(&d.id, at.timestamp_millis()),
+                }
+            } else if let Some(stored) = self.hooks.store.get(DELIVERIES, &d.id).await? {
+                // Recorded already (by another instance, or by a pass that
+                // failed before its position moved), perhaps still waiting
+                // for one that is final by now: release it here rather
+                // than leave it to the sweep.
+                let stored = Delivery::from_record(stored)?;
+                if stored.next_at == crate::hooks::AFTER_PREVIOUS
+                    && stored.status == crate::hooks::DeliveryStatus::Pending
+                {
+                    let free = match &stored.prev {
+                        Some(prev) => self.hooks.is_final(prev).await?,
+                        None => true,
+                    };
+                    if free {
+                        self.hooks.release(&d.id).await?;
+                    }
                 }
             }
             before = probe.key.is_some().then_some((d.id, false));

@@ -129,6 +129,8 @@ impl Filter {
 
 /// Positions the cache of recent reads holds at most.
 const RECENT: usize = 4096;
+/// Bytes of event JSON it holds at most (events carry whole documents).
+const RECENT_BYTES: usize = 16 << 20;
 
 /// The positions read last from the store, durable and contiguous:
 /// `entries[i]` is position `from + i` (`None`: a void entry). Streams at
@@ -139,6 +141,12 @@ const RECENT: usize = 4096;
 struct Recent {
     from: u64,
     entries: std::collections::VecDeque<Option<Arc<Ready>>>,
+    /// The JSON bytes of the events held.
+    bytes: usize,
+}
+
+fn json_len(entry: &Option<Arc<Ready>>) -> usize {
+    entry.as_ref().map_or(0, |r| r.json.len())
 }
 
 impl Recent {
@@ -157,6 +165,8 @@ impl Recent {
         let taken: Vec<&Option<Arc<Ready>>> = self.entries.iter().skip(skip).take(max).collect();
         let next = after + taken.len() as u64;
         let events = taken.into_iter().flatten().cloned().collect();
+        // At the end of what is held, the stream waits for a wake-up (or
+        // its poll) before it reads the store.
         Some(Batch { events, next, gap: false, more: next + 1 < self.end() })
     }
 
@@ -171,11 +181,14 @@ impl Recent {
                 return;
             }
             self.entries.clear();
+            self.bytes = 0;
             self.from = after + 1;
         }
+        self.bytes += read.iter().map(json_len).sum::<usize>();
         self.entries.extend(read);
-        while self.entries.len() > RECENT {
-            self.entries.pop_front();
+        while self.entries.len() > RECENT || (self.bytes > RECENT_BYTES && self.entries.len() > 1) {
+            let gone = self.entries.pop_front().expect("more than one held");
+            self.bytes -= json_len(&gone);
             self.from += 1;
         }
     }
@@ -257,6 +270,12 @@ impl Log {
         let (batch, read) = self.read_store(after, max).await?;
         self.recent.lock().expect("recent reads").remember(after, read);
         Ok(batch)
+    }
+
+    /// [`Log::read`] from the store, never from what streams read lately:
+    /// for a page, which must not stop where that ends.
+    pub async fn read_fresh(&self, after: u64, max: usize) -> Result<Batch, ReadError> {
+        Ok(self.read_store(after, max).await?.0)
     }
 
     /// What [`Recent`] holds after `after`, unless the cursor may be

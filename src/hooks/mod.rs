@@ -305,7 +305,9 @@ impl DeliveryChange<'_> {
             }
             DeliveryChange::Release { at } => {
                 let filter = doc! {"status": DeliveryStatus::Pending.as_str(), "next_at": AFTER_PREVIOUS};
-                (filter, Update::set(doc! {"next_at": *at}))
+                // Its maximum age counts from now: the time it waited for
+                // the one before it is not its own.
+                (filter, Update::set(doc! {"next_at": *at, "queued_at": *at}))
             }
         }
     }

@@ -227,7 +227,7 @@ async fn page(log: &Log, filter: &Filter, after: u64, limit: usize) -> Result<Ev
     let mut items = Vec::new();
     let mut next = after;
     loop {
-        let batch = log.read(next, READ_BATCH).await?;
+        let batch = log.read_fresh(next, READ_BATCH).await?;
         let mut read_to = batch.next;
         for ready in batch.events {
             let event = &ready.event;

@@ -192,15 +192,20 @@ async fn a_down_receiver_is_retried_then_dead_and_replayed_when_back(backend: Ba
     let Some(app) = TestApp::spawn_with(backend, |c| c.hooks.max_age = Duration::from_secs(2)).await else { return };
     let rx = TestReceiver::start().await;
     let addr = rx.addr.to_string();
-    let sub = subscribe(&app, json!({"url": rx.url("/"), "types": ["document.created"]})).await;
+    let sub = subscribe(&app, json!({"url": rx.url("/"), "types": ["document.created", "document.updated"]})).await;
     rx.stop();
     create(&app, "acc", "a", json!({})).await;
+    patch(&app, "acc", "a", json!({"n": 2})).await;
     let id = format!("{sub}:acc/a/1");
     // Refused connections are retried with backoff until the maximum age.
     let dead = delivery_until(&app, &id, "dead").await;
     let attempts = dead["attempts"].as_array().unwrap();
     assert!(attempts.len() >= 3, "retried before it died: {dead}");
     assert!(attempts.iter().all(|a| a["status_code"].is_null() && a["error"].is_string()), "{dead}");
+    // The document's next event waited meanwhile; its own maximum age
+    // counts from then, so it is retried as long, not dead at once.
+    let next = delivery_until(&app, &format!("{sub}:acc/a/2"), "dead").await;
+    assert!(next["attempts"].as_array().unwrap().len() >= 3, "retried after its wait: {next}");
     // Back up on the same address, a replay delivers it.
     let rx = TestReceiver::start_on(&addr).await;
     let res = app.request(Method::POST, &format!("/v1/deliveries/{}/retry", id.replace('/', "%2F"))).send().await;
