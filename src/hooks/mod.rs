@@ -166,7 +166,8 @@ pub struct Delivery {
     /// Failed attempts since it was queued (or replayed): the backoff step.
     #[serde(default)]
     pub tries: i64,
-    /// When it was last queued by hand (`hook_max_age` counts from here).
+    /// When it was last queued: by hand, or released once the delivery it
+    /// waited for was final (`hook_max_age` counts from here).
     #[serde(default)]
     pub queued_at: Option<DateTime>,
     /// The instance holding the current claim, its token and expiry.
