@@ -32,8 +32,8 @@ use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::events::{Event, EventType, Filter, Log, READ_BATCH, ReadError};
-use crate::hooks::{DELIVERIES, Delivery, Hooks};
+use crate::events::{EventType, Filter, Log, READ_BATCH, ReadError, Ready};
+use crate::hooks::{DELIVERIES, Delivery, Hooks, event_key};
 use crate::store::{DateTime, DynStore, Record, StoreError, StoreResult, Update, doc, scans};
 
 /// The subscriptions collection.
@@ -233,10 +233,10 @@ impl Subscriptions {
         let filter = sub.filter();
         // The wanted events, by document (a transaction's own event is its
         // own chain), each chain in position order.
-        let mut chains: Vec<Vec<Event>> = Vec::new();
+        let mut chains: Vec<Vec<Arc<Ready>>> = Vec::new();
         let mut by_doc: HashMap<(String, String), usize> = HashMap::new();
-        for event in batch.events.iter().filter(|r| filter.wants(&r.event)).map(|r| r.event.clone()) {
-            match (&event.collection, &event.document) {
+        for event in batch.events.into_iter().filter(|r| filter.wants(&r.event)) {
+            match (&event.event.collection, &event.event.document) {
                 (Some(c), Some(d)) => {
                     let i = *by_doc.entry((c.clone(), d.clone())).or_insert_with(|| {
                         chains.push(Vec::new());
@@ -269,15 +269,15 @@ impl Subscriptions {
     }
 
     /// Record the deliveries of one document's events (in position order).
-    async fn record_chain(&self, sub: &Subscription, chain: Vec<Event>) -> StoreResult<usize> {
+    async fn record_chain(&self, sub: &Subscription, chain: Vec<Arc<Ready>>) -> StoreResult<usize> {
         let mut recorded = 0;
         // The delivery before the next one, and whether it is final.
         let mut before: Option<(String, bool)> = None;
         for event in chain {
             let at = self.hooks.clock.now();
-            let probe = Delivery::of_event(&sub.id, &sub.url, &event, None, at);
+            let key = event_key(&sub.id, &event.event);
             if before.is_none() {
-                if let (Some(key), Some(seq)) = (&probe.key, probe.seq) {
+                if let (Some(key), Ok(seq)) = (&key, i64::try_from(event.event.seq)) {
                     before = self.hooks.last_of_key(key, seq).await?.map(|d| (d.id, d.status.is_final()));
                 }
             }
@@ -313,7 +313,7 @@ impl Subscriptions {
                     }
                 }
             }
-            before = probe.key.is_some().then_some((d.id, false));
+            before = key.is_some().then_some((d.id, false));
         }
         Ok(recorded)
     }

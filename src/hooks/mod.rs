@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use std::sync::Arc;
 
-use crate::events::Event;
+use crate::events::{Event, Ready};
 use crate::metrics::Metrics;
 use crate::store::{Bound, Bson, DateTime, DynStore, Record, StoreError, StoreResult, Update, doc, scans};
 use crate::txn::outputs::Outputs;
@@ -227,26 +227,23 @@ impl Delivery {
         }
     }
 
-    /// The delivery of `event` (its JSON as `body`) to subscription
+    /// The delivery of `event` (its JSON as the body) to subscription
     /// `subscription` at `url`, recorded at `at`; one waiting for `prev`
     /// (the delivery of the document's event before it) goes once that one
     /// is final.
-    pub fn of_event(subscription: &str, url: &str, event: &Event, prev: Option<String>, at: DateTime) -> Self {
+    pub fn of_event(subscription: &str, url: &str, event: &Ready, prev: Option<String>, at: DateTime) -> Self {
         let hook = Hook { method: "POST".into(), url: url.to_owned(), headers: Default::default(), body: None };
-        let body = serde_json::to_string(event).expect("an event serializes");
-        let txn = event.transaction.clone().unwrap_or_default();
-        let mut d = Self::queued(&txn, 0, 1, hook, body, at);
-        d.id = format!("{subscription}:{}", event.id);
-        d.key = match (&event.collection, &event.document) {
-            (Some(c), Some(doc)) => Some(format!("{subscription}:{c}/{doc}")),
-            _ => None,
-        };
+        let e = &event.event;
+        let txn = e.transaction.clone().unwrap_or_default();
+        let mut d = Self::queued(&txn, 0, 1, hook, event.json.clone(), at);
+        d.id = format!("{subscription}:{}", e.id);
+        d.key = event_key(subscription, e);
         if prev.is_some() {
             d.next_at = AFTER_PREVIOUS;
         }
         d.subscription = Some(subscription.to_owned());
-        d.event = Some(event.id.clone());
-        d.seq = i64::try_from(event.seq).ok();
+        d.event = Some(e.id.clone());
+        d.seq = i64::try_from(e.seq).ok();
         d.prev = prev;
         d
     }
@@ -330,6 +327,16 @@ pub fn hooks_of(request: &str) -> Vec<Hook> {
         hooks: Vec<Hook>,
     }
     serde_json::from_str::<WithHooks>(request).map(|r| r.hooks).unwrap_or_default()
+}
+
+/// The key of `event`'s deliveries to `subscription` (those of one
+/// document go in order): `<subscription>:<collection>/<document>`; none
+/// for a transaction's own event.
+pub fn event_key(subscription: &str, event: &Event) -> Option<String> {
+    match (&event.collection, &event.document) {
+        (Some(c), Some(doc)) => Some(format!("{subscription}:{c}/{doc}")),
+        _ => None,
+    }
 }
 
 /// The delivery id of hook `index` of transaction `txn`.
