@@ -4,6 +4,7 @@
 //! single-document conditional update.
 
 pub mod clock;
+pub mod collections;
 pub mod config;
 pub mod documents;
 pub mod error;
@@ -62,6 +63,7 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     pub events: Arc<events::Log>,
     pub subscriptions: Arc<subscriptions::Subscriptions>,
+    pub collections: Arc<collections::Collections>,
     /// Cancelled at shutdown: open event streams end.
     pub stop: CancellationToken,
 }
@@ -85,7 +87,20 @@ impl App {
         let documents = Arc::new(Documents::new(Arc::clone(&engine)));
         let subscriptions =
             subscriptions::Subscriptions::new(Arc::clone(engine.store()), Arc::clone(&events), Arc::clone(&hooks));
-        Self { engine, hooks, documents, metrics, events, subscriptions, stop: CancellationToken::new() }
+        let collections =
+            collections::Collections::new(Arc::clone(engine.store()), Arc::clone(&events), config.txn.clock.clone());
+        Self { engine, hooks, documents, metrics, events, subscriptions, collections, stop: CancellationToken::new() }
+    }
+
+    /// The TTL sweeper of this gateway.
+    pub fn sweeper(&self, config: &Config) -> collections::ttl::Sweeper {
+        collections::ttl::Sweeper::new(
+            Arc::clone(&self.collections),
+            Arc::clone(&self.documents),
+            Arc::clone(&self.metrics),
+            config.txn.clock.clone(),
+            config.ttl_interval,
+        )
     }
 
     pub fn router(&self, config: &Config) -> axum::Router {
@@ -96,6 +111,7 @@ impl App {
             hook_guard: Arc::new(config.hook_guard.clone()),
             events: Arc::clone(&self.events),
             subscriptions: Arc::clone(&self.subscriptions),
+            collections: Arc::clone(&self.collections),
             stop: self.stop.clone(),
         };
         http::router(state, config.max_body_bytes, config.api_keys.clone(), &config.cors)
@@ -127,6 +143,7 @@ pub async fn run_with_store(
     workers.spawn(txn::recovery::Recovery::new(Arc::clone(&app.engine)).run(stop_workers.clone()));
     workers.spawn(sender.run(stop_workers.clone()));
     workers.spawn(Arc::clone(&app.subscriptions).run(stop_workers.clone()));
+    workers.spawn(app.sweeper(&config).run(stop_workers.clone()));
     workers.spawn(purger(&app, &config).run(stop_workers.clone()));
     workers.spawn(events::purge_worker(Arc::clone(&app.events), config.txn.recovery_interval, stop_workers.clone()));
     workers.close();

@@ -247,6 +247,19 @@ impl Documents {
         }
     }
 
+    /// Expire `doc` as read by the TTL sweeper: the same compare-and-set
+    /// as a delete (so only if it is still unlocked and at the version
+    /// read), leaving a tombstone and a `document.expired` event. A
+    /// document a transaction holds, a tombstone or a placeholder is left
+    /// alone. Synced, as every TTL delete (DESIGN §1). `true` when it went.
+    pub async fn expire(&self, coll: &str, doc: &StoredDoc) -> Result<bool, DocError> {
+        if doc.meta.txn.is_some() || !matches!(doc.committed_view(), View::Live(_)) {
+            return Ok(false);
+        }
+        let next = apply_change(doc, &Change::Delete, self.engine.now())?;
+        self.write_with_event(coll, Some(doc), next, EventType::Expired).await
+    }
+
     /// Live documents in id order after `after`, and the cursor of the next
     /// page (`None` at the end). Read along two indexes merged by id: the
     /// documents that are not tombstones, and those with a staged insert (a

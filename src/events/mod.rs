@@ -41,6 +41,11 @@ pub const EVENTS: &str = "_events";
 /// position purged (every position up to it is gone or going).
 pub const STATE: &str = "_counters";
 const FLOOR: &str = "_events.floor";
+/// Where the live counts of collections keep the position up to which
+/// they have counted the log's changes: `{_id: "_collections.counted", n}`
+/// in [`STATE`]. The purge never moves the floor past it, so no change is
+/// purged before it is counted.
+pub const COUNTED: &str = "_collections.counted";
 
 /// Position `seq` as the log stores it.
 fn position(seq: u64) -> Bson {
@@ -234,9 +239,19 @@ impl Log {
 
     /// The last position purged; a cursor before it is expired.
     pub async fn floor(&self) -> StoreResult<u64> {
+        self.state(FLOOR).await
+    }
+
+    /// The position up to which collections' live counts are counted
+    /// ([`COUNTED`]; 0 before the first count).
+    pub async fn counted(&self) -> StoreResult<u64> {
+        self.state(COUNTED).await
+    }
+
+    async fn state(&self, id: &str) -> StoreResult<u64> {
         Ok(self
             .store
-            .get(STATE, FLOOR)
+            .get(STATE, id)
             .await?
             .and_then(|r| r.get_i64("n").ok())
             .and_then(|n| u64::try_from(n).ok())
@@ -360,7 +375,9 @@ impl Log {
 
     /// Purge what is past retention, oldest first, in position order: the
     /// floor moves first (synced), so no reader ever takes a purged
-    /// position for a gap; then the records up to it go. Returns how many.
+    /// position for a gap; then the records up to it go. Nothing past the
+    /// position collections' live counts have reached goes ([`COUNTED`]).
+    /// Returns how many.
     pub async fn purge(&self) -> StoreResult<usize> {
         let cutoff = self
             .cfg
@@ -371,12 +388,16 @@ impl Log {
         let mut total = 0;
         loop {
             let floor = self.floor().await?;
-            // Nothing to do unless the oldest record is past retention (or
-            // below the floor): one read when idle.
+            let counted = self.counted().await?;
+            // Nothing to do unless the oldest record is past retention and
+            // counted (or below the floor): one read when idle.
             let oldest = self.store.scan(EVENTS, crate::store::scans::EVENTS_BY_SEQ.scan(Vec::new()).limit(1)).await?;
             match oldest.into_iter().next().map(Logged::from_record).transpose()? {
                 None => return Ok(total),
-                Some(l) if l.seq > floor && l.logged_at.is_some_and(|at| at.timestamp_millis() >= cutoff) => {
+                Some(l)
+                    if l.seq > floor
+                        && (l.seq > counted || l.logged_at.is_some_and(|at| at.timestamp_millis() >= cutoff)) =>
+                {
                     return Ok(total);
                 }
                 Some(_) => {}
@@ -396,7 +417,7 @@ impl Log {
                     ids.push(id);
                     continue;
                 }
-                if logged.seq != upto + 1 || !old {
+                if logged.seq != upto + 1 || !old || logged.seq > counted {
                     break;
                 }
                 upto = logged.seq;

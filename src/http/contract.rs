@@ -405,7 +405,9 @@ pub fn problems(operation: &str) -> Option<Vec<(u16, ProblemCode)>> {
         "v1.deliveries.retry" => plain(&[InvalidPath, NotFound, DeliveryPending]),
         "v1.events.list" => plain(&[InvalidHeader, ValidationFailed, CursorExpired]),
         "v1.subscriptions.create" => plain(&[&body[..], &[ValidationFailed, HookNotAllowed]].concat()),
-        "v1.subscriptions.list" => plain(&[ValidationFailed]),
+        "v1.subscriptions.list" | "v1.collections.list" => plain(&[ValidationFailed]),
+        "v1.collections.get" => plain(&[InvalidPath, ValidationFailed]),
+        "v1.collections.update" => plain(&[&body[..], &[InvalidPath, ValidationFailed]].concat()),
         "v1.subscriptions.get" | "v1.subscriptions.delete" => plain(&[InvalidPath, NotFound]),
         _ => return None,
     };

@@ -258,12 +258,14 @@ pub async fn get_document(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (collection, id) = path.check()?;
+    // A malformed header is a 400 whatever the document's state.
+    let none_match = if_none_match(&headers)?;
     match state.documents.get(collection, id).await? {
         View::NotFound => Err(DocError::NotFound.into()),
         View::Deleted { version, deleted_at } => Err(DocError::Deleted { version, deleted_at }.into()),
         View::Live(live) => {
             let version = live.version;
-            if if_none_match(&headers, version)? {
+            if none_match.matches(version) {
                 return Ok(with_etag(StatusCode::NOT_MODIFIED.into_response(), version));
             }
             Ok(with_etag(axum::Json(DocumentOut::new(collection, live)).into_response(), version))

@@ -165,6 +165,39 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
+/// A request body as `T`, answered 422 (`validation_failed`) when it does
+/// not fit. The values at `objects` (JSON pointers; `*` stands for every
+/// element of an array) must be objects (or `null`, where `T` takes one):
+/// serde reads a struct from an array as well, by position, which the
+/// API's schema does not allow.
+pub fn from_body<T: DeserializeOwned>(value: serde_json::Value, objects: &[&str]) -> Result<T, ApiError> {
+    for pattern in objects {
+        let mut found = vec![("".to_owned(), &value)];
+        for segment in pattern.split('/').skip(1) {
+            found = found
+                .into_iter()
+                .flat_map(|(at, v)| -> Vec<(String, &serde_json::Value)> {
+                    match (segment, v) {
+                        ("*", serde_json::Value::Array(items)) => {
+                            items.iter().enumerate().map(|(i, item)| (format!("{at}/{i}"), item)).collect()
+                        }
+                        (name, serde_json::Value::Object(map)) => {
+                            map.get(name).map(|item| (format!("{at}/{name}"), item)).into_iter().collect()
+                        }
+                        _ => Vec::new(),
+                    }
+                })
+                .collect();
+        }
+        if let Some((at, _)) = found.iter().find(|(_, v)| !v.is_object() && !v.is_null()) {
+            let invalid = crate::documents::rules::Invalid::new(at.clone(), "must be an object");
+            return Err(invalid.into());
+        }
+    }
+    serde_json::from_value(value)
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, e.to_string()))
+}
+
 /// An optional integer member of a JSON body. JSON has one number type, so
 /// an integral number written with a fraction or exponent (`3.0`, `3e0`)
 /// is that integer, as JSON Schema's `integer` says.
@@ -261,18 +294,27 @@ pub fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
 }
 
 /// Whether `If-None-Match` matches a document at `version`.
-pub fn if_none_match(headers: &HeaderMap, version: i64) -> Result<bool, ApiError> {
+pub fn if_none_match(headers: &HeaderMap) -> Result<NoneMatch, ApiError> {
     match header_str(headers, &header::IF_NONE_MATCH)? {
-        None => Ok(false),
-        Some("*") => Ok(true),
-        Some(list) => {
-            let mut hit = false;
-            for tag in list.split(',').map(str::trim) {
-                let tag = tag.strip_prefix("W/").unwrap_or(tag);
-                hit |= parse_tag(tag, "If-None-Match")? == version;
-            }
-            Ok(hit)
-        }
+        None => Ok(NoneMatch(None)),
+        Some("*") => Ok(NoneMatch(Some(Vec::new()))),
+        Some(list) => list
+            .split(',')
+            .map(str::trim)
+            .map(|tag| parse_tag(tag.strip_prefix("W/").unwrap_or(tag), "If-None-Match"))
+            .collect::<Result<Vec<_>, _>>()
+            .map(|tags| NoneMatch(Some(tags))),
+    }
+}
+
+/// What `If-None-Match` names: nothing (absent), any version (`*`), or
+/// these versions.
+pub struct NoneMatch(Option<Vec<i64>>);
+
+impl NoneMatch {
+    /// Whether a document at `version` matches (a 304).
+    pub fn matches(&self, version: i64) -> bool {
+        self.0.as_ref().is_some_and(|tags| tags.is_empty() || tags.contains(&version))
     }
 }
 
@@ -313,8 +355,10 @@ mod tests {
 
     #[test]
     fn if_none_match_lists() {
-        assert!(if_none_match(&headers(header::IF_NONE_MATCH, "\"1\", W/\"3\""), 3).unwrap());
-        assert!(!if_none_match(&headers(header::IF_NONE_MATCH, "\"1\""), 3).unwrap());
-        assert!(if_none_match(&headers(header::IF_NONE_MATCH, "junk"), 3).is_err());
+        assert!(if_none_match(&headers(header::IF_NONE_MATCH, "\"1\", W/\"3\"")).unwrap().matches(3));
+        assert!(!if_none_match(&headers(header::IF_NONE_MATCH, "\"1\"")).unwrap().matches(3));
+        assert!(if_none_match(&headers(header::IF_NONE_MATCH, "*")).unwrap().matches(3));
+        assert!(!if_none_match(&HeaderMap::new()).unwrap().matches(3));
+        assert!(if_none_match(&headers(header::IF_NONE_MATCH, "junk")).is_err());
     }
 }

@@ -2,6 +2,7 @@
 //! endpoints (`/healthz`, `/readyz`, `/openapi.json`, `/docs`).
 
 pub mod auth;
+pub mod collections;
 pub mod contract;
 pub mod deliveries;
 pub mod documents;
@@ -38,6 +39,7 @@ pub struct AppState {
     pub hook_guard: Arc<crate::hooks::guard::HookGuard>,
     pub events: Arc<crate::events::Log>,
     pub subscriptions: Arc<crate::subscriptions::Subscriptions>,
+    pub collections: Arc<crate::collections::Collections>,
     /// Cancelled when the gateway shuts down: open event streams end.
     pub stop: tokio_util::sync::CancellationToken,
 }
@@ -51,6 +53,7 @@ pub struct AppState {
         contact(name = "txgate"),
     ),
     tags(
+        (name = "collections", description = "Collections: TTL policies and live counts"),
         (name = "documents", description = "Single documents with optimistic locking"),
         (name = "transactions", description = "Multi-document transactions"),
         (name = "deliveries", description = "Post-commit hook deliveries"),
@@ -64,6 +67,7 @@ struct ApiDoc;
 /// The routes and the OpenAPI document describing them.
 pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(collections::router())
         .merge(documents::router())
         .merge(transactions::router())
         .merge(deliveries::router())

@@ -12,10 +12,10 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::contract::{Collection, Cursor, HookUrl};
-use super::documents::{encode_cursor, paging};
-use super::error::{ApiError, ProblemCode};
+use super::documents::{ListQuery, encode_cursor, paging, present};
+use super::error::ApiError;
 use super::events::event_type;
-use super::extract::{ApiPath, ApiQuery, JsonBody};
+use super::extract::{ApiPath, ApiQuery, JsonBody, from_body};
 use crate::clock::rfc3339;
 use crate::documents::rules::{Invalid, check_collection};
 use crate::events::EventType;
@@ -49,11 +49,6 @@ pub struct SubscriptionIn {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<Vec<EventType>>, nullable = false, min_items = 1, max_items = 5)]
     pub types: Option<Vec<String>>,
-}
-
-/// An optional member that, when given, is not `null` (leave it out).
-fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
-    T::deserialize(d).map(Some)
 }
 
 /// A subscription: every event appended to the log since its creation that
@@ -97,17 +92,6 @@ pub struct SubscriptionListOut {
     /// Cursor for `after=`; `null` on the last page.
     #[schema(value_type = Option<Cursor>)]
     pub next: Option<String>,
-}
-
-#[derive(Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct SubscriptionListQuery {
-    /// Page size (default 50).
-    #[param(minimum = 1, maximum = 1000)]
-    pub limit: Option<i64>,
-    /// The `next` cursor of the previous page.
-    #[param(value_type = Option<Cursor>)]
-    pub after: Option<String>,
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -184,8 +168,7 @@ pub async fn create_subscription(
     State(state): State<AppState>,
     JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<Response, ApiError> {
-    let input: SubscriptionIn = serde_json::from_value(value)
-        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, e.to_string()))?;
+    let input: SubscriptionIn = from_body(value, &[""])?;
     let (collections, types) = check(&input, &state)?;
     let sub = state.subscriptions.create(input.url, collections, types).await?;
     let location = format!("/v1/subscriptions/{}", sub.id);
@@ -204,14 +187,14 @@ pub async fn create_subscription(
     path = "/v1/subscriptions",
     operation_id = "v1.subscriptions.list",
     tag = "subscriptions",
-    params(SubscriptionListQuery),
+    params(ListQuery),
     responses(
         (status = 200, description = "A page of subscriptions", body = SubscriptionListOut),
     )
 )]
 pub async fn list_subscriptions(
     State(state): State<AppState>,
-    ApiQuery(query): ApiQuery<SubscriptionListQuery>,
+    ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<SubscriptionListOut>, ApiError> {
     let (limit, after) = paging(query.limit, query.after.as_deref())?;
     let (items, next) = state.subscriptions.list(after.as_deref(), limit).await?;

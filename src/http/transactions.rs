@@ -22,7 +22,7 @@ use super::contract::{
 };
 use super::documents::{encode_cursor, paging, present};
 use super::error::{ApiError, PROBLEM_JSON, ProblemCode};
-use super::extract::{ApiPath, ApiQuery, JsonBody, integer};
+use super::extract::{ApiPath, ApiQuery, JsonBody, from_body, integer};
 use crate::clock::rfc3339;
 use crate::documents::rules::{self, Invalid, Patch};
 use crate::hooks::{Delivery, Hook, delivery_id};
@@ -607,8 +607,7 @@ pub async fn create_transaction(
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
     let hash = body_hash(&value);
-    let input: TransactionIn = serde_json::from_value(value)
-        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, e.to_string()))?;
+    let input: TransactionIn = from_body(value, &["", "/actions/*", "/hooks/*"])?;
     let plan = plan(input, &raw, key.clone(), &state)?;
     let scoped = key.map(|k| format!("{}:{k}", caller.map_or_else(|| "-".to_owned(), |c| c.0.0.clone())));
     // From here on the request's life does not depend on its connection: a

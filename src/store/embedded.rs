@@ -981,15 +981,22 @@ fn excludes_null(scan: &Scan) -> bool {
     }
 }
 
-/// Hand the first `scan.max()` entries of `range`, in the scan's order, to
-/// `f`: the limit is applied while reading.
+/// Hand the first `scan.max()` entries of `range` after the first
+/// `scan.skipped()`, in the scan's order, to `f`: the skip and the limit
+/// are applied while reading, so a skipped entry is never handed on.
 fn in_order<T>(
     range: impl DoubleEndedIterator<Item = Result<T, redb::StorageError>>,
     scan: &Scan,
     mut f: impl FnMut(T) -> StoreResult<()>,
 ) -> StoreResult<()> {
-    let entries: Box<dyn Iterator<Item = _>> =
+    let mut entries: Box<dyn Iterator<Item = _>> =
         if scan.order() == Order::Desc { Box::new(range.rev()) } else { Box::new(range) };
+    for _ in 0..scan.skipped() {
+        match entries.next() {
+            Some(entry) => drop(entry.map_err(internal)?),
+            None => return Ok(()),
+        }
+    }
     for entry in entries.take(scan.max()) {
         f(entry.map_err(internal)?)?;
     }

@@ -133,6 +133,7 @@ impl Store for MemoryStore {
                 .then_with(|| a.get_str("_id").unwrap_or("").cmp(b.get_str("_id").unwrap_or("")));
             if scan.order() == Order::Desc { ord.reverse() } else { ord }
         });
+        out.drain(..scan.skipped().min(out.len()));
         out.truncate(scan.max());
         Ok(out)
     }

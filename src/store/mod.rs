@@ -54,6 +54,7 @@ pub struct Scan {
     lower: Bound<Bson>,
     upper: Bound<Bson>,
     order: Order,
+    skip: usize,
     limit: usize,
 }
 
@@ -69,6 +70,7 @@ impl Scan {
             lower: Bound::Unbounded,
             upper: Bound::Unbounded,
             order: Order::Asc,
+            skip: 0,
             limit: usize::MAX,
         }
     }
@@ -109,6 +111,15 @@ impl Scan {
         self
     }
 
+    /// Pass over the first `n` records the scan finds (in its order)
+    /// before the ones it returns. The records passed over are counted
+    /// along the index, not read: `skip(n)` costs `n` index entries.
+    #[must_use]
+    pub fn skip(mut self, n: usize) -> Self {
+        self.skip = n;
+        self
+    }
+
     pub fn index(&self) -> &'static str {
         self.index
     }
@@ -126,6 +137,9 @@ impl Scan {
     }
     pub fn max(&self) -> usize {
         self.limit
+    }
+    pub fn skipped(&self) -> usize {
+        self.skip
     }
 
     /// The scan as a MongoDB filter and sort (the order field only: ties

@@ -371,7 +371,8 @@ impl Store for MongoStore {
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
         let (filter, sort) = scan.to_query();
         let limit = i64::try_from(scan.max()).unwrap_or(i64::MAX);
-        let cursor = self.coll(coll).find(filter).sort(sort).limit(limit).await.map_err(map_err)?;
+        let skip = u64::try_from(scan.skipped()).unwrap_or(u64::MAX);
+        let cursor = self.coll(coll).find(filter).sort(sort).skip(skip).limit(limit).await.map_err(map_err)?;
         cursor.try_collect().await.map_err(map_err)
     }
 

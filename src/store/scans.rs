@@ -86,6 +86,14 @@ scans! {
     DOCS_BY_DELETION: "*"."deleted_at", eq ["_meta.deleted"], by "_meta.deleted_at";
     /// The event log in position order.
     EVENTS_BY_SEQ: "_events"."seq", eq [], by "seq";
+    /// Live documents (or tombstones) by creation time: the TTL sweeper's
+    /// scans, oldest first for a maximum age, newest first past the
+    /// `max_count` newest for a maximum count.
+    DOCS_BY_AGE: "*"."live_created", eq ["_meta.deleted"], by "_meta.created_at";
+    /// Collections by name (the API's listing).
+    COLLECTIONS: "_collections"."_id", eq [], by "_id";
+    /// Collections with a TTL policy, by name (the sweeper's pass).
+    COLLECTIONS_EXPIRING: "_collections"."expiring", eq ["expiring"], by "_id";
 }
 
 /// Why `decl` is not served by an index among `indexes` (collection and

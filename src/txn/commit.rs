@@ -1018,9 +1018,12 @@ fn staged(plan: &Plan, action: &Action, base: Option<&StoredDoc>) -> Staged {
     staged_checked(plan, action, base).expect("an insert always stages")
 }
 
-/// An invisible document holding an insert's lock.
+/// An invisible document holding an insert's lock. It has no creation
+/// time (its roll-forward sets one), so the scans of live documents by
+/// creation time (the TTL sweeper's) never meet it.
 fn placeholder(id: &str, txn: &str, staged: Staged, at: DateTime) -> StoredDoc {
     let mut d = StoredDoc::new_live(id.to_owned(), Default::default(), staged.sv, 0, at);
+    d.meta.created_at = None;
     d.meta.txn = Some(txn.to_owned());
     d.meta.pending = Some(staged);
     d

@@ -61,6 +61,11 @@ async fn create_read_and_etags(backend: Backend) {
     let res = app.request(Method::GET, &at("acc-1")).header("If-None-Match", "\"7\"").send().await.unwrap();
     assert_eq!(res.status(), 200);
     expect_problem(app.get(&at("nope")).await, 404, "not_found").await;
+    // A malformed If-None-Match is a 400 whatever the document's state.
+    for id in ["acc-1", "nope"] {
+        let res = app.request(Method::GET, &at(id)).header("If-None-Match", "junk").send().await.unwrap();
+        expect_problem(res, 400, "invalid_header").await;
+    }
 
     // Ids with reserved URL characters round-trip when percent-encoded.
     let res = app.post(C, &json!({"_id": "a/b c?", "x": 1})).await;

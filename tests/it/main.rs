@@ -4,6 +4,7 @@
 mod support;
 
 mod auth;
+mod collections;
 mod crash;
 mod documents;
 mod events;

@@ -236,6 +236,7 @@ async fn subscriptions_are_checked_listed_and_deleted(backend: Backend) {
         (json!({"url": "https://a.example.com*/x"}), "validation_failed"),
         (json!({"url": "https://a.example.com/J%rh"}), "validation_failed"),
         (json!({"collections": ["a"]}), "validation_failed"),
+        (json!([rx.url("/")]), "validation_failed"),
     ] {
         expect_problem(app.post(S, &body).await, 422, code).await;
     }

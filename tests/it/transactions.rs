@@ -196,6 +196,9 @@ async fn malformed_transactions_are_refused_before_anything_is_written(backend: 
         ),
         (json!({"actions": [u("a")], "hooks": vec![json!({"url": "https://example.com/"}); 17]}), "validation_failed"),
         (json!([1]), "validation_failed"),
+        // A struct is an object, never an array read by position.
+        (json!([[u("a")]]), "validation_failed"),
+        (json!({"actions": [u("a")], "hooks": [["POST", "https://example.com/x"]]}), "validation_failed"),
     ];
     for (body, code) in cases {
         expect_problem(app.post(T, &body).await, 422, code).await;

@@ -1,0 +1,419 @@
+//! Collections (DESIGN §5): per-collection TTL policies, live counts, and
+//! the TTL sweeper ([`ttl`]).
+//!
+//! A user collection's record in `_collections` holds its TTL policy and
+//! its live count. The count is kept, never scanned: it is the sum of the
+//! collection's change events (`document.created` +1, `document.deleted`
+//! and `document.expired` −1), folded from the event log in position
+//! order. Every committed change leaves exactly one event at one position,
+//! and the fold applies a position to a collection's count only if it lies
+//! after the position that count was last folded to (`at`, moved with a
+//! compare-and-set), so counts are exact however many instances fold at
+//! once and wherever one of them stopped. The log position up to which
+//! every count is folded is kept in [`events::COUNTED`]; the log's purge
+//! never passes it. Readers fold up to the log's head before they answer,
+//! so a count includes every change whose event is logged.
+
+pub mod ttl;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::events::{self, EventType, Log, ReadError};
+use crate::store::scans::{COLLECTIONS as BY_NAME, DOCS_LIVE};
+use crate::store::{Bson, DateTime, DynStore, Record, StoreError, StoreResult, Update, doc, record_id};
+
+/// The collection of collection records.
+pub const COLLECTIONS: &str = "_collections";
+
+/// Positions one fold step reads at most.
+const FOLD_BATCH: usize = 5000;
+
+/// A TTL policy: a maximum age, a maximum count, or both (seed 004's
+/// MaxTime and MaxCount).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// Documents created longer ago than this many seconds expire.
+    pub max_age_seconds: Option<u64>,
+    /// Only this many of the newest live documents are kept.
+    pub max_count: Option<u64>,
+}
+
+impl Policy {
+    /// Whether the policy sets no limit at all.
+    pub fn is_empty(&self) -> bool {
+        self.max_age_seconds.is_none() && self.max_count.is_none()
+    }
+
+    fn to_document(self) -> mongodb::bson::Document {
+        let mut out = mongodb::bson::Document::new();
+        if let Some(age) = self.max_age_seconds {
+            out.insert("max_age_seconds", i64::try_from(age).unwrap_or(i64::MAX));
+        }
+        if let Some(count) = self.max_count {
+            out.insert("max_count", i64::try_from(count).unwrap_or(i64::MAX));
+        }
+        out
+    }
+
+    fn from_document(doc: &mongodb::bson::Document) -> Self {
+        let field = |name| doc.get_i64(name).ok().and_then(|n| u64::try_from(n).ok());
+        Self { max_age_seconds: field("max_age_seconds"), max_count: field("max_count") }
+    }
+}
+
+/// A user collection: its policy and its number of live documents.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Collection {
+    pub name: String,
+    /// `None`: documents never expire.
+    pub ttl: Option<Policy>,
+    pub count: u64,
+}
+
+impl Collection {
+    fn from_record(rec: &Record) -> Self {
+        Self {
+            name: record_id(rec).unwrap_or_default().to_owned(),
+            ttl: rec.get_document("ttl").ok().map(Policy::from_document).filter(|p| !p.is_empty()),
+            count: u64::try_from(rec.get_i64("count").unwrap_or(0)).unwrap_or(0),
+        }
+    }
+}
+
+/// Policies and counts of user collections.
+pub struct Collections {
+    store: DynStore,
+    log: Arc<Log>,
+    clock: Clock,
+    /// Held by this process's one fold at a time.
+    folding: tokio::sync::Mutex<()>,
+}
+
+impl Collections {
+    pub fn new(store: DynStore, log: Arc<Log>, clock: Clock) -> Arc<Self> {
+        Arc::new(Self { store, log, clock, folding: tokio::sync::Mutex::new(()) })
+    }
+
+    pub fn store(&self) -> &DynStore {
+        &self.store
+    }
+
+    /// Collection `name` as it is now (a collection nothing was ever
+    /// written to has no policy and no documents).
+    pub async fn get(&self, name: &str) -> StoreResult<Collection> {
+        self.count_changes().await?;
+        Ok(self.store.get(COLLECTIONS, name).await?.map_or_else(
+            || Collection { name: name.to_owned(), ttl: None, count: 0 },
+            |rec| Collection::from_record(&rec),
+        ))
+    }
+
+    /// Collections with documents (or once with documents) or a policy, by
+    /// name after `after`, and the name to continue after.
+    pub async fn list(&self, after: Option<&str>, limit: usize) -> StoreResult<(Vec<Collection>, Option<String>)> {
+        self.count_changes().await?;
+        crate::store::page(self.store.as_ref(), COLLECTIONS, BY_NAME.scan(Vec::new()), after, limit, |rec| {
+            Ok(Collection::from_record(&rec))
+        })
+        .await
+    }
+
+    /// Set (or with `None`, remove) `name`'s TTL policy; synced (DESIGN
+    /// §1). Every instance's sweeper applies it from its next pass.
+    pub async fn set_policy(&self, name: &str, policy: Option<Policy>) -> StoreResult<Collection> {
+        let policy = policy.filter(|p| !p.is_empty());
+        let now = self.clock.now();
+        let update = match policy {
+            Some(p) => Update::set(doc! {"ttl": p.to_document(), "expiring": true, "policy_at": now}),
+            None => Update { set: doc! {"policy_at": now}, unset: vec!["ttl".into(), "expiring".into()] },
+        };
+        loop {
+            if self.store.update(COLLECTIONS, name, doc! {}, update.clone()).await? {
+                break;
+            }
+            // No record yet: one with no count folded into it (`at` 0), so
+            // the fold adds every change of the collection it reads.
+            let mut rec = doc! {"_id": name, "count": 0_i64, "at": 0_i64, "policy_at": now};
+            if let Some(p) = policy {
+                rec.insert("ttl", p.to_document());
+                rec.insert("expiring", true);
+            }
+            if self.store.insert(COLLECTIONS, rec).await? {
+                break;
+            }
+        }
+        self.get(name).await
+    }
+
+    /// Fold every change logged since the last fold into the counts, up to
+    /// the log's head (what readers may see of it: durable, contiguous).
+    pub async fn count_changes(&self) -> StoreResult<()> {
+        let _one = self.folding.lock().await;
+        loop {
+            let from = self.counted().await?;
+            let batch = match self.log.read(from, FOLD_BATCH).await {
+                Ok(batch) => batch,
+                Err(ReadError::Store(err)) => return Err(err),
+                Err(err @ ReadError::Expired { .. }) => {
+                    // The purge keeps what is not counted: this is a log
+                    // purged by a gateway that did not count.
+                    return Err(StoreError::Internal(format!("collection counts are behind the event log: {err}")));
+                }
+            };
+            if batch.next == from {
+                return Ok(());
+            }
+            let mut changes: BTreeMap<&str, Vec<(u64, i64)>> = BTreeMap::new();
+            for ready in &batch.events {
+                let event = &ready.event;
+                let delta = match event.kind {
+                    EventType::Created => 1,
+                    EventType::Deleted | EventType::Expired => -1,
+                    EventType::Updated | EventType::TransactionCommitted => continue,
+                };
+                if let Some(coll) = event.collection.as_deref() {
+                    changes.entry(coll).or_default().push((event.seq, delta));
+                }
+            }
+            for (coll, changes) in changes {
+                self.add(coll, &changes, batch.next).await?;
+            }
+            // Unsynced: counts lost in a crash are folded again from an
+            // earlier position, and each count skips what it already has.
+            let next = position(batch.next);
+            self.store
+                .unsynced()
+                .update(
+                    events::STATE,
+                    events::COUNTED,
+                    doc! {"n": {"$lt": next.clone()}},
+                    Update::set(doc! {"n": next}),
+                )
+                .await?;
+            if !batch.more {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Add to `coll`'s count the `changes` (position, ±1) after the
+    /// position its count was folded to, and move that to `upto`.
+    async fn add(&self, coll: &str, changes: &[(u64, i64)], upto: u64) -> StoreResult<()> {
+        let unsynced = self.store.unsynced();
+        loop {
+            match self.store.get(COLLECTIONS, coll).await? {
+                Some(rec) => {
+                    let at = rec.get_i64("at").unwrap_or(0);
+                    if at >= position_i64(upto) {
+                        return Ok(());
+                    }
+                    let delta: i64 =
+                        changes.iter().filter(|(seq, _)| position_i64(*seq) > at).map(|(_, delta)| delta).sum();
+                    let count = rec.get_i64("count").unwrap_or(0) + delta;
+                    let set = Update::set(doc! {"count": count, "at": position(upto)});
+                    if unsynced.update(COLLECTIONS, coll, doc! {"at": at}, set).await? {
+                        return Ok(());
+                    }
+                }
+                None => {
+                    let count: i64 = changes.iter().map(|(_, delta)| delta).sum();
+                    if unsynced.insert(COLLECTIONS, doc! {"_id": coll, "count": count, "at": position(upto)}).await? {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The position every count is folded to. On a store that has never
+    /// counted: 0 when the log still holds every change since its start,
+    /// else the log's head after counting each collection's live documents
+    /// once, by a scan (a store whose log was purged before it counted).
+    async fn counted(&self) -> StoreResult<u64> {
+        if let Some(rec) = self.store.get(events::STATE, events::COUNTED).await? {
+            return Ok(rec.get_i64("n").ok().and_then(|n| u64::try_from(n).ok()).unwrap_or(0));
+        }
+        let floor = self.log.floor().await?;
+        let start = if floor == 0 { 0 } else { self.count_by_scan().await? };
+        if !self.store.unsynced().insert(events::STATE, doc! {"_id": events::COUNTED, "n": position(start)}).await? {
+            // Another instance started counting first: go on from its.
+            return Box::pin(self.counted()).await;
+        }
+        Ok(start)
+    }
+
+    /// Count every user collection's live documents by scanning them, as
+    /// of the log's head read first; returns that head.
+    async fn count_by_scan(&self) -> StoreResult<u64> {
+        let head = self.log.head().await?;
+        tracing::warn!(
+            head,
+            "the event log was purged before collections were counted: counting live documents by a scan, once"
+        );
+        let names: Vec<String> = self.store.collections().await?.into_iter().filter(|c| !c.starts_with('_')).collect();
+        for (i, coll) in names.iter().enumerate() {
+            let mut count = 0_i64;
+            let mut after: Option<String> = None;
+            loop {
+                let scan =
+                    DOCS_LIVE.scan(vec![Bson::Boolean(false)]).after(after.as_deref()).limit(crate::store::BATCH);
+                let records = self.store.scan(coll, scan).await?;
+                // A placeholder of an uncommitted insert (version 0) is not live.
+                count += records
+                    .iter()
+                    .filter(|r| r.get_document("_meta").and_then(|m| m.get_i64("v")).unwrap_or(0) > 0)
+                    .count() as i64;
+                match records.last().and_then(record_id) {
+                    Some(last) if records.len() == crate::store::BATCH => after = Some(last.to_owned()),
+                    _ => break,
+                }
+            }
+            tracing::info!(collection = %coll, count, progress = format!("{}/{}", i + 1, names.len()), "counted");
+            let set = Update::set(doc! {"count": count, "at": position(head)});
+            if !self.store.unsynced().update(COLLECTIONS, coll, doc! {}, set).await? {
+                let rec = doc! {"_id": coll.as_str(), "count": count, "at": position(head)};
+                self.store.unsynced().insert(COLLECTIONS, rec).await?;
+            }
+        }
+        Ok(head)
+    }
+}
+
+fn position_i64(seq: u64) -> i64 {
+    i64::try_from(seq).unwrap_or(i64::MAX)
+}
+
+fn position(seq: u64) -> Bson {
+    Bson::Int64(position_i64(seq))
+}
+
+/// When `policy`'s maximum age makes a document created before it due, as
+/// of `now`; `None` without a maximum age.
+pub fn age_cutoff(policy: &Policy, now: DateTime) -> Option<DateTime> {
+    let age = policy.max_age_seconds?;
+    let ms = i64::try_from(age.saturating_mul(1000)).unwrap_or(i64::MAX);
+    Some(DateTime::from_millis(now.timestamp_millis().saturating_sub(ms)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::EventsConfig;
+    use crate::store::Write;
+    use crate::store::memory::MemoryStore;
+
+    /// A log over a fresh store, the store to write through, and
+    /// `instances` fold states sharing it (as gateways do).
+    fn setup(instances: usize) -> (DynStore, Vec<Arc<Collections>>) {
+        let store: DynStore = Arc::new(MemoryStore::default());
+        let (log, tapped) = Log::new(store, EventsConfig::default());
+        let folds =
+            (0..instances).map(|_| Collections::new(Arc::clone(&tapped), Arc::clone(&log), Clock::System)).collect();
+        (tapped, folds)
+    }
+
+    /// Append the event of `kind` for document `id` of `coll` at `v`.
+    async fn change(store: &DynStore, kind: EventType, coll: &str, id: &str, v: i64) {
+        let rec = doc! {
+            "_id": format!("{coll}/{id}/{v}"), "type": kind.as_str(), "collection": coll, "document": id,
+            "version": v, "transaction": Bson::Null, "at": DateTime::now(), "logged_at": DateTime::now(),
+        };
+        assert!(store.write(events::EVENTS, Write::Append(rec), crate::store::Durability::Unsynced).await.unwrap());
+    }
+
+    async fn count(c: &Collections, coll: &str) -> u64 {
+        c.get(coll).await.unwrap().count
+    }
+
+    #[tokio::test]
+    async fn counts_add_creations_and_subtract_deletions_and_expiries() {
+        let (store, folds) = setup(1);
+        let c = &folds[0];
+        for i in 0..5 {
+            change(&store, EventType::Created, "a", &format!("d{i}"), 1).await;
+        }
+        change(&store, EventType::Updated, "a", "d0", 2).await;
+        change(&store, EventType::Deleted, "a", "d1", 2).await;
+        change(&store, EventType::Expired, "a", "d2", 2).await;
+        change(&store, EventType::Created, "b", "x", 1).await;
+        assert_eq!((count(c, "a").await, count(c, "b").await, count(c, "none").await), (3, 1, 0));
+        let (list, next) = c.list(None, 10).await.unwrap();
+        assert_eq!(list.iter().map(|c| (c.name.as_str(), c.count)).collect::<Vec<_>>(), [("a", 3), ("b", 1)]);
+        assert!(next.is_none());
+    }
+
+    /// A fold whose last step (moving the shared position) was lost, as in
+    /// a crash, is done again without counting anything twice; and so is
+    /// one that stopped after some collections only.
+    #[tokio::test]
+    async fn a_fold_done_again_counts_nothing_twice() {
+        let (store, folds) = setup(1);
+        let c = &folds[0];
+        for i in 0..4 {
+            change(&store, EventType::Created, "a", &format!("d{i}"), 1).await;
+            change(&store, EventType::Created, "b", &format!("d{i}"), 1).await;
+        }
+        c.count_changes().await.unwrap();
+        // The position goes back to 2; collection "a" also lost its fold.
+        let back = Update::set(doc! {"n": 2_i64});
+        assert!(store.update(events::STATE, events::COUNTED, doc! {}, back).await.unwrap());
+        assert!(
+            store.update(COLLECTIONS, "a", doc! {}, Update::set(doc! {"count": 1_i64, "at": 2_i64})).await.unwrap()
+        );
+        change(&store, EventType::Deleted, "b", "d0", 2).await;
+        assert_eq!((count(c, "a").await, count(c, "b").await), (4, 3));
+    }
+
+    /// Instances folding at once, while changes go on, end with the same,
+    /// exact counts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn instances_folding_at_once_count_each_change_once() {
+        let (store, folds) = setup(3);
+        let writer = {
+            let store = Arc::clone(&store);
+            tokio::spawn(async move {
+                for i in 0..300 {
+                    let coll = ["a", "b", "c"][i % 3];
+                    change(&store, EventType::Created, coll, &format!("d{i}"), 1).await;
+                    if i % 4 == 0 {
+                        change(&store, EventType::Deleted, coll, &format!("d{i}"), 2).await;
+                    }
+                    if i % 10 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+            })
+        };
+        let folders: Vec<_> = folds
+            .iter()
+            .map(|c| {
+                let c = Arc::clone(c);
+                tokio::spawn(async move {
+                    for _ in 0..50 {
+                        c.count_changes().await.unwrap();
+                        tokio::task::yield_now().await;
+                    }
+                })
+            })
+            .collect();
+        writer.await.unwrap();
+        for f in folders {
+            f.await.unwrap();
+        }
+        for c in &folds {
+            // 100 each, a quarter of them deleted.
+            assert_eq!((count(c, "a").await, count(c, "b").await, count(c, "c").await), (75, 75, 75));
+        }
+    }
+
+    #[test]
+    fn a_policy_round_trips_and_gives_the_age_cutoff() {
+        let p = Policy { max_age_seconds: Some(60), max_count: None };
+        assert_eq!(Policy::from_document(&p.to_document()), p);
+        assert_eq!(age_cutoff(&p, DateTime::from_millis(100_000)), Some(DateTime::from_millis(40_000)));
+        assert_eq!(age_cutoff(&Policy { max_age_seconds: None, max_count: Some(3) }, DateTime::now()), None);
+        assert!(Policy::default().is_empty());
+    }
+}

@@ -1,0 +1,152 @@
+//! The TTL sweeper (DESIGN §5): in every instance, every
+//! `TXGATE_TTL_INTERVAL_MS`, each collection with a policy loses the live
+//! documents the policy no longer admits, through the same compare-and-set
+//! as any single-document delete: a document a transaction holds is
+//! skipped until it is free, and each expired document leaves a tombstone
+//! and a `document.expired` event.
+//!
+//! - **Maximum age**: the live documents created before `now − max_age`,
+//!   oldest first, along the index of live documents by creation time.
+//! - **Maximum count**: what lies beyond the `max_count` newest live
+//!   documents, found by one descending scan of that index that passes
+//!   over the newest `max_count` entries. A document is expired only when
+//!   `max_count` live documents newer than it existed when it was found,
+//!   so instances sweeping at once never leave fewer than `max_count`.
+//!   The scan is made only when the collection's live count says there
+//!   are more than `max_count`: a collection within its limit costs one
+//!   read per pass, however many documents it holds.
+//!
+//! Both go in batches of [`BATCH`], repeated while a batch comes back
+//! full and something in it went; each batch's deletes go together (one
+//! synced group commit on the embedded store).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{COLLECTIONS, Collection, Collections, Policy, age_cutoff};
+use crate::clock::Clock;
+use crate::documents::model::StoredDoc;
+use crate::documents::{DocError, Documents};
+use crate::metrics::Metrics;
+use crate::store::scans::{COLLECTIONS_EXPIRING, DOCS_BY_AGE};
+use crate::store::{BATCH, Bound, Bson, DateTime, Scan, StoreResult};
+
+/// Collections with a policy read per page of a pass.
+const POLICY_PAGE: usize = 100;
+
+pub struct Sweeper {
+    collections: Arc<Collections>,
+    documents: Arc<Documents>,
+    metrics: Arc<Metrics>,
+    clock: Clock,
+    interval: Duration,
+}
+
+impl Sweeper {
+    pub fn new(
+        collections: Arc<Collections>,
+        documents: Arc<Documents>,
+        metrics: Arc<Metrics>,
+        clock: Clock,
+        interval: Duration,
+    ) -> Self {
+        Self { collections, documents, metrics, clock, interval }
+    }
+
+    /// Sweep every `interval` until `stop`; the pass under way finishes.
+    pub async fn run(self, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(self.interval) => {}
+            }
+            match self.pass().await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(expired = n, "TTL pass"),
+                Err(err) => tracing::warn!(error = %err, "TTL pass failed; retrying next interval"),
+            }
+        }
+    }
+
+    /// One pass over every collection with a policy; returns how many
+    /// documents expired. A collection whose sweep fails is logged and
+    /// passed over; the others go on.
+    pub async fn pass(&self) -> StoreResult<usize> {
+        self.collections.count_changes().await?;
+        let store = self.collections.store();
+        let mut expired = 0;
+        let mut after: Option<String> = None;
+        loop {
+            let scan = COLLECTIONS_EXPIRING.scan(vec![Bson::Boolean(true)]);
+            let (page, next) =
+                crate::store::page(store.as_ref(), COLLECTIONS, scan, after.as_deref(), POLICY_PAGE, |r| {
+                    Ok(Collection::from_record(&r))
+                })
+                .await?;
+            for coll in page {
+                let Some(policy) = coll.ttl else { continue };
+                match self.sweep(&coll, policy).await {
+                    Ok(n) => expired += n,
+                    Err(err) => {
+                        tracing::warn!(collection = %coll.name, error = %err, "TTL sweep of a collection failed")
+                    }
+                }
+            }
+            match next {
+                Some(next) => after = Some(next),
+                None => return Ok(expired),
+            }
+        }
+    }
+
+    /// Expire what `policy` no longer admits in `coll`.
+    async fn sweep(&self, coll: &Collection, policy: Policy) -> Result<usize, DocError> {
+        let live = || DOCS_BY_AGE.scan(vec![Bson::Boolean(false)]).from(Bound::Included(Bson::DateTime(DateTime::MIN)));
+        let mut by_age = 0;
+        if let Some(cutoff) = age_cutoff(&policy, self.clock.now()) {
+            loop {
+                let (went, full) =
+                    self.expire(&coll.name, live().to(Bound::Excluded(Bson::DateTime(cutoff))), "age").await?;
+                by_age += went;
+                if !full || went == 0 {
+                    break;
+                }
+            }
+        }
+        let mut by_count = 0;
+        if let Some(max) = policy.max_count {
+            // The count as folded at the start of the pass, less what went
+            // by age since: whether anything may lie beyond the limit.
+            if coll.count.saturating_sub(by_age as u64) > max {
+                let beyond = usize::try_from(max).unwrap_or(usize::MAX);
+                loop {
+                    let (went, full) = self.expire(&coll.name, live().desc().skip(beyond), "count").await?;
+                    by_count += went;
+                    if !full || went == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+        if by_age + by_count > 0 {
+            tracing::debug!(collection = %coll.name, by_age, by_count, "documents expired");
+        }
+        Ok(by_age + by_count)
+    }
+
+    /// Expire the documents of one batch of `scan`: how many went, and
+    /// whether the batch was full.
+    async fn expire(&self, coll: &str, scan: Scan, why: &str) -> Result<(usize, bool), DocError> {
+        let records = self.collections.store().scan(coll, scan.limit(BATCH)).await?;
+        let full = records.len() == BATCH;
+        let docs = records.into_iter().map(StoredDoc::from_record).collect::<Result<Vec<_>, _>>()?;
+        let mut went = 0;
+        for done in futures::future::join_all(docs.iter().map(|d| self.documents.expire(coll, d))).await {
+            went += usize::from(done?);
+        }
+        self.metrics.add("txgate_ttl_deletions_total", why, went as u64);
+        Ok((went, full))
+    }
+}

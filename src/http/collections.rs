@@ -1,0 +1,195 @@
+//! `/v1/collections`: per-collection TTL policies and live counts
+//! (DESIGN §5).
+
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::contract::{Collection as CollectionName, Cursor};
+use super::documents::{CollectionPath, ListQuery, encode_cursor, paging};
+use super::error::ApiError;
+use super::extract::{ApiPath, ApiQuery, JsonBody, from_body, integer};
+use crate::collections::{Collection, Policy};
+use crate::documents::rules::{Invalid, check_collection};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(list_collections)).routes(routes!(get_collection, put_collection))
+}
+
+/// The longest maximum age: 100 years.
+const MAX_AGE_SECONDS: u64 = 100 * 365 * 24 * 3600;
+/// The largest maximum count.
+const MAX_COUNT: u64 = 1_000_000_000_000;
+
+/// A collection's settings.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"ttl": {"max_age_seconds": 86400, "max_count": 10000}}))]
+pub struct CollectionIn {
+    /// The TTL policy: either limit or both. `null` removes it.
+    #[serde(deserialize_with = "nullable")]
+    #[schema(required = true)]
+    pub ttl: Option<TtlIn>,
+}
+
+/// A present member that may be `null`.
+fn nullable<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    Option::<T>::deserialize(d)
+}
+
+/// A TTL policy as set: a limit left out or `null` is not set.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TtlIn {
+    /// Documents created longer ago than this many seconds expire.
+    #[serde(default, deserialize_with = "integer")]
+    #[schema(minimum = 1, maximum = 3153600000_i64)]
+    pub max_age_seconds: Option<i64>,
+    /// Only this many of the newest live documents (by creation) are kept.
+    #[serde(default, deserialize_with = "integer")]
+    #[schema(minimum = 1, maximum = 1000000000000_i64)]
+    pub max_count: Option<i64>,
+}
+
+/// A collection's TTL policy.
+#[derive(Serialize, ToSchema)]
+pub struct TtlOut {
+    /// `null`: no maximum age.
+    #[schema(minimum = 1, required = true)]
+    pub max_age_seconds: Option<u64>,
+    /// `null`: no maximum count.
+    #[schema(minimum = 1, required = true)]
+    pub max_count: Option<u64>,
+}
+
+/// A collection: its TTL policy and how many live documents it holds.
+#[derive(Serialize, ToSchema)]
+pub struct CollectionOut {
+    #[schema(value_type = CollectionName)]
+    pub name: String,
+    /// `null`: documents never expire.
+    #[schema(required = true)]
+    pub ttl: Option<TtlOut>,
+    /// The number of live documents (tombstones left out), kept as changes
+    /// commit, never counted by a scan.
+    #[schema(minimum = 0)]
+    pub count: u64,
+}
+
+impl From<Collection> for CollectionOut {
+    fn from(c: Collection) -> Self {
+        Self {
+            name: c.name,
+            ttl: c.ttl.map(|p| TtlOut { max_age_seconds: p.max_age_seconds, max_count: p.max_count }),
+            count: c.count,
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct CollectionListOut {
+    pub items: Vec<CollectionOut>,
+    /// Cursor for `after=`; `null` on the last page.
+    #[schema(value_type = Option<Cursor>)]
+    pub next: Option<String>,
+}
+
+/// The policy a body sets, checked.
+fn policy(input: &CollectionIn) -> Result<Option<Policy>, ApiError> {
+    let Some(ttl) = &input.ttl else { return Ok(None) };
+    let limit = |value: Option<i64>, name: &str, max: u64| match value {
+        None => Ok(None),
+        Some(v) => match u64::try_from(v).ok().filter(|v| (1..=max).contains(v)) {
+            Some(v) => Ok(Some(v)),
+            None => Err(Invalid::new(format!("/ttl/{name}"), format!("{name} must be between 1 and {max}, is {v}"))),
+        },
+    };
+    Ok(Some(Policy {
+        max_age_seconds: limit(ttl.max_age_seconds, "max_age_seconds", MAX_AGE_SECONDS)?,
+        max_count: limit(ttl.max_count, "max_count", MAX_COUNT)?,
+    }))
+}
+
+/// Set a collection's TTL policy
+///
+/// Replaces the collection's policy: `max_age_seconds` expires documents
+/// created longer ago than that; `max_count` keeps only that many of the
+/// newest live documents. Either, both, or neither (`"ttl": null`, or both
+/// limits `null`) may be set. The TTL sweeper of every instance applies
+/// the new policy from its next pass: each expired document leaves a
+/// tombstone (its reads answer 410) and a `document.expired` event. A
+/// document a transaction holds is skipped until the transaction ends.
+#[utoipa::path(
+    put,
+    path = "/v1/collections/{collection}",
+    operation_id = "v1.collections.update",
+    tag = "collections",
+    params(CollectionPath),
+    request_body(content = CollectionIn, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The collection with its new policy", body = CollectionOut),
+    )
+)]
+pub async fn put_collection(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<CollectionPath>,
+    JsonBody { value, .. }: JsonBody<Value>,
+) -> Result<axum::Json<CollectionOut>, ApiError> {
+    check_collection(&path.collection, "/path/collection")?;
+    let input: CollectionIn = from_body(value, &["", "/ttl"])?;
+    let policy = policy(&input)?;
+    let collection = state.collections.set_policy(&path.collection, policy).await?;
+    Ok(axum::Json(collection.into()))
+}
+
+/// Read a collection
+///
+/// Its TTL policy and its number of live documents. A collection nothing
+/// was written to reads as empty, with no policy.
+#[utoipa::path(
+    get,
+    path = "/v1/collections/{collection}",
+    operation_id = "v1.collections.get",
+    tag = "collections",
+    params(CollectionPath),
+    responses(
+        (status = 200, description = "The collection", body = CollectionOut),
+    )
+)]
+pub async fn get_collection(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<CollectionPath>,
+) -> Result<axum::Json<CollectionOut>, ApiError> {
+    check_collection(&path.collection, "/path/collection")?;
+    Ok(axum::Json(state.collections.get(&path.collection).await?.into()))
+}
+
+/// List collections
+///
+/// Every collection that holds or held documents, or has a TTL policy, by
+/// name, with its policy and its number of live documents.
+#[utoipa::path(
+    get,
+    path = "/v1/collections",
+    operation_id = "v1.collections.list",
+    tag = "collections",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of collections", body = CollectionListOut),
+    )
+)]
+pub async fn list_collections(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> Result<axum::Json<CollectionListOut>, ApiError> {
+    let (limit, after) = paging(query.limit, query.after.as_deref())?;
+    let (items, next) = state.collections.list(after.as_deref(), limit).await?;
+    Ok(axum::Json(CollectionListOut {
+        items: items.into_iter().map(CollectionOut::from).collect(),
+        next: next.as_deref().map(encode_cursor),
+    }))
+}

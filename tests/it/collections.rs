@@ -1,0 +1,395 @@
+//! Collections: TTL policies by age, by count and both, applied by the
+//! sweeper of every instance through the locking rules, each expiry a
+//! tombstone and exactly one `document.expired` event; live counts kept
+//! exact as documents come and go.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use txgate::store::doc;
+use txgate::txn::record::Status;
+
+use crate::support::{Backend, SseStream, TestApp, all_events, expect, expect_problem, txn_record};
+
+crate::on_both_backends!(
+    policies_are_set_read_listed_and_checked,
+    counts_follow_creates_deletes_and_transactions,
+    documents_expire_by_age_with_one_event_and_a_tombstone_each,
+    documents_beyond_the_newest_max_count_expire,
+    both_limits_apply_at_once,
+    a_changed_or_removed_policy_applies_from_the_next_sweep,
+    a_locked_document_is_skipped_until_its_transaction_ends,
+    two_instances_never_expire_more_than_the_policy_says,
+);
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A gateway sweeping every 100 ms.
+async fn app(backend: Backend) -> Option<TestApp> {
+    TestApp::spawn_with(backend, |c| c.ttl_interval = Duration::from_millis(100)).await
+}
+
+fn coll_path(coll: &str) -> String {
+    format!("/v1/collections/{coll}")
+}
+
+fn doc_path(coll: &str, id: &str) -> String {
+    format!("/v1/collections/{coll}/documents/{id}")
+}
+
+async fn put_ttl(app: &TestApp, coll: &str, ttl: Value) -> Value {
+    expect(app.send_json(Method::PUT, &coll_path(coll), &json!({ "ttl": ttl })).await, 200).await
+}
+
+async fn collection(app: &TestApp, coll: &str) -> Value {
+    expect(app.get(&coll_path(coll)).await, 200).await
+}
+
+async fn count(app: &TestApp, coll: &str) -> u64 {
+    collection(app, coll).await["count"].as_u64().expect("count")
+}
+
+async fn create(app: &TestApp, coll: &str, id: &str) -> Value {
+    expect(app.post(&format!("/v1/collections/{coll}/documents"), &json!({"_id": id, "n": 1})).await, 201).await
+}
+
+/// Ids of the live documents of `coll`, read through the document list.
+async fn live_ids(app: &TestApp, coll: &str) -> BTreeSet<String> {
+    let page = expect(app.get(&format!("/v1/collections/{coll}/documents?limit=1000")).await, 200).await;
+    assert!(page["next"].is_null(), "one page holds them all");
+    page["items"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap().to_owned()).collect()
+}
+
+/// Wait until `coll`'s live count is `n`.
+async fn until_count(app: &TestApp, coll: &str, n: u64) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = count(app, coll).await;
+        if got == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{coll} never reached {n} live documents: {got}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `document.expired` events of `coll` in the log, by document.
+async fn expired_events(app: &TestApp, coll: &str) -> BTreeMap<String, Vec<Value>> {
+    let (events, _) = all_events(app, 0, &format!("&collections={coll}&types=document.expired")).await;
+    let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for e in events {
+        assert_eq!(e["type"], "document.expired");
+        assert!(e["transaction"].is_null() && e.get("data").is_none(), "{e}");
+        out.entry(e["document"].as_str().unwrap().to_owned()).or_default().push(e);
+    }
+    out
+}
+
+/// Each of `ids` is a tombstone (410) whose version is its expired event's.
+async fn assert_expired_once(app: &TestApp, coll: &str, ids: &[String]) {
+    let events = expired_events(app, coll).await;
+    let got: BTreeSet<&String> = events.keys().collect();
+    let want: BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(got, want, "exactly these documents expired");
+    for id in ids {
+        let list = &events[id];
+        assert_eq!(list.len(), 1, "one document.expired event for {id}: {list:?}");
+        let gone = expect_problem(app.get(&doc_path(coll, id)).await, 410, "deleted").await;
+        assert_eq!(gone["version"], list[0]["version"], "the tombstone is the expired version");
+    }
+}
+
+async fn policies_are_set_read_listed_and_checked(backend: Backend) {
+    let Some(app) = app(backend).await else { return };
+    // Nothing written yet: empty, no policy.
+    assert_eq!(collection(&app, "orders").await, json!({"name": "orders", "ttl": null, "count": 0}));
+    let out = put_ttl(&app, "orders", json!({"max_age_seconds": 3600, "max_count": 1000})).await;
+    assert_eq!(out, json!({"name": "orders", "ttl": {"max_age_seconds": 3600, "max_count": 1000}, "count": 0}));
+    assert_eq!(collection(&app, "orders").await, out);
+    // A PUT replaces the policy: a limit left out is no limit.
+    let out = put_ttl(&app, "orders", json!({"max_count": 5.0})).await;
+    assert_eq!(out["ttl"], json!({"max_age_seconds": null, "max_count": 5}));
+    let out = put_ttl(&app, "orders", json!({"max_age_seconds": 60, "max_count": null})).await;
+    assert_eq!(out["ttl"], json!({"max_age_seconds": 60, "max_count": null}));
+    assert_eq!(put_ttl(&app, "orders", json!(null)).await["ttl"], Value::Null);
+    assert_eq!(put_ttl(&app, "logs", json!({"max_age_seconds": null})).await["ttl"], Value::Null);
+    put_ttl(&app, "logs", json!({"max_age_seconds": 10})).await;
+
+    // Bad input: 422 with a pointer, nothing changed.
+    let bad = [
+        json!({}),
+        json!({"ttl": {"max_age_seconds": 0}}),
+        json!({"ttl": {"max_age_seconds": -5}}),
+        json!({"ttl": {"max_age_seconds": 1.5}}),
+        json!({"ttl": {"max_age_seconds": "60"}}),
+        json!({"ttl": {"max_age_seconds": 3_153_600_001_u64}}),
+        json!({"ttl": {"max_count": 0}}),
+        json!({"ttl": {"max_count": 1_000_000_000_001_u64}}),
+        json!({"ttl": {"maxCount": 5}}),
+        json!({"ttl": 5}),
+        json!({"ttl": [null, null]}),
+        json!([null]),
+        json!({"ttl": {"max_count": 5}, "extra": true}),
+        json!([]),
+    ];
+    for body in &bad {
+        let res = app.send_json(Method::PUT, &coll_path("logs"), body).await;
+        expect_problem(res, 422, "validation_failed").await;
+    }
+    let res = app.send_json(Method::PUT, &coll_path("_txns"), &json!({"ttl": {"max_count": 1}})).await;
+    expect_problem(res, 422, "validation_failed").await;
+    expect_problem(app.get(&coll_path("9lives")).await, 422, "validation_failed").await;
+    let res = app.request(Method::PUT, &coll_path("logs")).header("content-type", "application/json").body("{").send();
+    expect_problem(res.await.unwrap(), 400, "invalid_json").await;
+    assert_eq!(collection(&app, "logs").await["ttl"], json!({"max_age_seconds": 10, "max_count": null}));
+
+    // Listed by name, a page at a time.
+    create(&app, "audit", "a1").await;
+    let all = expect(app.get("/v1/collections").await, 200).await;
+    let names: Vec<&str> = all["items"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["audit", "logs", "orders"]);
+    assert_eq!(all["items"][0], json!({"name": "audit", "ttl": null, "count": 1}));
+    let first = expect(app.get("/v1/collections?limit=2").await, 200).await;
+    assert_eq!(first["items"].as_array().unwrap().len(), 2);
+    let next = first["next"].as_str().expect("a next page");
+    let second = expect(app.get(&format!("/v1/collections?limit=2&after={next}")).await, 200).await;
+    assert_eq!(second["items"][0]["name"], "orders");
+    assert!(second["next"].is_null());
+    expect_problem(app.get("/v1/collections?limit=0").await, 422, "validation_failed").await;
+    app.stop().await;
+}
+
+async fn counts_follow_creates_deletes_and_transactions(backend: Backend) {
+    let Some(app) = app(backend).await else { return };
+    for i in 0..6 {
+        create(&app, "items", &format!("i{i}")).await;
+    }
+    assert_eq!(count(&app, "items").await, 6);
+    expect(app.request(Method::DELETE, &doc_path("items", "i0")).send().await.unwrap(), 204).await;
+    // Updates leave the count alone; a re-created tombstone counts again.
+    let res = app.send_json(Method::PATCH, &doc_path("items", "i1"), &json!({"set": {"n": 2}})).await;
+    expect(res, 200).await;
+    assert_eq!(count(&app, "items").await, 5);
+    create(&app, "items", "i0").await;
+    assert_eq!(count(&app, "items").await, 6);
+    // A transaction: two inserts, one delete, one update, across two
+    // collections.
+    let txn = json!({"actions": [
+        {"op": "insert", "collection": "items", "id": "t1", "data": {"n": 1}},
+        {"op": "insert", "collection": "other", "id": "t2", "data": {"n": 1}},
+        {"op": "delete", "collection": "items", "id": "i2"},
+        {"op": "update", "collection": "items", "id": "i3", "set": {"n": 9}},
+    ]});
+    expect(app.post("/v1/transactions", &txn).await, 200).await;
+    // Counted once its changes' events are logged (the roll-forward).
+    until_count(&app, "items", 6).await;
+    until_count(&app, "other", 1).await;
+    // A failed transaction changes nothing.
+    let txn = json!({"actions": [
+        {"op": "insert", "collection": "items", "id": "t3", "data": {"n": 1}},
+        {"op": "insert", "collection": "items", "id": "i4", "data": {"n": 1}},
+    ]});
+    expect_problem(app.post("/v1/transactions", &txn).await, 409, "already_exists").await;
+    assert_eq!(count(&app, "items").await, 6);
+    assert_eq!(count(&app, "items").await as usize, live_ids(&app, "items").await.len());
+    app.stop().await;
+}
+
+async fn documents_expire_by_age_with_one_event_and_a_tombstone_each(backend: Backend) {
+    let Some(app) = app(backend).await else { return };
+    let mut stream = SseStream::open(&app, "/v1/events?types=document.expired", None).await;
+    put_ttl(&app, "sessions", json!({"max_age_seconds": 2})).await;
+    let mut created = BTreeMap::new();
+    for i in 0..5 {
+        let id = format!("s{i}");
+        let doc = create(&app, "sessions", &id).await;
+        created.insert(id, doc["created_at"].as_str().unwrap().to_owned());
+    }
+    // Another collection without a policy keeps its documents.
+    create(&app, "keep", "k1").await;
+    // Not due yet: still there (and updated, which does not make it younger).
+    let res = app.send_json(Method::PATCH, &doc_path("sessions", "s0"), &json!({"set": {"n": 2}})).await;
+    expect(res, 200).await;
+    assert_eq!(count(&app, "sessions").await, 5);
+    // Every expiry arrives on the stream, none before its time.
+    let mut seen = BTreeSet::new();
+    while seen.len() < 5 {
+        let e = stream.next(WAIT).await.expect("a document.expired event");
+        let event = e.data;
+        assert_eq!(
+            (event["type"].as_str(), event["collection"].as_str()),
+            (Some("document.expired"), Some("sessions"))
+        );
+        let id = event["document"].as_str().unwrap().to_owned();
+        let at =
+            time::OffsetDateTime::parse(event["at"].as_str().unwrap(), &time::format_description::well_known::Rfc3339)
+                .unwrap();
+        let born = time::OffsetDateTime::parse(&created[&id], &time::format_description::well_known::Rfc3339).unwrap();
+        assert!(at - born >= time::Duration::seconds(2), "{id} expired {} after its creation", at - born);
+        assert!(seen.insert(id), "one event per document");
+    }
+    assert_eq!(count(&app, "sessions").await, 0);
+    let ids: Vec<String> = created.keys().cloned().collect();
+    assert_expired_once(&app, "sessions", &ids).await;
+    expect(app.get(&doc_path("keep", "k1")).await, 200).await;
+    // A tombstone of an expired document can be created again, and lives
+    // its own age.
+    create(&app, "sessions", "s0").await;
+    assert_eq!(count(&app, "sessions").await, 1);
+    app.stop().await;
+}
+
+async fn documents_beyond_the_newest_max_count_expire(backend: Backend) {
+    let Some(app) = app(backend).await else { return };
+    for i in 0..10 {
+        create(&app, "feed", &format!("f{i:02}")).await;
+    }
+    put_ttl(&app, "feed", json!({"max_count": 3})).await;
+    until_count(&app, "feed", 3).await;
+    // A few more sweeps: nothing more goes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(live_ids(&app, "feed").await, BTreeSet::from(["f07".into(), "f08".into(), "f09".into()]));
+    let gone: Vec<String> = (0..7).map(|i| format!("f{i:02}")).collect();
+    assert_expired_once(&app, "feed", &gone).await;
+    // New documents push the oldest out, one for one.
+    for i in 10..14 {
+        create(&app, "feed", &format!("f{i:02}")).await;
+    }
+    until_count(&app, "feed", 3).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(live_ids(&app, "feed").await, BTreeSet::from(["f11".into(), "f12".into(), "f13".into()]));
+    app.stop().await;
+}
+
+async fn both_limits_apply_at_once(backend: Backend) {
+    let Some(app) = app(backend).await else { return };
+    put_ttl(&app, "both", json!({"max_age_seconds": 3, "max_count": 4})).await;
+    for i in 0..7 {
+        create(&app, "both", &format!("b{i}")).await;
+    }
+    until_count(&app, "both", 4).await;
+    assert_eq!(live_ids(&app, "both").await, (3..7).map(|i| format!("b{i}")).collect());
+    // Then age takes the rest.
+    until_count(&app, "both", 0).await;
+    let all: Vec<String> = (0..7).map(|i| format!("b{i}")).collect();
+    assert_expired_once(&app, "both", &all).await;
+    app.stop().await;
+}
+
+async fn a_changed_or_removed_policy_applies_from_the_next_sweep(backend: Backend) {
+    let Some(app) = app(backend).await else { return };
+    for i in 0..8 {
+        create(&app, "c", &format!("c{i}")).await;
+    }
+    // Nothing is due under a long maximum age...
+    put_ttl(&app, "c", json!({"max_age_seconds": 3600})).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(count(&app, "c").await, 8);
+    // ... a count makes some due, a lower one more.
+    put_ttl(&app, "c", json!({"max_count": 6})).await;
+    until_count(&app, "c", 6).await;
+    put_ttl(&app, "c", json!({"max_count": 2})).await;
+    until_count(&app, "c", 2).await;
+    // Removed: documents stay, however many.
+    put_ttl(&app, "c", json!(null)).await;
+    for i in 8..12 {
+        create(&app, "c", &format!("c{i}")).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(count(&app, "c").await, 6);
+    // A maximum age shortened below the documents' age takes them all.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    put_ttl(&app, "c", json!({"max_age_seconds": 1})).await;
+    until_count(&app, "c", 0).await;
+    let all: Vec<String> = (0..12).map(|i| format!("c{i}")).collect();
+    assert_expired_once(&app, "c", &all).await;
+    app.stop().await;
+}
+
+async fn a_locked_document_is_skipped_until_its_transaction_ends(backend: Backend) {
+    let Some(app) = app(backend).await else { return };
+    for id in ["a", "b"] {
+        create(&app, "held", id).await;
+    }
+    // "a" is held by a running transaction (its lease a minute long).
+    let txn = "T-holds-a";
+    app.store.insert("_txns", txn_record(txn, Status::Pending, 60_000, "held", &["a"]).to_record()).await.unwrap();
+    let rec = app.store.get("held", "a").await.unwrap().unwrap();
+    let mut d = txgate::documents::model::StoredDoc::from_record(rec).unwrap();
+    d.meta.txn = Some(txn.into());
+    let staged = txgate::documents::model::Staged {
+        op: txgate::documents::model::StagedOp::Update,
+        data: Some(doc! {"n": 5_i64}),
+        sv: 1,
+    };
+    d.meta.pending = Some(staged);
+    assert!(app.store.replace("held", "a", doc! {"_meta.v": 1_i64}, d.to_record()).await.unwrap());
+    put_ttl(&app, "held", json!({"max_age_seconds": 1})).await;
+    until_count(&app, "held", 1).await;
+    // Several sweeps later the held document is still there.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let a = expect(app.get(&doc_path("held", "a")).await, 200).await;
+    assert_eq!(a["version"], 1);
+    assert_eq!(live_ids(&app, "held").await, BTreeSet::from(["a".to_owned()]));
+    // The transaction ends (aborted by an operator): then it expires.
+    expect(app.request(Method::POST, &format!("/v1/transactions/{txn}/abort")).send().await.unwrap(), 200).await;
+    until_count(&app, "held", 0).await;
+    assert_expired_once(&app, "held", &["a".to_owned(), "b".to_owned()]).await;
+    app.stop().await;
+}
+
+async fn two_instances_never_expire_more_than_the_policy_says(backend: Backend) {
+    let Some(a) = app(backend).await else { return };
+    let b = TestApp::on_store(a.config.clone(), Arc::clone(&a.store), None).await;
+    const KEEP: usize = 5;
+    put_ttl(&a, "shared", json!({"max_count": KEEP})).await;
+    let created = AtomicUsize::new(0);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let writers = [&a, &b].into_iter().enumerate().map(|(w, app)| {
+        let created = &created;
+        async move {
+            for i in 0..30 {
+                // Ids sort in creation order within one writer.
+                create(app, "shared", &format!("w{w}-{i:02}")).await;
+                created.fetch_add(1, Ordering::SeqCst);
+                // Spread over several sweeps of both instances.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+    // Meanwhile: the live documents never fall below the limit (or below
+    // what exists).
+    let watcher = async {
+        let mut samples = 0;
+        while !done.load(Ordering::SeqCst) {
+            let before = created.load(Ordering::SeqCst);
+            let live = live_ids(&a, "shared").await.len();
+            assert!(live >= before.min(KEEP), "{live} live documents after {before} created");
+            samples += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        samples
+    };
+    let writing = async {
+        futures::future::join_all(writers).await;
+        done.store(true, Ordering::SeqCst);
+    };
+    let (samples, ()) = tokio::join!(watcher, writing);
+    assert!(samples > 3, "the watcher looked {samples} times");
+    until_count(&a, "shared", KEEP as u64).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let live = live_ids(&b, "shared").await;
+    assert_eq!(live.len(), KEEP, "{live:?}");
+    assert_eq!(count(&b, "shared").await, KEEP as u64);
+    // Exactly the others expired, each once.
+    let gone: Vec<String> =
+        (0..2).flat_map(|w| (0..30).map(move |i| format!("w{w}-{i:02}"))).filter(|id| !live.contains(id)).collect();
+    assert_eq!(gone.len(), 60 - KEEP);
+    assert_expired_once(&a, "shared", &gone).await;
+    b.stop().await;
+    a.stop().await;
+}
