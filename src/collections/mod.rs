@@ -29,6 +29,8 @@ pub const COLLECTIONS: &str = "_collections";
 
 /// Positions one fold step reads at most.
 const FOLD_BATCH: usize = 5000;
+/// A fold this many positions long logs its progress.
+const LOG_PROGRESS_EVERY: u64 = 100_000;
 
 /// A TTL policy: a maximum age, a maximum count, or both (seed 004's
 /// MaxTime and MaxCount).
@@ -151,8 +153,14 @@ impl Collections {
     /// the log's head (what readers may see of it: durable, contiguous).
     pub async fn count_changes(&self) -> StoreResult<()> {
         let _one = self.folding.lock().await;
+        let mut progress = None;
         loop {
             let from = self.counted().await?;
+            // A long way behind (a first start over a long log): say how far.
+            let start = *progress.get_or_insert(from);
+            if from - start >= LOG_PROGRESS_EVERY && (from - start) % LOG_PROGRESS_EVERY < FOLD_BATCH as u64 {
+                tracing::info!(position = from, counted = from - start, "counting collections' changes");
+            }
             let batch = match self.log.read(from, FOLD_BATCH).await {
                 Ok(batch) => batch,
                 Err(ReadError::Store(err)) => return Err(err),

@@ -55,12 +55,16 @@ impl Sweeper {
         Self { collections, documents, metrics, clock, interval }
     }
 
-    /// Sweep every `interval` until `stop`; the pass under way finishes.
+    /// A pass every `interval` (from the start of one to the start of the
+    /// next; a pass that takes longer delays the next) until `stop`; the
+    /// pass under way finishes.
     pub async fn run(self, stop: CancellationToken) {
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
-                () = tokio::time::sleep(self.interval) => {}
+                _ = ticks.tick() => {}
             }
             match self.pass().await {
                 Ok(0) => {}

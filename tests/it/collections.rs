@@ -24,6 +24,7 @@ crate::on_both_backends!(
     a_changed_or_removed_policy_applies_from_the_next_sweep,
     a_locked_document_is_skipped_until_its_transaction_ends,
     two_instances_never_expire_more_than_the_policy_says,
+    an_expiry_or_a_count_cut_off_at_any_step_is_finished_once,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -392,4 +393,59 @@ async fn two_instances_never_expire_more_than_the_policy_says(backend: Backend) 
     assert_expired_once(&a, "shared", &gone).await;
     b.stop().await;
     a.stop().await;
+}
+
+/// Store failures at each step of an expiry (the tombstone's CAS landed but
+/// unanswered, the event's append, the outbox's clearing) and of the count
+/// fold (a collection's count, the shared position): every document still
+/// expires exactly once, with one event, and the count is exact.
+async fn an_expiry_or_a_count_cut_off_at_any_step_is_finished_once(backend: Backend) {
+    use crate::faults::{Act, Op};
+    let mut clears_of_e3 = 0;
+    let fired: Arc<std::sync::Mutex<BTreeSet<&'static str>>> = Arc::default();
+    let faults = Arc::clone(&fired);
+    let rule = move |op: &Op| {
+        let once = |name: &'static str, act: Act| if faults.lock().unwrap().insert(name) { act } else { Act::Pass };
+        match (op.kind, op.coll, op.id) {
+            ("replace", "ttl", Some("e1")) => once("tombstone", Act::FailAfter),
+            ("append", "_events", Some("ttl/e2/2")) => once("append", Act::FailBefore),
+            ("update", "ttl", Some("e3")) => {
+                clears_of_e3 += 1;
+                // The first clears the creation's outbox; the second the expiry's.
+                if clears_of_e3 == 2 { once("clear", Act::FailBefore) } else { Act::Pass }
+            }
+            ("update", "_collections", Some("ttl")) if op.set.is_some_and(|s| s.contains_key("count")) => {
+                once("count", Act::FailBefore)
+            }
+            ("update", "_counters", Some("_collections.counted")) => once("position", Act::FailAfter),
+            _ => Act::Pass,
+        }
+    };
+    let tweak = |c: &mut txgate::config::Config| c.ttl_interval = Duration::from_millis(100);
+    let Some(app) = crate::faults::rigged_app(backend, tweak, rule).await else { return };
+    put_ttl(&app, "ttl", json!({"max_age_seconds": 1})).await;
+    let ids: Vec<String> = (1..=5).map(|i| format!("e{i}")).collect();
+    for id in &ids {
+        create(&app, "ttl", id).await;
+    }
+    // What a crash left in an outbox is moved to the log by the recovery
+    // worker's outbox sweep (every 5 s).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let expired = expired_events(&app, "ttl").await;
+        if expired.len() == ids.len() && count(&app, "ttl").await == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "expired so far: {:?}", expired.keys());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_expired_once(&app, "ttl", &ids).await;
+    assert!(live_ids(&app, "ttl").await.is_empty());
+    let fired: Vec<&str> = fired.lock().unwrap().iter().copied().collect();
+    assert_eq!(fired, ["append", "clear", "count", "position", "tombstone"], "every fault was injected");
+    // Counting goes on exactly from there.
+    put_ttl(&app, "ttl", json!(null)).await;
+    create(&app, "ttl", "after").await;
+    assert_eq!(count(&app, "ttl").await, 1);
+    app.stop().await;
 }

@@ -273,7 +273,7 @@ impl Store for Rigged {
 }
 
 /// A gateway over a fresh store of `backend` wrapped in a [`Rigged`] store.
-async fn rigged_app(
+pub async fn rigged_app(
     backend: Backend,
     tweak: impl FnOnce(&mut Config),
     rule: impl FnMut(&Op) -> Act + Send + 'static,

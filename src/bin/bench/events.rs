@@ -158,7 +158,7 @@ const LAG_SAMPLE: u64 = 10;
 /// One SSE stream: every `data:` line's event handed to `each`, until
 /// `stop`; `paused` holds reading back (the socket fills, the gateway's
 /// stream waits).
-async fn stream(
+pub(super) async fn stream(
     url: String,
     after: Option<u64>,
     paused: Arc<AtomicBool>,

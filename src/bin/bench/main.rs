@@ -21,6 +21,7 @@ mod events;
 mod hooks;
 mod peer;
 mod scale;
+mod ttl;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -128,6 +129,27 @@ struct Args {
     /// Events sent to a subscription in `--events` (0: skip).
     #[arg(long, default_value_t = 5000)]
     event_deliveries: usize,
+    /// Measure TTL under load (instead of the protocol benchmark): expiry
+    /// lag by age, the live count under `max_count`, the sweeper's CPU at
+    /// rest over many documents.
+    #[arg(long)]
+    ttl: bool,
+    /// Inserts per second of the `--ttl` runs.
+    #[arg(long, default_value_t = 1000.0)]
+    ttl_rate: f64,
+    /// Seconds each insert run of `--ttl` lasts.
+    #[arg(long, default_value_t = 60.0)]
+    ttl_seconds: f64,
+    /// The maximum age of the `--ttl` lag run, in seconds.
+    #[arg(long, default_value_t = 5)]
+    ttl_max_age: u64,
+    /// The maximum count of the `--ttl` count run.
+    #[arg(long, default_value_t = 10_000)]
+    ttl_max_count: u64,
+    /// Live documents under the sweeper at rest in `--ttl` (default:
+    /// 1,000,000 on the embedded store, 20,000 on mongodb).
+    #[arg(long)]
+    ttl_docs: Option<usize>,
 }
 
 /// Counts store writes (and reads) passing through.
@@ -363,6 +385,21 @@ async fn main() {
             pause: args.pause_secs,
             clients: args.clients,
             deliveries: args.event_deliveries,
+        })
+        .await;
+        cleanup(&config, &dir).await;
+        return;
+    }
+    if args.ttl {
+        let docs = args.ttl_docs.unwrap_or(if args.mongodb_uri.is_some() { 20_000 } else { 1_000_000 });
+        ttl::run(ttl::TtlArgs {
+            store: config.clone(),
+            rate: args.ttl_rate,
+            seconds: args.ttl_seconds,
+            max_age: args.ttl_max_age,
+            max_count: args.ttl_max_count,
+            docs,
+            idle: args.idle_secs,
         })
         .await;
         cleanup(&config, &dir).await;
