@@ -124,6 +124,9 @@ pub struct Settings {
     /// Request body limit in bytes (413 beyond).
     #[arg(long, global = true, env = "TXGATE_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// Requests served at once; beyond, 429 `overloaded`.
+    #[arg(long, global = true, env = "TXGATE_MAX_CONCURRENCY")]
+    pub max_concurrency: Option<usize>,
     /// Most actions in one transaction.
     #[arg(long, global = true, env = "TXGATE_MAX_ACTIONS")]
     pub max_actions: Option<usize>,
@@ -146,6 +149,10 @@ pub struct Settings {
     /// Most delivery attempts in flight per instance.
     #[arg(long, global = true, env = "TXGATE_HOOK_CONCURRENCY")]
     pub hook_concurrency: Option<usize>,
+    /// Most delivery attempts in flight per instance to one destination
+    /// (host and port).
+    #[arg(long, global = true, env = "TXGATE_HOOK_PER_DESTINATION")]
+    pub hook_per_destination: Option<usize>,
     /// How long finished deliveries are kept, in seconds.
     #[arg(long, global = true, env = "TXGATE_DELIVERY_RETENTION_SECS")]
     pub delivery_retention_secs: Option<u64>,
@@ -167,6 +174,9 @@ pub struct Config {
     pub txn: TxnConfig,
     pub ttl_interval: Duration,
     pub max_body_bytes: usize,
+    /// Requests served at once (health and readiness checks aside); more
+    /// are answered 429 at once, never queued.
+    pub max_concurrency: usize,
     /// Empty: no authentication, loopback only.
     pub api_keys: Vec<ApiKey>,
     pub hook_guard: HookGuard,
@@ -242,6 +252,7 @@ impl Default for Config {
             txn: TxnConfig::default(),
             ttl_interval: Duration::from_millis(500),
             max_body_bytes: 1024 * 1024,
+            max_concurrency: 1024,
             api_keys: Vec::new(),
             cors: Cors::None,
             hook_guard: HookGuard::default(),
@@ -284,6 +295,7 @@ impl Settings {
             event_retention_secs: self.event_retention_secs.or(file.event_retention_secs),
             tombstone_retention_secs: self.tombstone_retention_secs.or(file.tombstone_retention_secs),
             max_body_bytes: self.max_body_bytes.or(file.max_body_bytes),
+            max_concurrency: self.max_concurrency.or(file.max_concurrency),
             max_actions: self.max_actions.or(file.max_actions),
             max_hooks: self.max_hooks.or(file.max_hooks),
             api_keys: self.api_keys.or(file.api_keys),
@@ -293,6 +305,7 @@ impl Settings {
             hook_timeout_ms: self.hook_timeout_ms.or(file.hook_timeout_ms),
             hook_max_age_secs: self.hook_max_age_secs.or(file.hook_max_age_secs),
             hook_concurrency: self.hook_concurrency.or(file.hook_concurrency),
+            hook_per_destination: self.hook_per_destination.or(file.hook_per_destination),
             delivery_retention_secs: self.delivery_retention_secs.or(file.delivery_retention_secs),
         }
     }
@@ -365,6 +378,10 @@ impl Settings {
                 Some(0) => return Err("hook_concurrency must be greater than 0".into()),
                 v => v.unwrap_or(h.concurrency),
             },
+            per_destination: match settings.hook_per_destination {
+                Some(0) => return Err("hook_per_destination must be greater than 0".into()),
+                v => v.unwrap_or(h.per_destination),
+            },
             scan_interval: h.scan_interval,
             claim_grace: h.claim_grace,
         };
@@ -408,6 +425,10 @@ impl Settings {
             txn,
             ttl_interval: positive("ttl_interval_ms", settings.ttl_interval_ms, defaults.ttl_interval)?,
             max_body_bytes,
+            max_concurrency: match settings.max_concurrency {
+                Some(0) => return Err("max_concurrency must be greater than 0".into()),
+                v => v.unwrap_or(defaults.max_concurrency),
+            },
         })
     }
 }
@@ -465,6 +486,11 @@ mod tests {
     fn bad_values_are_refused() {
         assert!(Settings { store: Some(StoreKind::Mongodb), ..Default::default() }.resolve().is_err());
         assert!(Settings { lease_ms: Some(0), ..Default::default() }.resolve().is_err());
+        assert!(Settings { max_concurrency: Some(0), ..Default::default() }.resolve().is_err());
+        assert!(Settings { hook_per_destination: Some(0), ..Default::default() }.resolve().is_err());
+        let limits = Settings { max_concurrency: Some(7), hook_per_destination: Some(3), ..Default::default() };
+        let config = limits.resolve().unwrap();
+        assert_eq!((config.max_concurrency, config.hooks.per_destination), (7, 3));
         // Tombstones outlive the events and deliveries whose ids they keep
         // from being reused.
         let short = |event, delivery| Settings {

@@ -114,7 +114,7 @@ impl App {
             collections: Arc::clone(&self.collections),
             stop: self.stop.clone(),
         };
-        http::router(state, config.max_body_bytes, config.api_keys.clone(), &config.cors)
+        http::router(state, config.max_body_bytes, config.max_concurrency, config.api_keys.clone(), &config.cors)
     }
 }
 

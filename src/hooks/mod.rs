@@ -45,6 +45,9 @@ pub struct HookConfig {
     pub retention: Duration,
     /// Most attempts in flight per instance.
     pub concurrency: usize,
+    /// Most attempts in flight per instance to one destination (host and
+    /// port), so one slow receiver cannot hold every attempt slot.
+    pub per_destination: usize,
     /// Period of the scan for work this instance was not told about.
     pub scan_interval: Duration,
     /// How long a claim outlives the attempt timeout (a crashed sender's
@@ -60,6 +63,7 @@ impl Default for HookConfig {
             max_age: Duration::from_secs(24 * 3600),
             retention: Duration::from_secs(7 * 24 * 3600),
             concurrency: 64,
+            per_destination: 8,
             scan_interval: Duration::from_secs(1),
             claim_grace: Duration::from_secs(5),
         }
@@ -275,6 +279,12 @@ pub enum DeliveryChange<'a> {
     },
     /// A delivery waiting for the hook before it may go at `at`.
     Release { at: DateTime },
+    /// The claim `token` is given back without an attempt (its destination
+    /// has no room in this instance): due again at `next`.
+    Unclaim { token: &'a str, next: DateTime },
+    /// An unclaimed delivery still due is due at `at` (its destination has
+    /// room again).
+    Wake { at: DateTime },
 }
 
 impl DeliveryChange<'_> {
@@ -300,6 +310,15 @@ impl DeliveryChange<'_> {
                     None => set.insert("finished_at", *finished),
                 };
                 (doc! {"claim": *token}, Update::set(set))
+            }
+            DeliveryChange::Unclaim { token, next } => {
+                let set = doc! {"owner": Bson::Null, "claim": Bson::Null, "lease_until": Bson::Null, "next_at": *next};
+                (doc! {"claim": *token}, Update::set(set))
+            }
+            DeliveryChange::Wake { at } => {
+                let due = [DeliveryStatus::Pending.as_str(), DeliveryStatus::Failed.as_str()];
+                let filter = doc! {"status": {"$in": due.as_slice()}, "claim": Bson::Null, "next_at": {"$gt": *at}};
+                (filter, Update::set(doc! {"next_at": *at}))
             }
             DeliveryChange::Release { at } => {
                 let filter = doc! {"status": DeliveryStatus::Pending.as_str(), "next_at": AFTER_PREVIOUS};

@@ -107,6 +107,29 @@ pub struct Sender {
     /// This instance, as named in the claims it makes.
     owner: String,
     permits: Arc<Semaphore>,
+    /// Attempts in flight per destination, and the deliveries parked while
+    /// one is full.
+    destinations: std::sync::Mutex<std::collections::HashMap<String, Destination>>,
+}
+
+/// One destination's attempts in flight in this instance, and the
+/// deliveries given back while it was full, woken one per freed slot.
+#[derive(Default)]
+struct Destination {
+    in_flight: usize,
+    parked: std::collections::VecDeque<String>,
+}
+
+/// Deliveries remembered as parked per destination; beyond, a parked one is
+/// found by the scan once its park time is over.
+const MAX_PARKED: usize = 10_000;
+
+/// Where an attempt goes, as fairness counts it: host and port.
+fn destination(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(u) => format!("{}:{}", u.host_str().unwrap_or_default(), u.port_or_known_default().unwrap_or_default()),
+        Err(_) => url.to_owned(),
+    }
 }
 
 fn add(at: DateTime, d: Duration) -> DateTime {
@@ -124,7 +147,7 @@ impl Sender {
         let host = std::env::var("HOSTNAME").unwrap_or_default();
         let owner = format!("{}{}{}", host, if host.is_empty() { "" } else { "/" }, uuid::Uuid::now_v7());
         let permits = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
-        Arc::new(Self { hooks, cfg, transport, owner, permits })
+        Arc::new(Self { hooks, cfg, transport, owner, permits, destinations: Default::default() })
     }
 
     /// Send due deliveries until `shutdown`; then let the attempts in
@@ -244,9 +267,82 @@ impl Sender {
             }
         };
         let (delivery, token) = claimed;
+        let dest = destination(&delivery.url);
+        if !self.enter(&dest) {
+            self.park(&dest, id, &token).await;
+            return;
+        }
         let attempt_no = delivery.attempts.len() + 1;
         let span = tracing::info_span!("delivery", delivery.id = %id, delivery.attempt = attempt_no);
         tracing::Instrument::instrument(self.attempt(delivery, token), span).await;
+        self.leave(&dest).await;
+    }
+
+    /// Take a slot of `dest` for an attempt; `false` when it has none.
+    fn enter(&self, dest: &str) -> bool {
+        let mut map = self.destinations.lock().expect("destinations");
+        let d = map.entry(dest.to_owned()).or_default();
+        if d.in_flight >= self.cfg.per_destination.max(1) {
+            return false;
+        }
+        d.in_flight += 1;
+        true
+    }
+
+    /// Give a slot of `dest` back, and wake the delivery parked longest
+    /// for it.
+    async fn leave(&self, dest: &str) {
+        let next = {
+            let mut map = self.destinations.lock().expect("destinations");
+            let Some(d) = map.get_mut(dest) else { return };
+            d.in_flight = d.in_flight.saturating_sub(1);
+            let next = d.parked.pop_front();
+            if d.in_flight == 0 && d.parked.is_empty() {
+                map.remove(dest);
+            }
+            next
+        };
+        if let Some(id) = next {
+            self.wake(&id).await;
+        }
+    }
+
+    /// `dest` is full: give the claim on `id` back without an attempt, due
+    /// again after a claim's time (when a crash of this instance would have
+    /// freed it too), and park it here to be woken by the next free slot.
+    async fn park(&self, dest: &str, id: &str, token: &str) {
+        let next = add(self.hooks.clock.now(), self.cfg.timeout + self.cfg.claim_grace);
+        match (DeliveryChange::Unclaim { token, next }).apply(self.hooks.store.as_ref(), id).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(err) => {
+                tracing::warn!(delivery.id = %id, error = %err, "cannot give a claim back; it expires by itself");
+                return;
+            }
+        }
+        self.hooks.metrics.incr("txgate_deliveries_parked_total", "destination_full");
+        tracing::debug!(delivery.id = %id, destination = %dest, "destination full: delivery parked");
+        let room = {
+            let mut map = self.destinations.lock().expect("destinations");
+            let d = map.entry(dest.to_owned()).or_default();
+            if d.parked.len() < MAX_PARKED && !d.parked.iter().any(|p| p == id) {
+                d.parked.push_back(id.to_owned());
+            }
+            // A slot freed while this one was being given back woke no one.
+            (d.in_flight < self.cfg.per_destination.max(1)).then(|| d.parked.pop_front()).flatten()
+        };
+        if let Some(id) = room {
+            self.wake(&id).await;
+        }
+    }
+
+    /// Make parked delivery `id` due now and queue it.
+    async fn wake(&self, id: &str) {
+        let at = self.hooks.clock.now();
+        match (DeliveryChange::Wake { at }).apply(self.hooks.store.as_ref(), id).await {
+            Ok(_) => self.hooks.queue.push(id, at.timestamp_millis()),
+            Err(err) => tracing::warn!(delivery.id = %id, error = %err, "cannot wake a parked delivery; the scan will"),
+        }
     }
 
     /// A claim failed: the schedule here was stale (another instance has

@@ -207,7 +207,7 @@ fn schema_here(name: &str) -> Value {
             "type": "string",
             "description": "The `next` of the previous page. Opaque: pass it back as it came.",
             "pattern": CURSOR_PATTERN,
-            "maxLength": 2048,
+            "maxLength": super::documents::MAX_CURSOR,
         }),
         "IfMatch" => json!({
             "type": "string",
@@ -354,7 +354,7 @@ fn problem_example(code: ProblemCode) -> Value {
 /// Whether a problem with this code comes with `Retry-After`.
 fn retry_after(code: ProblemCode) -> bool {
     use ProblemCode::*;
-    matches!(code, Locked | Aborted | InProgress | StoreUnavailable | OutcomeUnknown)
+    matches!(code, Locked | Aborted | InProgress | Overloaded | StoreUnavailable | OutcomeUnknown)
 }
 
 /// The problems an operation can answer, as (status, code). A
@@ -414,7 +414,7 @@ pub fn problems(operation: &str) -> Option<Vec<(u16, ProblemCode)>> {
     if public(operation) {
         return Some(list);
     }
-    list.extend(plain(&[Unauthorized, Forbidden, StoreUnavailable]));
+    list.extend(plain(&[Unauthorized, Forbidden, Overloaded, StoreUnavailable]));
     Some(list)
 }
 

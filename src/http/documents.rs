@@ -441,11 +441,18 @@ const CURSOR: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::n
         .with_decode_padding_mode(base64::engine::DecodePaddingMode::RequireNone),
 );
 
+/// The longest cursor (the API description says so): the base64 of the
+/// longest id, with room to spare.
+pub const MAX_CURSOR: usize = 2048;
+
 pub fn encode_cursor(id: &str) -> String {
     CURSOR.encode(id)
 }
 
 pub fn decode_cursor(cursor: &str) -> Result<String, ApiError> {
+    if cursor.len() > MAX_CURSOR {
+        return Err(Invalid::new("/query/after", "not a cursor returned by this API (too long)").into());
+    }
     CURSOR
         .decode(cursor)
         .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())

@@ -68,7 +68,7 @@ problem_codes! {
     InvalidPath => "invalid_path", 400, Problem, "a path parameter cannot be decoded";
     BadRequest => "bad_request", 400, Problem, "the request could not be understood";
     Unauthorized => "unauthorized", 401, Problem, "no API key, or not a valid one";
-    Forbidden => "forbidden", 403, Problem, "the API key lacks the scope";
+    Forbidden => "forbidden", 403, Problem, "the API key lacks the scope (or, with no keys configured, the `Host` is not a loopback name)";
     NotFound => "not_found", 404, Problem, "never existed (or purged after its retention)";
     MethodNotAllowed => "method_not_allowed", 405, Problem, "the method is not allowed on this resource";
     AlreadyExists => "already_exists", 409, AlreadyExists, "a live document has this id";
@@ -88,6 +88,7 @@ problem_codes! {
     IdempotencyKeyReused => "idempotency_key_reused", 422, ValidationFailed, "the `Idempotency-Key` was used with another body";
     HookNotAllowed => "hook_not_allowed", 422, ValidationFailed, "a hook destination is not allowed";
     DocumentRejected => "document_rejected", 422, ValidationFailed, "the store refused the document";
+    Overloaded => "overloaded", 429, Problem, "too many requests are being served at once; retry after `Retry-After`";
     Internal => "internal", 500, Problem, "an internal error";
     StoreUnavailable => "store_unavailable", 503, Problem, "the store cannot be reached; retry later";
     OutcomeUnknown => "outcome_unknown", 503, Problem, "the store stopped answering at the commit point; read the transaction to learn its outcome";

@@ -9,6 +9,7 @@ pub mod documents;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod limits;
 pub mod subscriptions;
 pub mod transactions;
 
@@ -90,10 +91,17 @@ fn document_text(derived: utoipa::openapi::OpenApi) -> String {
 }
 
 /// The complete application router.
-pub fn router(state: AppState, max_body_bytes: usize, api_keys: Vec<auth::ApiKey>, cors: &Cors) -> Router {
+pub fn router(
+    state: AppState,
+    max_body_bytes: usize,
+    max_concurrency: usize,
+    api_keys: Vec<auth::ApiKey>,
+    cors: &Cors,
+) -> Router {
     let (routes, derived) = api();
     let spec = Arc::new(document_text(derived));
-    let routes = if api_keys.is_empty() {
+    let keyless = api_keys.is_empty();
+    let routes = if keyless {
         routes
     } else {
         // On matched routes only: an unknown path or method answers 404/405
@@ -116,6 +124,11 @@ pub fn router(state: AppState, max_body_bytes: usize, api_keys: Vec<auth::ApiKey
         .layer(axum::middleware::map_response(problem_for_bare_errors))
         // Outside authentication: a preflight carries no credentials.
         .layer(tower::util::option_layer(cors_layer(cors)))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(tokio::sync::Semaphore::new(max_concurrency.max(1))),
+            limits::limit,
+        ))
+        .layer(tower::util::option_layer(keyless.then(|| axum::middleware::from_fn(limits::loopback_host))))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(|req: &Request<_>| {

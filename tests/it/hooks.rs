@@ -19,6 +19,7 @@ crate::on_both_backends!(
     aborted_transactions_send_nothing,
     internal_destinations_are_refused_unless_allowed,
     two_instances_never_send_one_attempt_twice,
+    a_hanging_receiver_does_not_delay_deliveries_to_another,
 );
 
 const T: &str = "/v1/transactions";
@@ -267,4 +268,52 @@ async fn two_instances_never_send_one_attempt_twice(backend: Backend) {
     assert!(rx.collect_for(Duration::from_millis(1500)).await.is_empty(), "nothing is sent twice");
     b.stop().await;
     a.stop().await;
+}
+
+/// One receiver hangs on every request; deliveries to another go at once,
+/// however many to the first are waiting. Each destination gets at most
+/// its share of the attempt slots, and every delivery is made in the end.
+async fn a_hanging_receiver_does_not_delay_deliveries_to_another(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, |c| {
+        c.hooks.concurrency = 4;
+        c.hooks.per_destination = 2;
+        c.hooks.timeout = Duration::from_secs(10);
+    })
+    .await
+    else {
+        return;
+    };
+    let slow = TestReceiver::start().await;
+    slow.delay(Duration::from_secs(3));
+    let fast = TestReceiver::start().await;
+    for i in 0..8 {
+        let body = insert_with_hooks(&format!("s{i}"), json!([{"url": slow.url("/slow")}]));
+        expect(app.post(T, &body).await, 200).await;
+    }
+    // The slow receiver's deliveries have taken what they may.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    for i in 0..4 {
+        let body = insert_with_hooks(&format!("f{i}"), json!([{"url": fast.url("/fast")}]));
+        expect(app.post(T, &body).await, 200).await;
+    }
+    for _ in 0..4 {
+        let got = fast.next(WAIT).await;
+        assert_eq!(got.path, "/fast");
+        assert!(
+            got.at.duration_since(started) < Duration::from_millis(2500),
+            "a delivery to the fast receiver waited {:?} behind the slow one",
+            got.at.duration_since(started)
+        );
+    }
+    // The slow receiver gets all of its deliveries, two at a time.
+    let got = slow.collect_for(Duration::from_secs(15)).await;
+    assert_eq!(got.len(), 8, "every delivery to the slow receiver was made once");
+    let mut ends: Vec<std::time::Instant> = got.iter().map(|r| r.at).collect();
+    ends.sort();
+    // Answers come in pairs 3 s apart: never more than two at once.
+    for pair in ends.windows(3) {
+        assert!(pair[2].duration_since(pair[0]) >= Duration::from_millis(2500), "three attempts overlapped");
+    }
+    app.stop().await;
 }

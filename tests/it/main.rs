@@ -12,6 +12,7 @@ mod faults;
 mod hooks;
 mod indexes;
 mod kill;
+mod limits;
 mod openapi;
 mod restart;
 mod store;

@@ -40,7 +40,7 @@ def _paths_conflict(patch):
 def _names_a_document_twice(actions):
     seen = set()
     for action in actions if isinstance(actions, list) else []:
-        if not isinstance(action, dict) or not isinstance(action.get("id"), str):
+        if not isinstance(action, dict) or not all(isinstance(action.get(k), str) for k in ("collection", "id")):
             continue
         key = (action.get("collection"), action["id"])
         if key in seen:

@@ -1,0 +1,103 @@
+//! Overload and strangers: beyond the concurrency limit requests are
+//! refused at once with 429 and write nothing; a keyless gateway answers
+//! only requests addressed to a loopback name (the DNS-rebinding guard).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::json;
+use txgate::http::auth::parse_keys;
+
+use crate::faults::{Act, Op, rigged_app};
+use crate::support::{Backend, TestApp, expect, expect_problem};
+
+crate::on_both_backends!(beyond_the_concurrency_limit_requests_get_429_and_write_nothing,);
+
+const D: &str = "/v1/collections/slow/documents";
+
+async fn beyond_the_concurrency_limit_requests_get_429_and_write_nothing(backend: Backend) {
+    // Every write to "slow" takes 400 ms, so requests pile up.
+    let rule = |op: &Op| {
+        if op.coll == "slow" && op.kind != "get" { Act::Delay(Duration::from_millis(400)) } else { Act::Pass }
+    };
+    let Some(app) = rigged_app(backend, |c| c.max_concurrency = 3, rule).await else { return };
+    let app = Arc::new(app);
+    let posts = (0..12).map(|i| {
+        let app = Arc::clone(&app);
+        async move {
+            let res = app.post(D, &json!({"_id": format!("s{i}"), "n": i})).await;
+            let status = res.status().as_u16();
+            let retry_after = res.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+            let body: serde_json::Value = res.json().await.unwrap();
+            (i, status, retry_after, body)
+        }
+    });
+    // Meanwhile the health checks still answer.
+    let probe = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (app.get("/healthz").await.status().as_u16(), app.get("/readyz").await.status().as_u16())
+    };
+    let (answers, probes) = tokio::join!(futures::future::join_all(posts), probe);
+    assert_eq!(probes, (200, 200), "health and readiness pass the limit");
+    let created: Vec<usize> = answers.iter().filter(|a| a.1 == 201).map(|a| a.0).collect();
+    let refused: Vec<usize> = answers.iter().filter(|a| a.1 == 429).map(|a| a.0).collect();
+    assert_eq!(created.len() + refused.len(), 12, "each answered 201 or 429: {answers:?}");
+    assert!((1..=3).contains(&created.len()), "at most the limit admitted at once: {created:?}");
+    for (_, status, retry_after, body) in answers.iter().filter(|a| a.1 == 429) {
+        assert_eq!((*status, body["code"].as_str()), (429, Some("overloaded")), "{body}");
+        assert_eq!(retry_after.as_deref(), Some("1"));
+    }
+    // Admitted requests did all their work; refused ones none.
+    for i in &created {
+        expect(app.get(&format!("{D}/s{i}")).await, 200).await;
+    }
+    for i in &refused {
+        expect_problem(app.get(&format!("{D}/s{i}")).await, 404, "not_found").await;
+    }
+    // Once the load is gone, requests are served again.
+    expect(app.post(D, &json!({"_id": "later"})).await, 201).await;
+    Arc::into_inner(app).expect("one owner").stop().await;
+}
+
+async fn status_with_host(app: &TestApp, path: &str, host: &str, key: Option<&str>) -> u16 {
+    let mut req = app.request(Method::GET, path).header("host", host);
+    if let Some(key) = key {
+        req = req.bearer_auth(key);
+    }
+    let res = req.send().await.unwrap();
+    let status = res.status().as_u16();
+    if status == 403 {
+        expect_problem(res, 403, "forbidden").await;
+    }
+    status
+}
+
+#[tokio::test]
+async fn a_keyless_gateway_answers_only_loopback_hosts() {
+    let app = TestApp::spawn(Backend::Embedded).await.unwrap();
+    let port = app.base.rsplit(':').next().unwrap().to_owned();
+    let docs = "/v1/collections/a/documents";
+    for host in ["evil.example", &format!("evil.example:{port}"), "localhost.evil.example", "10.0.0.7"] {
+        for path in [docs, "/openapi.json", "/v1/events?after=0", "/nope"] {
+            assert_eq!(status_with_host(&app, path, host, None).await, 403, "{host} {path}");
+        }
+        let res = app.request(Method::POST, docs).header("host", host).json(&json!({"_id": "x"})).send().await;
+        expect_problem(res.unwrap(), 403, "forbidden").await;
+        assert_eq!(status_with_host(&app, "/healthz", host, None).await, 200, "probes pass: {host}");
+    }
+    expect_problem(app.get(&format!("{docs}/x")).await, 404, "not_found").await;
+    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}"), "localhost".into(), format!("[::1]:{port}")]
+    {
+        assert_eq!(status_with_host(&app, docs, &host, None).await, 200, "{host}");
+    }
+    app.stop().await;
+
+    // With keys (any address may be served) the Host is not checked.
+    const KEY: &str = "reader-key-0123456789";
+    let app = TestApp::spawn_with(Backend::Embedded, |c| c.api_keys = parse_keys(&format!("{KEY}:read")).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status_with_host(&app, docs, "api.example.com", Some(KEY)).await, 200);
+    app.stop().await;
+}
