@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::clock::Clock;
-use crate::events::{self, EventType, Log, ReadError};
+use crate::events::{self, EventType, Log, ReadError, position};
 use crate::store::scans::{COLLECTIONS as BY_NAME, DOCS_LIVE};
 use crate::store::{Bson, DateTime, DynStore, Record, StoreError, StoreResult, Update, doc, record_id};
 
@@ -291,10 +291,6 @@ impl Collections {
 
 fn position_i64(seq: u64) -> i64 {
     i64::try_from(seq).unwrap_or(i64::MAX)
-}
-
-fn position(seq: u64) -> Bson {
-    Bson::Int64(position_i64(seq))
 }
 
 /// When `policy`'s maximum age makes a document created before it due, as

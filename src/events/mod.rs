@@ -48,7 +48,7 @@ const FLOOR: &str = "_events.floor";
 pub const COUNTED: &str = "_collections.counted";
 
 /// Position `seq` as the log stores it.
-fn position(seq: u64) -> Bson {
+pub(crate) fn position(seq: u64) -> Bson {
     Bson::Int64(i64::try_from(seq).unwrap_or(i64::MAX))
 }
 

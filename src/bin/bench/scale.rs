@@ -262,7 +262,7 @@ pub async fn run(args: ScaleArgs) {
     println!("resident memory after loading: {rss:.0} MiB (peak {peak:.0} MiB)");
 }
 
-fn backend(store: &StoreConfig) -> &'static str {
+pub(super) fn backend(store: &StoreConfig) -> &'static str {
     match store {
         StoreConfig::Embedded { .. } => "embedded",
         StoreConfig::Mongodb { .. } => "mongodb",

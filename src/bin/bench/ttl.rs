@@ -20,7 +20,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use txgate::config::{Config, StoreConfig};
 
-use super::scale::{Gateway, cpu_time};
+use super::scale::{Gateway, backend, cpu_time};
 use super::{ms, percentile, progress};
 
 pub struct TtlArgs {
@@ -295,11 +295,4 @@ async fn idle_cpu(secs: f64) -> f64 {
     let (before, at) = (cpu_time("self"), Instant::now());
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     (cpu_time("self").saturating_sub(before)).as_secs_f64() / at.elapsed().as_secs_f64() * 100.0
-}
-
-fn backend(store: &StoreConfig) -> &'static str {
-    match store {
-        StoreConfig::Embedded { .. } => "embedded",
-        StoreConfig::Mongodb { .. } => "mongodb",
-    }
 }
