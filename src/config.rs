@@ -10,7 +10,7 @@ use serde::Deserialize;
 use crate::hooks::HookConfig;
 use crate::hooks::guard::HookGuard;
 use crate::hooks::sign::Signer;
-use crate::http::auth::{ApiKey, parse_keys};
+use crate::http::auth::{ApiKey, KeysSetting};
 use crate::txn::TxnConfig;
 
 #[derive(Parser, Debug)]
@@ -156,9 +156,11 @@ pub struct Settings {
     /// How long finished deliveries are kept, in seconds.
     #[arg(long, global = true, env = "TXGATE_DELIVERY_RETENTION_SECS")]
     pub delivery_retention_secs: Option<u64>,
-    /// API keys, `key:scope[+scope],...` with scopes read, write, admin.
+    /// API keys, `key:scope[+scope],...` with scopes read, write, admin,
+    /// each on every collection or on one (`read@orders`). In the TOML
+    /// file also a list of `{ key = "...", scopes = ["read@orders"] }`.
     #[arg(long, global = true, env = "TXGATE_API_KEYS", hide_env_values = true)]
-    pub api_keys: Option<String>,
+    pub api_keys: Option<KeysSetting>,
     /// Origins browsers may call from (CORS), comma-separated
     /// (`https://app.example.com`), or `*` for any (never with credentials).
     #[arg(long, global = true, env = "TXGATE_CORS_ORIGINS")]
@@ -357,9 +359,9 @@ impl Settings {
         if max_body_bytes < 1024 {
             return Err("max_body_bytes must be at least 1024".into());
         }
-        let api_keys = match settings.api_keys.as_deref().map(str::trim) {
-            None | Some("") => Vec::new(),
-            Some(spec) => parse_keys(spec)?,
+        let api_keys = match &settings.api_keys {
+            None => Vec::new(),
+            Some(setting) => setting.keys()?.unwrap_or_default(),
         };
         let hook_guard = HookGuard::new(settings.hook_allow.as_deref().unwrap_or(""))?;
         let h = &defaults.hooks;
@@ -456,6 +458,42 @@ mod tests {
         assert_eq!(cfg.listen, "127.0.0.1:9");
         assert_eq!(cfg.txn.lease, Duration::from_millis(700));
         assert!(matches!(cfg.store, StoreConfig::Mongodb { ref database, .. } if database == "txgate"));
+    }
+
+    #[test]
+    fn keys_come_as_a_string_or_as_toml_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("txgate.toml");
+        let file = r#"
+[[api_keys]]
+key = "orders-team-0123456789"
+scopes = ["read@orders", "write@orders"]
+
+[[api_keys]]
+key = "operator-key-0123456789"
+scopes = ["admin"]
+"#;
+        std::fs::write(&path, file).unwrap();
+        let cfg = Settings { config: Some(path.clone()), ..Default::default() }.resolve().unwrap();
+        assert_eq!(cfg.api_keys.len(), 2);
+        assert_eq!(cfg.api_keys[0].grants[1].collection.as_deref(), Some("orders"));
+        assert_eq!(cfg.api_keys[1].grants[0].collection, None);
+        // The environment's string wins over the file.
+        let env = Some(KeysSetting::Spec("from-the-env-0123456:read@carts".into()));
+        let cfg = Settings { config: Some(path.clone()), api_keys: env, ..Default::default() }.resolve().unwrap();
+        assert_eq!(cfg.api_keys.len(), 1);
+        std::fs::write(&path, "api_keys = \"string-form-0123456789:write@carts+read\"\n").unwrap();
+        let cfg = Settings { config: Some(path.clone()), ..Default::default() }.resolve().unwrap();
+        assert_eq!(cfg.api_keys[0].grants.len(), 2);
+        for bad in [
+            "[[api_keys]]\nkey = \"orders-team-0123456789\"\nscopes = [\"read@_txns\"]\n",
+            "[[api_keys]]\nkey = \"short\"\nscopes = [\"read\"]\n",
+            "[[api_keys]]\nkey = \"orders-team-0123456789\"\nscopes = []\n",
+            "[[api_keys]]\nkey = \"orders-team-0123456789\"\nscopes = [\"read\"]\nextra = 1\n",
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            assert!(Settings { config: Some(path.clone()), ..Default::default() }.resolve().is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -78,11 +78,21 @@ pub fn engine(store: DynStore, cfg: TxnConfig, metrics: Arc<Metrics>) -> (Arc<En
 }
 
 impl App {
-    pub fn new(config: &Config, store: DynStore) -> Self {
-        let metrics = Arc::new(Metrics::default());
+    /// The gateway's parts on `store`, recording into `metrics`.
+    pub fn new(config: &Config, store: DynStore, metrics: Arc<Metrics>) -> Self {
+        if store.syncs().is_some() {
+            let store = Arc::clone(&store);
+            metrics.sampled("txgate_store_syncs_total", "Durable syncs (fsyncs) of the embedded store", move || {
+                store.syncs().unwrap_or(0)
+            });
+        }
         let mut events_cfg = config.events.clone();
         events_cfg.clock = config.txn.clock.clone();
         let (events, store) = events::Log::new(store, events_cfg);
+        let log = Arc::clone(&events);
+        metrics.sampled("txgate_events_written_total", "Change events this instance appended to the log", move || {
+            log.appended()
+        });
         let (engine, hooks) = engine(store, config.txn.clone(), Arc::clone(&metrics));
         let documents = Arc::new(Documents::new(Arc::clone(&engine)));
         let subscriptions =
@@ -112,6 +122,7 @@ impl App {
             events: Arc::clone(&self.events),
             subscriptions: Arc::clone(&self.subscriptions),
             collections: Arc::clone(&self.collections),
+            metrics: Arc::clone(&self.metrics),
             stop: self.stop.clone(),
         };
         http::router(state, config.max_body_bytes, config.max_concurrency, config.api_keys.clone(), &config.cors)
@@ -128,12 +139,14 @@ pub async fn run_with_store(
 ) -> Result<(), RunError> {
     // No store call outlives its deadline: a store that stops answering
     // gives 503s, never a hang, and no lock is held past it.
-    let store: DynStore = Arc::new(store::deadline::Deadline::new(store, config.txn.store_timeout));
+    let metrics = Arc::new(Metrics::default());
+    let store: DynStore =
+        Arc::new(store::deadline::Deadline::new(store, config.txn.store_timeout, Arc::clone(&metrics)));
     let applied = migrate::run(store.as_ref()).await?;
     if !applied.is_empty() {
         tracing::info!(count = applied.len(), "migrations applied");
     }
-    let app = App::new(&config, store);
+    let app = App::new(&config, store, metrics);
     let router = app.router(&config);
     let clients = hooks::net::Clients::new(Arc::new(config.hook_guard.clone()), config.hooks.timeout)
         .map_err(std::io::Error::other)?;

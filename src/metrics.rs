@@ -1,39 +1,298 @@
-//! Process-wide counters and latency summaries, kept in memory and labelled
-//! the way the Prometheus exposition names them (`txgate_*`).
+//! The gateway's metrics, exposed at `/metrics` in the Prometheus text
+//! format. Every family is declared in [`FAMILIES`] (name, help, label
+//! keys); label values are bounded by construction: route templates,
+//! operation kinds, outcomes and codes, never ids or raw paths.
+//!
+//! Each [`Metrics`] has its own registry, so several gateways in one
+//! process (tests, benches) keep their figures apart.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::collections::HashMap;
 use std::time::Duration;
 
-/// A metric name and its label value.
-type Key = (&'static str, String);
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{Metric, MetricFamily, MetricType};
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
-/// Counters keyed by `(name, label value)`.
-#[derive(Default)]
+/// Latency buckets in seconds, from 0.5 ms (a cached store read) to 10 s
+/// (a transaction waiting out its lock wait and more).
+const LATENCY: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+/// Delivery lag buckets in seconds: from at once to a day of retries.
+const LAG: &[f64] = &[0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0, 86400.0];
+
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram(&'static [f64]),
+}
+
+/// A declared metric family.
+pub struct Family {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub labels: &'static [&'static str],
+    kind: Kind,
+}
+
+const fn counter(name: &'static str, labels: &'static [&'static str], help: &'static str) -> Family {
+    Family { name, help, labels, kind: Kind::Counter }
+}
+
+const fn gauge(name: &'static str, labels: &'static [&'static str], help: &'static str) -> Family {
+    Family { name, help, labels, kind: Kind::Gauge }
+}
+
+const fn histogram(
+    name: &'static str,
+    labels: &'static [&'static str],
+    buckets: &'static [f64],
+    help: &'static str,
+) -> Family {
+    Family { name, help, labels, kind: Kind::Histogram(buckets) }
+}
+
+/// Every family the gateway records (the README's metrics reference lists
+/// them too). Families read from elsewhere at scrape time are registered
+/// by [`Metrics::sampled`].
+pub const FAMILIES: &[Family] = &[
+    counter(
+        "txgate_http_requests_total",
+        &["method", "route", "status"],
+        "HTTP requests answered, by method, route template (`unmatched` for unknown paths) and status",
+    ),
+    histogram(
+        "txgate_http_request_duration_seconds",
+        &["method", "route"],
+        LATENCY,
+        "Time from a request's arrival to its response head (an event stream: until it starts)",
+    ),
+    gauge("txgate_http_requests_in_flight", &[], "Requests being served now"),
+    counter(
+        "txgate_transactions_total",
+        &["outcome"],
+        "Transaction attempts by outcome: committed, aborted (a member failed or it was wounded), error (store)",
+    ),
+    histogram(
+        "txgate_transaction_duration_seconds",
+        &["outcome"],
+        LATENCY,
+        "Time from a transaction attempt's start to its answer, by outcome",
+    ),
+    counter(
+        "txgate_transaction_retries_total",
+        &["reason"],
+        "Transaction attempts retried under a new id, by reason (wounded)",
+    ),
+    counter(
+        "txgate_transactions_aborted_total",
+        &["reason"],
+        "Transactions aborted by this instance, by reason (wounded, expired, timed_out, operator, a conflict code, ...)",
+    ),
+    counter(
+        "txgate_transactions_finished_total",
+        &["state"],
+        "Transactions whose members were all released, by final state (done, rolled_back)",
+    ),
+    counter(
+        "txgate_conflicts_total",
+        &["code"],
+        "Requests answered with a conflict, by problem code (version_conflict, locked, not_found, ...)",
+    ),
+    counter("txgate_lock_waits_total", &[], "Times a transaction member waited for a document a live transaction held"),
+    histogram(
+        "txgate_lock_wait_seconds",
+        &[],
+        LATENCY,
+        "How long a member waited for a held document before it locked it or gave up",
+    ),
+    counter(
+        "txgate_wounds_total",
+        &[],
+        "Younger transactions wounded (aborted) by an older one waiting for their lock",
+    ),
+    counter(
+        "txgate_recovery_actions_total",
+        &["action"],
+        "Recovery work done: rolled_forward, rolled_back, expired, lock_released, outbox_published, skipped",
+    ),
+    counter(
+        "txgate_delivery_attempts_total",
+        &["result"],
+        "Webhook delivery attempts by result (success: a 2xx; failure: anything else)",
+    ),
+    counter(
+        "txgate_deliveries_total",
+        &["outcome"],
+        "Deliveries by outcome: delivered, retrying (an attempt failed, another is scheduled), dead (given up)",
+    ),
+    histogram(
+        "txgate_delivery_lag_seconds",
+        &[],
+        LAG,
+        "Time from a delivery's creation (its commit) to its successful attempt",
+    ),
+    counter(
+        "txgate_deliveries_parked_total",
+        &["reason"],
+        "Deliveries set aside because their destination had all its slots in use (destination_full)",
+    ),
+    gauge("txgate_event_streams_open", &[], "Server-Sent Event streams open on this instance"),
+    counter(
+        "txgate_ttl_deletions_total",
+        &["reason"],
+        "Documents expired by the TTL sweeper, by reason (max_age, max_count)",
+    ),
+    counter(
+        "txgate_purged_total",
+        &["what"],
+        "Finished records purged after their retention (transactions, idempotency_keys, deliveries)",
+    ),
+    histogram(
+        "txgate_store_operation_duration_seconds",
+        &["operation"],
+        LATENCY,
+        "Store operations by kind (get, scan, insert, replace, update, delete, append, write_in_order, ...)",
+    ),
+    counter(
+        "txgate_store_errors_total",
+        &["operation"],
+        "Store operations that failed or missed the store deadline, by kind",
+    ),
+];
+
+/// Series that exist at zero from the start, so that a rate or an alert
+/// on them has data before the first event (label-less families too).
+const AT_ZERO: &[(&str, &[&str])] = &[
+    ("txgate_transactions_total", &["committed"]),
+    ("txgate_transactions_total", &["aborted"]),
+    ("txgate_transactions_total", &["error"]),
+    ("txgate_deliveries_total", &["delivered"]),
+    ("txgate_deliveries_total", &["retrying"]),
+    ("txgate_deliveries_total", &["dead"]),
+    ("txgate_delivery_attempts_total", &["success"]),
+    ("txgate_delivery_attempts_total", &["failure"]),
+];
+
+/// A counter whose total is kept elsewhere and read at each scrape.
+struct Sampled {
+    counter: IntCounter,
+    read: Box<dyn Fn() -> u64 + Send + Sync>,
+}
+
+impl Collector for Sampled {
+    fn desc(&self) -> Vec<&Desc> {
+        self.counter.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let (now, seen) = ((self.read)(), self.counter.get());
+        if now > seen {
+            self.counter.inc_by(now - seen);
+        }
+        self.counter.collect()
+    }
+}
+
+/// The metric families of one gateway, in their own registry.
 pub struct Metrics {
-    counters: Mutex<BTreeMap<Key, u64>>,
-    /// Sum and count of observed durations, in seconds, per `(name, label)`.
-    timings: Mutex<BTreeMap<Key, (f64, u64)>>,
+    registry: Registry,
+    counters: HashMap<&'static str, IntCounterVec>,
+    gauges: HashMap<&'static str, IntGaugeVec>,
+    histograms: HashMap<&'static str, HistogramVec>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let registry = Registry::new();
+        let (mut counters, mut gauges, mut histograms) = (HashMap::new(), HashMap::new(), HashMap::new());
+        for f in FAMILIES {
+            let opts = Opts::new(f.name, f.help);
+            match f.kind {
+                Kind::Counter => {
+                    let vec = IntCounterVec::new(opts, f.labels).expect("a valid counter");
+                    registry.register(Box::new(vec.clone())).expect("declared once");
+                    if f.labels.is_empty() {
+                        vec.with_label_values::<&str>(&[]);
+                    }
+                    counters.insert(f.name, vec);
+                }
+                Kind::Gauge => {
+                    let vec = IntGaugeVec::new(opts, f.labels).expect("a valid gauge");
+                    registry.register(Box::new(vec.clone())).expect("declared once");
+                    if f.labels.is_empty() {
+                        vec.with_label_values::<&str>(&[]);
+                    }
+                    gauges.insert(f.name, vec);
+                }
+                Kind::Histogram(buckets) => {
+                    let opts = HistogramOpts::from(opts).buckets(buckets.to_vec());
+                    let vec = HistogramVec::new(opts, f.labels).expect("a valid histogram");
+                    registry.register(Box::new(vec.clone())).expect("declared once");
+                    if f.labels.is_empty() {
+                        vec.with_label_values::<&str>(&[]);
+                    }
+                    histograms.insert(f.name, vec);
+                }
+            }
+        }
+        for (name, labels) in AT_ZERO {
+            counters[name].with_label_values(labels);
+        }
+        Self { registry, counters, gauges, histograms }
+    }
+}
+
+/// Holds one unit of a gauge until dropped (a request in flight, an open
+/// stream).
+pub struct Held(IntGauge);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Metrics {
+    fn counter(&self, name: &'static str) -> &IntCounterVec {
+        self.counters.get(name).unwrap_or_else(|| panic!("counter {name} is not declared in FAMILIES"))
+    }
+
+    /// Add `n` to counter `name` at `labels` (one value per label key).
+    pub fn count(&self, name: &'static str, labels: &[&str], n: u64) {
+        self.counter(name).with_label_values(labels).inc_by(n);
+    }
+
+    /// Add one to single-label counter `name` at `label`.
     pub fn incr(&self, name: &'static str, label: &str) {
-        self.add(name, label, 1);
+        self.count(name, &[label], 1);
     }
 
     pub fn add(&self, name: &'static str, label: &str, n: u64) {
-        *self.counters.lock().expect("metrics").entry((name, label.to_owned())).or_default() += n;
+        self.count(name, &[label], n);
     }
 
-    pub fn observe(&self, name: &'static str, label: &str, duration: Duration) {
-        let mut timings = self.timings.lock().expect("metrics");
-        let entry = timings.entry((name, label.to_owned())).or_default();
-        entry.0 += duration.as_secs_f64();
-        entry.1 += 1;
+    /// Record `duration` in histogram `name` at `labels`.
+    pub fn observe(&self, name: &'static str, labels: &[&str], duration: Duration) {
+        self.histograms
+            .get(name)
+            .unwrap_or_else(|| panic!("histogram {name} is not declared in FAMILIES"))
+            .with_label_values(labels)
+            .observe(duration.as_secs_f64());
     }
 
-    pub fn get(&self, name: &'static str, label: &str) -> u64 {
-        self.counters.lock().expect("metrics").get(&(name, label.to_owned())).copied().unwrap_or(0)
+    /// One more of label-less gauge `name` until the guard is dropped.
+    pub fn hold(&self, name: &'static str) -> Held {
+        let gauge = self
+            .gauges
+            .get(name)
+            .unwrap_or_else(|| panic!("gauge {name} is not declared in FAMILIES"))
+            .with_label_values::<&str>(&[]);
+        gauge.inc();
+        Held(gauge)
+    }
+
+    /// Counter `name` at `labels` as it stands (tests, logs).
+    pub fn get(&self, name: &'static str, labels: &[&str]) -> u64 {
+        self.counter(name).with_label_values(labels).get()
     }
 
     pub fn aborted(&self, reason: &str) {
@@ -44,17 +303,86 @@ impl Metrics {
         self.incr("txgate_recovery_actions_total", kind);
     }
 
-    /// Every counter, for exposition and tests.
-    pub fn snapshot(&self) -> Vec<(String, String, u64)> {
-        self.counters.lock().expect("metrics").iter().map(|((n, l), v)| ((*n).to_owned(), l.clone(), *v)).collect()
+    /// Expose a counter whose total `read` tells at each scrape (the store's
+    /// syncs, the events this instance appended).
+    pub fn sampled(&self, name: &'static str, help: &'static str, read: impl Fn() -> u64 + Send + Sync + 'static) {
+        let counter = IntCounter::new(name, help).expect("a valid counter");
+        let sampled = Sampled { counter, read: Box::new(read) };
+        if let Err(err) = self.registry.register(Box::new(sampled)) {
+            tracing::warn!(metric = name, error = %err, "metric not registered");
+        }
     }
 
-    pub fn timings(&self) -> Vec<(String, String, f64, u64)> {
-        self.timings
-            .lock()
-            .expect("metrics")
-            .iter()
-            .map(|((n, l), (sum, count))| ((*n).to_owned(), l.clone(), *sum, *count))
+    /// Every counter with a value: name, labels (`key="value",...`) and
+    /// total (the bench's counters).
+    pub fn counters(&self) -> Vec<(String, String, u64)> {
+        self.samples(MetricType::COUNTER, |m| m.get_counter().get_value() as u64)
+            .into_iter()
+            .filter(|(_, _, v)| *v > 0)
             .collect()
+    }
+
+    /// Every histogram's sum (seconds) and count, as [`Metrics::counters`].
+    pub fn timings(&self) -> Vec<(String, String, f64, u64)> {
+        self.samples(MetricType::HISTOGRAM, |m| {
+            (m.get_histogram().get_sample_sum(), m.get_histogram().get_sample_count())
+        })
+        .into_iter()
+        .filter(|(_, _, (_, count))| *count > 0)
+        .map(|(n, l, (sum, count))| (n, l, sum, count))
+        .collect()
+    }
+
+    fn samples<T>(&self, kind: MetricType, value: impl Fn(&Metric) -> T) -> Vec<(String, String, T)> {
+        let mut out = Vec::new();
+        for family in self.registry.gather().iter().filter(|f| f.get_field_type() == kind) {
+            for m in family.get_metric() {
+                let labels: Vec<String> =
+                    m.get_label().iter().map(|l| format!("{}={:?}", l.name(), l.value())).collect();
+                out.push((family.name().to_owned(), labels.join(","), value(m)));
+            }
+        }
+        out
+    }
+
+    /// Every family in the Prometheus text format (version 0.0.4).
+    pub fn render(&self) -> String {
+        let families = self.registry.gather();
+        prometheus::TextEncoder::new().encode_to_string(&families).unwrap_or_else(|err| {
+            tracing::error!(error = %err, "cannot encode the metrics");
+            String::new()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn families_render_with_their_labels() {
+        let m = Metrics::default();
+        m.incr("txgate_conflicts_total", "version_conflict");
+        m.count("txgate_http_requests_total", &["GET", "/v1/events", "200"], 2);
+        m.count("txgate_lock_waits_total", &[], 1);
+        m.observe("txgate_store_operation_duration_seconds", &["get"], Duration::from_millis(3));
+        let streams = m.hold("txgate_event_streams_open");
+        let total = Arc::new(std::sync::atomic::AtomicU64::new(5));
+        let read = Arc::clone(&total);
+        m.sampled("txgate_store_syncs_total", "syncs", move || read.load(std::sync::atomic::Ordering::Relaxed));
+        let text = m.render();
+        assert!(text.contains("txgate_conflicts_total{code=\"version_conflict\"} 1"), "{text}");
+        assert!(text.contains("txgate_http_requests_total{method=\"GET\",route=\"/v1/events\",status=\"200\"} 2"));
+        assert!(text.contains("txgate_lock_waits_total 1"));
+        assert!(text.contains("txgate_store_operation_duration_seconds_bucket{operation=\"get\",le=\"0.005\"} 1"));
+        assert!(text.contains("txgate_event_streams_open 1"));
+        assert!(text.contains("txgate_store_syncs_total 5"));
+        drop(streams);
+        total.store(9, std::sync::atomic::Ordering::Relaxed);
+        let text = m.render();
+        assert!(text.contains("txgate_event_streams_open 0") && text.contains("txgate_store_syncs_total 9"), "{text}");
+        assert!(FAMILIES.iter().all(|f| f.name.starts_with("txgate_")));
     }
 }

@@ -60,6 +60,10 @@ pub struct Subscription {
     /// Only these event types; all when `None`.
     #[serde(default)]
     pub types: Option<Vec<EventType>>,
+    /// Created with an API key limited to these collections: only events
+    /// telling of nothing else are delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<Vec<String>>,
     pub created_at: DateTime,
     /// The log position up to which its events are recorded as deliveries.
     pub position: i64,
@@ -75,7 +79,7 @@ impl Subscription {
     }
 
     pub fn filter(&self) -> Filter {
-        Filter { collections: self.collections.clone(), types: self.types.clone() }
+        Filter { collections: self.collections.clone(), types: self.types.clone(), within: self.within.clone() }
     }
 
     fn position(&self) -> u64 {
@@ -106,13 +110,10 @@ impl Subscriptions {
     }
 
     /// A new subscription to `url`, receiving the events appended from now
-    /// on. Synced: a subscription the client was told about survives.
-    pub async fn create(
-        &self,
-        url: String,
-        collections: Option<Vec<String>>,
-        types: Option<Vec<EventType>>,
-    ) -> StoreResult<Subscription> {
+    /// on that `filter` wants. Synced: a subscription the client was told
+    /// about survives.
+    pub async fn create(&self, url: String, filter: Filter) -> StoreResult<Subscription> {
+        let Filter { collections, types, within } = filter;
         // The end of the log; after a purge of all of it, the floor.
         let head = self.log.head().await?.max(self.log.floor().await?);
         let position = i64::try_from(head).unwrap_or(i64::MAX);
@@ -121,6 +122,7 @@ impl Subscriptions {
             url,
             collections,
             types,
+            within,
             created_at: self.hooks.clock.now(),
             position,
         };

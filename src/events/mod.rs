@@ -123,12 +123,16 @@ pub struct Batch {
 pub struct Filter {
     pub collections: Option<Vec<String>>,
     pub types: Option<Vec<EventType>>,
+    /// The collections the reader may see (an API key limited to some):
+    /// an event telling of any other is left out.
+    pub within: Option<Vec<String>>,
 }
 
 impl Filter {
     pub fn wants(&self, event: &Event) -> bool {
         self.types.as_ref().is_none_or(|t| t.contains(&event.kind))
             && self.collections.as_ref().is_none_or(|c| event.touches(c))
+            && self.within.as_ref().is_none_or(|w| event.within(w))
     }
 }
 
@@ -204,6 +208,8 @@ pub struct Log {
     store: DynStore,
     cfg: EventsConfig,
     appended: watch::Sender<u64>,
+    /// Events appended by this process.
+    written: Arc<std::sync::atomic::AtomicU64>,
     recent: std::sync::Mutex<Recent>,
     /// Held by the reader filling [`Recent`] from the store.
     filling: tokio::sync::Mutex<()>,
@@ -216,11 +222,13 @@ impl Log {
     /// log's readers wake when an append lands.
     pub fn new(store: DynStore, cfg: EventsConfig) -> (Arc<Self>, DynStore) {
         let appended = watch::Sender::new(0);
-        let tapped: DynStore = Arc::new(tap::Tap::new(store, appended.clone()));
+        let written = Arc::default();
+        let tapped: DynStore = Arc::new(tap::Tap::new(store, appended.clone(), Arc::clone(&written)));
         let log = Self {
             store: Arc::clone(&tapped),
             cfg,
             appended,
+            written,
             recent: std::sync::Mutex::default(),
             filling: tokio::sync::Mutex::new(()),
             floor_seen: std::sync::atomic::AtomicU64::new(0),
@@ -235,6 +243,11 @@ impl Log {
     /// A receiver that changes whenever this process appended to the log.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.appended.subscribe()
+    }
+
+    /// Events this process appended to the log so far.
+    pub fn appended(&self) -> u64 {
+        self.written.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The last position purged; a cursor before it is expired.

@@ -106,6 +106,16 @@ impl Event {
             (None, None) => false,
         }
     }
+
+    /// Whether everything the event tells of lies in `collections` (a
+    /// transaction's event: every member does).
+    pub fn within(&self, collections: &[String]) -> bool {
+        match (&self.collection, &self.members) {
+            (Some(c), _) => collections.contains(c),
+            (None, Some(members)) => members.iter().all(|m| collections.contains(&m.collection)),
+            (None, None) => false,
+        }
+    }
 }
 
 /// The event id of document `id` of `coll` at `version`.

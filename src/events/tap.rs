@@ -2,6 +2,9 @@
 //! the event log has landed, so that streams wake at once instead of
 //! polling (appends by other instances are found by a stream's poll).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use async_trait::async_trait;
 use tokio::sync::watch;
 
@@ -12,14 +15,18 @@ use super::EVENTS;
 pub struct Tap {
     inner: DynStore,
     appended: watch::Sender<u64>,
+    /// Events appended through this layer (`txgate_events_written_total`).
+    written: Arc<AtomicU64>,
 }
 
 impl Tap {
-    pub fn new(inner: DynStore, appended: watch::Sender<u64>) -> Self {
-        Self { inner, appended }
+    pub fn new(inner: DynStore, appended: watch::Sender<u64>, written: Arc<AtomicU64>) -> Self {
+        Self { inner, appended, written }
     }
 
-    fn wake(&self) {
+    /// The log changed (`events` appended): readers wake.
+    fn wake(&self, events: u64) {
+        self.written.fetch_add(events, Ordering::Relaxed);
         self.appended.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
@@ -36,30 +43,36 @@ impl Store for Tap {
         self.inner.get(coll, id).await
     }
     async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
-        let log = coll == EVENTS;
+        let (log, append) = (coll == EVENTS, matches!(write, Write::Append(_)));
         let done = self.inner.write(coll, write, durability).await?;
         if log && done {
-            self.wake();
+            self.wake(u64::from(append));
         }
         Ok(done)
     }
     async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
-        let log = writes.iter().any(|(coll, _)| *coll == EVENTS);
+        let logged: Vec<(bool, bool)> =
+            writes.iter().map(|(coll, w)| (*coll == EVENTS, matches!(w, Write::Append(_)))).collect();
         let applied = self.inner.write_in_order(writes, durability).await?;
-        if log && applied > 0 {
-            self.wake();
+        let logged = &logged[..applied.min(logged.len())];
+        if logged.iter().any(|(log, _)| *log) {
+            self.wake(logged.iter().filter(|(log, append)| *log && *append).count() as u64);
         }
         Ok(applied)
     }
     async fn append_all(&self, coll: &str, records: Vec<Record>) -> StoreResult<Vec<bool>> {
         let appended = self.inner.append_all(coll, records).await?;
-        if coll == EVENTS && appended.iter().any(|a| *a) {
-            self.wake();
+        let n = appended.iter().filter(|a| **a).count() as u64;
+        if coll == EVENTS && n > 0 {
+            self.wake(n);
         }
         Ok(appended)
     }
     fn chains_cheaply(&self) -> bool {
         self.inner.chains_cheaply()
+    }
+    fn syncs(&self) -> Option<u64> {
+        self.inner.syncs()
     }
     async fn sync(&self) -> StoreResult<()> {
         self.inner.sync().await

@@ -434,11 +434,11 @@ impl Sender {
             (DeliveryStatus::Delivered, _) => {
                 metrics.incr("txgate_deliveries_total", "delivered");
                 let lag = finished.timestamp_millis().saturating_sub(since.timestamp_millis()).max(0);
-                metrics.observe("txgate_delivery_lag_seconds", "delivered", Duration::from_millis(lag as u64));
+                metrics.observe("txgate_delivery_lag_seconds", &[], Duration::from_millis(lag as u64));
                 tracing::debug!(status_code = code, duration_ms = ms, "delivered");
             }
             (_, Some(next)) => {
-                metrics.incr("txgate_deliveries_total", "failed");
+                metrics.incr("txgate_deliveries_total", "retrying");
                 self.hooks.queue.push(&d.id, next.timestamp_millis());
                 tracing::info!(
                     status_code = code,

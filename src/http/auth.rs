@@ -1,14 +1,24 @@
 //! API keys: `Authorization: Bearer <key>` checked against the configured
-//! keys and their scopes. Reads need `read`, writes `write`, operator
+//! keys and their grants. Reads need `read`, writes `write`, operator
 //! actions `admin`; `admin` implies the others and `write` implies `read`.
-//! Health, readiness and the API description are public.
+//! A grant may be limited to one collection (`read@orders`). Health,
+//! readiness and the API description are public.
+//!
+//! Where a route names its collection in the path, the middleware checks
+//! the grant for it. Where the collections are in the body, the query or
+//! the stored record (transactions, events, subscriptions, lists), the
+//! handler checks them through the caller's [`Access`]. Every other route
+//! (deliveries, `/metrics`) needs a grant on every collection.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, MatchedPath, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
 
 use super::error::{ApiError, ProblemCode};
 
@@ -28,35 +38,115 @@ impl Scope {
             _ => None,
         }
     }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Write => "write",
+            Scope::Admin => "admin",
+        }
+    }
+}
+
+/// A scope, on every collection or on one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub scope: Scope,
+    pub collection: Option<String>,
+}
+
+impl Grant {
+    fn parse(spec: &str) -> Result<Self, String> {
+        let (scope, collection) = match spec.split_once('@') {
+            Some((scope, coll)) => (scope, Some(coll)),
+            None => (spec, None),
+        };
+        let scope = Scope::parse(scope)
+            .ok_or_else(|| format!("unknown scope {scope:?} (read, write, admin; or scope@collection)"))?;
+        if let Some(coll) = collection
+            && !crate::documents::rules::is_collection_name(coll)
+        {
+            return Err(format!("{spec:?}: {coll:?} is not a collection name (^[a-zA-Z][a-zA-Z0-9_-]{{0,63}}$)"));
+        }
+        Ok(Grant { scope, collection: collection.map(str::to_owned) })
+    }
+
+    fn covers(&self, needed: Scope, collection: Option<&str>) -> bool {
+        self.scope >= needed
+            && match (&self.collection, collection) {
+                (None, _) => true,
+                (Some(own), Some(c)) => own == c,
+                (Some(_), None) => false,
+            }
+    }
 }
 
 #[derive(Clone, Debug)]
 pub struct ApiKey {
     pub key: String,
-    pub scopes: Vec<Scope>,
+    pub grants: Vec<Grant>,
 }
 
-impl ApiKey {
-    fn allows(&self, needed: Scope) -> bool {
-        self.scopes.iter().any(|s| *s >= needed)
+/// One key as the TOML file may give it: `{ key = "...", scopes = ["read@orders"] }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyEntry {
+    pub key: String,
+    pub scopes: Vec<String>,
+}
+
+/// `TXGATE_API_KEYS` (or `api_keys` in the TOML file): the string form,
+/// or, in the file, a list of `{ key, scopes }` tables.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum KeysSetting {
+    Spec(String),
+    Table(Vec<KeyEntry>),
+}
+
+impl std::str::FromStr for KeysSetting {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(KeysSetting::Spec(s.to_owned()))
     }
 }
 
-/// Parse `key:scope[+scope],...`.
+impl KeysSetting {
+    /// The keys, or why not; `None` when the setting names none (unset).
+    pub fn keys(&self) -> Result<Option<Vec<ApiKey>>, String> {
+        match self {
+            KeysSetting::Spec(spec) if spec.trim().is_empty() => Ok(None),
+            KeysSetting::Spec(spec) => parse_keys(spec).map(Some),
+            KeysSetting::Table(entries) if entries.is_empty() => Err("api_keys is set but names no key".into()),
+            KeysSetting::Table(entries) => entries
+                .iter()
+                .map(|e| key(&e.key, &e.scopes.iter().map(String::as_str).collect::<Vec<_>>()))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+        }
+    }
+}
+
+fn key(key: &str, scopes: &[&str]) -> Result<ApiKey, String> {
+    if key.len() < 16 {
+        return Err(format!("API key {:?} is too short: use at least 16 characters", redact(key)));
+    }
+    if scopes.is_empty() {
+        return Err(format!("API key {:?} has no scope", redact(key)));
+    }
+    let grants = scopes.iter().map(|s| Grant::parse(s.trim())).collect::<Result<Vec<_>, _>>()?;
+    Ok(ApiKey { key: key.to_owned(), grants })
+}
+
+/// Parse `key:grant[+grant],...` where a grant is `scope` or
+/// `scope@collection`.
 pub fn parse_keys(spec: &str) -> Result<Vec<ApiKey>, String> {
     let mut keys = Vec::new();
     for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let (key, scopes) = entry
+        let (k, scopes) = entry
             .rsplit_once(':')
             .ok_or_else(|| format!("API key entry {:?} must be key:scope[+scope]", redact(entry)))?;
-        if key.len() < 16 {
-            return Err(format!("API key {:?} is too short: use at least 16 characters", redact(key)));
-        }
-        let scopes = scopes
-            .split('+')
-            .map(|s| Scope::parse(s.trim()).ok_or_else(|| format!("unknown scope {s:?} (read, write, admin)")))
-            .collect::<Result<Vec<_>, _>>()?;
-        keys.push(ApiKey { key: key.to_owned(), scopes });
+        keys.push(key(k, &scopes.split('+').collect::<Vec<_>>())?);
     }
     if keys.is_empty() {
         return Err("TXGATE_API_KEYS is set but names no key".into());
@@ -72,6 +162,71 @@ fn redact(key: &str) -> String {
 /// idempotency keys and for logs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller(pub String);
+
+/// What the caller may do, for handlers that find the collections a
+/// request touches in its body, query or stored records. Without keys
+/// configured: everything.
+#[derive(Clone, Debug, Default)]
+pub struct Access {
+    /// `None`: no keys configured.
+    grants: Option<Arc<[Grant]>>,
+}
+
+impl Access {
+    pub fn allows(&self, needed: Scope, collection: &str) -> bool {
+        self.grants.as_ref().is_none_or(|g| g.iter().any(|g| g.covers(needed, Some(collection))))
+    }
+
+    /// Whether `needed` is granted on every collection.
+    pub fn everywhere(&self, needed: Scope) -> bool {
+        self.grants.as_ref().is_none_or(|g| g.iter().any(|g| g.covers(needed, None)))
+    }
+
+    /// The collections `needed` is granted on; `None`: every collection.
+    pub fn collections(&self, needed: Scope) -> Option<Vec<String>> {
+        if self.everywhere(needed) {
+            return None;
+        }
+        let grants = self.grants.as_deref().unwrap_or_default();
+        let mut names: Vec<String> =
+            grants.iter().filter(|g| g.scope >= needed).filter_map(|g| g.collection.clone()).collect();
+        names.sort();
+        names.dedup();
+        Some(names)
+    }
+
+    /// 403 unless `needed` is granted on `collection`.
+    pub fn check(&self, needed: Scope, collection: &str) -> Result<(), ApiError> {
+        if self.allows(needed, collection) { Ok(()) } else { Err(forbidden(needed, Some(collection))) }
+    }
+
+    /// 403 unless `needed` is granted on every one of `collections`.
+    pub fn check_all<'a>(&self, needed: Scope, collections: impl IntoIterator<Item = &'a str>) -> Result<(), ApiError> {
+        collections.into_iter().try_for_each(|c| self.check(needed, c))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Access {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<Access>().cloned().unwrap_or_default())
+    }
+}
+
+/// 403 for a key without `needed` (on `collection`, or on every one).
+pub fn forbidden(needed: Scope, collection: Option<&str>) -> ApiError {
+    let scope = needed.as_str();
+    let detail = match collection {
+        Some(c) => format!("the API key lacks the {scope} scope on collection {c:?}"),
+        None => format!("this needs the {scope} scope on every collection; the API key has it on some or none"),
+    };
+    let err = ApiError::new(StatusCode::FORBIDDEN, ProblemCode::Forbidden, detail).with("required_scope", scope);
+    match collection {
+        Some(c) => err.with("collection", c),
+        None => err,
+    }
+}
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0_u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -89,8 +244,20 @@ fn needed_scope(method: &Method, path: &str) -> Option<Scope> {
     })
 }
 
+/// Routes whose handlers check the collections they touch (in the body,
+/// the query or the records they read) through [`Access`].
+const CHECKED_BY_HANDLER: &[&str] = &[
+    "/v1/collections",
+    "/v1/transactions",
+    "/v1/transactions/{id}",
+    "/v1/transactions/{id}/abort",
+    "/v1/events",
+    "/v1/subscriptions",
+    "/v1/subscriptions/{id}",
+];
+
 /// Middleware: authenticate and authorize every API request.
-pub async fn require_key(State(keys): State<Arc<Vec<ApiKey>>>, mut req: Request, next: Next) -> Response {
+pub async fn require_key(State(keys): State<Arc<Vec<ApiKey>>>, req: Request, next: Next) -> Response {
     let Some(needed) = needed_scope(req.method(), req.uri().path()) else { return next.run(req).await };
     let token = req
         .headers()
@@ -104,18 +271,37 @@ pub async fn require_key(State(keys): State<Arc<Vec<ApiKey>>>, mut req: Request,
     let Some(key) = keys.iter().find(|k| constant_time_eq(k.key.as_bytes(), token.as_bytes())) else {
         return unauthorized("the API key is not valid");
     };
-    if !key.allows(needed) {
-        let scope = format!("{needed:?}").to_lowercase();
-        return ApiError::new(
-            StatusCode::FORBIDDEN,
-            ProblemCode::Forbidden,
-            format!("the API key lacks the {scope} scope"),
-        )
-        .with("required_scope", scope)
-        .into_response();
+    let access = Access { grants: Some(key.grants.clone().into()) };
+    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned()).unwrap_or_default();
+    let (mut parts, body) = req.into_parts();
+    let collection = if route.contains("{collection}") {
+        match Path::<HashMap<String, String>>::from_request_parts(&mut parts, &()).await {
+            Ok(Path(params)) => params.get("collection").cloned(),
+            // Not decodable: the handler would refuse it too.
+            Err(rejection) => return rejection.into_response(),
+        }
+    } else {
+        None
+    };
+    let allowed = match &collection {
+        Some(c) => access.check(needed, c),
+        // The handler checks each collection; here, that some are granted.
+        None if CHECKED_BY_HANDLER.contains(&route.as_str()) => {
+            if key.grants.iter().any(|g| g.scope >= needed) {
+                Ok(())
+            } else {
+                Err(forbidden(needed, None))
+            }
+        }
+        None if access.everywhere(needed) => Ok(()),
+        None => Err(forbidden(needed, None)),
+    };
+    if let Err(err) = allowed {
+        return err.into_response();
     }
-    req.extensions_mut().insert(Caller(redact(&key.key)));
-    next.run(req).await
+    parts.extensions.insert(Caller(redact(&key.key)));
+    parts.extensions.insert(access);
+    next.run(Request::from_parts(parts, body)).await
 }
 
 fn unauthorized(detail: &str) -> Response {
@@ -130,10 +316,25 @@ mod tests {
 
     #[test]
     fn parses_keys_and_scopes() {
-        let keys = parse_keys("abcdefghijklmnop:read, qrstuvwxyz012345:write+admin").unwrap();
-        assert_eq!(keys.len(), 2);
-        assert!(keys[0].allows(Scope::Read) && !keys[0].allows(Scope::Write));
-        assert!(keys[1].allows(Scope::Read) && keys[1].allows(Scope::Admin));
+        let keys = parse_keys(
+            "abcdefghijklmnop:read, qrstuvwxyz012345:write+admin, orders-key-0123456:read@orders+write@carts",
+        )
+        .unwrap();
+        assert_eq!(keys.len(), 3);
+        let access = |k: &ApiKey| Access { grants: Some(k.grants.clone().into()) };
+        let (reader, admin, orders) = (access(&keys[0]), access(&keys[1]), access(&keys[2]));
+        assert!(reader.everywhere(Scope::Read) && !reader.everywhere(Scope::Write));
+        assert!(admin.everywhere(Scope::Read) && admin.everywhere(Scope::Admin));
+        assert!(orders.allows(Scope::Read, "orders") && !orders.allows(Scope::Write, "orders"));
+        assert!(orders.allows(Scope::Read, "carts") && orders.allows(Scope::Write, "carts"));
+        assert!(!orders.allows(Scope::Read, "payments") && !orders.everywhere(Scope::Read));
+        assert_eq!(orders.collections(Scope::Read), Some(vec!["carts".to_owned(), "orders".to_owned()]));
+        assert_eq!(orders.collections(Scope::Write), Some(vec!["carts".to_owned()]));
+        assert_eq!(reader.collections(Scope::Read), None);
+        assert!(Access::default().everywhere(Scope::Admin), "no keys: everything");
+        assert!(parse_keys("abcdefghijklmnop:read@_txns").is_err(), "reserved names are not collections");
+        assert!(parse_keys("abcdefghijklmnop:read@").is_err());
+        assert!(parse_keys("abcdefghijklmnop:root@orders").is_err());
         assert!(parse_keys("short:read").is_err());
         assert!(parse_keys("abcdefghijklmnop:root").is_err());
         assert!(parse_keys("abcdefghijklmnop").is_err());

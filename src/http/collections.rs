@@ -9,6 +9,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
+use super::auth::{Access, Scope};
 use super::contract::{Collection as CollectionName, Cursor};
 use super::documents::{CollectionPath, ListQuery, encode_cursor, paging};
 use super::error::ApiError;
@@ -171,7 +172,9 @@ pub async fn get_collection(
 /// List collections
 ///
 /// Every collection that holds or held documents, or has a TTL policy, by
-/// name, with its policy and its number of live documents.
+/// name, with its policy and its number of live documents. An API key
+/// limited to some collections lists those (a page may then hold fewer
+/// than `limit`; follow `next`).
 #[utoipa::path(
     get,
     path = "/v1/collections",
@@ -184,12 +187,14 @@ pub async fn get_collection(
 )]
 pub async fn list_collections(
     State(state): State<AppState>,
+    access: Access,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<CollectionListOut>, ApiError> {
     let (limit, after) = paging(query.limit, query.after.as_deref())?;
     let (items, next) = state.collections.list(after.as_deref(), limit).await?;
     Ok(axum::Json(CollectionListOut {
-        items: items.into_iter().map(CollectionOut::from).collect(),
+        // A key limited to some collections lists those.
+        items: items.into_iter().filter(|c| access.allows(Scope::Read, &c.name)).map(CollectionOut::from).collect(),
         next: next.as_deref().map(encode_cursor),
     }))
 }

@@ -24,6 +24,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
+use super::auth::{Access, Scope};
 use super::contract::LastEventId;
 use super::error::{ApiError, ProblemCode};
 use super::extract::ApiQuery;
@@ -78,8 +79,10 @@ pub struct EventPage {
     pub next: u64,
 }
 
-/// The filter of `query`.
-fn filter(query: &EventsQuery) -> Result<Filter, ApiError> {
+/// The filter of `query`, for a caller with `access`: a key limited to
+/// some collections may name only those, and sees only events telling of
+/// nothing else.
+fn filter(query: &EventsQuery, access: &Access) -> Result<Filter, ApiError> {
     let collections = query
         .collections
         .as_deref()
@@ -89,7 +92,8 @@ fn filter(query: &EventsQuery) -> Result<Filter, ApiError> {
         // Strict, as the description's pattern: no empty or padded parts.
         Some(s) => Some(s.split(',').map(|t| event_type(t, "/query/types")).collect::<Result<Vec<_>, _>>()?),
     };
-    Ok(Filter { collections, types })
+    access.check_all(Scope::Read, collections.iter().flatten().map(String::as_str))?;
+    Ok(Filter { collections, types, within: access.collections(Scope::Read) })
 }
 
 /// Event type `t`, or why not (at `pointer`).
@@ -132,7 +136,10 @@ fn wants_json(headers: &HeaderMap) -> bool {
 /// `next` as `after` for the following page.
 ///
 /// Only committed changes appear, each once per position. A cursor older
-/// than the event retention answers 410 `cursor_expired`.
+/// than the event retention answers 410 `cursor_expired`. An API key
+/// limited to some collections may filter by those only, and sees only
+/// events that tell of nothing else (not a transaction's with a member
+/// elsewhere).
 #[utoipa::path(
     get,
     path = "/v1/events",
@@ -151,10 +158,11 @@ fn wants_json(headers: &HeaderMap) -> bool {
 )]
 pub async fn events(
     State(state): State<AppState>,
+    access: Access,
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
-    let filter = filter(&query)?;
+    let filter = filter(&query, &access)?;
     let last_event_id = headers.get("last-event-id");
     let from_header = match last_event_id {
         None => None,
@@ -208,6 +216,7 @@ pub async fn events(
         appended: state.events.subscribe(),
         stop: state.stop.clone(),
         idle_since: tokio::time::Instant::now(),
+        _open: state.metrics.hold("txgate_event_streams_open"),
     };
     let stream = futures::stream::unfold(reader, Reader::next);
     Ok((
@@ -257,6 +266,8 @@ struct Reader {
     stop: CancellationToken,
     /// When the stream last sent something.
     idle_since: tokio::time::Instant,
+    /// Counts the stream as open until it is dropped.
+    _open: crate::metrics::Held,
 }
 
 impl Reader {

@@ -2,7 +2,8 @@
 //! the concurrency limit (429 `overloaded`, never an unbounded queue) and,
 //! on a gateway without API keys, the DNS-rebinding guard (403 for a
 //! `Host` that is not a loopback name). Health and readiness checks pass
-//! both: a probe must see the process even when it sheds load.
+//! both: a probe must see the process even when it sheds load. A scrape of
+//! `/metrics` is not limited either: an overload is when it matters most.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use super::error::{ApiError, ProblemCode};
 /// How long a refused client is asked to wait.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
-fn exempt(path: &str) -> bool {
+fn probe(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz")
 }
 
@@ -28,7 +29,7 @@ fn exempt(path: &str) -> bool {
 /// request holds its permit until its response head is ready (an event
 /// stream's body then flows without one).
 pub async fn limit(State(permits): State<Arc<Semaphore>>, req: Request, next: Next) -> Response {
-    if exempt(req.uri().path()) {
+    if probe(req.uri().path()) || req.uri().path() == "/metrics" {
         return next.run(req).await;
     }
     let Ok(_permit) = permits.try_acquire() else {
@@ -51,7 +52,7 @@ pub async fn limit(State(permits): State<Arc<Semaphore>>, req: Request, next: Ne
 pub async fn loopback_host(req: Request, next: Next) -> Response {
     let host = req.headers().get(header::HOST).map(|h| h.to_str().unwrap_or("\u{fffd}")).or(req.uri().host());
     match host {
-        Some(host) if !exempt(req.uri().path()) && !is_loopback_host(host) => ApiError::new(
+        Some(host) if !probe(req.uri().path()) && !is_loopback_host(host) => ApiError::new(
             StatusCode::FORBIDDEN,
             ProblemCode::Forbidden,
             "without API keys the gateway answers only requests to a loopback name (localhost, 127.0.0.1, [::1])",

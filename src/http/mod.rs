@@ -10,6 +10,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod limits;
+pub mod observe;
 pub mod subscriptions;
 pub mod transactions;
 
@@ -41,6 +42,7 @@ pub struct AppState {
     pub events: Arc<crate::events::Log>,
     pub subscriptions: Arc<crate::subscriptions::Subscriptions>,
     pub collections: Arc<crate::collections::Collections>,
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Cancelled when the gateway shuts down: open event streams end.
     pub stop: tokio_util::sync::CancellationToken,
 }
@@ -101,6 +103,10 @@ pub fn router(
     let (routes, derived) = api();
     let spec = Arc::new(document_text(derived));
     let keyless = api_keys.is_empty();
+    let metrics = Arc::clone(&state.metrics);
+    // Behind the keys when there are any (a key with `read` on every
+    // collection scrapes it).
+    let routes = routes.route("/metrics", axum::routing::get(observe::metrics));
     let routes = if keyless {
         routes
     } else {
@@ -144,6 +150,7 @@ pub fn router(
                     );
                 }),
         )
+        .layer(axum::middleware::from_fn_with_state(metrics, observe::record))
         .with_state(state)
 }
 

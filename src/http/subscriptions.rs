@@ -11,6 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
+use super::auth::{Access, Scope};
 use super::contract::{Collection, Cursor, HookUrl};
 use super::documents::{ListQuery, encode_cursor, paging, present};
 use super::error::ApiError;
@@ -18,7 +19,7 @@ use super::events::event_type;
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body};
 use crate::clock::rfc3339;
 use crate::documents::rules::{Invalid, check_collection};
-use crate::events::EventType;
+use crate::events::{EventType, Filter};
 use crate::subscriptions::Subscription;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -152,7 +153,9 @@ fn check(input: &SubscriptionIn, state: &AppState) -> Result<Filters, ApiError> 
 /// and `webhook-signature` when a signing secret is configured. Failed
 /// attempts are retried with backoff, then dead-lettered; each delivery
 /// is listed under `/v1/deliveries`, and can be replayed there. One
-/// document's events are delivered in version order.
+/// document's events are delivered in version order. With an API key
+/// limited to some collections, `collections` may name those only, and
+/// only events that tell of nothing else are delivered.
 #[utoipa::path(
     post,
     path = "/v1/subscriptions",
@@ -166,11 +169,18 @@ fn check(input: &SubscriptionIn, state: &AppState) -> Result<Filters, ApiError> 
 )]
 pub async fn create_subscription(
     State(state): State<AppState>,
+    access: Access,
     JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     let input: SubscriptionIn = from_body(value, &[""])?;
     let (collections, types) = check(&input, &state)?;
-    let sub = state.subscriptions.create(input.url, collections, types).await?;
+    // A key limited to some collections subscribes to those only: the
+    // filter may not name others, and events telling of others are left
+    // out (a transaction's event with a member elsewhere).
+    access.check_all(Scope::Write, collections.iter().flatten().map(String::as_str))?;
+    let within = access.collections(Scope::Read);
+    let filter = Filter { collections, types, within };
+    let sub = state.subscriptions.create(input.url, filter).await?;
     let location = format!("/v1/subscriptions/{}", sub.id);
     let mut response = (StatusCode::CREATED, axum::Json(SubscriptionOut::from(sub))).into_response();
     if let Ok(value) = HeaderValue::from_str(&location) {
@@ -181,7 +191,9 @@ pub async fn create_subscription(
 
 /// List subscriptions
 ///
-/// In creation order.
+/// In creation order. An API key limited to some collections sees the
+/// subscriptions made with keys limited to those (a page may then hold
+/// fewer than `limit`; follow `next`).
 #[utoipa::path(
     get,
     path = "/v1/subscriptions",
@@ -194,12 +206,13 @@ pub async fn create_subscription(
 )]
 pub async fn list_subscriptions(
     State(state): State<AppState>,
+    access: Access,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<SubscriptionListOut>, ApiError> {
     let (limit, after) = paging(query.limit, query.after.as_deref())?;
     let (items, next) = state.subscriptions.list(after.as_deref(), limit).await?;
     Ok(axum::Json(SubscriptionListOut {
-        items: items.into_iter().map(SubscriptionOut::from).collect(),
+        items: items.into_iter().filter(|s| visible(s, &access, Scope::Read)).map(SubscriptionOut::from).collect(),
         next: next.as_deref().map(encode_cursor),
     }))
 }
@@ -220,9 +233,11 @@ pub async fn list_subscriptions(
 )]
 pub async fn get_subscription(
     State(state): State<AppState>,
+    access: Access,
     ApiPath(path): ApiPath<SubscriptionPath>,
 ) -> Result<axum::Json<SubscriptionOut>, ApiError> {
     let sub = state.subscriptions.get(&path.id).await?.ok_or_else(|| not_found(&path.id))?;
+    allowed(&sub, &access, Scope::Read)?;
     Ok(axum::Json(sub.into()))
 }
 
@@ -242,9 +257,31 @@ pub async fn get_subscription(
 )]
 pub async fn delete_subscription(
     State(state): State<AppState>,
+    access: Access,
     ApiPath(path): ApiPath<SubscriptionPath>,
 ) -> Result<StatusCode, ApiError> {
+    if !access.everywhere(Scope::Write) {
+        let sub = state.subscriptions.get(&path.id).await?.ok_or_else(|| not_found(&path.id))?;
+        allowed(&sub, &access, Scope::Write)?;
+    }
     if state.subscriptions.delete(&path.id).await? { Ok(StatusCode::NO_CONTENT) } else { Err(not_found(&path.id)) }
+}
+
+/// Whether the caller may see (`Read`) or delete (`Write`) `sub`. A
+/// subscription made with a key limited to some collections delivers
+/// events of those only: it needs `needed` on each of them. Any other may
+/// deliver events of every collection (a transaction's event lists all its
+/// members), so it needs `needed` everywhere.
+fn visible(sub: &Subscription, access: &Access, needed: Scope) -> bool {
+    allowed(sub, access, needed).is_ok()
+}
+
+fn allowed(sub: &Subscription, access: &Access, needed: Scope) -> Result<(), ApiError> {
+    match &sub.within {
+        None if access.everywhere(needed) => Ok(()),
+        None => Err(super::auth::forbidden(needed, None)),
+        Some(colls) => access.check_all(needed, colls.iter().map(String::as_str)),
+    }
 }
 
 fn not_found(id: &str) -> ApiError {

@@ -15,7 +15,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::auth::Caller;
+use super::auth::{Access, Caller, Scope};
 use super::contract::{
     AnyObject, AnyValue, Collection, Cursor, DocumentId, Fields, HookHeaders, HookUrl, IdempotencyKey, IncFields,
     SetFields, UnsetFields,
@@ -602,6 +602,7 @@ fn answer(status: StatusCode, body: Value) -> Response {
 pub async fn create_transaction(
     State(state): State<AppState>,
     caller: Option<Extension<Caller>>,
+    access: Access,
     headers: HeaderMap,
     JsonBody { value, raw }: JsonBody<Value>,
 ) -> Result<Response, ApiError> {
@@ -609,6 +610,11 @@ pub async fn create_transaction(
     let hash = body_hash(&value);
     let input: TransactionIn = from_body(value, &["", "/actions/*", "/hooks/*"])?;
     let plan = plan(input, &raw, key.clone(), &state)?;
+    // Every member within the key's collections, or nothing is done.
+    for (i, action) in plan.actions.iter().enumerate() {
+        let needed = if matches!(action.op, ActionOp::Check) { Scope::Read } else { Scope::Write };
+        access.check(needed, &action.collection).map_err(|e| e.with("action", i))?;
+    }
     let scoped = key.map(|k| format!("{}:{k}", caller.map_or_else(|| "-".to_owned(), |c| c.0.0.clone())));
     // From here on the request's life does not depend on its connection: a
     // client that hangs up (a closed tab, a proxy timeout) drops this
@@ -762,8 +768,12 @@ fn transaction_out(rec: &TxnRecord, deliveries: &[Option<Delivery>]) -> Transact
     }
 }
 
-async fn load(state: &AppState, id: &str) -> Result<TxnRecord, ApiError> {
-    state.engine.record(id).await?.ok_or_else(|| ApiError::not_found(format!("no transaction {id}")))
+/// Transaction `id`, when the caller has `needed` on all its members'
+/// collections.
+async fn load(state: &AppState, id: &str, access: &Access, needed: Scope) -> Result<TxnRecord, ApiError> {
+    let rec = state.engine.record(id).await?.ok_or_else(|| ApiError::not_found(format!("no transaction {id}")))?;
+    access.check_all(needed, rec.members.iter().map(|m| m.collection.as_str()))?;
+    Ok(rec)
 }
 
 /// Read a transaction
@@ -781,9 +791,10 @@ async fn load(state: &AppState, id: &str) -> Result<TxnRecord, ApiError> {
 )]
 pub async fn get_transaction(
     State(state): State<AppState>,
+    access: Access,
     ApiPath(path): ApiPath<TransactionPath>,
 ) -> Result<axum::Json<TransactionOut>, ApiError> {
-    let rec = load(&state, &path.id).await?;
+    let rec = load(&state, &path.id, &access, Scope::Read).await?;
     let deliveries = state.hooks.deliveries_of(&rec.id, rec.hook_count).await?;
     Ok(axum::Json(transaction_out(&rec, &deliveries)))
 }
@@ -791,7 +802,9 @@ pub async fn get_transaction(
 /// List transactions
 ///
 /// Oldest first; `status=pending` lists those not yet decided (operators
-/// hunting stuck work).
+/// hunting stuck work). An API key limited to some collections sees the
+/// transactions whose members all lie within them (a page may then hold
+/// fewer than `limit`; follow `next`).
 #[utoipa::path(
     get,
     path = "/v1/transactions",
@@ -804,6 +817,7 @@ pub async fn get_transaction(
 )]
 pub async fn list_transactions(
     State(state): State<AppState>,
+    access: Access,
     ApiQuery(query): ApiQuery<TransactionListQuery>,
 ) -> Result<axum::Json<TransactionListOut>, ApiError> {
     let status = match query.status.as_deref() {
@@ -823,7 +837,8 @@ pub async fn list_transactions(
     let (items, next) = state.engine.list_transactions(status, after.as_deref(), limit).await?;
     let next = next.as_deref().map(encode_cursor);
     let mut out = Vec::with_capacity(items.len());
-    for rec in &items {
+    // A key limited to some collections sees the transactions within them.
+    for rec in items.iter().filter(|r| r.members.iter().all(|m| access.allows(Scope::Read, &m.collection))) {
         let deliveries = state.hooks.deliveries_of(&rec.id, rec.hook_count).await?;
         out.push(transaction_out(rec, &deliveries));
     }
@@ -846,9 +861,10 @@ pub async fn list_transactions(
 )]
 pub async fn abort_transaction(
     State(state): State<AppState>,
+    access: Access,
     ApiPath(path): ApiPath<TransactionPath>,
 ) -> Result<axum::Json<TransactionOut>, ApiError> {
-    let rec = load(&state, &path.id).await?;
+    let rec = load(&state, &path.id, &access, Scope::Admin).await?;
     let rec = if rec.status == Status::Pending {
         state.engine.abort_pending(&rec.id, None, OPERATOR).await?.unwrap_or(rec)
     } else {

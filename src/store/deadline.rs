@@ -3,31 +3,42 @@
 //! after `timeout` instead of a request, a heartbeat or a worker that waits
 //! forever. The operation may still land later; the protocol treats that
 //! like any write whose answer was lost (rule zero: re-read, then decide).
+//! Every bounded operation is timed here
+//! (`txgate_store_operation_duration_seconds`, `txgate_store_errors_total`).
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
 use super::{Durability, DynStore, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
+use crate::metrics::Metrics;
 
 pub struct Deadline {
     inner: DynStore,
     timeout: Duration,
+    metrics: Arc<Metrics>,
 }
 
 impl Deadline {
-    pub fn new(inner: DynStore, timeout: Duration) -> Self {
-        Self { inner, timeout }
+    pub fn new(inner: DynStore, timeout: Duration, metrics: Arc<Metrics>) -> Self {
+        Self { inner, timeout, metrics }
     }
 
     async fn within<T>(&self, op: &str, fut: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
-        match tokio::time::timeout(self.timeout, fut).await {
+        let started = Instant::now();
+        let result = match tokio::time::timeout(self.timeout, fut).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Unavailable(format!(
                 "the store did not answer {op} within {} ms",
                 self.timeout.as_millis()
             ))),
+        };
+        self.metrics.observe("txgate_store_operation_duration_seconds", &[op], started.elapsed());
+        if result.is_err() {
+            self.metrics.count("txgate_store_errors_total", &[op], 1);
         }
+        result
     }
 }
 
@@ -53,6 +64,9 @@ impl Store for Deadline {
     }
     fn chains_cheaply(&self) -> bool {
         self.inner.chains_cheaply()
+    }
+    fn syncs(&self) -> Option<u64> {
+        self.inner.syncs()
     }
     /// Not bounded: a sync at shutdown takes what the disk takes.
     async fn sync(&self) -> StoreResult<()> {
@@ -128,11 +142,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_hung_call_is_unavailable_at_its_deadline() {
-        let store = Deadline::new(Arc::new(Hung), Duration::from_millis(5000));
+        let metrics = Arc::new(Metrics::default());
+        let store = Deadline::new(Arc::new(Hung), Duration::from_millis(5000), Arc::clone(&metrics));
         let started = tokio::time::Instant::now();
         let err = store.get("c", "a").await.unwrap_err();
         assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
         assert_eq!(started.elapsed(), Duration::from_millis(5000));
         assert!(matches!(store.ping().await, Err(StoreError::Unavailable(_))));
+        assert_eq!(metrics.get("txgate_store_errors_total", &["get"]), 1);
+        assert_eq!(metrics.get("txgate_store_errors_total", &["ping"]), 1);
     }
 }

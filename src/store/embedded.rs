@@ -1078,6 +1078,9 @@ impl Store for EmbeddedStore {
     fn chains_cheaply(&self) -> bool {
         true
     }
+    fn syncs(&self) -> Option<u64> {
+        Some(self.stats().syncs.load(Ordering::Relaxed))
+    }
 
     /// One queued chain: one group commit for all of it.
     async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {

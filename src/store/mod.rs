@@ -336,6 +336,12 @@ pub trait Store: Send + Sync + 'static {
     /// Make every write so far durable (at shutdown).
     async fn sync(&self) -> StoreResult<()>;
 
+    /// Durable syncs (fsyncs) made so far, for a store that counts them
+    /// (the embedded one); exposed as `txgate_store_syncs_total`.
+    fn syncs(&self) -> Option<u64> {
+        None
+    }
+
     /// A synced insert-if-absent (see [`Write::Insert`]).
     async fn insert(&self, coll: &str, record: Record) -> StoreResult<bool> {
         self.write(coll, Write::Insert(record), Durability::Synced).await

@@ -68,6 +68,9 @@ impl Store for Templates {
     fn chains_cheaply(&self) -> bool {
         self.inner.chains_cheaply()
     }
+    fn syncs(&self) -> Option<u64> {
+        self.inner.syncs()
+    }
     async fn sync(&self) -> StoreResult<()> {
         self.inner.sync().await
     }

@@ -213,7 +213,7 @@ impl Engine {
             Err(_) => "error",
         };
         self.metrics.incr("txgate_transactions_total", outcome);
-        self.metrics.observe("txgate_transaction_duration_seconds", outcome, started.elapsed());
+        self.metrics.observe("txgate_transaction_duration_seconds", &[outcome], started.elapsed());
         result
     }
 
@@ -763,6 +763,7 @@ impl Engine {
         let mut waits = 0u32;
         // The live holder this member waits for, and since when.
         let mut blocked: Option<(String, Instant)> = None;
+        let mut waited = LockWait { metrics: &self.metrics, since: None };
         loop {
             if wounded.is_cancelled() {
                 return Ok(Step::Failed(MemberFailure {
@@ -825,6 +826,7 @@ impl Engine {
                         f.holder = Some(holder);
                         return Ok(Step::Failed(MemberFailure { failure: f, invalid: false }));
                     }
+                    waited.start();
                     tokio::select! {
                         () = self.signals.wait_release(coll, &action.id, backoff.min(deadline - Instant::now())) => {}
                         () = wounded.cancelled() => {}
@@ -871,6 +873,30 @@ impl Engine {
             if self.store.unsynced().replace(coll, &doc.id, filter, locked.to_record()).await? {
                 return Ok(Step::Locked { base_v: doc.meta.v });
             }
+        }
+    }
+}
+
+/// Counts a member's wait for a held document once, and how long it
+/// lasted (until the member locked it or gave up) when dropped.
+struct LockWait<'a> {
+    metrics: &'a crate::metrics::Metrics,
+    since: Option<Instant>,
+}
+
+impl LockWait<'_> {
+    fn start(&mut self) {
+        if self.since.is_none() {
+            self.since = Some(Instant::now());
+            self.metrics.count("txgate_lock_waits_total", &[], 1);
+        }
+    }
+}
+
+impl Drop for LockWait<'_> {
+    fn drop(&mut self) {
+        if let Some(since) = self.since {
+            self.metrics.observe("txgate_lock_wait_seconds", &[], since.elapsed());
         }
     }
 }

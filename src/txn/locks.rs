@@ -53,6 +53,9 @@ impl Engine {
         if done {
             self.signals.aborted(txn);
             self.metrics.aborted(reason);
+            if reason == "wounded" {
+                self.metrics.count("txgate_wounds_total", &[], 1);
+            }
             tracing::info!(txn.id = %txn, reason, "transaction aborted");
         }
         self.record(txn).await

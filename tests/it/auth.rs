@@ -137,3 +137,150 @@ async fn cors_is_off_unless_configured_and_any_origin_is_explicit() {
         assert!(Cors::parse(bad).is_err(), "{bad} accepted");
     }
 }
+
+const ADMIN: &str = "admin-key-0123456789";
+const ORDERS: &str = "orders-key-0123456789";
+const AUDIT: &str = "audit-key-0123456789";
+
+crate::on_both_backends!(keys_limited_to_collections_reach_only_those,);
+
+/// A key limited to collections (`read@orders+write@orders`): documents,
+/// collections, transactions (every member), events and subscriptions
+/// (their filters, and what they deliver) outside them are refused with
+/// 403 and nothing is written; lists show what lies within.
+async fn keys_limited_to_collections_reach_only_those(backend: Backend) {
+    let spec = format!("{ADMIN}:admin,{ORDERS}:read@orders+write@orders,{AUDIT}:read@orders+read@payments");
+    let Some(app) = TestApp::spawn_with(backend, |c| c.api_keys = parse_keys(&spec).unwrap()).await else { return };
+    let as_key = |key: &'static str, method: Method, path: &str, body: Option<serde_json::Value>| {
+        let mut req = app.request(method, path).bearer_auth(key);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        async move { req.send().await.unwrap() }
+    };
+    let orders = "/v1/collections/orders/documents";
+    let payments = "/v1/collections/payments/documents";
+    expect(as_key(ADMIN, Method::POST, payments, Some(json!({"_id": "p1", "amount": 5}))).await, 201).await;
+
+    // Documents and collections: by the path.
+    expect(as_key(ORDERS, Method::POST, orders, Some(json!({"_id": "o1"}))).await, 201).await;
+    expect(as_key(ORDERS, Method::GET, &format!("{orders}/o1"), None).await, 200).await;
+    let p = expect_problem(as_key(ORDERS, Method::POST, payments, Some(json!({"_id": "p9"}))).await, 403, "forbidden")
+        .await;
+    assert_eq!((p["required_scope"].as_str(), p["collection"].as_str()), (Some("write"), Some("payments")));
+    expect_problem(as_key(ORDERS, Method::GET, &format!("{payments}/p1"), None).await, 403, "forbidden").await;
+    expect_problem(as_key(ORDERS, Method::GET, payments, None).await, 403, "forbidden").await;
+    let ttl = Some(json!({"ttl": {"max_count": 1}}));
+    expect_problem(as_key(ORDERS, Method::PUT, "/v1/collections/payments", ttl).await, 403, "forbidden").await;
+    expect(as_key(ORDERS, Method::GET, "/v1/collections/orders", None).await, 200).await;
+    expect_problem(as_key(AUDIT, Method::POST, orders, Some(json!({"_id": "o9"}))).await, 403, "forbidden").await;
+    expect_problem(as_key(ADMIN, Method::GET, &format!("{payments}/p9"), None).await, 404, "not_found").await;
+    expect_problem(as_key(ADMIN, Method::GET, &format!("{orders}/o9"), None).await, 404, "not_found").await;
+    let listed = expect(as_key(ORDERS, Method::GET, "/v1/collections", None).await, 200).await;
+    let names: Vec<&str> = listed["items"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["orders"], "a limited key lists its collections only");
+
+    // Transactions: every member, checked before anything is done.
+    let mixed = json!({"actions": [
+        {"op": "insert", "collection": "orders", "id": "o2", "data": {"n": 1}},
+        {"op": "update", "collection": "payments", "id": "p1", "set": {"order": "o2"}},
+    ]});
+    let p =
+        expect_problem(as_key(ORDERS, Method::POST, "/v1/transactions", Some(mixed.clone())).await, 403, "forbidden")
+            .await;
+    assert_eq!((p["action"].as_i64(), p["collection"].as_str()), (Some(1), Some("payments")));
+    let res = app
+        .request(Method::POST, "/v1/transactions")
+        .bearer_auth(ORDERS)
+        .header("Idempotency-Key", "k-1")
+        .json(&mixed)
+        .send()
+        .await
+        .unwrap();
+    expect_problem(res, 403, "forbidden").await;
+    expect_problem(as_key(ADMIN, Method::GET, &format!("{orders}/o2"), None).await, 404, "not_found").await;
+    let p1 = expect(as_key(ADMIN, Method::GET, &format!("{payments}/p1"), None).await, 200).await;
+    assert_eq!((p1["version"].as_i64(), p1["data"].get("order")), (Some(1), None), "nothing applied");
+    let txns = expect(as_key(ADMIN, Method::GET, "/v1/transactions", None).await, 200).await;
+    assert_eq!(txns["items"], json!([]), "no transaction was started");
+    // A `check` needs read only: orders may be written on a payments check
+    // by a key that reads payments... which this one does not.
+    let checked = json!({"actions": [
+        {"op": "insert", "collection": "orders", "id": "o3", "data": {}},
+        {"op": "check", "collection": "payments", "id": "p1", "if_version": 1},
+    ]});
+    expect_problem(as_key(ORDERS, Method::POST, "/v1/transactions", Some(checked)).await, 403, "forbidden").await;
+
+    // The admin's transaction across both, the orders key's within orders.
+    let mixed_out = expect(as_key(ADMIN, Method::POST, "/v1/transactions", Some(mixed)).await, 200).await;
+    let own = json!({"actions": [{"op": "insert", "collection": "orders", "id": "o4", "data": {}}]});
+    let own_out = expect(as_key(ORDERS, Method::POST, "/v1/transactions", Some(own)).await, 200).await;
+    let (mixed_id, own_id) = (mixed_out["id"].as_str().unwrap(), own_out["id"].as_str().unwrap());
+    let path = |id: &str| format!("/v1/transactions/{id}");
+    expect_problem(as_key(ORDERS, Method::GET, &path(mixed_id), None).await, 403, "forbidden").await;
+    expect(as_key(ORDERS, Method::GET, &path(own_id), None).await, 200).await;
+    expect(as_key(AUDIT, Method::GET, &path(mixed_id), None).await, 200).await;
+    let listed = expect(as_key(ORDERS, Method::GET, "/v1/transactions", None).await, 200).await;
+    let ids: Vec<&str> = listed["items"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [own_id]);
+    expect_problem(as_key(ORDERS, Method::POST, &format!("{}/abort", path(own_id)), None).await, 403, "forbidden")
+        .await;
+
+    // Events: a filter outside is refused; without one, only what lies
+    // within (not the admin's transaction event, which names payments).
+    let page = |key, q: &str| {
+        let req = app.request(Method::GET, &format!("/v1/events?after=0{q}")).bearer_auth(key);
+        async move { req.header("accept", "application/json").send().await.unwrap() }
+    };
+    expect_problem(page(ORDERS, "&collections=payments").await, 403, "forbidden").await;
+    expect_problem(page(ORDERS, "&collections=orders,payments").await, 403, "forbidden").await;
+    let seen = expect(page(ORDERS, "").await, 200).await;
+    let mut seen: Vec<String> =
+        seen["items"].as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap().into()).collect();
+    seen.sort();
+    let mut want =
+        vec!["orders/o1/1".to_owned(), "orders/o2/1".into(), "orders/o4/1".into(), format!("_txns/{own_id}")];
+    want.sort();
+    assert_eq!(seen, want, "the orders key sees orders only");
+    let all = expect(page(AUDIT, "&collections=orders").await, 200).await;
+    assert_eq!(all["items"].as_array().unwrap().len(), 5, "with payments readable, the mixed transaction's too");
+
+    // Subscriptions: the filter within, and what is delivered within too.
+    let rx = crate::support::TestReceiver::start().await;
+    let sub = |key, body: serde_json::Value| as_key(key, Method::POST, "/v1/subscriptions", Some(body));
+    let p =
+        expect_problem(sub(ORDERS, json!({"url": rx.url("/x"), "collections": ["payments"]})).await, 403, "forbidden")
+            .await;
+    assert_eq!(p["collection"], "payments");
+    let mine = expect(sub(ORDERS, json!({"url": rx.url("/orders")})).await, 201).await;
+    let admins = expect(sub(ADMIN, json!({"url": rx.url("/admin"), "collections": ["orders"]})).await, 201).await;
+    let (mine, admins) = (mine["id"].as_str().unwrap(), admins["id"].as_str().unwrap());
+    let listed = expect(as_key(ORDERS, Method::GET, "/v1/subscriptions", None).await, 200).await;
+    let ids: Vec<&str> = listed["items"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [mine]);
+    let subs = |id: &str| format!("/v1/subscriptions/{id}");
+    expect_problem(as_key(ORDERS, Method::GET, &subs(admins), None).await, 403, "forbidden").await;
+    expect_problem(as_key(ORDERS, Method::DELETE, &subs(admins), None).await, 403, "forbidden").await;
+    expect(as_key(ORDERS, Method::GET, &subs(mine), None).await, 200).await;
+    let across = json!({"actions": [
+        {"op": "insert", "collection": "orders", "id": "o5", "data": {}},
+        {"op": "insert", "collection": "payments", "id": "p5", "data": {}},
+    ]});
+    expect(as_key(ADMIN, Method::POST, "/v1/transactions", Some(across)).await, 200).await;
+    expect(as_key(ADMIN, Method::POST, payments, Some(json!({"_id": "p6"}))).await, 201).await;
+    expect(as_key(ORDERS, Method::POST, orders, Some(json!({"_id": "o6"}))).await, 201).await;
+    let got = rx.collect_for(std::time::Duration::from_secs(4)).await;
+    let mut to_mine: Vec<String> =
+        got.iter().filter(|r| r.path == "/orders").map(|r| r.json()["id"].as_str().unwrap().to_owned()).collect();
+    to_mine.sort();
+    assert_eq!(to_mine, ["orders/o5/1", "orders/o6/1"], "the limited subscription gets orders events only");
+    let to_admin = got.iter().filter(|r| r.path == "/admin").count();
+    assert_eq!(to_admin, 3, "the admin's gets the orders events and the transaction's");
+    expect(as_key(ORDERS, Method::DELETE, &subs(mine), None).await, 204).await;
+
+    // Everything else needs a key for every collection.
+    expect_problem(as_key(ORDERS, Method::GET, "/v1/deliveries", None).await, 403, "forbidden").await;
+    expect_problem(as_key(AUDIT, Method::GET, "/v1/deliveries", None).await, 403, "forbidden").await;
+    expect(as_key(ADMIN, Method::GET, "/v1/deliveries", None).await, 200).await;
+    app.stop().await;
+}

@@ -13,6 +13,7 @@ mod hooks;
 mod indexes;
 mod kill;
 mod limits;
+mod metrics;
 mod openapi;
 mod restart;
 mod store;

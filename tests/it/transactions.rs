@@ -36,7 +36,7 @@ fn doc_url(coll: &str, id: &str) -> String {
     format!("/v1/collections/{coll}/documents/{id}")
 }
 
-async fn seed(app: &TestApp, coll: &str, id: &str, data: Value) {
+pub(crate) async fn seed(app: &TestApp, coll: &str, id: &str, data: Value) {
     let mut body = data;
     body["_id"] = json!(id);
     expect(app.post(&format!("/v1/collections/{coll}/documents"), &body).await, 201).await;
@@ -258,12 +258,12 @@ async fn idempotency_key_replays_the_outcome(backend: Backend) {
 }
 
 /// A pending record for `id` whose lease lasts an hour.
-fn held_record(id: &str, members: &[&str]) -> TxnRecord {
+pub(crate) fn held_record(id: &str, members: &[&str]) -> TxnRecord {
     txn_record(id, Status::Pending, 3_600_000, "acc", members)
 }
 
 /// Lock `coll/id` for `holder` with a staged `n: 999`.
-async fn lock(app: &TestApp, coll: &str, id: &str, holder: &str) {
+pub(crate) async fn lock(app: &TestApp, coll: &str, id: &str, holder: &str) {
     let mut d = StoredDoc::from_record(app.store.get(coll, id).await.unwrap().unwrap()).unwrap();
     d.meta.txn = Some(holder.into());
     d.meta.pending = Some(Staged { op: StagedOp::Update, data: Some(doc! {"n": 999_i64}), sv: 1 });
@@ -272,7 +272,7 @@ async fn lock(app: &TestApp, coll: &str, id: &str, holder: &str) {
 }
 
 /// A UUIDv7 transaction id `offset_secs` from now (negative: older).
-fn txn_id_at(offset_secs: i64) -> String {
+pub(crate) fn txn_id_at(offset_secs: i64) -> String {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
     let ts = uuid::Timestamp::from_unix(uuid::NoContext, (now + offset_secs) as u64, 0);
     uuid::Uuid::new_v7(ts).to_string()

@@ -535,13 +535,13 @@ async fn main() {
                 chosen
             })
         };
-        let before = engine.metrics().snapshot();
+        let before = engine.metrics().counters();
         progress(&format!("k={k}: throughput with conflicts"));
         let busy = throughput(&engine, &coll, clients, args.seconds, busy_pick).await;
         wait_idle(&engine).await;
         if args.counters {
             eprintln!("  k={k}, contended run:");
-            for (n, l, v) in engine.metrics().snapshot() {
+            for (n, l, v) in engine.metrics().counters() {
                 let was = before.iter().find(|(n2, l2, _)| *n2 == n && *l2 == l).map_or(0, |x| x.2);
                 if v > was {
                     eprintln!("    {n}{{{l}}} {}", v - was);
