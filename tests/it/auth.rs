@@ -234,16 +234,37 @@ async fn keys_limited_to_collections_reach_only_those(backend: Backend) {
     };
     expect_problem(page(ORDERS, "&collections=payments").await, 403, "forbidden").await;
     expect_problem(page(ORDERS, "&collections=orders,payments").await, 403, "forbidden").await;
-    let seen = expect(page(ORDERS, "").await, 200).await;
-    let mut seen: Vec<String> =
-        seen["items"].as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap().into()).collect();
-    seen.sort();
+    // A transaction's own event is appended by its roll-forward, which may
+    // follow its answer: read until the log has settled.
+    let ids_seen = |key: &'static str, q: &'static str| {
+        let page = &page;
+        async move {
+            let body = expect(page(key, q).await, 200).await;
+            let mut ids: Vec<String> =
+                body["items"].as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap().into()).collect();
+            ids.sort();
+            ids
+        }
+    };
     let mut want =
         vec!["orders/o1/1".to_owned(), "orders/o2/1".into(), "orders/o4/1".into(), format!("_txns/{own_id}")];
     want.sort();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut seen = ids_seen(ORDERS, "").await;
+    while seen != want && std::time::Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        seen = ids_seen(ORDERS, "").await;
+    }
     assert_eq!(seen, want, "the orders key sees orders only");
-    let all = expect(page(AUDIT, "&collections=orders").await, 200).await;
-    assert_eq!(all["items"].as_array().unwrap().len(), 5, "with payments readable, the mixed transaction's too");
+    let mixed_event = format!("_txns/{mixed_id}");
+    let mut audit = ids_seen(AUDIT, "&collections=orders").await;
+    while !audit.contains(&mixed_event) && std::time::Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        audit = ids_seen(AUDIT, "&collections=orders").await;
+    }
+    want.push(mixed_event);
+    want.sort();
+    assert_eq!(audit, want, "with payments readable, the mixed transaction's too");
 
     // Subscriptions: the filter within, and what is delivered within too.
     let rx = crate::support::TestReceiver::start().await;
@@ -269,7 +290,14 @@ async fn keys_limited_to_collections_reach_only_those(backend: Backend) {
     expect(as_key(ADMIN, Method::POST, "/v1/transactions", Some(across)).await, 200).await;
     expect(as_key(ADMIN, Method::POST, payments, Some(json!({"_id": "p6"}))).await, 201).await;
     expect(as_key(ORDERS, Method::POST, orders, Some(json!({"_id": "o6"}))).await, 201).await;
-    let got = rx.collect_for(std::time::Duration::from_secs(4)).await;
+    // Until both have what they should get (or 20 s), then a second more
+    // for anything they should not.
+    let mut got = Vec::new();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while got.len() < 5 && std::time::Instant::now() < until {
+        got.extend(rx.collect_for(std::time::Duration::from_millis(200)).await);
+    }
+    got.extend(rx.collect_for(std::time::Duration::from_secs(1)).await);
     let mut to_mine: Vec<String> =
         got.iter().filter(|r| r.path == "/orders").map(|r| r.json()["id"].as_str().unwrap().to_owned()).collect();
     to_mine.sort();

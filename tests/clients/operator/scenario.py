@@ -1,7 +1,8 @@
 """The operator's scenario, as the README tells it: two txgate instances on
-one MongoDB with API keys limited to collections, scraped at /metrics and
-read with Prometheus's own text-format parser (prometheus_client), through
-a webhook receiver that hangs and an overload.
+one MongoDB with API keys limited to collections, scraped by a Prometheus
+server (Debian's, as scripts/install-test-tools installs it) and read with
+Prometheus's own text-format parser (prometheus_client), through a webhook
+receiver that hangs and an overload.
 
     python scenario.py <txgate-binary> <artifacts-dir>
 
@@ -126,6 +127,63 @@ def total(scrapes, name, **labels):
     )
 
 
+class Prometheus:
+    """A Prometheus server scraping `targets` every second with `key`."""
+
+    def __init__(self, targets, key):
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="txgate-prometheus-")
+        config = os.path.join(self.dir, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write(
+                "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+                "scrape_configs:\n"
+                "  - job_name: txgate\n"
+                f"    authorization: {{credentials: {key}}}\n"
+                f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
+            )
+        self.port = free_port()
+        self.log = open(os.path.join(ARTIFACTS, "operator-prometheus.log"), "w")
+        self.proc = subprocess.Popen(
+            ["/usr/bin/prometheus", f"--config.file={config}", f"--storage.tsdb.path={self.dir}/data",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
+        for _ in range(300):
+            try:
+                if self.http.get("/-/ready").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"Prometheus did not become ready (see {self.log.name})")
+
+    def query(self, promql):
+        """The instant vector of `promql`: {labels as a sorted tuple: value}."""
+        res = self.http.get("/api/v1/query", params={"query": promql}).json()
+        assert res["status"] == "success", res
+        return {tuple(sorted(r["metric"].items())): float(r["value"][1]) for r in res["data"]["result"]}
+
+    def until(self, promql, want, within=20):
+        """Wait until `promql` is the single value `want`; return it."""
+        deadline = time.monotonic() + within
+        while True:
+            got = self.query(promql)
+            value = sum(got.values()) if got else None
+            if value == want or time.monotonic() > deadline:
+                return value
+            time.sleep(0.5)
+
+    def stop(self):
+        import shutil
+
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 def slow_upload(port, path, key, body):
     """A request whose body arrives slowly: it holds its slot meanwhile."""
     sock = socket.create_connection(("127.0.0.1", port))
@@ -149,8 +207,22 @@ def finish_upload(sock, rest):
 def main():
     database = "txgate_operator_" + secrets.token_hex(4)
     print(f"== two instances on {URI}, database {database}")
-    a = Instance("a", database, TXGATE_MAX_CONCURRENCY="4")
-    b = Instance("b", database)
+    running = []
+    try:
+        a = Instance("a", database, TXGATE_MAX_CONCURRENCY="4")
+        running.append(a)
+        b = Instance("b", database)
+        running.append(b)
+        prom = Prometheus([f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"], OPS)
+        running.append(prom)
+        scenario(a, b, prom)
+    finally:
+        for process in reversed(running):
+            process.stop()
+    print("== operator scenario passed")
+
+
+def scenario(a, b, prom):
     sent = collections.Counter()  # (instance, method, route, status) -> count
 
     def doc(inst, key, coll, body):
@@ -158,101 +230,112 @@ def main():
         sent[(inst.name, "POST", DOCS, str(res.status_code))] += 1
         return res
 
-    try:
-        print("== keys")
-        check(a.http.get("/metrics").status_code == 401, "/metrics without a key: 401")
-        check(a.call("GET", "/metrics", ORDERS).status_code == 403, "/metrics with a key limited to orders: 403")
-        for i in range(20):
-            inst = a if i % 2 == 0 else b
-            assert doc(inst, ORDERS, "orders", {"_id": f"o-{i}", "n": i}).status_code == 201
-        check(True, "the orders key wrote 20 orders through both instances")
-        for inst in (a, b):
-            res = doc(inst, ORDERS, "payments", {"_id": f"p-{inst.name}"})
-            check(res.status_code == 403 and res.json()["code"] == "forbidden", f"{inst.name}: payments refused (403)")
-            check(a.call("GET", f"/v1/collections/payments/documents/p-{inst.name}", OPS).status_code == 404,
-                  f"{inst.name}: nothing written")
-        mixed = {"actions": [
-            {"op": "insert", "collection": "orders", "id": "o-mixed", "data": {}},
-            {"op": "insert", "collection": "payments", "id": "p-mixed", "data": {}},
-        ]}
-        res = a.call("POST", "/v1/transactions", ORDERS, mixed)
-        check(res.status_code == 403 and res.json().get("action") == 1, "a transaction with a payments member: 403")
-        check(b.call("GET", "/v1/collections/orders/documents/o-mixed", OPS).status_code == 404,
-              "its orders member was not applied")
-        seen = b.call("GET", "/v1/collections/orders/documents/o-3", ORDERS)
-        check(seen.status_code == 200, "a document written through one instance is read through the other")
+    print("== keys")
+    check(a.http.get("/metrics").status_code == 401, "/metrics without a key: 401")
+    check(a.call("GET", "/metrics", ORDERS).status_code == 403, "/metrics with a key limited to orders: 403")
+    for i in range(20):
+        inst = a if i % 2 == 0 else b
+        assert doc(inst, ORDERS, "orders", {"_id": f"o-{i}", "n": i}).status_code == 201
+    check(True, "the orders key wrote 20 orders through both instances")
+    for inst in (a, b):
+        res = doc(inst, ORDERS, "payments", {"_id": f"p-{inst.name}"})
+        check(res.status_code == 403 and res.json()["code"] == "forbidden", f"{inst.name}: payments refused (403)")
+        check(a.call("GET", f"/v1/collections/payments/documents/p-{inst.name}", OPS).status_code == 404,
+              f"{inst.name}: nothing written")
+    mixed = {"actions": [
+        {"op": "insert", "collection": "orders", "id": "o-mixed", "data": {}},
+        {"op": "insert", "collection": "payments", "id": "p-mixed", "data": {}},
+    ]}
+    res = a.call("POST", "/v1/transactions", ORDERS, mixed)
+    check(res.status_code == 403 and res.json().get("action") == 1, "a transaction with a payments member: 403")
+    check(b.call("GET", "/v1/collections/orders/documents/o-mixed", OPS).status_code == 404,
+          "its orders member was not applied")
+    seen = b.call("GET", "/v1/collections/orders/documents/o-3", ORDERS)
+    check(seen.status_code == 200, "a document written through one instance is read through the other")
 
-        print("== a hanging webhook receiver")
-        slow, fast = Receiver(delay=4.0), Receiver(delay=0.0)
+    print("== a hanging webhook receiver")
+    slow, fast = Receiver(delay=4.0), Receiver(delay=0.0)
 
-        def txn(inst, i, url):
-            body = {"actions": [{"op": "insert", "collection": "orders", "id": f"h-{i}", "data": {}}],
-                    "hooks": [{"url": url}]}
-            res = inst.call("POST", "/v1/transactions", OPS, body)
-            assert res.status_code == 200, res.text
+    def txn(inst, i, url):
+        body = {"actions": [{"op": "insert", "collection": "orders", "id": f"h-{i}", "data": {}}],
+                "hooks": [{"url": url}]}
+        res = inst.call("POST", "/v1/transactions", OPS, body)
+        assert res.status_code == 200, res.text
 
-        # More than an instance's 4 delivery slots: without per-destination
-        # slots they would all be held by the hanging receiver.
-        for i in range(10):
-            txn(a if i % 2 == 0 else b, i, slow.url)
-        time.sleep(0.5)  # the hanging ones are in flight
-        started = time.monotonic()
-        for i in range(10, 13):
-            txn(a if i % 2 == 0 else b, i, fast.url)
-        while len(fast.got) < 3 and time.monotonic() - started < 10:
-            time.sleep(0.02)
-        waited = time.monotonic() - started
-        check(len(fast.got) == 3 and waited < 2.5 and len(slow.got) == 0,
-              f"the other receiver got its 3 deliveries in {waited:.2f} s while the first hung (4 s each)")
-        until = time.monotonic() + 40
-        while len(slow.got) < 10 and time.monotonic() < until:
-            time.sleep(0.1)
-        check(len(slow.got) == 10, "the hanging receiver got all 10 in the end")
+    # More than an instance's 4 delivery slots: without per-destination
+    # slots they would all be held by the hanging receiver.
+    for i in range(10):
+        txn(a if i % 2 == 0 else b, i, slow.url)
+    time.sleep(0.5)  # the hanging ones are in flight
+    started = time.monotonic()
+    for i in range(10, 13):
+        txn(a if i % 2 == 0 else b, i, fast.url)
+    while len(fast.got) < 3 and time.monotonic() - started < 10:
+        time.sleep(0.02)
+    waited = time.monotonic() - started
+    check(len(fast.got) == 3 and waited < 2.5 and len(slow.got) == 0,
+          f"the other receiver got its 3 deliveries in {waited:.2f} s while the first hung (4 s each)")
+    until = time.monotonic() + 40
+    while len(slow.got) < 10 and time.monotonic() < until:
+        time.sleep(0.1)
+    check(len(slow.got) == 10, "the hanging receiver got all 10 in the end")
 
-        print("== an overload (instance a: TXGATE_MAX_CONCURRENCY=4)")
-        held = [slow_upload(a.port, "/v1/collections/orders/documents", ORDERS,
-                            json.dumps({"_id": f"u-{i}"}).encode()) for i in range(4)]
-        time.sleep(0.3)
-        with concurrent.futures.ThreadPoolExecutor(10) as pool:
-            refused = list(pool.map(lambda i: doc(a, ORDERS, "orders", {"_id": f"r-{i}"}), range(10)))
-        check(all(r.status_code == 429 and r.headers.get("retry-after") == "1" for r in refused),
-              "10 requests beyond the limit: 429 with Retry-After: 1")
-        check(a.http.get("/readyz").status_code == 200, "readiness answers during the overload")
-        check(a.call("GET", "/metrics", OPS).status_code == 200, "a scrape answers during the overload")
-        statuses = [finish_upload(sock, rest) for sock, rest in held]
-        sent[("a", "POST", DOCS, "201")] += statuses.count(201)
-        check(statuses == [201] * 4, "the 4 admitted requests completed (201)")
-        check(all(b.call("GET", f"/v1/collections/orders/documents/r-{i}", OPS).status_code == 404 for i in range(10)),
-              "the refused requests wrote nothing")
-        check(doc(a, ORDERS, "orders", {"_id": "after"}).status_code == 201, "served again after the overload")
+    print("== an overload (instance a: TXGATE_MAX_CONCURRENCY=4)")
+    held = [slow_upload(a.port, "/v1/collections/orders/documents", ORDERS,
+                        json.dumps({"_id": f"u-{i}"}).encode()) for i in range(4)]
+    time.sleep(0.3)
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        refused = list(pool.map(lambda i: doc(a, ORDERS, "orders", {"_id": f"r-{i}"}), range(10)))
+    check(all(r.status_code == 429 and r.headers.get("retry-after") == "1" for r in refused),
+          "10 requests beyond the limit: 429 with Retry-After: 1")
+    check(a.http.get("/readyz").status_code == 200, "readiness answers during the overload")
+    check(a.call("GET", "/metrics", OPS).status_code == 200, "a scrape answers during the overload")
+    statuses = [finish_upload(sock, rest) for sock, rest in held]
+    sent[("a", "POST", DOCS, "201")] += statuses.count(201)
+    check(statuses == [201] * 4, "the 4 admitted requests completed (201)")
+    check(all(b.call("GET", f"/v1/collections/orders/documents/r-{i}", OPS).status_code == 404 for i in range(10)),
+          "the refused requests wrote nothing")
+    check(doc(a, ORDERS, "orders", {"_id": "after"}).status_code == 201, "served again after the overload")
 
-        print("== /metrics, parsed by prometheus_client")
-        until = time.monotonic() + 20
-        while True:
-            scrapes = [a.scrape(), b.scrape()]
-            if total(scrapes, "txgate_deliveries_total", outcome="delivered") >= 13 or time.monotonic() > until:
-                break
-            time.sleep(0.2)
-        for (inst, method, route, status), n in sorted(sent.items()):
-            fams = scrapes[0] if inst == "a" else scrapes[1]
-            got = total([fams], "txgate_http_requests_total", method=method, route=route, status=status)
-            check(got == n, f"{inst}: txgate_http_requests_total{{{method} {route} {status}}} = {got:g}, {n} sent")
-        check(total(scrapes, "txgate_transactions_total", outcome="committed") == 13, "13 transactions committed")
-        check(total(scrapes, "txgate_deliveries_total", outcome="delivered") == 13, "13 deliveries delivered")
-        check(total(scrapes, "txgate_delivery_lag_seconds_count") == 13, "13 delivery lags observed")
-        check(total(scrapes, "txgate_deliveries_parked_total") >= 1, "deliveries parked for a full destination")
-        check(total(scrapes, "txgate_http_requests_total", status="429") == 10, "10 refusals counted")
-        check(total(scrapes, "txgate_http_requests_in_flight") >= 1, "in-flight requests (the scrape itself)")
-        names = {f.name for fams in scrapes for f in fams}
-        check(all(n.startswith("txgate_") for n in names), f"{len(names)} families, every name txgate_*")
-        values = {v for fams in scrapes for f in fams for s in f.samples for v in s.labels.values()}
-        leaked = [v for v in values if "orders" in v or "payments" in v or v.startswith(("o-", "h-", "r-", "u-"))]
-        check(not leaked, f"no label value from a path or an id ({len(values)} distinct values)")
-        check("/v1/collections/{collection}/documents" in values, "routes are labelled by template")
-    finally:
-        for inst in (a, b):
-            inst.stop()
-    print("== operator scenario passed")
+    print("== /metrics, parsed by prometheus_client")
+    until = time.monotonic() + 20
+    while True:
+        scrapes = [a.scrape(), b.scrape()]
+        if total(scrapes, "txgate_deliveries_total", outcome="delivered") >= 13 or time.monotonic() > until:
+            break
+        time.sleep(0.2)
+    for (inst, method, route, status), n in sorted(sent.items()):
+        fams = scrapes[0] if inst == "a" else scrapes[1]
+        got = total([fams], "txgate_http_requests_total", method=method, route=route, status=status)
+        check(got == n, f"{inst}: txgate_http_requests_total{{{method} {route} {status}}} = {got:g}, {n} sent")
+    check(total(scrapes, "txgate_transactions_total", outcome="committed") == 13, "13 transactions committed")
+    check(total(scrapes, "txgate_deliveries_total", outcome="delivered") == 13, "13 deliveries delivered")
+    check(total(scrapes, "txgate_delivery_lag_seconds_count") == 13, "13 delivery lags observed")
+    check(total(scrapes, "txgate_deliveries_parked_total") >= 1, "deliveries parked for a full destination")
+    check(total(scrapes, "txgate_http_requests_total", status="429") == 10, "10 refusals counted")
+    check(total(scrapes, "txgate_http_requests_in_flight") >= 1, "in-flight requests (the scrape itself)")
+    names = {f.name for fams in scrapes for f in fams}
+    check(all(n.startswith("txgate_") for n in names), f"{len(names)} families, every name txgate_*")
+    values = {v for fams in scrapes for f in fams for s in f.samples for v in s.labels.values()}
+    leaked = [v for v in values if "orders" in v or "payments" in v or v.startswith(("o-", "h-", "r-", "u-"))]
+    check(not leaked, f"no label value from a path or an id ({len(values)} distinct values)")
+    check("/v1/collections/{collection}/documents" in values, "routes are labelled by template")
+
+    print("== the same, as the Prometheus server scraped it (every second, throughout)")
+    ups = prom.query('up{job="txgate"}')
+    check(len(ups) == 2 and all(v == 1 for v in ups.values()), "both instances are up")
+    low = prom.query('min_over_time(up{job="txgate"}[5m])')
+    check(len(low) == 2 and all(v == 1 for v in low.values()),
+          "no scrape failed, during the hanging receiver and the overload included")
+    got = prom.until('sum(txgate_http_requests_total{status="429"})', 10)
+    check(got == 10, f"sum of 429s over both instances: {got}")
+    got = prom.until('sum(txgate_deliveries_total{outcome="delivered"})', 13)
+    check(got == 13, f"deliveries delivered over both instances: {got}")
+    created = sum(n for (_, m, _, st), n in sent.items() if m == "POST" and st == "201")
+    got = prom.until(f'sum(txgate_http_requests_total{{route="{DOCS}",method="POST",status="201"}})', created)
+    check(got == created, f"documents created over both instances: {got}, {created} sent")
+    got = prom.until('sum(txgate_transactions_total{outcome="committed"})', 13)
+    check(got == 13, f"transactions committed: {got}")
 
 
 if __name__ == "__main__":
