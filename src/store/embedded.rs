@@ -399,9 +399,54 @@ fn keys_of(specs: &[IndexSpec], record: &Record, id: &str) -> Vec<Option<Vec<u8>
     specs.iter().map(|spec| entry_key(spec, record, id)).collect()
 }
 
+/// The entry changes of non-unique indexes in one batch, kept until the
+/// batch's end: per index and record, the key before the batch and the key
+/// after its last write. A record changed several times in a batch (locked
+/// and released in one chain, a transaction record moved through its
+/// statuses) then touches each of its entries once, or not at all. Nothing
+/// reads a non-unique index inside a write transaction (scans read
+/// committed state), so deferring them changes no answer; unique indexes
+/// change at once, since the next write's uniqueness check must see them.
+#[derive(Default)]
+struct Deferred {
+    /// (index table, record id) → (key before the batch, key after it).
+    changes: HashMap<(String, String), (EntryKey, EntryKey)>,
+}
+
+/// An index entry's key; `None`: the record has no entry in that index.
+type EntryKey = Option<Vec<u8>>;
+
+impl Deferred {
+    fn change(&mut self, table: String, id: &str, old: Option<Vec<u8>>, new: Option<Vec<u8>>) {
+        match self.changes.entry((table, id.to_owned())) {
+            std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().1 = new,
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert((old, new));
+            }
+        }
+    }
+
+    /// Write the net changes.
+    fn flush(self, entries: &mut Entries<'_>) -> StoreResult<()> {
+        for ((table, id), (old, new)) in self.changes {
+            if old == new {
+                continue;
+            }
+            if let Some(key) = old {
+                entries.remove((table.as_str(), key.as_slice())).map_err(internal)?;
+            }
+            if let Some(key) = new {
+                entries.insert((table.as_str(), key.as_slice()), id.as_str()).map_err(internal)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Keep the entries of every index of `coll` equal to the record `id`
 /// becoming `new` (from the record whose keys are `old`). Unique indexes are checked before anything
-/// is changed, so a refused write leaves no trace.
+/// is changed, so a refused write leaves no trace. With `deferred`, the
+/// entries of non-unique indexes change at the end of the batch.
 fn reindex(
     entries: &mut Entries<'_>,
     specs: &[IndexSpec],
@@ -409,6 +454,7 @@ fn reindex(
     id: &str,
     old: Option<Vec<Option<Vec<u8>>>>,
     new: Option<&Record>,
+    mut deferred: Option<&mut Deferred>,
 ) -> StoreResult<()> {
     let mut changes = Vec::new();
     let mut old = old.map(Vec::into_iter);
@@ -426,9 +472,13 @@ fn reindex(
                 }
             }
         }
-        changes.push((table, old_key, new_key));
+        changes.push((table, spec.unique, old_key, new_key));
     }
-    for (table, old_key, new_key) in changes {
+    for (table, unique, old_key, new_key) in changes {
+        if let (false, Some(deferred)) = (unique, deferred.as_deref_mut()) {
+            deferred.change(table, id, old_key, new_key);
+            continue;
+        }
         if let Some(key) = old_key {
             entries.remove((table.as_str(), key.as_slice())).map_err(internal)?;
         }
@@ -533,11 +583,16 @@ impl Writer {
                 let specs = self.catalog.read().expect("index catalog");
                 let mut table = txn.open_table(RECORDS).map_err(internal)?;
                 let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
+                let mut deferred = Deferred::default();
                 for queued in &batch {
                     let mut applied = 0;
                     let mut result = Ok(());
                     for op in &queued.ops {
-                        let mut state = Applying { recent: &mut self.recent, positions: &mut self.positions };
+                        let mut state = Applying {
+                            recent: &mut self.recent,
+                            positions: &mut self.positions,
+                            deferred: &mut deferred,
+                        };
                         match apply(&mut table, &mut entries, &specs, &mut state, op, &mut effects) {
                             Ok(true) => applied += 1,
                             Ok(false) => break,
@@ -549,6 +604,7 @@ impl Writer {
                     }
                     results.push(result.map(|()| applied));
                 }
+                deferred.flush(&mut entries)?;
             }
             if !effects.is_empty() {
                 let mut state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
@@ -683,7 +739,7 @@ fn replay(db: &Database, catalog: &HashMap<String, Vec<IndexSpec>>, path: &Path)
                     Some(v) => Some(keys_of(specs(coll), &decode(v.value())?, id)),
                     None => None,
                 };
-                reindex(&mut entries, specs(coll), coll, id, old, new.as_ref().map(|(r, _)| r))?;
+                reindex(&mut entries, specs(coll), coll, id, old, new.as_ref().map(|(r, _)| r), None)?;
                 match new {
                     Some((_, bytes)) => table.insert((coll, id), bytes).map_err(internal)?,
                     None => table.remove((coll, id)).map_err(internal)?,
@@ -738,7 +794,7 @@ fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp) -> StoreResult<b
                     let (key, value) = entry.map_err(internal)?;
                     let record = decode(value.value())?;
                     let id = key.value().1;
-                    reindex(&mut entries, std::slice::from_ref(&spec), &coll, id, None, Some(&record))?;
+                    reindex(&mut entries, std::slice::from_ref(&spec), &coll, id, None, Some(&record), None)?;
                     built += 1;
                     if built % 100_000 == 0 {
                         tracing::info!(collection = %coll, index = %spec.name, records = built, "building index");
@@ -783,6 +839,7 @@ fn clear_entries(entries: &mut Entries<'_>, table: &str) -> StoreResult<()> {
 struct Applying<'a> {
     recent: &'a mut Recent,
     positions: &'a mut HashMap<String, u64>,
+    deferred: &'a mut Deferred,
 }
 
 /// The index of log collection `coll` that keeps positions unique.
@@ -842,7 +899,7 @@ fn apply(
                 return Ok(false);
             }
             let bytes = encode(record)?;
-            reindex(entries, specs(coll), coll, id, None, Some(record))?;
+            reindex(entries, specs(coll), coll, id, None, Some(record), Some(&mut *state.deferred))?;
             table.insert((coll.as_str(), id), bytes.as_slice()).map_err(internal)?;
             effects.put(coll, id, &bytes);
             recent.put(coll, id, record.clone(), bytes.len());
@@ -858,7 +915,7 @@ fn apply(
             record.insert("_id", id.as_str());
             let bytes = encode(&record)?;
             let old = keys_of(specs(coll), &existing, id);
-            reindex(entries, specs(coll), coll, id, Some(old), Some(&record))?;
+            reindex(entries, specs(coll), coll, id, Some(old), Some(&record), Some(&mut *state.deferred))?;
             table.insert((coll.as_str(), id.as_str()), bytes.as_slice()).map_err(internal)?;
             effects.put(coll, id, &bytes);
             recent.put(coll, id, record, bytes.len());
@@ -873,7 +930,7 @@ fn apply(
             let old = keys_of(specs(coll), &record, id);
             apply_update(&mut record, update)?;
             let bytes = encode(&record)?;
-            reindex(entries, specs(coll), coll, id, Some(old), Some(&record))?;
+            reindex(entries, specs(coll), coll, id, Some(old), Some(&record), Some(&mut *state.deferred))?;
             table.insert((coll.as_str(), id.as_str()), bytes.as_slice()).map_err(internal)?;
             effects.put(coll, id, &bytes);
             recent.put(coll, id, record, bytes.len());
@@ -886,7 +943,7 @@ fn apply(
                 return Ok(false);
             }
             let old = keys_of(specs(coll), &existing, id);
-            reindex(entries, specs(coll), coll, id, Some(old), None)?;
+            reindex(entries, specs(coll), coll, id, Some(old), None, Some(&mut *state.deferred))?;
             table.remove((coll.as_str(), id.as_str())).map_err(internal)?;
             effects.delete(coll, id);
             Ok(true)
@@ -905,7 +962,7 @@ fn apply(
             let mut record = record.clone();
             loop {
                 record.insert(super::LOG_SEQ, i64::try_from(seq).map_err(internal)?);
-                match reindex(entries, specs(coll), coll, id, None, Some(&record)) {
+                match reindex(entries, specs(coll), coll, id, None, Some(&record), Some(&mut *state.deferred)) {
                     // A reader closed this position (a void entry).
                     Err(StoreError::Duplicate(which)) if which == taken => seq += 1,
                     other => break other?,

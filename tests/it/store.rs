@@ -4,7 +4,7 @@
 use txgate::store::scans::{
     DELIVERIES_BY_DUE, DOCS_LIVE, DOCS_LOCKED, DOCS_STAGED, TXNS, TXNS_BY_LEASE, TXNS_BY_STATUS,
 };
-use txgate::store::{Bound, Bson, DateTime, Document, Update, doc};
+use txgate::store::{Bound, Bson, DateTime, Document, Durability, Update, Write, doc};
 
 use crate::support::{Backend, TestStore};
 
@@ -285,7 +285,36 @@ async fn index_entries_match_records_under_random_writes(backend: Backend) {
     for step in 0..steps {
         let id = format!("d{:02}", rng.random_range(0..30));
         let doc = doc! {"_id": &id, "n": step, "_meta": meta(&mut rng)};
-        match rng.random_range(0..4) {
+        match rng.random_range(0..5) {
+            // A chain on few ids: a record written several times in one
+            // batch (its index entries change once, at the batch's end).
+            4 => {
+                let ids: Vec<String> =
+                    (0..rng.random_range(2..6)).map(|_| format!("d{:02}", rng.random_range(0..4))).collect();
+                let mut sim = model.clone();
+                let (mut writes, mut expected, mut stopped) = (Vec::new(), 0, false);
+                for (k, id) in ids.iter().enumerate() {
+                    let rec = doc! {"_id": id, "n": i64::from(step) * 10 + k as i64, "_meta": meta(&mut rng)};
+                    let (write, applies) = match rng.random_range(0..3) {
+                        0 => (Write::Insert(rec.clone()), !sim.contains_key(id)),
+                        1 => (Write::Replace { id, filter: doc! {}, record: rec.clone() }, sim.contains_key(id)),
+                        _ => (Write::Delete { id, filter: doc! {} }, sim.contains_key(id)),
+                    };
+                    if !stopped && applies {
+                        expected += 1;
+                        match &write {
+                            Write::Delete { .. } => drop(sim.remove(id)),
+                            _ => drop(sim.insert(id.clone(), rec)),
+                        }
+                    } else {
+                        stopped = true;
+                    }
+                    writes.push(("users", write));
+                }
+                let applied = s.write_in_order(writes, Durability::Unsynced).await.unwrap();
+                assert_eq!(applied, expected, "seed {seed}");
+                model = sim;
+            }
             0 => {
                 let inserted = s.insert("users", doc.clone()).await.unwrap();
                 assert_eq!(inserted, !model.contains_key(&id), "seed {seed}");
