@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use prometheus::core::{Collector, Desc};
+use prometheus::core::{Collector, Desc, MetricVec, MetricVecBuilder};
 use prometheus::proto::{Metric, MetricFamily, MetricType};
 use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
@@ -209,28 +209,16 @@ impl Default for Metrics {
             match f.kind {
                 Kind::Counter => {
                     let vec = IntCounterVec::new(opts, f.labels).expect("a valid counter");
-                    registry.register(Box::new(vec.clone())).expect("declared once");
-                    if f.labels.is_empty() {
-                        vec.with_label_values::<&str>(&[]);
-                    }
-                    counters.insert(f.name, vec);
+                    counters.insert(f.name, declare(&registry, vec, f.labels));
                 }
                 Kind::Gauge => {
                     let vec = IntGaugeVec::new(opts, f.labels).expect("a valid gauge");
-                    registry.register(Box::new(vec.clone())).expect("declared once");
-                    if f.labels.is_empty() {
-                        vec.with_label_values::<&str>(&[]);
-                    }
-                    gauges.insert(f.name, vec);
+                    gauges.insert(f.name, declare(&registry, vec, f.labels));
                 }
                 Kind::Histogram(buckets) => {
                     let opts = HistogramOpts::from(opts).buckets(buckets.to_vec());
                     let vec = HistogramVec::new(opts, f.labels).expect("a valid histogram");
-                    registry.register(Box::new(vec.clone())).expect("declared once");
-                    if f.labels.is_empty() {
-                        vec.with_label_values::<&str>(&[]);
-                    }
-                    histograms.insert(f.name, vec);
+                    histograms.insert(f.name, declare(&registry, vec, f.labels));
                 }
             }
         }
@@ -239,6 +227,15 @@ impl Default for Metrics {
         }
         Self { registry, counters, gauges, histograms }
     }
+}
+
+/// Register `vec`; a label-less family gets its one series at once.
+fn declare<T: MetricVecBuilder + 'static>(registry: &Registry, vec: MetricVec<T>, labels: &[&str]) -> MetricVec<T> {
+    registry.register(Box::new(vec.clone())).expect("declared once");
+    if labels.is_empty() {
+        vec.with_label_values::<&str>(&[]);
+    }
+    vec
 }
 
 /// Holds one unit of a gauge until dropped (a request in flight, an open

@@ -43,6 +43,18 @@ def check(cond, what):
     print(f"  ok: {what}")
 
 
+def wait_ready(client, path, what, log):
+    """Poll `path` until it answers 200, for up to 30 s."""
+    for _ in range(300):
+        try:
+            if client.get(path).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not become ready (see {log.name})")
+
+
 class Receiver:
     """A webhook receiver answering 200 after `delay` seconds."""
 
@@ -87,14 +99,7 @@ class Instance:
         self.log = open(os.path.join(ARTIFACTS, f"operator-{name}.log"), "w")
         self.proc = subprocess.Popen([BIN, "serve"], env=full, stdout=self.log, stderr=subprocess.STDOUT)
         self.http = httpx.Client(base_url=self.base, timeout=30)
-        for _ in range(300):
-            try:
-                if self.http.get("/readyz").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"instance {name} did not become ready (see {self.log.name})")
+        wait_ready(self.http, "/readyz", f"instance {name}", self.log)
 
     def call(self, method, path, key, body=None, headers=None):
         h = {"authorization": f"Bearer {key}", **(headers or {})}
@@ -150,14 +155,7 @@ class Prometheus:
              f"--web.listen-address=127.0.0.1:{self.port}"],
             stdout=self.log, stderr=subprocess.STDOUT)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
-        for _ in range(300):
-            try:
-                if self.http.get("/-/ready").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"Prometheus did not become ready (see {self.log.name})")
+        wait_ready(self.http, "/-/ready", "Prometheus", self.log)
 
     def query(self, promql):
         """The instant vector of `promql`: {labels as a sorted tuple: value}."""
