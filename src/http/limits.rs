@@ -34,13 +34,18 @@ pub async fn limit(State(permits): State<Arc<Semaphore>>, req: Request, next: Ne
     }
     let Ok(_permit) = permits.try_acquire() else {
         tracing::debug!("request refused: at the concurrency limit");
-        return ApiError::new(
+        let mut refused = ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             ProblemCode::Overloaded,
             "the gateway is serving as many requests as it is configured to (TXGATE_MAX_CONCURRENCY); retry later",
         )
         .retry(RETRY_AFTER)
         .into_response();
+        // The request's body is not read: the connection ends with this
+        // answer, said so, so that no client sends its next request on a
+        // connection the server is closing (and sheds a connection too).
+        refused.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        return refused;
     };
     next.run(req).await
 }

@@ -29,6 +29,9 @@ async fn beyond_the_concurrency_limit_requests_get_429_and_write_nothing(backend
             let res = app.post(D, &json!({"_id": format!("s{i}"), "n": i})).await;
             let status = res.status().as_u16();
             let retry_after = res.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+            if status == 429 {
+                assert_eq!(res.headers().get("connection").map(|v| v.to_str().unwrap()), Some("close"));
+            }
             let body: serde_json::Value = res.json().await.unwrap();
             (i, status, retry_after, body)
         }

@@ -43,6 +43,17 @@ def check(cond, what):
     print(f"  ok: {what}")
 
 
+def stop(proc):
+    """SIGTERM, and SIGKILL after 30 s (a failed run may leave requests that
+    never finish), so that the first error is the one reported."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def wait_ready(client, path, what, log):
     """Poll `path` until it answers 200, for up to 30 s."""
     for _ in range(300):
@@ -113,8 +124,7 @@ class Instance:
         return list(text_string_to_metric_families(res.text))
 
     def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        stop(self.proc)
         self.log.close()
 
 
@@ -176,8 +186,7 @@ class Prometheus:
     def stop(self):
         import shutil
 
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        stop(self.proc)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
