@@ -50,6 +50,30 @@ pub async fn limit(State(permits): State<Arc<Semaphore>>, req: Request, next: Ne
     next.run(req).await
 }
 
+/// A refusal answered before the request's body is read (401 and 403 of
+/// the keys and the Host guard, 413 on `Content-Length`, 429) says
+/// `Connection: close` when a body was sent: the server cannot reuse a
+/// connection whose body it left unread, and a keep-alive client that is
+/// not told would send its next request on a connection being closed.
+/// (A 403 or 413 a handler gives after reading costs only a reconnect.)
+pub async fn close_after_early_refusal(req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    let has_body = headers.get(header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0")
+        || headers.contains_key(header::TRANSFER_ENCODING);
+    let mut res = next.run(req).await;
+    let early = matches!(
+        res.status(),
+        StatusCode::UNAUTHORIZED
+            | StatusCode::FORBIDDEN
+            | StatusCode::PAYLOAD_TOO_LARGE
+            | StatusCode::TOO_MANY_REQUESTS
+    );
+    if has_body && early {
+        res.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    }
+    res
+}
+
 /// With no API keys the gateway listens on loopback only; a web page on
 /// another site could still reach it through a name it rebinds to
 /// 127.0.0.1. Such a request carries that name in `Host`: refuse every

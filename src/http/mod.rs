@@ -135,6 +135,7 @@ pub fn router(
             limits::limit,
         ))
         .layer(tower::util::option_layer(keyless.then(|| axum::middleware::from_fn(limits::loopback_host))))
+        .layer(axum::middleware::from_fn(limits::close_after_early_refusal))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(|req: &Request<_>| {

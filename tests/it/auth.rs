@@ -17,14 +17,23 @@ async fn keys_and_scopes_are_enforced() {
     .await
     .unwrap();
     let url = "/v1/collections/a/documents";
+    // A refusal that leaves a sent body unread ends its connection, and
+    // says so; one without a body keeps it.
+    let closes = |res: &reqwest::Response| res.headers().get("connection").is_some_and(|v| v == "close");
     let res = app.post(url, &json!({"x": 1})).await;
     assert_eq!(res.headers()["www-authenticate"], "Bearer");
+    assert!(closes(&res), "{:?}", res.headers());
     expect_problem(res, 401, "unauthorized").await;
     let res = app.request(Method::POST, url).bearer_auth("wrong-key-0123456789").json(&json!({})).send().await.unwrap();
+    assert!(closes(&res), "{:?}", res.headers());
     expect_problem(res, 401, "unauthorized").await;
     let res = app.request(Method::POST, url).bearer_auth(READER).json(&json!({"_id": "d"})).send().await.unwrap();
+    assert!(closes(&res), "{:?}", res.headers());
     let p = expect_problem(res, 403, "forbidden").await;
     assert_eq!(p["required_scope"], "write");
+    let res = app.request(Method::GET, &format!("{url}/d")).send().await.unwrap();
+    assert!(!closes(&res), "{:?}", res.headers());
+    expect_problem(res, 401, "unauthorized").await;
     let res = app.request(Method::POST, url).bearer_auth(WRITER).json(&json!({"_id": "d"})).send().await.unwrap();
     expect(res, 201).await;
     let res = app.request(Method::GET, &format!("{url}/d")).bearer_auth(READER).send().await.unwrap();
