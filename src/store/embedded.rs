@@ -217,6 +217,15 @@ pub struct WriterStats {
     pub busy_nanos: AtomicU64,
     /// Of which in commits that synced, and in checkpoints.
     pub synced_nanos: AtomicU64,
+    /// Where the busy time went, in nanoseconds: applying batches (redb's
+    /// write transaction begun, each write checked and applied, indexes
+    /// kept), writing their journal entries, syncing the journal, committing
+    /// to redb (unsynced), and checkpoints (redb made durable).
+    pub apply_nanos: AtomicU64,
+    pub journal_nanos: AtomicU64,
+    pub sync_nanos: AtomicU64,
+    pub commit_nanos: AtomicU64,
+    pub checkpoint_nanos: AtomicU64,
     /// Some commit is not durable yet: set before such a commit becomes
     /// visible, cleared once a sync covers it. A reader that finds it
     /// clear after reading has read only durable data.
@@ -490,6 +499,14 @@ fn reindex(
 }
 
 impl WriterStats {
+    /// Add the time since `since` to `counter`; returns now.
+    fn add(counter: &AtomicU64, since: Instant) -> Instant {
+        let now = Instant::now();
+        let nanos = u64::try_from((now - since).as_nanos()).unwrap_or(u64::MAX);
+        counter.fetch_add(nanos, Ordering::Relaxed);
+        now
+    }
+
     /// Busy time of a batch that started at `started` (and synced).
     fn count(&self, started: Instant, synced: bool) {
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -612,6 +629,7 @@ impl Writer {
             }
             Ok(txn)
         })();
+        let mut phase = WriterStats::add(&self.stats.apply_nanos, started);
         let writes: usize = batch.iter().map(|q| q.ops.len()).sum();
         self.stats.writes.fetch_add(writes as u64, Ordering::Relaxed);
         let txn = match prepared {
@@ -637,6 +655,7 @@ impl Writer {
             if let Err(err) = self.journal.append(&effects) {
                 stop(&StoreError::Unavailable(format!("journal write failed: {err}")));
             }
+            phase = WriterStats::add(&self.stats.journal_nanos, phase);
             if self.unsynced_since.is_none() {
                 self.unsynced_since = Some(Instant::now());
                 self.stats.unsynced.store(true, Ordering::SeqCst);
@@ -646,6 +665,7 @@ impl Writer {
         let synced = durable && self.journal.is_unsynced();
         if durable {
             self.sync_or_stop();
+            phase = WriterStats::add(&self.stats.sync_nanos, phase);
         }
         if let Some(txn) = txn {
             if let Err(err) = txn.commit() {
@@ -654,6 +674,7 @@ impl Writer {
                 stop(&StoreError::Unavailable(format!("commit failed: {err}")));
             }
             self.stats.commits.fetch_add(1, Ordering::Relaxed);
+            WriterStats::add(&self.stats.commit_nanos, phase);
         }
         self.stats.count(started, synced);
         for (queued, result) in batch.into_iter().zip(results) {
@@ -697,6 +718,7 @@ impl Writer {
         self.stats.unsynced.store(false, Ordering::SeqCst);
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        WriterStats::add(&self.stats.checkpoint_nanos, started);
         self.stats.count(started, true);
     }
 }

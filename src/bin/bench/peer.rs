@@ -61,6 +61,8 @@ struct WriterAt {
     writes: u64,
     busy: u64,
     synced: u64,
+    /// Apply, journal, sync, commit, checkpoint (see `WriterStats`).
+    phases: [u64; 5],
 }
 
 impl WriterAt {
@@ -74,6 +76,8 @@ impl WriterAt {
             writes: s.writes.load(Ordering::Relaxed),
             busy: s.busy_nanos.load(Ordering::Relaxed),
             synced: s.synced_nanos.load(Ordering::Relaxed),
+            phases: [&s.apply_nanos, &s.journal_nanos, &s.sync_nanos, &s.commit_nanos, &s.checkpoint_nanos]
+                .map(|c| c.load(Ordering::Relaxed)),
         }
     }
 
@@ -90,6 +94,15 @@ impl WriterAt {
             now.checkpoints - self.checkpoints,
             100.0 * (now.busy - self.busy) as f64 / (now.at - self.at).as_nanos() as f64,
             (now.synced - self.synced) as f64 / syncs.max(1) as f64 / 1e6,
+        );
+        let us = |i: usize| per(now.phases[i] - self.phases[i]) / 1e3;
+        println!(
+            "writer {name}, busy time per unit: apply {:.1} us, journal write {:.1} us, journal sync {:.1} us, redb commit {:.1} us, checkpoints {:.1} us",
+            us(0),
+            us(1),
+            us(2),
+            us(3),
+            us(4),
         );
     }
 }
@@ -161,12 +174,15 @@ pub async fn run(store: StoreConfig, seconds: f64) {
         println!("peer txgate k{k}_syncs_per_txn {:.2}", syncs as f64 / lat.len() as f64);
     }
 
-    // Where the time goes: an HTTP read of a document (no write), and one
+    // Where the time goes: an HTTP read of a document (no write), a
+    // request that reaches no store (`/healthz`: the HTTP stack alone), and one
     // conditional update straight to the store, synced and unsynced.
     let lat =
         sequential(seconds / 2.0, |i| client.get(format!("{base}/v1/collections/peer_k/documents/d{}", i % POOL)))
             .await;
     report("http_read_p50_ms", ms(percentile(&lat, 0.5)), lat.len());
+    let lat = sequential(seconds / 2.0, |_| client.get(format!("{base}/healthz"))).await;
+    report("http_healthz_p50_ms", ms(percentile(&lat, 0.5)), lat.len());
     for durability in [Durability::Synced, Durability::Unsynced] {
         let store: &dyn txgate::store::Store = served.counting.as_ref();
         let mut lat = Vec::new();
