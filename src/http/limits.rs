@@ -34,18 +34,14 @@ pub async fn limit(State(permits): State<Arc<Semaphore>>, req: Request, next: Ne
     }
     let Ok(_permit) = permits.try_acquire() else {
         tracing::debug!("request refused: at the concurrency limit");
-        let mut refused = ApiError::new(
+        // Its connection ends with it: see `close_after_early_refusal`.
+        return ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             ProblemCode::Overloaded,
             "the gateway is serving as many requests as it is configured to (TXGATE_MAX_CONCURRENCY); retry later",
         )
         .retry(RETRY_AFTER)
         .into_response();
-        // The request's body is not read: the connection ends with this
-        // answer, said so, so that no client sends its next request on a
-        // connection the server is closing (and sheds a connection too).
-        refused.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
-        return refused;
     };
     next.run(req).await
 }
@@ -56,6 +52,7 @@ pub async fn limit(State(permits): State<Arc<Semaphore>>, req: Request, next: Ne
 /// connection whose body it left unread, and a keep-alive client that is
 /// not told would send its next request on a connection being closed.
 /// (A 403 or 413 a handler gives after reading costs only a reconnect.)
+/// A 429 always ends its connection: an overload sheds connections too.
 pub async fn close_after_early_refusal(req: Request, next: Next) -> Response {
     let headers = req.headers();
     let has_body = headers.get(header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0")
@@ -68,7 +65,7 @@ pub async fn close_after_early_refusal(req: Request, next: Next) -> Response {
             | StatusCode::PAYLOAD_TOO_LARGE
             | StatusCode::TOO_MANY_REQUESTS
     );
-    if has_body && early {
+    if (has_body && early) || res.status() == StatusCode::TOO_MANY_REQUESTS {
         res.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
     }
     res

@@ -499,17 +499,21 @@ fn reindex(
 }
 
 impl WriterStats {
+    /// Nanoseconds from `since` to `now`.
+    fn nanos(since: Instant, now: Instant) -> u64 {
+        u64::try_from((now - since).as_nanos()).unwrap_or(u64::MAX)
+    }
+
     /// Add the time since `since` to `counter`; returns now.
     fn add(counter: &AtomicU64, since: Instant) -> Instant {
         let now = Instant::now();
-        let nanos = u64::try_from((now - since).as_nanos()).unwrap_or(u64::MAX);
-        counter.fetch_add(nanos, Ordering::Relaxed);
+        counter.fetch_add(Self::nanos(since, now), Ordering::Relaxed);
         now
     }
 
     /// Busy time of a batch that started at `started` (and synced).
     fn count(&self, started: Instant, synced: bool) {
-        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let nanos = Self::nanos(started, Instant::now());
         self.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
         if synced {
             self.synced_nanos.fetch_add(nanos, Ordering::Relaxed);
