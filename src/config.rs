@@ -78,8 +78,8 @@ pub struct Settings {
     #[arg(long, global = true, env = "TXGATE_SYNC_INTERVAL_MS")]
     pub sync_interval_ms: Option<u64>,
     /// Use the mongodb backend at this URI.
-    #[arg(long, global = true, env = "TXGATE_MONGODB_URI")]
-    pub mongodb_uri: Option<String>,
+    #[arg(long, global = true, env = "TXGATE_MONGODB_URI", hide_env_values = true)]
+    pub mongodb_uri: Option<Secret>,
     /// MongoDB database name.
     #[arg(long, global = true, env = "TXGATE_MONGODB_DATABASE")]
     pub mongodb_database: Option<String>,
@@ -127,6 +127,22 @@ pub struct Settings {
     /// Requests served at once; beyond, 429 `overloaded`.
     #[arg(long, global = true, env = "TXGATE_MAX_CONCURRENCY")]
     pub max_concurrency: Option<usize>,
+    /// Requests one API key may have in flight at once; beyond, 429
+    /// `overloaded` for that key only (default: a quarter of
+    /// max_concurrency).
+    #[arg(long, global = true, env = "TXGATE_MAX_CONCURRENCY_PER_KEY")]
+    pub max_concurrency_per_key: Option<usize>,
+    /// Event streams (SSE) open at once on this instance; beyond, 429.
+    #[arg(long, global = true, env = "TXGATE_MAX_STREAMS")]
+    pub max_streams: Option<usize>,
+    /// Time a client has to send a whole request body, in milliseconds
+    /// (408 beyond, and the connection closes).
+    #[arg(long, global = true, env = "TXGATE_BODY_TIMEOUT_MS")]
+    pub body_timeout_ms: Option<u64>,
+    /// Time a client has to send a request's headers, in milliseconds; a
+    /// connection idle between requests for as long is closed too.
+    #[arg(long, global = true, env = "TXGATE_HEADER_TIMEOUT_MS")]
+    pub header_timeout_ms: Option<u64>,
     /// Most actions in one transaction.
     #[arg(long, global = true, env = "TXGATE_MAX_ACTIONS")]
     pub max_actions: Option<usize>,
@@ -139,7 +155,7 @@ pub struct Settings {
     pub hook_allow: Option<String>,
     /// Standard Webhooks signing secret, `whsec_<base64>` (unset: unsigned).
     #[arg(long, global = true, env = "TXGATE_HOOK_SECRET", hide_env_values = true)]
-    pub hook_secret: Option<String>,
+    pub hook_secret: Option<Secret>,
     /// Timeout of one delivery attempt, in milliseconds.
     #[arg(long, global = true, env = "TXGATE_HOOK_TIMEOUT_MS")]
     pub hook_timeout_ms: Option<u64>,
@@ -167,7 +183,41 @@ pub struct Settings {
     pub cors_origins: Option<String>,
 }
 
-/// The resolved configuration.
+/// A setting that is a credential (the hook secret) or may hold one (a
+/// MongoDB URI with a password): `Debug` never shows it.
+#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// `uri` with the password of its user information, if any, replaced:
+/// what logs and `Debug` show of a MongoDB URI.
+pub fn redact_uri(uri: &str) -> String {
+    let Some((scheme, rest)) = uri.split_once("://") else { return "[redacted]".to_owned() };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:[redacted]@{}", &rest[at + 1..])
+        }
+        None => uri.to_owned(),
+    }
+}
+
+/// The resolved configuration. Its `Debug` shows no credential: API keys,
+/// the hook secret and a MongoDB URI's password are redacted.
 #[derive(Clone, Debug)]
 pub struct Config {
     pub listen: String,
@@ -179,6 +229,15 @@ pub struct Config {
     /// Requests served at once (health and readiness checks aside); more
     /// are answered 429 at once, never queued.
     pub max_concurrency: usize,
+    /// Requests one API key may have in flight at once.
+    pub max_concurrency_per_key: usize,
+    /// Event streams open at once.
+    pub max_streams: usize,
+    /// Time to receive a whole request body.
+    pub body_timeout: Duration,
+    /// Time to receive a request's headers (and longest idle time of a
+    /// kept-alive connection).
+    pub header_timeout: Duration,
     /// Empty: no authentication, loopback only.
     pub api_keys: Vec<ApiKey>,
     pub hook_guard: HookGuard,
@@ -235,10 +294,26 @@ pub const DEFAULT_CACHE_MB: u64 = 256;
 /// sync by default.
 pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_millis(200);
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub enum StoreConfig {
     Embedded { data_dir: PathBuf, cache_mb: u64, sync_interval: Duration },
     Mongodb { uri: String, database: String },
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreConfig::Embedded { data_dir, cache_mb, sync_interval } => f
+                .debug_struct("Embedded")
+                .field("data_dir", data_dir)
+                .field("cache_mb", cache_mb)
+                .field("sync_interval", sync_interval)
+                .finish(),
+            StoreConfig::Mongodb { uri, database } => {
+                f.debug_struct("Mongodb").field("uri", &redact_uri(uri)).field("database", database).finish()
+            }
+        }
+    }
 }
 
 impl Default for Config {
@@ -255,6 +330,10 @@ impl Default for Config {
             ttl_interval: Duration::from_millis(500),
             max_body_bytes: 1024 * 1024,
             max_concurrency: 1024,
+            max_concurrency_per_key: 256,
+            max_streams: 1000,
+            body_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
             api_keys: Vec::new(),
             cors: Cors::None,
             hook_guard: HookGuard::default(),
@@ -298,6 +377,10 @@ impl Settings {
             tombstone_retention_secs: self.tombstone_retention_secs.or(file.tombstone_retention_secs),
             max_body_bytes: self.max_body_bytes.or(file.max_body_bytes),
             max_concurrency: self.max_concurrency.or(file.max_concurrency),
+            max_concurrency_per_key: self.max_concurrency_per_key.or(file.max_concurrency_per_key),
+            max_streams: self.max_streams.or(file.max_streams),
+            body_timeout_ms: self.body_timeout_ms.or(file.body_timeout_ms),
+            header_timeout_ms: self.header_timeout_ms.or(file.header_timeout_ms),
             max_actions: self.max_actions.or(file.max_actions),
             max_hooks: self.max_hooks.or(file.max_hooks),
             api_keys: self.api_keys.or(file.api_keys),
@@ -325,7 +408,7 @@ impl Settings {
             None => self,
         };
         let defaults = Config::default();
-        let uri = settings.mongodb_uri.filter(|u| !u.is_empty());
+        let uri = settings.mongodb_uri.map(|u| u.0).filter(|u| !u.is_empty());
         let store = match (settings.store, uri) {
             (Some(StoreKind::Mongodb), None) => {
                 return Err("--store mongodb needs TXGATE_MONGODB_URI (or --mongodb-uri)".into());
@@ -366,7 +449,7 @@ impl Settings {
         let hook_guard = HookGuard::new(settings.hook_allow.as_deref().unwrap_or(""))?;
         let h = &defaults.hooks;
         let hooks = HookConfig {
-            signer: match settings.hook_secret.as_deref().map(str::trim) {
+            signer: match settings.hook_secret.as_ref().map(|s| s.0.trim()) {
                 None | Some("") => None,
                 Some(secret) => Some(Signer::from_secret(secret)?),
             },
@@ -415,6 +498,10 @@ impl Settings {
                 hooks.retention.as_secs()
             ));
         }
+        let max_concurrency = match settings.max_concurrency {
+            Some(0) => return Err("max_concurrency must be greater than 0".into()),
+            v => v.unwrap_or(defaults.max_concurrency),
+        };
         Ok(Config {
             events,
             hooks,
@@ -427,10 +514,17 @@ impl Settings {
             txn,
             ttl_interval: positive("ttl_interval_ms", settings.ttl_interval_ms, defaults.ttl_interval)?,
             max_body_bytes,
-            max_concurrency: match settings.max_concurrency {
-                Some(0) => return Err("max_concurrency must be greater than 0".into()),
-                v => v.unwrap_or(defaults.max_concurrency),
+            max_concurrency,
+            max_concurrency_per_key: match settings.max_concurrency_per_key {
+                Some(0) => return Err("max_concurrency_per_key must be greater than 0".into()),
+                v => v.unwrap_or((max_concurrency / 4).max(1)),
             },
+            max_streams: match settings.max_streams {
+                Some(0) => return Err("max_streams must be greater than 0".into()),
+                v => v.unwrap_or(defaults.max_streams),
+            },
+            body_timeout: positive("body_timeout_ms", settings.body_timeout_ms, defaults.body_timeout)?,
+            header_timeout: positive("header_timeout_ms", settings.header_timeout_ms, defaults.header_timeout)?,
         })
     }
 }
@@ -540,5 +634,28 @@ scopes = ["admin"]
         assert!(short(100, 100).resolve().is_ok());
         assert!(short(101, 100).resolve().unwrap_err().contains("event_retention_secs"));
         assert!(short(100, 101).resolve().unwrap_err().contains("delivery_retention_secs"));
+    }
+
+    #[test]
+    fn debug_output_shows_no_credential() {
+        assert_eq!(
+            redact_uri("mongodb://ann:pw%40x@db1:27017,db2/app?tls=true"),
+            "mongodb://ann:[redacted]@db1:27017,db2/app?tls=true"
+        );
+        assert_eq!(redact_uri("mongodb://db1:27017/app"), "mongodb://db1:27017/app");
+        assert_eq!(redact_uri("mongodb+srv://u:p@cluster.example/x"), "mongodb+srv://u:[redacted]@cluster.example/x");
+        let settings = Settings {
+            mongodb_uri: Some(Secret("mongodb://ann:hunter2@db/app".into())),
+            hook_secret: Some(Secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into())),
+            api_keys: Some(KeysSetting::Spec("key-abcdefghijklmnop:admin".into())),
+            ..Default::default()
+        };
+        let shown = format!("{settings:?}");
+        let config = settings.resolve().unwrap();
+        let shown = format!("{shown} {config:?}");
+        for secret in ["hunter2", "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "key-abcdefghijklmnop"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("mongodb://ann:[redacted]@db/app"), "{shown}");
     }
 }

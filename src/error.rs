@@ -15,6 +15,10 @@ pub enum StoreError {
     /// The write would give a unique index a second record with one value.
     #[error("duplicate key in unique index {0}")]
     Duplicate(String),
+    /// A stored record that cannot be decoded (corrupt, or nested beyond
+    /// the decoding bound): the message names its collection and id.
+    #[error("undecodable record: {0}")]
+    Undecodable(String),
     /// Anything else: a bug or a corrupted record.
     #[error("store error: {0}")]
     Internal(String),

@@ -86,6 +86,14 @@ impl App {
                 store.syncs().unwrap_or(0)
             });
         }
+        {
+            let store = Arc::clone(&store);
+            metrics.sampled(
+                "txgate_store_unreadable_records_total",
+                "Stored records reads could not decode (skipped by background passes; see the log for which)",
+                move || store.unreadable(),
+            );
+        }
         let mut events_cfg = config.events.clone();
         events_cfg.clock = config.txn.clock.clone();
         let (events, store) = events::Log::new(store, events_cfg);
@@ -124,8 +132,9 @@ impl App {
             collections: Arc::clone(&self.collections),
             metrics: Arc::clone(&self.metrics),
             stop: self.stop.clone(),
+            streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),
         };
-        http::router(state, config.max_body_bytes, config.max_concurrency, config.api_keys.clone(), &config.cors)
+        http::router(state, config)
     }
 }
 
@@ -167,7 +176,7 @@ pub async fn run_with_store(
         // Open event streams end at once; the rest drains.
         streams.cancel();
     };
-    axum::serve(listener, router).with_graceful_shutdown(stopping).await?;
+    http::serve::serve(listener, router, config.header_timeout, stopping).await?;
     tracing::info!("HTTP server stopped; finishing background work");
     // Workers finish the step they are in; then request follow-ups finish.
     stop_workers.cancel();

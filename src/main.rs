@@ -49,6 +49,8 @@ async fn shutdown_signal(token: CancellationToken) {
 }
 
 async fn serve(config: Config) -> Result<(), String> {
+    // Credentials are redacted in the configuration's `Debug`.
+    tracing::debug!(config = ?config, "configuration");
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;

@@ -145,7 +145,21 @@ impl Sweeper {
     async fn expire(&self, coll: &str, scan: Scan, why: &str) -> Result<(usize, bool), DocError> {
         let records = self.collections.store().scan(coll, scan.limit(BATCH)).await?;
         let full = records.len() == BATCH;
-        let docs = records.into_iter().map(StoredDoc::from_record).collect::<Result<Vec<_>, _>>()?;
+        // A record that is not a document as the gateway writes them
+        // (another tool's) is skipped and reported, not a stop of the pass.
+        let docs: Vec<StoredDoc> = records
+            .into_iter()
+            .filter_map(|rec| {
+                let id = crate::store::record_id(&rec).unwrap_or("?").to_owned();
+                StoredDoc::from_record(rec)
+                    .map_err(|e| {
+                        crate::store::report_unreadable(&crate::store::StoreError::Undecodable(format!(
+                            "{coll}/{id}: {e}"
+                        )))
+                    })
+                    .ok()
+            })
+            .collect();
         let mut went = 0;
         for done in futures::future::join_all(docs.iter().map(|d| self.documents.expire(coll, d))).await {
             went += usize::from(done?);

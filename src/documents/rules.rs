@@ -23,6 +23,19 @@ impl Invalid {
 
 pub const MAX_ID_CHARS: usize = 256;
 
+/// How deeply a document's data may nest: the data object is level 1, each
+/// object or array inside it one more. Stored, data sits at most three
+/// levels down (a transaction's staged copy in `_meta.pending.data`, a
+/// single write's event in `_meta.outbox.data`, a hook body in a
+/// transaction record's `hooks[i].body`), and every stored form must stay
+/// within MongoDB's nesting limit ([`MAX_STORED_DEPTH`] levels, the record
+/// itself included).
+pub const MAX_DATA_DEPTH: usize = crate::store::convert::MAX_STORED_DEPTH - 3;
+
+fn too_deep(pointer: impl Into<String>) -> Invalid {
+    Invalid::new(pointer, format!("nested deeper than {MAX_DATA_DEPTH} levels, the limit for document data"))
+}
+
 /// `^[a-zA-Z][a-zA-Z0-9_-]{0,63}$`: a user collection name.
 pub fn is_collection_name(name: &str) -> bool {
     let mut chars = name.chars();
@@ -80,18 +93,23 @@ fn escape(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
-fn check_value(value: &Value, pointer: &str) -> Result<(), Invalid> {
+/// Check the field names in `value`, which sits at `level` of the data
+/// (the data object is level 1): an object or array there may be at most
+/// [`MAX_DATA_DEPTH`] deep. The recursion is bounded: parsed JSON nests at
+/// most 128 levels, and the depth check stops it sooner.
+fn check_value(value: &Value, pointer: &str, level: usize) -> Result<(), Invalid> {
     match value {
+        Value::Object(_) | Value::Array(_) if level > MAX_DATA_DEPTH => Err(too_deep(pointer)),
         Value::Object(map) => {
             for (k, v) in map {
                 check_key(k, pointer, false)?;
-                check_value(v, &format!("{pointer}/{}", escape(k)))?;
+                check_value(v, &format!("{pointer}/{}", escape(k)), level + 1)?;
             }
             Ok(())
         }
         Value::Array(items) => {
             for (i, v) in items.iter().enumerate() {
-                check_value(v, &format!("{pointer}/{i}"))?;
+                check_value(v, &format!("{pointer}/{i}"), level + 1)?;
             }
             Ok(())
         }
@@ -103,9 +121,32 @@ fn check_value(value: &Value, pointer: &str) -> Result<(), Invalid> {
 pub fn user_data(map: &Map<String, Value>, pointer: &str) -> Result<Document, Invalid> {
     for (k, v) in map {
         check_key(k, pointer, true)?;
-        check_value(v, &format!("{pointer}/{}", escape(k)))?;
+        check_value(v, &format!("{pointer}/{}", escape(k)), 2)?;
     }
     Ok(object_to_document(map))
+}
+
+/// `value` with every integer past the signed 64-bit range made a double,
+/// as document data is stored ([`json_to_bson`]): BSON has no unsigned
+/// 64-bit integers. For JSON kept as BSON as it is (a hook's body).
+pub fn storable_numbers(value: &mut Value) {
+    match value {
+        Value::Number(n) if n.as_i64().is_none() && n.is_u64() => {
+            *value = n.as_f64().and_then(serde_json::Number::from_f64).map_or(Value::Null, Value::Number);
+        }
+        Value::Array(items) => items.iter_mut().for_each(storable_numbers),
+        Value::Object(map) => map.values_mut().for_each(storable_numbers),
+        _ => {}
+    }
+}
+
+/// A hook's `body` (any JSON), stored with the transaction record as data
+/// is: within the same depth.
+pub fn check_body_depth(body: &Value, pointer: &str) -> Result<(), Invalid> {
+    if crate::store::convert::json_depth(body) > MAX_DATA_DEPTH {
+        return Err(too_deep(pointer));
+    }
+    Ok(())
 }
 
 /// A `{"set","unset","inc"}` patch, validated.
@@ -116,7 +157,12 @@ pub struct Patch {
     pub inc: Vec<(Vec<String>, Bson)>,
 }
 
+/// A dotted path, checked: `a.b` names field `b` of the object in field
+/// `a`, so a path of n parts reaches level n of the data.
 fn path(key: &str, pointer: &str) -> Result<Vec<String>, Invalid> {
+    if key.split('.').nth(MAX_DATA_DEPTH).is_some() {
+        return Err(too_deep(format!("{pointer}/{}", escape(key))));
+    }
     let parts: Vec<String> = key.split('.').map(str::to_owned).collect();
     for (i, part) in parts.iter().enumerate() {
         check_key(part, pointer, i == 0).map_err(|e| Invalid::new(format!("{pointer}/{}", escape(key)), e.message))?;
@@ -137,7 +183,8 @@ impl Patch {
         for (k, v) in set.into_iter().flatten() {
             let p = format!("{pointer}/set");
             let parts = path(k, &p)?;
-            check_value(v, &format!("{p}/{}", escape(k)))?;
+            // The value sits one level below the path's last parent.
+            check_value(v, &format!("{p}/{}", escape(k)), parts.len() + 1)?;
             patch.set.push((parts, json_to_bson(v)));
         }
         for (i, k) in unset.into_iter().flatten().enumerate() {
@@ -182,8 +229,11 @@ impl Patch {
         for (p, by) in &self.inc {
             let next = match get_path(&out, p) {
                 None => by.clone(),
-                Some(current) => add(current, by).ok_or_else(|| match current {
-                    Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) => {
+                Some(current) => add(current, by).ok_or_else(|| match (current, by) {
+                    (Bson::Double(_), _) | (_, Bson::Double(_)) => {
+                        format!("inc on {:?} overflows the range of a double (no infinity is stored)", p.join("."))
+                    }
+                    (Bson::Int32(_) | Bson::Int64(_), _) => {
                         format!("inc on {:?} overflows the 64-bit integer range", p.join("."))
                     }
                     _ => format!("inc on {:?}: the field holds a non-number", p.join(".")),
@@ -238,11 +288,15 @@ pub fn merge_patch(data: &Document, patch: &Map<String, Value>, pointer: &str) -
     for k in patch.keys() {
         check_key(k, pointer, true)?;
     }
-    merge_into(&mut out, patch, pointer)?;
+    merge_into(&mut out, patch, pointer, 1)?;
     Ok(out)
 }
 
-fn merge_into(target: &mut Document, patch: &Map<String, Value>, pointer: &str) -> Result<(), Invalid> {
+/// Merge `patch`, an object at `level` of the data, into `target`.
+fn merge_into(target: &mut Document, patch: &Map<String, Value>, pointer: &str, level: usize) -> Result<(), Invalid> {
+    if level > MAX_DATA_DEPTH {
+        return Err(too_deep(pointer));
+    }
     for (k, v) in patch {
         let p = format!("{pointer}/{}", escape(k));
         check_key(k, pointer, false)?;
@@ -255,11 +309,11 @@ fn merge_into(target: &mut Document, patch: &Map<String, Value>, pointer: &str) 
                     Some(Bson::Document(d)) => d.clone(),
                     _ => Document::new(),
                 };
-                merge_into(&mut base, inner, &p)?;
+                merge_into(&mut base, inner, &p, level + 1)?;
                 target.insert(k.clone(), Bson::Document(base));
             }
             other => {
-                check_value(other, &p)?;
+                check_value(other, &p, level + 1)?;
                 target.insert(k.clone(), json_to_bson(other));
             }
         }
@@ -267,8 +321,10 @@ fn merge_into(target: &mut Document, patch: &Map<String, Value>, pointer: &str) 
     Ok(())
 }
 
+/// `current + by`, or `None` when that is not a number, overflows a
+/// 64-bit integer, or is not finite (JSON has no infinity).
 fn add(current: &Bson, by: &Bson) -> Option<Bson> {
-    match (current, by) {
+    let sum = match (current, by) {
         (Bson::Int64(a), Bson::Int64(b)) => a.checked_add(*b).map(Bson::Int64),
         (Bson::Int32(a), Bson::Int64(b)) => i64::from(*a).checked_add(*b).map(Bson::Int64),
         (Bson::Double(a), Bson::Int64(b)) => Some(Bson::Double(a + *b as f64)),
@@ -276,5 +332,6 @@ fn add(current: &Bson, by: &Bson) -> Option<Bson> {
         (Bson::Int32(a), Bson::Double(b)) => Some(Bson::Double(f64::from(*a) + b)),
         (Bson::Double(a), Bson::Double(b)) => Some(Bson::Double(a + b)),
         _ => None,
-    }
+    };
+    sum.filter(|s| !matches!(s, Bson::Double(d) if !d.is_finite()))
 }

@@ -74,6 +74,9 @@ impl Store for Tap {
     fn syncs(&self) -> Option<u64> {
         self.inner.syncs()
     }
+    fn unreadable(&self) -> u64 {
+        self.inner.unreadable()
+    }
     async fn sync(&self) -> StoreResult<()> {
         self.inner.sync().await
     }

@@ -1,10 +1,12 @@
-//! Where hooks may go (SSRF guard). A hook URL must be http(s); loopback,
-//! unspecified, private, shared (100.64/10), link-local and metadata
-//! addresses, IPv6 unique-local and link-local, and IPv4 addresses mapped
-//! into IPv6, are refused unless `TXGATE_HOOK_ALLOW` matches the
-//! destination. At submit time only literal addresses and `localhost` names
-//! are known (no DNS lookup); [`forbidden`] is also what the sender checks
-//! each resolved address against.
+//! Where hooks may go (SSRF guard). A hook URL must be http(s); every
+//! address that is not globally reachable (loopback, unspecified, private,
+//! shared, link-local and metadata, documentation, benchmarking, reserved,
+//! multicast, IPv6 unique-local and site-local, ...), and every IPv6 form
+//! that carries such an IPv4 address, is refused unless
+//! `TXGATE_HOOK_ALLOW` matches the destination. At submit time only
+//! literal addresses and `localhost` names are known (no DNS lookup);
+//! [`forbidden`] is also what the sender checks each resolved address
+//! against.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -95,7 +97,10 @@ impl HookGuard {
     }
 }
 
-/// Whether `ip` is a destination hooks may not reach unless allowed.
+/// Whether `ip` is a destination hooks may not reach unless allowed: every
+/// address the IANA special-purpose registries (RFC 6890 and its updates)
+/// mark as not globally reachable, multicast and broadcast, and every IPv6
+/// address that carries an IPv4 address which is itself refused.
 pub fn forbidden(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => forbidden_v4(v4),
@@ -103,32 +108,88 @@ pub fn forbidden(ip: IpAddr) -> bool {
     }
 }
 
+/// IPv4 blocks that are not globally reachable (or not unicast).
+const V4_REFUSED: &[(u32, u32)] = &[
+    (0x0000_0000, 8),  // 0.0.0.0/8 "this network"
+    (0x0a00_0000, 8),  // 10.0.0.0/8 private
+    (0x6440_0000, 10), // 100.64.0.0/10 shared address space
+    (0x7f00_0000, 8),  // 127.0.0.0/8 loopback
+    (0xa9fe_0000, 16), // 169.254.0.0/16 link-local, cloud metadata
+    (0xac10_0000, 12), // 172.16.0.0/12 private
+    (0xc000_0000, 24), // 192.0.0.0/24 IETF protocol assignments
+    (0xc000_0200, 24), // 192.0.2.0/24 documentation
+    (0xc058_6300, 24), // 192.88.99.0/24 6to4 relay anycast (deprecated)
+    (0xc0a8_0000, 16), // 192.168.0.0/16 private
+    (0xc612_0000, 15), // 198.18.0.0/15 benchmarking
+    (0xc633_6400, 24), // 198.51.100.0/24 documentation
+    (0xcb00_7100, 24), // 203.0.113.0/24 documentation
+    (0xe000_0000, 4),  // 224.0.0.0/4 multicast
+    (0xf000_0000, 4),  // 240.0.0.0/4 reserved, 255.255.255.255 broadcast
+];
+
+fn within(addr: u128, net: u128, len: u32, bits: u32) -> bool {
+    let shift = bits - len;
+    len == 0 || (addr >> shift) == (net >> shift)
+}
+
 fn forbidden_v4(ip: Ipv4Addr) -> bool {
-    let [a, b, ..] = ip.octets();
-    ip.is_loopback()
-        || ip.is_unspecified()
-        || a == 0
-        || ip.is_private()
-        || ip.is_link_local() // 169.254/16, cloud metadata included
-        || (a == 100 && (64..128).contains(&b)) // 100.64/10
-        || ip.is_broadcast()
-        || ip.is_multicast()
+    let addr = u128::from(u32::from(ip));
+    V4_REFUSED.iter().any(|&(net, len)| within(addr, u128::from(net), len, 32))
+}
+
+/// Blocks of the global unicast space (2000::/3) that are not globally
+/// reachable; everything outside 2000::/3 is refused, bar the forms that
+/// carry an IPv4 address.
+const V6_REFUSED: &[(u128, u32)] = &[
+    (0x2001_0000_0000_0000_0000_0000_0000_0000, 23), // 2001::/23 IETF protocol assignments
+    (0x2001_0db8_0000_0000_0000_0000_0000_0000, 32), // 2001:db8::/32 documentation
+    (0x3fff_0000_0000_0000_0000_0000_0000_0000, 20), // 3fff::/20 documentation
+];
+
+/// Globally reachable blocks inside [`V6_REFUSED`] ones.
+const V6_GLOBAL_EXCEPTIONS: &[(u128, u32)] = &[
+    (0x2001_0001_0000_0000_0000_0000_0000_0001, 128), // PCP anycast
+    (0x2001_0001_0000_0000_0000_0000_0000_0002, 128), // TURN anycast
+    (0x2001_0003_0000_0000_0000_0000_0000_0000, 32),  // AMT
+    (0x2001_0004_0112_0000_0000_0000_0000_0000, 48),  // AS112-v6
+    (0x2001_0020_0000_0000_0000_0000_0000_0000, 28),  // ORCHIDv2
+    (0x2001_0030_0000_0000_0000_0000_0000_0000, 28),  // drone remote ID
+];
+
+fn v4_at(addr: u128, shift: u32) -> Ipv4Addr {
+    Ipv4Addr::from((addr >> shift) as u32)
+}
+
+/// The IPv4 address an IPv6 address carries, for the forms that carry one:
+/// IPv4-mapped (`::ffff:0:0/96`), IPv4-compatible (`::/96`),
+/// IPv4-translated (`::ffff:0:0:0/96`), NAT64 (`64:ff9b::/96`), 6to4
+/// (`2002::/16`) and Teredo (`2001::/32`, the client's address).
+pub fn carried_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let addr = u128::from(ip);
+    let is = |net: u128, len: u32| within(addr, net, len, 128);
+    if is(0xffff_0000_0000, 96) || is(0, 96) || is(0xffff_0000_0000_0000, 96) || is(0x0064_ff9b << 96, 96) {
+        Some(v4_at(addr, 0))
+    } else if is(0x2002 << 112, 16) {
+        Some(v4_at(addr, 80))
+    } else if is(0x2001_0000 << 96, 32) {
+        Some(Ipv4Addr::from(!(addr as u32)))
+    } else {
+        None
+    }
 }
 
 fn forbidden_v6(ip: Ipv6Addr) -> bool {
-    if let Some(v4) = ip.to_ipv4_mapped() {
+    if ip.is_unspecified() || ip.is_loopback() {
+        return true;
+    }
+    if let Some(v4) = carried_v4(ip) {
         return forbidden_v4(v4);
     }
-    let seg = ip.segments();
-    // NAT64 (64:ff9b::/96) embeds an IPv4 address.
-    if seg[0] == 0x64 && seg[1] == 0xff9b && seg[2..6] == [0, 0, 0, 0] {
-        return forbidden_v4(Ipv4Addr::new((seg[6] >> 8) as u8, seg[6] as u8, (seg[7] >> 8) as u8, seg[7] as u8));
-    }
-    ip.is_loopback()
-        || ip.is_unspecified()
-        || (seg[0] & 0xfe00) == 0xfc00 // fc00::/7
-        || (seg[0] & 0xffc0) == 0xfe80 // fe80::/10
-        || ip.is_multicast()
+    let addr = u128::from(ip);
+    let is = |&(net, len): &(u128, u32)| within(addr, net, len, 128);
+    // Outside 2000::/3: discard-only, ULA, link- and site-local,
+    // multicast, SRv6, NAT64 local use, and everything unassigned.
+    !is(&(0x2000 << 112, 3)) || (V6_REFUSED.iter().any(is) && !V6_GLOBAL_EXCEPTIONS.iter().any(is))
 }
 
 #[cfg(test)]
@@ -159,6 +220,25 @@ mod tests {
             "http://[::ffff:127.0.0.1]/",
             "http://[::ffff:10.0.0.1]/",
             "http://[64:ff9b::a9fe:a9fe]/",
+            "http://[::127.0.0.1]/",
+            "http://[::ffff:0:7f00:1]/",
+            "http://[64:ff9b:1::a00:1]/",
+            "http://[2002:7f00:1::]/",
+            "http://[2002:a9fe:a9fe::1]/",
+            "http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/", // Teredo, client 127.0.0.1
+            "http://[fec0::1]/",
+            "http://[ff02::1]/",
+            "http://[100::1]/",
+            "http://[2001:db8::1]/",
+            "http://[3fff::1]/",
+            "http://[2001:2::1]/",
+            "http://198.18.0.1/",
+            "http://198.19.255.255/",
+            "http://192.0.0.8/",
+            "http://192.0.2.1/",
+            "http://240.0.0.1/",
+            "http://255.255.255.255/",
+            "http://224.0.0.1/",
             "http://localhost:8080/",
             "http://api.localhost/",
             "http://LOCALHOST./",
@@ -166,8 +246,17 @@ mod tests {
         ] {
             assert!(!check(&g, bad), "{bad} must be refused");
         }
-        for good in ["https://example.com/hook", "http://93.184.216.34/", "http://172.32.0.1/", "http://[2001:db8::1]/"]
-        {
+        for good in [
+            "https://example.com/hook",
+            "http://93.184.216.34/",
+            "http://172.32.0.1/",
+            "http://198.20.0.1/",
+            "http://[2606:4700::1111]/",
+            "http://[::ffff:93.184.216.34]/",
+            "http://[64:ff9b::5db8:d822]/",
+            "http://[2002:5db8:d822::1]/",
+            "http://[2001:4:112::1]/",
+        ] {
             assert!(check(&g, good), "{good} must be allowed");
         }
     }

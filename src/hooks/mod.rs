@@ -77,13 +77,65 @@ pub struct Hook {
     pub method: String,
     pub url: String,
     #[serde(default)]
-    pub headers: std::collections::BTreeMap<String, String>,
+    pub headers: Headers,
     #[serde(default)]
     pub body: Option<Value>,
 }
 
 fn default_method() -> String {
     "POST".into()
+}
+
+/// A hook's own headers. Their values are write-only: typically a
+/// receiver's credentials, they are sent and stored, but never shown (no
+/// endpoint returns them, and `Debug` prints only the names).
+#[derive(Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(transparent)]
+pub struct Headers(pub std::collections::BTreeMap<String, String>);
+
+/// What an API answer shows in place of a header value.
+pub const REDACTED: &str = "[redacted]";
+
+impl Headers {
+    /// The names, each with [`REDACTED`] for its value.
+    pub fn redacted(&self) -> std::collections::BTreeMap<String, String> {
+        self.0.keys().map(|name| (name.clone(), REDACTED.to_owned())).collect()
+    }
+}
+
+impl std::ops::Deref for Headers {
+    type Target = std::collections::BTreeMap<String, String>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl From<std::collections::BTreeMap<String, String>> for Headers {
+    fn from(map: std::collections::BTreeMap<String, String>) -> Self {
+        Self(map)
+    }
+}
+
+impl std::fmt::Debug for Headers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.0.keys().map(|k| (k, REDACTED))).finish()
+    }
+}
+
+/// A transaction request as shown back (and kept in its record): every
+/// hook's header values replaced by [`REDACTED`].
+pub fn redact_request(request: &serde_json::Value) -> serde_json::Value {
+    let mut request = request.clone();
+    if let Some(hooks) = request.get_mut("hooks").and_then(serde_json::Value::as_array_mut) {
+        for hook in hooks {
+            if let Some(headers) = hook.get_mut("headers").and_then(serde_json::Value::as_object_mut) {
+                for value in headers.values_mut() {
+                    *value = serde_json::Value::String(REDACTED.to_owned());
+                }
+            }
+        }
+    }
+    request
 }
 
 /// One delivery attempt.
@@ -158,7 +210,7 @@ pub struct Delivery {
     pub status: DeliveryStatus,
     pub method: String,
     pub url: String,
-    pub headers: std::collections::BTreeMap<String, String>,
+    pub headers: Headers,
     /// The exact bytes to send, as text.
     pub body: String,
     pub created_at: DateTime,

@@ -53,6 +53,10 @@ impl Clients {
         let build = |resolver: Option<Arc<VettingResolver>>| {
             let mut b = reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
+                // Proxy variables of the environment are ignored: through a
+                // proxy, the address check would vet the proxy, not the
+                // destination.
+                .no_proxy()
                 .timeout(timeout)
                 .connect_timeout(timeout.min(Duration::from_secs(10)))
                 .pool_idle_timeout(Duration::from_secs(30))

@@ -55,6 +55,34 @@ pub const RESERVED_HEADERS: &[&str] = &[
     "connection",
 ];
 
+/// Hop-by-hop and framing headers: they describe one connection, not the
+/// request, so a hook may not set them (422).
+pub const HOP_BY_HOP_HEADERS: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "content-length",
+    "host",
+];
+
+/// Whether a hook may not set header `name` (any case): the gateway sets
+/// it, or it is hop-by-hop (`Proxy-*` included).
+pub fn refused_header(name: &str) -> Option<&'static str> {
+    let name = name.to_ascii_lowercase();
+    if HOP_BY_HOP_HEADERS.contains(&name.as_str()) || name.starts_with("proxy-") {
+        Some("hop-by-hop and framing headers cannot be set on a hook")
+    } else if RESERVED_HEADERS.contains(&name.as_str()) {
+        Some("this header is set by txgate")
+    } else {
+        None
+    }
+}
+
 /// The delay before retry number `failures` (1 = after the first failure):
 /// 100 ms doubling, capped at 30 s, times a random factor in [0.8, 1.2].
 pub fn backoff(failures: u32, jitter: f64) -> Duration {
@@ -535,8 +563,8 @@ impl Transport for Http {
         let method = reqwest::Method::from_bytes(d.method.as_bytes()).unwrap_or(reqwest::Method::POST);
         let timestamp = self.clock.now().timestamp_millis() / 1000;
         let mut req = client.request(method, url);
-        for (name, value) in &d.headers {
-            if !RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+        for (name, value) in d.headers.iter() {
+            if refused_header(name).is_none() {
                 req = req.header(name, value);
             }
         }

@@ -81,27 +81,64 @@ impl Grant {
     }
 }
 
-#[derive(Clone, Debug)]
+/// An API key and what it may do. Its `Debug` shows the grants, never the
+/// key.
+#[derive(Clone)]
 pub struct ApiKey {
     pub key: String,
     pub grants: Vec<Grant>,
 }
 
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiKey").field("key", &REDACTED).field("grants", &self.grants).finish()
+    }
+}
+
+const REDACTED: &str = "[redacted]";
+
+impl ApiKey {
+    /// What this key's requests are known by where they must be kept apart
+    /// from other keys' (idempotency keys): a digest of the whole key,
+    /// stable across restarts, from which the key cannot be recovered.
+    pub fn scope(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(self.key.as_bytes());
+        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
 /// One key as the TOML file may give it: `{ key = "...", scopes = ["read@orders"] }`.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeyEntry {
     pub key: String,
     pub scopes: Vec<String>,
 }
 
+impl std::fmt::Debug for KeyEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyEntry").field("key", &REDACTED).field("scopes", &self.scopes).finish()
+    }
+}
+
 /// `TXGATE_API_KEYS` (or `api_keys` in the TOML file): the string form,
-/// or, in the file, a list of `{ key, scopes }` tables.
-#[derive(Clone, Debug, Deserialize)]
+/// or, in the file, a list of `{ key, scopes }` tables. `Debug` shows no
+/// key.
+#[derive(Clone, Deserialize)]
 #[serde(untagged)]
 pub enum KeysSetting {
     Spec(String),
     Table(Vec<KeyEntry>),
+}
+
+impl std::fmt::Debug for KeysSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeysSetting::Spec(_) => f.write_str("Spec([redacted])"),
+            KeysSetting::Table(entries) => f.debug_tuple("Table").field(entries).finish(),
+        }
+    }
 }
 
 impl std::str::FromStr for KeysSetting {
@@ -120,19 +157,22 @@ impl KeysSetting {
             KeysSetting::Table(entries) if entries.is_empty() => Err("api_keys is set but names no key".into()),
             KeysSetting::Table(entries) => entries
                 .iter()
-                .map(|e| key(&e.key, &e.scopes.iter().map(String::as_str).collect::<Vec<_>>()))
+                .enumerate()
+                .map(|(n, e)| key(n + 1, &e.key, &e.scopes.iter().map(String::as_str).collect::<Vec<_>>()))
                 .collect::<Result<Vec<_>, _>>()
                 .map(Some),
         }
     }
 }
 
-fn key(key: &str, scopes: &[&str]) -> Result<ApiKey, String> {
+/// Key number `n` (from 1) of the setting; errors name it by its place,
+/// never by any part of the key.
+fn key(n: usize, key: &str, scopes: &[&str]) -> Result<ApiKey, String> {
     if key.len() < 16 {
-        return Err(format!("API key {:?} is too short: use at least 16 characters", redact(key)));
+        return Err(format!("API key #{n} is too short: use at least 16 characters"));
     }
     if scopes.is_empty() {
-        return Err(format!("API key {:?} has no scope", redact(key)));
+        return Err(format!("API key #{n} has no scope"));
     }
     let grants = scopes.iter().map(|s| Grant::parse(s.trim())).collect::<Result<Vec<_>, _>>()?;
     Ok(ApiKey { key: key.to_owned(), grants })
@@ -142,11 +182,10 @@ fn key(key: &str, scopes: &[&str]) -> Result<ApiKey, String> {
 /// `scope@collection`.
 pub fn parse_keys(spec: &str) -> Result<Vec<ApiKey>, String> {
     let mut keys = Vec::new();
-    for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let (k, scopes) = entry
-            .rsplit_once(':')
-            .ok_or_else(|| format!("API key entry {:?} must be key:scope[+scope]", redact(entry)))?;
-        keys.push(key(k, &scopes.split('+').collect::<Vec<_>>())?);
+    for (n, entry) in spec.split(',').map(str::trim).filter(|e| !e.is_empty()).enumerate() {
+        let (k, scopes) =
+            entry.rsplit_once(':').ok_or_else(|| format!("API key #{} must be key:scope[+scope]", n + 1))?;
+        keys.push(key(n + 1, k, &scopes.split('+').collect::<Vec<_>>())?);
     }
     if keys.is_empty() {
         return Err("TXGATE_API_KEYS is set but names no key".into());
@@ -154,14 +193,12 @@ pub fn parse_keys(spec: &str) -> Result<Vec<ApiKey>, String> {
     Ok(keys)
 }
 
-fn redact(key: &str) -> String {
-    format!("{}…", key.chars().take(4).collect::<String>())
-}
-
-/// Which key made the request (its first characters), for scoping
-/// idempotency keys and for logs.
+/// Which key made the request: its [`ApiKey::scope`], which keeps its
+/// idempotency keys apart from every other key's.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Caller(pub String);
+pub struct Caller {
+    pub scope: String,
+}
 
 /// What the caller may do, for handlers that find the collections a
 /// request touches in its body, query or stored records. Without keys
@@ -232,11 +269,16 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0_u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn needed_scope(method: &Method, path: &str) -> Option<Scope> {
-    if matches!(path, "/healthz" | "/readyz" | "/openapi.json") || path == "/docs" || path.starts_with("/docs/") {
+/// Operator actions: routes that need `admin` whatever their method.
+const OPERATOR_ROUTES: &[&str] = &["/v1/transactions/{id}/abort", "/v1/deliveries/{id}/retry"];
+
+/// The scope a request needs, decided by its matched route (a document
+/// whose id is `abort` is a document).
+fn needed_scope(method: &Method, route: &str) -> Option<Scope> {
+    if matches!(route, "/healthz" | "/readyz" | "/openapi.json") || route == "/docs" || route.starts_with("/docs/") {
         return None;
     }
-    let operator_action = path.ends_with("/abort") || path.ends_with("/retry");
+    let operator_action = OPERATOR_ROUTES.contains(&route);
     Some(match *method {
         _ if operator_action => Scope::Admin,
         Method::GET | Method::HEAD | Method::OPTIONS => Scope::Read,
@@ -256,9 +298,26 @@ const CHECKED_BY_HANDLER: &[&str] = &[
     "/v1/subscriptions/{id}",
 ];
 
-/// Middleware: authenticate and authorize every API request.
-pub async fn require_key(State(keys): State<Arc<Vec<ApiKey>>>, req: Request, next: Next) -> Response {
-    let Some(needed) = needed_scope(req.method(), req.uri().path()) else { return next.run(req).await };
+/// The configured keys, each with its share of the concurrency limit.
+pub struct Keys {
+    keys: Vec<(ApiKey, Arc<tokio::sync::Semaphore>)>,
+    per_key: usize,
+}
+
+impl Keys {
+    /// `keys`, each allowed `per_key` requests in flight at once.
+    pub fn new(keys: Vec<ApiKey>, per_key: usize) -> Self {
+        let per_key = per_key.max(1);
+        Self { keys: keys.into_iter().map(|k| (k, Arc::new(tokio::sync::Semaphore::new(per_key)))).collect(), per_key }
+    }
+}
+
+/// Middleware: authenticate and authorize every API request, and hold one
+/// of the key's permits while it is served (a key at its share of the
+/// concurrency limit gets 429; other keys are served).
+pub async fn require_key(State(keys): State<Arc<Keys>>, req: Request, next: Next) -> Response {
+    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned()).unwrap_or_default();
+    let Some(needed) = needed_scope(req.method(), &route) else { return next.run(req).await };
     let token = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -268,11 +327,11 @@ pub async fn require_key(State(keys): State<Arc<Vec<ApiKey>>>, req: Request, nex
     let Some(token) = token else {
         return unauthorized("an API key is required: Authorization: Bearer <key>");
     };
-    let Some(key) = keys.iter().find(|k| constant_time_eq(k.key.as_bytes(), token.as_bytes())) else {
+    let Some((key, permits)) = keys.keys.iter().find(|(k, _)| constant_time_eq(k.key.as_bytes(), token.as_bytes()))
+    else {
         return unauthorized("the API key is not valid");
     };
     let access = Access { grants: Some(key.grants.clone().into()) };
-    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned()).unwrap_or_default();
     let (mut parts, body) = req.into_parts();
     let collection = if route.contains("{collection}") {
         match Path::<HashMap<String, String>>::from_request_parts(&mut parts, &()).await {
@@ -299,7 +358,29 @@ pub async fn require_key(State(keys): State<Arc<Vec<ApiKey>>>, req: Request, nex
     if let Err(err) = allowed {
         return err.into_response();
     }
-    parts.extensions.insert(Caller(redact(&key.key)));
+    // A scrape is not limited (see `limits::limit`).
+    let _permit = if route == "/metrics" {
+        None
+    } else {
+        match Arc::clone(permits).try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => {
+                tracing::debug!("request refused: the API key is at its share of the concurrency limit");
+                return ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    ProblemCode::Overloaded,
+                    format!(
+                        "this API key has {} requests in flight, its share of the gateway \
+                         (TXGATE_MAX_CONCURRENCY_PER_KEY); retry later",
+                        keys.per_key
+                    ),
+                )
+                .retry(super::limits::RETRY_AFTER)
+                .into_response();
+            }
+        }
+    };
+    parts.extensions.insert(Caller { scope: key.scope() });
     parts.extensions.insert(access);
     next.run(Request::from_parts(parts, body)).await
 }
@@ -346,6 +427,19 @@ mod tests {
         assert_eq!(needed_scope(&Method::GET, "/healthz"), None);
         assert_eq!(needed_scope(&Method::GET, "/v1/collections/a/documents"), Some(Scope::Read));
         assert_eq!(needed_scope(&Method::POST, "/v1/transactions"), Some(Scope::Write));
-        assert_eq!(needed_scope(&Method::POST, "/v1/transactions/x/abort"), Some(Scope::Admin));
+        assert_eq!(needed_scope(&Method::POST, "/v1/transactions/{id}/abort"), Some(Scope::Admin));
+        assert_eq!(needed_scope(&Method::POST, "/v1/deliveries/{id}/retry"), Some(Scope::Admin));
+        // A document whose id is `abort` is a document.
+        assert_eq!(needed_scope(&Method::GET, "/v1/collections/{collection}/documents/{id}"), Some(Scope::Read));
+    }
+
+    #[test]
+    fn scopes_are_digests_of_the_whole_key() {
+        let keys = parse_keys("svc-billing-0123456789:write, svc-shipping-012345678:write").unwrap();
+        assert_ne!(keys[0].scope(), keys[1].scope());
+        assert_eq!(keys[0].scope(), keys[0].clone().scope(), "stable");
+        assert!(!keys[0].scope().contains("svc"));
+        let shown = format!("{keys:?}");
+        assert!(!shown.contains("svc-billing") && !shown.contains("svc-shipping"), "{shown}");
     }
 }

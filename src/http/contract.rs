@@ -363,33 +363,43 @@ fn retry_after(code: ProblemCode) -> bool {
 pub fn problems(operation: &str) -> Option<Vec<(u16, ProblemCode)>> {
     use ProblemCode::*;
     let plain = |codes: &[ProblemCode]| codes.iter().map(|c| (c.status(), *c)).collect::<Vec<_>>();
-    let body = [InvalidJson, InvalidBody, PayloadTooLarge, UnsupportedMediaType];
+    let body = [InvalidJson, InvalidBody, RequestTimeout, PayloadTooLarge, UnsupportedMediaType];
     let mut list = match operation {
-        // The body limit holds on every route, even where no body is read.
-        "v1.health.get" => plain(&[PayloadTooLarge]),
-        "v1.ready.get" => plain(&[PayloadTooLarge, StoreUnavailable, NotReady]),
-        "v1.documents.create" => {
-            plain(&[&body[..], &[InvalidPath, AlreadyExists, Locked, ValidationFailed, DocumentRejected]].concat())
-        }
+        // The body limits hold on every route, even where no body is read.
+        "v1.health.get" => plain(&[RequestTimeout, PayloadTooLarge]),
+        "v1.ready.get" => plain(&[RequestTimeout, PayloadTooLarge, StoreUnavailable, NotReady]),
+        "v1.documents.create" => plain(
+            &[&body[..], &[InvalidPath, AlreadyExists, Locked, ValidationFailed, DocumentRejected, RecordUnreadable]]
+                .concat(),
+        ),
         "v1.documents.list" => plain(&[InvalidPath, ValidationFailed]),
-        "v1.documents.get" => plain(&[InvalidPath, InvalidHeader, NotFound, Deleted, ValidationFailed]),
+        "v1.documents.get" => {
+            plain(&[InvalidPath, InvalidHeader, NotFound, Deleted, ValidationFailed, RecordUnreadable])
+        }
         "v1.documents.replace" | "v1.documents.patch" => plain(
             &[
                 &body[..],
                 &[InvalidPath, InvalidHeader, NotFound, VersionConflict, Locked, Deleted, ValidationFailed],
-                &[InvalidChange, DocumentRejected],
+                &[InvalidChange, DocumentRejected, RecordUnreadable],
             ]
             .concat(),
         ),
-        "v1.documents.delete" => {
-            plain(&[InvalidPath, InvalidHeader, NotFound, VersionConflict, Locked, Deleted, ValidationFailed])
-        }
+        "v1.documents.delete" => plain(&[
+            InvalidPath,
+            InvalidHeader,
+            NotFound,
+            VersionConflict,
+            Locked,
+            Deleted,
+            ValidationFailed,
+            RecordUnreadable,
+        ]),
         "v1.transactions.create" => {
             let mut list = plain(
                 &[
                     &body[..],
                     &[InvalidHeader, ValidationFailed, DuplicateMember, InvalidChange, IdempotencyKeyReused],
-                    &[HookNotAllowed, DocumentRejected, OutcomeUnknown, InProgress],
+                    &[HookNotAllowed, DocumentRejected, OutcomeUnknown, InProgress, RecordUnreadable],
                 ]
                 .concat(),
             );
@@ -403,7 +413,7 @@ pub fn problems(operation: &str) -> Option<Vec<(u16, ProblemCode)>> {
         "v1.transactions.get" | "v1.deliveries.get" => plain(&[InvalidPath, NotFound]),
         "v1.transactions.abort" => plain(&[InvalidPath, NotFound, AlreadyCommitted]),
         "v1.deliveries.retry" => plain(&[InvalidPath, NotFound, DeliveryPending]),
-        "v1.events.list" => plain(&[InvalidHeader, ValidationFailed, CursorExpired]),
+        "v1.events.list" => plain(&[InvalidHeader, CursorBeyondHead, ValidationFailed, CursorExpired]),
         "v1.subscriptions.create" => plain(&[&body[..], &[ValidationFailed, HookNotAllowed]].concat()),
         "v1.subscriptions.list" | "v1.collections.list" => plain(&[ValidationFailed]),
         "v1.collections.get" => plain(&[InvalidPath, ValidationFailed]),
@@ -411,6 +421,8 @@ pub fn problems(operation: &str) -> Option<Vec<(u16, ProblemCode)>> {
         "v1.subscriptions.get" | "v1.subscriptions.delete" => plain(&[InvalidPath, NotFound]),
         _ => return None,
     };
+    // Every request's head is bounded.
+    list.extend(plain(&[HeadersTooLarge]));
     if public(operation) {
         return Some(list);
     }

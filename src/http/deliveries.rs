@@ -40,6 +40,8 @@ pub struct DeliveryOut {
     pub status: String,
     pub method: String,
     pub url: String,
+    /// The hook's own headers; their values are write-only (shown as
+    /// `[redacted]`).
     pub headers: std::collections::BTreeMap<String, String>,
     /// The body, fixed when the transaction committed.
     #[schema(value_type = AnyValue)]
@@ -119,7 +121,7 @@ fn delivery_out(d: Delivery, now: DateTime) -> DeliveryOut {
         status: d.status.as_str().to_owned(),
         method: d.method,
         url: d.url,
-        headers: d.headers,
+        headers: d.headers.redacted(),
         created_at: rfc3339(d.created_at),
         next_attempt_at: (!finished && d.next_at != AFTER_PREVIOUS).then(|| rfc3339(d.next_at)),
         in_flight: d.claim.is_some() && d.lease_until.is_some_and(|until| until > now),

@@ -67,6 +67,7 @@ problem_codes! {
     InvalidHeader => "invalid_header", 400, Problem, "a header (`If-Match`, `If-None-Match`, `Idempotency-Key`) is malformed";
     InvalidPath => "invalid_path", 400, Problem, "a path parameter cannot be decoded";
     BadRequest => "bad_request", 400, Problem, "the request could not be understood";
+    CursorBeyondHead => "cursor_beyond_head", 400, Problem, "the event cursor is past the log's last position: no event has had it yet";
     Unauthorized => "unauthorized", 401, Problem, "no API key, or not a valid one";
     Forbidden => "forbidden", 403, Problem, "the API key lacks the scope (or, with no keys configured, the `Host` is not a loopback name)";
     NotFound => "not_found", 404, Problem, "never existed (or purged after its retention)";
@@ -80,6 +81,7 @@ problem_codes! {
     DeliveryPending => "delivery_pending", 409, Problem, "the delivery is queued or in flight already";
     Deleted => "deleted", 410, Deleted, "the document is deleted (a tombstone)";
     CursorExpired => "cursor_expired", 410, Problem, "the events after this cursor are past their retention; start again without one";
+    RequestTimeout => "request_timeout", 408, Problem, "the request body did not arrive within the body timeout (`TXGATE_BODY_TIMEOUT_MS`)";
     PayloadTooLarge => "payload_too_large", 413, Problem, "the body is larger than the limit";
     UnsupportedMediaType => "unsupported_media_type", 415, Problem, "the body's `Content-Type` is not one this operation takes";
     ValidationFailed => "validation_failed", 422, ValidationFailed, "a name, id, field, value or parameter is not acceptable";
@@ -88,8 +90,10 @@ problem_codes! {
     IdempotencyKeyReused => "idempotency_key_reused", 422, ValidationFailed, "the `Idempotency-Key` was used with another body";
     HookNotAllowed => "hook_not_allowed", 422, ValidationFailed, "a hook destination is not allowed";
     DocumentRejected => "document_rejected", 422, ValidationFailed, "the store refused the document";
+    HeadersTooLarge => "headers_too_large", 431, Problem, "the request's header fields are larger or more numerous than the limit";
     Overloaded => "overloaded", 429, Problem, "too many requests are being served at once; retry after `Retry-After`";
     Internal => "internal", 500, Problem, "an internal error";
+    RecordUnreadable => "record_unreadable", 500, Problem, "the stored record cannot be decoded (corrupt, or nested beyond the limit by another tool); it is skipped by background work and reported";
     StoreUnavailable => "store_unavailable", 503, Problem, "the store cannot be reached; retry later";
     OutcomeUnknown => "outcome_unknown", 503, Problem, "the store stopped answering at the commit point; read the transaction to learn its outcome";
     NotReady => "not_ready", 503, Problem, "migrations are not applied yet";
@@ -220,6 +224,14 @@ impl ApiError {
                 format!("the store refused the document: {msg}"),
             ),
             StoreError::Internal(msg) => Self::internal(format!("store: {msg}")),
+            StoreError::Undecodable(msg) => {
+                tracing::error!(error = %msg, "a stored record cannot be decoded");
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    ProblemCode::RecordUnreadable,
+                    "the stored record cannot be decoded; an operator must repair or remove it",
+                )
+            }
             StoreError::Duplicate(index) => Self::internal(format!("store: duplicate key in {index}")),
         }
     }

@@ -45,6 +45,10 @@ const COALESCE: Duration = Duration::from_millis(10);
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 const DEFAULT_PAGE: i64 = 100;
 const MAX_PAGE: i64 = 1000;
+/// Most positions one page request reads: a filter that matches little
+/// returns fewer items (even none) with a `next` that moves forward,
+/// instead of reading the whole log in one request.
+const PAGE_SCAN: usize = 20 * READ_BATCH;
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -186,6 +190,17 @@ pub async fn events(
         None => from_header,
     };
     let log = Arc::clone(&state.events);
+    if let Some(after) = after {
+        // A cursor no event has reached would wait for ever.
+        let head = log.head().await?;
+        if after > head {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ProblemCode::CursorBeyondHead,
+                format!("the cursor {after} is beyond the log's last position ({head}): use a position an event had"),
+            ));
+        }
+    }
     if wants_json(&headers) {
         let limit = query.limit.unwrap_or(DEFAULT_PAGE);
         if !(1..=MAX_PAGE).contains(&limit) {
@@ -208,7 +223,20 @@ pub async fn events(
         }
         None => log.head().await?,
     };
+    // Each open stream holds one of the instance's stream slots until it
+    // ends (TXGATE_MAX_STREAMS).
+    let Ok(slot) = Arc::clone(&state.streams).try_acquire_owned() else {
+        tracing::debug!("event stream refused: every stream slot is taken");
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ProblemCode::Overloaded,
+            "this instance has as many event streams open as it is configured to (TXGATE_MAX_STREAMS); retry later, \
+             or read pages (Accept: application/json)",
+        )
+        .retry(std::time::Duration::from_secs(5)));
+    };
     let reader = Reader {
+        _slot: slot,
         log,
         filter,
         cursor: start,
@@ -235,6 +263,7 @@ pub async fn events(
 async fn page(log: &Log, filter: &Filter, after: u64, limit: usize) -> Result<EventPage, ReadError> {
     let mut items = Vec::new();
     let mut next = after;
+    let mut scanned = 0;
     loop {
         let batch = log.read_fresh(next, READ_BATCH).await?;
         let mut read_to = batch.next;
@@ -249,8 +278,9 @@ async fn page(log: &Log, filter: &Filter, after: u64, limit: usize) -> Result<Ev
                 items.push(event.clone());
             }
         }
+        scanned += READ_BATCH;
         next = read_to;
-        if items.len() == limit || !batch.more {
+        if items.len() == limit || !batch.more || scanned >= PAGE_SCAN {
             return Ok(EventPage { items, next });
         }
     }
@@ -268,6 +298,8 @@ struct Reader {
     idle_since: tokio::time::Instant,
     /// Counts the stream as open until it is dropped.
     _open: crate::metrics::Held,
+    /// The stream slot it holds.
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Reader {

@@ -1,14 +1,15 @@
 //! What keeps the gateway up and strangers out before any handler runs:
-//! the concurrency limit (429 `overloaded`, never an unbounded queue) and,
-//! on a gateway without API keys, the DNS-rebinding guard (403 for a
-//! `Host` that is not a loopback name). Health and readiness checks pass
+//! bounds on the request head (431), the concurrency limit (429
+//! `overloaded`, never an unbounded queue), the body's size and time (413,
+//! 408) and, on a gateway without API keys, the DNS-rebinding guard (403
+//! for a `Host` that is not a loopback name). Health and readiness checks pass
 //! both: a probe must see the process even when it sheds load. A scrape of
 //! `/metrics` is not limited either: an overload is when it matters most.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
@@ -18,7 +19,7 @@ use tokio::sync::Semaphore;
 use super::error::{ApiError, ProblemCode};
 
 /// How long a refused client is asked to wait.
-const RETRY_AFTER: Duration = Duration::from_secs(1);
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 fn probe(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz")
@@ -46,63 +47,165 @@ pub async fn limit(State(permits): State<Arc<Semaphore>>, req: Request, next: Ne
     next.run(req).await
 }
 
+fn has_body(headers: &header::HeaderMap) -> bool {
+    headers.get(header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0")
+        || headers.contains_key(header::TRANSFER_ENCODING)
+}
+
 /// A refusal answered before the request's body is read (401 and 403 of
-/// the keys and the Host guard, 413 on `Content-Length`, 429) says
-/// `Connection: close` when a body was sent: the server cannot reuse a
-/// connection whose body it left unread, and a keep-alive client that is
+/// the keys and the Host guard, 413, 431, 429) or while it was read (408)
+/// says `Connection: close` when a body was sent: the server cannot reuse
+/// a connection whose body it left unread, and a keep-alive client that is
 /// not told would send its next request on a connection being closed.
 /// (A 403 or 413 a handler gives after reading costs only a reconnect.)
-/// A 429 always ends its connection: an overload sheds connections too.
+/// A 429 and a 408 always end their connection: an overload sheds
+/// connections too, and a client too slow to send its body is not kept.
 pub async fn close_after_early_refusal(req: Request, next: Next) -> Response {
-    let headers = req.headers();
-    let has_body = headers.get(header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0")
-        || headers.contains_key(header::TRANSFER_ENCODING);
+    let has_body = has_body(req.headers());
     let mut res = next.run(req).await;
     let early = matches!(
         res.status(),
         StatusCode::UNAUTHORIZED
             | StatusCode::FORBIDDEN
             | StatusCode::PAYLOAD_TOO_LARGE
+            | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
             | StatusCode::TOO_MANY_REQUESTS
     );
-    if (has_body && early) || res.status() == StatusCode::TOO_MANY_REQUESTS {
+    let always = matches!(res.status(), StatusCode::TOO_MANY_REQUESTS | StatusCode::REQUEST_TIMEOUT);
+    if (has_body && early) || always {
         res.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
     }
     res
 }
 
-/// With no API keys the gateway listens on loopback only; a web page on
-/// another site could still reach it through a name it rebinds to
-/// 127.0.0.1. Such a request carries that name in `Host`: refuse every
-/// `Host` that is not `localhost` or a loopback address.
-pub async fn loopback_host(req: Request, next: Next) -> Response {
-    let host = req.headers().get(header::HOST).map(|h| h.to_str().unwrap_or("\u{fffd}")).or(req.uri().host());
-    match host {
-        Some(host) if !probe(req.uri().path()) && !is_loopback_host(host) => ApiError::new(
-            StatusCode::FORBIDDEN,
-            ProblemCode::Forbidden,
-            "without API keys the gateway answers only requests to a loopback name (localhost, 127.0.0.1, [::1])",
+/// Most header fields in a request.
+pub const MAX_HEADER_FIELDS: usize = 100;
+/// Most bytes of header names and values in a request.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Bound the request head: more than [`MAX_HEADER_FIELDS`] fields or
+/// [`MAX_HEADER_BYTES`] of them is a 431 problem, before anything else.
+pub async fn head_limits(req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    let bytes: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
+    if headers.len() > MAX_HEADER_FIELDS || bytes > MAX_HEADER_BYTES {
+        return ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ProblemCode::HeadersTooLarge,
+            format!(
+                "a request has at most {MAX_HEADER_FIELDS} header fields and {} KiB of them",
+                MAX_HEADER_BYTES / 1024
+            ),
         )
-        .into_response(),
-        _ => next.run(req).await,
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// The request body, read whole before the handler runs: at most `limit`
+/// bytes (413, answered before reading when `Content-Length` says so) within
+/// `timeout` of the handler's turn (408, and the connection closes). A
+/// client that trickles its body holds a concurrency slot for `timeout`
+/// at most, and nothing is done for it.
+pub async fn read_body(State((limit, timeout)): State<(usize, Duration)>, req: Request, next: Next) -> Response {
+    if !has_body(req.headers()) {
+        return next.run(req).await;
+    }
+    let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large(limit);
+    }
+    let (parts, body) = req.into_parts();
+    let read = async {
+        use futures::StreamExt;
+        let mut stream = body.into_data_stream();
+        let mut buf = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|_| None)?;
+            if buf.len() + chunk.len() > limit {
+                return Err(Some(()));
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(buf)
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, Body::from(bytes))).await,
+        Ok(Err(Some(()))) => too_large(limit),
+        Ok(Err(None)) => {
+            ApiError::bad_request(ProblemCode::InvalidBody, "the request body could not be read").into_response()
+        }
+        Err(_) => {
+            tracing::debug!(timeout_ms = timeout.as_millis() as u64, "request refused: its body came too slowly");
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                ProblemCode::RequestTimeout,
+                format!(
+                    "the request body did not arrive within {} ms (TXGATE_BODY_TIMEOUT_MS); nothing was done",
+                    timeout.as_millis()
+                ),
+            )
+            .into_response()
+        }
     }
 }
 
-/// Whether `host` (a `Host` header: a name or address, perhaps with a
-/// port) names this machine's loopback interface.
+fn too_large(limit: usize) -> Response {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        ProblemCode::PayloadTooLarge,
+        format!("the request body is larger than the limit of {limit} bytes (TXGATE_MAX_BODY_BYTES)"),
+    )
+    .into_response()
+}
+
+/// With no API keys the gateway listens on loopback only; a web page on
+/// another site could still reach it through a name it rebinds to
+/// 127.0.0.1. Such a request carries that name in `Host`: refuse every
+/// request whose one `Host` is not a well-formed loopback authority
+/// (`localhost`, a loopback address, an optional port), and one whose
+/// target names another authority (absolute form). A missing or repeated
+/// `Host` is refused too.
+pub async fn loopback_host(req: Request, next: Next) -> Response {
+    if probe(req.uri().path()) {
+        return next.run(req).await;
+    }
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let host = match (hosts.next(), hosts.next()) {
+        (Some(host), None) => host.to_str().ok(),
+        _ => None,
+    };
+    let target_ok = req.uri().authority().is_none_or(|a| is_loopback_host(a.as_str()));
+    if host.is_some_and(is_loopback_host) && target_ok {
+        return next.run(req).await;
+    }
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        ProblemCode::Forbidden,
+        "without API keys the gateway answers only requests with one Host naming a loopback authority \
+         (localhost, 127.0.0.1, [::1], with an optional port)",
+    )
+    .into_response()
+}
+
+/// Whether `host` (a `Host` header or a target's authority) is exactly a
+/// loopback authority: `localhost` (or `localhost.`), an IPv4 loopback
+/// address, or a bracketed IPv6 loopback address, each with an optional
+/// port of digits.
 pub fn is_loopback_host(host: &str) -> bool {
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        rest.split_once(']').map_or("", |(addr, _)| addr)
-    } else if host.parse::<IpAddr>().is_ok() {
-        host
-    } else {
-        match host.rsplit_once(':') {
-            Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) => name,
-            _ => host,
-        }
+    let port_ok = |port: &str| (1..=5).contains(&port.len()) && port.bytes().all(|b| b.is_ascii_digit());
+    if let Some(rest) = host.strip_prefix('[') {
+        let Some((addr, after)) = rest.split_once(']') else { return false };
+        let after_ok = after.is_empty() || after.strip_prefix(':').is_some_and(port_ok);
+        return after_ok && addr.parse::<std::net::Ipv6Addr>().is_ok_and(|ip| ip.is_loopback());
+    }
+    let name = match host.split_once(':') {
+        Some((name, port)) if port_ok(port) => name,
+        Some(_) => return false,
+        None => host,
     };
     let name = name.strip_suffix('.').unwrap_or(name);
-    name.eq_ignore_ascii_case("localhost") || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -120,7 +223,7 @@ mod tests {
             "127.9.9.9:80",
             "[::1]",
             "[::1]:8080",
-            "::1",
+            "[0:0:0:0:0:0:0:1]:1",
         ] {
             assert!(is_loopback_host(ok), "{ok}");
         }
@@ -133,6 +236,16 @@ mod tests {
             "[::]:80",
             "",
             "127.0.0.1.nip.io",
+            "[::1]evil.com",
+            "[::1]:80evil",
+            "[::1]:",
+            "::1",
+            "localhost:80:80",
+            "localhost:",
+            "localhost:abc",
+            "localhost@evil.com",
+            "evil.com#localhost",
+            "[::ffff:127.0.0.1]",
         ] {
             assert!(!is_loopback_host(bad), "{bad}");
         }

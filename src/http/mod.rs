@@ -11,6 +11,7 @@ pub mod events;
 pub mod extract;
 pub mod limits;
 pub mod observe;
+pub mod serve;
 pub mod subscriptions;
 pub mod transactions;
 
@@ -21,7 +22,6 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, State};
 use axum::http::{HeaderValue, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -45,6 +45,8 @@ pub struct AppState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Cancelled when the gateway shuts down: open event streams end.
     pub stop: tokio_util::sync::CancellationToken,
+    /// One permit per event stream that may be open at once.
+    pub streams: Arc<tokio::sync::Semaphore>,
 }
 
 #[derive(OpenApi)]
@@ -92,27 +94,25 @@ fn document_text(derived: utoipa::openapi::OpenApi) -> String {
     text
 }
 
-/// The complete application router.
-pub fn router(
-    state: AppState,
-    max_body_bytes: usize,
-    max_concurrency: usize,
-    api_keys: Vec<auth::ApiKey>,
-    cors: &Cors,
-) -> Router {
+/// The complete application router for `config`.
+pub fn router(state: AppState, config: &crate::config::Config) -> Router {
     let (routes, derived) = api();
     let spec = Arc::new(document_text(derived));
-    let keyless = api_keys.is_empty();
+    let keyless = config.api_keys.is_empty();
     let metrics = Arc::clone(&state.metrics);
     // Behind the keys when there are any (a key with `read` on every
     // collection scrapes it).
-    let routes = routes.route("/metrics", axum::routing::get(observe::metrics));
+    let routes = routes.route("/metrics", axum::routing::get(observe::metrics)).route_layer(
+        axum::middleware::from_fn_with_state((config.max_body_bytes, config.body_timeout), limits::read_body),
+    );
     let routes = if keyless {
         routes
     } else {
         // On matched routes only: an unknown path or method answers 404/405
-        // without a key, as it reveals nothing.
-        routes.route_layer(axum::middleware::from_fn_with_state(Arc::new(api_keys), auth::require_key))
+        // without a key, as it reveals nothing. Before the body is read: a
+        // request without a valid key reads nothing.
+        let keys = auth::Keys::new(config.api_keys.clone(), config.max_concurrency_per_key);
+        routes.route_layer(axum::middleware::from_fn_with_state(Arc::new(keys), auth::require_key))
     };
     routes
         .route(
@@ -125,16 +125,17 @@ pub fn router(
         .route("/docs", axum::routing::get(docs_page))
         .route("/docs/redoc.standalone.js", axum::routing::get(docs_script))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
+        // Bodies are read (and bounded) by `limits::read_body`.
         .layer(DefaultBodyLimit::disable())
-        .layer(RequestBodyLimitLayer::new(max_body_bytes))
         .layer(axum::middleware::map_response(problem_for_bare_errors))
         // Outside authentication: a preflight carries no credentials.
-        .layer(tower::util::option_layer(cors_layer(cors)))
+        .layer(tower::util::option_layer(cors_layer(&config.cors)))
         .layer(axum::middleware::from_fn_with_state(
-            Arc::new(tokio::sync::Semaphore::new(max_concurrency.max(1))),
+            Arc::new(tokio::sync::Semaphore::new(config.max_concurrency.max(1))),
             limits::limit,
         ))
         .layer(tower::util::option_layer(keyless.then(|| axum::middleware::from_fn(limits::loopback_host))))
+        .layer(axum::middleware::from_fn(limits::head_limits))
         .layer(axum::middleware::from_fn(limits::close_after_early_refusal))
         .layer(
             TraceLayer::new_for_http()

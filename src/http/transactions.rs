@@ -281,7 +281,11 @@ fn default_method() -> String {
 
 impl HookIn {
     fn into_hook(self) -> Hook {
-        Hook { method: self.method, url: self.url, headers: self.headers, body: self.body }
+        let mut body = self.body;
+        if let Some(body) = &mut body {
+            rules::storable_numbers(body);
+        }
+        Hook { method: self.method, url: self.url, headers: self.headers.into(), body }
     }
 }
 
@@ -448,9 +452,12 @@ fn validate_hook(hook: &HookIn, i: usize, guard: &crate::hooks::guard::HookGuard
         if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() || HeaderValue::from_str(value).is_err() {
             return Err(Invalid::new(format!("{p}/headers/{name}"), "not a valid HTTP header").into());
         }
-        if crate::hooks::send::RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
-            return Err(Invalid::new(format!("{p}/headers/{name}"), "this header is set by txgate").into());
+        if let Some(why) = crate::hooks::send::refused_header(name) {
+            return Err(Invalid::new(format!("{p}/headers/{name}"), why).into());
         }
+    }
+    if let Some(body) = &hook.body {
+        rules::check_body_depth(body, &format!("{p}/body"))?;
     }
     Ok(())
 }
@@ -493,7 +500,7 @@ pub fn destination(url: &str, pointer: &str, guard: &crate::hooks::guard::HookGu
 }
 
 /// Check the request and resolve it into a plan.
-fn plan(input: TransactionIn, raw: &[u8], key: Option<String>, state: &AppState) -> Result<Plan, ApiError> {
+fn plan(input: TransactionIn, request: String, key: Option<String>, state: &AppState) -> Result<Plan, ApiError> {
     let cfg = &state.engine.config();
     if input.actions.is_empty() || input.actions.len() > cfg.max_actions {
         return Err(Invalid::new("/actions", format!("a transaction has 1..{} actions", cfg.max_actions)).into());
@@ -551,7 +558,7 @@ fn plan(input: TransactionIn, raw: &[u8], key: Option<String>, state: &AppState)
     Ok(Plan {
         actions,
         schema_version,
-        request: String::from_utf8_lossy(raw).into_owned(),
+        request,
         idempotency_key: key,
         hooks: input.hooks.into_iter().map(HookIn::into_hook).collect(),
     })
@@ -604,18 +611,21 @@ pub async fn create_transaction(
     caller: Option<Extension<Caller>>,
     access: Access,
     headers: HeaderMap,
-    JsonBody { value, raw }: JsonBody<Value>,
+    JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
     let hash = body_hash(&value);
+    // Kept in the record as the request as sent, with the hooks' header
+    // values (write-only) left out: the hooks themselves are kept whole.
+    let request = crate::hooks::redact_request(&value).to_string();
     let input: TransactionIn = from_body(value, &["", "/actions/*", "/hooks/*"])?;
-    let plan = plan(input, &raw, key.clone(), &state)?;
+    let plan = plan(input, request, key.clone(), &state)?;
     // Every member within the key's collections, or nothing is done.
     for (i, action) in plan.actions.iter().enumerate() {
         let needed = if matches!(action.op, ActionOp::Check) { Scope::Read } else { Scope::Write };
         access.check(needed, &action.collection).map_err(|e| e.with("action", i))?;
     }
-    let scoped = key.map(|k| format!("{}:{k}", caller.map_or_else(|| "-".to_owned(), |c| c.0.0.clone())));
+    let scoped = key.map(|k| format!("{}:{k}", caller.map_or_else(|| "-".to_owned(), |c| c.0.scope.clone())));
     // From here on the request's life does not depend on its connection: a
     // client that hangs up (a closed tab, a proxy timeout) drops this
     // handler, not the transaction, which runs to its outcome and stores it
@@ -761,7 +771,11 @@ fn transaction_out(rec: &TxnRecord, deliveries: &[Option<Delivery>]) -> Transact
         finished_at: rec.finished_at.map(rfc3339),
         abort_reason: rec.abort_reason.clone(),
         idempotency_key: rec.idempotency_key.clone(),
-        request: serde_json::from_str(&rec.request).unwrap_or(Value::String(rec.request.clone())),
+        // Records written before requests were kept redacted are redacted
+        // here.
+        request: serde_json::from_str(&rec.request)
+            .map(|r| crate::hooks::redact_request(&r))
+            .unwrap_or(Value::String(String::new())),
         actions,
         hooks,
         failure: rec.failure.as_ref().and_then(|f| serde_json::to_value(f).ok()),

@@ -6,10 +6,90 @@
 //! dates become RFC 3339 strings, object ids hex strings, and other BSON
 //! types relaxed Extended JSON.
 
+use mongodb::bson::{RawBsonRef, RawDocument};
 use serde_json::{Map, Number, Value};
 
 use super::{Bson, Document};
 use crate::clock::rfc3339;
+
+/// The nesting MongoDB allows in a stored document: each object or array is
+/// a level, the document itself included.
+pub const MAX_STORED_DEPTH: usize = 100;
+
+/// Records deeper than this are not decoded (a margin over what may be
+/// stored): decoding recurses once per level, so an unbounded depth would
+/// be an unbounded stack.
+pub const MAX_DECODE_DEPTH: usize = 128;
+
+/// How deeply `value` nests: 0 for a scalar, 1 for an object or array of
+/// scalars, and so on. Iterative, so any depth is safe to measure.
+pub fn json_depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0_usize)];
+    while let Some((value, level)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Object(map) => Box::new(map.values()),
+            Value::Array(items) => Box::new(items.iter()),
+            _ => continue,
+        };
+        deepest = deepest.max(level + 1);
+        stack.extend(children.map(|child| (child, level + 1)));
+    }
+    deepest
+}
+
+/// Why a stored record could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Undecodable(pub String);
+
+/// Decode a stored record: its structure and depth are checked first,
+/// without recursion, so a record that is corrupt or nested beyond
+/// [`MAX_DECODE_DEPTH`] (written by another tool, or by a release without
+/// the write-side bound) is refused instead of exhausting the stack.
+pub fn decode(bytes: &[u8]) -> Result<Document, Undecodable> {
+    let raw = RawDocument::from_bytes(bytes).map_err(|e| Undecodable(format!("not a BSON document: {e}")))?;
+    decode_raw(raw)
+}
+
+/// [`decode`] for a record already framed as a raw document.
+pub fn decode_raw(raw: &RawDocument) -> Result<Document, Undecodable> {
+    check_raw_depth(raw, MAX_DECODE_DEPTH)?;
+    Document::try_from(raw).map_err(|e| Undecodable(format!("not a BSON document: {e}")))
+}
+
+/// Walk `raw` with an explicit stack: every element must parse and no
+/// object or array may sit deeper than `max` levels (the record is level 1).
+fn check_raw_depth(raw: &RawDocument, max: usize) -> Result<(), Undecodable> {
+    let bad = |e: mongodb::bson::raw::Error| Undecodable(format!("not a BSON document: {e}"));
+    let mut stack: Vec<(&RawDocument, usize)> = vec![(raw, 1)];
+    while let Some((doc, level)) = stack.pop() {
+        if level > max {
+            return Err(Undecodable(format!("nested deeper than {max} levels")));
+        }
+        for element in doc {
+            let (_, value) = element.map_err(bad)?;
+            match value {
+                RawBsonRef::Document(inner) => stack.push((inner, level + 1)),
+                RawBsonRef::Array(inner) => {
+                    stack.push((RawDocument::from_bytes(inner.as_bytes()).map_err(bad)?, level + 1))
+                }
+                RawBsonRef::JavaScriptCodeWithScope(code) => stack.push((code.scope, level + 1)),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `_id` of a raw record, for reporting one that cannot be decoded.
+pub fn raw_id(raw: &RawDocument) -> String {
+    match raw.get("_id") {
+        Ok(Some(RawBsonRef::String(id))) => id.to_owned(),
+        Ok(Some(other)) => format!("{other:?}"),
+        _ => "?".to_owned(),
+    }
+}
 
 pub fn json_to_bson(value: &Value) -> Bson {
     match value {
@@ -60,6 +140,38 @@ pub fn document_to_object(doc: &Document) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record `levels` objects deep (`{"a": {"a": ... {}}}`), built as
+    /// bytes in one pass.
+    fn deep_bytes(levels: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(levels * 8 + 5);
+        for k in (1..=levels).rev() {
+            out.extend_from_slice(&((5 + 8 * k) as i32).to_le_bytes());
+            out.extend_from_slice(&[3, b'a', 0]);
+        }
+        out.extend_from_slice(&[5, 0, 0, 0, 0]);
+        out.extend(std::iter::repeat_n(0, levels));
+        out
+    }
+
+    #[test]
+    fn decoding_is_bounded_in_depth_and_refuses_corruption() {
+        // A million levels: refused without touching the stack.
+        assert!(decode(&deep_bytes(1_000_000)).unwrap_err().0.contains("nested deeper"));
+        assert!(decode(&deep_bytes(MAX_DECODE_DEPTH)).unwrap_err().0.contains("nested deeper"));
+        assert!(decode(&deep_bytes(MAX_DECODE_DEPTH - 1)).is_ok());
+        let mut corrupt = deep_bytes(3);
+        corrupt[9] = 0x7f;
+        assert!(decode(&corrupt).is_err());
+        assert!(decode(&[1, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn json_depth_counts_objects_and_arrays() {
+        assert_eq!(json_depth(&serde_json::json!(1)), 0);
+        assert_eq!(json_depth(&serde_json::json!({"a": 1})), 1);
+        assert_eq!(json_depth(&serde_json::json!({"a": [1, {"b": []}]})), 4);
+    }
     use crate::store::DateTime;
     use serde_json::json;
 

@@ -68,6 +68,9 @@ impl Store for Deadline {
     fn syncs(&self) -> Option<u64> {
         self.inner.syncs()
     }
+    fn unreadable(&self) -> u64 {
+        self.inner.unreadable()
+    }
     /// Not bounded: a sync at shutdown takes what the disk takes.
     async fn sync(&self) -> StoreResult<()> {
         self.inner.sync().await

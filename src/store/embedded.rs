@@ -196,8 +196,8 @@ pub struct EmbeddedStore {
     writer: mpsc::Sender<Queued>,
     path: PathBuf,
     catalog: Catalog,
-    /// Records decoded by reads (gets and scans) since the store opened.
-    decoded: Arc<AtomicU64>,
+    /// What reads (gets and scans) decoded and skipped since the store opened.
+    reads: Arc<Reads>,
     /// What the writer has done since the store opened.
     stats: Arc<WriterStats>,
 }
@@ -296,7 +296,7 @@ impl EmbeddedStore {
             .name("txgate-embedded-writer".into())
             .spawn(move || writer.run(&rx))
             .map_err(internal)?;
-        Ok(Self { db, writer: tx, path, catalog, decoded: Arc::default(), stats })
+        Ok(Self { db, writer: tx, path, catalog, reads: Arc::default(), stats })
     }
 
     pub fn path(&self) -> &Path {
@@ -305,7 +305,7 @@ impl EmbeddedStore {
 
     /// Records decoded by reads since the store opened.
     pub fn decoded(&self) -> u64 {
-        self.decoded.load(Ordering::Relaxed)
+        self.reads.decoded.load(Ordering::Relaxed)
     }
 
     /// What the writer thread has done since the store opened.
@@ -344,13 +344,13 @@ impl EmbeddedStore {
 
     async fn read<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&redb::ReadTransaction, &AtomicU64) -> StoreResult<T> + Send + 'static,
+        f: impl FnOnce(&redb::ReadTransaction, &Reads) -> StoreResult<T> + Send + 'static,
     ) -> StoreResult<T> {
         let db = Arc::clone(&self.db);
-        let decoded = Arc::clone(&self.decoded);
+        let reads = Arc::clone(&self.reads);
         tokio::task::spawn_blocking(move || {
             let txn = db.begin_read().map_err(internal)?;
-            f(&txn, &decoded)
+            f(&txn, &reads)
         })
         .await
         .map_err(internal)?
@@ -361,9 +361,9 @@ impl EmbeddedStore {
     /// handing it to the blocking pool costs (a page not in the cache is
     /// read from disk on this thread). Scans, which may read many pages,
     /// go to the blocking pool.
-    fn read_now<T>(&self, f: impl FnOnce(&redb::ReadTransaction, &AtomicU64) -> StoreResult<T>) -> StoreResult<T> {
+    fn read_now<T>(&self, f: impl FnOnce(&redb::ReadTransaction, &Reads) -> StoreResult<T>) -> StoreResult<T> {
         let txn = self.db.begin_read().map_err(internal)?;
-        f(&txn, &self.decoded)
+        f(&txn, &self.reads)
     }
 
     /// The committed spec of index `name` of `coll`.
@@ -373,8 +373,37 @@ impl EmbeddedStore {
     }
 }
 
+/// Decode a record the store wrote (the writer's own reads).
 fn decode(bytes: &[u8]) -> StoreResult<Record> {
-    Document::from_reader(bytes).map_err(|e| StoreError::Internal(format!("corrupt record: {e}")))
+    super::convert::decode(bytes).map_err(|e| StoreError::Undecodable(e.0))
+}
+
+/// The records reads decoded, and those they could not decode.
+#[derive(Debug, Default)]
+pub(crate) struct Reads {
+    decoded: AtomicU64,
+    unreadable: AtomicU64,
+}
+
+impl Reads {
+    /// The record `coll`/`id` read by id: one that cannot be decoded is an
+    /// error naming it.
+    fn get(&self, coll: &str, id: &str, bytes: &[u8]) -> StoreResult<Record> {
+        self.decoded.fetch_add(1, Ordering::Relaxed);
+        super::convert::decode(bytes).map_err(|e| {
+            self.unreadable.fetch_add(1, Ordering::Relaxed);
+            StoreError::Undecodable(format!("{coll}/{id}: {e}"))
+        })
+    }
+
+    /// A record met by a scan: one that cannot be decoded is skipped and
+    /// reported, so no pass over a collection stops at it.
+    fn scanned(&self, coll: &str, id: &str, bytes: &[u8], out: &mut Vec<Record>) {
+        match self.get(coll, id, bytes) {
+            Ok(record) => out.push(record),
+            Err(err) => super::report_unreadable(&err),
+        }
+    }
 }
 
 fn encode(record: &Record) -> StoreResult<Vec<u8>> {
@@ -757,17 +786,26 @@ fn replay(db: &Database, catalog: &HashMap<String, Vec<IndexSpec>>, path: &Path)
         let specs = |coll: &str| catalog.get(coll).map_or(&[][..], Vec::as_slice);
         for (_, payload) in &missing {
             for effect in journal::effects(payload).map_err(unavailable)? {
-                let (coll, id, new) = match effect {
-                    Effect::Put { coll, id, bytes } => (coll, id, Some((decode(bytes)?, bytes))),
+                let (coll, id, bytes) = match effect {
+                    Effect::Put { coll, id, bytes } => (coll, id, Some(bytes)),
                     Effect::Delete { coll, id } => (coll, id, None),
                 };
+                // A record that cannot be decoded (written below the API)
+                // is replayed as it is, without index entries: the store
+                // opens, and reads report it.
+                let decoded = |bytes: &[u8]| {
+                    super::convert::decode(bytes)
+                        .map_err(|e| super::report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}"))))
+                        .ok()
+                };
                 let old = match table.get((coll, id)).map_err(internal)? {
-                    Some(v) => Some(keys_of(specs(coll), &decode(v.value())?, id)),
+                    Some(v) => decoded(v.value()).map(|r| keys_of(specs(coll), &r, id)),
                     None => None,
                 };
-                reindex(&mut entries, specs(coll), coll, id, old, new.as_ref().map(|(r, _)| r), None)?;
-                match new {
-                    Some((_, bytes)) => table.insert((coll, id), bytes).map_err(internal)?,
+                let new = bytes.and_then(decoded);
+                reindex(&mut entries, specs(coll), coll, id, old, new.as_ref(), None)?;
+                match bytes {
+                    Some(bytes) => table.insert((coll, id), bytes).map_err(internal)?,
                     None => table.remove((coll, id)).map_err(internal)?,
                 };
             }
@@ -818,8 +856,14 @@ fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp) -> StoreResult<b
                 let end = after_collection(&coll);
                 for entry in records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)? {
                     let (key, value) = entry.map_err(internal)?;
-                    let record = decode(value.value())?;
                     let id = key.value().1;
+                    let record = match super::convert::decode(value.value()) {
+                        Ok(record) => record,
+                        Err(e) => {
+                            super::report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}")));
+                            continue;
+                        }
+                    };
                     reindex(&mut entries, std::slice::from_ref(&spec), &coll, id, None, Some(&record), None)?;
                     built += 1;
                     if built % 100_000 == 0 {
@@ -1091,7 +1135,7 @@ fn scan_primary(
     table: &redb::ReadOnlyTable<(&'static str, &'static str), &'static [u8]>,
     coll: &str,
     scan: &Scan,
-    decoded: &AtomicU64,
+    reads: &Reads,
 ) -> StoreResult<Vec<Record>> {
     let (lower, upper) = scan.bounds();
     let end = after_collection(coll);
@@ -1109,9 +1153,8 @@ fn scan_primary(
     };
     let range = table.range::<(&str, &str)>((start, stop)).map_err(internal)?;
     let mut out = Vec::new();
-    in_order(range, scan, |(_, value)| {
-        decoded.fetch_add(1, Ordering::Relaxed);
-        out.push(decode(value.value())?);
+    in_order(range, scan, |(key, value)| {
+        reads.scanned(coll, key.value().1, value.value(), &mut out);
         Ok(())
     })?;
     Ok(out)
@@ -1128,26 +1171,22 @@ impl Store for EmbeddedStore {
     }
 
     async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
-        self.read_now(|txn, decoded| {
+        self.read_now(|txn, reads| {
             let table = txn.open_table(RECORDS).map_err(internal)?;
             match table.get((coll, id)).map_err(internal)? {
-                Some(v) => {
-                    decoded.fetch_add(1, Ordering::Relaxed);
-                    decode(v.value()).map(Some)
-                }
+                Some(v) => reads.get(coll, id, v.value()).map(Some),
                 None => Ok(None),
             }
         })
     }
 
     async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
-        self.read_now(|txn, decoded| {
+        self.read_now(|txn, reads| {
             let table = txn.open_table(RECORDS).map_err(internal)?;
             let mut out = Vec::with_capacity(ids.len());
             for id in ids {
                 if let Some(v) = table.get((coll, id.as_str())).map_err(internal)? {
-                    decoded.fetch_add(1, Ordering::Relaxed);
-                    out.push(decode(v.value())?);
+                    reads.scanned(coll, id, v.value(), &mut out);
                 }
             }
             Ok(out)
@@ -1163,6 +1202,9 @@ impl Store for EmbeddedStore {
     }
     fn syncs(&self) -> Option<u64> {
         Some(self.stats().syncs.load(Ordering::Relaxed))
+    }
+    fn unreadable(&self) -> u64 {
+        self.reads.unreadable.load(Ordering::Relaxed)
     }
 
     /// One queued chain: one group commit for all of it.
@@ -1188,9 +1230,9 @@ impl Store for EmbeddedStore {
         // The catalog is read before the snapshot: an index it names was
         // committed before the snapshot begins.
         let spec = if scan.index() == super::scans::PRIMARY { None } else { Some(self.spec(&coll, scan.index())) };
-        self.read(move |txn, decoded| {
+        self.read(move |txn, reads| {
             let records = txn.open_table(RECORDS).map_err(internal)?;
-            let Some(spec) = spec else { return scan_primary(&records, &coll, &scan, decoded) };
+            let Some(spec) = spec else { return scan_primary(&records, &coll, &scan, reads) };
             let Some(spec) = spec else {
                 // A collection without records has no indexes yet.
                 let end = after_collection(&coll);
@@ -1232,8 +1274,7 @@ impl Store for EmbeddedStore {
                 let value = records.get((coll.as_str(), id.value())).map_err(internal)?.ok_or_else(|| {
                     StoreError::Internal(format!("index {name:?} names a missing record {}", id.value()))
                 })?;
-                decoded.fetch_add(1, Ordering::Relaxed);
-                out.push(decode(value.value())?);
+                reads.scanned(&coll, id.value(), value.value(), &mut out);
                 Ok(())
             })?;
             Ok(out)

@@ -28,6 +28,13 @@ pub type Record = Document;
 
 pub use crate::error::{StoreError, StoreResult};
 
+/// Report a record a scan skipped because it cannot be decoded: the pass
+/// goes on without it, and an operator learns which record it was (the
+/// error names its collection and id; the store counts it).
+pub fn report_unreadable(err: &StoreError) {
+    tracing::warn!(error = %err, "skipping a stored record that cannot be decoded; repair or remove it");
+}
+
 /// Sort direction of a scan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Order {
@@ -340,6 +347,13 @@ pub trait Store: Send + Sync + 'static {
     /// (the embedded one); exposed as `txgate_store_syncs_total`.
     fn syncs(&self) -> Option<u64> {
         None
+    }
+
+    /// Records reads met that could not be decoded (see
+    /// [`convert::decode`]); exposed as
+    /// `txgate_store_unreadable_records_total`.
+    fn unreadable(&self) -> u64 {
+        0
     }
 
     /// A synced insert-if-absent (see [`Write::Insert`]).

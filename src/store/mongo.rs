@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::TryStreamExt;
+use mongodb::bson::{RawDocument, RawDocumentBuf};
 use mongodb::error::{Error as MongoError, ErrorKind, WriteFailure};
 use mongodb::options::{ClientOptions, IndexOptions, ReadConcern, WriteConcern};
 use mongodb::{Client, Collection, Database, IndexModel};
@@ -40,6 +41,8 @@ pub struct MongoStore {
     /// Longest time one write holds its stripe (the store deadline).
     hold: Duration,
     stripes: Vec<Arc<tokio::sync::Mutex<()>>>,
+    /// Records reads could not decode.
+    unreadable: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn map_err(err: MongoError) -> StoreError {
@@ -56,8 +59,22 @@ fn map_err(err: MongoError) -> StoreError {
         ErrorKind::Write(WriteFailure::WriteError(e)) if e.code == DUPLICATE_KEY => {
             StoreError::Duplicate(e.message.clone())
         }
-        _ => StoreError::Internal(err.to_string()),
+        _ => match rejected_in_reply(&err) {
+            Some(message) => StoreError::Rejected(message),
+            None => StoreError::Internal(err.to_string()),
+        },
     }
+}
+
+/// A write error refusing the document, found in a server reply the driver
+/// could not read as a whole (a server that omits fields of a write reply
+/// still says which write it refused and why).
+fn rejected_in_reply(err: &MongoError) -> Option<String> {
+    let reply = err.server_response()?;
+    let first = reply.get_array("writeErrors").ok()?.into_iter().next()?.ok()?;
+    let first = first.as_document()?;
+    let code = first.get_i32("code").ok()?;
+    REJECTED_CODES.contains(&code).then(|| first.get_str("errmsg").unwrap_or("refused").to_owned())
 }
 
 /// A duplicate key: `Some(true)` on `_id` (the record exists), `Some(false)`
@@ -140,6 +157,7 @@ impl MongoStore {
             db: client.database(database),
             hold,
             stripes: (0..WRITE_STRIPES).map(|_| Arc::new(tokio::sync::Mutex::new(()))).collect(),
+            unreadable: Arc::default(),
         })
     }
 
@@ -227,6 +245,32 @@ impl MongoStore {
         }
     }
 
+    /// Reads take records as raw BSON and decode them with
+    /// [`super::convert::decode_raw`], which bounds their depth.
+    fn raw(&self, name: &str) -> Collection<RawDocumentBuf> {
+        self.db.collection(name)
+    }
+
+    fn decode(&self, coll: &str, raw: &RawDocument) -> StoreResult<Record> {
+        super::convert::decode_raw(raw).map_err(|e| {
+            self.unreadable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            StoreError::Undecodable(format!("{coll}/{}: {e}", super::convert::raw_id(raw)))
+        })
+    }
+
+    /// The records of a read of many: one that cannot be decoded is
+    /// skipped and reported (see [`super::report_unreadable`]).
+    async fn decode_all(&self, coll: &str, mut cursor: mongodb::Cursor<RawDocumentBuf>) -> StoreResult<Vec<Record>> {
+        let mut out = Vec::new();
+        while cursor.advance().await.map_err(map_err)? {
+            match self.decode(coll, cursor.current()) {
+                Ok(record) => out.push(record),
+                Err(err) => super::report_unreadable(&err),
+            }
+        }
+        Ok(out)
+    }
+
     fn coll(&self, name: &str) -> Collection<Document> {
         self.db.collection(name)
     }
@@ -248,15 +292,18 @@ impl Store for MongoStore {
     }
 
     async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
-        self.coll(coll).find_one(doc! {"_id": id}).await.map_err(map_err)
+        match self.raw(coll).find_one(doc! {"_id": id}).await.map_err(map_err)? {
+            Some(raw) => self.decode(coll, &raw).map(Some),
+            None => Ok(None),
+        }
     }
 
     async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let cursor = self.coll(coll).find(doc! {"_id": {"$in": ids}}).await.map_err(map_err)?;
-        cursor.try_collect().await.map_err(map_err)
+        let cursor = self.raw(coll).find(doc! {"_id": {"$in": ids}}).await.map_err(map_err)?;
+        self.decode_all(coll, cursor).await
     }
 
     /// Every write is majority-acknowledged, whatever `durability` says.
@@ -368,12 +415,16 @@ impl Store for MongoStore {
         Ok(())
     }
 
+    fn unreadable(&self) -> u64 {
+        self.unreadable.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
         let (filter, sort) = scan.to_query();
         let limit = i64::try_from(scan.max()).unwrap_or(i64::MAX);
         let skip = u64::try_from(scan.skipped()).unwrap_or(u64::MAX);
-        let cursor = self.coll(coll).find(filter).sort(sort).skip(skip).limit(limit).await.map_err(map_err)?;
-        cursor.try_collect().await.map_err(map_err)
+        let cursor = self.raw(coll).find(filter).sort(sort).skip(skip).limit(limit).await.map_err(map_err)?;
+        self.decode_all(coll, cursor).await
     }
 
     async fn collections(&self) -> StoreResult<Vec<String>> {

@@ -80,10 +80,60 @@ impl ClaimRecord {
     }
 }
 
-/// The hash of a request body, independent of its whitespace.
+/// The hash of a request body's meaning: independent of its whitespace,
+/// of the order of the members of its objects and of how its numbers are
+/// spelled (`100`, `1e2` and `100.0` are one number). The order of array
+/// items counts: it is the order of a transaction's actions.
 pub fn body_hash(body: &Value) -> String {
-    let canonical = serde_json::to_vec(body).expect("JSON serializes");
-    Sha256::digest(&canonical).iter().map(|b| format!("{b:02x}")).collect()
+    let mut canonical = String::new();
+    write_canonical(body, &mut canonical);
+    Sha256::digest(canonical.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `value` in one canonical spelling: object members sorted by name,
+/// integral numbers as integers, others in their shortest form. The
+/// recursion is bounded by the parser's nesting limit (128).
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut members: Vec<_> = map.iter().collect();
+            members.sort_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (name, v)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(name.clone()).to_string());
+                out.push(':');
+                write_canonical(v, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(v, out);
+            }
+            out.push(']');
+        }
+        Value::Number(n) => out.push_str(&canonical_number(n)),
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+fn canonical_number(n: &serde_json::Number) -> String {
+    if n.is_i64() || n.is_u64() {
+        return n.to_string();
+    }
+    let f = n.as_f64().unwrap_or(f64::NAN);
+    // Integral and exactly representable: spelled as the integer it is.
+    if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 {
+        return format!("{}", f as i64);
+    }
+    serde_json::Number::from_f64(f).map_or_else(|| n.to_string(), |n| n.to_string())
 }
 
 impl Engine {
@@ -190,5 +240,22 @@ impl Engine {
     /// Free `key` (a retryable failure).
     pub async fn release_key(&self, key: &str, txn: &str) -> StoreResult<()> {
         self.store.delete(IDEM, key, doc! {"txn": txn}).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod canonical_tests {
+    use super::body_hash;
+    use serde_json::json;
+
+    #[test]
+    fn the_hash_ignores_member_order_and_number_spelling_but_not_item_order() {
+        let a: serde_json::Value = serde_json::from_str(r#"{"a":1,"b":{"x":100,"y":[1,2]}}"#).unwrap();
+        let b: serde_json::Value = serde_json::from_str(r#"{"b":{"y":[1,2.0],"x":1e2},"a":1.0}"#).unwrap();
+        assert_eq!(body_hash(&a), body_hash(&b));
+        let c: serde_json::Value = serde_json::from_str(r#"{"a":1,"b":{"x":100,"y":[2,1]}}"#).unwrap();
+        assert_ne!(body_hash(&a), body_hash(&c), "array order counts");
+        assert_ne!(body_hash(&json!({"a": 1})), body_hash(&json!({"a": "1"})));
+        assert_ne!(body_hash(&json!({"a": 0.5})), body_hash(&json!({"a": 1})));
     }
 }
