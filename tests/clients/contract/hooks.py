@@ -10,7 +10,10 @@ them (the server refuses such requests with 422, as documented):
 
 `GET /v1/events` streams Server-Sent Events unless the client asks for
 JSON pages (`Accept: application/json`); the tester does, as a client that
-cannot hold a connection would.
+cannot hold a connection would. A cursor (`after`, `Last-Event-ID`) is a
+position the log has had, which a client learns from the log: a generated
+one may lie beyond the log's head (rightly refused, 400
+`cursor_beyond_head`), so the tester's cursors start at the beginning, 0.
 
 And an Idempotency-Key names one logical request: a client sends a fresh key
 for each new request and the same key only to retry that same request
@@ -73,6 +76,12 @@ def before_call(context, case, kwargs):
         case.headers = {**(case.headers or {}), "Accept": "application/json"}
         if isinstance(kwargs.get("headers"), dict):
             kwargs["headers"]["Accept"] = "application/json"
+        for headers in (case.headers, kwargs.get("headers")):
+            if isinstance(headers, dict) and "Last-Event-ID" in headers:
+                headers["Last-Event-ID"] = "0"
+        for query in (case.query, kwargs.get("params")):
+            if isinstance(query, dict) and "after" in query:
+                query["after"] = "0"
     headers = case.headers or {}
     if "Idempotency-Key" in headers:
         key = f"st-{uuid.uuid4()}"
