@@ -67,11 +67,96 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             Category::Data => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, err.to_string())
             }
+            // Well-formed but deeper than the parser goes: a body nested
+            // past every limit on data, refused as such.
+            Category::Syntax if err.to_string().starts_with("recursion limit exceeded") => {
+                let pointer = pointer_past_depth(bytes, JSON_DEPTH);
+                let detail = format!(
+                    "nested deeper than {JSON_DEPTH} levels (document data may nest {} levels)",
+                    crate::documents::rules::MAX_DATA_DEPTH
+                );
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, detail.clone())
+                    .with("errors", serde_json::json!([{"pointer": pointer, "detail": detail}]))
+            }
             Category::Syntax | Category::Eof | Category::Io => {
                 ApiError::bad_request(ProblemCode::InvalidJson, format!("malformed JSON: {err}"))
             }
         }
     })
+}
+
+/// The nesting the JSON parser takes (serde_json's recursion limit).
+const JSON_DEPTH: usize = 127;
+
+/// The JSON pointer of the first object or array of `bytes` that sits
+/// deeper than `depth` levels; found in one pass without recursion.
+fn pointer_past_depth(bytes: &[u8], depth: usize) -> String {
+    enum Frame {
+        Object { key: Vec<u8>, in_key: bool },
+        Array { index: usize },
+    }
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut key_next = false;
+    for &b in bytes {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            if in_string || escaped {
+                if let Some(Frame::Object { key, in_key: true }) = stack.last_mut() {
+                    key.push(b);
+                }
+            } else if let Some(Frame::Object { in_key, .. }) = stack.last_mut() {
+                *in_key = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_string = true;
+                if key_next && let Some(Frame::Object { key, in_key }) = stack.last_mut() {
+                    key.clear();
+                    *in_key = true;
+                }
+                key_next = false;
+            }
+            b'{' | b'[' => {
+                if stack.len() >= depth {
+                    break;
+                }
+                stack.push(if b == b'{' {
+                    Frame::Object { key: Vec::new(), in_key: false }
+                } else {
+                    Frame::Array { index: 0 }
+                });
+                key_next = b == b'{';
+            }
+            b'}' | b']' => {
+                stack.pop();
+            }
+            b',' => match stack.last_mut() {
+                Some(Frame::Array { index }) => *index += 1,
+                Some(Frame::Object { .. }) => key_next = true,
+                None => {}
+            },
+            _ => {}
+        }
+    }
+    stack
+        .iter()
+        .map(|f| match f {
+            Frame::Object { key, .. } => {
+                format!("/{}", String::from_utf8_lossy(key).replace('~', "~0").replace('/', "~1"))
+            }
+            Frame::Array { index } => format!("/{index}"),
+        })
+        .collect()
 }
 
 /// The JSON pointer of the first member name that appears twice in one
@@ -315,6 +400,23 @@ impl NoneMatch {
     /// Whether a document at `version` matches (a 304).
     pub fn matches(&self, version: i64) -> bool {
         self.0.as_ref().is_some_and(|tags| tags.is_empty() || tags.contains(&version))
+    }
+}
+
+#[cfg(test)]
+mod depth_tests {
+    use super::*;
+
+    #[test]
+    fn json_past_the_parsers_depth_is_a_422_with_the_pointer() {
+        let body =
+            format!(r#"{{"ok": [1, {{"x\"y": 2}}], "v": {{"w": [0, {}1{}]}}}}"#, "[".repeat(300), "]".repeat(300));
+        let err = parse_json::<serde_json::Value>(body.as_bytes()).unwrap_err();
+        let problem = err.body();
+        assert_eq!(problem["code"], "validation_failed", "{problem}");
+        let pointer = problem["errors"][0]["pointer"].as_str().unwrap().to_owned();
+        assert!(pointer.starts_with("/v/w/1/0/0/0"), "{pointer}");
+        assert_eq!(pointer.matches('/').count(), JSON_DEPTH, "{pointer}");
     }
 }
 
