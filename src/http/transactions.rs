@@ -27,7 +27,7 @@ use crate::clock::rfc3339;
 use crate::documents::rules::{self, Invalid, Patch};
 use crate::hooks::{Delivery, Hook, delivery_id};
 use crate::txn::commit::TxnError;
-use crate::txn::idem::{Claim, body_hash};
+use crate::txn::idem::{Claim, Fingerprint};
 use crate::txn::plan::{Action, ActionOp, Plan};
 use crate::txn::record::{OPERATOR, Status, TxnRecord};
 use crate::txn::{Engine, summary};
@@ -614,7 +614,7 @@ pub async fn create_transaction(
     JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
-    let hash = body_hash(&value);
+    let hash = Fingerprint::of(&value);
     // Kept in the record as the request as sent, with the hooks' header
     // values (write-only) left out: the hooks themselves are kept whole.
     let request = crate::hooks::redact_request(&value).to_string();
@@ -653,7 +653,7 @@ enum KeyOutcome {
 async fn run_transaction(
     engine: Arc<Engine>,
     plan: Plan,
-    hash: String,
+    hash: Fingerprint,
     scoped: Option<String>,
 ) -> Result<Response, ApiError> {
     let txn = uuid::Uuid::now_v7().to_string();

@@ -87,7 +87,33 @@ impl ClaimRecord {
 pub fn body_hash(body: &Value) -> String {
     let mut canonical = String::new();
     write_canonical(body, &mut canonical);
-    Sha256::digest(canonical.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    hex(&Sha256::digest(canonical.as_bytes()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What identifies a request body for its Idempotency-Key: the hash of its
+/// meaning ([`body_hash`]), and the hash releases before it stored (of the
+/// body as parsed, members in their order), so that a claim stored by the
+/// release before is still recognised when the same request is retried.
+#[derive(Clone, Debug)]
+pub struct Fingerprint {
+    pub hash: String,
+    earlier: String,
+}
+
+impl Fingerprint {
+    pub fn of(body: &Value) -> Self {
+        let earlier = hex(&Sha256::digest(serde_json::to_vec(body).expect("JSON serializes")));
+        Self { hash: body_hash(body), earlier }
+    }
+
+    /// Whether a claim that stored `hash` was made for this body.
+    fn matches(&self, hash: &str) -> bool {
+        hash == self.hash || hash == self.earlier
+    }
 }
 
 /// `value` in one canonical spelling: object members sorted by name,
@@ -138,7 +164,8 @@ fn canonical_number(n: &serde_json::Number) -> String {
 
 impl Engine {
     /// Claim `key` for `txn` running a body with hash `hash`.
-    pub async fn claim_key(&self, key: &str, hash: &str, txn: &str) -> StoreResult<Claim> {
+    pub async fn claim_key(&self, key: &str, fingerprint: &Fingerprint, txn: &str) -> StoreResult<Claim> {
+        let hash = fingerprint.hash.as_str();
         loop {
             let fresh = ClaimRecord {
                 key: key.to_owned(),
@@ -157,7 +184,7 @@ impl Engine {
             }
             let Some(existing) = self.store.get(IDEM, key).await? else { continue };
             let existing = ClaimRecord::from_record(existing)?;
-            if existing.hash != hash {
+            if !fingerprint.matches(&existing.hash) {
                 return Ok(Claim::Reused);
             }
             if existing.state == ClaimState::Done {

@@ -486,3 +486,30 @@ async fn a_hook_body_with_numbers_past_64_bits_commits_and_is_sent() {
     assert_eq!(doc["data"]["big"].as_f64(), Some(u64::MAX as f64), "{doc}");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_claim_stored_by_the_release_before_is_still_replayed() {
+    use sha2::Digest;
+    let app = TestApp::spawn(Backend::Embedded).await.unwrap();
+    let body = json!({"actions": [{"op": "insert", "collection": "c", "id": "x", "data": {"n": 1}}]});
+    // The claim as the release before stored it (keyless scope `-`): the
+    // hash of the body as parsed, members in their order.
+    let earlier: String =
+        sha2::Sha256::digest(serde_json::to_vec(&body).unwrap()).iter().map(|b| format!("{b:02x}")).collect();
+    let answer = json!({"id": "0190a0a0-0000-7000-8000-000000000001", "status": "committed", "results": []});
+    let claim = txgate::store::doc! {
+        "_id": "-:order-1", "hash": earlier, "txn": "0190a0a0-0000-7000-8000-000000000001", "state": "done",
+        "created_at": txgate::store::DateTime::now(), "status": 200_i32, "body": answer.to_string(),
+    };
+    assert!(app.store.insert("_idem", claim).await.unwrap());
+    let res = app.request(Method::POST, "/v1/transactions").header("idempotency-key", "order-1").json(&body).send();
+    let res = res.await.unwrap();
+    assert_eq!(res.headers().get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
+    assert_eq!(expect(res, 200).await, answer);
+    expect_problem(app.get("/v1/collections/c/documents/x").await, 404, "not_found").await;
+    // Another body with that key is still another request.
+    let other = json!({"actions": [{"op": "insert", "collection": "c", "id": "y", "data": {}}]});
+    let res = app.request(Method::POST, "/v1/transactions").header("idempotency-key", "order-1").json(&other).send();
+    expect_problem(res.await.unwrap(), 422, "idempotency_key_reused").await;
+    app.stop().await;
+}
