@@ -300,7 +300,8 @@ const CHECKED_BY_HANDLER: &[&str] = &[
 
 /// The configured keys, each with its share of the concurrency limit.
 pub struct Keys {
-    keys: Vec<(ApiKey, Arc<tokio::sync::Semaphore>)>,
+    /// Each key with its scope (computed once) and its permits.
+    keys: Vec<(ApiKey, String, Arc<tokio::sync::Semaphore>)>,
     per_key: usize,
 }
 
@@ -308,7 +309,14 @@ impl Keys {
     /// `keys`, each allowed `per_key` requests in flight at once.
     pub fn new(keys: Vec<ApiKey>, per_key: usize) -> Self {
         let per_key = per_key.max(1);
-        Self { keys: keys.into_iter().map(|k| (k, Arc::new(tokio::sync::Semaphore::new(per_key)))).collect(), per_key }
+        let keys = keys
+            .into_iter()
+            .map(|k| {
+                let scope = k.scope();
+                (k, scope, Arc::new(tokio::sync::Semaphore::new(per_key)))
+            })
+            .collect();
+        Self { keys, per_key }
     }
 }
 
@@ -327,7 +335,8 @@ pub async fn require_key(State(keys): State<Arc<Keys>>, req: Request, next: Next
     let Some(token) = token else {
         return unauthorized("an API key is required: Authorization: Bearer <key>");
     };
-    let Some((key, permits)) = keys.keys.iter().find(|(k, _)| constant_time_eq(k.key.as_bytes(), token.as_bytes()))
+    let Some((key, scope, permits)) =
+        keys.keys.iter().find(|(k, _, _)| constant_time_eq(k.key.as_bytes(), token.as_bytes()))
     else {
         return unauthorized("the API key is not valid");
     };
@@ -380,7 +389,7 @@ pub async fn require_key(State(keys): State<Arc<Keys>>, req: Request, next: Next
             }
         }
     };
-    parts.extensions.insert(Caller { scope: key.scope() });
+    parts.extensions.insert(Caller { scope: scope.clone() });
     parts.extensions.insert(access);
     next.run(Request::from_parts(parts, body)).await
 }
