@@ -226,5 +226,10 @@ fn purger(app: &App, config: &Config) -> purge::Purger {
 /// Open the configured store and serve (see [`run_with_store`]).
 pub async fn run(config: Config, listener: TcpListener, shutdown: CancellationToken) -> Result<(), RunError> {
     let store = open_store(&config.store, config.txn.store_timeout).await?;
-    run_with_store(config, store, listener, shutdown).await
+    let served = run_with_store(config, Arc::clone(&store), listener, shutdown).await;
+    // The store this gateway opened closes with it: the embedded store
+    // checkpoints and joins its writer, so the next start replays nothing.
+    store.close().await?;
+    tracing::info!("store closed");
+    served
 }

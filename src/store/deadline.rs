@@ -75,6 +75,12 @@ impl Store for Deadline {
     async fn sync(&self) -> StoreResult<()> {
         self.inner.sync().await
     }
+    async fn close(&self) -> StoreResult<()> {
+        self.inner.close().await
+    }
+    async fn backup(&self, dest: &std::path::Path) -> StoreResult<Option<super::BackupInfo>> {
+        self.inner.backup(dest).await
+    }
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
         self.within("scan", self.inner.scan(coll, scan)).await
     }

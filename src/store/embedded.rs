@@ -34,13 +34,14 @@ use std::collections::HashMap;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, mpsc};
+use std::sync::{Arc, Mutex, RwLock, mpsc};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
+use super::disk::{DirDisk, Disk};
 use super::filter::{apply_update, lookup, matches};
 use super::journal::{self, Effect, Effects, Journal};
 use super::keys;
@@ -54,16 +55,57 @@ const ENTRIES: TableDefinition<(&str, &[u8]), &str> = TableDefinition::new("inde
 /// `(collection, index) -> IndexSpec as JSON`.
 const CATALOG: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("index_catalog");
 
-/// `"applied" -> ` the number of the last journal entry this state holds.
+/// `"applied" -> ` the number of the last journal entry this state holds;
+/// `"layout" -> ` the version of the tables' layout ([`LAYOUT`]).
 const JOURNAL_STATE: TableDefinition<&str, u64> = TableDefinition::new("journal_state");
 const APPLIED: &str = "applied";
+const LAYOUT_KEY: &str = "layout";
 
-/// Upper bound on operations committed together.
+/// The version of the store's layout: its tables and what they hold
+/// (records as BSON, index entries, the catalog as JSON). A store without
+/// the key was written by a release before versions were recorded, in
+/// this same layout.
+pub const LAYOUT: u64 = 1;
+
+/// The database and journal files in the data directory.
+pub const DATABASE_FILE: &str = "txgate.redb";
+pub const JOURNAL_FILE: &str = "txgate.journal";
+/// Where a new database is made before it is renamed to [`DATABASE_FILE`].
+const QUICK_REPAIR: bool = true;
+const NEW_DATABASE_FILE: &str = "txgate.redb.new";
+
+/// Upper bound on queued items committed together.
 const MAX_BATCH: usize = 512;
+
+/// A batch takes no further queued item once its journal effects reach
+/// this many bytes: it bounds the writer's memory, and the time one batch
+/// holds everything queued behind it.
+pub const MAX_BATCH_BYTES: usize = 32 << 20;
 
 /// Journal bytes after which a checkpoint makes redb durable and the
 /// journal starts over; it bounds what opening the store replays.
-const CHECKPOINT_BYTES: u64 = 16 << 20;
+pub const CHECKPOINT_BYTES: u64 = 16 << 20;
+
+/// How an embedded store is opened.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// redb's page cache.
+    pub cache_bytes: u64,
+    /// Unsynced writes are made durable at least this often.
+    pub sync_interval: Duration,
+    /// Journal bytes after which a checkpoint starts it over.
+    pub checkpoint_bytes: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            cache_bytes: crate::config::DEFAULT_CACHE_MB << 20,
+            sync_interval: crate::config::DEFAULT_SYNC_INTERVAL,
+            checkpoint_bytes: CHECKPOINT_BYTES,
+        }
+    }
+}
 
 /// The indexes of each collection, as committed.
 type Catalog = Arc<RwLock<HashMap<String, Vec<IndexSpec>>>>;
@@ -74,10 +116,11 @@ type Catalog = Arc<RwLock<HashMap<String, Vec<IndexSpec>>>>;
 /// again. Only the writer thread changes records, and it keeps this equal
 /// to what it committed: a write takes its record out and puts the new one
 /// back once applied; a write that fails leaves it out; a batch that fails
-/// empties it.
+/// empties it. Every record it holds counts its encoded size against the
+/// byte bound, a record put back unchanged included.
 #[derive(Default)]
 struct Recent {
-    records: HashMap<String, Record>,
+    records: HashMap<String, (Record, usize)>,
     bytes: usize,
 }
 
@@ -95,8 +138,11 @@ impl Recent {
         self.records.contains_key(&Self::key(coll, id))
     }
 
-    fn take(&mut self, coll: &str, id: &str) -> Option<Record> {
-        self.records.remove(&Self::key(coll, id))
+    /// The record and its encoded size.
+    fn take(&mut self, coll: &str, id: &str) -> Option<(Record, usize)> {
+        let (record, size) = self.records.remove(&Self::key(coll, id))?;
+        self.bytes -= size;
+        Some((record, size))
     }
 
     /// Keep `record` (encoded in `size` bytes) as the current `coll`/`id`.
@@ -108,7 +154,9 @@ impl Recent {
             self.clear();
         }
         self.bytes += size;
-        self.records.insert(Self::key(coll, id), record);
+        if let Some((_, before)) = self.records.insert(Self::key(coll, id), (record, size)) {
+            self.bytes -= before;
+        }
     }
 
     fn clear(&mut self) {
@@ -154,6 +202,11 @@ enum WriteOp {
     },
     /// Nothing to apply: make every write so far durable.
     Sync,
+    /// Make every write so far durable and open a read transaction on
+    /// that state (a backup's snapshot); commits on its own.
+    Snapshot(oneshot::Sender<StoreResult<redb::ReadTransaction>>),
+    /// Checkpoint and stop the writer (the store closes).
+    Close,
 }
 
 impl WriteOp {
@@ -168,8 +221,9 @@ impl WriteOp {
         }
     }
 
+    /// Whether the item commits on its own, outside any batch.
     fn is_schema(&self) -> bool {
-        matches!(self, WriteOp::EnsureIndex { .. } | WriteOp::DropIndex { .. })
+        matches!(self, WriteOp::EnsureIndex { .. } | WriteOp::DropIndex { .. } | WriteOp::Snapshot(_) | WriteOp::Close)
     }
 }
 
@@ -194,6 +248,8 @@ impl Queued {
 pub struct EmbeddedStore {
     db: Arc<Database>,
     writer: mpsc::Sender<Queued>,
+    /// The writer thread, joined when the store closes.
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     path: PathBuf,
     catalog: Catalog,
     /// What reads (gets and scans) decoded and skipped since the store opened.
@@ -252,18 +308,48 @@ impl EmbeddedStore {
     /// `cache_bytes`; unsynced writes are made durable at least every
     /// `sync_interval`.
     pub fn open_with(dir: &Path, cache_bytes: u64, sync_interval: Duration) -> StoreResult<Self> {
-        std::fs::create_dir_all(dir)
+        let disk = DirDisk::create(dir)
             .map_err(|e| StoreError::Unavailable(format!("cannot create data directory {}: {e}", dir.display())))?;
-        let path = dir.join("txgate.redb");
-        let cache = usize::try_from(cache_bytes).unwrap_or(usize::MAX);
-        let db = redb::Builder::new().set_cache_size(cache).create(&path).map_err(|e| match e {
+        let options = Options { cache_bytes, sync_interval, ..Options::default() };
+        let mut store = Self::open_on(Arc::new(disk), &options)?;
+        store.path = dir.join(DATABASE_FILE);
+        Ok(store)
+    }
+
+    /// Open (or create) the store on `disk`: the database, then the
+    /// journal, whose entries the database does not hold yet are replayed
+    /// into it.
+    pub fn open_on(disk: Arc<dyn Disk>, options: &Options) -> StoreResult<Self> {
+        let unavailable = |e: std::io::Error| StoreError::Unavailable(format!("data directory: {e}"));
+        let cache = usize::try_from(options.cache_bytes).unwrap_or(usize::MAX);
+        let db_name = disk.describe(DATABASE_FILE);
+        let opened = |e: redb::DatabaseError| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
-                "{} is already open in another process (the embedded store serves one instance)",
-                path.display()
+                "{db_name} is already open in another process (the embedded store serves one instance)"
             )),
-            other => StoreError::Unavailable(format!("cannot open {}: {other}", path.display())),
-        })?;
-        let txn = db.begin_write().map_err(internal)?;
+            other => StoreError::Unavailable(format!("cannot open {db_name}: {other}")),
+        };
+        let mut builder = redb::Builder::new();
+        builder.set_cache_size(cache);
+        let db_existed = disk.exists(DATABASE_FILE).map_err(unavailable)?;
+        if !db_existed {
+            // A new database is made under another name and renamed once
+            // whole: a crash while it is made leaves no file redb cannot
+            // open under the database's name.
+            disk.remove(NEW_DATABASE_FILE).map_err(unavailable)?;
+            let db = disk.open_database(&builder, NEW_DATABASE_FILE).map_err(opened)?;
+            db.close().map_err(opened)?;
+            disk.rename(NEW_DATABASE_FILE, DATABASE_FILE).map_err(unavailable)?;
+        }
+        let journal_existed = disk.exists(JOURNAL_FILE).map_err(unavailable)?;
+        let db = disk.open_database(&builder, DATABASE_FILE).map_err(opened)?;
+        let journal_file = disk.open_file(JOURNAL_FILE).map_err(unavailable)?;
+        if !db_existed || !journal_existed {
+            // The new files' directory entries, before anything relies on them.
+            disk.sync_dir().map_err(unavailable)?;
+        }
+        let mut txn = db.begin_write().map_err(internal)?;
+        txn.set_quick_repair(QUICK_REPAIR);
         txn.open_table(RECORDS).map_err(internal)?;
         txn.open_table(ENTRIES).map_err(internal)?;
         let mut catalog: HashMap<String, Vec<IndexSpec>> = HashMap::new();
@@ -275,9 +361,23 @@ impl EmbeddedStore {
                 catalog.entry(key.value().0.to_owned()).or_default().push(spec);
             }
         }
-        txn.open_table(JOURNAL_STATE).map_err(internal)?;
+        {
+            let mut state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
+            let layout = state.get(LAYOUT_KEY).map_err(internal)?.map(|v| v.value());
+            match layout {
+                Some(v) if v > LAYOUT => {
+                    return Err(StoreError::Unavailable(format!(
+                        "{db_name} has layout version {v}, newer than this release reads ({LAYOUT})"
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    state.insert(LAYOUT_KEY, LAYOUT).map_err(internal)?;
+                }
+            }
+        }
         txn.commit().map_err(internal)?;
-        let journal = replay(&db, &catalog, &dir.join("txgate.journal"))?;
+        let journal = replay(&db, &catalog, journal_file, &disk.describe(JOURNAL_FILE))?;
         let db = Arc::new(db);
         let catalog: Catalog = Arc::new(RwLock::new(catalog));
         let (tx, rx) = mpsc::channel();
@@ -286,17 +386,37 @@ impl EmbeddedStore {
             db: Arc::clone(&db),
             catalog: Arc::clone(&catalog),
             stats: Arc::clone(&stats),
-            interval: sync_interval,
+            interval: options.sync_interval,
+            checkpoint_bytes: options.checkpoint_bytes,
             unsynced_since: None,
             journal,
             recent: Recent::default(),
             positions: HashMap::new(),
         };
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("txgate-embedded-writer".into())
-            .spawn(move || writer.run(&rx))
+            .spawn(move || {
+                // A panic leaves no writer behind a store that still reads:
+                // the process stops, and the next start recovers.
+                if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run(&rx))) {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    stop(&StoreError::Internal(format!("the writer thread panicked: {what}")));
+                }
+            })
             .map_err(internal)?;
-        Ok(Self { db, writer: tx, path, catalog, reads: Arc::default(), stats })
+        Ok(Self {
+            db,
+            writer: tx,
+            thread: Mutex::new(Some(thread)),
+            path: PathBuf::from(db_name),
+            catalog,
+            reads: Arc::default(),
+            stats,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -328,6 +448,55 @@ impl EmbeddedStore {
         })
         .await
         .map_err(internal)?
+    }
+
+    /// Every record as stored, `(collection, id) -> BSON`, from one
+    /// snapshot (for the power-loss harness and tests).
+    pub fn dump(&self) -> StoreResult<std::collections::BTreeMap<(String, String), Vec<u8>>> {
+        let txn = self.db.begin_read().map_err(internal)?;
+        let table = txn.open_table(RECORDS).map_err(internal)?;
+        let mut out = std::collections::BTreeMap::new();
+        for row in table.iter().map_err(internal)? {
+            let (k, v) = row.map_err(internal)?;
+            let (coll, id) = k.value();
+            out.insert((coll.to_owned(), id.to_owned()), v.value().to_vec());
+        }
+        Ok(out)
+    }
+
+    /// Check, in one snapshot, that every index holds exactly one entry per
+    /// record it should hold, under the key that record gives it, and
+    /// nothing else. Returns the first difference found.
+    pub fn verify_indexes(&self) -> Result<(), String> {
+        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+        let records = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+        let entries = txn.open_table(ENTRIES).map_err(|e| e.to_string())?;
+        let catalog = self.catalog.read().expect("index catalog").clone();
+        let mut expected: std::collections::BTreeSet<(String, Vec<u8>, String)> = std::collections::BTreeSet::new();
+        for row in records.iter().map_err(|e| e.to_string())? {
+            let (k, v) = row.map_err(|e| e.to_string())?;
+            let (coll, id) = k.value();
+            let Some(specs) = catalog.get(coll) else { continue };
+            let record = super::convert::decode(v.value()).map_err(|e| format!("{coll}/{id}: {e}"))?;
+            for spec in specs {
+                if let Some(key) = entry_key(spec, &record, id) {
+                    expected.insert((entries_name(coll, &spec.name), key, id.to_owned()));
+                }
+            }
+        }
+        let mut found = std::collections::BTreeSet::new();
+        for row in entries.iter().map_err(|e| e.to_string())? {
+            let (k, v) = row.map_err(|e| e.to_string())?;
+            let (table, key) = k.value();
+            found.insert((table.to_owned(), key.to_vec(), v.value().to_owned()));
+        }
+        if let Some(missing) = expected.difference(&found).next() {
+            return Err(format!("index {:?} lacks the entry of record {}", missing.0, missing.2));
+        }
+        if let Some(extra) = found.difference(&expected).next() {
+            return Err(format!("index {:?} has an entry for record {} that no record gives", extra.0, extra.2));
+        }
+        Ok(())
     }
 
     async fn queue(&self, op: WriteOp, durability: Durability) -> StoreResult<bool> {
@@ -556,6 +725,7 @@ struct Writer {
     catalog: Catalog,
     stats: Arc<WriterStats>,
     interval: Duration,
+    checkpoint_bytes: u64,
     /// When the oldest journal entry not yet synced was written.
     unsynced_since: Option<Instant>,
     journal: Journal,
@@ -583,23 +753,40 @@ impl Writer {
             if first.is_schema() {
                 // Schema changes commit on their own, durable, after
                 // everything before them is; the journal never spans one.
-                self.checkpoint_or_stop();
                 let op = first.ops.into_iter().next().expect("a schema change");
-                let _ = first.reply.send(schema_change(&self.db, &self.catalog, op).map(usize::from));
+                match op {
+                    WriteOp::Snapshot(reply) => {
+                        self.sync_or_stop();
+                        let _ = reply.send(self.db.begin_read().map_err(internal));
+                        let _ = first.reply.send(Ok(1));
+                    }
+                    WriteOp::Close => {
+                        self.checkpoint_or_stop();
+                        // The database is left as a crash would leave it
+                        // right after the checkpoint (the next open loads
+                        // the allocator state the checkpoint saved), not
+                        // closed by redb: the power-loss harness found
+                        // redb 4.5 files closed cleanly, reopened and then
+                        // cut short at the first write of a later
+                        // checkpoint that no longer open. The process
+                        // ends after closing its store.
+                        std::mem::forget(Arc::clone(&self.db));
+                        let _ = first.reply.send(Ok(1));
+                        return;
+                    }
+                    op => {
+                        self.checkpoint_or_stop();
+                        let _ = first.reply.send(schema_change(&self.db, &self.catalog, op).map(usize::from));
+                    }
+                }
                 continue;
             }
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(item) if item.is_schema() => {
-                        held = Some(item);
-                        break;
-                    }
-                    Ok(item) => batch.push(item),
-                    Err(_) => break,
-                }
+            self.commit(first, rx, &mut held);
+            // The sync interval is a deadline, kept under continuous load
+            // too, not only when the queue runs dry.
+            if self.unsynced_since.is_some_and(|since| since.elapsed() >= self.interval) {
+                self.sync_or_stop();
             }
-            self.commit(batch);
         }
     }
 
@@ -618,23 +805,29 @@ impl Writer {
         }
     }
 
-    /// Commit a batch: its effects go to the journal before the commit is
-    /// visible, and the journal is synced first when the batch holds a
-    /// write that must be durable.
-    fn commit(&mut self, batch: Vec<Queued>) {
+    /// Commit a batch: `first` and whatever else is queued, up to
+    /// [`MAX_BATCH`] items or [`MAX_BATCH_BYTES`] of effects. Its effects go
+    /// to the journal (in entries of about [`journal::ENTRY_TARGET`], split
+    /// between writes) before the commit is visible, and the journal is
+    /// synced first when the batch holds a write that must be durable. An
+    /// item that must commit on its own is left in `held`.
+    fn commit(&mut self, first: Queued, rx: &mpsc::Receiver<Queued>, held: &mut Option<Queued>) {
         let started = Instant::now();
-        let durable = batch.iter().any(|q| q.durability == Durability::Synced);
-        let mut results = Vec::with_capacity(batch.len());
-        let mut effects = Effects::default();
+        let mut batch = vec![first];
+        let mut results = Vec::with_capacity(1);
+        let mut entries = vec![Effects::default()];
         let prepared = (|| -> StoreResult<redb::WriteTransaction> {
             let mut txn = self.db.begin_write().map_err(internal)?;
             txn.set_durability(redb::Durability::None).map_err(internal)?;
             {
                 let specs = self.catalog.read().expect("index catalog");
                 let mut table = txn.open_table(RECORDS).map_err(internal)?;
-                let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
+                let mut index = txn.open_table(ENTRIES).map_err(internal)?;
                 let mut deferred = Deferred::default();
-                for queued in &batch {
+                let mut bytes = 0usize;
+                let mut next = 0;
+                while next < batch.len() {
+                    let queued = &batch[next];
                     let mut applied = 0;
                     let mut result = Ok(());
                     for op in &queued.ops {
@@ -643,7 +836,14 @@ impl Writer {
                             positions: &mut self.positions,
                             deferred: &mut deferred,
                         };
-                        match apply(&mut table, &mut entries, &specs, &mut state, op, &mut effects) {
+                        let effects = entries.last_mut().expect("an entry");
+                        let before = effects.len();
+                        let outcome = apply(&mut table, &mut index, &specs, &mut state, op, effects);
+                        bytes += effects.len() - before;
+                        if effects.len() >= journal::ENTRY_TARGET {
+                            entries.push(Effects::default());
+                        }
+                        match outcome {
                             Ok(true) => applied += 1,
                             Ok(false) => break,
                             Err(err) => {
@@ -653,18 +853,28 @@ impl Writer {
                         }
                     }
                     results.push(result.map(|()| applied));
+                    next += 1;
+                    if next == batch.len() && batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
+                        match rx.try_recv() {
+                            Ok(item) if item.is_schema() => *held = Some(item),
+                            Ok(item) => batch.push(item),
+                            Err(_) => {}
+                        }
+                    }
                 }
-                deferred.flush(&mut entries)?;
+                deferred.flush(&mut index)?;
             }
-            if !effects.is_empty() {
+            let written = entries.iter().filter(|e| !e.is_empty()).count() as u64;
+            if written > 0 {
                 let mut state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
-                state.insert(APPLIED, self.journal.next_lsn()).map_err(internal)?;
+                state.insert(APPLIED, self.journal.next_lsn() + written - 1).map_err(internal)?;
             }
             Ok(txn)
         })();
         let mut phase = WriterStats::add(&self.stats.apply_nanos, started);
         let writes: usize = batch.iter().map(|q| q.ops.len()).sum();
         self.stats.writes.fetch_add(writes as u64, Ordering::Relaxed);
+        let durable = batch.iter().any(|q| q.durability == Durability::Synced);
         let txn = match prepared {
             Ok(txn) => txn,
             Err(err) => {
@@ -678,16 +888,19 @@ impl Writer {
                 return;
             }
         };
-        let txn = if effects.is_empty() {
+        let txn = if entries.iter().all(Effects::is_empty) {
             // Only refusals and syncs: nothing to commit.
             if let Err(err) = txn.abort() {
                 tracing::warn!(error = %err, "aborting an empty embedded write transaction failed");
             }
             None
         } else {
-            if let Err(err) = self.journal.append(&effects) {
-                stop(&StoreError::Unavailable(format!("journal write failed: {err}")));
+            for effects in entries.iter_mut().filter(|e| !e.is_empty()) {
+                if let Err(err) = self.journal.append(effects) {
+                    stop(&StoreError::Unavailable(format!("journal write failed: {err}")));
+                }
             }
+            drop(entries);
             phase = WriterStats::add(&self.stats.journal_nanos, phase);
             if self.unsynced_since.is_none() {
                 self.unsynced_since = Some(Instant::now());
@@ -713,7 +926,7 @@ impl Writer {
         for (queued, result) in batch.into_iter().zip(results) {
             let _ = queued.reply.send(result);
         }
-        if self.journal.written() >= CHECKPOINT_BYTES {
+        if self.journal.written() >= self.checkpoint_bytes {
             self.checkpoint_or_stop();
         }
     }
@@ -741,12 +954,17 @@ impl Writer {
         let done = (|| -> StoreResult<()> {
             let mut txn = self.db.begin_write().map_err(internal)?;
             txn.set_durability(redb::Durability::Immediate).map_err(internal)?;
+            // The allocator state is saved with the commit, so opening
+            // after a crash needs no full repair of the file.
+            txn.set_quick_repair(QUICK_REPAIR);
             txn.commit().map_err(internal)
         })();
         if let Err(err) = done {
             stop(&err);
         }
-        self.journal.restart(self.journal.next_lsn());
+        if let Err(err) = self.journal.restart(self.journal.next_lsn()) {
+            stop(&StoreError::Unavailable(format!("journal restart failed: {err}")));
+        }
         self.unsynced_since = None;
         self.stats.unsynced.store(false, Ordering::SeqCst);
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
@@ -756,36 +974,48 @@ impl Writer {
     }
 }
 
-/// Apply the journal entries at `path` that the state in `db` does not
+/// Apply the journal entries in `file` that the state in `db` does not
 /// hold yet, make them durable in redb, and hand back the journal, started
-/// over.
-fn replay(db: &Database, catalog: &HashMap<String, Vec<IndexSpec>>, path: &Path) -> StoreResult<Journal> {
-    let unavailable = |e: std::io::Error| StoreError::Unavailable(format!("journal {}: {e}", path.display()));
-    let (mut journal, entries) = Journal::open(path).map_err(unavailable)?;
+/// over in a new generation.
+fn replay(
+    db: &Database,
+    catalog: &HashMap<String, Vec<IndexSpec>>,
+    file: Box<dyn redb::StorageBackend>,
+    name: &str,
+) -> StoreResult<Journal> {
+    let unavailable = |e: &dyn std::fmt::Display| StoreError::Unavailable(format!("journal {name}: {e}"));
+    let (mut journal, read) = Journal::open(file).map_err(|e| unavailable(&e))?;
+    if read.dropped > 0 {
+        tracing::warn!(
+            journal = name,
+            entries = read.dropped,
+            "dropped journal entries written after one that was lost, none of them synced (power loss)"
+        );
+    }
     let applied = {
         let txn = db.begin_read().map_err(internal)?;
         let state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
         state.get(APPLIED).map_err(internal)?.map_or(0, |v| v.value())
     };
-    let missing: Vec<_> = entries.into_iter().filter(|(lsn, _)| *lsn > applied).collect();
+    let missing: Vec<_> = read.entries.into_iter().filter(|(lsn, _)| *lsn > applied).collect();
     let Some(&(first, _)) = missing.first() else {
-        journal.restart(applied + 1);
+        journal.restart(applied + 1).map_err(|e| unavailable(&e))?;
         return Ok(journal);
     };
     if first != applied + 1 {
         return Err(StoreError::Unavailable(format!(
-            "journal {} starts at entry {first}, but the store holds entries up to {applied} only",
-            path.display()
+            "journal {name} starts at entry {first}, but the store holds entries up to {applied} only"
         )));
     }
     let last = missing.last().map_or(applied, |(lsn, _)| *lsn);
-    let txn = db.begin_write().map_err(internal)?;
+    let mut txn = db.begin_write().map_err(internal)?;
+    txn.set_quick_repair(QUICK_REPAIR);
     {
         let mut table = txn.open_table(RECORDS).map_err(internal)?;
         let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
         let specs = |coll: &str| catalog.get(coll).map_or(&[][..], Vec::as_slice);
         for (_, payload) in &missing {
-            for effect in journal::effects(payload).map_err(unavailable)? {
+            for effect in journal::effects(payload).map_err(|e| unavailable(&e))? {
                 let (coll, id, bytes) = match effect {
                     Effect::Put { coll, id, bytes } => (coll, id, Some(bytes)),
                     Effect::Delete { coll, id } => (coll, id, None),
@@ -814,17 +1044,113 @@ fn replay(db: &Database, catalog: &HashMap<String, Vec<IndexSpec>>, path: &Path)
         state.insert(APPLIED, last).map_err(internal)?;
     }
     txn.commit().map_err(|e| StoreError::Unavailable(format!("commit of the replayed journal failed: {e}")))?;
-    tracing::info!(entries = missing.len(), up_to = last, "replayed the embedded store's journal");
-    journal.restart(last + 1);
+    tracing::info!(
+        entries = missing.len(),
+        up_to = last,
+        format = read.version,
+        "replayed the embedded store's journal"
+    );
+    journal.restart(last + 1).map_err(|e| unavailable(&e))?;
     Ok(journal)
 }
 
-/// Unsynced commits that cannot be made durable: readers may have seen
-/// them, so the process stops rather than go on past them.
+/// Unsynced commits that cannot be made durable, or a writer that cannot
+/// go on: readers may have seen writes that could be lost, so the process
+/// stops rather than go on past them (the next start recovers).
 fn stop(err: &StoreError) -> ! {
-    tracing::error!(error = %err, "embedded store cannot sync; stopping");
-    eprintln!("txgate: the embedded store cannot sync ({err}); stopping");
+    tracing::error!(error = %err, "embedded store cannot go on; stopping");
+    eprintln!("txgate: the embedded store cannot go on ({err}); stopping");
     std::process::exit(70)
+}
+
+/// Records copied per write transaction of a backup.
+const BACKUP_CHUNK: usize = 20_000;
+
+/// Copy the state `snapshot` reads into a new store in `dest`: written
+/// under `dest` with `.partial` appended, synced, then renamed, so a
+/// directory named `dest` is always a whole backup.
+fn write_backup(snapshot: &redb::ReadTransaction, dest: &Path) -> StoreResult<super::BackupInfo> {
+    let started = Instant::now();
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        StoreError::Unavailable(format!("backup to {}: {what}: {e}", dest.display()))
+    };
+    if dest.exists() {
+        return Err(StoreError::Rejected(format!("backup to {}: it exists already", dest.display())));
+    }
+    let mut partial = dest.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).map_err(|e| failed("removing an unfinished backup", &e))?;
+    }
+    let disk = DirDisk::create(&partial).map_err(|e| failed("creating the directory", &e))?;
+    let db =
+        disk.open_database(&redb::Builder::new(), DATABASE_FILE).map_err(|e| failed("creating the database", &e))?;
+    let mut records = 0u64;
+    let applied = {
+        let state = snapshot.open_table(JOURNAL_STATE).map_err(internal)?;
+        state.get(APPLIED).map_err(internal)?.map_or(0, |v| v.value())
+    };
+    // Each table in chunks, each chunk a write transaction of its own: a
+    // million records never sit in one transaction's memory.
+    fn copy<K: redb::Key + 'static, V: redb::Value + 'static>(
+        snapshot: &redb::ReadTransaction,
+        db: &Database,
+        def: TableDefinition<K, V>,
+        mut counted: impl FnMut(usize),
+    ) -> StoreResult<()>
+    where
+        for<'a> K::SelfType<'a>: std::borrow::Borrow<K::SelfType<'a>>,
+        for<'a> V::SelfType<'a>: std::borrow::Borrow<V::SelfType<'a>>,
+    {
+        let source = snapshot.open_table(def).map_err(internal)?;
+        let mut rows = source.iter().map_err(internal)?.peekable();
+        loop {
+            let mut txn = db.begin_write().map_err(internal)?;
+            txn.set_durability(redb::Durability::None).map_err(internal)?;
+            let mut n = 0;
+            {
+                let mut table = txn.open_table(def).map_err(internal)?;
+                for row in rows.by_ref().take(BACKUP_CHUNK) {
+                    let (k, v) = row.map_err(internal)?;
+                    table.insert(k.value(), v.value()).map_err(internal)?;
+                    n += 1;
+                }
+            }
+            txn.commit().map_err(internal)?;
+            counted(n);
+            if rows.peek().is_none() {
+                return Ok(());
+            }
+        }
+    }
+    copy(snapshot, &db, RECORDS, |n| {
+        records += n as u64;
+        if records % 100_000 < n as u64 {
+            tracing::info!(records, "backup: copying records");
+        }
+    })?;
+    copy(snapshot, &db, ENTRIES, |_| {})?;
+    copy(snapshot, &db, CATALOG, |_| {})?;
+    copy(snapshot, &db, JOURNAL_STATE, |_| {})?;
+    let mut txn = db.begin_write().map_err(internal)?;
+    txn.set_quick_repair(QUICK_REPAIR);
+    txn.commit().map_err(|e| failed("the final commit", &e))?;
+    drop(db);
+    disk.sync_dir().map_err(|e| failed("syncing the directory", &e))?;
+    std::fs::rename(&partial, dest).map_err(|e| failed("renaming the finished backup", &e))?;
+    let parent = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(|e| failed("syncing its parent", &e))?;
+    let bytes = std::fs::metadata(dest.join(DATABASE_FILE)).map(|m| m.len()).unwrap_or(0);
+    tracing::info!(
+        path = %dest.display(),
+        records,
+        bytes,
+        journal_position = applied,
+        took_ms = started.elapsed().as_millis() as u64,
+        "backup written"
+    );
+    Ok(super::BackupInfo { records, bytes, journal_position: applied })
 }
 
 /// Create or drop an index in a write transaction of its own; the
@@ -847,7 +1173,8 @@ fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp) -> StoreResult<b
                 }
                 None => {}
             }
-            let txn = db.begin_write().map_err(internal)?;
+            let mut txn = db.begin_write().map_err(internal)?;
+            txn.set_quick_repair(QUICK_REPAIR);
             let mut built = 0usize;
             {
                 let records = txn.open_table(RECORDS).map_err(internal)?;
@@ -882,7 +1209,8 @@ fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp) -> StoreResult<b
             Ok(true)
         }
         WriteOp::DropIndex { coll, name } => {
-            let txn = db.begin_write().map_err(internal)?;
+            let mut txn = db.begin_write().map_err(internal)?;
+            txn.set_quick_repair(QUICK_REPAIR);
             {
                 let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
                 clear_entries(&mut entries, &entries_name(&coll, &name))?;
@@ -952,12 +1280,12 @@ fn apply(
     let recent = &mut *state.recent;
     // The current record, taken out of `recent` (put back by the caller
     // unless the write fails).
-    let mut current = |coll: &str, id: &str| -> StoreResult<Option<Record>> {
-        if let Some(record) = recent.take(coll, id) {
-            return Ok(Some(record));
+    let mut current = |coll: &str, id: &str| -> StoreResult<Option<(Record, usize)>> {
+        if let Some(held) = recent.take(coll, id) {
+            return Ok(Some(held));
         }
         match table.get((coll, id)).map_err(internal)? {
-            Some(v) => decode(v.value()).map(Some),
+            Some(v) => decode(v.value()).map(|r| Some((r, v.value().len()))),
             None => Ok(None),
         }
     };
@@ -976,9 +1304,9 @@ fn apply(
             Ok(true)
         }
         WriteOp::Replace { coll, id, filter, record } => {
-            let Some(existing) = current(coll, id)? else { return Ok(false) };
+            let Some((existing, size)) = current(coll, id)? else { return Ok(false) };
             if !matches(&existing, filter)? {
-                recent.put(coll, id, existing, 0);
+                recent.put(coll, id, existing, size);
                 return Ok(false);
             }
             let mut record = record.clone();
@@ -992,9 +1320,9 @@ fn apply(
             Ok(true)
         }
         WriteOp::Update { coll, id, filter, update } => {
-            let Some(mut record) = current(coll, id)? else { return Ok(false) };
+            let Some((mut record, size)) = current(coll, id)? else { return Ok(false) };
             if !matches(&record, filter)? {
-                recent.put(coll, id, record, 0);
+                recent.put(coll, id, record, size);
                 return Ok(false);
             }
             let old = keys_of(specs(coll), &record, id);
@@ -1007,9 +1335,9 @@ fn apply(
             Ok(true)
         }
         WriteOp::Delete { coll, id, filter } => {
-            let Some(existing) = current(coll, id)? else { return Ok(false) };
+            let Some((existing, size)) = current(coll, id)? else { return Ok(false) };
             if !matches(&existing, filter)? {
-                recent.put(coll, id, existing, 0);
+                recent.put(coll, id, existing, size);
                 return Ok(false);
             }
             let old = keys_of(specs(coll), &existing, id);
@@ -1046,7 +1374,7 @@ fn apply(
         }
         // Syncing the journal with the batch is all a sync asks.
         WriteOp::Sync => Ok(true),
-        WriteOp::EnsureIndex { .. } | WriteOp::DropIndex { .. } => {
+        WriteOp::EnsureIndex { .. } | WriteOp::DropIndex { .. } | WriteOp::Snapshot(_) | WriteOp::Close => {
             unreachable!("index changes commit on their own")
         }
     }
@@ -1223,6 +1551,28 @@ impl Store for EmbeddedStore {
             return Ok(());
         }
         self.queue(WriteOp::Sync, Durability::Synced).await.map(|_| ())
+    }
+
+    async fn close(&self) -> StoreResult<()> {
+        // Answered once the writer has checkpointed and stopped; an error
+        // means it had stopped already.
+        let _ = self.queue(WriteOp::Close, Durability::Synced).await;
+        let thread = self.thread.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(thread) = thread {
+            tokio::task::spawn_blocking(move || thread.join())
+                .await
+                .map_err(internal)?
+                .map_err(|_| StoreError::Internal("the writer thread panicked".into()))?;
+        }
+        Ok(())
+    }
+
+    async fn backup(&self, dest: &Path) -> StoreResult<Option<super::BackupInfo>> {
+        let (tx, rx) = oneshot::channel();
+        self.queue(WriteOp::Snapshot(tx), Durability::Synced).await?;
+        let snapshot = rx.await.map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))??;
+        let dest = dest.to_owned();
+        tokio::task::spawn_blocking(move || write_backup(&snapshot, &dest).map(Some)).await.map_err(internal)?
     }
 
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {

@@ -7,29 +7,70 @@
 //! commit's effects (each record's new value, or its deletion) here
 //! before the commit becomes visible; a commit that must be durable is
 //! answered once the journal is synced. From time to time, and before the
-//! store closes, a checkpoint makes redb itself durable; the journal is
-//! then written again from its start.
+//! store closes, a checkpoint makes redb itself durable; the journal then
+//! starts a new generation (see `docs/design.md` §1, "Durable where it
+//! matters").
 //!
-//! Each redb commit stores the number (LSN) of its journal entry, so the
-//! state redb recovers after a crash says exactly which entries it holds.
-//! Opening the store replays the entries after it. An entry is
-//! `length, CRC-32 of LSN and payload, LSN, payload`. Reading stops at the
-//! first entry that is torn, fails its checksum or does not follow its
-//! predecessor's number, which also ends the run of entries left from
-//! before the last checkpoint: a crash keeps a prefix of the journal, as
-//! redb's unsynced commits would (DESIGN.md §1).
+//! # Format (version 2)
+//!
+//! The first 512-byte sector holds the file header: magic, format version,
+//! the generation's random salt, the number (LSN) of its first entry, and a
+//! checksum. A sector is written whole or not at all, so the header is
+//! never torn. It is rewritten and synced each time a generation starts,
+//! before any of its entries is written. Entries follow, each aligned to 8
+//! bytes: `length, CRC-32, salt, LSN, synced LSN, payload`, the checksum
+//! covering everything but itself. Reading accepts only entries carrying
+//! the current salt and following their predecessor's number, so an entry
+//! left from an earlier generation (the file is never erased) can never be
+//! taken for a new one, whatever a crash kept.
+//!
+//! Each entry also records the last LSN known to be synced when it was
+//! written. Where the run of valid entries ends, the rest of the file is
+//! searched for later entries of the same generation: one that says the
+//! missing entry had been synced proves the damage is to acknowledged data,
+//! and opening fails with an error naming the file and offset
+//! ([`JournalError::Damaged`]); an operator can cut the journal there with
+//! `txgate journal truncate` ([`truncate_at`]). Otherwise the missing entry
+//! was never synced, later ones were not either, and dropping them is
+//! ordinary power loss.
+//!
+//! Version 1 files (no header; entries `length, CRC-32, LSN, payload` from
+//! offset 0) are still read; the next generation rewrites the file as
+//! version 2.
 
+use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-/// Bytes before an entry's payload: length, checksum, LSN.
-const HEADER: usize = 4 + 4 + 8;
+use redb::StorageBackend;
 
-/// Upper bound on one entry's payload (a batch of at most 512 writes of
-/// records of at most 16 MiB each is far below it).
-const MAX_PAYLOAD: usize = 1 << 30;
+/// The journal format this release writes.
+pub const FORMAT_VERSION: u32 = 2;
+
+const MAGIC: [u8; 8] = *b"txgjrnl\0";
+
+/// The header sector; entries start after it.
+const SECTOR: u64 = 512;
+
+/// magic, version, reserved, salt, first LSN, checksum.
+const FILE_HEADER: usize = 8 + 4 + 4 + 8 + 8 + 4;
+
+/// Bytes before an entry's payload: length, checksum, salt, LSN, synced LSN.
+const ENTRY_HEADER: usize = 4 + 4 + 8 + 8 + 8;
+
+/// Entries start at multiples of this.
+const ALIGN: usize = 8;
+
+/// Upper bound on one entry's payload. The writer splits a batch into
+/// entries of about [`ENTRY_TARGET`] at record boundaries, and one record's
+/// effect is bounded by the store's record size limit, so no entry comes
+/// near this.
+pub const MAX_PAYLOAD: usize = 1 << 30;
+
+/// The writer starts a new entry once the current one holds this much.
+pub const ENTRY_TARGET: usize = 8 << 20;
 
 /// The journal file grows by at least this much at a time, written with
 /// zeros and synced, so that syncing an entry later writes only data and
@@ -39,10 +80,20 @@ const GROW: u64 = 1 << 20;
 const PUT: u8 = 1;
 const DELETE: u8 = 2;
 
-/// The effects of one commit, encoded as the payload of one entry.
-#[derive(Default)]
+/// Version 1: bytes before an entry's payload (length, checksum, LSN).
+const V1_HEADER: usize = 4 + 4 + 8;
+
+/// The effects of one commit (or part of one), encoded as the payload of
+/// one entry. The buffer starts with room for the entry's header, filled in
+/// when it is appended, so the payload is never copied.
 pub struct Effects {
     buf: Vec<u8>,
+}
+
+impl Default for Effects {
+    fn default() -> Self {
+        Self { buf: vec![0; ENTRY_HEADER] }
+    }
 }
 
 /// One effect of a replayed entry.
@@ -75,7 +126,16 @@ impl Effects {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.buf.len() == ENTRY_HEADER
+    }
+
+    /// Payload bytes so far.
+    pub fn len(&self) -> usize {
+        self.buf.len() - ENTRY_HEADER
+    }
+
+    fn payload(&self) -> &[u8] {
+        &self.buf[ENTRY_HEADER..]
     }
 }
 
@@ -112,62 +172,245 @@ pub fn effects(mut payload: &[u8]) -> io::Result<Vec<Effect<'_>>> {
     Ok(out)
 }
 
-fn checksum(lsn: u64, payload: &[u8]) -> u32 {
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("four bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("eight bytes"))
+}
+
+/// The checksum of an entry: everything in it but the checksum itself.
+fn entry_checksum(salt: u64, lsn: u64, synced: u64, payload: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&(payload.len() as u64).to_le_bytes());
+    hasher.update(&salt.to_le_bytes());
+    hasher.update(&lsn.to_le_bytes());
+    hasher.update(&synced.to_le_bytes());
+    hasher.update(payload);
+    hasher.finalize()
+}
+
+fn v1_checksum(lsn: u64, payload: &[u8]) -> u32 {
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&lsn.to_le_bytes());
     hasher.update(payload);
     hasher.finalize()
 }
 
+/// The header sector of a generation.
+fn header_sector(salt: u64, first: u64) -> Vec<u8> {
+    let mut h = Vec::with_capacity(SECTOR as usize);
+    h.extend_from_slice(&MAGIC);
+    h.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h.extend_from_slice(&0u32.to_le_bytes());
+    h.extend_from_slice(&salt.to_le_bytes());
+    h.extend_from_slice(&first.to_le_bytes());
+    let sum = crc32fast::hash(&h);
+    h.extend_from_slice(&sum.to_le_bytes());
+    h.resize(SECTOR as usize, 0);
+    h
+}
+
 /// An entry as read back: its number and payload.
 pub type Entry = (u64, Vec<u8>);
 
+/// Why a journal cannot be opened.
+#[derive(Debug)]
+pub enum JournalError {
+    Io(io::Error),
+    /// Data known to have been synced is unreadable at `offset`.
+    Damaged {
+        offset: u64,
+        detail: String,
+    },
+    /// A format this release does not know (written by a newer one).
+    Unsupported(u32),
+}
+
+impl fmt::Display for JournalError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JournalError::Io(e) => write!(f, "{e}"),
+            JournalError::Damaged { offset, detail } => write!(
+                f,
+                "damaged at offset {offset}: {detail}; opening would drop acknowledged writes, so the store \
+                 refuses to open. Restore a backup, or accept the loss of everything from there on with \
+                 `txgate journal truncate --at {offset}` (with the gateway stopped)"
+            ),
+            JournalError::Unsupported(v) => {
+                write!(f, "format version {v} is newer than this release reads ({FORMAT_VERSION})")
+            }
+        }
+    }
+}
+
+impl From<io::Error> for JournalError {
+    fn from(e: io::Error) -> Self {
+        JournalError::Io(e)
+    }
+}
+
+/// What reading a journal found.
+#[derive(Debug)]
+pub struct Read {
+    /// The longest run of whole, consecutive entries of the current
+    /// generation.
+    pub entries: Vec<Entry>,
+    /// The format the file was in (0: empty).
+    pub version: u32,
+    /// Valid entries of the generation found after a hole: written, never
+    /// synced, dropped (power loss).
+    pub dropped: usize,
+}
+
+/// Read the whole file behind `file`.
+fn read_all(file: &dyn StorageBackend) -> io::Result<Vec<u8>> {
+    let len = usize::try_from(file.len()?).map_err(io::Error::other)?;
+    let mut data = vec![0u8; len];
+    if len > 0 {
+        file.read(0, &mut data)?;
+    }
+    Ok(data)
+}
+
+/// The entry at `off` of generation `salt`, if whole and valid: (LSN,
+/// synced LSN, payload range, end).
+fn entry_at(data: &[u8], off: usize, salt: u64) -> Option<(u64, u64, std::ops::Range<usize>, usize)> {
+    let head = data.get(off..off.checked_add(ENTRY_HEADER)?)?;
+    let size = u32_at(head, 0) as usize;
+    if size == 0 || size > MAX_PAYLOAD || u64_at(head, 8) != salt {
+        return None;
+    }
+    let (lsn, synced) = (u64_at(head, 16), u64_at(head, 24));
+    let start = off + ENTRY_HEADER;
+    let payload = data.get(start..start + size)?;
+    if entry_checksum(salt, lsn, synced, payload) != u32_at(head, 4) {
+        return None;
+    }
+    Some((lsn, synced, start..start + size, (start + size).next_multiple_of(ALIGN)))
+}
+
+/// Parse a journal's bytes.
+fn parse(data: &[u8]) -> Result<(Read, Option<(u64, u64)>), JournalError> {
+    if data.len() < 8 || data[..8] != MAGIC {
+        if data.iter().take(SECTOR as usize).all(|&b| b == 0) {
+            return Ok((Read { entries: Vec::new(), version: 0, dropped: 0 }, None));
+        }
+        return Ok((Read { entries: parse_v1(data), version: 1, dropped: 0 }, None));
+    }
+    let head = data
+        .get(..FILE_HEADER)
+        .ok_or_else(|| JournalError::Damaged { offset: 0, detail: "the file header is cut short".into() })?;
+    if crc32fast::hash(&head[..FILE_HEADER - 4]) != u32_at(head, FILE_HEADER - 4) {
+        return Err(JournalError::Damaged { offset: 0, detail: "the file header fails its checksum".into() });
+    }
+    let version = u32_at(head, 8);
+    if version != FORMAT_VERSION {
+        return Err(JournalError::Unsupported(version));
+    }
+    let (salt, first) = (u64_at(head, 16), u64_at(head, 24));
+    let mut entries = Vec::new();
+    let mut off = SECTOR as usize;
+    let mut expected = first;
+    while let Some((lsn, _, payload, end)) = entry_at(data, off, salt) {
+        if lsn != expected {
+            break;
+        }
+        entries.push((lsn, data[payload].to_vec()));
+        expected += 1;
+        off = end;
+    }
+    // Where the run ends: is there evidence that what follows was synced?
+    let mut dropped = 0;
+    let mut at = off;
+    while at + ENTRY_HEADER <= data.len() {
+        if u64_at(data, at + 8) == salt {
+            if let Some((lsn, synced, _, end)) = entry_at(data, at, salt) {
+                if synced >= expected {
+                    return Err(JournalError::Damaged {
+                        offset: off as u64,
+                        detail: format!(
+                            "entry {expected} is unreadable, but entry {lsn} after it (offset {at}) records that \
+                             entries up to {synced} had been synced"
+                        ),
+                    });
+                }
+                if lsn >= expected {
+                    dropped += 1;
+                }
+                at = end;
+                continue;
+            }
+        }
+        at += ALIGN;
+    }
+    Ok((Read { entries, version, dropped }, Some((salt, first))))
+}
+
+/// Version 1: the longest run of whole, consecutive entries from offset 0.
+fn parse_v1(data: &[u8]) -> Vec<Entry> {
+    let mut entries: Vec<Entry> = Vec::new();
+    let mut off = 0usize;
+    while off + V1_HEADER <= data.len() {
+        let size = u32_at(data, off) as usize;
+        let sum = u32_at(data, off + 4);
+        let lsn = u64_at(data, off + 8);
+        let end = off + V1_HEADER + size;
+        if size == 0 || size > MAX_PAYLOAD || end > data.len() {
+            break;
+        }
+        if entries.last().is_some_and(|(prev, _)| lsn != prev + 1) {
+            break;
+        }
+        let payload = &data[off + V1_HEADER..end];
+        if v1_checksum(lsn, payload) != sum {
+            break;
+        }
+        entries.push((lsn, payload.to_vec()));
+        off = end;
+    }
+    entries
+}
+
 /// The journal file, written from the writer thread only.
 pub struct Journal {
-    file: File,
+    file: Box<dyn StorageBackend>,
+    /// The current generation's salt.
+    salt: u64,
     /// Where the next entry goes.
     offset: u64,
     /// The next entry's number.
     next_lsn: u64,
+    /// The last entry known to be durable.
+    synced_lsn: u64,
     /// Whether entries were written since the last sync.
     unsynced: bool,
     /// The file's length: written and synced up to here.
     allocated: u64,
-    /// Reused for each entry's header and payload.
-    scratch: Vec<u8>,
+    /// Bytes of entries written in this generation.
+    written: u64,
 }
 
 impl Journal {
-    /// Open (or create) the journal at `path` and read its entries: the
-    /// longest run of whole, consecutive entries from its start.
-    pub fn open(path: &Path) -> io::Result<(Self, Vec<Entry>)> {
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
-        let len = file.metadata()?.len();
-        let mut entries: Vec<Entry> = Vec::new();
-        let mut offset = 0u64;
-        let mut header = [0u8; HEADER];
-        while offset + HEADER as u64 <= len {
-            file.read_exact_at(&mut header, offset)?;
-            let size = u32::from_le_bytes(header[0..4].try_into().expect("four bytes")) as usize;
-            let sum = u32::from_le_bytes(header[4..8].try_into().expect("four bytes"));
-            let lsn = u64::from_le_bytes(header[8..16].try_into().expect("eight bytes"));
-            let end = offset + (HEADER + size) as u64;
-            if size == 0 || size > MAX_PAYLOAD || end > len {
-                break;
-            }
-            if entries.last().is_some_and(|(prev, _)| lsn != prev + 1) {
-                break;
-            }
-            let mut payload = vec![0u8; size];
-            file.read_exact_at(&mut payload, offset + HEADER as u64)?;
-            if checksum(lsn, &payload) != sum {
-                break;
-            }
-            entries.push((lsn, payload));
-            offset = end;
-        }
-        let next_lsn = entries.last().map_or(1, |(lsn, _)| lsn + 1);
-        Ok((Self { file, offset: 0, next_lsn, unsynced: false, allocated: len, scratch: Vec::new() }, entries))
+    /// Open the journal in `file` and read its entries: the longest run of
+    /// whole, consecutive entries of its current generation. Nothing is
+    /// written until [`Journal::restart`] starts a new generation.
+    pub fn open(file: Box<dyn StorageBackend>) -> Result<(Self, Read), JournalError> {
+        let data = read_all(file.as_ref())?;
+        let (read, _) = parse(&data)?;
+        let next_lsn = read.entries.last().map_or(1, |(lsn, _)| lsn + 1);
+        let journal = Self {
+            allocated: data.len() as u64,
+            file,
+            salt: 0,
+            offset: SECTOR,
+            next_lsn,
+            synced_lsn: next_lsn - 1,
+            unsynced: false,
+            written: 0,
+        };
+        Ok((journal, read))
     }
 
     /// The number the next entry gets.
@@ -175,9 +418,9 @@ impl Journal {
         self.next_lsn
     }
 
-    /// Bytes written since the journal was last restarted.
+    /// Bytes of entries written since the generation started.
     pub fn written(&self) -> u64 {
-        self.offset
+        self.written
     }
 
     pub fn is_unsynced(&self) -> bool {
@@ -186,23 +429,31 @@ impl Journal {
 
     /// Write `effects` as the next entry (not synced); its number is
     /// [`Journal::next_lsn`] before the call.
-    pub fn append(&mut self, effects: &Effects) -> io::Result<()> {
-        let size = u32::try_from(effects.buf.len())
-            .ok()
-            .filter(|&n| n as usize <= MAX_PAYLOAD)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "journal entry too large"))?;
+    pub fn append(&mut self, effects: &mut Effects) -> io::Result<()> {
+        let size = effects.len();
+        if size > MAX_PAYLOAD {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "journal entry too large"));
+        }
         let lsn = self.next_lsn;
-        self.scratch.clear();
-        self.scratch.extend_from_slice(&size.to_le_bytes());
-        self.scratch.extend_from_slice(&checksum(lsn, &effects.buf).to_le_bytes());
-        self.scratch.extend_from_slice(&lsn.to_le_bytes());
-        self.scratch.extend_from_slice(&effects.buf);
-        let end = self.offset + self.scratch.len() as u64;
+        let sum = entry_checksum(self.salt, lsn, self.synced_lsn, effects.payload());
+        let head = &mut effects.buf[..ENTRY_HEADER];
+        head[0..4].copy_from_slice(&(size as u32).to_le_bytes());
+        head[4..8].copy_from_slice(&sum.to_le_bytes());
+        head[8..16].copy_from_slice(&self.salt.to_le_bytes());
+        head[16..24].copy_from_slice(&lsn.to_le_bytes());
+        head[24..32].copy_from_slice(&self.synced_lsn.to_le_bytes());
+        let unpadded = effects.buf.len();
+        effects.buf.resize(unpadded.next_multiple_of(ALIGN), 0);
+        let padded = effects.buf.len() as u64;
+        let end = self.offset + padded;
         if end > self.allocated {
             self.grow(end)?;
         }
-        self.file.write_all_at(&self.scratch, self.offset)?;
-        self.offset += self.scratch.len() as u64;
+        let written = self.file.write(self.offset, &effects.buf);
+        effects.buf.truncate(unpadded);
+        written?;
+        self.offset = end;
+        self.written += padded;
         self.next_lsn += 1;
         self.unsynced = true;
         Ok(())
@@ -211,13 +462,8 @@ impl Journal {
     /// Extend the file with zeros to past `end`, durably.
     fn grow(&mut self, end: u64) -> io::Result<()> {
         let target = end.max(self.allocated + GROW).div_ceil(GROW) * GROW;
-        let zeros = vec![0u8; 64 << 10];
-        let mut at = self.allocated;
-        while at < target {
-            let n = (target - at).min(zeros.len() as u64);
-            self.file.write_all_at(&zeros[..n as usize], at)?;
-            at += n;
-        }
+        let zeros = vec![0u8; usize::try_from(target - self.allocated).map_err(io::Error::other)?];
+        self.file.write(self.allocated, &zeros)?;
         self.file.sync_data()?;
         self.allocated = target;
         Ok(())
@@ -229,77 +475,280 @@ impl Journal {
             self.file.sync_data()?;
             self.unsynced = false;
         }
+        self.synced_lsn = self.next_lsn - 1;
         Ok(())
     }
 
-    /// Start again from the journal's beginning, numbering on from
-    /// `next_lsn`: every entry so far is durable in redb (a checkpoint).
-    /// Older entries left behind end the run where the new ones do, as
-    /// their numbers do not follow.
-    pub fn restart(&mut self, next_lsn: u64) {
-        self.offset = 0;
+    /// Start a new generation, numbering on from `next_lsn`: every entry so
+    /// far is durable in redb (a checkpoint, or the replay at open). The
+    /// header with the new salt is synced before any entry of the new
+    /// generation is written, so none of the old generation's entries left
+    /// in the file can be read as one of the new.
+    pub fn restart(&mut self, next_lsn: u64) -> io::Result<()> {
+        let salt = loop {
+            let salt: u64 = rand::random();
+            if salt != 0 && salt != self.salt {
+                break salt;
+            }
+        };
+        if self.allocated < SECTOR {
+            self.grow(SECTOR)?;
+        }
+        self.file.write(0, &header_sector(salt, next_lsn))?;
+        self.file.sync_data()?;
+        self.salt = salt;
+        self.offset = SECTOR;
         self.next_lsn = next_lsn;
+        self.synced_lsn = next_lsn - 1;
         self.unsynced = false;
+        self.written = 0;
+        Ok(())
     }
+}
+
+/// A journal file on the local file system.
+#[derive(Debug)]
+pub struct JournalFile(pub File);
+
+impl StorageBackend for JournalFile {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.0.read_exact_at(out, offset)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.0.write_all_at(data, offset)
+    }
+}
+
+/// Cut the journal at `path` at `offset`: every byte from there on is
+/// zeroed and synced, so opening the store keeps the entries before it and
+/// loses the rest. For an operator, with the gateway stopped, after an
+/// open refused a damaged journal ([`JournalError::Damaged`] names the
+/// offset). `offset` must be where an entry starts: the one the error
+/// names, or any other of the current generation.
+pub fn truncate_at(path: &Path, offset: u64) -> Result<usize, String> {
+    let file = OpenOptions::new().read(true).write(true).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file = JournalFile(file);
+    let data = read_all(&file).map_err(|e| e.to_string())?;
+    if data.len() < 8 || data[..8] != MAGIC {
+        return Err(format!("{} is not a version {FORMAT_VERSION} journal", path.display()));
+    }
+    let salt = u64_at(&data, 16);
+    let mut boundaries = vec![SECTOR as usize];
+    let mut at = SECTOR as usize;
+    while let Some((_, _, _, end)) = entry_at(&data, at, salt) {
+        boundaries.push(end);
+        at = end;
+    }
+    let offset = usize::try_from(offset).map_err(|e| e.to_string())?;
+    if !boundaries.contains(&offset) {
+        return Err(format!(
+            "offset {offset} is not where an entry of the journal's run starts (valid: {}..={} at entry boundaries; \
+             the open error names the offset to use)",
+            SECTOR,
+            boundaries.last().copied().unwrap_or(SECTOR as usize)
+        ));
+    }
+    let kept = boundaries.iter().position(|&b| b == offset).unwrap_or(0);
+    if offset < data.len() {
+        file.write(offset as u64, &vec![0u8; data.len() - offset]).map_err(|e| e.to_string())?;
+        file.sync_data().map_err(|e| e.to_string())?;
+    }
+    Ok(kept)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn effects_of(n: usize) -> Effects {
+    fn effects_of(n: usize, fill: u8) -> Effects {
         let mut e = Effects::default();
         for i in 0..n {
-            e.put("c", &format!("d{i}"), &[i as u8; 3]);
+            e.put("c", &format!("d{i}"), &[fill; 3]);
         }
         e.delete("c", "gone");
         e
+    }
+
+    fn file(path: &Path) -> Box<dyn StorageBackend> {
+        Box::new(JournalFile(
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap(),
+        ))
+    }
+
+    fn open(path: &Path) -> Result<(Journal, Read), JournalError> {
+        Journal::open(file(path))
+    }
+
+    fn lsns(read: &Read) -> Vec<u64> {
+        read.entries.iter().map(|(lsn, _)| *lsn).collect()
+    }
+
+    /// A journal of `n` entries of one shape (so they have one size),
+    /// filled with `fill`, the first synced as asked.
+    fn write_run(path: &Path, first: u64, n: usize, fill: u8, sync_each: bool) -> Vec<u64> {
+        let (mut j, _) = open(path).unwrap();
+        j.restart(first).unwrap();
+        let mut offsets = Vec::new();
+        for _ in 0..n {
+            offsets.push(j.offset);
+            j.append(&mut effects_of(2, fill)).unwrap();
+            if sync_each {
+                j.sync().unwrap();
+            }
+        }
+        offsets
     }
 
     #[test]
     fn entries_round_trip_and_a_torn_tail_is_cut() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
-        let (mut j, old) = Journal::open(&path).unwrap();
-        assert!(old.is_empty());
+        let (mut j, old) = open(&path).unwrap();
+        assert!(old.entries.is_empty());
+        j.restart(1).unwrap();
         for n in 1..=3 {
-            j.append(&effects_of(n)).unwrap();
+            j.append(&mut effects_of(n, n as u8)).unwrap();
         }
         j.sync().unwrap();
-        let end = j.written();
+        let end = j.offset;
         assert!(std::fs::metadata(&path).unwrap().len() >= GROW, "the file grows ahead of its entries");
-        let (_, read) = Journal::open(&path).unwrap();
-        assert_eq!(read.iter().map(|(lsn, _)| *lsn).collect::<Vec<_>>(), vec![1, 2, 3]);
-        let got = effects(&read[1].1).unwrap();
+        let (_, read) = open(&path).unwrap();
+        assert_eq!(lsns(&read), vec![1, 2, 3]);
+        let got = effects(&read.entries[1].1).unwrap();
         assert_eq!(got.len(), 3);
-        assert_eq!(got[1], Effect::Put { coll: "c", id: "d1", bytes: &[1, 1, 1] });
+        assert_eq!(got[1], Effect::Put { coll: "c", id: "d1", bytes: &[2, 2, 2] });
         assert_eq!(got[2], Effect::Delete { coll: "c", id: "gone" });
 
-        // A torn last entry: the prefix before it is kept.
+        // A torn last entry (never synced: nothing after it says it was):
+        // the entries before it are kept.
         let f = OpenOptions::new().write(true).open(&path).unwrap();
-        f.write_all_at(&[0, 0], end - 2).unwrap();
-        let (_, read) = Journal::open(&path).unwrap();
-        assert_eq!(read.len(), 2);
+        f.write_all_at(&[0xAB, 0xCD], end - 3).unwrap();
+        let (_, read) = open(&path).unwrap();
+        assert_eq!(lsns(&read), vec![1, 2]);
+    }
 
-        // A flipped byte fails the checksum.
-        f.write_all_at(&[0xff], (HEADER + 2) as u64).unwrap();
-        let (_, read) = Journal::open(&path).unwrap();
-        assert!(read.is_empty());
+    /// Power loss kept later unsynced entries of a generation but lost its
+    /// first; the store opened, started over at the same number and wrote
+    /// one entry of the same size. The old entries after it must never be
+    /// taken for the new generation's (they would replay stale records
+    /// over newer ones).
+    #[test]
+    fn entries_of_an_earlier_generation_never_follow_a_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let offsets = write_run(&path, 1, 10, 0x01, false);
+        // The first entry's bytes are lost.
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&[0u8; 64], offsets[0]).unwrap();
+        let (mut j, read) = open(&path).unwrap();
+        assert!(read.entries.is_empty());
+        assert_eq!(read.dropped, 9, "nine unsynced entries after the hole are dropped");
+        // Opened with nothing to replay: the next generation starts at 1.
+        j.restart(1).unwrap();
+        j.append(&mut effects_of(2, 0xEE)).unwrap();
+        assert_eq!(j.offset, offsets[1], "the new entry ends where an old one begins");
+        j.sync().unwrap();
+        let (_, read) = open(&path).unwrap();
+        assert_eq!(lsns(&read), vec![1]);
+        assert_eq!(effects(&read.entries[0].1).unwrap()[0], Effect::Put { coll: "c", id: "d0", bytes: &[0xEE; 3] });
+    }
+
+    /// One flipped byte in a synced entry followed by valid ones: an error
+    /// naming the offset, never a silent truncation.
+    #[test]
+    fn a_damaged_synced_entry_before_valid_ones_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let offsets = write_run(&path, 5, 10, 0x02, true);
+        let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let at = offsets[1] + ENTRY_HEADER as u64 + 3;
+        let mut b = [0u8];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[b[0] ^ 0x10], at).unwrap();
+        match open(&path) {
+            Err(JournalError::Damaged { offset, detail }) => {
+                assert_eq!(offset, offsets[1]);
+                assert!(detail.contains("entry 6 is unreadable"), "{detail}");
+            }
+            Err(other) => panic!("expected a damaged journal, got {other}"),
+            Ok((_, read)) => panic!("expected a damaged journal, it opened with {:?}", lsns(&read)),
+        }
+        // The operator's way out: cut it there; the entry before is kept.
+        assert!(truncate_at(&path, offsets[1] + 1).is_err(), "only an entry boundary");
+        assert_eq!(truncate_at(&path, offsets[1]).unwrap(), 1);
+        let (_, read) = open(&path).unwrap();
+        assert_eq!(lsns(&read), vec![5]);
+    }
+
+    /// A lost unsynced entry followed by surviving (unsynced) ones is
+    /// ordinary power loss: the store opens without them.
+    #[test]
+    fn a_lost_unsynced_entry_drops_the_unsynced_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (mut j, _) = open(&path).unwrap();
+        j.restart(1).unwrap();
+        let mut offsets = Vec::new();
+        for i in 0..6 {
+            offsets.push(j.offset);
+            j.append(&mut effects_of(2, i)).unwrap();
+            if i == 2 {
+                j.sync().unwrap(); // 1..=3 synced
+            }
+        }
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&[0u8; 40], offsets[4]).unwrap(); // entry 5 lost
+        let (_, read) = open(&path).unwrap();
+        assert_eq!(lsns(&read), vec![1, 2, 3, 4]);
+        assert_eq!(read.dropped, 1);
+        // Entry 3 (synced) damaged while 4..6 (written after the sync) survive: an error.
+        f.write_all_at(&[0u8; 40], offsets[2]).unwrap();
+        assert!(matches!(open(&path), Err(JournalError::Damaged { .. })));
     }
 
     #[test]
-    fn a_restarted_journal_ends_where_its_new_entries_do() {
+    fn a_version_1_journal_is_read() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
-        let (mut j, _) = Journal::open(&path).unwrap();
-        for _ in 0..5 {
-            j.append(&effects_of(4)).unwrap();
+        let mut data = Vec::new();
+        for lsn in 7..=9u64 {
+            let e = effects_of(1, lsn as u8);
+            let payload = e.payload();
+            data.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+            data.extend_from_slice(&v1_checksum(lsn, payload).to_le_bytes());
+            data.extend_from_slice(&lsn.to_le_bytes());
+            data.extend_from_slice(payload);
         }
-        j.restart(6);
-        j.append(&effects_of(1)).unwrap();
+        data.resize(4096, 0);
+        std::fs::write(&path, &data).unwrap();
+        let (mut j, read) = open(&path).unwrap();
+        assert_eq!((lsns(&read), read.version), (vec![7, 8, 9], 1));
+        // The next generation is written as version 2.
+        j.restart(10).unwrap();
+        j.append(&mut effects_of(1, 0)).unwrap();
         j.sync().unwrap();
-        let (j2, read) = Journal::open(&path).unwrap();
-        assert_eq!(read.iter().map(|(lsn, _)| *lsn).collect::<Vec<_>>(), vec![6]);
-        assert_eq!(j2.next_lsn(), 7);
+        let (_, read) = open(&path).unwrap();
+        assert_eq!((lsns(&read), read.version), (vec![10], 2));
+    }
+
+    #[test]
+    fn a_newer_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let mut h = header_sector(1, 1);
+        h[8] = 9;
+        let sum = crc32fast::hash(&h[..FILE_HEADER - 4]);
+        h[FILE_HEADER - 4..FILE_HEADER].copy_from_slice(&sum.to_le_bytes());
+        std::fs::write(&path, &h).unwrap();
+        assert!(matches!(open(&path), Err(JournalError::Unsupported(9))));
     }
 }

@@ -9,13 +9,16 @@
 
 pub mod convert;
 pub mod deadline;
+pub mod disk;
 pub mod embedded;
 pub mod filter;
 pub mod journal;
 pub mod keys;
 pub mod memory;
 pub mod mongo;
+pub mod powerloss;
 pub mod scans;
+pub mod simdisk;
 pub mod templates;
 
 use std::sync::Arc;
@@ -285,6 +288,17 @@ impl Write<'_> {
     }
 }
 
+/// What a backup holds ([`Store::backup`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BackupInfo {
+    /// Records copied (documents and the gateway's own).
+    pub records: u64,
+    /// Size of the copy's database file.
+    pub bytes: u64,
+    /// The last journal entry the copy includes.
+    pub journal_position: u64,
+}
+
 /// The narrow interface the protocol is written against.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -342,6 +356,22 @@ pub trait Store: Send + Sync + 'static {
 
     /// Make every write so far durable (at shutdown).
     async fn sync(&self) -> StoreResult<()>;
+
+    /// Close the store at shutdown: every write so far durable, and (for
+    /// the embedded store) a checkpoint, so the next start replays
+    /// nothing, and its writer thread joined. No write is taken after.
+    async fn close(&self) -> StoreResult<()> {
+        self.sync().await
+    }
+
+    /// Write a consistent copy of the store into the new directory `dest`,
+    /// where a store can (the embedded one; `None` elsewhere). Writes go on
+    /// meanwhile; the copy holds every write made durable before it began
+    /// and nothing after.
+    async fn backup(&self, dest: &std::path::Path) -> StoreResult<Option<BackupInfo>> {
+        let _ = dest;
+        Ok(None)
+    }
 
     /// Durable syncs (fsyncs) made so far, for a store that counts them
     /// (the embedded one); exposed as `txgate_store_syncs_total`.

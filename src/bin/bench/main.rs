@@ -202,6 +202,12 @@ impl Store for Counting {
     async fn sync(&self) -> StoreResult<()> {
         self.inner.sync().await
     }
+    async fn close(&self) -> StoreResult<()> {
+        self.inner.close().await
+    }
+    async fn backup(&self, dest: &std::path::Path) -> StoreResult<Option<txgate::store::BackupInfo>> {
+        self.inner.backup(dest).await
+    }
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.inner.scan(coll, scan).await

@@ -1,0 +1,426 @@
+//! The power-loss harness of the embedded store: a workload on a
+//! [`SimDisk`], crashed at each of its writes and syncs in turn, and the
+//! store reopened on what the crash left (see `docs/design.md` §1).
+//!
+//! The workload drives the store the way the gateway does, one call at a
+//! time: documents written with their change event and outbox (one chain),
+//! transactions (the record and a member's lock unsynced, the commit CAS
+//! synced, the roll-forward unsynced), refused conditional writes,
+//! deletes, log appends, syncs, index changes, checkpoints (the journal is
+//! kept small so they come often), and a clean close and reopen half-way.
+//! After every call the harness keeps the store's whole state: the history
+//! of commits. A crash comes at the n-th write or sync of the device; the
+//! harness then opens the store on the surviving image and checks that
+//! - it opens, without a panic;
+//! - its state is the state after some call of the history, at or after
+//!   the last call acknowledged as synced before the crash (every
+//!   acknowledged synced write is there, and nothing later than a lost
+//!   write is);
+//! - every index entry matches its record, and nothing else is indexed;
+//! - it takes writes again.
+//!
+//! A two-crash sequence goes on from there: the recovered store writes a
+//! little more (entries of one size, so a stale entry of the generation
+//! before would line up with a new one), crashes again with its last
+//! writes unsynced, and is checked the same way.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+
+use super::embedded::{EmbeddedStore, Options};
+use super::simdisk::{Keep, SimDisk};
+use super::{Document, Durability, IndexSpec, LOG_SEQ, Store, Update, Write};
+
+/// A store's whole state: `(collection, id) -> BSON`.
+pub type State = BTreeMap<(String, String), Vec<u8>>;
+
+/// The states after each call, and the last one a synced answer covers.
+#[derive(Default)]
+struct Trace {
+    history: Vec<State>,
+    acked: usize,
+}
+
+/// How much of the crash space to cover.
+#[derive(Clone, Debug)]
+pub struct Sweep {
+    pub seed: u64,
+    /// Survivor images per crash point (the first keeps everything written,
+    /// the second only what was synced, the rest random subsets).
+    pub images_per_point: usize,
+    /// Every n-th crash point also runs a two-crash sequence (0: none).
+    pub two_crash_every: u64,
+    /// Print a line per this many crash points (0: quiet).
+    pub progress_every: u64,
+}
+
+/// What a sweep covered.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub seed: u64,
+    /// Writes and syncs of the whole workload: the crash points.
+    pub ops: u64,
+    pub crash_points: u64,
+    pub images: u64,
+    pub two_crash: u64,
+    /// Crash points by the operation interrupted.
+    pub by_op: BTreeMap<&'static str, u64>,
+}
+
+fn options() -> Options {
+    Options {
+        cache_bytes: 1 << 20,
+        // Syncs come only from the workload (deterministic).
+        sync_interval: Duration::from_secs(3600),
+        checkpoint_bytes: 6 << 10,
+    }
+}
+
+/// A new simulated disk; the database file keeps redb's assumptions of
+/// the medium.
+fn new_disk() -> SimDisk {
+    let disk = SimDisk::new();
+    disk.byte_atomic(super::embedded::DATABASE_FILE);
+    disk.byte_atomic("txgate.redb.new");
+    disk
+}
+
+fn open(disk: &SimDisk) -> Result<EmbeddedStore, String> {
+    EmbeddedStore::open_on(Arc::new(disk.clone()), &options()).map_err(|e| format!("the store does not open: {e}"))
+}
+
+fn doc(pairs: &[(&str, super::Bson)]) -> Document {
+    let mut d = Document::new();
+    for (k, v) in pairs {
+        d.insert(*k, v.clone());
+    }
+    d
+}
+
+fn set(pairs: &[(&str, super::Bson)]) -> Update {
+    Update { set: doc(pairs), unset: Vec::new() }
+}
+
+fn unset(field: &str) -> Update {
+    Update { set: Document::new(), unset: vec![field.to_owned()] }
+}
+
+fn indexes() -> Vec<(&'static str, IndexSpec)> {
+    let spec = |name: &str, fields: &[&str], unique: bool, sparse: bool| IndexSpec {
+        name: name.into(),
+        fields: fields.iter().map(|f| (*f).to_owned()).collect(),
+        unique,
+        sparse,
+    };
+    vec![
+        ("docs", spec("by_email", &["email"], true, false)),
+        ("docs", spec("by_status", &["status", "n"], false, false)),
+        ("docs", spec("locked", &["lock"], false, true)),
+        ("ev", spec("by_seq", &[LOG_SEQ], true, false)),
+        ("txns", spec("by_status", &["status"], false, false)),
+    ]
+}
+
+/// One call of the workload, then the state it left.
+macro_rules! step {
+    ($disk:expr, $store:expr, $trace:expr, $synced:expr, $call:expr) => {{
+        let result = $call.await;
+        // An answer after the crash acknowledged nothing before it.
+        let answered_before = !$disk.crashed();
+        if let Err(err) = result {
+            return Err(format!("the workload's call failed: {err}"));
+        }
+        $trace.history.push($store.dump().map_err(|e| e.to_string())?);
+        if $synced && answered_before {
+            $trace.acked = $trace.history.len() - 1;
+        }
+        if $disk.crashed() {
+            return Ok(());
+        }
+    }};
+}
+
+/// A document write as the gateway makes it: the document with its event
+/// in the outbox, the event appended to the log, the outbox cleared.
+async fn document_write(store: &EmbeddedStore, id: &str, v: i64, status: &str, n: i64) -> super::StoreResult<usize> {
+    let event = doc(&[("_id", format!("docs/{id}/{v}").into()), ("type", "document.updated".into())]);
+    let record = doc(&[
+        ("_id", id.into()),
+        ("email", format!("{id}@example.com").into()),
+        ("status", status.into()),
+        ("n", n.into()),
+        ("v", v.into()),
+        ("outbox", event.clone().into()),
+        ("pad", "x".repeat(200).into()),
+    ]);
+    let first = if v == 1 {
+        Write::Insert(record)
+    } else {
+        Write::Replace { id, filter: doc(&[("v", (v - 1).into())]), record }
+    };
+    let chain = vec![
+        ("docs", first),
+        ("ev", Write::Append(event)),
+        ("docs", Write::Update { id, filter: doc(&[("v", v.into())]), update: unset("outbox") }),
+    ];
+    store.write_in_order(chain, Durability::Synced).await
+}
+
+/// The workload; returns when it is done or the disk has crashed.
+async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) -> Result<(), String> {
+    trace.history.push(store.dump().map_err(|e| e.to_string())?);
+    for (coll, spec) in indexes() {
+        step!(disk, store, trace, true, store.ensure_index(coll, spec));
+    }
+    let mut versions: BTreeMap<String, i64> = BTreeMap::new();
+    for i in 0..36i64 {
+        let id = format!("d{:02}", i % 9);
+        let v = versions.get(&id).copied().unwrap_or(0) + 1;
+        match i % 6 {
+            0 | 3 => {
+                step!(disk, store, trace, true, document_write(store, &id, v, "open", i));
+                versions.insert(id, v);
+            }
+            1 => {
+                // A transaction on `id`: record and lock, commit, roll forward.
+                if v == 1 {
+                    step!(disk, store, trace, true, document_write(store, &id, v, "new", i));
+                    versions.insert(id.clone(), v);
+                }
+                let t = format!("t{i:02}");
+                let txn =
+                    doc(&[("_id", t.as_str().into()), ("status", "pending".into()), ("member", id.as_str().into())]);
+                let lock = Write::Update {
+                    id: &id,
+                    filter: doc(&[("lock", super::Bson::Null)]),
+                    update: set(&[("lock", t.as_str().into())]),
+                };
+                step!(
+                    disk,
+                    store,
+                    trace,
+                    false,
+                    store.write_in_order(vec![("txns", Write::Insert(txn)), ("docs", lock)], Durability::Unsynced)
+                );
+                let commit = Write::Update {
+                    id: &t,
+                    filter: doc(&[("status", "pending".into())]),
+                    update: set(&[("status", "committed".into())]),
+                };
+                step!(disk, store, trace, true, store.write("txns", commit, Durability::Synced));
+                let forward = vec![
+                    (
+                        "docs",
+                        Write::Update {
+                            id: &id,
+                            filter: doc(&[("lock", t.as_str().into())]),
+                            update: set(&[("status", "paid".into()), ("n", (i * 100).into())]),
+                        },
+                    ),
+                    (
+                        "docs",
+                        Write::Update { id: &id, filter: doc(&[("lock", t.as_str().into())]), update: unset("lock") },
+                    ),
+                    (
+                        "txns",
+                        Write::Update {
+                            id: &t,
+                            filter: doc(&[("status", "committed".into())]),
+                            update: set(&[("status", "done".into())]),
+                        },
+                    ),
+                ];
+                step!(disk, store, trace, false, store.write_in_order(forward, Durability::Unsynced));
+            }
+            2 => {
+                // A refused conditional write, then an unsynced burst.
+                step!(
+                    disk,
+                    store,
+                    trace,
+                    true,
+                    store.write(
+                        "docs",
+                        Write::Update {
+                            id: &id,
+                            filter: doc(&[("v", (-1).into())]),
+                            update: set(&[("status", "never".into())])
+                        },
+                        Durability::Synced
+                    )
+                );
+                for j in 0..3 {
+                    let r =
+                        doc(&[("_id", format!("u{i:02}{j}").into()), ("n", j.into()), ("pad", "y".repeat(300).into())]);
+                    step!(disk, store, trace, false, store.write("scratch", Write::Insert(r), Durability::Unsynced));
+                }
+            }
+            4 => {
+                step!(disk, store, trace, true, store.sync());
+                let old = format!("u{:02}1", i - 2);
+                step!(
+                    disk,
+                    store,
+                    trace,
+                    true,
+                    store.write("scratch", Write::Delete { id: &old, filter: Document::new() }, Durability::Synced)
+                );
+            }
+            _ => {
+                if i == 17 {
+                    // A clean close and reopen half-way.
+                    store.close().await.map_err(|e| e.to_string())?;
+                    if disk.crashed() {
+                        return Ok(());
+                    }
+                    *store = open(disk)?;
+                    trace.history.push(store.dump().map_err(|e| e.to_string())?);
+                    if disk.crashed() {
+                        return Ok(());
+                    }
+                } else {
+                    let r = doc(&[("_id", format!("p{i:02}").into()), ("pad", "z".repeat(2000).into())]);
+                    step!(disk, store, trace, false, store.write("scratch", Write::Insert(r), Durability::Unsynced));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A little more after a recovery: writes of one size, the last ones
+/// unsynced.
+async fn more(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) -> Result<(), String> {
+    trace.history.push(store.dump().map_err(|e| e.to_string())?);
+    for (coll, spec) in indexes() {
+        step!(disk, store, trace, true, store.ensure_index(coll, spec));
+    }
+    for j in 0..8i64 {
+        let r = doc(&[("_id", format!("m{j}").into()), ("n", j.into()), ("pad", "w".repeat(100).into())]);
+        let synced = j % 3 == 0;
+        let durability = if synced { Durability::Synced } else { Durability::Unsynced };
+        step!(disk, store, trace, synced, store.write("more", Write::Insert(r), durability));
+    }
+    Ok(())
+}
+
+/// Open the store on `image` and check it against `trace`; the store, and
+/// which state of the history it holds.
+fn recover(image: &SimDisk, trace: &Trace) -> Result<(EmbeddedStore, usize), String> {
+    let store = open(image)?;
+    let state = store.dump().map_err(|e| e.to_string())?;
+    let at = trace.history.iter().rposition(|h| *h == state);
+    match at {
+        None => {
+            return Err(format!(
+                "the recovered state ({} records) is no state of the history ({} states)",
+                state.len(),
+                trace.history.len()
+            ));
+        }
+        Some(k) if k < trace.acked => {
+            return Err(format!(
+                "the recovered state is the one after call {k}, before call {} whose synced answer was given",
+                trace.acked
+            ));
+        }
+        Some(_) => {}
+    }
+    store.verify_indexes()?;
+    Ok((store, at.unwrap_or(0)))
+}
+
+/// Writes and syncs of the whole workload, crash-free.
+pub async fn workload_ops() -> Result<u64, String> {
+    let disk = new_disk();
+    let mut store = open(&disk)?;
+    workload(&disk, &mut store, &mut Trace::default()).await?;
+    store.close().await.map_err(|e| e.to_string())?;
+    Ok(disk.ops())
+}
+
+/// Crash the workload at `point` and check `images` survivor images
+/// (one of them two crashes deep when `two_crash`).
+pub async fn crash_point(
+    point: u64,
+    images: usize,
+    two_crash: bool,
+    rng: &mut impl Rng,
+    report: &mut Report,
+) -> Result<(), String> {
+    let disk = new_disk();
+    disk.crash_at(point);
+    let mut store = open(&disk)?;
+    let mut trace = Trace::default();
+    workload(&disk, &mut store, &mut trace).await?;
+    store.close().await.map_err(|e| e.to_string())?;
+    let Some(crash) = disk.crash() else { return Ok(()) };
+
+    report.crash_points += 1;
+    *report.by_op.entry(crash.op).or_default() += 1;
+    for image in 0..images {
+        let keep = match image {
+            0 => Keep::All,
+            1 => Keep::Durable,
+            _ => Keep::Random,
+        };
+        let survivor = crash.survivor(keep, rng);
+        let context = |e: String| {
+            format!(
+                "crash at op {point} ({}), survivors {keep:?}, image {image}: {e} (interrupted: {:?}; pending: {:?})",
+                crash.op,
+                crash.interrupted(),
+                crash.describe()
+            )
+        };
+        let (mut recovered, _) = recover(&survivor, &trace).map_err(context)?;
+        report.images += 1;
+        if two_crash && image == images - 1 {
+            // Write a little more, crash with the last writes unsynced.
+            let mut second = Trace::default();
+            let at = rng.random_range(1..=40);
+            survivor.crash_at(survivor.ops() + at);
+            more(&survivor, &mut recovered, &mut second).await.map_err(context)?;
+            survivor.crash_now();
+            recovered.close().await.map_err(|e| e.to_string())?;
+            let crash2 = survivor.crash().expect("crashed");
+            let image2 = crash2.survivor(Keep::Random, rng);
+            let (store2, _) = recover(&image2, &second)
+                .map_err(|e| context(format!("second crash at op {} ({}): {e}", crash2.at, crash2.op)))?;
+            store2.close().await.map_err(|e| e.to_string())?;
+            report.two_crash += 1;
+        } else {
+            // It takes writes again.
+            let r = doc(&[("_id", "after".into())]);
+            let ok = recovered
+                .write("after", Write::Insert(r), Durability::Synced)
+                .await
+                .map_err(|e| context(e.to_string()))?;
+            if !ok || recovered.get("after", "after").await.map_err(|e| e.to_string())?.is_none() {
+                return Err(context("a write after recovery is not there".into()));
+            }
+            recovered.close().await.map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+/// Crash the workload at every write and sync in turn.
+pub async fn sweep(cfg: &Sweep) -> Result<Report, String> {
+    let ops = workload_ops().await?;
+    let mut report = Report { seed: cfg.seed, ops, ..Report::default() };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
+    for point in 1..=ops {
+        let two = cfg.two_crash_every > 0 && point % cfg.two_crash_every == 0;
+        crash_point(point, cfg.images_per_point, two, &mut rng, &mut report)
+            .await
+            .map_err(|e| format!("seed {}: {e}", cfg.seed))?;
+        if cfg.progress_every > 0 && point % cfg.progress_every == 0 {
+            eprintln!("power loss: {point}/{ops} crash points, {} images", report.images);
+        }
+    }
+    Ok(report)
+}
