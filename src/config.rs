@@ -34,6 +34,24 @@ pub enum Command {
         #[arg(long)]
         output: Option<PathBuf>,
     },
+    /// Work on the embedded store's journal (with the gateway stopped).
+    Journal {
+        #[command(subcommand)]
+        action: JournalCommand,
+    },
+}
+
+#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
+pub enum JournalCommand {
+    /// Cut the journal at the offset a refused start named: the entries
+    /// before it are kept, it and everything after it are lost. Only for a
+    /// journal the gateway refused to open as damaged, when no backup is
+    /// to be had.
+    Truncate {
+        /// Where the damaged entry starts, as the error gave it.
+        #[arg(long)]
+        at: u64,
+    },
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]

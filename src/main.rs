@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
-use txgate::config::{Cli, Command, Config, LogFormat};
+use txgate::config::{Cli, Command, Config, JournalCommand, LogFormat, StoreConfig};
 
 /// mimalloc instead of the system allocator: a request allocates and frees
 /// many small buffers (BSON, JSON, B-tree pages), where glibc's malloc
@@ -83,6 +83,35 @@ async fn migrate(config: Config) -> Result<(), String> {
     Ok(())
 }
 
+/// `txgate journal truncate --at OFFSET`: with the gateway stopped (the
+/// database is opened to make sure no process holds it), cut the journal
+/// there.
+fn truncate_journal(config: &Config, at: u64) -> Result<String, String> {
+    use txgate::store::embedded::{DATABASE_FILE, JOURNAL_FILE};
+    let StoreConfig::Embedded { data_dir, .. } = &config.store else {
+        return Err("the journal belongs to the embedded store; this configuration uses MongoDB".into());
+    };
+    let db = data_dir.join(DATABASE_FILE);
+    let journal = data_dir.join(JOURNAL_FILE);
+    if !journal.exists() {
+        return Err(format!("{} does not exist", journal.display()));
+    }
+    match redb::Database::create(&db) {
+        // Held (not closed) until the process ends: the store never closes
+        // redb itself (see `store::embedded`).
+        Ok(held) => std::mem::forget(held),
+        Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+            return Err(format!("{} is in use: stop the gateway first", db.display()));
+        }
+        Err(err) => return Err(format!("cannot open {}: {err}", db.display())),
+    }
+    let kept = txgate::store::journal::truncate_at(&journal, at)?;
+    Ok(format!(
+        "{}: cut at offset {at}; {kept} entries before it kept, everything from there on dropped",
+        journal.display()
+    ))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = cli.command.clone().unwrap_or(Command::Serve);
@@ -106,6 +135,18 @@ fn main() -> ExitCode {
             None => {
                 print!("{spec}");
                 ExitCode::SUCCESS
+            }
+        };
+    }
+    if let Command::Journal { action: JournalCommand::Truncate { at } } = &command {
+        return match truncate_journal(&config, *at) {
+            Ok(message) => {
+                println!("{message}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("txgate: {err}");
+                ExitCode::FAILURE
             }
         };
     }

@@ -282,6 +282,14 @@ pub struct WriterStats {
     pub sync_nanos: AtomicU64,
     pub commit_nanos: AtomicU64,
     pub checkpoint_nanos: AtomicU64,
+    /// Journal entries written.
+    pub entries: AtomicU64,
+    /// The most journal bytes one batch wrote.
+    pub max_batch_bytes: AtomicU64,
+    /// Records in the writer's cache of recent records, and the bytes it
+    /// counts for them, after the last batch.
+    pub recent_records: AtomicU64,
+    pub recent_bytes: AtomicU64,
     /// Some commit is not durable yet: set before such a commit becomes
     /// visible, cleared once a sync covers it. A reader that finds it
     /// clear after reading has read only durable data.
@@ -895,11 +903,15 @@ impl Writer {
             }
             None
         } else {
+            let mut bytes = 0;
             for effects in entries.iter_mut().filter(|e| !e.is_empty()) {
+                bytes += effects.len() as u64;
                 if let Err(err) = self.journal.append(effects) {
                     stop(&StoreError::Unavailable(format!("journal write failed: {err}")));
                 }
+                self.stats.entries.fetch_add(1, Ordering::Relaxed);
             }
+            self.stats.max_batch_bytes.fetch_max(bytes, Ordering::Relaxed);
             drop(entries);
             phase = WriterStats::add(&self.stats.journal_nanos, phase);
             if self.unsynced_since.is_none() {
@@ -923,6 +935,8 @@ impl Writer {
             WriterStats::add(&self.stats.commit_nanos, phase);
         }
         self.stats.count(started, synced);
+        self.stats.recent_records.store(self.recent.records.len() as u64, Ordering::Relaxed);
+        self.stats.recent_bytes.store(self.recent.bytes as u64, Ordering::Relaxed);
         for (queued, result) in batch.into_iter().zip(results) {
             let _ = queued.reply.send(result);
         }

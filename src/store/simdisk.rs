@@ -50,6 +50,8 @@ struct Device {
     ops: u64,
     crash_at: Option<u64>,
     crash: Option<Crash>,
+    /// The operation that panics (a fault of the thread doing it).
+    panic_at: Option<u64>,
     /// Files whose torn writes leave each byte old or new, never garbage.
     byte_atomic: BTreeSet<String>,
 }
@@ -88,6 +90,9 @@ impl Device {
             return false;
         }
         self.ops += 1;
+        if self.panic_at == Some(self.ops) {
+            panic!("simulated fault at operation {}", self.ops);
+        }
         if self.crash_at == Some(self.ops) {
             self.crash = Some(Crash {
                 files: self.files.iter().map(|(n, f)| (n.clone(), (f.durable.clone(), f.pending.clone()))).collect(),
@@ -144,6 +149,11 @@ impl SimDisk {
     /// Crash at the `n`-th write or sync from the device's start (1-based).
     pub fn crash_at(&self, n: u64) {
         self.lock().crash_at = Some(n);
+    }
+
+    /// Panic in whichever thread does the `n`-th write or sync.
+    pub fn panic_at(&self, n: u64) {
+        self.lock().panic_at = Some(n);
     }
 
     /// Crash now: what is on the device at this moment is what the crash

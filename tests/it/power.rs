@@ -24,3 +24,246 @@ async fn embedded_store_survives_power_loss_at_every_write_and_sync() {
         report.by_op.get("sync").copied().unwrap_or(0) > 10 && report.by_op.get("write").copied().unwrap_or(0) > 50
     );
 }
+
+/// The offsets of the entries of a format-2 journal's current generation
+/// (its salt, after the magic, version and a reserved word).
+fn entry_offsets(journal: &[u8]) -> Vec<usize> {
+    assert_eq!(&journal[..8], b"txgjrnl\0");
+    let salt = &journal[16..24];
+    let mut out = Vec::new();
+    let mut at = 512;
+    while at + 32 <= journal.len() {
+        let len = u32::from_le_bytes(journal[at..at + 4].try_into().unwrap()) as usize;
+        if len == 0 || &journal[at + 8..at + 16] != salt {
+            break;
+        }
+        out.push(at);
+        at = (at + 32 + len).next_multiple_of(8);
+    }
+    out
+}
+
+/// A synced journal entry damaged on disk (a flipped byte) with synced
+/// entries after it: the gateway refuses to start, naming the file and
+/// offset, rather than drop acknowledged writes; `txgate journal
+/// truncate --at` is the operator's explicit way past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_damaged_synced_journal_entry_stops_the_start_until_an_operator_truncates() {
+    use std::process::Command;
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let (mut child, base) = crate::restart::start_with(dir.path(), &[]);
+    let url = format!("{base}/v1/collections/things/documents");
+    for i in 0..6 {
+        let res = client.post(&url).json(&serde_json::json!({"_id": format!("t{i}"), "i": i})).send().await.unwrap();
+        assert_eq!(res.status(), 201);
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let journal = dir.path().join("txgate.journal");
+    let mut bytes = std::fs::read(&journal).unwrap();
+    let offsets = entry_offsets(&bytes);
+    assert!(offsets.len() >= 6, "{offsets:?}");
+    let damaged = offsets[1];
+    bytes[damaged + 40] ^= 0x55;
+    std::fs::write(&journal, &bytes).unwrap();
+
+    let out = Command::new(env!("CARGO_BIN_EXE_txgate"))
+        .env_clear()
+        .env("TXGATE_DATA_DIR", dir.path())
+        .env("TXGATE_LISTEN", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the gateway started on a damaged journal: {stderr}");
+    assert!(
+        stderr.contains("txgate.journal") && stderr.contains(&format!("offset {damaged}")),
+        "the error names the file and offset: {stderr}"
+    );
+    assert!(stderr.contains("journal truncate"), "the error says the way out: {stderr}");
+
+    let truncate = |at: usize| {
+        Command::new(env!("CARGO_BIN_EXE_txgate"))
+            .env_clear()
+            .env("TXGATE_DATA_DIR", dir.path())
+            .args(["journal", "truncate", "--at", &at.to_string()])
+            .output()
+            .unwrap()
+    };
+    let wrong = truncate(damaged + 1);
+    assert!(!wrong.status.success(), "only an entry boundary is accepted");
+    let cut = truncate(damaged);
+    assert!(cut.status.success(), "{}", String::from_utf8_lossy(&cut.stderr));
+    assert!(String::from_utf8_lossy(&cut.stdout).contains("1 entries before it kept"));
+
+    let (mut child, base) = crate::restart::start_with(dir.path(), &[]);
+    let url = format!("{base}/v1/collections/things/documents");
+    // What the cut dropped is gone for good (t5 was in a later entry);
+    // the store serves and takes writes.
+    assert_eq!(client.get(format!("{url}/t5")).send().await.unwrap().status(), 404);
+    let res = client.post(&url).json(&serde_json::json!({"_id": "after"})).send().await.unwrap();
+    assert_eq!(res.status(), 201);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A panic in the writer thread stops the process (exit 70) instead of
+/// leaving one that still reads, and reports healthy, but cannot write.
+/// Run in a child process: the test binary itself, running the ignored
+/// test below.
+#[test]
+fn embedded_writer_panic_stops_the_process() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "power::writer_panic_child", "--ignored", "--nocapture"])
+        .env("TXGATE_WRITER_PANIC_CHILD", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(70), "{stderr}");
+    assert!(stderr.contains("the writer thread panicked"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by embedded_writer_panic_stops_the_process in a child process"]
+async fn writer_panic_child() {
+    use std::sync::Arc;
+    use txgate::store::embedded::{EmbeddedStore, Options};
+    use txgate::store::simdisk::SimDisk;
+    use txgate::store::{Durability, Store, Write};
+    if std::env::var_os("TXGATE_WRITER_PANIC_CHILD").is_none() {
+        return;
+    }
+    let disk = SimDisk::new();
+    let store = EmbeddedStore::open_on(Arc::new(disk.clone()), &Options::default()).unwrap();
+    disk.panic_at(disk.ops() + 1);
+    let record = mongodb::bson::doc! {"_id": "x"};
+    let outcome = store.write("c", Write::Insert(record), Durability::Synced).await;
+    // Not reached when the process stops.
+    eprintln!("the write returned {outcome:?}");
+    std::process::exit(0);
+}
+
+mod writer {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use mongodb::bson::doc;
+    use txgate::store::embedded::{EmbeddedStore, MAX_BATCH_BYTES, Options};
+    use txgate::store::simdisk::SimDisk;
+    use txgate::store::{Durability, Store, Write};
+
+    fn open(disk: &SimDisk, options: &Options) -> EmbeddedStore {
+        EmbeddedStore::open_on(Arc::new(disk.clone()), options).unwrap()
+    }
+
+    /// Queued writes larger in all than a batch may hold: no batch journals
+    /// much more than its bound, large batches are split into entries,
+    /// and a restart from what was written (no checkpoint) replays them all.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_batches_are_bounded_in_bytes_and_replay_whole() {
+        let disk = SimDisk::new();
+        let options = Options { checkpoint_bytes: u64::MAX, ..Options::default() };
+        let store = open(&disk, &options);
+        const RECORD: usize = 3 << 20;
+        let writes = (0..40).map(|i| {
+            let record = doc! {"_id": format!("r{i:02}"), "fill": "x".repeat(RECORD)};
+            store.write("big", Write::Insert(record), Durability::Unsynced)
+        });
+        for outcome in futures::future::join_all(writes).await {
+            assert!(outcome.unwrap());
+        }
+        // A chain larger than one entry holds.
+        let chain: Vec<_> = (0..4)
+            .map(|i| ("big", Write::Insert(doc! {"_id": format!("c{i}"), "fill": "y".repeat(RECORD)})))
+            .collect();
+        assert_eq!(store.write_in_order(chain, Durability::Synced).await.unwrap(), 4);
+        let stats = store.stats();
+        let max = stats.max_batch_bytes.load(Ordering::Relaxed) as usize;
+        assert!(max <= MAX_BATCH_BYTES + RECORD + 4096, "a batch journaled {max} bytes");
+        assert!(stats.entries.load(Ordering::Relaxed) > stats.commits.load(Ordering::Relaxed), "large batches split");
+        // As a killed process leaves it: redb unsynced, the journal written.
+        let after = disk.settled();
+        let reopened = open(&after, &options);
+        let all = reopened.dump().unwrap();
+        assert_eq!(all.keys().filter(|(c, _)| c == "big").count(), 44);
+        assert_eq!(reopened.get("big", "c3").await.unwrap().unwrap().get_str("fill").unwrap().len(), RECORD);
+        reopened.close().await.unwrap();
+        store.close().await.unwrap();
+    }
+
+    /// Refused conditional writes put their record back in the writer's
+    /// cache counting its real size: the cache stays within its byte bound.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_recent_record_cache_stays_within_its_byte_bound() {
+        let disk = SimDisk::new();
+        let store = open(&disk, &Options::default());
+        const RECORD: usize = 40 << 10;
+        for i in 0..1200 {
+            let record = doc! {"_id": format!("r{i:04}"), "v": 1, "fill": "x".repeat(RECORD)};
+            assert!(store.write("c", Write::Insert(record), Durability::Unsynced).await.unwrap());
+        }
+        let mut max_records = 0;
+        for i in 0..1200 {
+            let refused = Write::Update {
+                id: &format!("r{i:04}"),
+                filter: doc! {"v": 2},
+                update: txgate::store::Update { set: doc! {"v": 3}, unset: Vec::new() },
+            };
+            assert!(!store.write("c", refused, Durability::Unsynced).await.unwrap());
+            max_records = max_records.max(store.stats().recent_records.load(Ordering::Relaxed));
+        }
+        let held = max_records as usize * RECORD;
+        assert!(held <= 32 << 20, "the cache held {max_records} records of {RECORD} bytes");
+        assert!(store.stats().recent_bytes.load(Ordering::Relaxed) as usize <= 32 << 20);
+        store.close().await.unwrap();
+    }
+
+    /// Under continuous load (the queue never empty) unsynced writes are
+    /// still synced at least every sync interval: the interval is a
+    /// deadline, not a wait for an idle moment.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_sync_interval_is_kept_under_continuous_load() {
+        let disk = SimDisk::new();
+        let options = Options { sync_interval: Duration::from_millis(1), ..Options::default() };
+        let store = open(&disk, &options);
+        let writes = (0..5000).map(|i| {
+            let record = doc! {"_id": format!("r{i:05}"), "fill": "x".repeat(100)};
+            store.write("c", Write::Insert(record), Durability::Unsynced)
+        });
+        let started = std::time::Instant::now();
+        for outcome in futures::future::join_all(writes).await {
+            assert!(outcome.unwrap());
+        }
+        let elapsed = started.elapsed();
+        let stats = store.stats();
+        let (syncs, commits) = (stats.syncs.load(Ordering::Relaxed), stats.commits.load(Ordering::Relaxed));
+        assert!(commits >= 5, "the writes came in {commits} batches");
+        // Each unsynced batch is synced once the oldest unsynced write has
+        // waited the interval: by the end of the batch after it at latest.
+        assert!(syncs >= 3 && syncs * 2 >= commits, "{syncs} syncs for {commits} batches over {elapsed:?} with a 1 ms interval");
+        store.close().await.unwrap();
+    }
+}
+
+/// A clean stop (SIGTERM) checkpoints and closes the store: the journal's
+/// current generation is empty, so the next start replays nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_clean_stop_leaves_nothing_to_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let (mut child, base) = crate::restart::start_with(dir.path(), &[]);
+    let url = format!("{base}/v1/collections/things/documents");
+    for i in 0..5 {
+        let res = client.post(&url).json(&serde_json::json!({"_id": format!("t{i}")})).send().await.unwrap();
+        assert_eq!(res.status(), 201);
+    }
+    let journal = dir.path().join("txgate.journal");
+    assert!(!entry_offsets(&std::fs::read(&journal).unwrap()).is_empty(), "the writes are journaled");
+    crate::upgrade::stop(&mut child);
+    assert_eq!(entry_offsets(&std::fs::read(&journal).unwrap()), Vec::<usize>::new());
+    let (mut child, base) = crate::restart::start_with(dir.path(), &[]);
+    let res = client.get(format!("{base}/v1/collections/things/documents/t4")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    crate::upgrade::stop(&mut child);
+}
