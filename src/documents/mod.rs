@@ -329,10 +329,12 @@ fn apply_change(doc: &StoredDoc, change: &Change, at: DateTime) -> Result<Stored
         }
         Change::Patch { patch, sv } => {
             next.data = patch.apply(&doc.data).map_err(DocError::InvalidChange)?;
+            rules::check_data_size(&next.data, "/")?;
             next.meta.sv = sv.unwrap_or(next.meta.sv);
         }
         Change::Merge { patch, sv } => {
             next.data = rules::merge_patch(&doc.data, patch, "")?;
+            rules::check_data_size(&next.data, "/")?;
             next.meta.sv = sv.unwrap_or(next.meta.sv);
         }
         Change::Delete => {

@@ -123,7 +123,35 @@ pub fn user_data(map: &Map<String, Value>, pointer: &str) -> Result<Document, In
         check_key(k, pointer, true)?;
         check_value(v, &format!("{pointer}/{}", escape(k)), 2)?;
     }
-    Ok(object_to_document(map))
+    let data = object_to_document(map);
+    check_data_size(&data, if pointer.is_empty() { "/" } else { pointer })?;
+    Ok(data)
+}
+
+/// How large a document's data may be, encoded as BSON. Stored, data may
+/// sit in a record up to three times (the document, a staged copy, a change
+/// event in its outbox), and every record must fit MongoDB's 16 MiB; the
+/// embedded store journals one record at a time, so this also bounds a
+/// journal entry.
+pub const MAX_DATA_BYTES: usize = 4 << 20;
+
+/// The size of `data` encoded as BSON.
+pub fn data_size(data: &Document) -> usize {
+    let mut out = Vec::new();
+    data.to_writer(&mut out).map_or(usize::MAX, |()| out.len())
+}
+
+/// Refuse data larger than [`MAX_DATA_BYTES`] (a create, a replace, or what
+/// a patch or merge would make of a document).
+pub fn check_data_size(data: &Document, pointer: &str) -> Result<(), Invalid> {
+    let size = data_size(data);
+    if size > MAX_DATA_BYTES {
+        return Err(Invalid::new(
+            pointer,
+            format!("the document's data would be {size} bytes, over the limit of {MAX_DATA_BYTES} (as BSON)"),
+        ));
+    }
+    Ok(())
 }
 
 /// `value` with every integer past the signed 64-bit range made a double,

@@ -259,6 +259,7 @@ impl Engine {
         let began = Instant::now();
         let prepare = async {
             let first = self.first_reads(plan).await?;
+            within_write_bound(plan, &first)?;
             let at = self.now();
             let mut stages = Vec::new();
             // Where a chain costs a round trip per write, the record goes
@@ -1028,12 +1029,45 @@ fn precondition(action: &Action, current: &View, v: i64) -> Option<Step> {
     }
 }
 
+/// What one transaction may write in all, its members' data as BSON: a
+/// transaction's writes are applied in one write batch of the embedded
+/// store (and its records on MongoDB), whose memory this bounds.
+pub const MAX_TXN_DATA_BYTES: usize = 64 << 20;
+
+/// Refuse, before anything is written, a transaction whose members' data
+/// would exceed [`MAX_TXN_DATA_BYTES`]: the data an insert or replace
+/// brings, and for an update the document as first read (a patch adds at
+/// most the request's body to it).
+fn within_write_bound(plan: &Plan, first: &HashMap<(String, String), StoredDoc>) -> Result<(), StoreError> {
+    use crate::documents::rules::data_size;
+    let mut total = 0usize;
+    for action in &plan.actions {
+        total = total.saturating_add(match &action.op {
+            ActionOp::Insert(data) | ActionOp::Replace(data) => data_size(data),
+            ActionOp::Update(_) => {
+                first.get(&(action.collection.clone(), action.id.clone())).map_or(0, |d| data_size(&d.data))
+            }
+            ActionOp::Delete | ActionOp::Check => 0,
+        });
+    }
+    if total > MAX_TXN_DATA_BYTES {
+        return Err(StoreError::Rejected(format!(
+            "the transaction would write {total} bytes of document data, over the limit of {MAX_TXN_DATA_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
 /// The staged post-image of `action` over `base` (the live document, if any).
 fn staged_checked(plan: &Plan, action: &Action, base: Option<&StoredDoc>) -> Result<Staged, String> {
     let sv = plan.schema_version;
     let data = match &action.op {
         ActionOp::Insert(data) | ActionOp::Replace(data) => Some(data.clone()),
-        ActionOp::Update(patch) => Some(patch.apply(&base.map(|d| d.data.clone()).unwrap_or_default())?),
+        ActionOp::Update(patch) => {
+            let data = patch.apply(&base.map(|d| d.data.clone()).unwrap_or_default())?;
+            crate::documents::rules::check_data_size(&data, "/").map_err(|e| e.message)?;
+            Some(data)
+        }
         ActionOp::Delete | ActionOp::Check => None,
     };
     let sv = if matches!(action.op, ActionOp::Check | ActionOp::Delete) { base.map_or(sv, |d| d.meta.sv) } else { sv };

@@ -12,7 +12,10 @@ use txgate::http::auth::parse_keys;
 use crate::faults::{Act, Op, rigged_app};
 use crate::support::{Backend, TestApp, expect, expect_problem};
 
-crate::on_both_backends!(beyond_the_concurrency_limit_requests_get_429_and_write_nothing,);
+crate::on_both_backends!(
+    beyond_the_concurrency_limit_requests_get_429_and_write_nothing,
+    documents_and_transactions_are_bounded_in_bytes_before_anything_is_written,
+);
 
 const D: &str = "/v1/collections/slow/documents";
 
@@ -102,5 +105,54 @@ async fn a_keyless_gateway_answers_only_loopback_hosts() {
         .await
         .unwrap();
     assert_eq!(status_with_host(&app, docs, "api.example.com", Some(KEY)).await, 200);
+    app.stop().await;
+}
+
+/// A document's data is at most 4 MiB (as BSON) however it gets there
+/// (create, patch, merge, a transaction's update), and a transaction
+/// writes at most 64 MiB of document data: beyond, 422 with nothing
+/// written. These bound every record the gateway writes and what one
+/// transaction's writes hold in memory.
+async fn documents_and_transactions_are_bounded_in_bytes_before_anything_is_written(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, |c| c.max_body_bytes = 8 << 20).await else { return };
+    let big = "x".repeat(5 << 20);
+    let p = expect_problem(app.post("/v1/collections/big/documents", &json!({"_id": "a", "s": big})).await, 422, "validation_failed").await;
+    assert!(p["detail"].as_str().unwrap().contains("over the limit"), "{p}");
+    // Under the limit, then patched over it.
+    let part = "y".repeat(3 << 20);
+    expect(app.post("/v1/collections/big/documents", &json!({"_id": "b", "s": part})).await, 201).await;
+    let grow = json!({"set": {"t": "z".repeat((1 << 20) + 512 * 1024)}});
+    let res = app.send_json(Method::PATCH, "/v1/collections/big/documents/b", &grow).await;
+    assert_eq!(res.status(), 422);
+    let merge = app
+        .request(Method::PATCH, "/v1/collections/big/documents/b")
+        .header("content-type", "application/merge-patch+json")
+        .json(&grow["set"])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(merge.status(), 422);
+    let t = json!({"actions": [{"op": "update", "collection": "big", "id": "b", "set": grow["set"]}]});
+    let res = app.post("/v1/transactions", &t).await;
+    assert_eq!(res.status(), 422);
+    let b = expect(app.get("/v1/collections/big/documents/b").await, 200).await;
+    assert_eq!(b["version"], 1, "nothing was written: {}", b["version"]);
+    // A transaction over 64 MiB in all: 17 documents of 4.1 MB, updated.
+    let fill = "w".repeat(4_100_000);
+    for i in 0..17 {
+        expect(app.post("/v1/collections/many/documents", &json!({"_id": format!("m{i:02}"), "s": fill})).await, 201)
+            .await;
+    }
+    let actions: Vec<_> =
+        (0..17).map(|i| json!({"op": "update", "collection": "many", "id": format!("m{i:02}"), "set": {"n": i}})).collect();
+    let res = app.post("/v1/transactions", &json!({"actions": actions})).await;
+    let status = res.status();
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(status, 422, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("over the limit"), "{body}");
+    for i in 0..17 {
+        let d = expect(app.get(&format!("/v1/collections/many/documents/m{i:02}")).await, 200).await;
+        assert_eq!(d["version"], 1);
+    }
     app.stop().await;
 }
