@@ -71,7 +71,6 @@ pub const LAYOUT: u64 = 1;
 pub const DATABASE_FILE: &str = "txgate.redb";
 pub const JOURNAL_FILE: &str = "txgate.journal";
 /// Where a new database is made before it is renamed to [`DATABASE_FILE`].
-const QUICK_REPAIR: bool = true;
 const NEW_DATABASE_FILE: &str = "txgate.redb.new";
 
 /// Upper bound on queued items committed together.
@@ -95,6 +94,10 @@ pub struct Options {
     pub sync_interval: Duration,
     /// Journal bytes after which a checkpoint starts it over.
     pub checkpoint_bytes: u64,
+    /// Durable commits save redb's allocator state (two-phase), so an open
+    /// after a crash needs no full repair of the file. Off only to measure
+    /// what a crash cost without it.
+    pub quick_repair: bool,
 }
 
 impl Default for Options {
@@ -103,6 +106,7 @@ impl Default for Options {
             cache_bytes: crate::config::DEFAULT_CACHE_MB << 20,
             sync_interval: crate::config::DEFAULT_SYNC_INTERVAL,
             checkpoint_bytes: CHECKPOINT_BYTES,
+            quick_repair: true,
         }
     }
 }
@@ -356,8 +360,9 @@ impl EmbeddedStore {
             // The new files' directory entries, before anything relies on them.
             disk.sync_dir().map_err(unavailable)?;
         }
+        let quick_repair = options.quick_repair;
         let mut txn = db.begin_write().map_err(internal)?;
-        txn.set_quick_repair(QUICK_REPAIR);
+        txn.set_quick_repair(quick_repair);
         txn.open_table(RECORDS).map_err(internal)?;
         txn.open_table(ENTRIES).map_err(internal)?;
         let mut catalog: HashMap<String, Vec<IndexSpec>> = HashMap::new();
@@ -385,7 +390,7 @@ impl EmbeddedStore {
             }
         }
         txn.commit().map_err(internal)?;
-        let journal = replay(&db, &catalog, journal_file, &disk.describe(JOURNAL_FILE))?;
+        let journal = replay(&db, &catalog, journal_file, &disk.describe(JOURNAL_FILE), quick_repair)?;
         let db = Arc::new(db);
         let catalog: Catalog = Arc::new(RwLock::new(catalog));
         let (tx, rx) = mpsc::channel();
@@ -396,6 +401,7 @@ impl EmbeddedStore {
             stats: Arc::clone(&stats),
             interval: options.sync_interval,
             checkpoint_bytes: options.checkpoint_bytes,
+            quick_repair,
             unsynced_since: None,
             journal,
             recent: Recent::default(),
@@ -734,6 +740,7 @@ struct Writer {
     stats: Arc<WriterStats>,
     interval: Duration,
     checkpoint_bytes: u64,
+    quick_repair: bool,
     /// When the oldest journal entry not yet synced was written.
     unsynced_since: Option<Instant>,
     journal: Journal,
@@ -784,7 +791,8 @@ impl Writer {
                     }
                     op => {
                         self.checkpoint_or_stop();
-                        let _ = first.reply.send(schema_change(&self.db, &self.catalog, op).map(usize::from));
+                        let done = schema_change(&self.db, &self.catalog, op, self.quick_repair);
+                        let _ = first.reply.send(done.map(usize::from));
                     }
                 }
                 continue;
@@ -970,7 +978,7 @@ impl Writer {
             txn.set_durability(redb::Durability::Immediate).map_err(internal)?;
             // The allocator state is saved with the commit, so opening
             // after a crash needs no full repair of the file.
-            txn.set_quick_repair(QUICK_REPAIR);
+            txn.set_quick_repair(self.quick_repair);
             txn.commit().map_err(internal)
         })();
         if let Err(err) = done {
@@ -996,6 +1004,7 @@ fn replay(
     catalog: &HashMap<String, Vec<IndexSpec>>,
     file: Box<dyn redb::StorageBackend>,
     name: &str,
+    quick_repair: bool,
 ) -> StoreResult<Journal> {
     let unavailable = |e: &dyn std::fmt::Display| StoreError::Unavailable(format!("journal {name}: {e}"));
     let (mut journal, read) = Journal::open(file).map_err(|e| unavailable(&e))?;
@@ -1023,7 +1032,7 @@ fn replay(
     }
     let last = missing.last().map_or(applied, |(lsn, _)| *lsn);
     let mut txn = db.begin_write().map_err(internal)?;
-    txn.set_quick_repair(QUICK_REPAIR);
+    txn.set_quick_repair(quick_repair);
     {
         let mut table = txn.open_table(RECORDS).map_err(internal)?;
         let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
@@ -1148,7 +1157,7 @@ fn write_backup(snapshot: &redb::ReadTransaction, dest: &Path) -> StoreResult<su
     copy(snapshot, &db, CATALOG, |_| {})?;
     copy(snapshot, &db, JOURNAL_STATE, |_| {})?;
     let mut txn = db.begin_write().map_err(internal)?;
-    txn.set_quick_repair(QUICK_REPAIR);
+    txn.set_quick_repair(true);
     txn.commit().map_err(|e| failed("the final commit", &e))?;
     drop(db);
     disk.sync_dir().map_err(|e| failed("syncing the directory", &e))?;
@@ -1169,7 +1178,7 @@ fn write_backup(snapshot: &redb::ReadTransaction, dest: &Path) -> StoreResult<su
 
 /// Create or drop an index in a write transaction of its own; the
 /// in-memory catalog changes once it is committed.
-fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp) -> StoreResult<bool> {
+fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick_repair: bool) -> StoreResult<bool> {
     match op {
         WriteOp::EnsureIndex { coll, spec } => {
             let existing = catalog
@@ -1188,7 +1197,7 @@ fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp) -> StoreResult<b
                 None => {}
             }
             let mut txn = db.begin_write().map_err(internal)?;
-            txn.set_quick_repair(QUICK_REPAIR);
+            txn.set_quick_repair(quick_repair);
             let mut built = 0usize;
             {
                 let records = txn.open_table(RECORDS).map_err(internal)?;
@@ -1224,7 +1233,7 @@ fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp) -> StoreResult<b
         }
         WriteOp::DropIndex { coll, name } => {
             let mut txn = db.begin_write().map_err(internal)?;
-            txn.set_quick_repair(QUICK_REPAIR);
+            txn.set_quick_repair(quick_repair);
             {
                 let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
                 clear_entries(&mut entries, &entries_name(&coll, &name))?;

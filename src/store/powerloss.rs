@@ -76,6 +76,7 @@ fn options() -> Options {
         // Syncs come only from the workload (deterministic).
         sync_interval: Duration::from_secs(3600),
         checkpoint_bytes: 6 << 10,
+        quick_repair: true,
     }
 }
 

@@ -146,6 +146,26 @@ impl SimDisk {
         self.dev.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// A device holding, durably, the files of directory `dir` (a data
+    /// directory or a backup).
+    pub fn load(dir: &std::path::Path) -> io::Result<SimDisk> {
+        let disk = SimDisk::new();
+        {
+            let mut dev = disk.lock();
+            for entry in std::fs::read_dir(dir)? {
+                let entry = entry?;
+                if !entry.file_type()?.is_file() {
+                    continue;
+                }
+                let bytes = std::fs::read(entry.path())?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                dev.files.insert(name.clone(), SimFile { live: bytes.clone(), durable: bytes, pending: Vec::new() });
+                dev.listed.insert(name);
+            }
+        }
+        Ok(disk)
+    }
+
     /// Crash at the `n`-th write or sync from the device's start (1-based).
     pub fn crash_at(&self, n: u64) {
         self.lock().crash_at = Some(n);

@@ -116,7 +116,12 @@ async fn a_keyless_gateway_answers_only_loopback_hosts() {
 async fn documents_and_transactions_are_bounded_in_bytes_before_anything_is_written(backend: Backend) {
     let Some(app) = TestApp::spawn_with(backend, |c| c.max_body_bytes = 8 << 20).await else { return };
     let big = "x".repeat(5 << 20);
-    let p = expect_problem(app.post("/v1/collections/big/documents", &json!({"_id": "a", "s": big})).await, 422, "validation_failed").await;
+    let p = expect_problem(
+        app.post("/v1/collections/big/documents", &json!({"_id": "a", "s": big})).await,
+        422,
+        "validation_failed",
+    )
+    .await;
     assert!(p["detail"].as_str().unwrap().contains("over the limit"), "{p}");
     // Under the limit, then patched over it.
     let part = "y".repeat(3 << 20);
@@ -143,8 +148,9 @@ async fn documents_and_transactions_are_bounded_in_bytes_before_anything_is_writ
         expect(app.post("/v1/collections/many/documents", &json!({"_id": format!("m{i:02}"), "s": fill})).await, 201)
             .await;
     }
-    let actions: Vec<_> =
-        (0..17).map(|i| json!({"op": "update", "collection": "many", "id": format!("m{i:02}"), "set": {"n": i}})).collect();
+    let actions: Vec<_> = (0..17)
+        .map(|i| json!({"op": "update", "collection": "many", "id": format!("m{i:02}"), "set": {"n": i}}))
+        .collect();
     let res = app.post("/v1/transactions", &json!({"actions": actions})).await;
     let status = res.status();
     let body: serde_json::Value = res.json().await.unwrap();
