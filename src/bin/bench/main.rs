@@ -17,6 +17,7 @@
 //! scripts/bench                                          # against a fresh FerretDB
 //! ```
 
+mod durability;
 mod events;
 mod hooks;
 mod peer;
@@ -150,6 +151,31 @@ struct Args {
     /// 1,000,000 on the embedded store, 20,000 on mongodb).
     #[arg(long)]
     ttl_docs: Option<usize>,
+    /// Measure the embedded store's durability (instead of the protocol
+    /// benchmark): restart after a crash, the cost of a synced write beside
+    /// redb's own synced commit, and with `--power` the exhaustive
+    /// power-loss sweep.
+    #[arg(long)]
+    durability: bool,
+    /// Store sizes at which `--durability` crashes and restarts.
+    #[arg(long, value_delimiter = ',', default_value = "10000,1000000")]
+    crash_docs: Vec<usize>,
+    /// Synced writes of the cost run in `--durability` (0: skip).
+    #[arg(long, default_value_t = 2000)]
+    synced_writes: usize,
+    /// With `--durability`: the power-loss sweep over every crash point.
+    #[arg(long)]
+    power: bool,
+    /// Survivor images per crash point of `--power`.
+    #[arg(long, default_value_t = 16)]
+    power_images: usize,
+    /// The sweep's seed (default: random, printed).
+    #[arg(long)]
+    power_seed: Option<u64>,
+    /// Internal: the child of `--durability` that fills a store and ends
+    /// without closing it, or after (DIR DOCS QUICK_REPAIR crash|close).
+    #[arg(long, num_args = 4, hide = true)]
+    durability_fill: Option<Vec<String>>,
 }
 
 /// Counts store writes (and reads) passing through.
@@ -351,6 +377,21 @@ async fn throughput(
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    if let Some(fill) = &args.durability_fill {
+        let (dir, docs, quick) = (&fill[0], fill[1].parse().expect("DOCS"), fill[2].parse().expect("QUICK_REPAIR"));
+        durability::fill(std::path::Path::new(dir), docs, quick, fill[3] == "close").await;
+    }
+    if args.durability {
+        durability::run(&durability::DurabilityArgs {
+            crash_docs: args.crash_docs.clone(),
+            synced_writes: args.synced_writes,
+            power: args.power,
+            power_images: args.power_images,
+            power_seed: args.power_seed,
+        })
+        .await;
+        return;
+    }
     let dir = tempfile_dir();
     let (config, label) = match &args.mongodb_uri {
         Some(uri) => (
