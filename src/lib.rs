@@ -133,6 +133,7 @@ impl App {
             metrics: Arc::clone(&self.metrics),
             stop: self.stop.clone(),
             streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),
+            backups: http::admin::Backups::new(&config.store),
         };
         http::router(state, config)
     }

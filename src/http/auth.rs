@@ -270,7 +270,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Operator actions: routes that need `admin` whatever their method.
-const OPERATOR_ROUTES: &[&str] = &["/v1/transactions/{id}/abort", "/v1/deliveries/{id}/retry"];
+const OPERATOR_ROUTES: &[&str] = &["/v1/transactions/{id}/abort", "/v1/deliveries/{id}/retry", "/v1/admin/backup"];
 
 /// The scope a request needs, decided by its matched route (a document
 /// whose id is `abort` is a document).
@@ -438,6 +438,8 @@ mod tests {
         assert_eq!(needed_scope(&Method::POST, "/v1/transactions"), Some(Scope::Write));
         assert_eq!(needed_scope(&Method::POST, "/v1/transactions/{id}/abort"), Some(Scope::Admin));
         assert_eq!(needed_scope(&Method::POST, "/v1/deliveries/{id}/retry"), Some(Scope::Admin));
+        // A backup copies every collection: `admin` on all of them.
+        assert_eq!(needed_scope(&Method::POST, "/v1/admin/backup"), Some(Scope::Admin));
         // A document whose id is `abort` is a document.
         assert_eq!(needed_scope(&Method::GET, "/v1/collections/{collection}/documents/{id}"), Some(Scope::Read));
     }

@@ -413,6 +413,7 @@ pub fn problems(operation: &str) -> Option<Vec<(u16, ProblemCode)>> {
         "v1.transactions.get" | "v1.deliveries.get" => plain(&[InvalidPath, NotFound]),
         "v1.transactions.abort" => plain(&[InvalidPath, NotFound, AlreadyCommitted]),
         "v1.deliveries.retry" => plain(&[InvalidPath, NotFound, DeliveryPending]),
+        "v1.admin.backup" => plain(&[&body[..], &[ValidationFailed, BackupUnsupported, BackupInProgress]].concat()),
         "v1.events.list" => plain(&[InvalidHeader, CursorBeyondHead, ValidationFailed, CursorExpired]),
         "v1.subscriptions.create" => plain(&[&body[..], &[ValidationFailed, HookNotAllowed]].concat()),
         "v1.subscriptions.list" | "v1.collections.list" => plain(&[ValidationFailed]),
@@ -459,6 +460,18 @@ fn problem_response(codes: &[ProblemCode]) -> Value {
         response["headers"] = json!({"Retry-After": {"$ref": "#/components/headers/Retry-After"}});
     }
     response
+}
+
+/// `schema` without its `null` alternative, where it is one of two: what
+/// utoipa derives from an `Option<T>` that may be absent but not null.
+fn drop_null(schema: &mut Value) {
+    let non_null = schema.get("oneOf").and_then(Value::as_array).and_then(|alternatives| {
+        let rest: Vec<&Value> = alternatives.iter().filter(|s| s["type"] != "null").collect();
+        (rest.len() == 1 && alternatives.len() == 2).then(|| rest[0].clone())
+    });
+    if let Some(non_null) = non_null {
+        *schema = non_null;
+    }
 }
 
 /// The complete API description: the derived one with the contract added.
@@ -519,19 +532,17 @@ pub fn document(derived: utoipa::openapi::OpenApi) -> Value {
             if public(&id) {
                 operation["security"] = json!([]);
             }
-            // A parameter is absent or has a value: never null. Header
-            // schemas are written out in place (tools resolve `$ref`s in
-            // headers less reliably).
+            // An optional body is absent or has a value: never null
+            // (utoipa writes an `Option<T>` body as one that may be).
+            if let Some(schema) = operation.pointer_mut("/requestBody/content/application~1json/schema") {
+                drop_null(schema);
+            }
+            // Nor is a parameter. Header schemas are written out in place
+            // (tools resolve `$ref`s in headers less reliably).
             for parameter in operation.get_mut("parameters").and_then(Value::as_array_mut).into_iter().flatten() {
                 let header = parameter["in"] == "header";
                 let schema = &mut parameter["schema"];
-                let non_null = schema.get("oneOf").and_then(Value::as_array).and_then(|alternatives| {
-                    let rest: Vec<&Value> = alternatives.iter().filter(|s| s["type"] != "null").collect();
-                    (rest.len() == 1 && alternatives.len() == 2).then(|| rest[0].clone())
-                });
-                if let Some(non_null) = non_null {
-                    *schema = non_null;
-                }
+                drop_null(schema);
                 let name =
                     schema.get("$ref").and_then(Value::as_str).and_then(|r| r.strip_prefix("#/components/schemas/"));
                 if let Some(name) = name.filter(|_| header).map(str::to_owned) {
@@ -574,6 +585,7 @@ mod tests {
             "v1.deliveries.get",
             "v1.deliveries.retry",
             "v1.events.list",
+            "v1.admin.backup",
         ];
         let answered: std::collections::HashSet<ProblemCode> =
             operations.iter().flat_map(|op| problems(op).expect("listed")).map(|(_, c)| c).collect();

@@ -79,6 +79,8 @@ problem_codes! {
     InProgress => "in_progress", 409, Problem, "the first request with this `Idempotency-Key` is still running";
     AlreadyCommitted => "already_committed", 409, Problem, "a committed transaction cannot be aborted";
     DeliveryPending => "delivery_pending", 409, Problem, "the delivery is queued or in flight already";
+    BackupUnsupported => "backup_unsupported", 409, Problem, "this store has no online backup; use the database's own tools";
+    BackupInProgress => "backup_in_progress", 409, Problem, "a backup is being written already; send the request again once it has finished";
     Deleted => "deleted", 410, Deleted, "the document is deleted (a tombstone)";
     CursorExpired => "cursor_expired", 410, Problem, "the events after this cursor are past their retention; start again without one";
     RequestTimeout => "request_timeout", 408, Problem, "the request body did not arrive within the body timeout (`TXGATE_BODY_TIMEOUT_MS`)";

@@ -250,6 +250,28 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
+/// A JSON body the client may leave out, for operations whose every member
+/// is optional: an empty body (whatever its `Content-Type`, so a bare
+/// `curl -X POST` works) is `None`; any other is read as [`JsonBody`]
+/// reads it, with the same 415, 400 and 422 answers.
+pub struct OptionalJsonBody<T>(pub Option<T>);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let json = media_type(req.headers()).is_some_and(|m| is_json(&m));
+        let raw = body_bytes(req, state).await?;
+        if raw.is_empty() {
+            return Ok(Self(None));
+        }
+        if !json {
+            return Err(unsupported_media("application/json"));
+        }
+        parse_json(&raw).map(|value| Self(Some(value)))
+    }
+}
+
 /// A request body as `T`, answered 422 (`validation_failed`) when it does
 /// not fit. The values at `objects` (JSON pointers; `*` stands for every
 /// element of an array) must be objects (or `null`, where `T` takes one):

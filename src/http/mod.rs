@@ -1,6 +1,7 @@
 //! The HTTP API: router, shared state, OpenAPI document and the operational
 //! endpoints (`/healthz`, `/readyz`, `/openapi.json`, `/docs`).
 
+pub mod admin;
 pub mod auth;
 pub mod collections;
 pub mod contract;
@@ -47,6 +48,8 @@ pub struct AppState {
     pub stop: tokio_util::sync::CancellationToken,
     /// One permit per event stream that may be open at once.
     pub streams: Arc<tokio::sync::Semaphore>,
+    /// Where `POST /v1/admin/backup` writes, one backup at a time.
+    pub backups: admin::Backups,
 }
 
 #[derive(OpenApi)]
@@ -64,7 +67,7 @@ pub struct AppState {
         (name = "deliveries", description = "Post-commit hook deliveries"),
         (name = "events", description = "Change events: a resumable stream and pages"),
         (name = "subscriptions", description = "Change events as webhooks"),
-        (name = "operations", description = "Health and readiness"),
+        (name = "operations", description = "Health, readiness and backups"),
     )
 )]
 struct ApiDoc;
@@ -78,6 +81,7 @@ pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(deliveries::router())
         .merge(events::router())
         .merge(subscriptions::router())
+        .merge(admin::router())
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .split_for_parts()

@@ -251,6 +251,8 @@ impl Queued {
 /// A store in one redb file under the data directory.
 pub struct EmbeddedStore {
     db: Arc<Database>,
+    /// Whether redb had to repair the whole file when the store opened.
+    repaired: bool,
     writer: mpsc::Sender<Queued>,
     /// The writer thread, joined when the store closes.
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -343,6 +345,13 @@ impl EmbeddedStore {
         };
         let mut builder = redb::Builder::new();
         builder.set_cache_size(cache);
+        // A full repair (redb walking the whole file to rebuild its
+        // allocator state) is what quick-repair checkpoints avoid: noted.
+        let repaired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        {
+            let repaired = Arc::clone(&repaired);
+            builder.set_repair_callback(move |_| repaired.store(true, Ordering::Relaxed));
+        }
         let db_existed = disk.exists(DATABASE_FILE).map_err(unavailable)?;
         if !db_existed {
             // A new database is made under another name and renamed once
@@ -354,7 +363,16 @@ impl EmbeddedStore {
             disk.rename(NEW_DATABASE_FILE, DATABASE_FILE).map_err(unavailable)?;
         }
         let journal_existed = disk.exists(JOURNAL_FILE).map_err(unavailable)?;
+        let opening = Instant::now();
         let db = disk.open_database(&builder, DATABASE_FILE).map_err(opened)?;
+        let repaired = repaired.load(Ordering::Relaxed);
+        if repaired {
+            tracing::warn!(
+                database = %db_name,
+                took_ms = opening.elapsed().as_millis() as u64,
+                "the database needed a full repair at open (its last durable commit saved no allocator state)"
+            );
+        }
         let journal_file = disk.open_file(JOURNAL_FILE).map_err(unavailable)?;
         if !db_existed || !journal_existed {
             // The new files' directory entries, before anything relies on them.
@@ -424,6 +442,7 @@ impl EmbeddedStore {
             .map_err(internal)?;
         Ok(Self {
             db,
+            repaired,
             writer: tx,
             thread: Mutex::new(Some(thread)),
             path: PathBuf::from(db_name),
@@ -431,6 +450,12 @@ impl EmbeddedStore {
             reads: Arc::default(),
             stats,
         })
+    }
+
+    /// Whether opening the store needed redb's full repair of the file
+    /// (a crash after a checkpoint made without quick repair).
+    pub fn repaired_at_open(&self) -> bool {
+        self.repaired
     }
 
     pub fn path(&self) -> &Path {
@@ -1106,7 +1131,40 @@ fn write_backup(snapshot: &redb::ReadTransaction, dest: &Path) -> StoreResult<su
     if partial.exists() {
         std::fs::remove_dir_all(&partial).map_err(|e| failed("removing an unfinished backup", &e))?;
     }
+    // The directories above it too, their entries synced (the backups'
+    // directory is new at the first backup).
+    if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
+        DirDisk::create(parent).map_err(|e| failed("creating its parent directory", &e))?;
+    }
     let disk = DirDisk::create(&partial).map_err(|e| failed("creating the directory", &e))?;
+    let written = copy_snapshot(snapshot, &disk, &failed);
+    if written.is_err() {
+        // Nothing half-written stays behind under a name of its own.
+        let _ = std::fs::remove_dir_all(&partial);
+    }
+    let (records, applied) = written?;
+    std::fs::rename(&partial, dest).map_err(|e| failed("renaming the finished backup", &e))?;
+    let parent = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(|e| failed("syncing its parent", &e))?;
+    let bytes = std::fs::metadata(dest.join(DATABASE_FILE)).map(|m| m.len()).unwrap_or(0);
+    tracing::info!(
+        path = %dest.display(),
+        records,
+        bytes,
+        journal_position = applied,
+        took_ms = started.elapsed().as_millis() as u64,
+        "backup written"
+    );
+    Ok(super::BackupInfo { records, bytes, journal_position: applied })
+}
+
+/// Copy every table `snapshot` reads into a new database on `disk`, synced;
+/// the records copied and the journal position the snapshot includes.
+fn copy_snapshot(
+    snapshot: &redb::ReadTransaction,
+    disk: &DirDisk,
+    failed: &dyn Fn(&str, &dyn std::fmt::Display) -> StoreError,
+) -> StoreResult<(u64, u64)> {
     let db =
         disk.open_database(&redb::Builder::new(), DATABASE_FILE).map_err(|e| failed("creating the database", &e))?;
     let mut records = 0u64;
@@ -1161,19 +1219,7 @@ fn write_backup(snapshot: &redb::ReadTransaction, dest: &Path) -> StoreResult<su
     txn.commit().map_err(|e| failed("the final commit", &e))?;
     drop(db);
     disk.sync_dir().map_err(|e| failed("syncing the directory", &e))?;
-    std::fs::rename(&partial, dest).map_err(|e| failed("renaming the finished backup", &e))?;
-    let parent = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::File::open(parent).and_then(|d| d.sync_all()).map_err(|e| failed("syncing its parent", &e))?;
-    let bytes = std::fs::metadata(dest.join(DATABASE_FILE)).map(|m| m.len()).unwrap_or(0);
-    tracing::info!(
-        path = %dest.display(),
-        records,
-        bytes,
-        journal_position = applied,
-        took_ms = started.elapsed().as_millis() as u64,
-        "backup written"
-    );
-    Ok(super::BackupInfo { records, bytes, journal_position: applied })
+    Ok((records, applied))
 }
 
 /// Create or drop an index in a write transaction of its own; the

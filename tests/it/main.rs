@@ -4,6 +4,7 @@
 mod support;
 
 mod auth;
+mod backup;
 mod collections;
 mod crash;
 mod documents;

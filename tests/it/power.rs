@@ -338,3 +338,34 @@ async fn embedded_restored_backup_survives_power_loss() {
     }
     assert!(points > 50, "{points} crash points");
 }
+
+/// A crash after checkpoints needs no full repair of redb's file at the
+/// next open: checkpoints save the allocator state (quick repair). Without
+/// it redb walks the whole file (351 ms at a million documents here, see
+/// the README's "Durability of the embedded store").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_open_after_a_crash_needs_no_full_repair() {
+    use std::sync::Arc;
+    use txgate::store::embedded::{DATABASE_FILE, EmbeddedStore, Options};
+    use txgate::store::simdisk::{Keep, SimDisk};
+    use txgate::store::{Durability, Store, Write};
+    let options = Options { checkpoint_bytes: 16 << 10, ..Options::default() };
+    for keep in [Keep::All, Keep::Durable] {
+        let disk = SimDisk::new();
+        disk.byte_atomic(DATABASE_FILE);
+        let store = EmbeddedStore::open_on(Arc::new(disk.clone()), &options).unwrap();
+        for i in 0..300 {
+            let record = mongodb::bson::doc! {"_id": format!("x{i:03}"), "p": "x".repeat(300)};
+            store.write("c", Write::Insert(record), Durability::Synced).await.unwrap();
+        }
+        assert!(store.stats().checkpoints.load(std::sync::atomic::Ordering::Relaxed) > 2);
+        disk.crash_now();
+        store.close().await.unwrap();
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(3);
+        let image = disk.crash().unwrap().survivor(keep, &mut rng);
+        let reopened = EmbeddedStore::open_on(Arc::new(image), &options).unwrap();
+        assert!(!reopened.repaired_at_open(), "{keep:?}: redb repaired the whole file");
+        assert!(reopened.get("c", "x299").await.unwrap().is_some());
+        reopened.close().await.unwrap();
+    }
+}
