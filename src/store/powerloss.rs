@@ -21,9 +21,12 @@
 //! - it takes writes again.
 //!
 //! A two-crash sequence goes on from there: the recovered store writes a
-//! little more (entries of one size, so a stale entry of the generation
-//! before would line up with a new one), crashes again with its last
-//! writes unsynced, and is checked the same way.
+//! little more, crashes again with its last writes unsynced, and is
+//! checked the same way. A second, uniform workload (inserts whose journal
+//! entries all have one size) is crashed at each of its writes and syncs
+//! and always continued this way: after a crash that lost a generation's
+//! first entry but kept later ones, the next generation's entries line up
+//! with the stale ones, which must never be taken for new.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -309,6 +312,54 @@ async fn more(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) -> R
     Ok(())
 }
 
+/// Inserts of one size (so every journal entry has one size), every fourth
+/// synced: after a crash that lost a generation's first entry but kept
+/// later ones, the next generation's entries line up with the old ones.
+async fn uniform(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace, tag: char) -> Result<(), String> {
+    trace.history.push(store.dump().map_err(|e| e.to_string())?);
+    for j in 0..24 {
+        let r = doc(&[("_id", format!("{tag}{j:04}").into()), ("pad", "u".repeat(120).into())]);
+        let synced = j % 4 == 3;
+        let durability = if synced { Durability::Synced } else { Durability::Unsynced };
+        step!(disk, store, trace, synced, store.write("uniform", Write::Insert(r), durability));
+    }
+    Ok(())
+}
+
+/// The uniform workload crashed at `point`, recovered from `images`
+/// images, each then written again with the same workload, crashed with
+/// its last writes unsynced, and recovered again.
+pub async fn uniform_point(point: u64, images: usize, rng: &mut impl Rng, report: &mut Report) -> Result<(), String> {
+    let disk = new_disk();
+    disk.crash_at(point);
+    let mut store = open(&disk)?;
+    let mut trace = Trace::default();
+    uniform(&disk, &mut store, &mut trace, 'a').await?;
+    store.close().await.map_err(|e| e.to_string())?;
+    let Some(crash) = disk.crash() else { return Ok(()) };
+    report.crash_points += 1;
+    for image in 0..images {
+        let keep = if image == 0 { Keep::Durable } else { Keep::Random };
+        let survivor = crash.survivor(keep, rng);
+        let context =
+            |e: String| format!("uniform workload, crash at op {point} ({}), {keep:?} image {image}: {e}", crash.op);
+        let (mut recovered, _) = recover(&survivor, &trace).map_err(context)?;
+        let mut second = Trace::default();
+        survivor.crash_at(survivor.ops() + rng.random_range(1..=60));
+        uniform(&survivor, &mut recovered, &mut second, 'b').await.map_err(context)?;
+        survivor.crash_now();
+        recovered.close().await.map_err(|e| e.to_string())?;
+        let crash2 = survivor.crash().expect("crashed");
+        let image2 = crash2.survivor(Keep::Random, rng);
+        let (store2, _) = recover(&image2, &second)
+            .map_err(|e| context(format!("second crash at op {} ({}): {e}", crash2.at, crash2.op)))?;
+        store2.close().await.map_err(|e| e.to_string())?;
+        report.images += 1;
+        report.two_crash += 1;
+    }
+    Ok(())
+}
+
 /// Open the store on `image` and check it against `trace`; the store, and
 /// which state of the history it holds.
 fn recover(image: &SimDisk, trace: &Trace) -> Result<(EmbeddedStore, usize), String> {
@@ -423,6 +474,19 @@ pub async fn sweep(cfg: &Sweep) -> Result<Report, String> {
         if cfg.progress_every > 0 && point % cfg.progress_every == 0 {
             eprintln!("power loss: {point}/{ops} crash points, {} images", report.images);
         }
+    }
+    let uniform_ops = {
+        let disk = new_disk();
+        let mut store = open(&disk)?;
+        uniform(&disk, &mut store, &mut Trace::default(), 'a').await?;
+        store.close().await.map_err(|e| e.to_string())?;
+        disk.ops()
+    };
+    report.ops += uniform_ops;
+    for point in 1..=uniform_ops {
+        uniform_point(point, cfg.images_per_point * 2, &mut rng, &mut report)
+            .await
+            .map_err(|e| format!("seed {}: {e}", cfg.seed))?;
     }
     Ok(report)
 }
