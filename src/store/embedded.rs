@@ -290,6 +290,11 @@ pub struct WriterStats {
     pub checkpoint_nanos: AtomicU64,
     /// Journal entries written.
     pub entries: AtomicU64,
+    /// The longest a commit waited unsynced before a sync covered it, and
+    /// the longest one batch took, in nanoseconds: the sync interval is a
+    /// deadline when the first stays within the interval plus a batch.
+    pub max_unsynced_nanos: AtomicU64,
+    pub max_batch_nanos: AtomicU64,
     /// The most journal bytes one batch wrote.
     pub max_batch_bytes: AtomicU64,
     /// Records in the writer's cache of recent records, and the bytes it
@@ -968,6 +973,8 @@ impl Writer {
             WriterStats::add(&self.stats.commit_nanos, phase);
         }
         self.stats.count(started, synced);
+        let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats.max_batch_nanos.fetch_max(took, Ordering::Relaxed);
         self.stats.recent_records.store(self.recent.records.len() as u64, Ordering::Relaxed);
         self.stats.recent_bytes.store(self.recent.bytes as u64, Ordering::Relaxed);
         for (queued, result) in batch.into_iter().zip(results) {
@@ -985,6 +992,10 @@ impl Writer {
         }
         if let Err(err) = self.journal.sync() {
             stop(&StoreError::Unavailable(format!("journal sync failed: {err}")));
+        }
+        if let Some(since) = self.unsynced_since {
+            let waited = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.stats.max_unsynced_nanos.fetch_max(waited, Ordering::Relaxed);
         }
         self.stats.syncs.fetch_add(1, Ordering::Relaxed);
         self.unsynced_since = None;
