@@ -343,21 +343,45 @@ pub async fn uniform_point(point: u64, images: usize, rng: &mut impl Rng, report
         let survivor = crash.survivor(keep, rng);
         let context =
             |e: String| format!("uniform workload, crash at op {point} ({}), {keep:?} image {image}: {e}", crash.op);
-        let (mut recovered, _) = recover(&survivor, &trace).map_err(context)?;
-        let mut second = Trace::default();
-        survivor.crash_at(survivor.ops() + rng.random_range(1..=60));
-        uniform(&survivor, &mut recovered, &mut second, 'b').await.map_err(context)?;
-        survivor.crash_now();
-        recovered.close().await.map_err(|e| e.to_string())?;
-        let crash2 = survivor.crash().expect("crashed");
-        let image2 = crash2.survivor(Keep::Random, rng);
-        let (store2, _) = recover(&image2, &second)
-            .map_err(|e| context(format!("second crash at op {} ({}): {e}", crash2.at, crash2.op)))?;
-        store2.close().await.map_err(|e| e.to_string())?;
+        let (recovered, _) = recover(&survivor, &trace).map_err(context)?;
+        crash_again(&survivor, recovered, Again::Uniform, rng).await.map_err(context)?;
         report.images += 1;
         report.two_crash += 1;
     }
     Ok(())
+}
+
+/// What a recovered store writes before its second crash.
+enum Again {
+    /// [`more`].
+    More,
+    /// [`uniform`] again.
+    Uniform,
+}
+
+/// The second crash of a two-crash sequence: `recovered` (opened on
+/// `survivor`) writes a little more, the disk crashes within its first 60
+/// writes and syncs or else at the end (its last writes unsynced), and the
+/// store is opened on a random survivor image and checked.
+async fn crash_again(
+    survivor: &SimDisk,
+    mut recovered: EmbeddedStore,
+    again: Again,
+    rng: &mut impl Rng,
+) -> Result<(), String> {
+    let mut second = Trace::default();
+    survivor.crash_at(survivor.ops() + rng.random_range(1..=60));
+    match again {
+        Again::More => more(survivor, &mut recovered, &mut second).await?,
+        Again::Uniform => uniform(survivor, &mut recovered, &mut second, 'b').await?,
+    }
+    survivor.crash_now();
+    recovered.close().await.map_err(|e| e.to_string())?;
+    let crash = survivor.crash().expect("crashed");
+    let image = crash.survivor(Keep::Random, rng);
+    let (store, _) =
+        recover(&image, &second).map_err(|e| format!("second crash at op {} ({}): {e}", crash.at, crash.op))?;
+    store.close().await.map_err(|e| e.to_string())
 }
 
 /// Open the store on `image` and check it against `trace`; the store, and
@@ -429,21 +453,10 @@ pub async fn crash_point(
                 crash.describe()
             )
         };
-        let (mut recovered, _) = recover(&survivor, &trace).map_err(context)?;
+        let (recovered, _) = recover(&survivor, &trace).map_err(context)?;
         report.images += 1;
         if two_crash && image == images - 1 {
-            // Write a little more, crash with the last writes unsynced.
-            let mut second = Trace::default();
-            let at = rng.random_range(1..=40);
-            survivor.crash_at(survivor.ops() + at);
-            more(&survivor, &mut recovered, &mut second).await.map_err(context)?;
-            survivor.crash_now();
-            recovered.close().await.map_err(|e| e.to_string())?;
-            let crash2 = survivor.crash().expect("crashed");
-            let image2 = crash2.survivor(Keep::Random, rng);
-            let (store2, _) = recover(&image2, &second)
-                .map_err(|e| context(format!("second crash at op {} ({}): {e}", crash2.at, crash2.op)))?;
-            store2.close().await.map_err(|e| e.to_string())?;
+            crash_again(&survivor, recovered, Again::More, rng).await.map_err(context)?;
             report.two_crash += 1;
         } else {
             // It takes writes again.
