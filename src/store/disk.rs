@@ -6,9 +6,12 @@
 
 use std::fs::OpenOptions;
 use std::io;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use redb::{Database, DatabaseError, StorageBackend};
+use redb::{BackendError, Database, DatabaseError, StorageBackend};
 
 use super::journal::JournalFile;
 
@@ -20,8 +23,9 @@ pub trait Disk: Send + Sync + 'static {
     /// Whether file `name` exists.
     fn exists(&self, name: &str) -> io::Result<bool>;
 
-    /// Open (or create) the redb database in file `name`.
-    fn open_database(&self, builder: &redb::Builder, name: &str) -> Result<Database, DatabaseError>;
+    /// Open (or create) the redb database in file `name`; once `fence` is
+    /// raised, nothing more reaches the file.
+    fn open_database(&self, builder: &redb::Builder, name: &str, fence: &Fence) -> Result<Database, DatabaseError>;
 
     /// Open (or create) file `name` for reading and writing.
     fn open_file(&self, name: &str) -> io::Result<Box<dyn StorageBackend>>;
@@ -74,8 +78,9 @@ impl Disk for DirDisk {
         self.dir.join(name).try_exists()
     }
 
-    fn open_database(&self, builder: &redb::Builder, name: &str) -> Result<Database, DatabaseError> {
-        builder.create(self.dir.join(name))
+    fn open_database(&self, builder: &redb::Builder, name: &str, fence: &Fence) -> Result<Database, DatabaseError> {
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(self.dir.join(name))?;
+        builder.create_with_backend(Fenced::new(redb::backends::FileBackend::new(file)?, fence))
     }
 
     fn open_file(&self, name: &str) -> io::Result<Box<dyn StorageBackend>> {
@@ -96,5 +101,77 @@ impl Disk for DirDisk {
 
     fn sync_dir(&self) -> io::Result<()> {
         sync_directory(&self.dir)
+    }
+}
+
+/// Raised once the store has made its database durable for the last time
+/// (its final checkpoint): from then on no write, length change or sync
+/// reaches the file, redb's own close included. The file stays as a crash
+/// right after that checkpoint would leave it, which redb opens at once:
+/// the power-loss harness found that redb 4.5 files closed by redb itself,
+/// opened again and then cut off at the first write of a later checkpoint
+/// no longer open.
+#[derive(Clone, Debug, Default)]
+pub struct Fence(Arc<AtomicBool>);
+
+impl Fence {
+    pub fn raise(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    fn raised(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A backend behind a [`Fence`]; reads and locks pass through.
+#[derive(Debug)]
+pub struct Fenced<B> {
+    inner: B,
+    fence: Fence,
+}
+
+impl<B> Fenced<B> {
+    pub fn new(inner: B, fence: &Fence) -> Self {
+        Self { inner, fence: fence.clone() }
+    }
+}
+
+impl<B: StorageBackend> StorageBackend for Fenced<B> {
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        if self.fence.raised() { Ok(()) } else { self.inner.set_len(len) }
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        if self.fence.raised() { Ok(()) } else { self.inner.sync_data() }
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        if self.fence.raised() { Ok(()) } else { self.inner.write(offset, data) }
+    }
+    fn close(&self) -> io::Result<()> {
+        self.inner.close()
+    }
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.try_lock_range(start, end)
+    }
+    fn try_lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.try_lock_shared_range(start, end)
+    }
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.lock_range(start, end)
+    }
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.lock_shared_range(start, end)
+    }
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.unlock_range(start, end)
+    }
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.query_lock_range(start, end)
     }
 }

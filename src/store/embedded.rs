@@ -41,7 +41,7 @@ use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
-use super::disk::{DirDisk, Disk};
+use super::disk::{DirDisk, Disk, Fence};
 use super::filter::{apply_update, lookup, matches};
 use super::journal::{self, Effect, Effects, Journal};
 use super::keys;
@@ -363,13 +363,14 @@ impl EmbeddedStore {
             // whole: a crash while it is made leaves no file redb cannot
             // open under the database's name.
             disk.remove(NEW_DATABASE_FILE).map_err(unavailable)?;
-            let db = disk.open_database(&builder, NEW_DATABASE_FILE).map_err(opened)?;
+            let db = disk.open_database(&builder, NEW_DATABASE_FILE, &Fence::default()).map_err(opened)?;
             db.close().map_err(opened)?;
             disk.rename(NEW_DATABASE_FILE, DATABASE_FILE).map_err(unavailable)?;
         }
         let journal_existed = disk.exists(JOURNAL_FILE).map_err(unavailable)?;
         let opening = Instant::now();
-        let db = disk.open_database(&builder, DATABASE_FILE).map_err(opened)?;
+        let fence = Fence::default();
+        let db = disk.open_database(&builder, DATABASE_FILE, &fence).map_err(opened)?;
         let repaired = repaired.load(Ordering::Relaxed);
         if repaired {
             tracing::warn!(
@@ -425,6 +426,7 @@ impl EmbeddedStore {
             interval: options.sync_interval,
             checkpoint_bytes: options.checkpoint_bytes,
             quick_repair,
+            fence,
             unsynced_since: None,
             journal,
             recent: Recent::default(),
@@ -771,6 +773,8 @@ struct Writer {
     interval: Duration,
     checkpoint_bytes: u64,
     quick_repair: bool,
+    /// Raised after the last checkpoint: redb's own close writes nothing.
+    fence: Fence,
     /// When the oldest journal entry not yet synced was written.
     unsynced_since: Option<Instant>,
     journal: Journal,
@@ -791,6 +795,7 @@ impl Writer {
                     None => {
                         // Every handle is gone: the store closes durable.
                         self.checkpoint_or_stop();
+                        self.fence.raise();
                         return;
                     }
                 },
@@ -807,15 +812,9 @@ impl Writer {
                     }
                     WriteOp::Close => {
                         self.checkpoint_or_stop();
-                        // The database is left as a crash would leave it
-                        // right after the checkpoint (the next open loads
-                        // the allocator state the checkpoint saved), not
-                        // closed by redb: the power-loss harness found
-                        // redb 4.5 files closed cleanly, reopened and then
-                        // cut short at the first write of a later
-                        // checkpoint that no longer open. The process
-                        // ends after closing its store.
-                        std::mem::forget(Arc::clone(&self.db));
+                        // The file stays as a crash right after this
+                        // checkpoint would leave it (see `disk::Fence`).
+                        self.fence.raise();
                         let _ = first.reply.send(Ok(1));
                         return;
                     }
@@ -1176,8 +1175,9 @@ fn copy_snapshot(
     disk: &DirDisk,
     failed: &dyn Fn(&str, &dyn std::fmt::Display) -> StoreError,
 ) -> StoreResult<(u64, u64)> {
-    let db =
-        disk.open_database(&redb::Builder::new(), DATABASE_FILE).map_err(|e| failed("creating the database", &e))?;
+    let db = disk
+        .open_database(&redb::Builder::new(), DATABASE_FILE, &Fence::default())
+        .map_err(|e| failed("creating the database", &e))?;
     let mut records = 0u64;
     let applied = {
         let state = snapshot.open_table(JOURNAL_STATE).map_err(internal)?;

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rand::Rng;
 use redb::{Database, DatabaseError, StorageBackend};
 
-use super::disk::Disk;
+use super::disk::{Disk, Fence, Fenced};
 
 const SECTOR: usize = 512;
 
@@ -395,9 +395,10 @@ impl Disk for SimDisk {
         Ok(self.lock().files.contains_key(name))
     }
 
-    fn open_database(&self, builder: &redb::Builder, name: &str) -> Result<Database, DatabaseError> {
-        let backend = self.open_file(name)?;
-        builder.create_with_backend(Boxed(backend))
+    fn open_database(&self, builder: &redb::Builder, name: &str, fence: &Fence) -> Result<Database, DatabaseError> {
+        self.lock().files.entry(name.to_owned()).or_default();
+        let backend = SimBackend { disk: self.clone(), name: name.to_owned() };
+        builder.create_with_backend(Fenced::new(backend, fence))
     }
 
     fn open_file(&self, name: &str) -> io::Result<Box<dyn StorageBackend>> {
@@ -428,28 +429,6 @@ impl Disk for SimDisk {
         dev.tick("sync_dir");
         dev.listed = dev.files.keys().cloned().collect();
         Ok(())
-    }
-}
-
-/// A boxed backend handed to redb.
-#[derive(Debug)]
-struct Boxed(Box<dyn StorageBackend>);
-
-impl StorageBackend for Boxed {
-    fn len(&self) -> io::Result<u64> {
-        self.0.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        self.0.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.0.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.0.write(offset, data)
     }
 }
 
