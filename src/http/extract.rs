@@ -51,7 +51,8 @@ pub fn too_large() -> ApiError {
 /// Parse JSON: syntax errors are 400, well-formed JSON of the wrong shape 422,
 /// and so is an object with a member name twice (RFC 8259 leaves its meaning
 /// open: one parser keeps the first, another the last, so it is refused
-/// rather than guessed).
+/// rather than guessed), and a struct read from an array (see
+/// [`super::strict`]).
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if let Some(pointer) = duplicate_member(bytes) {
         return Err(ApiError::new(
@@ -61,7 +62,9 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         )
         .with("errors", serde_json::json!([{"pointer": pointer, "detail": "duplicate member name"}])));
     }
-    serde_json::from_slice(bytes).map_err(|err| {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let read = super::strict::deserialize(&mut de).and_then(|value| de.end().map(|()| value));
+    read.map_err(|err| {
         use serde_json::error::Category;
         match err.classify() {
             Category::Data => {
@@ -274,9 +277,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJsonBody<T>
 
 /// A request body as `T`, answered 422 (`validation_failed`) when it does
 /// not fit. The values at `objects` (JSON pointers; `*` stands for every
-/// element of an array) must be objects (or `null`, where `T` takes one):
-/// serde reads a struct from an array as well, by position, which the
-/// API's schema does not allow.
+/// element of an array) must be objects (or `null`, where `T` takes one),
+/// and the answer names the first that is not; past these, a struct is
+/// still never read from an array (see [`super::strict`]), only without
+/// the pointer.
 pub fn from_body<T: DeserializeOwned>(value: serde_json::Value, objects: &[&str]) -> Result<T, ApiError> {
     for pattern in objects {
         let mut found = vec![("".to_owned(), &value)];
@@ -301,7 +305,7 @@ pub fn from_body<T: DeserializeOwned>(value: serde_json::Value, objects: &[&str]
             return Err(invalid.into());
         }
     }
-    serde_json::from_value(value)
+    super::strict::deserialize(value)
         .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, e.to_string()))
 }
 

@@ -13,6 +13,7 @@ pub mod extract;
 pub mod limits;
 pub mod observe;
 pub mod serve;
+pub mod strict;
 pub mod subscriptions;
 pub mod transactions;
 

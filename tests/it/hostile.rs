@@ -513,3 +513,60 @@ async fn a_claim_stored_by_the_release_before_is_still_replayed() {
     expect_problem(res.await.unwrap(), 422, "idempotency_key_reused").await;
     app.stop().await;
 }
+
+/// Every body the API takes is an object, and so is every record inside
+/// one; an array in its place is refused with a 422, never read by
+/// position (as serde would), whatever the operation. The operations are
+/// taken from the served OpenAPI document, so a new one is covered too.
+#[tokio::test]
+async fn arrays_in_place_of_objects_are_refused_on_every_operation() {
+    let app = TestApp::spawn(Backend::Embedded).await.unwrap();
+    let created = expect(app.post("/v1/collections/shape/documents", &json!({"_id": "d1", "n": 1})).await, 201).await;
+    assert_eq!(created["version"], 1);
+    let spec = expect(app.get("/openapi.json").await, 200).await;
+    let mut tried = 0;
+    for (template, item) in spec["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let Some(content) = operation["requestBody"]["content"].as_object() else { continue };
+            let path = template
+                .replace("{collection}", "shape")
+                .replace("{id}", "d1")
+                .split('/')
+                .map(|segment| if segment.starts_with('{') { "x" } else { segment })
+                .collect::<Vec<_>>()
+                .join("/");
+            let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            for media in content.keys() {
+                for body in ["[]", "[{}]", "[[]]", "[\"x\", 1]"] {
+                    let res = app
+                        .request(method.clone(), &path)
+                        .header("content-type", media)
+                        .body(body)
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = res.status().as_u16();
+                    let problem: Value = res.json().await.unwrap_or_default();
+                    assert_eq!(status, 422, "{method} {path} ({media}) with {body}: {problem}");
+                    tried += 1;
+                }
+            }
+        }
+    }
+    assert!(tried >= 32, "only {tried} requests: were the operations found?");
+    // Nested records in the place of an object, on the paths with them.
+    for (path, body) in [
+        ("/v1/transactions", json!({"actions": [["insert", "shape", "t1", {}]]})),
+        (
+            "/v1/transactions",
+            json!({"actions": [{"op": "insert", "collection": "shape", "id": "t1", "data": {}}], "hooks": [["https://example.com/"]]}),
+        ),
+    ] {
+        expect_problem(app.post(path, &body).await, 422, "validation_failed").await;
+    }
+    // Nothing was written by any of them.
+    let doc = expect(app.get("/v1/collections/shape/documents/d1").await, 200).await;
+    assert_eq!((doc["version"].clone(), doc["data"].clone()), (json!(1), json!({"n": 1})));
+    expect_problem(app.get("/v1/collections/shape/documents/t1").await, 404, "not_found").await;
+    app.stop().await;
+}
