@@ -78,6 +78,23 @@ async fn until_count(app: &TestApp, coll: &str, n: u64) {
     }
 }
 
+/// Wait until the log holds an event of each (type, document) of `coll`.
+async fn until_logged(app: &TestApp, coll: &str, wanted: &[(&str, &str)]) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (events, _) = all_events(app, 0, &format!("&collections={coll}")).await;
+        let missing: Vec<_> = wanted
+            .iter()
+            .filter(|(kind, id)| !events.iter().any(|e| e["type"] == *kind && e["document"] == *id))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never logged in {coll}: {missing:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// `document.expired` events of `coll` in the log, by document.
 async fn expired_events(app: &TestApp, coll: &str) -> BTreeMap<String, Vec<Value>> {
     let (events, _) = all_events(app, 0, &format!("&collections={coll}&types=document.expired")).await;
@@ -188,8 +205,11 @@ async fn counts_follow_creates_deletes_and_transactions(backend: Backend) {
         {"op": "update", "collection": "items", "id": "i3", "set": {"n": 9}},
     ]});
     expect(app.post("/v1/transactions", &txn).await, 200).await;
-    // Counted once its changes' events are logged (the roll-forward).
-    until_count(&app, "items", 6).await;
+    // Counted once its changes' events are logged (the roll-forward, which
+    // may log them one at a time: the items count is 6 before and after,
+    // so wait for its two events rather than for the count).
+    until_logged(&app, "items", &[("document.created", "t1"), ("document.deleted", "i2")]).await;
+    assert_eq!(count(&app, "items").await, 6);
     until_count(&app, "other", 1).await;
     // A failed transaction changes nothing.
     let txn = json!({"actions": [
