@@ -34,6 +34,14 @@ pub enum Command {
         #[arg(long)]
         output: Option<PathBuf>,
     },
+    /// Ask the gateway serving at the configured address whether it is
+    /// ready: exit 0 when `GET /readyz` answers 200, 1 otherwise (for a
+    /// container's health check, where no curl is installed).
+    Healthcheck {
+        /// How long to wait for the answer, in milliseconds.
+        #[arg(long, default_value_t = 3000)]
+        timeout_ms: u64,
+    },
     /// Work on the embedded store's journal (with the gateway stopped).
     Journal {
         #[command(subcommand)]
@@ -161,6 +169,12 @@ pub struct Settings {
     /// connection idle between requests for as long is closed too.
     #[arg(long, global = true, env = "TXGATE_HEADER_TIMEOUT_MS")]
     pub header_timeout_ms: Option<u64>,
+    /// How long a stop (SIGTERM) waits for requests and webhook attempts
+    /// in flight, in milliseconds, before it closes the connections left
+    /// and abandons the attempts (retried later); the store is then closed
+    /// either way. Keep it under the orchestrator's grace period.
+    #[arg(long, global = true, env = "TXGATE_SHUTDOWN_TIMEOUT_MS")]
+    pub shutdown_timeout_ms: Option<u64>,
     /// Most actions in one transaction.
     #[arg(long, global = true, env = "TXGATE_MAX_ACTIONS")]
     pub max_actions: Option<usize>,
@@ -256,6 +270,8 @@ pub struct Config {
     /// Time to receive a request's headers (and longest idle time of a
     /// kept-alive connection).
     pub header_timeout: Duration,
+    /// Longest wait at a stop for requests and webhook attempts in flight.
+    pub shutdown_timeout: Duration,
     /// Empty: no authentication, loopback only.
     pub api_keys: Vec<ApiKey>,
     pub hook_guard: HookGuard,
@@ -352,6 +368,9 @@ impl Default for Config {
             max_streams: 1000,
             body_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
+            // Docker's default grace period is 10 s: the store's close
+            // needs well under the 2 s left.
+            shutdown_timeout: Duration::from_secs(8),
             api_keys: Vec::new(),
             cors: Cors::None,
             hook_guard: HookGuard::default(),
@@ -399,6 +418,7 @@ impl Settings {
             max_streams: self.max_streams.or(file.max_streams),
             body_timeout_ms: self.body_timeout_ms.or(file.body_timeout_ms),
             header_timeout_ms: self.header_timeout_ms.or(file.header_timeout_ms),
+            shutdown_timeout_ms: self.shutdown_timeout_ms.or(file.shutdown_timeout_ms),
             max_actions: self.max_actions.or(file.max_actions),
             max_hooks: self.max_hooks.or(file.max_hooks),
             api_keys: self.api_keys.or(file.api_keys),
@@ -543,6 +563,7 @@ impl Settings {
             },
             body_timeout: positive("body_timeout_ms", settings.body_timeout_ms, defaults.body_timeout)?,
             header_timeout: positive("header_timeout_ms", settings.header_timeout_ms, defaults.header_timeout)?,
+            shutdown_timeout: positive("shutdown_timeout_ms", settings.shutdown_timeout_ms, defaults.shutdown_timeout)?,
         })
     }
 }

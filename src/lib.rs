@@ -161,6 +161,7 @@ pub async fn run_with_store(
     let clients = hooks::net::Clients::new(Arc::new(config.hook_guard.clone()), config.hooks.timeout)
         .map_err(std::io::Error::other)?;
     let sender = hooks::send::Sender::new(Arc::clone(&app.hooks), config.hooks.clone(), clients);
+    let abandon = sender.abandon();
     let workers = tokio_util::task::TaskTracker::new();
     let stop_workers = CancellationToken::new();
     workers.spawn(txn::recovery::Recovery::new(Arc::clone(&app.engine)).run(stop_workers.clone()));
@@ -172,16 +173,31 @@ pub async fn run_with_store(
     workers.close();
     tracing::info!(addr = %listener.local_addr()?, store = app.engine.store().backend(), "txgate listening");
     let streams = app.stop.clone();
-    let stopping = async move {
-        shutdown.cancelled().await;
-        // Open event streams end at once; the rest drains.
-        streams.cancel();
+    // The stop's deadline, from the moment it is asked for.
+    let deadline = Arc::new(std::sync::OnceLock::new());
+    let drain = config.shutdown_timeout;
+    let stopping = {
+        let deadline = Arc::clone(&deadline);
+        async move {
+            shutdown.cancelled().await;
+            let _ = deadline.set(tokio::time::Instant::now() + drain);
+            // Open event streams end at once; the rest drains.
+            streams.cancel();
+        }
     };
-    http::serve::serve(listener, router, config.header_timeout, stopping).await?;
+    http::serve::serve(listener, router, config.header_timeout, stopping, drain).await?;
     tracing::info!("HTTP server stopped; finishing background work");
-    // Workers finish the step they are in; then request follow-ups finish.
+    // Workers finish the step they are in, and delivery attempts in
+    // flight finish, until the deadline; attempts still waiting on a
+    // receiver then are abandoned (sent again later). Then request
+    // follow-ups finish.
     stop_workers.cancel();
-    workers.wait().await;
+    let deadline = deadline.get().copied().unwrap_or_else(tokio::time::Instant::now);
+    if tokio::time::timeout_at(deadline, workers.wait()).await.is_err() {
+        tracing::warn!("background work still running at the shutdown timeout: abandoning delivery attempts in flight");
+        abandon.cancel();
+        workers.wait().await;
+    }
     app.engine.tasks().close();
     app.engine.tasks().wait().await;
     // Everything written so far durable before the process ends.

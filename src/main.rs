@@ -58,8 +58,10 @@ async fn serve(config: Config) -> Result<(), String> {
     if config.api_keys.is_empty() {
         if !addr.ip().is_loopback() {
             return Err(format!(
-                "refusing to listen on {addr}: no API keys are configured (TXGATE_API_KEYS), \
-                 and without them txgate only listens on loopback addresses"
+                "refusing to listen on {addr}: no API keys are configured, and without them txgate only \
+                 listens on loopback addresses; set TXGATE_API_KEYS to key:scope pairs, for example \
+                 TXGATE_API_KEYS=\"$(openssl rand -hex 16):admin\" (scopes: read, write, admin; \
+                 see the README's configuration table)"
             ));
         }
         tracing::warn!("no API keys configured: serving on loopback only, without authentication");
@@ -114,6 +116,50 @@ fn truncate_journal(config: &Config, at: u64) -> Result<String, String> {
     ))
 }
 
+/// `txgate healthcheck`: `GET /readyz` on the configured address (a
+/// wildcard address is asked on its loopback), over plain HTTP/1.1 with
+/// the standard library, so it needs no runtime and no other tool.
+fn healthcheck(listen: &str, timeout: std::time::Duration) -> Result<(), String> {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+    let mut addrs: Vec<SocketAddr> =
+        listen.to_socket_addrs().map_err(|e| format!("cannot resolve {listen}: {e}"))?.collect();
+    for addr in &mut addrs {
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+    }
+    let addr = addrs.first().ok_or_else(|| format!("{listen} names no address"))?;
+    let mut stream = TcpStream::connect_timeout(addr, timeout).map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .map_err(|e| e.to_string())?;
+    let host = match addr {
+        SocketAddr::V4(v4) => v4.to_string(),
+        SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
+    };
+    let request = format!("GET /readyz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).map_err(|e| format!("cannot ask {addr}: {e}"))?;
+    // The status line is all that is read; the body is bounded anyway.
+    let mut answer = Vec::new();
+    stream.take(64 * 1024).read_to_end(&mut answer).map_err(|e| format!("no answer from {addr}: {e}"))?;
+    let status_line = answer.split(|b| *b == b'\n').next().map(String::from_utf8_lossy).unwrap_or_default();
+    let mut parts = status_line.split_whitespace();
+    match (parts.next(), parts.next()) {
+        (Some(version), Some("200")) if version.starts_with("HTTP/1.") => Ok(()),
+        (Some(version), Some(code)) if version.starts_with("HTTP/") => {
+            let body = String::from_utf8_lossy(&answer);
+            let detail = body.split("\r\n\r\n").nth(1).unwrap_or("").trim();
+            Err(format!("{addr}/readyz answered {code}: {detail}"))
+        }
+        _ => Err(format!("{addr} did not answer HTTP")),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = cli.command.clone().unwrap_or(Command::Serve);
@@ -137,6 +183,15 @@ fn main() -> ExitCode {
             None => {
                 print!("{spec}");
                 ExitCode::SUCCESS
+            }
+        };
+    }
+    if let Command::Healthcheck { timeout_ms } = &command {
+        return match healthcheck(&config.listen, std::time::Duration::from_millis((*timeout_ms).max(1))) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("txgate: not ready: {err}");
+                ExitCode::FAILURE
             }
         };
     }

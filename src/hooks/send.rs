@@ -138,6 +138,9 @@ pub struct Sender {
     /// Attempts in flight per destination, and the deliveries parked while
     /// one is full.
     destinations: std::sync::Mutex<std::collections::HashMap<String, Destination>>,
+    /// Cancelled when a stop can wait no longer: the attempts in flight
+    /// are dropped where they are (see [`Sender::abandon`]).
+    abandon: CancellationToken,
 }
 
 /// One destination's attempts in flight in this instance, and the
@@ -175,11 +178,23 @@ impl Sender {
         let host = std::env::var("HOSTNAME").unwrap_or_default();
         let owner = format!("{}{}{}", host, if host.is_empty() { "" } else { "/" }, uuid::Uuid::now_v7());
         let permits = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
-        Arc::new(Self { hooks, cfg, transport, owner, permits, destinations: Default::default() })
+        let abandon = CancellationToken::new();
+        Arc::new(Self { hooks, cfg, transport, owner, permits, destinations: Default::default(), abandon })
+    }
+
+    /// Cancel it to drop the attempts still in flight after a stop has
+    /// waited long enough (`TXGATE_SHUTDOWN_TIMEOUT_MS`). An attempt
+    /// dropped is as one cut by a crash: its claim runs out and the
+    /// delivery is sent again, by this instance's successor or another,
+    /// with the same `webhook-id` (receivers may get it twice, as after
+    /// any crash).
+    pub fn abandon(&self) -> CancellationToken {
+        self.abandon.clone()
     }
 
     /// Send due deliveries until `shutdown`; then let the attempts in
-    /// flight finish (each is bounded by the attempt timeout).
+    /// flight finish (each is bounded by the attempt timeout), unless
+    /// [`Sender::abandon`] drops them first.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let attempts = TaskTracker::new();
         let mut next_scan = Instant::now();
@@ -217,7 +232,12 @@ impl Sender {
                 let permit = Arc::clone(&self.permits).try_acquire_owned().expect("counted free permits");
                 let sender = Arc::clone(&self);
                 attempts.spawn(async move {
-                    sender.claim_and_send(&id).await;
+                    tokio::select! {
+                        () = sender.claim_and_send(&id) => {}
+                        () = sender.abandon.cancelled() => {
+                            tracing::warn!(delivery.id = %id, "delivery attempt abandoned at shutdown; sent again once its claim runs out");
+                        }
+                    }
                     drop(permit);
                 });
             }

@@ -22,12 +22,15 @@ const MAX_HEAD_BUFFER: usize = 512 * 1024;
 const MAX_HEADER_FIELDS: usize = 1024;
 
 /// Serve `router` on `listener` until `shutdown` completes, then wait for
-/// the open connections to finish their requests.
+/// the open connections to finish their requests, for `drain` at most:
+/// the connections still open then are closed, their requests dropped
+/// unanswered (as a crash would; nothing unacknowledged is promised).
 pub async fn serve(
     listener: TcpListener,
     router: axum::Router,
     header_timeout: Duration,
     shutdown: impl Future<Output = ()>,
+    drain: Duration,
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -37,6 +40,7 @@ pub async fn serve(
         .max_buf_size(MAX_HEAD_BUFFER)
         .max_headers(MAX_HEADER_FIELDS);
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut connections = tokio::task::JoinSet::new();
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -60,14 +64,24 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let service = hyper_util::service::TowerToHyperService::new(router.clone());
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
-        tokio::spawn(async move {
+        connections.spawn(async move {
             if let Err(err) = connection.await {
                 // A timeout or a client that went away: routine.
                 tracing::debug!(error = %err, "connection ended with an error");
             }
         });
+        // Reap the connections that ended.
+        while connections.try_join_next().is_some() {}
     }
     drop(listener);
-    graceful.shutdown().await;
+    if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
+        tracing::warn!(
+            connections = connections.len(),
+            drain_ms = drain.as_millis() as u64,
+            "connections still busy at the shutdown timeout: closed"
+        );
+        connections.abort_all();
+    }
+    while connections.join_next().await.is_some() {}
     Ok(())
 }

@@ -1057,6 +1057,9 @@ fn replay(
     };
     let missing: Vec<_> = read.entries.into_iter().filter(|(lsn, _)| *lsn > applied).collect();
     let Some(&(first, _)) = missing.first() else {
+        // The usual start after a clean stop (the last checkpoint applied
+        // every entry); said, so an operator can tell it from a recovery.
+        tracing::info!(journal = name, applied, "journal: nothing to replay");
         journal.restart(applied + 1).map_err(|e| unavailable(&e))?;
         return Ok(journal);
     };

@@ -27,7 +27,7 @@ async fn embedded_store_survives_power_loss_at_every_write_and_sync() {
 
 /// The offsets of the entries of a format-2 journal's current generation
 /// (its salt, after the magic, version and a reserved word).
-fn entry_offsets(journal: &[u8]) -> Vec<usize> {
+pub fn entry_offsets(journal: &[u8]) -> Vec<usize> {
     assert_eq!(&journal[..8], b"txgjrnl\0");
     let salt = &journal[16..24];
     let mut out = Vec::new();

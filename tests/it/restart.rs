@@ -179,3 +179,45 @@ async fn embedded_events_seen_before_kill_9_keep_their_positions() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// A stop waits for requests and webhook attempts in flight no longer
+/// than `TXGATE_SHUTDOWN_TIMEOUT_MS`: a receiver that hangs and a client
+/// that never finishes its body do not hold it past an orchestrator's
+/// grace period. The store is still closed cleanly, and the abandoned
+/// delivery is sent again by the next start once its claim runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_a_stop_waits_no_longer_than_its_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let receiver = TestReceiver::start().await;
+    receiver.delay(Duration::from_secs(60));
+    let env = [("TXGATE_SHUTDOWN_TIMEOUT_MS", "1500"), ("TXGATE_HOOK_TIMEOUT_MS", "6000")];
+    let (mut child, base) = start_with(dir.path(), &env);
+    let txn = json!({
+        "actions": [{"op": "insert", "collection": "orders", "id": "o1", "data": {}}],
+        "hooks": [{"url": receiver.url("/hook")}],
+    });
+    let res = client.post(format!("{base}/v1/transactions")).json(&txn).send().await.unwrap();
+    assert_eq!(res.status(), 200);
+    // A request whose body never comes (the body timeout is 10 s).
+    let mut slow = tokio::net::TcpStream::connect(base.trim_start_matches("http://")).await.unwrap();
+    let head = "POST /v1/collections/orders/documents HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"_id\":";
+    slow.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    crate::upgrade::stop(&mut child);
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(1500 + 1500), "the stop took {took:?}");
+    assert!(took >= Duration::from_millis(1000), "the stop waited for what was in flight: {took:?}");
+    // Closed cleanly: nothing to replay.
+    let journal = dir.path().join("txgate.journal");
+    assert_eq!(crate::power::entry_offsets(&std::fs::read(&journal).unwrap()), Vec::<usize>::new());
+    // The delivery is sent again once its claim (6 s + 5 s) runs out.
+    receiver.delay(Duration::ZERO);
+    let (mut child, _) = start_with(dir.path(), &env);
+    let got = receiver.next(Duration::from_secs(30)).await;
+    assert_eq!(got.path, "/hook");
+    assert!(got.json().to_string().contains("\"o1\""), "{}", got.json());
+    crate::upgrade::stop(&mut child);
+}
