@@ -52,7 +52,7 @@ pub async fn open_store(cfg: &StoreConfig, timeout: std::time::Duration) -> Resu
             Arc::new(store::mongo::MongoStore::connect(uri, database, timeout).await?)
         }
     };
-    Ok(Arc::new(store::templates::Templates::new(raw, migrate::templates())))
+    Ok(Arc::new(store::templates::Templates::over(raw, migrate::templates())))
 }
 
 /// Everything a running gateway is made of.
@@ -151,7 +151,7 @@ pub async fn run_with_store(
     // gives 503s, never a hang, and no lock is held past it.
     let metrics = Arc::new(Metrics::default());
     let store: DynStore =
-        Arc::new(store::deadline::Deadline::new(store, config.txn.store_timeout, Arc::clone(&metrics)));
+        Arc::new(store::deadline::Deadline::over(store, config.txn.store_timeout, Arc::clone(&metrics)));
     let applied = migrate::run(store.as_ref()).await?;
     if !applied.is_empty() {
         tracing::info!(count = applied.len(), "migrations applied");

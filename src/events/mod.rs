@@ -223,7 +223,7 @@ impl Log {
     pub fn new(store: DynStore, cfg: EventsConfig) -> (Arc<Self>, DynStore) {
         let appended = watch::Sender::new(0);
         let written = Arc::default();
-        let tapped: DynStore = Arc::new(tap::Tap::new(store, appended.clone(), Arc::clone(&written)));
+        let tapped: DynStore = Arc::new(tap::Tap::over(store, appended.clone(), Arc::clone(&written)));
         let log = Self {
             store: Arc::clone(&tapped),
             cfg,

@@ -9,97 +9,45 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-
-use super::{Durability, DynStore, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
+use super::layer::{Layer, Layered, Op};
+use super::{DynStore, StoreError, StoreResult};
 use crate::metrics::Metrics;
 
+/// The layer that bounds and times every bounded operation.
 pub struct Deadline {
-    inner: DynStore,
     timeout: Duration,
     metrics: Arc<Metrics>,
 }
 
 impl Deadline {
-    pub fn new(inner: DynStore, timeout: Duration, metrics: Arc<Metrics>) -> Self {
-        Self { inner, timeout, metrics }
-    }
-
-    async fn within<T>(&self, op: &str, fut: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
-        let started = Instant::now();
-        let result = match tokio::time::timeout(self.timeout, fut).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "the store did not answer {op} within {} ms",
-                self.timeout.as_millis()
-            ))),
-        };
-        self.metrics.observe("txgate_store_operation_duration_seconds", &[op], started.elapsed());
-        if result.is_err() {
-            self.metrics.count("txgate_store_errors_total", &[op], 1);
-        }
-        result
+    /// A deadline of `timeout` on the operations of `inner`.
+    pub fn over(inner: DynStore, timeout: Duration, metrics: Arc<Metrics>) -> Layered<Self> {
+        Layered::new(inner, Self { timeout, metrics })
     }
 }
 
-#[async_trait]
-impl Store for Deadline {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    async fn ping(&self) -> StoreResult<()> {
-        self.within("ping", self.inner.ping()).await
-    }
-    async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
-        self.within("get", self.inner.get(coll, id)).await
-    }
-    async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
-        self.within(write.kind(), self.inner.write(coll, write, durability)).await
-    }
-    async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
-        self.within("write_in_order", self.inner.write_in_order(writes, durability)).await
-    }
-    async fn append_all(&self, coll: &str, records: Vec<Record>) -> StoreResult<Vec<bool>> {
-        self.within("append_all", self.inner.append_all(coll, records)).await
-    }
-    fn chains_cheaply(&self) -> bool {
-        self.inner.chains_cheaply()
-    }
-    fn syncs(&self) -> Option<u64> {
-        self.inner.syncs()
-    }
-    fn unreadable(&self) -> u64 {
-        self.inner.unreadable()
-    }
-    /// Not bounded: a sync at shutdown takes what the disk takes.
-    async fn sync(&self) -> StoreResult<()> {
-        self.inner.sync().await
-    }
-    async fn close(&self) -> StoreResult<()> {
-        self.inner.close().await
-    }
-    async fn backup(&self, dest: &std::path::Path) -> StoreResult<Option<super::BackupInfo>> {
-        self.inner.backup(dest).await
-    }
-    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
-        self.within("scan", self.inner.scan(coll, scan)).await
-    }
-    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
-        self.within("get_many", self.inner.get_many(coll, ids)).await
-    }
-    async fn collections(&self) -> StoreResult<Vec<String>> {
-        self.within("collections", self.inner.collections()).await
-    }
-    /// Not bounded: building an index over existing records takes as long
-    /// as the records take (migrations log their progress).
-    async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
-        self.inner.ensure_index(coll, index).await
-    }
-    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
-        self.within("drop_index", self.inner.drop_index(coll, name)).await
-    }
-    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
-        self.within("indexes", self.inner.indexes(coll)).await
+impl Layer for Deadline {
+    /// A sync, the close, a backup and building an index are not bounded:
+    /// they take what the disk or the records take (migrations log their
+    /// progress).
+    async fn around<T: Send>(&self, op: &Op<'_>, below: impl Future<Output = StoreResult<T>> + Send) -> StoreResult<T> {
+        if !op.bounded {
+            return below.await;
+        }
+        let started = Instant::now();
+        let result = match tokio::time::timeout(self.timeout, below).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "the store did not answer {} within {} ms",
+                op.name,
+                self.timeout.as_millis()
+            ))),
+        };
+        self.metrics.observe("txgate_store_operation_duration_seconds", &[op.name], started.elapsed());
+        if result.is_err() {
+            self.metrics.count("txgate_store_errors_total", &[op.name], 1);
+        }
+        result
     }
 }
 
@@ -107,7 +55,10 @@ impl Store for Deadline {
 mod tests {
     use std::sync::Arc;
 
+    use async_trait::async_trait;
+
     use super::*;
+    use crate::store::{Durability, IndexSpec, Record, Scan, Store, Write};
 
     /// A store whose every call hangs.
     struct Hung;
@@ -152,7 +103,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_hung_call_is_unavailable_at_its_deadline() {
         let metrics = Arc::new(Metrics::default());
-        let store = Deadline::new(Arc::new(Hung), Duration::from_millis(5000), Arc::clone(&metrics));
+        let store = Deadline::over(Arc::new(Hung), Duration::from_millis(5000), Arc::clone(&metrics));
         let started = tokio::time::Instant::now();
         let err = store.get("c", "a").await.unwrap_err();
         assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");

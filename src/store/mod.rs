@@ -14,6 +14,7 @@ pub mod embedded;
 pub mod filter;
 pub mod journal;
 pub mod keys;
+pub mod layer;
 pub mod memory;
 pub mod mongo;
 pub mod powerloss;

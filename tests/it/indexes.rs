@@ -113,7 +113,7 @@ async fn embedded_zombie_among_100k_documents_and_passes_that_decode_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let raw = Arc::new(txgate::store::embedded::EmbeddedStore::open(dir.path()).unwrap());
     let store: DynStore =
-        Arc::new(txgate::store::templates::Templates::new(Arc::clone(&raw) as DynStore, txgate::migrate::templates()));
+        Arc::new(txgate::store::templates::Templates::over(Arc::clone(&raw) as DynStore, txgate::migrate::templates()));
     txgate::migrate::run(store.as_ref()).await.unwrap();
     fill(&store, "many", "d", 100_000, None).await;
     // 5,000 finished transactions and one pending one far from its lease.

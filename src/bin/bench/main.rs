@@ -28,7 +28,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use clap::Parser;
 use txgate::config::StoreConfig;
 
@@ -39,7 +38,8 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use txgate::documents::model::StoredDoc;
 use txgate::documents::rules::Patch;
 use txgate::metrics::Metrics;
-use txgate::store::{Durability, DynStore, IndexSpec, Record, Scan, Store, StoreResult, Update, Write, doc};
+use txgate::store::layer::{Layer, Layered, Op};
+use txgate::store::{Durability, DynStore, StoreResult, Update, doc};
 use txgate::txn::commit::TxnError;
 use txgate::txn::plan::{Action, ActionOp, Plan};
 use txgate::txn::{Engine, TxnConfig};
@@ -178,81 +178,50 @@ struct Args {
     durability_fill: Option<Vec<String>>,
 }
 
-/// Counts store writes (and reads) passing through.
+/// Counts store writes (and reads) passing through, as a layer of the
+/// store stack (so it forwards every operation the gateway uses, chains
+/// and batch appends included).
 struct Counting {
-    inner: DynStore,
     writes: AtomicU64,
     /// Requests that had to be durable before they returned: a synced
     /// write, or a synced chain where the store applies a chain in one
     /// commit (it waits for one sync).
     synced: AtomicU64,
     reads: AtomicU64,
+    /// Whether the store below commits a chain at once.
+    cheap_chains: bool,
 }
 
 impl Counting {
-    fn new(inner: DynStore) -> Self {
-        Self { inner, writes: AtomicU64::new(0), synced: AtomicU64::new(0), reads: AtomicU64::new(0) }
+    fn over(inner: DynStore) -> Layered<Self> {
+        let cheap_chains = inner.chains_cheaply();
+        let counting =
+            Self { writes: AtomicU64::new(0), synced: AtomicU64::new(0), reads: AtomicU64::new(0), cheap_chains };
+        Layered::new(inner, counting)
     }
 }
 
-#[async_trait]
-impl Store for Counting {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    async fn ping(&self) -> StoreResult<()> {
-        self.inner.ping().await
-    }
-    async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.get(coll, id).await
-    }
-    async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        if durability == Durability::Synced {
-            self.synced.fetch_add(1, Ordering::Relaxed);
+impl Layer for Counting {
+    fn around<T: Send>(
+        &self,
+        op: &Op<'_>,
+        below: impl Future<Output = StoreResult<T>> + Send,
+    ) -> impl Future<Output = StoreResult<T>> + Send {
+        match op.name {
+            "get" | "scan" | "get_many" => {
+                self.reads.fetch_add(1, Ordering::Relaxed);
+            }
+            _ if op.writes > 0 => {
+                let n = op.writes as u64;
+                self.writes.fetch_add(n, Ordering::Relaxed);
+                if op.durability == Some(Durability::Synced) {
+                    let chain = op.name == "write_in_order";
+                    self.synced.fetch_add(if chain && !self.cheap_chains { n } else { 1 }, Ordering::Relaxed);
+                }
+            }
+            _ => {}
         }
-        self.inner.write(coll, write, durability).await
-    }
-    async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
-        let n = writes.len() as u64;
-        self.writes.fetch_add(n, Ordering::Relaxed);
-        if durability == Durability::Synced && n > 0 {
-            self.synced.fetch_add(if self.inner.chains_cheaply() { 1 } else { n }, Ordering::Relaxed);
-        }
-        self.inner.write_in_order(writes, durability).await
-    }
-    fn chains_cheaply(&self) -> bool {
-        self.inner.chains_cheaply()
-    }
-    async fn sync(&self) -> StoreResult<()> {
-        self.inner.sync().await
-    }
-    async fn close(&self) -> StoreResult<()> {
-        self.inner.close().await
-    }
-    async fn backup(&self, dest: &std::path::Path) -> StoreResult<Option<txgate::store::BackupInfo>> {
-        self.inner.backup(dest).await
-    }
-    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.scan(coll, scan).await
-    }
-    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.get_many(coll, ids).await
-    }
-    async fn collections(&self) -> StoreResult<Vec<String>> {
-        self.inner.collections().await
-    }
-    async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
-        self.inner.ensure_index(coll, index).await
-    }
-    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
-        self.inner.drop_index(coll, name).await
-    }
-    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
-        self.inner.indexes(coll).await
+        below
     }
 }
 
@@ -464,7 +433,7 @@ async fn main() {
     }
     let raw = txgate::open_store(&config, STORE_TIMEOUT).await.expect("store opens");
     txgate::migrate::run(raw.as_ref()).await.expect("migrations");
-    let counting = Arc::new(Counting::new(Arc::clone(&raw)));
+    let counting = Arc::new(Counting::over(Arc::clone(&raw)));
     let store: DynStore = counting.clone();
     let engine = txgate::engine(Arc::clone(&store), TxnConfig::default(), Arc::new(Metrics::default())).0;
     let clients = args.clients;
@@ -502,8 +471,8 @@ async fn main() {
 
         // Latency: one client, transactions one after the other.
         let mut lat = Vec::new();
-        let writes_before = counting.writes.load(Ordering::Relaxed);
-        let synced_before = counting.synced.load(Ordering::Relaxed);
+        let writes_before = counting.layer().writes.load(Ordering::Relaxed);
+        let synced_before = counting.layer().synced.load(Ordering::Relaxed);
         let until = Instant::now() + Duration::from_secs_f64(args.seconds);
         let mut round = 0;
         while Instant::now() < until {
@@ -516,8 +485,8 @@ async fn main() {
         }
         // Let the background roll-forwards finish before counting writes.
         wait_idle(&engine).await;
-        let writes = (counting.writes.load(Ordering::Relaxed) - writes_before) as f64 / lat.len() as f64;
-        let synced = (counting.synced.load(Ordering::Relaxed) - synced_before) as f64 / lat.len() as f64;
+        let writes = (counting.layer().writes.load(Ordering::Relaxed) - writes_before) as f64 / lat.len() as f64;
+        let synced = (counting.layer().synced.load(Ordering::Relaxed) - synced_before) as f64 / lat.len() as f64;
         lat.sort();
 
         // The critical path alone: each transaction starts once the

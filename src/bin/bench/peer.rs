@@ -34,7 +34,7 @@ const POOL: usize = 2000;
 
 struct Served {
     gateway: super::scale::Gateway,
-    counting: Arc<Counting>,
+    counting: Arc<txgate::store::layer::Layered<Counting>>,
     embedded: Arc<EmbeddedStore>,
 }
 
@@ -44,9 +44,9 @@ async fn serve(store: StoreConfig) -> Served {
     };
     let embedded =
         Arc::new(EmbeddedStore::open_with(data_dir, cache_mb << 20, *sync_interval).expect("the store opens"));
-    let raw: DynStore = Arc::new(Templates::new(Arc::clone(&embedded) as DynStore, txgate::migrate::templates()));
+    let raw: DynStore = Arc::new(Templates::over(Arc::clone(&embedded) as DynStore, txgate::migrate::templates()));
     let config = Config { store, ..Config::default() };
-    let counting = Arc::new(Counting::new(raw));
+    let counting = Arc::new(Counting::over(raw));
     let gateway = super::scale::Gateway::start_with(config, Arc::clone(&counting) as DynStore).await;
     Served { gateway, counting, embedded }
 }

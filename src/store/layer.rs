@@ -1,0 +1,222 @@
+//! The store stack's forwarding, written once. A layer of the stack (index
+//! templates, deadlines, the event log's tap, a bench's counters) says
+//! only what it changes, through [`Layer`]; [`Layered`] makes it a
+//! [`Store`] over the store below, forwarding everything else, so that no
+//! layer can forget an operation.
+
+use std::future::Future;
+use std::path::Path;
+
+use async_trait::async_trait;
+
+use super::{BackupInfo, Durability, DynStore, IndexSpec, Record, Scan, Store, StoreResult, Write};
+
+/// One store operation, as a layer sees it on its way down.
+#[derive(Clone, Copy, Debug)]
+pub struct Op<'a> {
+    /// `get`, `scan`, a write's kind (`insert`, `update`, ...),
+    /// `write_in_order`, `append_all`, `sync`, ...
+    pub name: &'static str,
+    /// The collection, where the operation has one (the first write's, for
+    /// a chain).
+    pub coll: &'a str,
+    /// Writes it carries (a chain's length, a batch's records).
+    pub writes: usize,
+    /// For writes: whether they must be durable before the answer.
+    pub durability: Option<Durability>,
+    /// Whether it is bounded by a request's time: `false` for a sync, the
+    /// close, a backup and building an index, which take what the disk or
+    /// the records take.
+    pub bounded: bool,
+}
+
+impl<'a> Op<'a> {
+    fn read(name: &'static str, coll: &'a str) -> Self {
+        Self { name, coll, writes: 0, durability: None, bounded: true }
+    }
+
+    fn unbounded(name: &'static str, coll: &'a str) -> Self {
+        Self { name, coll, writes: 0, durability: None, bounded: false }
+    }
+}
+
+/// What one layer of the store stack changes; every method has a default
+/// that changes nothing.
+pub trait Layer: Send + Sync + 'static {
+    /// Run `below` (the operation on the store below): time it, bound it,
+    /// count it, fail it.
+    fn around<T: Send>(
+        &self,
+        op: &Op<'_>,
+        below: impl Future<Output = StoreResult<T>> + Send,
+    ) -> impl Future<Output = StoreResult<T>> + Send {
+        let _ = op;
+        below
+    }
+
+    /// Before a write of `kind` to `coll` goes down (each write of a chain
+    /// and each batch of appends included), with the store below at hand.
+    fn before_write(
+        &self,
+        below: &dyn Store,
+        coll: &str,
+        kind: &'static str,
+    ) -> impl Future<Output = StoreResult<()>> + Send {
+        let _ = (below, coll, kind);
+        async { Ok(()) }
+    }
+
+    /// After writes landed: the collection and kind of each one applied
+    /// (one per appended record of a batch).
+    fn after_write(&self, landed: &[(&str, &'static str)]) {
+        let _ = landed;
+    }
+
+    /// Whether chains ([`Store::write_in_order`]) and batches of appends
+    /// ([`Store::append_all`]) go down write by write, each through this
+    /// layer on its own (a fault injector's points), rather than whole.
+    fn splits_chains(&self) -> bool {
+        false
+    }
+}
+
+/// `layer` over the store `inner`.
+pub struct Layered<L> {
+    inner: DynStore,
+    layer: L,
+}
+
+impl<L: Layer> Layered<L> {
+    pub fn new(inner: DynStore, layer: L) -> Self {
+        Self { inner, layer }
+    }
+
+    pub fn layer(&self) -> &L {
+        &self.layer
+    }
+
+    /// The store below this layer.
+    pub fn inner(&self) -> &DynStore {
+        &self.inner
+    }
+}
+
+#[async_trait]
+impl<L: Layer> Store for Layered<L> {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.layer.around(&Op::read("ping", ""), self.inner.ping()).await
+    }
+
+    async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
+        self.layer.around(&Op::read("get", coll), self.inner.get(coll, id)).await
+    }
+
+    async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
+        let kind = write.kind();
+        self.layer.before_write(self.inner.as_ref(), coll, kind).await?;
+        let op = Op { name: kind, coll, writes: 1, durability: Some(durability), bounded: true };
+        let done = self.layer.around(&op, self.inner.write(coll, write, durability)).await?;
+        if done {
+            self.layer.after_write(&[(coll, kind)]);
+        }
+        Ok(done)
+    }
+
+    async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
+        if self.layer.splits_chains() {
+            let mut applied = 0;
+            for (coll, write) in writes {
+                if !self.write(coll, write, durability).await? {
+                    break;
+                }
+                applied += 1;
+            }
+            return Ok(applied);
+        }
+        let kinds: Vec<(&str, &'static str)> = writes.iter().map(|(coll, write)| (*coll, write.kind())).collect();
+        for (coll, kind) in &kinds {
+            self.layer.before_write(self.inner.as_ref(), coll, kind).await?;
+        }
+        let coll = kinds.first().map_or("", |(coll, _)| *coll);
+        let op = Op { name: "write_in_order", coll, writes: kinds.len(), durability: Some(durability), bounded: true };
+        let applied = self.layer.around(&op, self.inner.write_in_order(writes, durability)).await?;
+        self.layer.after_write(&kinds[..applied.min(kinds.len())]);
+        Ok(applied)
+    }
+
+    fn chains_cheaply(&self) -> bool {
+        self.inner.chains_cheaply()
+    }
+
+    async fn append_all(&self, coll: &str, records: Vec<Record>) -> StoreResult<Vec<bool>> {
+        if self.layer.splits_chains() {
+            let mut out = Vec::with_capacity(records.len());
+            for record in records {
+                out.push(self.write(coll, Write::Append(record), Durability::Unsynced).await?);
+            }
+            return Ok(out);
+        }
+        self.layer.before_write(self.inner.as_ref(), coll, "append").await?;
+        let op = Op {
+            name: "append_all",
+            coll,
+            writes: records.len(),
+            durability: Some(Durability::Unsynced),
+            bounded: true,
+        };
+        let appended = self.layer.around(&op, self.inner.append_all(coll, records)).await?;
+        let landed: Vec<(&str, &'static str)> = appended.iter().filter(|a| **a).map(|_| (coll, "append")).collect();
+        if !landed.is_empty() {
+            self.layer.after_write(&landed);
+        }
+        Ok(appended)
+    }
+
+    async fn sync(&self) -> StoreResult<()> {
+        self.layer.around(&Op::unbounded("sync", ""), self.inner.sync()).await
+    }
+
+    async fn close(&self) -> StoreResult<()> {
+        self.layer.around(&Op::unbounded("close", ""), self.inner.close()).await
+    }
+
+    async fn backup(&self, dest: &Path) -> StoreResult<Option<BackupInfo>> {
+        self.layer.around(&Op::unbounded("backup", ""), self.inner.backup(dest)).await
+    }
+
+    fn syncs(&self) -> Option<u64> {
+        self.inner.syncs()
+    }
+
+    fn unreadable(&self) -> u64 {
+        self.inner.unreadable()
+    }
+
+    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+        self.layer.around(&Op::read("scan", coll), self.inner.scan(coll, scan)).await
+    }
+
+    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
+        self.layer.around(&Op::read("get_many", coll), self.inner.get_many(coll, ids)).await
+    }
+
+    async fn collections(&self) -> StoreResult<Vec<String>> {
+        self.layer.around(&Op::read("collections", ""), self.inner.collections()).await
+    }
+
+    async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
+        self.layer.around(&Op::unbounded("ensure_index", coll), self.inner.ensure_index(coll, index)).await
+    }
+
+    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
+        self.layer.around(&Op::read("drop_index", coll), self.inner.drop_index(coll, name)).await
+    }
+
+    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
+        self.layer.around(&Op::read("indexes", coll), self.inner.indexes(coll)).await
+    }
+}
