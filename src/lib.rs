@@ -39,10 +39,9 @@ pub enum RunError {
     Io(#[from] std::io::Error),
 }
 
-/// Open the store the configuration names, with the index templates of
-/// user collections (see [`store::templates`]). The mongodb backend uses
-/// `timeout` to bound how long one write may hold its record's write
-/// stripe; [`run_with_store`] bounds every operation by it.
+/// Open the backend the configuration names, as it is: the gateway puts
+/// its layers over it with [`stack`]. The mongodb backend uses `timeout`
+/// to bound how long one write may hold its record's write stripe.
 pub async fn open_store(cfg: &StoreConfig, timeout: std::time::Duration) -> Result<DynStore, StoreError> {
     let raw: DynStore = match cfg {
         StoreConfig::Embedded { data_dir, cache_mb, sync_interval } => Arc::new(
@@ -52,7 +51,26 @@ pub async fn open_store(cfg: &StoreConfig, timeout: std::time::Duration) -> Resu
             Arc::new(store::mongo::MongoStore::connect(uri, database, timeout).await?)
         }
     };
-    Ok(Arc::new(store::templates::Templates::over(raw, migrate::templates())))
+    Ok(raw)
+}
+
+/// The store stack, built here and only here, bottom to top over the
+/// backend `raw`:
+///
+/// 1. index templates: a user collection gets the indexes the migrations
+///    declare for `*` before its first write lands ([`store::templates`]);
+/// 2. a deadline of `timeout` on every bounded operation, each timed into
+///    `metrics` ([`store::deadline`]): a store that stops answering gives
+///    503s, never a hang, and no lock is held past it;
+/// 3. the event log's tap: an append that landed wakes this process's
+///    event streams at once ([`events::tap`]).
+///
+/// Returns the stack and its tap, for the event log.
+pub fn stack(raw: DynStore, timeout: std::time::Duration, metrics: &Arc<Metrics>) -> (DynStore, events::Tap) {
+    let templated: DynStore = Arc::new(store::templates::Templates::over(raw, migrate::templates()));
+    let bounded: DynStore = Arc::new(store::deadline::Deadline::over(templated, timeout, Arc::clone(metrics)));
+    let tap = events::Tap::default();
+    (Arc::new(tap.over(bounded)), tap)
 }
 
 /// Everything a running gateway is made of.
@@ -78,8 +96,9 @@ pub fn engine(store: DynStore, cfg: TxnConfig, metrics: Arc<Metrics>) -> (Arc<En
 }
 
 impl App {
-    /// The gateway's parts on `store`, recording into `metrics`.
-    pub fn new(config: &Config, store: DynStore, metrics: Arc<Metrics>) -> Self {
+    /// The gateway's parts on `store`, the [`stack`] with `tap` in it,
+    /// recording into `metrics`.
+    pub fn new(config: &Config, store: DynStore, tap: events::Tap, metrics: Arc<Metrics>) -> Self {
         if store.syncs().is_some() {
             let store = Arc::clone(&store);
             metrics.sampled("txgate_store_syncs_total", "Durable syncs (fsyncs) of the embedded store", move || {
@@ -96,7 +115,7 @@ impl App {
         }
         let mut events_cfg = config.events.clone();
         events_cfg.clock = config.txn.clock.clone();
-        let (events, store) = events::Log::new(store, events_cfg);
+        let events = events::Log::new(Arc::clone(&store), tap, events_cfg);
         let log = Arc::clone(&events);
         metrics.sampled("txgate_events_written_total", "Change events this instance appended to the log", move || {
             log.appended()
@@ -139,24 +158,22 @@ impl App {
     }
 }
 
-/// Serve on `listener` with `store` until `shutdown` is cancelled, then
-/// finish in-flight requests and background steps and return.
+/// Serve on `listener` with the backend `store` (under its [`stack`])
+/// until `shutdown` is cancelled, then finish in-flight requests and
+/// background steps and return.
 pub async fn run_with_store(
     config: Config,
     store: DynStore,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
-    // No store call outlives its deadline: a store that stops answering
-    // gives 503s, never a hang, and no lock is held past it.
     let metrics = Arc::new(Metrics::default());
-    let store: DynStore =
-        Arc::new(store::deadline::Deadline::over(store, config.txn.store_timeout, Arc::clone(&metrics)));
+    let (store, tap) = stack(store, config.txn.store_timeout, &metrics);
     let applied = migrate::run(store.as_ref()).await?;
     if !applied.is_empty() {
         tracing::info!(count = applied.len(), "migrations applied");
     }
-    let app = App::new(&config, store, metrics);
+    let app = App::new(&config, store, tap, metrics);
     let router = app.router(&config);
     let clients = hooks::net::Clients::new(Arc::new(config.hook_guard.clone()), config.hooks.timeout)
         .map_err(std::io::Error::other)?;

@@ -312,7 +312,9 @@ mod tests {
     /// `instances` fold states sharing it (as gateways do).
     fn setup(instances: usize) -> (DynStore, Vec<Arc<Collections>>) {
         let store: DynStore = Arc::new(MemoryStore::default());
-        let (log, tapped) = Log::new(store, EventsConfig::default());
+        let tap = crate::events::Tap::default();
+        let tapped: DynStore = Arc::new(tap.over(store));
+        let log = Log::new(Arc::clone(&tapped), tap, EventsConfig::default());
         let folds =
             (0..instances).map(|_| Collections::new(Arc::clone(&tapped), Arc::clone(&log), Clock::System)).collect();
         (tapped, folds)

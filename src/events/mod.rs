@@ -19,6 +19,8 @@
 pub mod model;
 pub mod tap;
 
+pub use tap::Tap;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -207,9 +209,8 @@ impl Recent {
 pub struct Log {
     store: DynStore,
     cfg: EventsConfig,
-    appended: watch::Sender<u64>,
-    /// Events appended by this process.
-    written: Arc<std::sync::atomic::AtomicU64>,
+    /// Wakes this log's readers when this process appends.
+    tap: Tap,
     recent: std::sync::Mutex<Recent>,
     /// Held by the reader filling [`Recent`] from the store.
     filling: tokio::sync::Mutex<()>,
@@ -218,22 +219,18 @@ pub struct Log {
 }
 
 impl Log {
-    /// The log of `store`, and the store to write through so that this
-    /// log's readers wake when an append lands.
-    pub fn new(store: DynStore, cfg: EventsConfig) -> (Arc<Self>, DynStore) {
-        let appended = watch::Sender::new(0);
-        let written = Arc::default();
-        let tapped: DynStore = Arc::new(tap::Tap::over(store, appended.clone(), Arc::clone(&written)));
-        let log = Self {
-            store: Arc::clone(&tapped),
+    /// The log of `store`, whose readers `tap` wakes: `store` is the
+    /// stack with `tap` in it (see `txgate::stack`), or, for a reader
+    /// that polls, any store and a tap of its own.
+    pub fn new(store: DynStore, tap: Tap, cfg: EventsConfig) -> Arc<Self> {
+        Arc::new(Self {
+            store,
             cfg,
-            appended,
-            written,
+            tap,
             recent: std::sync::Mutex::default(),
             filling: tokio::sync::Mutex::new(()),
             floor_seen: std::sync::atomic::AtomicU64::new(0),
-        };
-        (Arc::new(log), tapped)
+        })
     }
 
     pub fn config(&self) -> &EventsConfig {
@@ -242,12 +239,12 @@ impl Log {
 
     /// A receiver that changes whenever this process appended to the log.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.appended.subscribe()
+        self.tap.subscribe()
     }
 
     /// Events this process appended to the log so far.
     pub fn appended(&self) -> u64 {
-        self.written.load(std::sync::atomic::Ordering::Relaxed)
+        self.tap.written()
     }
 
     /// The last position purged; a cursor before it is expired.

@@ -12,16 +12,36 @@ use crate::store::layer::{Layer, Layered};
 
 use super::EVENTS;
 
-/// The layer that wakes this process's log readers.
+/// The layer that wakes this process's log readers; its clones share one
+/// channel, so the log ([`super::Log`]) holds one and the store stack
+/// another.
+#[derive(Clone)]
 pub struct Tap {
     appended: watch::Sender<u64>,
     /// Events appended through this layer (`txgate_events_written_total`).
     written: Arc<AtomicU64>,
 }
 
+impl Default for Tap {
+    fn default() -> Self {
+        Self { appended: watch::Sender::new(0), written: Arc::default() }
+    }
+}
+
 impl Tap {
-    pub fn over(inner: DynStore, appended: watch::Sender<u64>, written: Arc<AtomicU64>) -> Layered<Self> {
-        Layered::new(inner, Self { appended, written })
+    /// This tap over the store `inner`.
+    pub fn over(&self, inner: DynStore) -> Layered<Self> {
+        Layered::new(inner, self.clone())
+    }
+
+    /// A receiver that changes whenever an append landed through the tap.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.appended.subscribe()
+    }
+
+    /// Events appended through the tap so far.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
     }
 }
 

@@ -136,7 +136,7 @@ async fn reopen(config: &StoreConfig) -> txgate::store::DynStore {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match txgate::open_store(config, STORE_TIMEOUT).await {
-            Ok(store) => return store,
+            Ok(store) => return crate::support::templated(store),
             Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
             Err(err) => panic!("the backup does not open as a data directory: {err}"),
         }

@@ -437,7 +437,11 @@ async fn event_cursors_beyond_the_head_are_refused_and_filtered_pages_are_bounde
             .collect();
         expect(app.post("/v1/transactions", &json!({"actions": actions})).await, 200).await;
     }
-    let (log, _) = txgate::events::Log::new(std::sync::Arc::clone(&app.store), app.config.events.clone());
+    let log = txgate::events::Log::new(
+        std::sync::Arc::clone(&app.store),
+        txgate::events::Tap::default(),
+        app.config.events.clone(),
+    );
     let head = log.head().await.unwrap();
     assert!(head > 11_000, "{head}");
     for query in [format!("after={}", head + 1), "after=999999999".to_owned()] {

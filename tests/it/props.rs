@@ -246,7 +246,11 @@ async fn random_writes_never_fail_the_gateway_and_refusals_write_nothing(backend
     let shared = std::sync::Arc::clone(&app);
     let budget = Instant::now() + Duration::from_secs(240);
     let result = tokio::task::spawn_blocking(move || {
-        let (log, _) = txgate::events::Log::new(std::sync::Arc::clone(&shared.store), shared.config.events.clone());
+        let log = txgate::events::Log::new(
+            std::sync::Arc::clone(&shared.store),
+            txgate::events::Tap::default(),
+            shared.config.events.clone(),
+        );
         runner
             .run(&case(), |case| {
                 if Instant::now() > budget {

@@ -429,7 +429,7 @@ async fn reopen(config: &txgate::config::StoreConfig) -> txgate::store::DynStore
     // The writer thread lets go of the file shortly after its last handle.
     for _ in 0..100 {
         if let Ok(store) = txgate::open_store(config, std::time::Duration::from_secs(5)).await {
-            return store;
+            return crate::support::templated(store);
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }

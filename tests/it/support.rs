@@ -62,17 +62,23 @@ impl TestStore {
                     sync_interval: txgate::config::DEFAULT_SYNC_INTERVAL,
                 };
                 let store = txgate::open_store(&config, STORE_TIMEOUT).await.expect("embedded store opens");
-                Some(Self { store, config, _dir: Some(dir) })
+                Some(Self { store: templated(store), config, _dir: Some(dir) })
             }
             Backend::Mongodb => {
                 let uri = mongodb_uri()?;
                 let database = format!("it_{}", uuid::Uuid::now_v7().simple());
                 let config = StoreConfig::Mongodb { uri, database };
                 let store = txgate::open_store(&config, STORE_TIMEOUT).await.expect("mongodb store opens");
-                Some(Self { store, config, _dir: None })
+                Some(Self { store: templated(store), config, _dir: None })
             }
         }
     }
+}
+
+/// `store` with the index templates of user collections, so that what a
+/// test writes straight to it is indexed as the gateway's writes are.
+pub fn templated(store: DynStore) -> DynStore {
+    Arc::new(txgate::store::templates::Templates::over(store, txgate::migrate::templates()))
 }
 
 pub fn test_config(store: StoreConfig) -> Config {
@@ -484,7 +490,8 @@ pub async fn events_page(app: &TestApp, query: &str) -> Value {
 /// stops before a position another helper took and has not filled yet
 /// (it becomes a void entry), so an empty page alone does not mean the end.
 pub async fn all_events(app: &TestApp, after: u64, extra: &str) -> (Vec<Value>, u64) {
-    let (log, _) = txgate::events::Log::new(Arc::clone(&app.store), app.config.events.clone());
+    let log =
+        txgate::events::Log::new(Arc::clone(&app.store), txgate::events::Tap::default(), app.config.events.clone());
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut next = after;
     let mut out = Vec::new();

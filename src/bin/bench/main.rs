@@ -432,10 +432,12 @@ async fn main() {
         return;
     }
     let raw = txgate::open_store(&config, STORE_TIMEOUT).await.expect("store opens");
-    txgate::migrate::run(raw.as_ref()).await.expect("migrations");
+    // Counted where the backend is reached, under the gateway's own stack.
     let counting = Arc::new(Counting::over(Arc::clone(&raw)));
-    let store: DynStore = counting.clone();
-    let engine = txgate::engine(Arc::clone(&store), TxnConfig::default(), Arc::new(Metrics::default())).0;
+    let metrics = Arc::new(Metrics::default());
+    let (store, _tap) = txgate::stack(counting.clone(), STORE_TIMEOUT, &metrics);
+    txgate::migrate::run(store.as_ref()).await.expect("migrations");
+    let engine = txgate::engine(Arc::clone(&store), TxnConfig::default(), metrics).0;
     let clients = args.clients;
     println!(
         "txgate bench: {label} store, {} s per run, {clients} clients, {} contended accounts",

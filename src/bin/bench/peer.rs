@@ -20,7 +20,6 @@ use rand::Rng;
 use serde_json::{Value, json};
 use txgate::config::{Config, StoreConfig};
 use txgate::store::embedded::EmbeddedStore;
-use txgate::store::templates::Templates;
 use txgate::store::{Durability, DynStore, Update, Write, doc};
 
 use super::{Counting, ms, percentile};
@@ -44,7 +43,8 @@ async fn serve(store: StoreConfig) -> Served {
     };
     let embedded =
         Arc::new(EmbeddedStore::open_with(data_dir, cache_mb << 20, *sync_interval).expect("the store opens"));
-    let raw: DynStore = Arc::new(Templates::over(Arc::clone(&embedded) as DynStore, txgate::migrate::templates()));
+    // The gateway puts its stack (templates included) over the counter.
+    let raw: DynStore = Arc::clone(&embedded) as DynStore;
     let config = Config { store, ..Config::default() };
     let counting = Arc::new(Counting::over(raw));
     let gateway = super::scale::Gateway::start_with(config, Arc::clone(&counting) as DynStore).await;
