@@ -22,6 +22,8 @@ pub struct Op<'a> {
     pub coll: &'a str,
     /// Writes it carries (a chain's length, a batch's records).
     pub writes: usize,
+    /// How many of them are appends to a log ([`Write::Append`]).
+    pub appends: usize,
     /// For writes: whether they must be durable before the answer.
     pub durability: Option<Durability>,
     /// Whether it is bounded by a request's time: `false` for a sync, the
@@ -32,11 +34,11 @@ pub struct Op<'a> {
 
 impl<'a> Op<'a> {
     fn read(name: &'static str, coll: &'a str) -> Self {
-        Self { name, coll, writes: 0, durability: None, bounded: true }
+        Self { name, coll, writes: 0, appends: 0, durability: None, bounded: true }
     }
 
     fn unbounded(name: &'static str, coll: &'a str) -> Self {
-        Self { name, coll, writes: 0, durability: None, bounded: false }
+        Self { name, coll, writes: 0, appends: 0, durability: None, bounded: false }
     }
 }
 
@@ -118,7 +120,8 @@ impl<L: Layer> Store for Layered<L> {
     async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
         let kind = write.kind();
         self.layer.before_write(self.inner.as_ref(), coll, kind).await?;
-        let op = Op { name: kind, coll, writes: 1, durability: Some(durability), bounded: true };
+        let appends = usize::from(kind == "append");
+        let op = Op { name: kind, coll, writes: 1, appends, durability: Some(durability), bounded: true };
         let done = self.layer.around(&op, self.inner.write(coll, write, durability)).await?;
         if done {
             self.layer.after_write(&[(coll, kind)]);
@@ -142,7 +145,15 @@ impl<L: Layer> Store for Layered<L> {
             self.layer.before_write(self.inner.as_ref(), coll, kind).await?;
         }
         let coll = kinds.first().map_or("", |(coll, _)| *coll);
-        let op = Op { name: "write_in_order", coll, writes: kinds.len(), durability: Some(durability), bounded: true };
+        let appends = kinds.iter().filter(|(_, kind)| *kind == "append").count();
+        let op = Op {
+            name: "write_in_order",
+            coll,
+            writes: kinds.len(),
+            appends,
+            durability: Some(durability),
+            bounded: true,
+        };
         let applied = self.layer.around(&op, self.inner.write_in_order(writes, durability)).await?;
         self.layer.after_write(&kinds[..applied.min(kinds.len())]);
         Ok(applied)
@@ -165,6 +176,7 @@ impl<L: Layer> Store for Layered<L> {
             name: "append_all",
             coll,
             writes: records.len(),
+            appends: records.len(),
             durability: Some(Durability::Unsynced),
             bounded: true,
         };
