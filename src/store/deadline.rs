@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::layer::{Layer, Layered, Op};
-use super::{DynStore, StoreError, StoreResult};
+use super::{DynStore, Store, StoreError, StoreResult};
 use crate::metrics::Metrics;
 
 /// The layer that bounds and times every bounded operation.
@@ -30,12 +30,17 @@ impl Layer for Deadline {
     /// A sync, the close, a backup and building an index are not bounded:
     /// they take what the disk or the records take (migrations log their
     /// progress).
-    async fn around<T: Send>(&self, op: &Op<'_>, below: impl Future<Output = StoreResult<T>> + Send) -> StoreResult<T> {
+    async fn around<T: Send>(
+        &self,
+        _: &dyn Store,
+        op: &Op<'_>,
+        run: impl Future<Output = StoreResult<T>> + Send,
+    ) -> StoreResult<T> {
         if !op.bounded {
-            return below.await;
+            return run.await;
         }
         let started = Instant::now();
-        let result = match tokio::time::timeout(self.timeout, below).await {
+        let result = match tokio::time::timeout(self.timeout, run).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Unavailable(format!(
                 "the store did not answer {} within {} ms",
@@ -58,7 +63,7 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::store::{Durability, IndexSpec, Record, Scan, Store, Write};
+    use crate::store::{Durability, IndexSpec, Record, Scan, Write};
 
     /// A store whose every call hangs.
     struct Hung;

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use async_trait::async_trait;
 
-use super::{BackupInfo, Durability, DynStore, IndexSpec, Record, Scan, Store, StoreResult, Write};
+use super::{BackupInfo, Document, Durability, DynStore, IndexSpec, Record, Scan, Store, StoreResult, Write};
 
 /// One store operation, as a layer sees it on its way down.
 #[derive(Clone, Copy, Debug)]
@@ -30,30 +30,50 @@ pub struct Op<'a> {
     /// close, a backup and building an index, which take what the disk or
     /// the records take.
     pub bounded: bool,
+    /// For a single read or write, the record it is about, where the
+    /// layer asks for it ([`Layer::inspects`]).
+    pub detail: Option<&'a Detail>,
+}
+
+/// The record a single read or write is about, for a layer that decides
+/// by it (a fault injector's rules).
+#[derive(Clone, Debug, Default)]
+pub struct Detail {
+    /// The `_id` read or written.
+    pub id: Option<String>,
+    /// The fields an update sets.
+    pub set: Option<Document>,
 }
 
 impl<'a> Op<'a> {
     fn read(name: &'static str, coll: &'a str) -> Self {
-        Self { name, coll, writes: 0, appends: 0, durability: None, bounded: true }
+        Self { name, coll, writes: 0, appends: 0, durability: None, bounded: true, detail: None }
     }
 
     fn unbounded(name: &'static str, coll: &'a str) -> Self {
-        Self { name, coll, writes: 0, appends: 0, durability: None, bounded: false }
+        Self { name, coll, writes: 0, appends: 0, durability: None, bounded: false, detail: None }
     }
 }
 
 /// What one layer of the store stack changes; every method has a default
 /// that changes nothing.
 pub trait Layer: Send + Sync + 'static {
-    /// Run `below` (the operation on the store below): time it, bound it,
-    /// count it, fail it.
+    /// Run `run` (the operation on `below`, the store below): time it,
+    /// bound it, count it, fail it.
     fn around<T: Send>(
         &self,
+        below: &dyn Store,
         op: &Op<'_>,
-        below: impl Future<Output = StoreResult<T>> + Send,
+        run: impl Future<Output = StoreResult<T>> + Send,
     ) -> impl Future<Output = StoreResult<T>> + Send {
-        let _ = op;
-        below
+        let _ = (below, op);
+        run
+    }
+
+    /// Whether [`Op::detail`] is filled in for single reads and writes (it
+    /// costs a copy of the id and of an update's fields).
+    fn inspects(&self) -> bool {
+        false
     }
 
     /// Before a write of `kind` to `coll` goes down (each write of a chain
@@ -110,19 +130,36 @@ impl<L: Layer> Store for Layered<L> {
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        self.layer.around(&Op::read("ping", ""), self.inner.ping()).await
+        self.layer.around(self.inner.as_ref(), &Op::read("ping", ""), self.inner.ping()).await
     }
 
     async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
-        self.layer.around(&Op::read("get", coll), self.inner.get(coll, id)).await
+        let detail = self.layer.inspects().then(|| Detail { id: Some(id.to_owned()), set: None });
+        let op = Op { detail: detail.as_ref(), ..Op::read("get", coll) };
+        self.layer.around(self.inner.as_ref(), &op, self.inner.get(coll, id)).await
     }
 
     async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
         let kind = write.kind();
         self.layer.before_write(self.inner.as_ref(), coll, kind).await?;
         let appends = usize::from(kind == "append");
-        let op = Op { name: kind, coll, writes: 1, appends, durability: Some(durability), bounded: true };
-        let done = self.layer.around(&op, self.inner.write(coll, write, durability)).await?;
+        let detail = self.layer.inspects().then(|| Detail {
+            id: write.id().map(str::to_owned),
+            set: match &write {
+                Write::Update { update, .. } => Some(update.set.clone()),
+                _ => None,
+            },
+        });
+        let op = Op {
+            name: kind,
+            coll,
+            writes: 1,
+            appends,
+            durability: Some(durability),
+            bounded: true,
+            detail: detail.as_ref(),
+        };
+        let done = self.layer.around(self.inner.as_ref(), &op, self.inner.write(coll, write, durability)).await?;
         if done {
             self.layer.after_write(&[(coll, kind)]);
         }
@@ -153,8 +190,10 @@ impl<L: Layer> Store for Layered<L> {
             appends,
             durability: Some(durability),
             bounded: true,
+            detail: None,
         };
-        let applied = self.layer.around(&op, self.inner.write_in_order(writes, durability)).await?;
+        let applied =
+            self.layer.around(self.inner.as_ref(), &op, self.inner.write_in_order(writes, durability)).await?;
         self.layer.after_write(&kinds[..applied.min(kinds.len())]);
         Ok(applied)
     }
@@ -179,8 +218,9 @@ impl<L: Layer> Store for Layered<L> {
             appends: records.len(),
             durability: Some(Durability::Unsynced),
             bounded: true,
+            detail: None,
         };
-        let appended = self.layer.around(&op, self.inner.append_all(coll, records)).await?;
+        let appended = self.layer.around(self.inner.as_ref(), &op, self.inner.append_all(coll, records)).await?;
         let landed: Vec<(&str, &'static str)> = appended.iter().filter(|a| **a).map(|_| (coll, "append")).collect();
         if !landed.is_empty() {
             self.layer.after_write(&landed);
@@ -189,15 +229,15 @@ impl<L: Layer> Store for Layered<L> {
     }
 
     async fn sync(&self) -> StoreResult<()> {
-        self.layer.around(&Op::unbounded("sync", ""), self.inner.sync()).await
+        self.layer.around(self.inner.as_ref(), &Op::unbounded("sync", ""), self.inner.sync()).await
     }
 
     async fn close(&self) -> StoreResult<()> {
-        self.layer.around(&Op::unbounded("close", ""), self.inner.close()).await
+        self.layer.around(self.inner.as_ref(), &Op::unbounded("close", ""), self.inner.close()).await
     }
 
     async fn backup(&self, dest: &Path) -> StoreResult<Option<BackupInfo>> {
-        self.layer.around(&Op::unbounded("backup", ""), self.inner.backup(dest)).await
+        self.layer.around(self.inner.as_ref(), &Op::unbounded("backup", ""), self.inner.backup(dest)).await
     }
 
     fn syncs(&self) -> Option<u64> {
@@ -209,26 +249,28 @@ impl<L: Layer> Store for Layered<L> {
     }
 
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
-        self.layer.around(&Op::read("scan", coll), self.inner.scan(coll, scan)).await
+        self.layer.around(self.inner.as_ref(), &Op::read("scan", coll), self.inner.scan(coll, scan)).await
     }
 
     async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
-        self.layer.around(&Op::read("get_many", coll), self.inner.get_many(coll, ids)).await
+        self.layer.around(self.inner.as_ref(), &Op::read("get_many", coll), self.inner.get_many(coll, ids)).await
     }
 
     async fn collections(&self) -> StoreResult<Vec<String>> {
-        self.layer.around(&Op::read("collections", ""), self.inner.collections()).await
+        self.layer.around(self.inner.as_ref(), &Op::read("collections", ""), self.inner.collections()).await
     }
 
     async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
-        self.layer.around(&Op::unbounded("ensure_index", coll), self.inner.ensure_index(coll, index)).await
+        self.layer
+            .around(self.inner.as_ref(), &Op::unbounded("ensure_index", coll), self.inner.ensure_index(coll, index))
+            .await
     }
 
     async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
-        self.layer.around(&Op::read("drop_index", coll), self.inner.drop_index(coll, name)).await
+        self.layer.around(self.inner.as_ref(), &Op::read("drop_index", coll), self.inner.drop_index(coll, name)).await
     }
 
     async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
-        self.layer.around(&Op::read("indexes", coll), self.inner.indexes(coll)).await
+        self.layer.around(self.inner.as_ref(), &Op::read("indexes", coll), self.inner.indexes(coll)).await
     }
 }

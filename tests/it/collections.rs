@@ -422,7 +422,7 @@ async fn two_instances_never_expire_more_than_the_policy_says(backend: Backend) 
 /// fold (a collection's count, the shared position): every document still
 /// expires exactly once, with one event, and the count is exact.
 async fn an_expiry_or_a_count_cut_off_at_any_step_is_finished_once(backend: Backend) {
-    use crate::faults::{Act, Op};
+    use crate::faulty::{Act, Op};
     let mut clears_of_e3 = 0;
     let fired: Arc<std::sync::Mutex<BTreeSet<&'static str>>> = Arc::default();
     let faults = Arc::clone(&fired);
@@ -444,7 +444,7 @@ async fn an_expiry_or_a_count_cut_off_at_any_step_is_finished_once(backend: Back
         }
     };
     let tweak = |c: &mut txgate::config::Config| c.ttl_interval = Duration::from_millis(100);
-    let Some(app) = crate::faults::rigged_app(backend, tweak, rule).await else { return };
+    let Some(app) = crate::faulty::rigged_app(backend, tweak, rule).await else { return };
     put_ttl(&app, "ttl", json!({"max_age_seconds": 1})).await;
     let ids: Vec<String> = (1..=5).map(|i| format!("e{i}")).collect();
     for id in &ids {

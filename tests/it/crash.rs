@@ -5,236 +5,24 @@
 //! for the delivery worker: whatever step it dies at, another worker
 //! delivers every committed hook, in order, at least once.
 
-use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use reqwest::Method;
 use serde_json::json;
 use txgate::documents::model::{StoredDoc, View};
 use txgate::documents::rules::Patch;
 use txgate::hooks::DELIVERIES;
 use txgate::metrics::Metrics;
-use txgate::store::{
-    DateTime, Durability, DynStore, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write, doc,
-};
+use txgate::store::{DateTime, DynStore, doc};
 use txgate::txn::commit::TxnError;
 use txgate::txn::plan::{Action, ActionOp, Plan};
 use txgate::txn::record::{Status, TXNS, TxnRecord};
 use txgate::txn::{Engine, TxnConfig};
 
+use crate::faulty::{Fault, faulty};
 use crate::support::{Backend, TestApp, TestReceiver, TestStore, expect, test_config, txn_record};
-
-/// Where and how a fault strikes.
-#[derive(Clone, Copy, Debug)]
-pub enum Fault {
-    None,
-    /// The n-th operation fails without reaching the store.
-    ErrorBefore(usize),
-    /// The n-th operation reaches the store, but the caller sees an error.
-    ErrorAfter(usize),
-    /// The process dies just before the n-th operation.
-    Crash(usize),
-    /// The process dies just after the n-th operation reached the store.
-    CrashAfter(usize),
-    /// The process dies just after the n-th operation, and the store loses
-    /// every write made since its last synced one (the embedded store's
-    /// crash model, DESIGN.md §1).
-    CrashLosingUnsynced(usize),
-}
-
-/// A store that counts operations and injects `fault`. After a crash every
-/// operation hangs forever, as nothing more leaves a dead process.
-pub struct FaultyStore {
-    inner: DynStore,
-    fault: Fault,
-    count: AtomicUsize,
-    pub crashed: AtomicBool,
-    /// What each write since the last synced one replaced, oldest first:
-    /// a crash that loses unsynced writes puts these back.
-    unsynced: std::sync::Mutex<Vec<(String, String, Option<Record>)>>,
-    /// Operations past the gate and not finished.
-    in_flight: AtomicUsize,
-    /// No operation starts any more (a crash is under way).
-    stopping: AtomicBool,
-    /// Orders writes when a crash is to lose the unsynced ones.
-    serial: tokio::sync::Mutex<()>,
-}
-
-/// Counts an operation in flight until it ends, or is dropped.
-struct InFlight<'a>(&'a AtomicUsize);
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl FaultyStore {
-    pub fn new(inner: DynStore, fault: Fault) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
-            fault,
-            count: AtomicUsize::new(0),
-            crashed: AtomicBool::new(false),
-            unsynced: std::sync::Mutex::default(),
-            in_flight: AtomicUsize::new(0),
-            stopping: AtomicBool::new(false),
-            serial: tokio::sync::Mutex::new(()),
-        })
-    }
-
-    /// Undo every write since the last synced one, newest first.
-    async fn lose_unsynced(&self) {
-        let undo = std::mem::take(&mut *self.unsynced.lock().unwrap());
-        for (coll, id, before) in undo.into_iter().rev() {
-            let now = self.inner.get(&coll, &id).await.unwrap();
-            match (now, before) {
-                (Some(_), Some(before)) => assert!(self.inner.replace(&coll, &id, doc! {}, before).await.unwrap()),
-                (Some(_), None) => assert!(self.inner.delete(&coll, &id, doc! {}).await.unwrap()),
-                (None, Some(before)) => assert!(self.inner.insert(&coll, before).await.unwrap()),
-                (None, None) => {}
-            }
-        }
-    }
-
-    /// Resolves once the simulated process has died.
-    pub async fn died(&self) {
-        while !self.crashed.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    }
-
-    pub fn ops(&self) -> usize {
-        self.count.load(Ordering::SeqCst)
-    }
-
-    pub fn triggered(&self) -> bool {
-        let n = match self.fault {
-            Fault::None => return false,
-            Fault::ErrorBefore(n)
-            | Fault::ErrorAfter(n)
-            | Fault::Crash(n)
-            | Fault::CrashAfter(n)
-            | Fault::CrashLosingUnsynced(n) => n,
-        };
-        self.ops() >= n
-    }
-
-    async fn gate<T>(&self, op: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
-        if self.crashed.load(Ordering::SeqCst) || self.stopping.load(Ordering::SeqCst) {
-            return std::future::pending().await;
-        }
-        let n = self.count.fetch_add(1, Ordering::SeqCst) + 1;
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let _counted = InFlight(&self.in_flight);
-        self.gated(n, op).await
-    }
-
-    async fn gated<T>(&self, n: usize, op: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
-        let injected = || StoreError::Unavailable("injected fault".into());
-        match self.fault {
-            Fault::ErrorBefore(k) if k == n => Err(injected()),
-            Fault::ErrorAfter(k) if k == n => {
-                let _ = op.await;
-                Err(injected())
-            }
-            Fault::Crash(k) if k == n => {
-                self.crashed.store(true, Ordering::SeqCst);
-                std::future::pending().await
-            }
-            Fault::CrashAfter(k) if k == n => {
-                let _ = op.await;
-                self.crashed.store(true, Ordering::SeqCst);
-                std::future::pending().await
-            }
-            Fault::CrashLosingUnsynced(k) if k == n => {
-                let _ = op.await;
-                // The moment of the crash: nothing new starts, what was
-                // under way lands, then the unsynced suffix is lost.
-                self.stopping.store(true, Ordering::SeqCst);
-                while self.in_flight.load(Ordering::SeqCst) > 1 {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                self.lose_unsynced().await;
-                self.crashed.store(true, Ordering::SeqCst);
-                std::future::pending().await
-            }
-            _ => op.await,
-        }
-    }
-}
-
-#[async_trait]
-impl Store for FaultyStore {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    async fn ping(&self) -> StoreResult<()> {
-        self.inner.ping().await
-    }
-    async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
-        self.gate(self.inner.get(coll, id)).await
-    }
-    async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
-        if !matches!(self.fault, Fault::CrashLosingUnsynced(_)) {
-            return self.gate(self.inner.write(coll, write, durability)).await;
-        }
-        // Writes one at a time, so that each one's pre-image is exact and
-        // the log holds them in the order they landed.
-        let _serial = self.serial.lock().await;
-        if self.crashed.load(Ordering::SeqCst) || self.stopping.load(Ordering::SeqCst) {
-            return std::future::pending().await;
-        }
-        let logged = match (write.id().map(str::to_owned), durability) {
-            (Some(id), Durability::Unsynced) => {
-                // Logged before it lands: a crash right after it loses it too.
-                let before = self.inner.get(coll, &id).await?;
-                self.unsynced.lock().unwrap().push((coll.to_owned(), id, before));
-                true
-            }
-            _ => false,
-        };
-        let done = self.gate(self.inner.write(coll, write, durability)).await?;
-        let mut log = self.unsynced.lock().unwrap();
-        if durability == Durability::Synced {
-            // Durable, and everything before it with it.
-            log.clear();
-        } else if logged && !done {
-            // It changed nothing, so there is nothing to lose.
-            log.pop();
-        }
-        Ok(done)
-    }
-    /// Chains go write by write through this store (each a fault point),
-    /// but the engine uses them as it would on the store underneath.
-    fn chains_cheaply(&self) -> bool {
-        self.inner.chains_cheaply()
-    }
-    async fn sync(&self) -> StoreResult<()> {
-        self.inner.sync().await
-    }
-    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
-        self.gate(self.inner.scan(coll, scan)).await
-    }
-    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
-        self.gate(self.inner.get_many(coll, ids)).await
-    }
-    async fn collections(&self) -> StoreResult<Vec<String>> {
-        self.gate(self.inner.collections()).await
-    }
-    async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
-        self.inner.ensure_index(coll, index).await
-    }
-    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
-        self.inner.drop_index(coll, name).await
-    }
-    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
-        self.inner.indexes(coll).await
-    }
-}
 
 const HOOKS: &str = r#"{"hooks":[{"url":"http://127.0.0.1:9/a","body":{"k":1}},{"url":"http://127.0.0.1:9/b"}]}"#;
 
@@ -404,13 +192,13 @@ async fn recover(store: &DynStore, s: &Scenario, txn: &str) -> Option<TxnRecord>
 /// struck and how many operations the faulty engine issued.
 async fn run_case(store: &DynStore, tag: &str, fault: Fault) -> (bool, usize) {
     let s = Scenario::seed(store, tag).await;
-    let faulty = FaultyStore::new(Arc::clone(store), fault);
+    let faulty = faulty(Arc::clone(store), fault);
     let dying = engine(faulty.clone());
     let txn = uuid::Uuid::now_v7().to_string();
     let plan = s.plan();
     let answer = tokio::select! {
         a = tokio::time::timeout(Duration::from_secs(5), dying.execute(&plan, Some(txn.clone()), None)) => a.map_err(|_| ()),
-        () = faulty.died() => Err(()),
+        () = faulty.layer().died() => Err(()),
     };
     if matches!(fault, Fault::None) {
         // Let the background roll-forward finish, to count its operations.
@@ -423,7 +211,7 @@ async fn run_case(store: &DynStore, tag: &str, fault: Fault) -> (bool, usize) {
         // roll-forward finished without reaching the crash).
         dying.tasks().close();
         tokio::select! {
-            () = faulty.died() => {}
+            () = faulty.layer().died() => {}
             () = dying.tasks().wait() => {}
         }
     }
@@ -450,7 +238,7 @@ async fn run_case(store: &DynStore, tag: &str, fault: Fault) -> (bool, usize) {
         Ok(Err(TxnError::OutcomeUnknown { .. })) | Err(()) => {}
         Ok(Err(e)) => assert!(!applied, "{fault:?}: answered {e}, so nothing may apply"),
     }
-    (faulty.triggered(), faulty.ops())
+    (faulty.layer().triggered(), faulty.layer().ops())
 }
 
 async fn sweep_transaction(backend: Backend) {
@@ -500,20 +288,20 @@ async fn sweep_recovery(backend: Backend) {
             for (name, fault) in [("eb", Fault::ErrorBefore(n)), ("ea", Fault::ErrorAfter(n)), ("cb", Fault::Crash(n))]
             {
                 let s = Scenario::seed(&store, &format!("r{k}{name}{n}")).await;
-                let dying_store = FaultyStore::new(Arc::clone(&store), Fault::CrashAfter(k));
+                let dying_store = faulty(Arc::clone(&store), Fault::CrashAfter(k));
                 let dying = engine(dying_store.clone());
                 let txn = uuid::Uuid::now_v7().to_string();
                 let plan = s.plan();
                 tokio::select! {
                     _ = dying.execute(&plan, Some(txn.clone()), None) => {}
-                    () = dying_store.died() => {}
+                    () = dying_store.layer().died() => {}
                 }
                 tokio::time::sleep(Duration::from_millis(170)).await; // past lease + skew
-                let healer_store = FaultyStore::new(Arc::clone(&store), fault);
+                let healer_store = faulty(Arc::clone(&store), fault);
                 let faulty_healer = engine(healer_store.clone());
                 tokio::select! {
                     _ = faulty_healer.recover_once() => {}
-                    () = healer_store.died() => {}
+                    () = healer_store.layer().died() => {}
                 }
                 let rec = recover(&store, &s, &txn).await;
                 let applied = s.applied(&store).await;
@@ -574,13 +362,13 @@ async fn second_instance_takes_over(backend: Backend) {
         let b = TestApp::on_store(config.clone(), Arc::clone(&store), Some(ts)).await;
         let bound = config.txn.lease + config.txn.clock_skew + 2 * config.txn.recovery_interval;
         let s = Scenario::seed(&store, &format!("two{k}")).await;
-        let a_store = FaultyStore::new(Arc::clone(&store), Fault::CrashAfter(k));
+        let a_store = faulty(Arc::clone(&store), Fault::CrashAfter(k));
         let a = txgate::engine(a_store.clone(), config.txn.clone(), Arc::new(Metrics::default())).0;
         let txn = uuid::Uuid::now_v7().to_string();
         let plan = s.plan();
         tokio::select! {
             _ = a.execute(&plan, Some(txn.clone()), None) => {}
-            () = a_store.died() => {}
+            () = a_store.layer().died() => {}
         }
         let died = Instant::now();
         loop {
@@ -658,16 +446,16 @@ async fn both_delivered(store: &DynStore, txn: &str) -> bool {
 /// how many operations A issued.
 async fn delivery_case(store: &DynStore, rx: &TestReceiver, fault: Fault) -> (bool, usize) {
     let txn = committed_with_hooks(store, rx).await;
-    let faulty = FaultyStore::new(Arc::clone(store), fault);
+    let faulty = faulty(Arc::clone(store), fault);
     // A learns of the deliveries from its first scan only.
     let a = tokio::spawn(delivery_worker(faulty.clone(), Duration::from_secs(60)).run(Default::default()));
     let (mut last, mut since) = (0, Instant::now());
     loop {
-        let ops = faulty.ops();
+        let ops = faulty.layer().ops();
         if ops != last {
             (last, since) = (ops, Instant::now());
         }
-        if faulty.crashed.load(Ordering::SeqCst)
+        if faulty.layer().crashed.load(Ordering::SeqCst)
             || both_delivered(store, &txn).await
             || since.elapsed() > Duration::from_millis(400)
         {
@@ -676,7 +464,7 @@ async fn delivery_case(store: &DynStore, rx: &TestReceiver, fault: Fault) -> (bo
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     a.abort(); // a dead process sends nothing more
-    let ops = faulty.ops();
+    let ops = faulty.layer().ops();
     let stop = tokio_util::sync::CancellationToken::new();
     let b = tokio::spawn(delivery_worker(Arc::clone(store), Duration::from_millis(50)).run(stop.clone()));
     let started = Instant::now();
@@ -698,7 +486,7 @@ async fn delivery_case(store: &DynStore, rx: &TestReceiver, fault: Fault) -> (bo
     let (h0, h1) = (first(0), first(1));
     assert!(h0.is_some() && h1.is_some(), "{fault:?}: both hooks arrived: {got:?}");
     assert!(h0 < h1, "{fault:?}: hook 1 went before hook 0");
-    (faulty.triggered(), ops)
+    (faulty.layer().triggered(), ops)
 }
 
 async fn sweep_delivery(backend: Backend) {

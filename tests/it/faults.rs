@@ -8,18 +8,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use rand::Rng;
 use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::config::Config;
 use txgate::documents::model::{Staged, StagedOp, StoredDoc};
-use txgate::store::{
-    Document, Durability, DynStore, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update, Write, doc,
-};
+use txgate::store::{DynStore, StoreError, Update, doc};
 use txgate::txn::record::{Status, TXNS, TxnRecord};
 
-use crate::support::{Backend, TestApp, TestStore, expect, expect_problem, test_config, txn_record};
+use crate::faulty::{Act, Op, rigged_app};
+use crate::support::{Backend, TestApp, expect, expect_problem, test_config, txn_record};
 
 crate::on_both_backends!(
     clients_that_hang_up_leave_nothing_pending,
@@ -162,127 +160,6 @@ async fn clients_that_hang_up_leave_nothing_pending(backend: Backend) {
         }
     }
     app.stop().await;
-}
-
-/// What a [`Rigged`] store does with one operation.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Act {
-    Pass,
-    /// Wait, then carry it out.
-    Delay(Duration),
-    /// Never answer.
-    Hang,
-    /// Fail without reaching the store.
-    FailBefore,
-    /// Carry it out, then report a failure.
-    FailAfter,
-}
-
-/// One store operation, as a rule sees it.
-pub struct Op<'a> {
-    pub kind: &'static str,
-    pub coll: &'a str,
-    pub id: Option<&'a str>,
-    /// The fields a conditional update sets.
-    pub set: Option<&'a Document>,
-}
-
-type Rule = Box<dyn FnMut(&Op) -> Act + Send>;
-
-/// A store that lets a test decide, operation by operation, to delay, hang
-/// or fail it.
-pub struct Rigged {
-    inner: DynStore,
-    rule: Mutex<Rule>,
-}
-
-impl Rigged {
-    pub fn new(inner: DynStore, rule: impl FnMut(&Op) -> Act + Send + 'static) -> Arc<Self> {
-        Arc::new(Self { inner, rule: Mutex::new(Box::new(rule)) })
-    }
-
-    async fn run<T>(&self, op: Op<'_>, fut: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
-        let act = (self.rule.lock().unwrap())(&op);
-        let injected = || StoreError::Unavailable("injected fault".into());
-        match act {
-            Act::Pass => fut.await,
-            Act::Delay(d) => {
-                tokio::time::sleep(d).await;
-                fut.await
-            }
-            Act::Hang => std::future::pending().await,
-            Act::FailBefore => Err(injected()),
-            Act::FailAfter => {
-                let _ = fut.await;
-                Err(injected())
-            }
-        }
-    }
-}
-
-fn op<'a>(kind: &'static str, coll: &'a str, id: Option<&'a str>) -> Op<'a> {
-    Op { kind, coll, id, set: None }
-}
-
-#[async_trait]
-impl Store for Rigged {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    /// Chains go write by write through the rules, used as the store
-    /// underneath would have them used.
-    fn chains_cheaply(&self) -> bool {
-        self.inner.chains_cheaply()
-    }
-    async fn ping(&self) -> StoreResult<()> {
-        self.inner.ping().await
-    }
-    async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
-        self.run(op("get", coll, Some(id)), self.inner.get(coll, id)).await
-    }
-    async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
-        let id = write.id().map(str::to_owned);
-        let set = match &write {
-            Write::Update { update, .. } => Some(update.set.clone()),
-            _ => None,
-        };
-        let op = Op { kind: write.kind(), coll, id: id.as_deref(), set: set.as_ref() };
-        self.run(op, self.inner.write(coll, write, durability)).await
-    }
-    async fn sync(&self) -> StoreResult<()> {
-        self.inner.sync().await
-    }
-    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
-        self.run(op("scan", coll, None), self.inner.scan(coll, scan)).await
-    }
-    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
-        self.run(op("get_many", coll, None), self.inner.get_many(coll, ids)).await
-    }
-    async fn collections(&self) -> StoreResult<Vec<String>> {
-        self.run(op("collections", "", None), self.inner.collections()).await
-    }
-    async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
-        self.inner.ensure_index(coll, index).await
-    }
-    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
-        self.inner.drop_index(coll, name).await
-    }
-    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
-        self.inner.indexes(coll).await
-    }
-}
-
-/// A gateway over a fresh store of `backend` wrapped in a [`Rigged`] store.
-pub async fn rigged_app(
-    backend: Backend,
-    tweak: impl FnOnce(&mut Config),
-    rule: impl FnMut(&Op) -> Act + Send + 'static,
-) -> Option<TestApp> {
-    let ts = TestStore::new(backend).await?;
-    let mut config = test_config(ts.config.clone());
-    tweak(&mut config);
-    let store: DynStore = Rigged::new(Arc::clone(&ts.store), rule);
-    Some(TestApp::on_store(config, store, Some(ts)).await)
 }
 
 fn sets_status(op: &Op, status: &str) -> bool {

@@ -9,7 +9,7 @@ use reqwest::Method;
 use serde_json::json;
 use txgate::http::auth::parse_keys;
 
-use crate::faults::{Act, Op, rigged_app};
+use crate::faulty::{Act, Op, rigged_app};
 use crate::support::{Backend, TestApp, expect, expect_problem};
 
 crate::on_both_backends!(

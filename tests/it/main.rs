@@ -10,6 +10,7 @@ mod crash;
 mod documents;
 mod events;
 mod faults;
+mod faulty;
 mod hooks;
 mod hostile;
 mod indexes;

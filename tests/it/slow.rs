@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use txgate::http::auth::parse_keys;
 
-use crate::faults::{Act, Op, rigged_app};
+use crate::faulty::{Act, Op, rigged_app};
 use crate::support::{Backend, TestApp, expect, expect_problem};
 
 fn addr(app: &TestApp) -> String {

@@ -39,7 +39,7 @@ use txgate::documents::model::StoredDoc;
 use txgate::documents::rules::Patch;
 use txgate::metrics::Metrics;
 use txgate::store::layer::{Layer, Layered, Op};
-use txgate::store::{Durability, DynStore, StoreResult, Update, doc};
+use txgate::store::{Durability, DynStore, Store, StoreResult, Update, doc};
 use txgate::txn::commit::TxnError;
 use txgate::txn::plan::{Action, ActionOp, Plan};
 use txgate::txn::{Engine, TxnConfig};
@@ -212,8 +212,9 @@ impl Counting {
 impl Layer for Counting {
     fn around<T: Send>(
         &self,
+        _: &dyn Store,
         op: &Op<'_>,
-        below: impl Future<Output = StoreResult<T>> + Send,
+        run: impl Future<Output = StoreResult<T>> + Send,
     ) -> impl Future<Output = StoreResult<T>> + Send {
         match op.name {
             "get" | "scan" | "get_many" => {
@@ -230,7 +231,7 @@ impl Layer for Counting {
             }
             _ => {}
         }
-        below
+        run
     }
 }
 
