@@ -14,6 +14,9 @@ use super::{Document, Durability, IndexSpec, Order, Record, Scan, Store, StoreEr
 #[derive(Default)]
 pub struct MemoryStore {
     records: Mutex<BTreeMap<(String, String), Record>>,
+    /// The indexes made per collection: listed as a backend lists its
+    /// catalog (scans here filter every record anyway).
+    indexes: Mutex<BTreeMap<String, Vec<IndexSpec>>>,
 }
 
 impl MemoryStore {
@@ -35,8 +38,14 @@ impl MemoryStore {
             if !matches(current, filter)? {
                 return Ok(false);
             }
-            if change(current)?.is_none() {
-                records.remove(&key);
+            // Changed on a copy: a change that fails halfway leaves the
+            // record as it was, as every backend does.
+            let mut next = current.clone();
+            match change(&mut next)? {
+                Some(()) => *current = next,
+                None => {
+                    records.remove(&key);
+                }
             }
             Ok(true)
         })
@@ -148,16 +157,23 @@ impl Store for MemoryStore {
         Ok(names)
     }
 
-    async fn ensure_index(&self, _coll: &str, _index: IndexSpec) -> StoreResult<()> {
+    async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
+        let mut indexes = self.indexes.lock().expect("memory store indexes");
+        let made = indexes.entry(coll.to_owned()).or_default();
+        if !made.iter().any(|i| i.name == index.name) {
+            made.push(index);
+        }
         Ok(())
     }
 
-    async fn drop_index(&self, _coll: &str, _name: &str) -> StoreResult<()> {
+    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
+        if let Some(made) = self.indexes.lock().expect("memory store indexes").get_mut(coll) {
+            made.retain(|i| i.name != name);
+        }
         Ok(())
     }
 
-    /// None: scans here filter every record of the collection.
-    async fn indexes(&self, _coll: &str) -> StoreResult<Vec<IndexSpec>> {
-        Ok(Vec::new())
+    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
+        Ok(self.indexes.lock().expect("memory store indexes").get(coll).cloned().unwrap_or_default())
     }
 }

@@ -235,6 +235,7 @@ async fn random_writes_never_fail_the_gateway_and_refusals_write_nothing(backend
         std::env::var("TXGATE_PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(match backend {
             Backend::Embedded => 300,
             Backend::Mongodb => 100,
+            Backend::Memory => unreachable!("the memory store runs the store suite only"),
         });
     eprintln!("random writes ({backend:?}): seed {seed} (TXGATE_PROPTEST_SEED={seed} replays it), {cases} cases");
     let mut bytes = [0u8; 32];

@@ -1,5 +1,6 @@
-//! The store seam's contract, run against both backends: what each
-//! single-record operation does, and what filters and scans mean.
+//! The store seam's contract, run against both backends and the memory
+//! store the protocol's unit tests use: what each single-record operation
+//! does, and what filters and scans mean.
 
 use txgate::store::scans::{
     DELIVERIES_BY_DUE, DOCS_LIVE, DOCS_LOCKED, DOCS_STAGED, TXNS, TXNS_BY_LEASE, TXNS_BY_STATUS,
@@ -8,7 +9,22 @@ use txgate::store::{Bound, Bson, DateTime, Document, Durability, Update, Write, 
 
 use crate::support::{Backend, TestStore};
 
-crate::on_both_backends!(
+/// [`crate::on_both_backends`], and the memory store too.
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {
+        crate::on_both_backends!($($name),*);
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::support::Backend::Memory).await
+                }
+            )*
+        }
+    };
+}
+
+on_every_store!(
     insert_is_insert_if_absent,
     conditional_replace_update_delete,
     a_failed_update_changes_nothing,

@@ -14,6 +14,9 @@ use txgate::store::DynStore;
 pub enum Backend {
     Embedded,
     Mongodb,
+    /// `store::memory` (the protocol's unit tests run on it): the store
+    /// suite only, where no gateway is started.
+    Memory,
 }
 
 /// The MongoDB-wire server the tests use. Missing is a failure: the test
@@ -63,6 +66,13 @@ impl TestStore {
                 };
                 let store = txgate::open_store(&config, STORE_TIMEOUT).await.expect("embedded store opens");
                 Some(Self { store: templated(store), config, _dir: Some(dir) })
+            }
+            Backend::Memory => {
+                let store: DynStore = Arc::new(txgate::store::memory::MemoryStore::default());
+                // No configuration opens it: one naming no directory, so
+                // nothing tries to reopen it from disk.
+                let config = StoreConfig::Mongodb { uri: "memory:".into(), database: "memory".into() };
+                Some(Self { store: templated(store), config, _dir: None })
             }
             Backend::Mongodb => {
                 let uri = mongodb_uri()?;
