@@ -12,8 +12,6 @@ pub mod deadline;
 pub mod disk;
 pub mod embedded;
 pub mod filter;
-pub mod journal;
-pub mod keys;
 pub mod layer;
 pub mod memory;
 pub mod mongo;
@@ -21,6 +19,8 @@ pub mod powerloss;
 pub mod scans;
 pub mod simdisk;
 pub mod templates;
+
+pub use embedded::journal;
 
 use std::sync::Arc;
 

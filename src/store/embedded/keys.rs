@@ -12,7 +12,7 @@
 //! but their order is not MongoDB's (no index the gateway declares orders
 //! by them). [`END`] is greater than every encoded value.
 
-use super::Bson;
+use crate::store::Bson;
 
 const NULL: u8 = 0x0A;
 const NUMBER: u8 = 0x10;
@@ -97,7 +97,7 @@ pub fn push(out: &mut Vec<u8>, value: Option<&Bson>) {
         other => {
             // Equality only: the value's BSON bytes inside a document.
             let mut bytes = Vec::new();
-            let wrapped = super::doc! {"v": other.clone()};
+            let wrapped = crate::store::doc! {"v": other.clone()};
             wrapped.to_writer(&mut bytes).expect("a BSON value serializes");
             escaped(out, &bytes);
         }

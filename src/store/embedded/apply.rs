@@ -1,0 +1,251 @@
+//! Applying a write, or an index change, to the redb tables.
+
+use std::collections::HashMap;
+
+use redb::{Database, ReadableTable};
+
+use super::index::{Deferred, Entries, entries_name, keys_of, reindex};
+use super::journal::Effects;
+use super::scan::after_collection;
+use super::writer::{Recent, WriteOp};
+use super::{CATALOG, Catalog, ENTRIES, RECORDS, internal, keys};
+use crate::store::filter::{apply_update, matches};
+use crate::store::{IndexSpec, LOG_SEQ, Record, StoreError, StoreResult, convert, report_unreadable};
+
+/// Decode a record the store wrote (the writer's own reads).
+fn decode(bytes: &[u8]) -> StoreResult<Record> {
+    convert::decode(bytes).map_err(|e| StoreError::Undecodable(e.0))
+}
+
+fn encode(record: &Record) -> StoreResult<Vec<u8>> {
+    let mut out = Vec::new();
+    record.to_writer(&mut out).map_err(|e| StoreError::Rejected(e.to_string()))?;
+    Ok(out)
+}
+
+/// Create or drop an index in a write transaction of its own; the
+/// in-memory catalog changes once it is committed.
+pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick_repair: bool) -> StoreResult<bool> {
+    match op {
+        WriteOp::EnsureIndex { coll, spec } => {
+            let existing = catalog
+                .read()
+                .expect("index catalog")
+                .get(&coll)
+                .and_then(|specs| specs.iter().find(|s| s.name == spec.name).cloned());
+            match existing {
+                Some(s) if s == spec => return Ok(false),
+                Some(s) => {
+                    return Err(StoreError::Internal(format!(
+                        "index {} of {coll} exists as {s:?}, not {spec:?}",
+                        spec.name
+                    )));
+                }
+                None => {}
+            }
+            let mut txn = db.begin_write().map_err(internal)?;
+            txn.set_quick_repair(quick_repair);
+            let mut built = 0usize;
+            {
+                let records = txn.open_table(RECORDS).map_err(internal)?;
+                let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
+                clear_entries(&mut entries, &entries_name(&coll, &spec.name))?;
+                let end = after_collection(&coll);
+                for entry in records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)? {
+                    let (key, value) = entry.map_err(internal)?;
+                    let id = key.value().1;
+                    let record = match convert::decode(value.value()) {
+                        Ok(record) => record,
+                        Err(e) => {
+                            report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}")));
+                            continue;
+                        }
+                    };
+                    reindex(&mut entries, std::slice::from_ref(&spec), &coll, id, None, Some(&record), None)?;
+                    built += 1;
+                    if built % 100_000 == 0 {
+                        tracing::info!(collection = %coll, index = %spec.name, records = built, "building index");
+                    }
+                }
+                let mut cat = txn.open_table(CATALOG).map_err(internal)?;
+                let json = serde_json::to_vec(&spec).map_err(internal)?;
+                cat.insert((coll.as_str(), spec.name.as_str()), json.as_slice()).map_err(internal)?;
+            }
+            txn.commit().map_err(|e| StoreError::Unavailable(format!("commit failed: {e}")))?;
+            if built > 0 {
+                tracing::info!(collection = %coll, index = %spec.name, records = built, "index built");
+            }
+            catalog.write().expect("index catalog").entry(coll).or_default().push(spec);
+            Ok(true)
+        }
+        WriteOp::DropIndex { coll, name } => {
+            let mut txn = db.begin_write().map_err(internal)?;
+            txn.set_quick_repair(quick_repair);
+            {
+                let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
+                clear_entries(&mut entries, &entries_name(&coll, &name))?;
+                let mut cat = txn.open_table(CATALOG).map_err(internal)?;
+                cat.remove((coll.as_str(), name.as_str())).map_err(internal)?;
+            }
+            txn.commit().map_err(|e| StoreError::Unavailable(format!("commit failed: {e}")))?;
+            if let Some(specs) = catalog.write().expect("index catalog").get_mut(&coll) {
+                specs.retain(|s| s.name != name);
+            }
+            Ok(true)
+        }
+        _ => unreachable!("only index changes commit on their own"),
+    }
+}
+
+fn clear_entries(entries: &mut Entries<'_>, table: &str) -> StoreResult<()> {
+    let end = [keys::END];
+    entries.retain_in((table, &[][..])..(table, &end[..]), |_, _| false).map_err(internal)
+}
+
+/// Apply `op` if its condition holds, adding what it changed to `effects`.
+/// What the writer keeps between writes besides the database.
+pub(super) struct Applying<'a> {
+    pub(super) recent: &'a mut Recent,
+    pub(super) positions: &'a mut HashMap<String, u64>,
+    pub(super) deferred: &'a mut Deferred,
+}
+
+/// The index of log collection `coll` that keeps positions unique.
+fn position_index<'a>(specs: &'a [IndexSpec], coll: &str) -> StoreResult<&'a IndexSpec> {
+    specs
+        .iter()
+        .find(|s| s.unique && s.fields.len() == 1 && s.fields[0] == LOG_SEQ)
+        .ok_or_else(|| StoreError::Rejected(format!("{coll} is no log: it has no unique index on {}", LOG_SEQ)))
+}
+
+/// The position after the last record of log collection `coll`.
+fn next_position(
+    table: &redb::Table<(&str, &str), &[u8]>,
+    entries: &Entries<'_>,
+    spec: &IndexSpec,
+    coll: &str,
+) -> StoreResult<u64> {
+    let name = entries_name(coll, &spec.name);
+    let end = [keys::END];
+    let mut range = entries.range((name.as_str(), &[][..])..(name.as_str(), &end[..])).map_err(internal)?;
+    let Some(last) = range.next_back() else { return Ok(1) };
+    let (_, id) = last.map_err(internal)?;
+    let id = id.value().to_owned();
+    let record = table
+        .get((coll, id.as_str()))
+        .map_err(internal)?
+        .ok_or_else(|| StoreError::Internal(format!("{coll}: index {} names {id}, which is not there", spec.name)))?;
+    let seq = decode(record.value())?.get_i64(LOG_SEQ).ok().and_then(|n| u64::try_from(n).ok());
+    seq.map(|n| n + 1).ok_or_else(|| StoreError::Internal(format!("{coll}/{id} has no position")))
+}
+
+pub(super) fn apply(
+    table: &mut redb::Table<(&str, &str), &[u8]>,
+    entries: &mut Entries<'_>,
+    catalog: &HashMap<String, Vec<IndexSpec>>,
+    state: &mut Applying<'_>,
+    op: &WriteOp,
+    effects: &mut Effects,
+) -> StoreResult<bool> {
+    let recent = &mut *state.recent;
+    // The current record, taken out of `recent` (put back by the caller
+    // unless the write fails).
+    let mut current = |coll: &str, id: &str| -> StoreResult<Option<(Record, usize)>> {
+        if let Some(held) = recent.take(coll, id) {
+            return Ok(Some(held));
+        }
+        match table.get((coll, id)).map_err(internal)? {
+            Some(v) => decode(v.value()).map(|r| Some((r, v.value().len()))),
+            None => Ok(None),
+        }
+    };
+    let specs = |coll: &str| catalog.get(coll).map_or(&[][..], Vec::as_slice);
+    match op {
+        WriteOp::Insert { coll, record } => {
+            let id = record.get_str("_id").map_err(|_| StoreError::Rejected("record has no string _id".into()))?;
+            if recent.contains(coll, id) || table.get((coll.as_str(), id)).map_err(internal)?.is_some() {
+                return Ok(false);
+            }
+            let bytes = encode(record)?;
+            reindex(entries, specs(coll), coll, id, None, Some(record), Some(&mut *state.deferred))?;
+            table.insert((coll.as_str(), id), bytes.as_slice()).map_err(internal)?;
+            effects.put(coll, id, &bytes);
+            recent.put(coll, id, record.clone(), bytes.len());
+            Ok(true)
+        }
+        WriteOp::Replace { coll, id, filter, record } => {
+            let Some((existing, size)) = current(coll, id)? else { return Ok(false) };
+            if !matches(&existing, filter)? {
+                recent.put(coll, id, existing, size);
+                return Ok(false);
+            }
+            let mut record = record.clone();
+            record.insert("_id", id.as_str());
+            let bytes = encode(&record)?;
+            let old = keys_of(specs(coll), &existing, id);
+            reindex(entries, specs(coll), coll, id, Some(old), Some(&record), Some(&mut *state.deferred))?;
+            table.insert((coll.as_str(), id.as_str()), bytes.as_slice()).map_err(internal)?;
+            effects.put(coll, id, &bytes);
+            recent.put(coll, id, record, bytes.len());
+            Ok(true)
+        }
+        WriteOp::Update { coll, id, filter, update } => {
+            let Some((mut record, size)) = current(coll, id)? else { return Ok(false) };
+            if !matches(&record, filter)? {
+                recent.put(coll, id, record, size);
+                return Ok(false);
+            }
+            let old = keys_of(specs(coll), &record, id);
+            apply_update(&mut record, update)?;
+            let bytes = encode(&record)?;
+            reindex(entries, specs(coll), coll, id, Some(old), Some(&record), Some(&mut *state.deferred))?;
+            table.insert((coll.as_str(), id.as_str()), bytes.as_slice()).map_err(internal)?;
+            effects.put(coll, id, &bytes);
+            recent.put(coll, id, record, bytes.len());
+            Ok(true)
+        }
+        WriteOp::Delete { coll, id, filter } => {
+            let Some((existing, size)) = current(coll, id)? else { return Ok(false) };
+            if !matches(&existing, filter)? {
+                recent.put(coll, id, existing, size);
+                return Ok(false);
+            }
+            let old = keys_of(specs(coll), &existing, id);
+            reindex(entries, specs(coll), coll, id, Some(old), None, Some(&mut *state.deferred))?;
+            table.remove((coll.as_str(), id.as_str())).map_err(internal)?;
+            effects.delete(coll, id);
+            Ok(true)
+        }
+        WriteOp::Append { coll, record } => {
+            let id = record.get_str("_id").map_err(|_| StoreError::Rejected("record has no string _id".into()))?;
+            if recent.contains(coll, id) || table.get((coll.as_str(), id)).map_err(internal)?.is_some() {
+                return Ok(false);
+            }
+            let index = position_index(specs(coll), coll)?;
+            let mut seq = match state.positions.get(coll) {
+                Some(next) => *next,
+                None => next_position(table, entries, index, coll)?,
+            };
+            let taken = format!("{coll}.{}", index.name);
+            let mut record = record.clone();
+            loop {
+                record.insert(LOG_SEQ, i64::try_from(seq).map_err(internal)?);
+                match reindex(entries, specs(coll), coll, id, None, Some(&record), Some(&mut *state.deferred)) {
+                    // A reader closed this position (a void entry).
+                    Err(StoreError::Duplicate(which)) if which == taken => seq += 1,
+                    other => break other?,
+                }
+            }
+            let bytes = encode(&record)?;
+            table.insert((coll.as_str(), id), bytes.as_slice()).map_err(internal)?;
+            effects.put(coll, id, &bytes);
+            state.positions.insert(coll.clone(), seq + 1);
+            Ok(true)
+        }
+        // Syncing the journal with the batch is all a sync asks.
+        WriteOp::Sync => Ok(true),
+        WriteOp::EnsureIndex { .. } | WriteOp::DropIndex { .. } | WriteOp::Snapshot(_) | WriteOp::Close => {
+            unreachable!("index changes commit on their own")
+        }
+    }
+}

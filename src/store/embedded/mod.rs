@@ -1,0 +1,475 @@
+//! The embedded backend: records as BSON in one redb table, keyed by
+//! `(collection, id)`, and real secondary indexes beside them.
+//!
+//! An index entry is keyed by `(collection and index name, key bytes)`,
+//! the key being the record's index field values in an order-preserving
+//! encoding ([`keys`]) followed by its `_id` (a unique index leaves
+//! the `_id` out, so a second record with the same values collides), and
+//! holds the record's `_id`. Entries are written in the same redb write
+//! transaction as their record, so a crash never leaves an index and its
+//! records disagreeing. A scan reads its range of entries, applying the
+//! limit while it reads: it decodes only the records it returns. Which
+//! indexes exist is kept in a catalog table (and in memory); an index
+//! declared for a collection that already has records is built from them.
+//!
+//! Writes go through one writer thread that applies every queued operation
+//! in a single redb write transaction: group commit. Each operation is
+//! still checked and applied on its own, in queue order, so it is atomic on
+//! its one record. redb commits are not synced: durability comes from the
+//! [`journal`], where each commit's effects are written
+//! before the commit becomes visible. A batch holding a write that must be
+//! synced syncs the journal before its commit becomes visible and before
+//! any of it is answered, so such a write is visible only once it is on
+//! disk, with everything before it; other batches are visible at once and
+//! durable with the next sync. A crash keeps a prefix of the journal, so
+//! it loses only a suffix of unsynced commits (DESIGN.md §1). While
+//! unsynced entries exist, the writer syncs at least every sync interval;
+//! once the journal has grown past a bound, and when the store closes, a
+//! checkpoint makes redb itself durable and the journal starts over. A
+//! failed journal write or sync stops the process, as the unsynced writes
+//! readers may have seen could no longer be made durable. Reads use redb's
+//! MVCC read transactions and never wait for the writer.
+
+mod apply;
+mod backup;
+mod index;
+pub mod journal;
+pub mod keys;
+mod recover;
+mod scan;
+mod writer;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock, mpsc};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::oneshot;
+
+use super::disk::DirDisk;
+use super::{Durability, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
+use backup::write_backup;
+use index::{entries_name, entry_key};
+use scan::{Reads, after_collection, entry_range, excludes_null, in_order, scan_primary};
+use writer::{Queued, WriteOp};
+
+pub use writer::WriterStats;
+
+const RECORDS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("records");
+/// `("<collection>\0<index>", key bytes) -> _id`.
+const ENTRIES: TableDefinition<(&str, &[u8]), &str> = TableDefinition::new("index_entries");
+/// `(collection, index) -> IndexSpec as JSON`.
+const CATALOG: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("index_catalog");
+
+/// `"applied" -> ` the number of the last journal entry this state holds;
+/// `"layout" -> ` the version of the tables' layout ([`LAYOUT`]).
+const JOURNAL_STATE: TableDefinition<&str, u64> = TableDefinition::new("journal_state");
+const APPLIED: &str = "applied";
+const LAYOUT_KEY: &str = "layout";
+
+/// The version of the store's layout: its tables and what they hold
+/// (records as BSON, index entries, the catalog as JSON). A store without
+/// the key was written by a release before versions were recorded, in
+/// this same layout.
+pub const LAYOUT: u64 = 1;
+
+/// The database and journal files in the data directory.
+pub const DATABASE_FILE: &str = "txgate.redb";
+pub const JOURNAL_FILE: &str = "txgate.journal";
+/// Where a new database is made before it is renamed to [`DATABASE_FILE`].
+const NEW_DATABASE_FILE: &str = "txgate.redb.new";
+
+/// Upper bound on queued items committed together.
+const MAX_BATCH: usize = 512;
+
+/// A batch takes no further queued item once its journal effects reach
+/// this many bytes: it bounds the writer's memory, and the time one batch
+/// holds everything queued behind it.
+pub const MAX_BATCH_BYTES: usize = 32 << 20;
+
+/// Journal bytes after which a checkpoint makes redb durable and the
+/// journal starts over; it bounds what opening the store replays.
+pub const CHECKPOINT_BYTES: u64 = 16 << 20;
+
+/// How an embedded store is opened.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// redb's page cache.
+    pub cache_bytes: u64,
+    /// Unsynced writes are made durable at least this often.
+    pub sync_interval: Duration,
+    /// Journal bytes after which a checkpoint starts it over.
+    pub checkpoint_bytes: u64,
+    /// Durable commits save redb's allocator state (two-phase), so an open
+    /// after a crash needs no full repair of the file. Off only to measure
+    /// what a crash cost without it.
+    pub quick_repair: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            cache_bytes: crate::config::DEFAULT_CACHE_MB << 20,
+            sync_interval: crate::config::DEFAULT_SYNC_INTERVAL,
+            checkpoint_bytes: CHECKPOINT_BYTES,
+            quick_repair: true,
+        }
+    }
+}
+
+/// The indexes of each collection, as committed.
+type Catalog = Arc<RwLock<HashMap<String, Vec<IndexSpec>>>>;
+
+/// A store in one redb file under the data directory.
+pub struct EmbeddedStore {
+    db: Arc<Database>,
+    /// Whether redb had to repair the whole file when the store opened.
+    repaired: bool,
+    writer: mpsc::Sender<Queued>,
+    /// The writer thread, joined when the store closes.
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    path: PathBuf,
+    catalog: Catalog,
+    /// What reads (gets and scans) decoded and skipped since the store opened.
+    reads: Arc<Reads>,
+    /// What the writer has done since the store opened.
+    stats: Arc<WriterStats>,
+}
+
+fn internal(err: impl std::fmt::Display) -> StoreError {
+    StoreError::Internal(err.to_string())
+}
+
+impl EmbeddedStore {
+    /// Open (or create) the store in `dir` with the default page cache and
+    /// sync interval.
+    pub fn open(dir: &Path) -> StoreResult<Self> {
+        Self::open_with(dir, crate::config::DEFAULT_CACHE_MB << 20, crate::config::DEFAULT_SYNC_INTERVAL)
+    }
+
+    /// Open (or create) the store in `dir` with a page cache of
+    /// `cache_bytes`; unsynced writes are made durable at least every
+    /// `sync_interval`.
+    pub fn open_with(dir: &Path, cache_bytes: u64, sync_interval: Duration) -> StoreResult<Self> {
+        let disk = DirDisk::create(dir)
+            .map_err(|e| StoreError::Unavailable(format!("cannot create data directory {}: {e}", dir.display())))?;
+        let options = Options { cache_bytes, sync_interval, ..Options::default() };
+        let mut store = Self::open_on(Arc::new(disk), &options)?;
+        store.path = dir.join(DATABASE_FILE);
+        Ok(store)
+    }
+
+    /// Whether opening the store needed redb's full repair of the file
+    /// (a crash after a checkpoint made without quick repair).
+    pub fn repaired_at_open(&self) -> bool {
+        self.repaired
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Records decoded by reads since the store opened.
+    pub fn decoded(&self) -> u64 {
+        self.reads.decoded.load(Ordering::Relaxed)
+    }
+
+    /// What the writer thread has done since the store opened.
+    pub fn stats(&self) -> &WriterStats {
+        &self.stats
+    }
+
+    /// Every entry of index `name` of `coll` as `_id`s in index order (for
+    /// tests that compare an index with its records).
+    pub async fn index_ids(&self, coll: &str, name: &str) -> StoreResult<Vec<String>> {
+        let table_name = entries_name(coll, name);
+        let db = Arc::clone(&self.db);
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_read().map_err(internal)?;
+            let table = txn.open_table(ENTRIES).map_err(internal)?;
+            let end = [keys::END];
+            let range =
+                table.range((table_name.as_str(), &[][..])..(table_name.as_str(), &end[..])).map_err(internal)?;
+            range.map(|e| e.map(|(_, id)| id.value().to_owned()).map_err(internal)).collect()
+        })
+        .await
+        .map_err(internal)?
+    }
+
+    /// Every record as stored, `(collection, id) -> BSON`, from one
+    /// snapshot (for the power-loss harness and tests).
+    pub fn dump(&self) -> StoreResult<std::collections::BTreeMap<(String, String), Vec<u8>>> {
+        let txn = self.db.begin_read().map_err(internal)?;
+        let table = txn.open_table(RECORDS).map_err(internal)?;
+        let mut out = std::collections::BTreeMap::new();
+        for row in table.iter().map_err(internal)? {
+            let (k, v) = row.map_err(internal)?;
+            let (coll, id) = k.value();
+            out.insert((coll.to_owned(), id.to_owned()), v.value().to_vec());
+        }
+        Ok(out)
+    }
+
+    /// Check, in one snapshot, that every index holds exactly one entry per
+    /// record it should hold, under the key that record gives it, and
+    /// nothing else. Returns the first difference found.
+    pub fn verify_indexes(&self) -> Result<(), String> {
+        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+        let records = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+        let entries = txn.open_table(ENTRIES).map_err(|e| e.to_string())?;
+        let catalog = self.catalog.read().expect("index catalog").clone();
+        let mut expected: std::collections::BTreeSet<(String, Vec<u8>, String)> = std::collections::BTreeSet::new();
+        for row in records.iter().map_err(|e| e.to_string())? {
+            let (k, v) = row.map_err(|e| e.to_string())?;
+            let (coll, id) = k.value();
+            let Some(specs) = catalog.get(coll) else { continue };
+            let record = super::convert::decode(v.value()).map_err(|e| format!("{coll}/{id}: {e}"))?;
+            for spec in specs {
+                if let Some(key) = entry_key(spec, &record, id) {
+                    expected.insert((entries_name(coll, &spec.name), key, id.to_owned()));
+                }
+            }
+        }
+        let mut found = std::collections::BTreeSet::new();
+        for row in entries.iter().map_err(|e| e.to_string())? {
+            let (k, v) = row.map_err(|e| e.to_string())?;
+            let (table, key) = k.value();
+            found.insert((table.to_owned(), key.to_vec(), v.value().to_owned()));
+        }
+        if let Some(missing) = expected.difference(&found).next() {
+            return Err(format!("index {:?} lacks the entry of record {}", missing.0, missing.2));
+        }
+        if let Some(extra) = found.difference(&expected).next() {
+            return Err(format!("index {:?} has an entry for record {} that no record gives", extra.0, extra.2));
+        }
+        Ok(())
+    }
+
+    async fn queue(&self, op: WriteOp, durability: Durability) -> StoreResult<bool> {
+        self.queue_chain(vec![op], durability).await.map(|applied| applied == 1)
+    }
+
+    async fn queue_chain(&self, ops: Vec<WriteOp>, durability: Durability) -> StoreResult<usize> {
+        let (reply, rx) = oneshot::channel();
+        self.writer
+            .send(Queued { ops, durability, reply })
+            .map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?;
+        rx.await.map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&redb::ReadTransaction, &Reads) -> StoreResult<T> + Send + 'static,
+    ) -> StoreResult<T> {
+        let db = Arc::clone(&self.db);
+        let reads = Arc::clone(&self.reads);
+        tokio::task::spawn_blocking(move || {
+            let txn = db.begin_read().map_err(internal)?;
+            f(&txn, &reads)
+        })
+        .await
+        .map_err(internal)?
+    }
+
+    /// A point read (one record, or a few by id), on the calling thread:
+    /// redb serves it from its page cache in microseconds, less than
+    /// handing it to the blocking pool costs (a page not in the cache is
+    /// read from disk on this thread). Scans, which may read many pages,
+    /// go to the blocking pool.
+    fn read_now<T>(&self, f: impl FnOnce(&redb::ReadTransaction, &Reads) -> StoreResult<T>) -> StoreResult<T> {
+        let txn = self.db.begin_read().map_err(internal)?;
+        f(&txn, &self.reads)
+    }
+
+    /// The committed spec of index `name` of `coll`.
+    fn spec(&self, coll: &str, name: &str) -> Option<IndexSpec> {
+        let catalog = self.catalog.read().expect("index catalog");
+        catalog.get(coll)?.iter().find(|s| s.name == name).cloned()
+    }
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    fn backend(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.read(|_, _| Ok(())).await
+    }
+
+    async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
+        self.read_now(|txn, reads| {
+            let table = txn.open_table(RECORDS).map_err(internal)?;
+            match table.get((coll, id)).map_err(internal)? {
+                Some(v) => reads.get(coll, id, v.value()).map(Some),
+                None => Ok(None),
+            }
+        })
+    }
+
+    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
+        self.read_now(|txn, reads| {
+            let table = txn.open_table(RECORDS).map_err(internal)?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                if let Some(v) = table.get((coll, id.as_str())).map_err(internal)? {
+                    reads.scanned(coll, id, v.value(), &mut out);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
+        self.queue(WriteOp::of(coll, write), durability).await
+    }
+
+    fn chains_cheaply(&self) -> bool {
+        true
+    }
+    fn syncs(&self) -> Option<u64> {
+        Some(self.stats().syncs.load(Ordering::Relaxed))
+    }
+    fn unreadable(&self) -> u64 {
+        self.reads.unreadable.load(Ordering::Relaxed)
+    }
+
+    /// One queued chain: one group commit for all of it.
+    async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
+        if writes.is_empty() {
+            return Ok(0);
+        }
+        let ops = writes.into_iter().map(|(coll, write)| WriteOp::of(coll, write)).collect();
+        self.queue_chain(ops, durability).await
+    }
+
+    async fn sync(&self) -> StoreResult<()> {
+        // Everything committed so far is durable already: nothing to wait
+        // for (a reader's sync after its read, most of the time).
+        if !self.stats.unsynced.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.queue(WriteOp::Sync, Durability::Synced).await.map(|_| ())
+    }
+
+    async fn close(&self) -> StoreResult<()> {
+        // Answered once the writer has checkpointed and stopped; an error
+        // means it had stopped already.
+        let _ = self.queue(WriteOp::Close, Durability::Synced).await;
+        let thread = self.thread.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(thread) = thread {
+            tokio::task::spawn_blocking(move || thread.join())
+                .await
+                .map_err(internal)?
+                .map_err(|_| StoreError::Internal("the writer thread panicked".into()))?;
+        }
+        Ok(())
+    }
+
+    async fn backup(&self, dest: &Path) -> StoreResult<Option<super::BackupInfo>> {
+        let (tx, rx) = oneshot::channel();
+        self.queue(WriteOp::Snapshot(tx), Durability::Synced).await?;
+        let snapshot = rx.await.map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))??;
+        let dest = dest.to_owned();
+        tokio::task::spawn_blocking(move || write_backup(&snapshot, &dest).map(Some)).await.map_err(internal)?
+    }
+
+    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+        let coll = coll.to_owned();
+        // The catalog is read before the snapshot: an index it names was
+        // committed before the snapshot begins.
+        let spec = if scan.index() == super::scans::PRIMARY { None } else { Some(self.spec(&coll, scan.index())) };
+        self.read(move |txn, reads| {
+            let records = txn.open_table(RECORDS).map_err(internal)?;
+            let Some(spec) = spec else { return scan_primary(&records, &coll, &scan, reads) };
+            let Some(spec) = spec else {
+                // A collection without records has no indexes yet.
+                let end = after_collection(&coll);
+                let mut any = records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)?;
+                return match any.next() {
+                    None => Ok(Vec::new()),
+                    Some(_) => Err(StoreError::Internal(format!("{coll} has no index {}", scan.index()))),
+                };
+            };
+            let eq: Vec<&str> = scan.eq().iter().map(|(f, _)| *f).collect();
+            if spec.sparse && !excludes_null(&scan) {
+                return Err(StoreError::Internal(format!(
+                    "sparse index {} of {coll} cannot answer a scan that may match null",
+                    spec.name
+                )));
+            }
+            let n = eq.len();
+            let by_ok = spec.fields.get(n).map_or(scan.by() == "_id", |f| f == scan.by());
+            if spec.fields.len() < n || spec.fields[..n] != eq[..] || !by_ok {
+                return Err(StoreError::Internal(format!(
+                    "index {} of {coll} ({:?}) does not serve equality on {eq:?} ordered by {}",
+                    spec.name,
+                    spec.fields,
+                    scan.by()
+                )));
+            }
+            let prefix = keys::encode(scan.eq().iter().map(|(_, v)| Some(v)));
+            let (lower, upper) = scan.bounds();
+            let (start, end) = entry_range(&prefix, lower, upper);
+            if start >= end {
+                return Ok(Vec::new());
+            }
+            let name = entries_name(&coll, &spec.name);
+            let entries = txn.open_table(ENTRIES).map_err(internal)?;
+            let range =
+                entries.range((name.as_str(), start.as_slice())..(name.as_str(), end.as_slice())).map_err(internal)?;
+            let mut out = Vec::new();
+            in_order(range, &scan, |(_, id)| {
+                let value = records.get((coll.as_str(), id.value())).map_err(internal)?.ok_or_else(|| {
+                    StoreError::Internal(format!("index {name:?} names a missing record {}", id.value()))
+                })?;
+                reads.scanned(&coll, id.value(), value.value(), &mut out);
+                Ok(())
+            })?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn collections(&self) -> StoreResult<Vec<String>> {
+        self.read(|txn, _| {
+            let table = txn.open_table(RECORDS).map_err(internal)?;
+            let mut names = Vec::new();
+            let mut from = String::new();
+            loop {
+                let mut range = table.range((from.as_str(), "")..).map_err(internal)?;
+                let Some(entry) = range.next() else { break };
+                let (key, _) = entry.map_err(internal)?;
+                let name = key.value().0.to_owned();
+                from = after_collection(&name);
+                names.push(name);
+            }
+            Ok(names)
+        })
+        .await
+    }
+
+    async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
+        if self.spec(coll, &index.name).as_ref() == Some(&index) {
+            return Ok(());
+        }
+        self.queue(WriteOp::EnsureIndex { coll: coll.to_owned(), spec: index }, Durability::Synced).await.map(|_| ())
+    }
+
+    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
+        Ok(self.catalog.read().expect("index catalog").get(coll).cloned().unwrap_or_default())
+    }
+
+    async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
+        if self.spec(coll, name).is_none() {
+            return Ok(());
+        }
+        self.queue(WriteOp::DropIndex { coll: coll.to_owned(), name: name.to_owned() }, Durability::Synced)
+            .await
+            .map(|_| ())
+    }
+}

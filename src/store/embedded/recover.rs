@@ -1,0 +1,230 @@
+//! Opening the store: the database and its tables, the journal's missing
+//! entries replayed into it, and the writer thread started.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, RwLock, mpsc};
+use std::time::Instant;
+
+use redb::{Database, ReadableDatabase, ReadableTable};
+
+use super::index::{keys_of, reindex};
+use super::journal::{self, Effect, Journal};
+use super::writer::{Recent, Writer, WriterStats, stop};
+use super::{
+    APPLIED, CATALOG, Catalog, DATABASE_FILE, ENTRIES, EmbeddedStore, JOURNAL_FILE, JOURNAL_STATE, LAYOUT, LAYOUT_KEY,
+    NEW_DATABASE_FILE, Options, RECORDS, internal,
+};
+use crate::store::disk::{Disk, Fence};
+use crate::store::{IndexSpec, StoreError, StoreResult, convert, report_unreadable};
+
+impl EmbeddedStore {
+    /// Open (or create) the store on `disk`: the database, then the
+    /// journal, whose entries the database does not hold yet are replayed
+    /// into it.
+    pub fn open_on(disk: Arc<dyn Disk>, options: &Options) -> StoreResult<Self> {
+        let unavailable = |e: std::io::Error| StoreError::Unavailable(format!("data directory: {e}"));
+        let cache = usize::try_from(options.cache_bytes).unwrap_or(usize::MAX);
+        let db_name = disk.describe(DATABASE_FILE);
+        let opened = |e: redb::DatabaseError| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
+                "{db_name} is already open in another process (the embedded store serves one instance)"
+            )),
+            other => StoreError::Unavailable(format!("cannot open {db_name}: {other}")),
+        };
+        let mut builder = redb::Builder::new();
+        builder.set_cache_size(cache);
+        // A full repair (redb walking the whole file to rebuild its
+        // allocator state) is what quick-repair checkpoints avoid: noted.
+        let repaired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        {
+            let repaired = Arc::clone(&repaired);
+            builder.set_repair_callback(move |_| repaired.store(true, Ordering::Relaxed));
+        }
+        let db_existed = disk.exists(DATABASE_FILE).map_err(unavailable)?;
+        if !db_existed {
+            // A new database is made under another name and renamed once
+            // whole: a crash while it is made leaves no file redb cannot
+            // open under the database's name.
+            disk.remove(NEW_DATABASE_FILE).map_err(unavailable)?;
+            let db = disk.open_database(&builder, NEW_DATABASE_FILE, &Fence::default()).map_err(opened)?;
+            db.close().map_err(opened)?;
+            disk.rename(NEW_DATABASE_FILE, DATABASE_FILE).map_err(unavailable)?;
+        }
+        let journal_existed = disk.exists(JOURNAL_FILE).map_err(unavailable)?;
+        let opening = Instant::now();
+        let fence = Fence::default();
+        let db = disk.open_database(&builder, DATABASE_FILE, &fence).map_err(opened)?;
+        let repaired = repaired.load(Ordering::Relaxed);
+        if repaired {
+            tracing::warn!(
+                database = %db_name,
+                took_ms = opening.elapsed().as_millis() as u64,
+                "the database needed a full repair at open (its last durable commit saved no allocator state)"
+            );
+        }
+        let journal_file = disk.open_file(JOURNAL_FILE).map_err(unavailable)?;
+        if !db_existed || !journal_existed {
+            // The new files' directory entries, before anything relies on them.
+            disk.sync_dir().map_err(unavailable)?;
+        }
+        let quick_repair = options.quick_repair;
+        let mut txn = db.begin_write().map_err(internal)?;
+        txn.set_quick_repair(quick_repair);
+        txn.open_table(RECORDS).map_err(internal)?;
+        txn.open_table(ENTRIES).map_err(internal)?;
+        let mut catalog: HashMap<String, Vec<IndexSpec>> = HashMap::new();
+        {
+            let table = txn.open_table(CATALOG).map_err(internal)?;
+            for entry in table.iter().map_err(internal)? {
+                let (key, value) = entry.map_err(internal)?;
+                let spec: IndexSpec = serde_json::from_slice(value.value()).map_err(internal)?;
+                catalog.entry(key.value().0.to_owned()).or_default().push(spec);
+            }
+        }
+        {
+            let mut state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
+            let layout = state.get(LAYOUT_KEY).map_err(internal)?.map(|v| v.value());
+            match layout {
+                Some(v) if v > LAYOUT => {
+                    return Err(StoreError::Unavailable(format!(
+                        "{db_name} has layout version {v}, newer than this release reads ({LAYOUT})"
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    state.insert(LAYOUT_KEY, LAYOUT).map_err(internal)?;
+                }
+            }
+        }
+        txn.commit().map_err(internal)?;
+        let journal = replay(&db, &catalog, journal_file, &disk.describe(JOURNAL_FILE), quick_repair)?;
+        let db = Arc::new(db);
+        let catalog: Catalog = Arc::new(RwLock::new(catalog));
+        let (tx, rx) = mpsc::channel();
+        let stats: Arc<WriterStats> = Arc::default();
+        let writer = Writer {
+            db: Arc::clone(&db),
+            catalog: Arc::clone(&catalog),
+            stats: Arc::clone(&stats),
+            interval: options.sync_interval,
+            checkpoint_bytes: options.checkpoint_bytes,
+            quick_repair,
+            fence,
+            unsynced_since: None,
+            journal,
+            recent: Recent::default(),
+            positions: HashMap::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("txgate-embedded-writer".into())
+            .spawn(move || {
+                // A panic leaves no writer behind a store that still reads:
+                // the process stops, and the next start recovers.
+                if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run(&rx))) {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    stop(&StoreError::Internal(format!("the writer thread panicked: {what}")));
+                }
+            })
+            .map_err(internal)?;
+        Ok(Self {
+            db,
+            repaired,
+            writer: tx,
+            thread: Mutex::new(Some(thread)),
+            path: PathBuf::from(db_name),
+            catalog,
+            reads: Arc::default(),
+            stats,
+        })
+    }
+}
+
+/// Apply the journal entries in `file` that the state in `db` does not
+/// hold yet, make them durable in redb, and hand back the journal, started
+/// over in a new generation.
+fn replay(
+    db: &Database,
+    catalog: &HashMap<String, Vec<IndexSpec>>,
+    file: Box<dyn redb::StorageBackend>,
+    name: &str,
+    quick_repair: bool,
+) -> StoreResult<Journal> {
+    let unavailable = |e: &dyn std::fmt::Display| StoreError::Unavailable(format!("journal {name}: {e}"));
+    let (mut journal, read) = Journal::open(file).map_err(|e| unavailable(&e))?;
+    if read.dropped > 0 {
+        tracing::warn!(
+            journal = name,
+            entries = read.dropped,
+            "dropped journal entries written after one that was lost, none of them synced (power loss)"
+        );
+    }
+    let applied = {
+        let txn = db.begin_read().map_err(internal)?;
+        let state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
+        state.get(APPLIED).map_err(internal)?.map_or(0, |v| v.value())
+    };
+    let missing: Vec<_> = read.entries.into_iter().filter(|(lsn, _)| *lsn > applied).collect();
+    let Some(&(first, _)) = missing.first() else {
+        // The usual start after a clean stop (the last checkpoint applied
+        // every entry); said, so an operator can tell it from a recovery.
+        tracing::info!(journal = name, applied, "journal: nothing to replay");
+        journal.restart(applied + 1).map_err(|e| unavailable(&e))?;
+        return Ok(journal);
+    };
+    if first != applied + 1 {
+        return Err(StoreError::Unavailable(format!(
+            "journal {name} starts at entry {first}, but the store holds entries up to {applied} only"
+        )));
+    }
+    let last = missing.last().map_or(applied, |(lsn, _)| *lsn);
+    let mut txn = db.begin_write().map_err(internal)?;
+    txn.set_quick_repair(quick_repair);
+    {
+        let mut table = txn.open_table(RECORDS).map_err(internal)?;
+        let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
+        let specs = |coll: &str| catalog.get(coll).map_or(&[][..], Vec::as_slice);
+        for (_, payload) in &missing {
+            for effect in journal::effects(payload).map_err(|e| unavailable(&e))? {
+                let (coll, id, bytes) = match effect {
+                    Effect::Put { coll, id, bytes } => (coll, id, Some(bytes)),
+                    Effect::Delete { coll, id } => (coll, id, None),
+                };
+                // A record that cannot be decoded (written below the API)
+                // is replayed as it is, without index entries: the store
+                // opens, and reads report it.
+                let decoded = |bytes: &[u8]| {
+                    convert::decode(bytes)
+                        .map_err(|e| report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}"))))
+                        .ok()
+                };
+                let old = match table.get((coll, id)).map_err(internal)? {
+                    Some(v) => decoded(v.value()).map(|r| keys_of(specs(coll), &r, id)),
+                    None => None,
+                };
+                let new = bytes.and_then(decoded);
+                reindex(&mut entries, specs(coll), coll, id, old, new.as_ref(), None)?;
+                match bytes {
+                    Some(bytes) => table.insert((coll, id), bytes).map_err(internal)?,
+                    None => table.remove((coll, id)).map_err(internal)?,
+                };
+            }
+        }
+        let mut state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
+        state.insert(APPLIED, last).map_err(internal)?;
+    }
+    txn.commit().map_err(|e| StoreError::Unavailable(format!("commit of the replayed journal failed: {e}")))?;
+    tracing::info!(
+        entries = missing.len(),
+        up_to = last,
+        format = read.version,
+        "replayed the embedded store's journal"
+    );
+    journal.restart(last + 1).map_err(|e| unavailable(&e))?;
+    Ok(journal)
+}

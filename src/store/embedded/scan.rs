@@ -1,0 +1,149 @@
+//! Reads: the records they decode, and scans along the primary key or an
+//! index.
+
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{internal, keys};
+use crate::store::{Bson, Order, Record, Scan, StoreError, StoreResult, convert, report_unreadable};
+
+/// The records reads decoded, and those they could not decode.
+#[derive(Debug, Default)]
+pub(crate) struct Reads {
+    pub(super) decoded: AtomicU64,
+    pub(super) unreadable: AtomicU64,
+}
+
+impl Reads {
+    /// The record `coll`/`id` read by id: one that cannot be decoded is an
+    /// error naming it.
+    pub(super) fn get(&self, coll: &str, id: &str, bytes: &[u8]) -> StoreResult<Record> {
+        self.decoded.fetch_add(1, Ordering::Relaxed);
+        convert::decode(bytes).map_err(|e| {
+            self.unreadable.fetch_add(1, Ordering::Relaxed);
+            StoreError::Undecodable(format!("{coll}/{id}: {e}"))
+        })
+    }
+
+    /// A record met by a scan: one that cannot be decoded is skipped and
+    /// reported, so no pass over a collection stops at it.
+    pub(super) fn scanned(&self, coll: &str, id: &str, bytes: &[u8], out: &mut Vec<Record>) {
+        match self.get(coll, id, bytes) {
+            Ok(record) => out.push(record),
+            Err(err) => report_unreadable(&err),
+        }
+    }
+}
+
+/// The smallest collection name ordered after `coll` and all its keys.
+pub(super) fn after_collection(coll: &str) -> String {
+    format!("{coll}\0")
+}
+
+/// The byte range of index entries a scan reads: its equality prefix, then
+/// the bounds on the order field, each bracketed by its type.
+pub(super) fn entry_range(prefix: &[u8], lower: &Bound<Bson>, upper: &Bound<Bson>) -> (Vec<u8>, Vec<u8>) {
+    let with = |v: &Bson, tail: Option<u8>| {
+        let mut k = prefix.to_vec();
+        keys::push(&mut k, Some(v));
+        k.extend(tail);
+        k
+    };
+    let bracket = |b: &Bound<Bson>| match b {
+        Bound::Included(v) | Bound::Excluded(v) => Some(keys::tag(Some(v))),
+        Bound::Unbounded => None,
+    };
+    let start = match lower {
+        Bound::Included(v) => with(v, None),
+        Bound::Excluded(v) => with(v, Some(keys::END)),
+        Bound::Unbounded => {
+            let mut k = prefix.to_vec();
+            k.extend(bracket(upper));
+            k
+        }
+    };
+    let end = match upper {
+        Bound::Included(v) => with(v, Some(keys::END)),
+        Bound::Excluded(v) => with(v, None),
+        Bound::Unbounded => {
+            let mut k = prefix.to_vec();
+            k.push(bracket(lower).map_or(keys::END, |t| t + 1));
+            k
+        }
+    };
+    (start, end)
+}
+
+fn id_bound(b: &Bound<Bson>, after: bool) -> Bound<String> {
+    match b {
+        Bound::Included(Bson::String(s)) => Bound::Included(s.clone()),
+        Bound::Excluded(Bson::String(s)) if after => Bound::Included(format!("{s}\0")),
+        Bound::Excluded(Bson::String(s)) => Bound::Excluded(s.clone()),
+        _ => Bound::Unbounded,
+    }
+}
+
+/// Whether `scan` can only match records whose first index field is set
+/// (what a sparse index holds).
+pub(super) fn excludes_null(scan: &Scan) -> bool {
+    let not_null = |b: &Bound<Bson>| matches!(b, Bound::Included(v) | Bound::Excluded(v) if *v != Bson::Null);
+    match scan.eq().first() {
+        Some((_, v)) => *v != Bson::Null,
+        None => {
+            let (lower, upper) = scan.bounds();
+            not_null(lower) || not_null(upper)
+        }
+    }
+}
+
+/// Hand the first `scan.max()` entries of `range` after the first
+/// `scan.skipped()`, in the scan's order, to `f`: the skip and the limit
+/// are applied while reading, so a skipped entry is never handed on.
+pub(super) fn in_order<T>(
+    range: impl DoubleEndedIterator<Item = Result<T, redb::StorageError>>,
+    scan: &Scan,
+    mut f: impl FnMut(T) -> StoreResult<()>,
+) -> StoreResult<()> {
+    let mut entries: Box<dyn Iterator<Item = _>> =
+        if scan.order() == Order::Desc { Box::new(range.rev()) } else { Box::new(range) };
+    for _ in 0..scan.skipped() {
+        match entries.next() {
+            Some(entry) => drop(entry.map_err(internal)?),
+            None => return Ok(()),
+        }
+    }
+    for entry in entries.take(scan.max()) {
+        f(entry.map_err(internal)?)?;
+    }
+    Ok(())
+}
+
+/// The records of a scan along the primary index.
+pub(super) fn scan_primary(
+    table: &redb::ReadOnlyTable<(&'static str, &'static str), &'static [u8]>,
+    coll: &str,
+    scan: &Scan,
+    reads: &Reads,
+) -> StoreResult<Vec<Record>> {
+    let (lower, upper) = scan.bounds();
+    let end = after_collection(coll);
+    let lo = id_bound(lower, true);
+    let hi = id_bound(upper, false);
+    let start = match &lo {
+        Bound::Included(s) => Bound::Included((coll, s.as_str())),
+        Bound::Excluded(s) => Bound::Excluded((coll, s.as_str())),
+        Bound::Unbounded => Bound::Included((coll, "")),
+    };
+    let stop = match &hi {
+        Bound::Included(s) => Bound::Included((coll, s.as_str())),
+        Bound::Excluded(s) => Bound::Excluded((coll, s.as_str())),
+        Bound::Unbounded => Bound::Excluded((end.as_str(), "")),
+    };
+    let range = table.range::<(&str, &str)>((start, stop)).map_err(internal)?;
+    let mut out = Vec::new();
+    in_order(range, scan, |(key, value)| {
+        reads.scanned(coll, key.value().1, value.value(), &mut out);
+        Ok(())
+    })?;
+    Ok(out)
+}

@@ -1,0 +1,493 @@
+//! The writer thread: queued writes applied in group commits, their
+//! effects journaled before each commit is visible, synced and
+//! checkpointed.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use redb::{Database, ReadableDatabase};
+use tokio::sync::oneshot;
+
+use super::apply::{Applying, apply, schema_change};
+use super::index::Deferred;
+use super::journal::{self, Effects, Journal};
+use super::{APPLIED, Catalog, ENTRIES, JOURNAL_STATE, MAX_BATCH, MAX_BATCH_BYTES, RECORDS, internal};
+use crate::store::disk::Fence;
+use crate::store::{Document, Durability, IndexSpec, Record, StoreError, StoreResult, Update, Write};
+
+/// Records the writer wrote lately, decoded: the next conditional write of
+/// one of them (a transaction's record moving on, a locked document rolled
+/// forward, a hot document) takes it from here instead of decoding it
+/// again. Only the writer thread changes records, and it keeps this equal
+/// to what it committed: a write takes its record out and puts the new one
+/// back once applied; a write that fails leaves it out; a batch that fails
+/// empties it. Every record it holds counts its encoded size against the
+/// byte bound, a record put back unchanged included.
+#[derive(Default)]
+pub(super) struct Recent {
+    records: HashMap<String, (Record, usize)>,
+    bytes: usize,
+}
+
+impl Recent {
+    const MAX_RECORDS: usize = 4096;
+    const MAX_BYTES: usize = 32 << 20;
+    /// Larger records are not kept.
+    const MAX_RECORD: usize = 64 << 10;
+
+    fn key(coll: &str, id: &str) -> String {
+        format!("{coll}\0{id}")
+    }
+
+    pub(super) fn contains(&self, coll: &str, id: &str) -> bool {
+        self.records.contains_key(&Self::key(coll, id))
+    }
+
+    /// The record and its encoded size.
+    pub(super) fn take(&mut self, coll: &str, id: &str) -> Option<(Record, usize)> {
+        let (record, size) = self.records.remove(&Self::key(coll, id))?;
+        self.bytes -= size;
+        Some((record, size))
+    }
+
+    /// Keep `record` (encoded in `size` bytes) as the current `coll`/`id`.
+    pub(super) fn put(&mut self, coll: &str, id: &str, record: Record, size: usize) {
+        if size > Self::MAX_RECORD {
+            return;
+        }
+        if self.records.len() >= Self::MAX_RECORDS || self.bytes + size > Self::MAX_BYTES {
+            self.clear();
+        }
+        self.bytes += size;
+        if let Some((_, before)) = self.records.insert(Self::key(coll, id), (record, size)) {
+            self.bytes -= before;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.records.clear();
+        self.bytes = 0;
+    }
+}
+
+pub(super) enum WriteOp {
+    Insert {
+        coll: String,
+        record: Record,
+    },
+    Replace {
+        coll: String,
+        id: String,
+        filter: Document,
+        record: Record,
+    },
+    Update {
+        coll: String,
+        id: String,
+        filter: Document,
+        update: Update,
+    },
+    Delete {
+        coll: String,
+        id: String,
+        filter: Document,
+    },
+    Append {
+        coll: String,
+        record: Record,
+    },
+    /// Index changes commit on their own.
+    EnsureIndex {
+        coll: String,
+        spec: IndexSpec,
+    },
+    DropIndex {
+        coll: String,
+        name: String,
+    },
+    /// Nothing to apply: make every write so far durable.
+    Sync,
+    /// Make every write so far durable and open a read transaction on
+    /// that state (a backup's snapshot); commits on its own.
+    Snapshot(oneshot::Sender<StoreResult<redb::ReadTransaction>>),
+    /// Checkpoint and stop the writer (the store closes).
+    Close,
+}
+
+impl WriteOp {
+    pub(super) fn of(coll: &str, write: Write<'_>) -> Self {
+        let coll = coll.to_owned();
+        match write {
+            Write::Insert(record) => WriteOp::Insert { coll, record },
+            Write::Replace { id, filter, record } => WriteOp::Replace { coll, id: id.to_owned(), filter, record },
+            Write::Update { id, filter, update } => WriteOp::Update { coll, id: id.to_owned(), filter, update },
+            Write::Delete { id, filter } => WriteOp::Delete { coll, id: id.to_owned(), filter },
+            Write::Append(record) => WriteOp::Append { coll, record },
+        }
+    }
+
+    /// Whether the item commits on its own, outside any batch.
+    fn is_schema(&self) -> bool {
+        matches!(self, WriteOp::EnsureIndex { .. } | WriteOp::DropIndex { .. } | WriteOp::Snapshot(_) | WriteOp::Close)
+    }
+}
+
+/// How many of a queued chain's writes were applied.
+type Reply = oneshot::Sender<StoreResult<usize>>;
+
+/// Writes waiting for the writer: one, or a chain applied in order until
+/// one is not applied ([`Store::write_in_order`](crate::store::Store::write_in_order)).
+pub(super) struct Queued {
+    pub(super) ops: Vec<WriteOp>,
+    pub(super) durability: Durability,
+    pub(super) reply: Reply,
+}
+
+impl Queued {
+    fn is_schema(&self) -> bool {
+        self.ops.first().is_some_and(WriteOp::is_schema)
+    }
+}
+
+/// Counters of the writer thread, for benchmarks and metrics.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    /// redb commits (group commits), synced or not.
+    pub commits: AtomicU64,
+    /// Syncs (fsyncs) of the journal or, at checkpoints, of redb.
+    pub syncs: AtomicU64,
+    /// Checkpoints: redb made durable, the journal started over.
+    pub checkpoints: AtomicU64,
+    /// Queued writes applied or refused (a chain counts each of its writes).
+    pub writes: AtomicU64,
+    /// Time spent committing, in nanoseconds (the writer's busy time).
+    pub busy_nanos: AtomicU64,
+    /// Of which in commits that synced, and in checkpoints.
+    pub synced_nanos: AtomicU64,
+    /// Where the busy time went, in nanoseconds: applying batches (redb's
+    /// write transaction begun, each write checked and applied, indexes
+    /// kept), writing their journal entries, syncing the journal, committing
+    /// to redb (unsynced), and checkpoints (redb made durable).
+    pub apply_nanos: AtomicU64,
+    pub journal_nanos: AtomicU64,
+    pub sync_nanos: AtomicU64,
+    pub commit_nanos: AtomicU64,
+    pub checkpoint_nanos: AtomicU64,
+    /// Journal entries written.
+    pub entries: AtomicU64,
+    /// The longest a commit waited unsynced before a sync covered it, and
+    /// the longest one batch took, in nanoseconds: the sync interval is a
+    /// deadline when the first stays within the interval plus a batch.
+    pub max_unsynced_nanos: AtomicU64,
+    pub max_batch_nanos: AtomicU64,
+    /// The most journal bytes one batch wrote.
+    pub max_batch_bytes: AtomicU64,
+    /// Records in the writer's cache of recent records, and the bytes it
+    /// counts for them, after the last batch.
+    pub recent_records: AtomicU64,
+    pub recent_bytes: AtomicU64,
+    /// Some commit is not durable yet: set before such a commit becomes
+    /// visible, cleared once a sync covers it. A reader that finds it
+    /// clear after reading has read only durable data.
+    pub unsynced: std::sync::atomic::AtomicBool,
+}
+
+impl WriterStats {
+    /// Nanoseconds from `since` to `now`.
+    fn nanos(since: Instant, now: Instant) -> u64 {
+        u64::try_from((now - since).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Add the time since `since` to `counter`; returns now.
+    fn add(counter: &AtomicU64, since: Instant) -> Instant {
+        let now = Instant::now();
+        counter.fetch_add(Self::nanos(since, now), Ordering::Relaxed);
+        now
+    }
+
+    /// Busy time of a batch that started at `started` (and synced).
+    fn count(&self, started: Instant, synced: bool) {
+        let nanos = Self::nanos(started, Instant::now());
+        self.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
+        if synced {
+            self.synced_nanos.fetch_add(nanos, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The writer thread's state.
+pub(super) struct Writer {
+    pub(super) db: Arc<Database>,
+    pub(super) catalog: Catalog,
+    pub(super) stats: Arc<WriterStats>,
+    pub(super) interval: Duration,
+    pub(super) checkpoint_bytes: u64,
+    pub(super) quick_repair: bool,
+    /// Raised after the last checkpoint: redb's own close writes nothing.
+    pub(super) fence: Fence,
+    /// When the oldest journal entry not yet synced was written.
+    pub(super) unsynced_since: Option<Instant>,
+    pub(super) journal: Journal,
+    pub(super) recent: Recent,
+    /// The next position of each log collection appended to (see
+    /// [`Write::Append`]), learned from its last record on first use.
+    pub(super) positions: HashMap<String, u64>,
+}
+
+impl Writer {
+    pub(super) fn run(mut self, rx: &mpsc::Receiver<Queued>) {
+        let mut held: Option<Queued> = None;
+        loop {
+            let first = match held.take() {
+                Some(item) => item,
+                None => match self.next(rx) {
+                    Some(item) => item,
+                    None => {
+                        // Every handle is gone: the store closes durable.
+                        self.checkpoint_or_stop();
+                        self.fence.raise();
+                        return;
+                    }
+                },
+            };
+            if first.is_schema() {
+                // Schema changes commit on their own, durable, after
+                // everything before them is; the journal never spans one.
+                let op = first.ops.into_iter().next().expect("a schema change");
+                match op {
+                    WriteOp::Snapshot(reply) => {
+                        self.sync_or_stop();
+                        let _ = reply.send(self.db.begin_read().map_err(internal));
+                        let _ = first.reply.send(Ok(1));
+                    }
+                    WriteOp::Close => {
+                        self.checkpoint_or_stop();
+                        // The file stays as a crash right after this
+                        // checkpoint would leave it (see `disk::Fence`).
+                        self.fence.raise();
+                        let _ = first.reply.send(Ok(1));
+                        return;
+                    }
+                    op => {
+                        self.checkpoint_or_stop();
+                        let done = schema_change(&self.db, &self.catalog, op, self.quick_repair);
+                        let _ = first.reply.send(done.map(usize::from));
+                    }
+                }
+                continue;
+            }
+            self.commit(first, rx, &mut held);
+            // The sync interval is a deadline, kept under continuous load
+            // too, not only when the queue runs dry.
+            if self.unsynced_since.is_some_and(|since| since.elapsed() >= self.interval) {
+                self.sync_or_stop();
+            }
+        }
+    }
+
+    /// The next queued write; with unsynced commits outstanding, a sync
+    /// once the interval since the oldest has passed. `None` once every
+    /// handle to the store is gone.
+    fn next(&mut self, rx: &mpsc::Receiver<Queued>) -> Option<Queued> {
+        loop {
+            let Some(since) = self.unsynced_since else { return rx.recv().ok() };
+            let left = self.interval.saturating_sub(since.elapsed());
+            match rx.recv_timeout(left) {
+                Ok(item) => return Some(item),
+                Err(mpsc::RecvTimeoutError::Timeout) => self.sync_or_stop(),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+
+    /// Commit a batch: `first` and whatever else is queued, up to
+    /// [`MAX_BATCH`] items or [`MAX_BATCH_BYTES`] of effects. Its effects go
+    /// to the journal (in entries of about [`journal::ENTRY_TARGET`], split
+    /// between writes) before the commit is visible, and the journal is
+    /// synced first when the batch holds a write that must be durable. An
+    /// item that must commit on its own is left in `held`.
+    fn commit(&mut self, first: Queued, rx: &mpsc::Receiver<Queued>, held: &mut Option<Queued>) {
+        let started = Instant::now();
+        let mut batch = vec![first];
+        let mut results = Vec::with_capacity(1);
+        let mut entries = vec![Effects::default()];
+        let prepared = (|| -> StoreResult<redb::WriteTransaction> {
+            let mut txn = self.db.begin_write().map_err(internal)?;
+            txn.set_durability(redb::Durability::None).map_err(internal)?;
+            {
+                let specs = self.catalog.read().expect("index catalog");
+                let mut table = txn.open_table(RECORDS).map_err(internal)?;
+                let mut index = txn.open_table(ENTRIES).map_err(internal)?;
+                let mut deferred = Deferred::default();
+                let mut bytes = 0usize;
+                let mut next = 0;
+                while next < batch.len() {
+                    let queued = &batch[next];
+                    let mut applied = 0;
+                    let mut result = Ok(());
+                    for op in &queued.ops {
+                        let mut state = Applying {
+                            recent: &mut self.recent,
+                            positions: &mut self.positions,
+                            deferred: &mut deferred,
+                        };
+                        let effects = entries.last_mut().expect("an entry");
+                        let before = effects.len();
+                        let outcome = apply(&mut table, &mut index, &specs, &mut state, op, effects);
+                        bytes += effects.len() - before;
+                        if effects.len() >= journal::ENTRY_TARGET {
+                            entries.push(Effects::default());
+                        }
+                        match outcome {
+                            Ok(true) => applied += 1,
+                            Ok(false) => break,
+                            Err(err) => {
+                                result = Err(err);
+                                break;
+                            }
+                        }
+                    }
+                    results.push(result.map(|()| applied));
+                    next += 1;
+                    if next == batch.len() && batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
+                        match rx.try_recv() {
+                            Ok(item) if item.is_schema() => *held = Some(item),
+                            Ok(item) => batch.push(item),
+                            Err(_) => {}
+                        }
+                    }
+                }
+                deferred.flush(&mut index)?;
+            }
+            let written = entries.iter().filter(|e| !e.is_empty()).count() as u64;
+            if written > 0 {
+                let mut state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
+                state.insert(APPLIED, self.journal.next_lsn() + written - 1).map_err(internal)?;
+            }
+            Ok(txn)
+        })();
+        let mut phase = WriterStats::add(&self.stats.apply_nanos, started);
+        let writes: usize = batch.iter().map(|q| q.ops.len()).sum();
+        self.stats.writes.fetch_add(writes as u64, Ordering::Relaxed);
+        let durable = batch.iter().any(|q| q.durability == Durability::Synced);
+        let txn = match prepared {
+            Ok(txn) => txn,
+            Err(err) => {
+                // Nothing was written: the batch is refused as a whole.
+                self.recent.clear();
+                self.positions.clear();
+                tracing::error!(error = %err, "embedded store commit failed; batch not applied");
+                for queued in batch {
+                    let _ = queued.reply.send(Err(StoreError::Unavailable(err.to_string())));
+                }
+                return;
+            }
+        };
+        let txn = if entries.iter().all(Effects::is_empty) {
+            // Only refusals and syncs: nothing to commit.
+            if let Err(err) = txn.abort() {
+                tracing::warn!(error = %err, "aborting an empty embedded write transaction failed");
+            }
+            None
+        } else {
+            let mut bytes = 0;
+            for effects in entries.iter_mut().filter(|e| !e.is_empty()) {
+                bytes += effects.len() as u64;
+                if let Err(err) = self.journal.append(effects) {
+                    stop(&StoreError::Unavailable(format!("journal write failed: {err}")));
+                }
+                self.stats.entries.fetch_add(1, Ordering::Relaxed);
+            }
+            self.stats.max_batch_bytes.fetch_max(bytes, Ordering::Relaxed);
+            drop(entries);
+            phase = WriterStats::add(&self.stats.journal_nanos, phase);
+            if self.unsynced_since.is_none() {
+                self.unsynced_since = Some(Instant::now());
+                self.stats.unsynced.store(true, Ordering::SeqCst);
+            }
+            Some(txn)
+        };
+        let synced = durable && self.journal.is_unsynced();
+        if durable {
+            self.sync_or_stop();
+            phase = WriterStats::add(&self.stats.sync_nanos, phase);
+        }
+        if let Some(txn) = txn {
+            if let Err(err) = txn.commit() {
+                // The journal holds the batch: opening the store again
+                // applies it.
+                stop(&StoreError::Unavailable(format!("commit failed: {err}")));
+            }
+            self.stats.commits.fetch_add(1, Ordering::Relaxed);
+            WriterStats::add(&self.stats.commit_nanos, phase);
+        }
+        self.stats.count(started, synced);
+        let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats.max_batch_nanos.fetch_max(took, Ordering::Relaxed);
+        self.stats.recent_records.store(self.recent.records.len() as u64, Ordering::Relaxed);
+        self.stats.recent_bytes.store(self.recent.bytes as u64, Ordering::Relaxed);
+        for (queued, result) in batch.into_iter().zip(results) {
+            let _ = queued.reply.send(result);
+        }
+        if self.journal.written() >= self.checkpoint_bytes {
+            self.checkpoint_or_stop();
+        }
+    }
+
+    /// Make every journal entry durable, or stop the process.
+    fn sync_or_stop(&mut self) {
+        if self.unsynced_since.is_none() {
+            return;
+        }
+        if let Err(err) = self.journal.sync() {
+            stop(&StoreError::Unavailable(format!("journal sync failed: {err}")));
+        }
+        if let Some(since) = self.unsynced_since {
+            let waited = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.stats.max_unsynced_nanos.fetch_max(waited, Ordering::Relaxed);
+        }
+        self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        self.unsynced_since = None;
+        self.stats.unsynced.store(false, Ordering::SeqCst);
+    }
+
+    /// Make redb durable with every commit so far, and start the journal
+    /// over; or stop the process.
+    fn checkpoint_or_stop(&mut self) {
+        if self.journal.written() == 0 {
+            return;
+        }
+        let started = Instant::now();
+        let done = (|| -> StoreResult<()> {
+            let mut txn = self.db.begin_write().map_err(internal)?;
+            txn.set_durability(redb::Durability::Immediate).map_err(internal)?;
+            // The allocator state is saved with the commit, so opening
+            // after a crash needs no full repair of the file.
+            txn.set_quick_repair(self.quick_repair);
+            txn.commit().map_err(internal)
+        })();
+        if let Err(err) = done {
+            stop(&err);
+        }
+        if let Err(err) = self.journal.restart(self.journal.next_lsn()) {
+            stop(&StoreError::Unavailable(format!("journal restart failed: {err}")));
+        }
+        self.unsynced_since = None;
+        self.stats.unsynced.store(false, Ordering::SeqCst);
+        self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        WriterStats::add(&self.stats.checkpoint_nanos, started);
+        self.stats.count(started, true);
+    }
+}
+
+/// Unsynced commits that cannot be made durable, or a writer that cannot
+/// go on: readers may have seen writes that could be lost, so the process
+/// stops rather than go on past them (the next start recovers).
+pub(super) fn stop(err: &StoreError) -> ! {
+    tracing::error!(error = %err, "embedded store cannot go on; stopping");
+    eprintln!("txgate: the embedded store cannot go on ({err}); stopping");
+    std::process::exit(70)
+}
