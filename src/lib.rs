@@ -28,7 +28,7 @@ use documents::Documents;
 use hooks::Hooks;
 use metrics::Metrics;
 use store::{DynStore, StoreError};
-use txn::{Engine, TxnConfig};
+use txn::{Transactions, TxnConfig};
 
 /// Why the gateway could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -75,7 +75,9 @@ pub fn stack(raw: DynStore, timeout: std::time::Duration, metrics: &Arc<Metrics>
 
 /// Everything a running gateway is made of.
 pub struct App {
-    pub engine: Arc<Engine>,
+    /// The store stack everything above runs on.
+    pub store: DynStore,
+    pub txns: Arc<Transactions>,
     pub hooks: Arc<Hooks>,
     pub documents: Arc<Documents>,
     pub metrics: Arc<Metrics>,
@@ -86,13 +88,13 @@ pub struct App {
     pub stop: CancellationToken,
 }
 
-/// The transaction engine with its outputs (hook deliveries), as a gateway
-/// runs it.
-pub fn engine(store: DynStore, cfg: TxnConfig, metrics: Arc<Metrics>) -> (Arc<Engine>, Arc<Hooks>) {
+/// The transaction services with their outputs (change events and hook
+/// deliveries), as a gateway runs them.
+pub fn transactions(store: DynStore, cfg: TxnConfig, metrics: Arc<Metrics>) -> (Arc<Transactions>, Arc<Hooks>) {
     let hooks = Hooks::new(Arc::clone(&store), Arc::clone(&metrics), cfg.clock.clone());
     let events = events::TxnEvents::new(Arc::clone(&store), cfg.clock.clone());
     let outputs: Vec<Arc<dyn txn::outputs::Outputs>> = vec![events as _, Arc::clone(&hooks) as _];
-    (Engine::new(store, cfg, metrics, outputs), hooks)
+    (Transactions::build(store, cfg, metrics, outputs), hooks)
 }
 
 impl App {
@@ -120,13 +122,20 @@ impl App {
         metrics.sampled("txgate_events_written_total", "Change events this instance appended to the log", move || {
             log.appended()
         });
-        let (engine, hooks) = engine(store, config.txn.clone(), Arc::clone(&metrics));
-        let documents = Arc::new(Documents::new(Arc::clone(&engine)));
+        let (txns, hooks) = transactions(Arc::clone(&store), config.txn.clone(), Arc::clone(&metrics));
+        let documents = Arc::new(Documents::new(
+            Arc::clone(&store),
+            Arc::clone(txns.locks()),
+            config.txn.clock.clone(),
+            Arc::clone(&metrics),
+            config.txn.lock_wait,
+        ));
         let subscriptions =
-            subscriptions::Subscriptions::new(Arc::clone(engine.store()), Arc::clone(&events), Arc::clone(&hooks));
+            subscriptions::Subscriptions::new(Arc::clone(&store), Arc::clone(&events), Arc::clone(&hooks));
         let collections =
-            collections::Collections::new(Arc::clone(engine.store()), Arc::clone(&events), config.txn.clock.clone());
-        Self { engine, hooks, documents, metrics, events, subscriptions, collections, stop: CancellationToken::new() }
+            collections::Collections::new(Arc::clone(&store), Arc::clone(&events), config.txn.clock.clone());
+        let stop = CancellationToken::new();
+        Self { store, txns, hooks, documents, metrics, events, subscriptions, collections, stop }
     }
 
     /// The TTL sweeper of this gateway.
@@ -143,7 +152,8 @@ impl App {
     pub fn router(&self, config: &Config) -> axum::Router {
         let state = http::AppState {
             documents: Arc::clone(&self.documents),
-            engine: Arc::clone(&self.engine),
+            store: Arc::clone(&self.store),
+            txns: Arc::clone(&self.txns),
             hooks: Arc::clone(&self.hooks),
             hook_guard: Arc::new(config.hook_guard.clone()),
             events: Arc::clone(&self.events),
@@ -181,14 +191,14 @@ pub async fn run_with_store(
     let abandon = sender.abandon();
     let workers = tokio_util::task::TaskTracker::new();
     let stop_workers = CancellationToken::new();
-    workers.spawn(txn::recovery::Recovery::new(Arc::clone(&app.engine)).run(stop_workers.clone()));
+    workers.spawn(Arc::clone(app.txns.recovery()).run(stop_workers.clone()));
     workers.spawn(sender.run(stop_workers.clone()));
     workers.spawn(Arc::clone(&app.subscriptions).run(stop_workers.clone()));
     workers.spawn(app.sweeper(&config).run(stop_workers.clone()));
     workers.spawn(purger(&app, &config).run(stop_workers.clone()));
     workers.spawn(events::purge_worker(Arc::clone(&app.events), config.txn.recovery_interval, stop_workers.clone()));
     workers.close();
-    tracing::info!(addr = %listener.local_addr()?, store = app.engine.store().backend(), "txgate listening");
+    tracing::info!(addr = %listener.local_addr()?, store = app.store.backend(), "txgate listening");
     let streams = app.stop.clone();
     // The stop's deadline, from the moment it is asked for.
     let deadline = Arc::new(std::sync::OnceLock::new());
@@ -215,10 +225,10 @@ pub async fn run_with_store(
         abandon.cancel();
         workers.wait().await;
     }
-    app.engine.tasks().close();
-    app.engine.tasks().wait().await;
+    app.txns.tasks().close();
+    app.txns.tasks().wait().await;
     // Everything written so far durable before the process ends.
-    app.engine.store().sync().await?;
+    app.store.sync().await?;
     tracing::info!("shutdown complete");
     Ok(())
 }
@@ -249,7 +259,7 @@ fn purger(app: &App, config: &Config) -> purge::Purger {
         },
     ];
     purge::Purger::new(
-        Arc::clone(app.engine.store()),
+        Arc::clone(&app.store),
         config.txn.clock.clone(),
         Arc::clone(&app.metrics),
         rules,

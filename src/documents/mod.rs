@@ -15,11 +15,13 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use crate::clock::Clock;
 use crate::events::{self, EventType};
+use crate::metrics::Metrics;
+use crate::store::DynStore;
 use crate::store::scans::{DOCS_LIVE, DOCS_STAGED};
 use crate::store::{Bson, DateTime, Document, Durability, StoreError, Write, record_id};
-use crate::txn::Engine;
-use crate::txn::locks::Settled;
+use crate::txn::locks::{Locks, Settled};
 use model::{Live, StagedOp, StoredDoc, View};
 use rules::{Invalid, Patch};
 
@@ -59,19 +61,30 @@ pub enum Written {
     Deleted { version: i64 },
 }
 
+/// Single-document reads and writes. Of the transaction protocol they
+/// need only what to do about a lock they meet ([`Locks`]).
 pub struct Documents {
-    engine: Arc<Engine>,
+    store: DynStore,
+    locks: Arc<Locks>,
+    clock: Clock,
+    metrics: Arc<Metrics>,
+    /// How long a write waits for a live transaction's lock.
+    lock_wait: Duration,
 }
 
 const MAX_BACKOFF: Duration = Duration::from_millis(100);
 
 impl Documents {
-    pub fn new(engine: Arc<Engine>) -> Self {
-        Self { engine }
+    pub fn new(store: DynStore, locks: Arc<Locks>, clock: Clock, metrics: Arc<Metrics>, lock_wait: Duration) -> Self {
+        Self { store, locks, clock, metrics, lock_wait }
     }
 
     fn store(&self) -> &dyn crate::store::Store {
-        self.engine.store().as_ref()
+        self.store.as_ref()
+    }
+
+    fn now(&self) -> DateTime {
+        self.clock.now()
     }
 
     async fn load(&self, coll: &str, id: &str) -> Result<Option<StoredDoc>, DocError> {
@@ -91,23 +104,15 @@ impl Documents {
         }
     }
 
-    async fn view(
-        &self,
-        doc: StoredDoc,
-        holders: &mut HashMap<String, Option<crate::txn::TxnRecord>>,
-    ) -> Result<View, DocError> {
+    async fn view(&self, doc: StoredDoc, holders: &mut HashMap<String, Option<DateTime>>) -> Result<View, DocError> {
         let Some(holder) = doc.meta.txn.clone() else { return Ok(doc.committed_view()) };
         if !holders.contains_key(&holder) {
-            let rec = self.engine.record(&holder).await?;
-            holders.insert(holder.clone(), rec);
+            let committed_at = self.locks.committed_at(&holder).await?;
+            holders.insert(holder.clone(), committed_at);
         }
-        match holders.get(&holder).and_then(Option::as_ref) {
-            Some(rec) if rec.status.is_committed() => {
-                let at = rec.committed_at.unwrap_or_else(|| self.engine.now());
-                self.engine.help_roll_forward(rec.clone());
-                Ok(doc.rolled_forward(at).committed_view())
-            }
-            _ => Ok(doc.committed_view()),
+        match holders.get(&holder).copied().flatten() {
+            Some(at) => Ok(doc.rolled_forward(at).committed_view()),
+            None => Ok(doc.committed_view()),
         }
     }
 
@@ -119,15 +124,15 @@ impl Documents {
         deadline: tokio::time::Instant,
         backoff: &mut Duration,
     ) -> Result<(), DocError> {
-        match self.engine.settle(coll, doc, None).await? {
+        match self.locks.settle(coll, doc, None).await? {
             Settled::Retry => Ok(()),
             Settled::Busy { holder } => {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 if left.is_zero() {
-                    self.engine.metrics().incr("txgate_conflicts_total", "locked");
-                    return Err(DocError::Locked { holder, retry_after: self.engine.config().lease });
+                    self.metrics.incr("txgate_conflicts_total", "locked");
+                    return Err(DocError::Locked { holder, retry_after: self.locks.lease() });
                 }
-                self.engine.wait_release(coll, &doc.id, (*backoff).min(left)).await;
+                self.locks.wait_release(coll, &doc.id, (*backoff).min(left)).await;
                 *backoff = (*backoff * 2).min(MAX_BACKOFF);
                 Ok(())
             }
@@ -135,7 +140,7 @@ impl Documents {
     }
 
     fn deadline(&self) -> tokio::time::Instant {
-        tokio::time::Instant::now() + self.engine.config().lock_wait
+        tokio::time::Instant::now() + self.lock_wait
     }
 
     /// Create a document. Over a tombstone the document is re-created and
@@ -145,7 +150,7 @@ impl Documents {
         let deadline = self.deadline();
         let mut backoff = Duration::from_millis(5);
         loop {
-            let at = self.engine.now();
+            let at = self.now();
             let fresh = StoredDoc::new_live(id.clone(), data.clone(), sv, 1, at);
             if self.write_with_event(coll, None, fresh.clone(), EventType::Created).await? {
                 return Ok(live(fresh));
@@ -182,14 +187,14 @@ impl Documents {
     ) -> Result<bool, DocError> {
         let store = self.store();
         if let Some(cur) = current.filter(|c| c.meta.outbox.is_some()) {
-            events::publish_outbox(store, coll, cur, self.engine.now()).await?;
+            events::publish_outbox(store, coll, cur, self.now()).await?;
         }
-        let at = next.meta.updated_at.unwrap_or_else(|| self.engine.now());
+        let at = next.meta.updated_at.unwrap_or_else(|| self.now());
         let event = events::model::document_event(kind, coll, &next, None, at);
         let eid = event.get_str("_id").unwrap_or_default().to_owned();
         next.meta.outbox = Some(event.clone());
         let mut logged = event;
-        logged.insert("logged_at", self.engine.now());
+        logged.insert("logged_at", self.now());
         let first = match current {
             None => Write::Insert(next.to_record()),
             Some(cur) => Write::Replace { id: &cur.id, filter: cur.unchanged_filter(None), record: next.to_record() },
@@ -232,10 +237,10 @@ impl Documents {
                 View::Live(_) => {}
             }
             if let Some(expected) = if_match.filter(|v| *v != doc.meta.v) {
-                self.engine.metrics().incr("txgate_conflicts_total", "version_conflict");
+                self.metrics.incr("txgate_conflicts_total", "version_conflict");
                 return Err(DocError::VersionConflict { expected, actual: doc.meta.v });
             }
-            let at = self.engine.now();
+            let at = self.now();
             let next = apply_change(&doc, change, at)?;
             let kind = if matches!(change, Change::Delete) { EventType::Deleted } else { EventType::Updated };
             if self.write_with_event(coll, Some(&doc), next.clone(), kind).await? {
@@ -256,7 +261,7 @@ impl Documents {
         if doc.meta.txn.is_some() || !matches!(doc.committed_view(), View::Live(_)) {
             return Ok(false);
         }
-        let next = apply_change(doc, &Change::Delete, self.engine.now())?;
+        let next = apply_change(doc, &Change::Delete, self.now())?;
         self.write_with_event(coll, Some(doc), next, EventType::Expired).await
     }
 

@@ -12,6 +12,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use url::{Host, Url};
 
+use crate::documents::rules::Invalid;
+
 /// One `TXGATE_HOOK_ALLOW` pattern: `host`, `host:port`, `*.domain`,
 /// `host:*` (`[v6]` for IPv6 literals).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,7 +54,58 @@ fn parse_pattern(raw: &str) -> Result<Pattern, String> {
     Ok(Pattern { host, port })
 }
 
+/// Longest destination URL.
+const MAX_URL: usize = 2048;
+
+/// Why a hook destination was refused.
+#[derive(Debug)]
+pub enum Refused {
+    /// Not an http(s) URL with a plain host.
+    Invalid(Invalid),
+    /// A URL the guard does not allow (`why`), at `pointer` in the request.
+    NotAllowed { pointer: String, why: String },
+}
+
 impl HookGuard {
+    /// Webhook destination `url` (at `pointer`), checked: an http(s) URL with
+    /// a host name of letters, digits, `-` and `.` (or an IP address) that the
+    /// destination guard allows.
+    pub fn destination(&self, url: &str, pointer: &str) -> Result<Url, Refused> {
+        if url.len() > MAX_URL {
+            return Err(Refused::Invalid(Invalid::new(pointer, format!("a URL has at most {MAX_URL} characters"))));
+        }
+        let bytes = url.as_bytes();
+        let bad_escape = bytes.iter().enumerate().any(|(i, b)| {
+            *b == b'%'
+                && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                    && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+        });
+        if bad_escape {
+            return Err(Refused::Invalid(Invalid::new(
+                pointer,
+                "not a URL: '%' must start a percent-escape of two hex digits",
+            )));
+        }
+        let parsed = Url::parse(url).map_err(|e| Refused::Invalid(Invalid::new(pointer, format!("not a URL: {e}"))))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(Refused::Invalid(Invalid::new(pointer, "the URL must be http or https with a host")));
+        }
+        match parsed.host() {
+            None => return Err(Refused::Invalid(Invalid::new(pointer, "the URL must be http or https with a host"))),
+            Some(Host::Domain(name)) if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') => {
+                return Err(Refused::Invalid(Invalid::new(
+                    pointer,
+                    "a host name has only letters, digits, '-' and '.'",
+                )));
+            }
+            Some(_) => {}
+        }
+        if let Err(why) = self.check_url(&parsed) {
+            return Err(Refused::NotAllowed { pointer: pointer.to_owned(), why });
+        }
+        Ok(parsed)
+    }
+
     /// From the comma-separated `TXGATE_HOOK_ALLOW` value.
     pub fn new(allow: &str) -> Result<Self, String> {
         let allow =

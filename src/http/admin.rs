@@ -197,9 +197,9 @@ pub async fn backup(
     let running = state.backups.claim()?;
     let dest = dir.join(backup_name(time::OffsetDateTime::now_utc(), rand::random()));
     tracing::info!(path = %dest.display(), "backup started");
-    let store = Arc::clone(state.engine.store());
+    let store = Arc::clone(&state.store);
     // In the request's span: its end is logged as part of the request.
-    let task = state.engine.tasks().spawn(write_backup(store, dest.clone(), running).instrument(Span::current()));
+    let task = state.txns.tasks().spawn(write_backup(store, dest.clone(), running).instrument(Span::current()));
     let (outcome, took_ms) = task.await.map_err(ApiError::internal)?;
     match outcome? {
         Some(info) => Ok((StatusCode::CREATED, axum::Json(backup_out(&dest, info, took_ms)))),

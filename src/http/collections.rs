@@ -11,9 +11,10 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::{Access, Scope};
 use super::contract::{Collection as CollectionName, Cursor};
-use super::documents::{CollectionPath, ListQuery, encode_cursor, paging};
+use super::documents::CollectionPath;
 use super::error::ApiError;
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body, integer};
+use super::paging::{ListQuery, encode_cursor, paging};
 use crate::collections::{Collection, Policy};
 use crate::documents::rules::{Invalid, check_collection};
 

@@ -31,6 +31,10 @@ const TOP_NAME: &str = "[^_$.\\u0000][^.\\u0000]*";
 /// A nested field name: not empty, no leading `$`, no `.`, no NUL.
 const NESTED_NAME: &str = "[^$.\\u0000][^.\\u0000]*";
 /// A page cursor: unpadded base64url (a length of 4n+1 cannot be one).
+/// The longest cursor (the API description says so): the base64 of the
+/// longest id, with room to spare.
+pub const MAX_CURSOR: usize = 2048;
+
 pub const CURSOR_PATTERN: &str = "^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$";
 /// A hook URL the gateway takes without a `TXGATE_HOOK_ALLOW` entry: http(s),
 /// a host name (not `localhost`), an optional port and path.
@@ -207,7 +211,7 @@ fn schema_here(name: &str) -> Value {
             "type": "string",
             "description": "The `next` of the previous page. Opaque: pass it back as it came.",
             "pattern": CURSOR_PATTERN,
-            "maxLength": super::documents::MAX_CURSOR,
+            "maxLength": MAX_CURSOR,
         }),
         "IfMatch" => json!({
             "type": "string",
@@ -606,7 +610,7 @@ mod tests {
         use crate::txn::commit::TxnError;
         use crate::txn::record::{Failure, FailureCode};
 
-        // What the engine fills in for each code (txn/commit.rs).
+        // What the engine fills in for each code (txn/commit).
         let failure = |code, retryable| Failure {
             action: Some(1),
             collection: Some("accounts".into()),

@@ -10,9 +10,9 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::contract::{AnyValue, Cursor};
-use super::documents::{encode_cursor, paging};
 use super::error::{ApiError, ProblemCode};
 use super::extract::{ApiPath, ApiQuery};
+use super::paging::{encode_cursor, paging};
 use crate::clock::{DateTime, rfc3339};
 use crate::documents::rules::Invalid;
 use crate::hooks::{AFTER_PREVIOUS, Delivery, DeliveryStatus, Replay};

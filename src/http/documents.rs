@@ -4,7 +4,6 @@
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
@@ -18,8 +17,10 @@ use super::contract::{
 };
 use super::error::ApiError;
 use super::extract::{
-    ApiPath, ApiQuery, JsonBody, body_bytes, etag, if_match, if_none_match, media_type, parse_json, unsupported_media,
+    ApiPath, ApiQuery, JsonBody, body_bytes, etag, if_match, if_none_match, media_type, parse_json, present,
+    unsupported_media,
 };
+use super::paging::{ListQuery, encode_cursor, paging};
 use crate::clock::rfc3339;
 use crate::documents::model::{Live, View};
 use crate::documents::rules::{self, Invalid, Patch};
@@ -98,12 +99,6 @@ pub struct DocumentPatch {
     pub inc: Option<Map<String, Value>>,
 }
 
-/// An optional member that, when present, must have a value: `null` is
-/// refused rather than read as absent.
-pub fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(deserializer: D) -> Result<Option<T>, D::Error> {
-    T::deserialize(deserializer).map(Some)
-}
-
 #[derive(Deserialize, IntoParams)]
 pub struct CollectionPath {
     #[param(value_type = Collection)]
@@ -125,20 +120,6 @@ pub struct WriteQuery {
     #[param(minimum = 1, maximum = 9223372036854775807_i64)]
     pub schema_version: Option<i64>,
 }
-
-#[derive(Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct ListQuery {
-    /// Page size (default 50).
-    #[param(minimum = 1, maximum = 1000)]
-    pub limit: Option<i64>,
-    /// The `next` cursor of the previous page.
-    #[param(value_type = Option<Cursor>)]
-    pub after: Option<String>,
-}
-
-pub const DEFAULT_PAGE: i64 = 50;
-pub const MAX_PAGE: i64 = 1000;
 
 impl CollectionPath {
     fn check(&self) -> Result<&str, ApiError> {
@@ -418,43 +399,4 @@ pub async fn list_documents(
         items: items.into_iter().map(|l| DocumentOut::new(collection, l)).collect(),
         next: next.as_deref().map(encode_cursor),
     }))
-}
-
-/// A page request's size (1..1000, default 50) and the id its `after`
-/// cursor names.
-pub fn paging(limit: Option<i64>, after: Option<&str>) -> Result<(usize, Option<String>), ApiError> {
-    let limit = limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(Invalid::new("/query/limit", format!("limit must be between 1 and {MAX_PAGE}")).into());
-    }
-    Ok((limit as usize, after.map(decode_cursor).transpose()?))
-}
-
-/// Cursors: unpadded base64url of the last id of a page. Decoding is
-/// lenient (stray trailing bits, invalid UTF-8 replaced): a cursor is a
-/// position, `after` it is well defined for any string.
-const CURSOR: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
-    &base64::alphabet::URL_SAFE,
-    base64::engine::GeneralPurposeConfig::new()
-        .with_encode_padding(false)
-        .with_decode_allow_trailing_bits(true)
-        .with_decode_padding_mode(base64::engine::DecodePaddingMode::RequireNone),
-);
-
-/// The longest cursor (the API description says so): the base64 of the
-/// longest id, with room to spare.
-pub const MAX_CURSOR: usize = 2048;
-
-pub fn encode_cursor(id: &str) -> String {
-    CURSOR.encode(id)
-}
-
-pub fn decode_cursor(cursor: &str) -> Result<String, ApiError> {
-    if cursor.len() > MAX_CURSOR {
-        return Err(Invalid::new("/query/after", "not a cursor returned by this API (too long)").into());
-    }
-    CURSOR
-        .decode(cursor)
-        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-        .map_err(|_| Invalid::new("/query/after", "not a cursor returned by this API").into())
 }

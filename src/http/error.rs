@@ -285,17 +285,38 @@ impl ApiError {
 
 impl From<TxnError> for ApiError {
     fn from(err: TxnError) -> Self {
+        Self::from_txn(&err)
+    }
+}
+
+impl ApiError {
+    /// The answer for a transaction that did not commit.
+    pub fn from_txn(err: &TxnError) -> Self {
         match err {
-            TxnError::Aborted { txn, failure } => Self::failure(StatusCode::CONFLICT, txn, failure),
-            TxnError::InvalidChange { txn, failure } => Self::failure(StatusCode::UNPROCESSABLE_ENTITY, txn, failure),
-            TxnError::Store { txn, source } => Self::store(&source).with("transaction", txn),
+            TxnError::Aborted { txn, failure } => Self::failure(StatusCode::CONFLICT, txn.clone(), failure.clone()),
+            TxnError::InvalidChange { txn, failure } => {
+                Self::failure(StatusCode::UNPROCESSABLE_ENTITY, txn.clone(), failure.clone())
+            }
+            TxnError::Store { txn, source } => Self::store(source).with("transaction", txn.clone()),
             TxnError::OutcomeUnknown { txn } => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 ProblemCode::OutcomeUnknown,
                 "the store stopped answering at the commit point; read the transaction to learn its outcome",
             )
-            .with("transaction", txn)
+            .with("transaction", txn.clone())
             .retry(Duration::from_secs(1)),
+        }
+    }
+}
+
+impl From<crate::hooks::guard::Refused> for ApiError {
+    fn from(refused: crate::hooks::guard::Refused) -> Self {
+        match refused {
+            crate::hooks::guard::Refused::Invalid(invalid) => Self::invalid(invalid),
+            crate::hooks::guard::Refused::NotAllowed { pointer, why } => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::HookNotAllowed, why)
+                    .with("errors", serde_json::json!([{"pointer": pointer, "detail": "destination not allowed"}]))
+            }
         }
     }
 }

@@ -429,6 +429,12 @@ impl NoneMatch {
     }
 }
 
+/// An optional member that, when present, must have a value: `null` is
+/// refused rather than read as absent.
+pub fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(deserializer: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(deserializer).map(Some)
+}
+
 #[cfg(test)]
 mod depth_tests {
     use super::*;

@@ -12,6 +12,7 @@ pub mod events;
 pub mod extract;
 pub mod limits;
 pub mod observe;
+pub mod paging;
 pub mod serve;
 pub mod strict;
 pub mod subscriptions;
@@ -31,14 +32,16 @@ use utoipa_axum::routes;
 
 use crate::config::Cors;
 use crate::documents::Documents;
-use crate::txn::Engine;
+use crate::store::DynStore;
+use crate::txn::Transactions;
 use error::{ApiError, PROBLEM_JSON, ProblemCode};
 
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
     pub documents: Arc<Documents>,
-    pub engine: Arc<Engine>,
+    pub store: DynStore,
+    pub txns: Arc<Transactions>,
     pub hooks: Arc<crate::hooks::Hooks>,
     pub hook_guard: Arc<crate::hooks::guard::HookGuard>,
     pub events: Arc<crate::events::Log>,
@@ -286,7 +289,7 @@ async fn healthz() -> impl IntoResponse {
         (status = 200, description = "Ready", body = Ready),
     ))]
 async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let store = state.engine.store().as_ref();
+    let store = state.store.as_ref();
     store.ping().await?;
     if !crate::migrate::all_applied(store).await? {
         return Err(ApiError::new(

@@ -13,10 +13,11 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::{Access, Scope};
 use super::contract::{Collection, Cursor, HookUrl};
-use super::documents::{ListQuery, encode_cursor, paging, present};
 use super::error::ApiError;
 use super::events::event_type;
+use super::extract::present;
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body};
+use super::paging::{ListQuery, encode_cursor, paging};
 use crate::clock::rfc3339;
 use crate::documents::rules::{Invalid, check_collection};
 use crate::events::{EventType, Filter};
@@ -107,7 +108,7 @@ type Filters = (Option<Vec<String>>, Option<Vec<EventType>>);
 
 /// The subscription's destination and filters, checked.
 fn check(input: &SubscriptionIn, state: &AppState) -> Result<Filters, ApiError> {
-    super::transactions::destination(&input.url, "/url", &state.hook_guard)?;
+    state.hook_guard.destination(&input.url, "/url")?;
     let collections = match &input.collections {
         None => None,
         Some(list) => {

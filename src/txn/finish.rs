@@ -3,18 +3,59 @@
 //! keyed by the transaction id, so any instance may run them, any number of
 //! times, concurrently.
 
-use crate::txn::record::Transition;
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 use futures::future::join_all;
+use tokio_util::task::TaskTracker;
 
+use crate::clock::Clock;
 use crate::documents::model::StoredDoc;
-use crate::store::{StoreResult, Write};
+use crate::metrics::Metrics;
+use crate::store::{DynStore, StoreResult, Write};
 
-use super::Engine;
-use super::record::{Member, Status, TXNS, TxnRecord};
+use super::outputs::Outputs;
+use super::record::{Member, Status, TXNS, Transition, TxnRecord};
+use super::signals::Signals;
 
-impl Engine {
+/// The finishing service: applies a decided transaction to its members
+/// and releases them, and makes its outputs exist first.
+pub struct Finish {
+    store: DynStore,
+    clock: Clock,
+    metrics: Arc<Metrics>,
+    signals: Arc<Signals>,
+    /// What a committed transaction leaves behind besides its documents.
+    outputs: Arc<[Arc<dyn Outputs>]>,
+    /// Background roll-forwards started for readers; awaited at shutdown.
+    tasks: TaskTracker,
+    /// Transactions this process is rolling forward in the background.
+    helping: Mutex<HashSet<String>>,
+}
+
+impl Finish {
+    pub(super) fn new(
+        store: DynStore,
+        clock: Clock,
+        metrics: Arc<Metrics>,
+        signals: Arc<Signals>,
+        outputs: Arc<[Arc<dyn Outputs>]>,
+        tasks: TaskTracker,
+    ) -> Arc<Self> {
+        Arc::new(Self { store, clock, metrics, signals, outputs, tasks, helping: Mutex::default() })
+    }
+
+    fn now(&self) -> crate::store::DateTime {
+        self.clock.now()
+    }
+
+    /// Make sure every output of committed `rec` exists: called before any
+    /// of its locks is released.
+    pub async fn ensure_outputs(&self, rec: &TxnRecord) -> StoreResult<()> {
+        // Kinds of output are independent of one another: made at once.
+        join_all(self.outputs.iter().map(|o| o.ensure(rec))).await.into_iter().collect()
+    }
+
     async fn member_doc(&self, m: &Member) -> StoreResult<Option<StoredDoc>> {
         match self.store.get(&m.collection, &m.id).await? {
             Some(rec) => StoredDoc::from_record(rec).map(Some),
@@ -133,12 +174,66 @@ impl Engine {
         if rec.status != Status::Committed || !self.helping.lock().expect("helping set").insert(rec.id.clone()) {
             return;
         }
-        let engine = Arc::clone(self);
+        let finish = Arc::clone(self);
         self.tasks.spawn(async move {
-            if let Err(err) = engine.roll_forward(&rec).await {
+            if let Err(err) = finish.roll_forward(&rec).await {
                 tracing::warn!(txn.id = %rec.id, error = %err, "background roll-forward failed; recovery will finish it");
             }
-            engine.helping.lock().expect("helping set").remove(&rec.id);
+            finish.helping.lock().expect("helping set").remove(&rec.id);
         });
+    }
+
+    /// Apply the staged change of committed `rec` to `doc` and release it.
+    /// The transaction's deliveries are made sure of first, so a lock is
+    /// never released before its hooks are recorded.
+    pub async fn roll_forward_member(&self, rec: &TxnRecord, coll: &str, doc: &StoredDoc) -> StoreResult<bool> {
+        if rec.status == Status::Committed {
+            self.ensure_outputs(rec).await?;
+        }
+        let at = rec.committed_at.unwrap_or_else(|| self.now());
+        let next = doc.rolled_forward(at);
+        let filter = doc.unchanged_filter(Some(&rec.id));
+        // Unsynced: recovery rolls forward again from the committed record.
+        let done = self.store.unsynced().replace(coll, &doc.id, filter, next.to_record()).await?;
+        if done {
+            self.signals.released(coll, &doc.id);
+        }
+        Ok(done)
+    }
+
+    /// Drop the lock of a holder seen aborted, rolled back or missing.
+    pub async fn release_stale(&self, holder: &str, coll: &str, doc: &StoredDoc) -> StoreResult<bool> {
+        let done = self.unlock(holder, coll, doc).await?;
+        if done {
+            self.metrics.recovery_action("lock_released");
+        }
+        Ok(done)
+    }
+
+    /// A running transaction gives back its own lock on `coll`/`id` (to take
+    /// it again later, in order).
+    pub async fn unlock_own(&self, txn: &str, coll: &str, id: &str) -> StoreResult<()> {
+        while let Some(rec) = self.store.get(coll, id).await? {
+            let doc = StoredDoc::from_record(rec)?;
+            if doc.meta.txn.as_deref() != Some(txn) || self.unlock(txn, coll, &doc).await? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Restore `doc` as it was before `holder` locked it (or remove the
+    /// placeholder `holder` inserted).
+    async fn unlock(&self, holder: &str, coll: &str, doc: &StoredDoc) -> StoreResult<bool> {
+        let filter = doc.unchanged_filter(Some(holder));
+        // Unsynced: a lock lost in a crash is one recovery releases again.
+        let done = match doc.rolled_back() {
+            Some(restored) => self.store.unsynced().replace(coll, &doc.id, filter, restored.to_record()).await?,
+            None => self.store.unsynced().delete(coll, &doc.id, filter).await?,
+        };
+        if done {
+            self.signals.released(coll, &doc.id);
+        }
+        Ok(done)
     }
 }

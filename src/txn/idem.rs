@@ -8,9 +8,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::store::{DateTime, StoreResult, Update, doc};
+use std::sync::Arc;
+use std::time::Duration;
 
-use super::Engine;
+use crate::clock::Clock;
+use crate::store::{DateTime, DynStore, StoreResult, Update, doc};
+
+use super::locks::Locks;
 use super::record::{Status, TXNS, TxnRecord};
 
 pub const IDEM: &str = "_idem";
@@ -162,7 +166,25 @@ fn canonical_number(n: &serde_json::Number) -> String {
     serde_json::Number::from_f64(f).map_or_else(|| n.to_string(), |n| n.to_string())
 }
 
-impl Engine {
+/// The idempotency service: claims on keys, moved along a request's
+/// attempts, and the outcomes stored for them.
+pub struct Idempotency {
+    store: DynStore,
+    clock: Clock,
+    /// How long an abandoned claim holds its key (a lease).
+    lease: Duration,
+    locks: Arc<Locks>,
+}
+
+impl Idempotency {
+    pub(super) fn new(store: DynStore, clock: Clock, lease: Duration, locks: Arc<Locks>) -> Arc<Self> {
+        Arc::new(Self { store, clock, lease, locks })
+    }
+
+    fn now(&self) -> DateTime {
+        self.clock.now()
+    }
+
     /// Claim `key` for `txn` running a body with hash `hash`.
     pub async fn claim_key(&self, key: &str, fingerprint: &Fingerprint, txn: &str) -> StoreResult<Claim> {
         let hash = fingerprint.hash.as_str();
@@ -193,7 +215,7 @@ impl Engine {
                 return Ok(Claim::Replay { status, body });
             }
             let holder = existing.txn.clone();
-            match self.record(&holder).await? {
+            match self.locks.record(&holder).await? {
                 Some(rec) if rec.status.is_committed() => return self.replay_committed(key, &rec).await,
                 Some(rec) if rec.status == Status::Pending => return Ok(Claim::InProgress { txn: holder }),
                 // Aborted without a stored outcome: either its request is
@@ -202,7 +224,7 @@ impl Engine {
                 // it committed); after a lease the key is free again.
                 Some(rec) => {
                     let since = rec.finished_at.unwrap_or(rec.expires_at).timestamp_millis();
-                    if self.now().timestamp_millis() - since < self.cfg.lease.as_millis() as i64 {
+                    if self.now().timestamp_millis() - since < self.lease.as_millis() as i64 {
                         return Ok(Claim::InProgress { txn: holder });
                     }
                 }
@@ -211,7 +233,7 @@ impl Engine {
                 // for longer than two leases.
                 None => {
                     let since = existing.repointed_at.unwrap_or(existing.created_at).timestamp_millis();
-                    if self.now().timestamp_millis() - since <= 2 * self.cfg.lease.as_millis() as i64 {
+                    if self.now().timestamp_millis() - since <= 2 * self.lease.as_millis() as i64 {
                         return Ok(Claim::InProgress { txn: holder });
                     }
                 }
@@ -245,7 +267,7 @@ impl Engine {
             tracing::info!(txn.id = %old, "idempotency key taken over; attempt fenced");
             return Ok(None);
         }
-        self.abort_pending(old, None, "superseded").await
+        self.locks.abort_pending(old, None, "superseded").await
     }
 
     /// Move the claim on `key` from attempt `from` to attempt `to`, once

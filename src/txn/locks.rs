@@ -7,12 +7,18 @@
 //! seen committed, and dropped only after it was seen aborted, rolled back
 //! or missing.
 
-use crate::documents::model::StoredDoc;
-use crate::store::{DateTime, StoreResult};
-use crate::txn::record::Transition;
+use std::sync::Arc;
+use std::time::Duration;
 
-use super::Engine;
-use super::record::{Status, TXNS, TxnRecord};
+use crate::documents::model::StoredDoc;
+use crate::metrics::Metrics;
+use crate::store::{DateTime, DynStore, StoreResult};
+
+use super::TxnConfig;
+use super::age::older;
+use super::finish::Finish;
+use super::record::{Status, TXNS, Transition, TxnRecord};
+use super::signals::Signals;
 
 /// The outcome of meeting a lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,7 +29,36 @@ pub enum Settled {
     Busy { holder: String },
 }
 
-impl Engine {
+/// The locks service: what anyone who meets a locked document does about
+/// it, and the transaction records it judges by.
+pub struct Locks {
+    store: DynStore,
+    cfg: TxnConfig,
+    metrics: Arc<Metrics>,
+    signals: Arc<Signals>,
+    finish: Arc<Finish>,
+}
+
+impl Locks {
+    pub(super) fn new(
+        store: DynStore,
+        cfg: TxnConfig,
+        metrics: Arc<Metrics>,
+        signals: Arc<Signals>,
+        finish: Arc<Finish>,
+    ) -> Arc<Self> {
+        Arc::new(Self { store, cfg, metrics, signals, finish })
+    }
+
+    fn now(&self) -> DateTime {
+        self.cfg.clock.now()
+    }
+
+    /// Wait until `coll`/`id` is released in this process, or `max` passes.
+    pub async fn wait_release(&self, coll: &str, id: &str, max: Duration) {
+        self.signals.wait_release(coll, id, max).await;
+    }
+
     /// The transaction record of `txn`, if it exists.
     pub async fn record(&self, txn: &str) -> StoreResult<Option<TxnRecord>> {
         match self.store.get(TXNS, txn).await? {
@@ -61,6 +96,27 @@ impl Engine {
         self.record(txn).await
     }
 
+    /// For a reader who met `holder`'s lock: when `holder` committed, if it
+    /// did (the reader then sees its post-image), with its roll-forward
+    /// started in the background, never on the read path; `None` while it
+    /// is not committed.
+    pub async fn committed_at(&self, holder: &str) -> StoreResult<Option<DateTime>> {
+        match self.record(holder).await? {
+            Some(rec) if rec.status.is_committed() => {
+                let at = rec.committed_at.unwrap_or_else(|| self.now());
+                self.finish.help_roll_forward(rec);
+                Ok(Some(at))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// How long a live holder's lock may last before it can be judged
+    /// expired: what a 423 tells a client to wait.
+    pub fn lease(&self) -> Duration {
+        self.cfg.lease
+    }
+
     /// Deal with the lock on `doc` (which must carry one). `wounder` is a
     /// transaction that waits for this lock and may wound its holder: if it
     /// is older than a live holder, the holder is aborted (wound-wait).
@@ -70,22 +126,22 @@ impl Engine {
         loop {
             match &rec {
                 None => {
-                    self.release_stale(&holder, coll, doc).await?;
+                    self.finish.release_stale(&holder, coll, doc).await?;
                     return Ok(Settled::Retry);
                 }
                 Some(r) if matches!(r.status, Status::Aborted | Status::RolledBack) => {
-                    self.release_stale(&holder, coll, doc).await?;
+                    self.finish.release_stale(&holder, coll, doc).await?;
                     return Ok(Settled::Retry);
                 }
                 Some(r) if r.status.is_committed() => {
-                    self.roll_forward_member(r, coll, doc).await?;
+                    self.finish.roll_forward_member(r, coll, doc).await?;
                     return Ok(Settled::Retry);
                 }
                 Some(r) if self.lease_expired(r, self.now()) => {
                     rec = self.abort_pending(&holder, Some(r.expires_at), "expired").await?;
                 }
                 Some(_) => match wounder {
-                    Some(txn) if super::commit::older(txn, &holder) => {
+                    Some(txn) if older(txn, &holder) => {
                         tracing::debug!(txn.id = %txn, wounded = %holder, "wounding a younger transaction");
                         rec = self.abort_pending(&holder, None, "wounded").await?;
                     }
@@ -93,59 +149,5 @@ impl Engine {
                 },
             }
         }
-    }
-
-    /// Apply the staged change of committed `rec` to `doc` and release it.
-    /// The transaction's deliveries are made sure of first, so a lock is
-    /// never released before its hooks are recorded.
-    pub async fn roll_forward_member(&self, rec: &TxnRecord, coll: &str, doc: &StoredDoc) -> StoreResult<bool> {
-        if rec.status == Status::Committed {
-            self.ensure_outputs(rec).await?;
-        }
-        let at = rec.committed_at.unwrap_or_else(|| self.now());
-        let next = doc.rolled_forward(at);
-        let filter = doc.unchanged_filter(Some(&rec.id));
-        // Unsynced: recovery rolls forward again from the committed record.
-        let done = self.store.unsynced().replace(coll, &doc.id, filter, next.to_record()).await?;
-        if done {
-            self.signals.released(coll, &doc.id);
-        }
-        Ok(done)
-    }
-
-    /// Drop the lock of a holder seen aborted, rolled back or missing.
-    pub async fn release_stale(&self, holder: &str, coll: &str, doc: &StoredDoc) -> StoreResult<bool> {
-        let done = self.unlock(holder, coll, doc).await?;
-        if done {
-            self.metrics.recovery_action("lock_released");
-        }
-        Ok(done)
-    }
-
-    /// A running transaction gives back its own lock on `coll`/`id` (to take
-    /// it again later, in order).
-    pub async fn unlock_own(&self, txn: &str, coll: &str, id: &str) -> StoreResult<()> {
-        while let Some(rec) = self.store.get(coll, id).await? {
-            let doc = StoredDoc::from_record(rec)?;
-            if doc.meta.txn.as_deref() != Some(txn) || self.unlock(txn, coll, &doc).await? {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// Restore `doc` as it was before `holder` locked it (or remove the
-    /// placeholder `holder` inserted).
-    async fn unlock(&self, holder: &str, coll: &str, doc: &StoredDoc) -> StoreResult<bool> {
-        let filter = doc.unchanged_filter(Some(holder));
-        // Unsynced: a lock lost in a crash is one recovery releases again.
-        let done = match doc.rolled_back() {
-            Some(restored) => self.store.unsynced().replace(coll, &doc.id, filter, restored.to_record()).await?,
-            None => self.store.unsynced().delete(coll, &doc.id, filter).await?,
-        };
-        if done {
-            self.signals.released(coll, &doc.id);
-        }
-        Ok(done)
     }
 }

@@ -2,8 +2,10 @@
 //! commit protocol, lock conflicts and wound-wait, roll-forward, roll-back
 //! and recovery (DESIGN §3).
 
+pub mod age;
 pub mod commit;
 pub mod finish;
+pub mod hook;
 pub mod idem;
 pub mod locks;
 pub mod outputs;
@@ -12,8 +14,7 @@ pub mod record;
 pub mod recovery;
 pub mod signals;
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
@@ -21,7 +22,13 @@ use tokio_util::task::TaskTracker;
 use crate::metrics::Metrics;
 use crate::store::{DynStore, StoreResult};
 
+pub use commit::{Commit, Committed, TxnError};
+pub use finish::Finish;
+pub use idem::{Fingerprint, Idempotency};
+pub use locks::Locks;
+pub use plan::Plan;
 pub use record::{Status, TxnRecord};
+pub use recovery::Recovery;
 
 /// Protocol timings.
 #[derive(Clone, Debug)]
@@ -65,44 +72,129 @@ impl Default for TxnConfig {
     }
 }
 
-/// The protocol engine shared by the HTTP handlers and the workers. Its
-/// state is reached from outside `txn/` only through the methods below.
-pub struct Engine {
+/// The transaction services, built here and only here, each from the
+/// narrow parts it needs: [`Finish`] (roll-forward and roll-back) below
+/// [`Locks`] (meeting a lock), [`Idempotency`] (keys) over the locks,
+/// [`Commit`] (running a plan) over all three, and [`Recovery`] (the
+/// worker) over locks and finish. The workflows a request runs through
+/// them (a transaction with its Idempotency-Key, an operator's abort) are
+/// methods here.
+pub struct Transactions {
     store: DynStore,
     cfg: TxnConfig,
-    metrics: Arc<Metrics>,
-    /// Background work started on a request's behalf (roll-forward after
-    /// the answer); awaited at shutdown.
     tasks: TaskTracker,
-    /// Transactions this process is rolling forward in the background.
-    helping: Mutex<HashSet<String>>,
-    /// In-process wake-ups for wounds and lock releases.
-    signals: signals::Signals,
-    /// What a committed transaction leaves behind besides its documents.
-    outputs: Vec<Arc<dyn outputs::Outputs>>,
+    finish: Arc<Finish>,
+    locks: Arc<Locks>,
+    keys: Arc<Idempotency>,
+    commit: Arc<Commit>,
+    recovery: Arc<Recovery>,
 }
 
-impl Engine {
-    pub fn new(
+/// A request's Idempotency-Key, scoped to its API key, with the
+/// fingerprint of the body it came with.
+pub struct Keyed {
+    pub key: String,
+    pub fingerprint: Fingerprint,
+}
+
+/// What a submitted transaction came to.
+pub enum Submitted {
+    /// Run now: committed, or not, with the error that says why.
+    Ran(Box<Result<Committed, TxnError>>),
+    /// The outcome stored for the key, answered again.
+    Replay { status: u16, body: serde_json::Value },
+    /// The first request with the key is still running.
+    InProgress { txn: String },
+    /// The key was used with another body.
+    KeyReused,
+}
+
+/// What an operator's abort found.
+pub enum Aborted {
+    /// Aborted now or before (its roll-back runs in the background), or
+    /// already rolled back or pending: the record as it is.
+    Record(Box<TxnRecord>),
+    /// It committed: it cannot be aborted.
+    Committed(Box<TxnRecord>),
+}
+
+impl Transactions {
+    /// The services over `store`, recording into `metrics`; `outputs` are
+    /// what a committed transaction leaves besides its documents.
+    pub fn build(
         store: DynStore,
         cfg: TxnConfig,
         metrics: Arc<Metrics>,
         outputs: Vec<Arc<dyn outputs::Outputs>>,
     ) -> Arc<Self> {
-        Arc::new(Self {
-            store,
-            cfg,
-            metrics,
-            tasks: TaskTracker::new(),
-            helping: Mutex::default(),
-            signals: Default::default(),
+        let tasks = TaskTracker::new();
+        let signals = Arc::new(signals::Signals::default());
+        let outputs: Arc<[Arc<dyn outputs::Outputs>]> = outputs.into();
+        let clock = cfg.clock.clone();
+        let finish =
+            Finish::new(store.clone(), clock.clone(), metrics.clone(), signals.clone(), outputs.clone(), tasks.clone());
+        let locks = Locks::new(store.clone(), cfg.clone(), metrics.clone(), signals.clone(), finish.clone());
+        let keys = Idempotency::new(store.clone(), clock, cfg.lease, locks.clone());
+        let commit = Commit::new(commit::Parts {
+            store: store.clone(),
+            cfg: cfg.clone(),
+            metrics: metrics.clone(),
+            signals,
+            tasks: tasks.clone(),
             outputs,
-        })
+            locks: locks.clone(),
+            finish: finish.clone(),
+            keys: keys.clone(),
+        });
+        let recovery = Recovery::new(store.clone(), cfg.clone(), metrics, locks.clone(), finish.clone());
+        Arc::new(Self { store, cfg, tasks, finish, locks, keys, commit, recovery })
+    }
+
+    pub fn config(&self) -> &TxnConfig {
+        &self.cfg
+    }
+
+    /// Background work started on a request's behalf (a transaction that
+    /// outlives its connection, a roll-forward after the answer); a caller
+    /// that stops the gateway closes it and waits.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
+    /// The locks service, for single-document reads and writes.
+    pub fn locks(&self) -> &Arc<Locks> {
+        &self.locks
+    }
+
+    /// The finishing service (roll-forward, roll-back).
+    pub fn finish(&self) -> &Arc<Finish> {
+        &self.finish
+    }
+
+    /// The recovery service; its worker is started by the gateway.
+    pub fn recovery(&self) -> &Arc<Recovery> {
+        &self.recovery
+    }
+
+    /// Run `plan` as a transaction, without an Idempotency-Key: see
+    /// [`Commit::execute`].
+    pub async fn execute(&self, plan: &Plan, txn: Option<String>) -> Result<Committed, TxnError> {
+        self.commit.execute(plan, txn, None).await
+    }
+
+    /// One recovery pass, the outbox sweep included.
+    pub async fn recover_once(&self) -> StoreResult<recovery::Pass> {
+        self.recovery.recover_once().await
+    }
+
+    /// Transaction `id`'s record, if it exists.
+    pub async fn get(&self, id: &str) -> StoreResult<Option<TxnRecord>> {
+        self.locks.record(id).await
     }
 
     /// A page of transaction records, oldest first, optionally only those
     /// with `status`.
-    pub async fn list_transactions(
+    pub async fn list(
         &self,
         status: Option<Status>,
         after: Option<&str>,
@@ -115,39 +207,67 @@ impl Engine {
         crate::store::page(self.store.as_ref(), record::TXNS, scan, after, limit, TxnRecord::from_record).await
     }
 
-    pub fn store(&self) -> &DynStore {
-        &self.store
+    /// Run `plan` for a request, with its Idempotency-Key if it has one
+    /// (DESIGN §3): the key is claimed first; a stored outcome is
+    /// answered again; after the run, a commit or a failure a retry cannot
+    /// change is stored for the key (`render` gives the answer a failure
+    /// is stored as: its status and body), a retryable failure frees the
+    /// key, and an outcome that is unknown leaves it with the attempt, so
+    /// a retry learns it from the record instead of running again.
+    pub async fn submit(
+        &self,
+        plan: &Plan,
+        keyed: Option<&Keyed>,
+        render: impl Fn(&TxnError) -> (u16, serde_json::Value),
+    ) -> StoreResult<Submitted> {
+        let txn = uuid::Uuid::now_v7().to_string();
+        let Some(Keyed { key, fingerprint }) = keyed else {
+            return Ok(Submitted::Ran(Box::new(self.commit.execute(plan, Some(txn), None).await)));
+        };
+        match self.keys.claim_key(key, fingerprint, &txn).await? {
+            idem::Claim::Fresh => {}
+            idem::Claim::Replay { status, body } => return Ok(Submitted::Replay { status, body }),
+            idem::Claim::InProgress { txn } => return Ok(Submitted::InProgress { txn }),
+            idem::Claim::Reused => return Ok(Submitted::KeyReused),
+        }
+        let result = self.commit.execute(plan, Some(txn), Some(key)).await;
+        // The attempt that decided the outcome (a wounded attempt is retried).
+        let txn = match &result {
+            Ok(c) => c.record.id.as_str(),
+            Err(err) => err.txn(),
+        };
+        let stored = match &result {
+            Ok(committed) => self.keys.complete_key(key, txn, 200, &summary(&committed.record)).await,
+            Err(TxnError::Aborted { failure, .. }) if failure.retryable => self.keys.release_key(key, txn).await,
+            Err(err @ (TxnError::Aborted { .. } | TxnError::InvalidChange { .. })) => {
+                let (status, body) = render(err);
+                self.keys.complete_key(key, txn, status, &body).await
+            }
+            Err(TxnError::OutcomeUnknown { .. }) => Ok(()),
+            Err(TxnError::Store { .. }) => self.keys.release_key(key, txn).await,
+        };
+        if let Err(err) = stored {
+            tracing::warn!(txn.id = %txn, error = %err, "could not record the idempotency outcome");
+        }
+        Ok(Submitted::Ran(Box::new(result)))
     }
 
-    pub fn config(&self) -> &TxnConfig {
-        &self.cfg
-    }
-
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    /// Background work started on a request's behalf; a caller that stops
-    /// the engine closes it and waits.
-    pub fn tasks(&self) -> &TaskTracker {
-        &self.tasks
-    }
-
-    /// Wait until `coll`/`id` is released in this process, or `max` passes.
-    pub async fn wait_release(&self, coll: &str, id: &str, max: std::time::Duration) {
-        self.signals.wait_release(coll, id, max).await;
-    }
-
-    /// The current time by this engine's clock.
-    pub fn now(&self) -> crate::store::DateTime {
-        self.cfg.clock.now()
-    }
-
-    /// Make sure every output of committed `rec` exists: called before any
-    /// of its locks is released.
-    pub async fn ensure_outputs(&self, rec: &TxnRecord) -> StoreResult<()> {
-        // Kinds of output are independent of one another: made at once.
-        futures::future::join_all(self.outputs.iter().map(|o| o.ensure(rec))).await.into_iter().collect()
+    /// An operator's abort of `rec` (DESIGN §7): a pending
+    /// transaction is aborted with reason `operator`, and an aborted one
+    /// rolled back in the background; a committed one stays committed.
+    pub async fn abort(&self, rec: TxnRecord) -> StoreResult<Aborted> {
+        let rec = if rec.status == Status::Pending {
+            self.locks.abort_pending(&rec.id, None, record::OPERATOR).await?.unwrap_or(rec)
+        } else {
+            rec
+        };
+        if rec.status.is_committed() {
+            return Ok(Aborted::Committed(Box::new(rec)));
+        }
+        if rec.status == Status::Aborted {
+            self.commit.roll_back_in_background(rec.clone());
+        }
+        Ok(Aborted::Record(Box::new(rec)))
     }
 }
 

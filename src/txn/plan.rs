@@ -43,5 +43,5 @@ pub struct Plan {
     pub request: String,
     pub idempotency_key: Option<String>,
     /// The hooks, validated; kept in the record as they are here.
-    pub hooks: Vec<crate::hooks::Hook>,
+    pub hooks: Vec<super::hook::Hook>,
 }

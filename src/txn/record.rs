@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::hook::Hook;
 use crate::documents::model::StagedOp;
-use crate::hooks::Hook;
 use crate::store::{DateTime, Document, Durability, Record, Store, StoreError, StoreResult, Update, Write};
 
 pub const TXNS: &str = "_txns";
@@ -179,7 +179,7 @@ impl TxnRecord {
         if self.hooks.len() as i64 >= self.hook_count {
             self.hooks.clone()
         } else {
-            crate::hooks::hooks_of(&self.request)
+            super::hook::hooks_of(&self.request)
         }
     }
 

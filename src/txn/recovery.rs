@@ -18,7 +18,12 @@ use crate::documents::model::StoredDoc;
 use crate::store::scans::{DOCS_LOCKED, DOCS_OUTBOX, TXNS_BY_COMMIT, TXNS_BY_LEASE, TXNS_BY_STATUS};
 use crate::store::{Bound, Bson, DateTime, Scan, StoreError, StoreResult};
 
-use super::Engine;
+use crate::metrics::Metrics;
+use crate::store::DynStore;
+
+use super::TxnConfig;
+use super::finish::Finish;
+use super::locks::Locks;
 use super::record::{Status, TXNS, TxnRecord};
 
 /// How often the worker sweeps outboxes (at most once a pass): an outbox
@@ -58,20 +63,35 @@ fn before(at: DateTime, d: Duration) -> DateTime {
     DateTime::from_millis(at.timestamp_millis().saturating_sub(ms(d)))
 }
 
-/// The recovery worker of this instance.
+/// The recovery service of this instance: a worker that runs a pass
+/// every `recovery_interval`.
 pub struct Recovery {
-    engine: Arc<Engine>,
+    store: DynStore,
+    cfg: TxnConfig,
+    metrics: Arc<Metrics>,
+    locks: Arc<Locks>,
+    finish: Arc<Finish>,
 }
 
 impl Recovery {
-    pub fn new(engine: Arc<Engine>) -> Self {
-        Self { engine }
+    pub(super) fn new(
+        store: DynStore,
+        cfg: TxnConfig,
+        metrics: Arc<Metrics>,
+        locks: Arc<Locks>,
+        finish: Arc<Finish>,
+    ) -> Arc<Self> {
+        Arc::new(Self { store, cfg, metrics, locks, finish })
+    }
+
+    fn now(&self) -> DateTime {
+        self.cfg.clock.now()
     }
 
     /// A pass every `recovery_interval` until `shutdown`; a pass in
     /// progress is finished first.
-    pub async fn run(self, shutdown: CancellationToken) {
-        let interval = self.engine.cfg.recovery_interval;
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let interval = self.cfg.recovery_interval;
         let mut backoff = interval;
         let mut last_outbox_sweep: Option<tokio::time::Instant> = None;
         loop {
@@ -83,7 +103,7 @@ impl Recovery {
             if outboxes {
                 last_outbox_sweep = Some(tokio::time::Instant::now());
             }
-            match self.engine.recover(outboxes).await {
+            match self.recover(outboxes).await {
                 Ok(pass) => {
                     backoff = interval;
                     if !pass.is_idle() {
@@ -99,9 +119,7 @@ impl Recovery {
             }
         }
     }
-}
 
-impl Engine {
     async fn records(&self, scan: Scan, pass: &mut Pass) -> StoreResult<Vec<TxnRecord>> {
         let recs = self.store.scan(TXNS, scan.limit(BATCH)).await?;
         let mut out = Vec::with_capacity(recs.len());
@@ -144,7 +162,7 @@ impl Engine {
             .to(Bound::Excluded(Bson::DateTime(before(at, self.cfg.clock_skew))));
         for rec in self.records(expired, &mut pass).await? {
             let outcome = async {
-                let aborted = self.abort_pending(&rec.id, Some(rec.expires_at), "expired").await?;
+                let aborted = self.locks.abort_pending(&rec.id, Some(rec.expires_at), "expired").await?;
                 if let Some(aborted) = aborted {
                     pass.expired += 1;
                     self.metrics.recovery_action("expired");
@@ -218,12 +236,12 @@ impl Engine {
     async fn finish(&self, rec: &TxnRecord, pass: &mut Pass) -> StoreResult<()> {
         match rec.status {
             Status::Committed => {
-                self.roll_forward(rec).await?;
+                self.finish.roll_forward(rec).await?;
                 pass.rolled_forward += 1;
                 self.metrics.recovery_action("rolled_forward");
             }
             Status::Aborted => {
-                self.roll_back(rec).await?;
+                self.finish.roll_back(rec).await?;
                 pass.rolled_back += 1;
                 self.metrics.recovery_action("rolled_back");
             }
@@ -293,7 +311,7 @@ impl Engine {
         if running.contains(&holder) {
             return Ok((holder, Swept::Running));
         }
-        let swept = match self.record(&holder).await? {
+        let swept = match self.locks.record(&holder).await? {
             Some(r) if r.status == Status::Pending || r.status == Status::Committed => {
                 running.insert(holder.clone());
                 Swept::Running
@@ -301,10 +319,10 @@ impl Engine {
             Some(r) if r.status == Status::Done => {
                 // Cannot normally happen (done means every member was
                 // released); applying it is what "done" promises.
-                self.roll_forward_member(&r, coll, &doc).await?;
+                self.finish.roll_forward_member(&r, coll, &doc).await?;
                 Swept::Kept
             }
-            _ if self.release_stale(&holder, coll, &doc).await? => Swept::Cleared,
+            _ if self.finish.release_stale(&holder, coll, &doc).await? => Swept::Cleared,
             _ => Swept::Kept,
         };
         Ok((holder, swept))
@@ -331,11 +349,11 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::store::memory::MemoryStore;
     use crate::store::{DynStore, Store, doc};
-    use crate::txn::TxnConfig;
     use crate::txn::locks::Settled;
     use crate::txn::record::Member;
+    use crate::txn::{Transactions, TxnConfig};
 
-    fn engine(store: DynStore) -> Arc<Engine> {
+    fn engine(store: DynStore) -> Arc<Transactions> {
         let cfg = TxnConfig {
             lease: Duration::from_millis(500),
             clock_skew: Duration::from_millis(100),
@@ -343,15 +361,15 @@ mod tests {
             clock: Clock::following_tokio(),
             ..TxnConfig::default()
         };
-        crate::engine(store, cfg, Arc::new(Metrics::default())).0
+        crate::transactions(store, cfg, Arc::new(Metrics::default())).0
     }
 
     /// A pending transaction `txn` whose client is gone, holding document
     /// `c/d` (at version 1, `n: 1`, staging `n: 2`); its lease ends one
     /// lease from now.
-    async fn held(engine: &Engine, store: &dyn Store, txn: &str) -> StoredDoc {
-        let now = engine.now();
-        let expires = DateTime::from_millis(now.timestamp_millis() + ms(engine.cfg.lease));
+    async fn held(engine: &Transactions, store: &dyn Store, txn: &str) -> StoredDoc {
+        let now = engine.config().clock.now();
+        let expires = DateTime::from_millis(now.timestamp_millis() + ms(engine.config().lease));
         let member = Member { collection: "c".into(), id: "d".into(), op: StagedOp::Update, base_v: Some(1) };
         let rec = TxnRecord { members: vec![member], expires_at: expires, ..TxnRecord::fenced(txn, now) };
         let rec = TxnRecord { status: Status::Pending, finished_at: None, abort_reason: None, ..rec };
@@ -374,11 +392,11 @@ mod tests {
         let engine = engine(Arc::clone(&store));
         let txn = uuid::Uuid::now_v7().to_string();
         let d = held(&engine, store.as_ref(), &txn).await;
-        tokio::time::advance(engine.cfg.lease + engine.cfg.clock_skew).await;
-        assert_eq!(engine.settle("c", &d, None).await.unwrap(), Settled::Busy { holder: txn.clone() });
+        tokio::time::advance(engine.config().lease + engine.config().clock_skew).await;
+        assert_eq!(engine.locks().settle("c", &d, None).await.unwrap(), Settled::Busy { holder: txn.clone() });
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(engine.settle("c", &d, None).await.unwrap(), Settled::Retry);
-        let rec = engine.record(&txn).await.unwrap().unwrap();
+        assert_eq!(engine.locks().settle("c", &d, None).await.unwrap(), Settled::Retry);
+        let rec = engine.get(&txn).await.unwrap().unwrap();
         assert_eq!((rec.status, rec.abort_reason.as_deref()), (Status::Aborted, Some("expired")));
         assert_eq!(doc_state(store.as_ref()).await, (None, 1, 1), "the staged change is dropped, never applied");
     }
@@ -389,18 +407,18 @@ mod tests {
         let engine = engine(Arc::clone(&store));
         let txn = uuid::Uuid::now_v7().to_string();
         held(&engine, store.as_ref(), &txn).await;
-        let cfg = engine.cfg.clone();
+        let cfg = engine.config().clone();
         let bound = cfg.lease + cfg.clock_skew + 2 * cfg.recovery_interval;
         let started = tokio::time::Instant::now();
         let stop = CancellationToken::new();
-        let worker = tokio::spawn(Recovery::new(Arc::clone(&engine)).run(stop.clone()));
+        let worker = tokio::spawn(Arc::clone(engine.recovery()).run(stop.clone()));
         while doc_state(store.as_ref()).await.0.is_some() {
             assert!(started.elapsed() <= bound, "still locked after {:?}", started.elapsed());
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert!(started.elapsed() > cfg.lease + cfg.clock_skew, "freed before the lease ran out");
         assert_eq!(doc_state(store.as_ref()).await, (None, 1, 1));
-        assert_eq!(engine.record(&txn).await.unwrap().unwrap().status, Status::RolledBack);
+        assert_eq!(engine.get(&txn).await.unwrap().unwrap().status, Status::RolledBack);
         stop.cancel();
         worker.await.unwrap();
     }

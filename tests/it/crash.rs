@@ -19,7 +19,7 @@ use txgate::store::{DateTime, DynStore, doc};
 use txgate::txn::commit::TxnError;
 use txgate::txn::plan::{Action, ActionOp, Plan};
 use txgate::txn::record::{Status, TXNS, TxnRecord};
-use txgate::txn::{Engine, TxnConfig};
+use txgate::txn::{Transactions, TxnConfig};
 
 use crate::faulty::{Fault, faulty};
 use crate::support::{Backend, TestApp, TestReceiver, TestStore, expect, test_config, txn_record};
@@ -40,8 +40,8 @@ fn hooks(store: DynStore) -> Arc<txgate::hooks::Hooks> {
     txgate::hooks::Hooks::new(store, Arc::new(Metrics::default()), Default::default())
 }
 
-fn engine(store: DynStore) -> Arc<Engine> {
-    txgate::engine(store, fast_config(), Arc::new(Metrics::default())).0
+fn engine(store: DynStore) -> Arc<Transactions> {
+    txgate::transactions(store, fast_config(), Arc::new(Metrics::default())).0
 }
 
 /// One scenario's documents: `u` (update), `r` (replace), `x` (delete) and
@@ -197,7 +197,7 @@ async fn run_case(store: &DynStore, tag: &str, fault: Fault) -> (bool, usize) {
     let txn = uuid::Uuid::now_v7().to_string();
     let plan = s.plan();
     let answer = tokio::select! {
-        a = tokio::time::timeout(Duration::from_secs(5), dying.execute(&plan, Some(txn.clone()), None)) => a.map_err(|_| ()),
+        a = tokio::time::timeout(Duration::from_secs(5), dying.execute(&plan, Some(txn.clone()))) => a.map_err(|_| ()),
         () = faulty.layer().died() => Err(()),
     };
     if matches!(fault, Fault::None) {
@@ -293,7 +293,7 @@ async fn sweep_recovery(backend: Backend) {
                 let txn = uuid::Uuid::now_v7().to_string();
                 let plan = s.plan();
                 tokio::select! {
-                    _ = dying.execute(&plan, Some(txn.clone()), None) => {}
+                    _ = dying.execute(&plan, Some(txn.clone())) => {}
                     () = dying_store.layer().died() => {}
                 }
                 tokio::time::sleep(Duration::from_millis(170)).await; // past lease + skew
@@ -363,11 +363,11 @@ async fn second_instance_takes_over(backend: Backend) {
         let bound = config.txn.lease + config.txn.clock_skew + 2 * config.txn.recovery_interval;
         let s = Scenario::seed(&store, &format!("two{k}")).await;
         let a_store = faulty(Arc::clone(&store), Fault::CrashAfter(k));
-        let a = txgate::engine(a_store.clone(), config.txn.clone(), Arc::new(Metrics::default())).0;
+        let a = txgate::transactions(a_store.clone(), config.txn.clone(), Arc::new(Metrics::default())).0;
         let txn = uuid::Uuid::now_v7().to_string();
         let plan = s.plan();
         tokio::select! {
-            _ = a.execute(&plan, Some(txn.clone()), None) => {}
+            _ = a.execute(&plan, Some(txn.clone())) => {}
             () = a_store.layer().died() => {}
         }
         let died = Instant::now();

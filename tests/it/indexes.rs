@@ -12,7 +12,7 @@ use txgate::metrics::Metrics;
 use txgate::store::scans::{DOCS_LIVE, DOCS_LOCKED, TXNS_BY_LEASE};
 use txgate::store::{Bound, Bson, DateTime, DynStore, doc};
 use txgate::txn::record::{Status, TXNS};
-use txgate::txn::{Engine, TxnConfig};
+use txgate::txn::{Transactions, TxnConfig};
 
 use crate::support::{Backend, TestStore, txn_record};
 
@@ -30,8 +30,8 @@ fn config() -> TxnConfig {
     }
 }
 
-fn engine(store: DynStore) -> Arc<Engine> {
-    txgate::engine(store, config(), Arc::new(Metrics::default())).0
+fn engine(store: DynStore) -> Arc<Transactions> {
+    txgate::transactions(store, config(), Arc::new(Metrics::default())).0
 }
 
 /// Write `n` documents `<prefix><i>` to `coll`, locked by `holder` when
@@ -57,9 +57,9 @@ async fn holder_of(store: &DynStore, coll: &str, id: &str) -> Option<String> {
 
 /// Run the recovery worker until every zombie in `zombies` is unlocked;
 /// how long it took.
-async fn clear(engine: &Arc<Engine>, store: &DynStore, coll: &str, zombies: &[&str]) -> Duration {
+async fn clear(engine: &Arc<Transactions>, store: &DynStore, coll: &str, zombies: &[&str]) -> Duration {
     let stop = tokio_util::sync::CancellationToken::new();
-    let worker = tokio::spawn(txgate::txn::recovery::Recovery::new(Arc::clone(engine)).run(stop.clone()));
+    let worker = tokio::spawn(Arc::clone(engine.recovery()).run(stop.clone()));
     let started = Instant::now();
     for id in zombies {
         while holder_of(store, coll, id).await.is_some() {

@@ -138,7 +138,10 @@ async fn writer_panic_child() {
     disk.panic_at(disk.ops() + 1);
     let record = mongodb::bson::doc! {"_id": "x"};
     let outcome = store.write("c", Write::Insert(record), Durability::Synced).await;
-    // Not reached when the process stops.
+    // The write's caller may hear of the failure (its answer dropped as the
+    // writer unwinds) just before the writer stops the process: give it
+    // time. Not reached when the process stops.
+    std::thread::sleep(std::time::Duration::from_secs(10));
     eprintln!("the write returned {outcome:?}");
     std::process::exit(0);
 }

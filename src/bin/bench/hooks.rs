@@ -13,7 +13,7 @@ use txgate::hooks::net::Clients;
 use txgate::hooks::send::Sender;
 use txgate::metrics::Metrics;
 use txgate::store::DynStore;
-use txgate::txn::{Engine, TxnConfig};
+use txgate::txn::{Transactions, TxnConfig};
 
 use super::{ms, percentile, plan, seed, wait_idle};
 
@@ -51,7 +51,7 @@ async fn receiver(seen: Arc<Seen>) -> String {
 
 /// Commit one single-member transaction with one hook per id, `clients`
 /// at a time.
-async fn commit_all(engine: &Arc<Engine>, coll: &str, ids: Vec<String>, hook: &str, clients: usize) {
+async fn commit_all(engine: &Arc<Transactions>, coll: &str, ids: Vec<String>, hook: &str, clients: usize) {
     let next = Arc::new(AtomicUsize::new(0));
     let ids = Arc::new(ids);
     let tasks: Vec<_> = (0..clients)
@@ -62,7 +62,7 @@ async fn commit_all(engine: &Arc<Engine>, coll: &str, ids: Vec<String>, hook: &s
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(id) = ids.get(i) else { return };
-                    engine.execute(&with_hook(&coll, id, &hook), None, None).await.expect("transaction commits");
+                    engine.execute(&with_hook(&coll, id, &hook), None).await.expect("transaction commits");
                 }
             })
         })
@@ -100,7 +100,7 @@ pub struct Figures {
 }
 
 pub async fn run(store: DynStore, backlog: usize, rate: f64, seconds: f64, clients: usize) -> Option<Figures> {
-    let (engine, hooks) = txgate::engine(Arc::clone(&store), TxnConfig::default(), Arc::new(Metrics::default()));
+    let (engine, hooks) = txgate::transactions(Arc::clone(&store), TxnConfig::default(), Arc::new(Metrics::default()));
     let seen = Arc::new(Seen::default());
     let hook = receiver(Arc::clone(&seen)).await;
     let coll = "hookbench";
@@ -139,7 +139,7 @@ pub async fn run(store: DynStore, backlog: usize, rate: f64, seconds: f64, clien
         let permit = Arc::clone(&in_flight).acquire_owned().await.expect("semaphore");
         let (engine, p) = (Arc::clone(&engine), with_hook(coll, id, &hook));
         tasks.push(tokio::spawn(async move {
-            engine.execute(&p, None, None).await.expect("transaction commits");
+            engine.execute(&p, None).await.expect("transaction commits");
             drop(permit);
         }));
     }

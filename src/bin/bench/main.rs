@@ -42,7 +42,7 @@ use txgate::store::layer::{Layer, Layered, Op};
 use txgate::store::{Durability, DynStore, Store, StoreResult, Update, doc};
 use txgate::txn::commit::TxnError;
 use txgate::txn::plan::{Action, ActionOp, Plan};
-use txgate::txn::{Engine, TxnConfig};
+use txgate::txn::{Transactions, TxnConfig};
 
 /// Deadline of one store call (FerretDB under the contended runs is slow).
 const STORE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -293,7 +293,7 @@ const STUCK: Duration = Duration::from_secs(300);
 /// `clients` concurrent clients for `seconds`; `pick(client, round)` names
 /// the documents of each transaction. Retryable aborts are retried.
 async fn throughput(
-    engine: &Arc<Engine>,
+    engine: &Arc<Transactions>,
     coll: &str,
     clients: usize,
     seconds: f64,
@@ -317,7 +317,7 @@ async fn throughput(
                 round += 1;
                 loop {
                     let started = Instant::now();
-                    let outcome = tokio::time::timeout(STUCK, engine.execute(&p, None, None)).await;
+                    let outcome = tokio::time::timeout(STUCK, engine.execute(&p, None)).await;
                     if started.elapsed() > SLOW {
                         slow.fetch_add(1, Ordering::Relaxed);
                     }
@@ -447,7 +447,7 @@ async fn main() {
     let metrics = Arc::new(Metrics::default());
     let (store, _tap) = txgate::stack(counting.clone(), STORE_TIMEOUT, &metrics);
     txgate::migrate::run(store.as_ref()).await.expect("migrations");
-    let engine = txgate::engine(Arc::clone(&store), TxnConfig::default(), metrics).0;
+    let engine = txgate::transactions(Arc::clone(&store), TxnConfig::default(), Arc::clone(&metrics)).0;
     let clients = args.clients;
     println!(
         "txgate bench: {label} store, {} s per run, {clients} clients, {} contended accounts",
@@ -492,7 +492,7 @@ async fn main() {
             let start = (round * k) % (docs - k + 1);
             let p = plan(&coll, &ids[start..start + k]);
             let t = Instant::now();
-            engine.execute(&p, None, None).await.expect("uncontended transaction commits");
+            engine.execute(&p, None).await.expect("uncontended transaction commits");
             lat.push(t.elapsed());
             round += 1;
         }
@@ -511,7 +511,7 @@ async fn main() {
             let start = (round * k) % (docs - k + 1);
             let p = plan(&coll, &ids[start..start + k]);
             let t = Instant::now();
-            engine.execute(&p, None, None).await.expect("uncontended transaction commits");
+            engine.execute(&p, None).await.expect("uncontended transaction commits");
             idle_lat.push(t.elapsed());
             wait_idle(&engine).await;
             round += 1;
@@ -565,19 +565,19 @@ async fn main() {
                 chosen
             })
         };
-        let before = engine.metrics().counters();
+        let before = metrics.counters();
         progress(&format!("k={k}: throughput with conflicts"));
         let busy = throughput(&engine, &coll, clients, args.seconds, busy_pick).await;
         wait_idle(&engine).await;
         if args.counters {
             eprintln!("  k={k}, contended run:");
-            for (n, l, v) in engine.metrics().counters() {
+            for (n, l, v) in metrics.counters() {
                 let was = before.iter().find(|(n2, l2, _)| *n2 == n && *l2 == l).map_or(0, |x| x.2);
                 if v > was {
                     eprintln!("    {n}{{{l}}} {}", v - was);
                 }
             }
-            for (n, l, sum, count) in engine.metrics().timings() {
+            for (n, l, sum, count) in metrics.timings() {
                 eprintln!("    {n}{{{l}}} mean {:.1}ms over the whole run, n={count}", sum * 1000.0 / count as f64);
             }
         }
@@ -687,7 +687,7 @@ fn progress(what: &str) {
     eprintln!("  .. {what}");
 }
 
-async fn wait_idle(engine: &Arc<Engine>) {
+async fn wait_idle(engine: &Arc<Transactions>) {
     // Background roll-forwards are tracked; wait until none is running.
     while !engine.tasks().is_empty() {
         tokio::time::sleep(Duration::from_millis(5)).await;

@@ -7,10 +7,128 @@ use redb::{Database, ReadableTable};
 use super::index::{Deferred, Entries, entries_name, keys_of, reindex};
 use super::journal::Effects;
 use super::scan::after_collection;
-use super::writer::{Recent, WriteOp};
 use super::{CATALOG, Catalog, ENTRIES, RECORDS, internal, keys};
 use crate::store::filter::{apply_update, matches};
-use crate::store::{IndexSpec, LOG_SEQ, Record, StoreError, StoreResult, convert, report_unreadable};
+use crate::store::{
+    Document, IndexSpec, LOG_SEQ, Record, StoreError, StoreResult, Update, Write, convert, report_unreadable,
+};
+
+/// Records the writer wrote lately, decoded: the next conditional write of
+/// one of them (a transaction's record moving on, a locked document rolled
+/// forward, a hot document) takes it from here instead of decoding it
+/// again. Only the writer thread changes records, and it keeps this equal
+/// to what it committed: a write takes its record out and puts the new one
+/// back once applied; a write that fails leaves it out; a batch that fails
+/// empties it. Every record it holds counts its encoded size against the
+/// byte bound, a record put back unchanged included.
+#[derive(Default)]
+pub(super) struct Recent {
+    pub(super) records: HashMap<String, (Record, usize)>,
+    pub(super) bytes: usize,
+}
+
+impl Recent {
+    const MAX_RECORDS: usize = 4096;
+    const MAX_BYTES: usize = 32 << 20;
+    /// Larger records are not kept.
+    const MAX_RECORD: usize = 64 << 10;
+
+    fn key(coll: &str, id: &str) -> String {
+        format!("{coll}\0{id}")
+    }
+
+    pub(super) fn contains(&self, coll: &str, id: &str) -> bool {
+        self.records.contains_key(&Self::key(coll, id))
+    }
+
+    /// The record and its encoded size.
+    pub(super) fn take(&mut self, coll: &str, id: &str) -> Option<(Record, usize)> {
+        let (record, size) = self.records.remove(&Self::key(coll, id))?;
+        self.bytes -= size;
+        Some((record, size))
+    }
+
+    /// Keep `record` (encoded in `size` bytes) as the current `coll`/`id`.
+    pub(super) fn put(&mut self, coll: &str, id: &str, record: Record, size: usize) {
+        if size > Self::MAX_RECORD {
+            return;
+        }
+        if self.records.len() >= Self::MAX_RECORDS || self.bytes + size > Self::MAX_BYTES {
+            self.clear();
+        }
+        self.bytes += size;
+        if let Some((_, before)) = self.records.insert(Self::key(coll, id), (record, size)) {
+            self.bytes -= before;
+        }
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.records.clear();
+        self.bytes = 0;
+    }
+}
+
+pub(super) enum WriteOp {
+    Insert {
+        coll: String,
+        record: Record,
+    },
+    Replace {
+        coll: String,
+        id: String,
+        filter: Document,
+        record: Record,
+    },
+    Update {
+        coll: String,
+        id: String,
+        filter: Document,
+        update: Update,
+    },
+    Delete {
+        coll: String,
+        id: String,
+        filter: Document,
+    },
+    Append {
+        coll: String,
+        record: Record,
+    },
+    /// Index changes commit on their own.
+    EnsureIndex {
+        coll: String,
+        spec: IndexSpec,
+    },
+    DropIndex {
+        coll: String,
+        name: String,
+    },
+    /// Nothing to apply: make every write so far durable.
+    Sync,
+    /// Make every write so far durable and open a read transaction on
+    /// that state (a backup's snapshot); commits on its own.
+    Snapshot(tokio::sync::oneshot::Sender<StoreResult<redb::ReadTransaction>>),
+    /// Checkpoint and stop the writer (the store closes).
+    Close,
+}
+
+impl WriteOp {
+    pub(super) fn of(coll: &str, write: Write<'_>) -> Self {
+        let coll = coll.to_owned();
+        match write {
+            Write::Insert(record) => WriteOp::Insert { coll, record },
+            Write::Replace { id, filter, record } => WriteOp::Replace { coll, id: id.to_owned(), filter, record },
+            Write::Update { id, filter, update } => WriteOp::Update { coll, id: id.to_owned(), filter, update },
+            Write::Delete { id, filter } => WriteOp::Delete { coll, id: id.to_owned(), filter },
+            Write::Append(record) => WriteOp::Append { coll, record },
+        }
+    }
+
+    /// Whether the item commits on its own, outside any batch.
+    pub(super) fn is_schema(&self) -> bool {
+        matches!(self, WriteOp::EnsureIndex { .. } | WriteOp::DropIndex { .. } | WriteOp::Snapshot(_) | WriteOp::Close)
+    }
+}
 
 /// Decode a record the store wrote (the writer's own reads).
 fn decode(bytes: &[u8]) -> StoreResult<Record> {

@@ -51,10 +51,11 @@ use tokio::sync::oneshot;
 
 use super::disk::DirDisk;
 use super::{Durability, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
+use apply::WriteOp;
 use backup::write_backup;
 use index::{entries_name, entry_key};
 use scan::{Reads, after_collection, entry_range, excludes_null, in_order, scan_primary};
-use writer::{Queued, WriteOp};
+use writer::Queued;
 
 pub use writer::WriterStats;
 

@@ -9,9 +9,10 @@ use std::time::Instant;
 
 use redb::{Database, ReadableDatabase, ReadableTable};
 
+use super::apply::Recent;
 use super::index::{keys_of, reindex};
 use super::journal::{self, Effect, Journal};
-use super::writer::{Recent, Writer, WriterStats, stop};
+use super::writer::{Writer, WriterStats, stop};
 use super::{
     APPLIED, CATALOG, Catalog, DATABASE_FILE, ENTRIES, EmbeddedStore, JOURNAL_FILE, JOURNAL_STATE, LAYOUT, LAYOUT_KEY,
     NEW_DATABASE_FILE, Options, RECORDS, internal,

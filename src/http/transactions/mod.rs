@@ -1,0 +1,251 @@
+//! `/v1/transactions`: run a multi-document transaction, read its record,
+//! list records, abort a pending one.
+
+mod plan;
+mod wire;
+
+pub use wire::*;
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::auth::{Access, Caller, Scope};
+use super::contract::IdempotencyKey;
+use super::error::{ApiError, PROBLEM_JSON, ProblemCode};
+use super::extract::{ApiPath, ApiQuery, JsonBody, from_body};
+use super::paging::{encode_cursor, paging};
+use crate::documents::rules::Invalid;
+use crate::txn::plan::ActionOp;
+use crate::txn::record::{Status, TxnRecord};
+use crate::txn::{Aborted, Fingerprint, Keyed, Submitted, TxnError, summary};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_transaction, list_transactions))
+        .routes(routes!(get_transaction))
+        .routes(routes!(abort_transaction))
+}
+
+const MAX_KEY_CHARS: usize = 255;
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else { return Ok(None) };
+    let key = value
+        .to_str()
+        .map_err(|_| ApiError::bad_request(ProblemCode::InvalidHeader, "Idempotency-Key must be text"))?;
+    let n = key.chars().count();
+    if n == 0 || n > MAX_KEY_CHARS || key.chars().any(char::is_control) {
+        return Err(ApiError::bad_request(
+            ProblemCode::InvalidHeader,
+            format!("Idempotency-Key must have 1..{MAX_KEY_CHARS} printable characters"),
+        ));
+    }
+    Ok(Some(key.to_owned()))
+}
+
+/// A response with a JSON body (a stored outcome being replayed).
+fn answer(status: StatusCode, body: Value) -> Response {
+    let mut response = (status, axum::Json(body)).into_response();
+    if status.is_client_error() || status.is_server_error() {
+        response.headers_mut().insert(axum::http::header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    }
+    response
+}
+
+/// Run a transaction
+///
+/// All actions apply or none does. 200 once the commit point is passed
+/// (later reads see the writes); 409 when it cannot commit, with the
+/// failing action and whether a retry can succeed. With an
+/// `Idempotency-Key` the same request returns the same outcome for 24 h.
+#[utoipa::path(
+    post,
+    path = "/v1/transactions",
+    operation_id = "v1.transactions.create",
+    tag = "transactions",
+    params(("Idempotency-Key" = Option<IdempotencyKey>, Header, description = "Makes a retry safe: the same key and body answer the first outcome")),
+    request_body(content = TransactionIn, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Committed", body = CommittedOut,
+            headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored outcome of an earlier request with the key"))),
+    )
+)]
+pub async fn create_transaction(
+    State(state): State<AppState>,
+    caller: Option<Extension<Caller>>,
+    access: Access,
+    headers: HeaderMap,
+    JsonBody { value, .. }: JsonBody<Value>,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let hash = Fingerprint::of(&value);
+    // Kept in the record as the request as sent, with the hooks' header
+    // values (write-only) left out: the hooks themselves are kept whole.
+    let request = crate::hooks::redact_request(&value).to_string();
+    let input: TransactionIn = from_body(value, &["", "/actions/*", "/hooks/*"])?;
+    let plan = plan::plan(input, request, key.clone(), state.txns.config(), &state.hook_guard)?;
+    // Every member within the key's collections, or nothing is done.
+    for (i, action) in plan.actions.iter().enumerate() {
+        let needed = if matches!(action.op, ActionOp::Check) { Scope::Read } else { Scope::Write };
+        access.check(needed, &action.collection).map_err(|e| e.with("action", i))?;
+    }
+    let keyed = key.map(|k| Keyed {
+        key: format!("{}:{k}", caller.map_or_else(|| "-".to_owned(), |c| c.0.scope.clone())),
+        fingerprint: hash,
+    });
+    // From here on the request's life does not depend on its connection: a
+    // client that hangs up (a closed tab, a proxy timeout) drops this
+    // handler, not the transaction, which runs to its outcome and stores it
+    // for its Idempotency-Key. Shutdown waits for it.
+    let txns = Arc::clone(&state.txns);
+    let submitted = state
+        .txns
+        .tasks()
+        .spawn(async move {
+            let render = |err: &TxnError| {
+                let err = ApiError::from_txn(err);
+                (err.status.as_u16(), err.body())
+            };
+            txns.submit(&plan, keyed.as_ref(), render).await
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("transaction task failed: {e}")))??;
+    match submitted {
+        Submitted::Ran(ran) => match *ran {
+            Ok(committed) => Ok(answer(StatusCode::OK, summary(&committed.record))),
+            Err(err) => Err(ApiError::from(err)),
+        },
+        Submitted::Replay { status, body } => {
+            let mut response = answer(StatusCode::from_u16(status).unwrap_or(StatusCode::OK), body);
+            response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+            Ok(response)
+        }
+        Submitted::InProgress { txn } => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            ProblemCode::InProgress,
+            "a request with this Idempotency-Key is still running",
+        )
+        .with("transaction", txn)
+        .with("retryable", true)
+        .retry(std::time::Duration::from_secs(1))),
+        Submitted::KeyReused => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemCode::IdempotencyKeyReused,
+            "this Idempotency-Key was used with a different request body",
+        )),
+    }
+}
+
+/// Transaction `id`, when the caller has `needed` on all its members'
+/// collections.
+async fn load(state: &AppState, id: &str, access: &Access, needed: Scope) -> Result<TxnRecord, ApiError> {
+    let rec = state.txns.get(id).await?.ok_or_else(|| ApiError::not_found(format!("no transaction {id}")))?;
+    access.check_all(needed, rec.members.iter().map(|m| m.collection.as_str()))?;
+    Ok(rec)
+}
+
+/// Read a transaction
+///
+/// Status, timestamps, the request as sent, each action's outcome.
+#[utoipa::path(
+    get,
+    path = "/v1/transactions/{id}",
+    operation_id = "v1.transactions.get",
+    tag = "transactions",
+    params(TransactionPath),
+    responses(
+        (status = 200, description = "The transaction", body = TransactionOut),
+    )
+)]
+pub async fn get_transaction(
+    State(state): State<AppState>,
+    access: Access,
+    ApiPath(path): ApiPath<TransactionPath>,
+) -> Result<axum::Json<TransactionOut>, ApiError> {
+    let rec = load(&state, &path.id, &access, Scope::Read).await?;
+    let deliveries = state.hooks.deliveries_of(&rec.id, rec.hook_count).await?;
+    Ok(axum::Json(transaction_out(&rec, &deliveries)))
+}
+
+/// List transactions
+///
+/// Oldest first; `status=pending` lists those not yet decided (operators
+/// hunting stuck work). An API key limited to some collections sees the
+/// transactions whose members all lie within them (a page may then hold
+/// fewer than `limit`; follow `next`).
+#[utoipa::path(
+    get,
+    path = "/v1/transactions",
+    operation_id = "v1.transactions.list",
+    tag = "transactions",
+    params(TransactionListQuery),
+    responses(
+        (status = 200, description = "A page of transactions", body = TransactionListOut),
+    )
+)]
+pub async fn list_transactions(
+    State(state): State<AppState>,
+    access: Access,
+    ApiQuery(query): ApiQuery<TransactionListQuery>,
+) -> Result<axum::Json<TransactionListOut>, ApiError> {
+    let status = match query.status.as_deref() {
+        None => None,
+        Some("pending") => Some(Status::Pending),
+        Some("committed") => Some(Status::Committed),
+        Some("done") => Some(Status::Done),
+        Some("aborted") => Some(Status::Aborted),
+        Some("rolled_back") => Some(Status::RolledBack),
+        Some(_) => {
+            return Err(
+                Invalid::new("/query/status", "status is pending, committed, done, aborted or rolled_back").into()
+            );
+        }
+    };
+    let (limit, after) = paging(query.limit, query.after.as_deref())?;
+    let (items, next) = state.txns.list(status, after.as_deref(), limit).await?;
+    let next = next.as_deref().map(encode_cursor);
+    let mut out = Vec::with_capacity(items.len());
+    // A key limited to some collections sees the transactions within them.
+    for rec in items.iter().filter(|r| r.members.iter().all(|m| access.allows(Scope::Read, &m.collection))) {
+        let deliveries = state.hooks.deliveries_of(&rec.id, rec.hook_count).await?;
+        out.push(transaction_out(rec, &deliveries));
+    }
+    Ok(axum::Json(TransactionListOut { items: out, next }))
+}
+
+/// Abort a pending transaction
+///
+/// Needs the `admin` scope. Aborting an aborted one is a no-op; a committed
+/// one cannot be aborted (409 `already_committed`).
+#[utoipa::path(
+    post,
+    path = "/v1/transactions/{id}/abort",
+    operation_id = "v1.transactions.abort",
+    tag = "transactions",
+    params(TransactionPath),
+    responses(
+        (status = 200, description = "Aborted (its changes are being rolled back)", body = TransactionOut),
+    )
+)]
+pub async fn abort_transaction(
+    State(state): State<AppState>,
+    access: Access,
+    ApiPath(path): ApiPath<TransactionPath>,
+) -> Result<axum::Json<TransactionOut>, ApiError> {
+    let rec = load(&state, &path.id, &access, Scope::Admin).await?;
+    match state.txns.abort(rec).await? {
+        Aborted::Record(rec) => Ok(axum::Json(transaction_out(&rec, &[]))),
+        Aborted::Committed(rec) => {
+            Err(ApiError::new(StatusCode::CONFLICT, ProblemCode::AlreadyCommitted, "the transaction has committed")
+                .with("transaction", rec.id.clone()))
+        }
+    }
+}
