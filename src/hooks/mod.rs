@@ -12,6 +12,7 @@ pub mod net;
 pub mod queue;
 pub mod send;
 pub mod sign;
+pub mod transport;
 
 use std::time::Duration;
 

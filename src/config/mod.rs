@@ -1,0 +1,146 @@
+//! Configuration: command-line flags, `TXGATE_*` environment variables and
+//! an optional TOML file (`--config`), in that order of precedence.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+mod settings;
+
+pub use settings::{Cli, Command, JournalCommand, LogFormat, Secret, Settings, StoreKind, redact_uri};
+
+use crate::hooks::HookConfig;
+use crate::hooks::guard::HookGuard;
+use crate::http::auth::ApiKey;
+use crate::txn::TxnConfig;
+
+/// The resolved configuration. Its `Debug` shows no credential: API keys,
+/// the hook secret and a MongoDB URI's password are redacted.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: String,
+    pub store: StoreConfig,
+    pub log_format: LogFormat,
+    pub txn: TxnConfig,
+    pub ttl_interval: Duration,
+    pub max_body_bytes: usize,
+    /// Requests served at once (health and readiness checks aside); more
+    /// are answered 429 at once, never queued.
+    pub max_concurrency: usize,
+    /// Requests one API key may have in flight at once.
+    pub max_concurrency_per_key: usize,
+    /// Event streams open at once.
+    pub max_streams: usize,
+    /// Time to receive a whole request body.
+    pub body_timeout: Duration,
+    /// Time to receive a request's headers (and longest idle time of a
+    /// kept-alive connection).
+    pub header_timeout: Duration,
+    /// Longest wait at a stop for requests and webhook attempts in flight.
+    pub shutdown_timeout: Duration,
+    /// Empty: no authentication, loopback only.
+    pub api_keys: Vec<ApiKey>,
+    pub hook_guard: HookGuard,
+    pub hooks: HookConfig,
+    pub events: crate::events::EventsConfig,
+    /// Origins browsers may call from; empty: none (no CORS headers).
+    pub cors: Cors,
+}
+
+/// Which origins may call from a browser.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Cors {
+    #[default]
+    None,
+    /// Any origin (`*`); credentials are never allowed with it.
+    Any,
+    /// These origins (`scheme://host[:port]`, as browsers send them).
+    Origins(Vec<String>),
+}
+
+impl Cors {
+    /// Parse `TXGATE_CORS_ORIGINS`.
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let items: Vec<&str> = spec.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+        if items.is_empty() {
+            return Ok(Cors::None);
+        }
+        if items.contains(&"*") {
+            return if items.len() == 1 {
+                Ok(Cors::Any)
+            } else {
+                Err("cors_origins: `*` stands alone (it allows every origin)".into())
+            };
+        }
+        let mut origins = Vec::new();
+        for item in items {
+            let url = url::Url::parse(item).map_err(|e| format!("cors_origins: {item:?} is not an origin: {e}"))?;
+            let origin = url.origin().ascii_serialization();
+            if !matches!(url.scheme(), "http" | "https") || origin != item.trim_end_matches('/') || url.path() != "/" {
+                return Err(format!(
+                    "cors_origins: {item:?} is not an origin (scheme://host[:port], no path), e.g. {origin:?}"
+                ));
+            }
+            origins.push(origin);
+        }
+        Ok(Cors::Origins(origins))
+    }
+}
+
+/// The embedded store's default page cache, in MiB.
+pub const DEFAULT_CACHE_MB: u64 = 256;
+
+/// How long, at most, an unsynced write of the embedded store waits for a
+/// sync by default.
+pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_millis(200);
+
+#[derive(Clone)]
+pub enum StoreConfig {
+    Embedded { data_dir: PathBuf, cache_mb: u64, sync_interval: Duration },
+    Mongodb { uri: String, database: String },
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreConfig::Embedded { data_dir, cache_mb, sync_interval } => f
+                .debug_struct("Embedded")
+                .field("data_dir", data_dir)
+                .field("cache_mb", cache_mb)
+                .field("sync_interval", sync_interval)
+                .finish(),
+            StoreConfig::Mongodb { uri, database } => {
+                f.debug_struct("Mongodb").field("uri", &redact_uri(uri)).field("database", database).finish()
+            }
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            store: StoreConfig::Embedded {
+                data_dir: PathBuf::from("./data"),
+                cache_mb: DEFAULT_CACHE_MB,
+                sync_interval: DEFAULT_SYNC_INTERVAL,
+            },
+            log_format: LogFormat::Text,
+            txn: TxnConfig::default(),
+            ttl_interval: Duration::from_millis(500),
+            max_body_bytes: 1024 * 1024,
+            max_concurrency: 1024,
+            max_concurrency_per_key: 256,
+            max_streams: 1000,
+            body_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            // Docker's default grace period is 10 s: the store's close
+            // needs well under the 2 s left.
+            shutdown_timeout: Duration::from_secs(8),
+            api_keys: Vec::new(),
+            cors: Cors::None,
+            hook_guard: HookGuard::default(),
+            hooks: HookConfig::default(),
+            events: crate::events::EventsConfig::default(),
+        }
+    }
+}
