@@ -17,6 +17,7 @@ pub mod purge;
 pub mod store;
 pub mod subscriptions;
 pub mod txn;
+pub mod worker;
 
 use std::sync::Arc;
 
@@ -191,12 +192,10 @@ pub async fn run_with_store(
     let abandon = sender.abandon();
     let workers = tokio_util::task::TaskTracker::new();
     let stop_workers = CancellationToken::new();
-    workers.spawn(Arc::clone(app.txns.recovery()).run(stop_workers.clone()));
-    workers.spawn(sender.run(stop_workers.clone()));
-    workers.spawn(Arc::clone(&app.subscriptions).run(stop_workers.clone()));
-    workers.spawn(app.sweeper(&config).run(stop_workers.clone()));
-    workers.spawn(purger(&app, &config).run(stop_workers.clone()));
-    workers.spawn(events::purge_worker(Arc::clone(&app.events), config.txn.recovery_interval, stop_workers.clone()));
+    for worker in workers_of(&app, &config, sender) {
+        let span = tracing::info_span!("worker", name = worker.name());
+        workers.spawn(tracing::Instrument::instrument(worker.run(stop_workers.clone()), span));
+    }
     workers.close();
     tracing::info!(addr = %listener.local_addr()?, store = app.store.backend(), "txgate listening");
     let streams = app.stop.clone();
@@ -231,6 +230,21 @@ pub async fn run_with_store(
     app.store.sync().await?;
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// Every background worker a gateway runs, listed here and only here:
+/// transaction recovery, hook and event deliveries, the subscriptions'
+/// delivery recorder, the TTL sweeper, the purge of finished records and
+/// the purge of the event log and tombstones.
+fn workers_of(app: &App, config: &Config, sender: Arc<hooks::send::Sender>) -> Vec<Arc<dyn worker::Worker>> {
+    vec![
+        Arc::clone(app.txns.recovery()) as _,
+        sender as _,
+        Arc::clone(&app.subscriptions) as _,
+        Arc::new(app.sweeper(config)) as _,
+        Arc::new(purger(app, config)) as _,
+        Arc::new(events::Purge { log: Arc::clone(&app.events), interval: config.txn.recovery_interval }) as _,
+    ]
 }
 
 /// The purge worker of finished transactions, idempotency claims and

@@ -6,6 +6,7 @@
 //! is work ([`crate::store::purge`]), so purges keep up with any commit
 //! rate and cost nothing when there is nothing to purge.
 
+use crate::worker::Worker;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,21 +41,6 @@ impl Purger {
         Self { store, clock, metrics, rules, interval }
     }
 
-    /// A pass every `interval` until `shutdown`.
-    pub async fn run(self, shutdown: CancellationToken) {
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(self.interval) => {}
-            }
-            match self.purge_once().await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(purged = n, "purge pass"),
-                Err(err) => tracing::warn!(error = %err, "purge pass failed; retrying next interval"),
-            }
-        }
-    }
-
     /// One pass over every rule; how many records went.
     pub async fn purge_once(&self) -> StoreResult<usize> {
         let now = self.clock.now().timestamp_millis();
@@ -70,6 +56,28 @@ impl Purger {
             }
         }
         Ok(total)
+    }
+}
+
+#[async_trait::async_trait]
+impl Worker for Purger {
+    fn name(&self) -> &'static str {
+        "purge"
+    }
+
+    /// A pass every `interval` until `shutdown`.
+    async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(self.interval) => {}
+            }
+            match self.purge_once().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(purged = n, "purge pass"),
+                Err(err) => tracing::warn!(error = %err, "purge pass failed; retrying next interval"),
+            }
+        }
     }
 }
 

@@ -24,6 +24,7 @@
 //! Deleting a subscription stops its dispatch; deliveries it left are dead
 //! without an attempt.
 
+use crate::worker::Worker;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -150,37 +151,6 @@ impl Subscriptions {
             tracing::info!(subscription.id = %id, "subscription deleted");
         }
         Ok(gone)
-    }
-
-    /// Record the deliveries of every subscription's new events until
-    /// `stop`: at once for this process's appends, every [`POLL`] for other
-    /// instances'.
-    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
-        let mut appended = self.log.subscribe();
-        let mut failures = 0u32;
-        while !stop.is_cancelled() {
-            // Appends from here on wake the wait below.
-            appended.borrow_and_update();
-            let wait = match self.pass().await {
-                Ok(pass) => {
-                    failures = 0;
-                    if pass.more {
-                        continue;
-                    }
-                    if pass.gap { GAP_RETRY } else { POLL }
-                }
-                Err(err) => {
-                    failures += 1;
-                    tracing::warn!(error = %err, "dispatch of subscription events failed; retrying");
-                    Duration::from_millis(100) * (1 << failures.min(5))
-                }
-            };
-            tokio::select! {
-                () = stop.cancelled() => {}
-                _ = appended.changed(), if failures == 0 => {}
-                () = tokio::time::sleep(wait) => {}
-            }
-        }
     }
 
     /// One pass over every subscription. One that fails (a record it
@@ -318,5 +288,43 @@ impl Subscriptions {
             before = key.is_some().then_some((d.id, false));
         }
         Ok(recorded)
+    }
+}
+
+#[async_trait::async_trait]
+impl Worker for Subscriptions {
+    fn name(&self) -> &'static str {
+        "subscriptions"
+    }
+
+    /// Record the deliveries of every subscription's new events until
+    /// `stop`: at once for this process's appends, every [`POLL`] for other
+    /// instances'.
+    async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut appended = self.log.subscribe();
+        let mut failures = 0u32;
+        while !stop.is_cancelled() {
+            // Appends from here on wake the wait below.
+            appended.borrow_and_update();
+            let wait = match self.pass().await {
+                Ok(pass) => {
+                    failures = 0;
+                    if pass.more {
+                        continue;
+                    }
+                    if pass.gap { GAP_RETRY } else { POLL }
+                }
+                Err(err) => {
+                    failures += 1;
+                    tracing::warn!(error = %err, "dispatch of subscription events failed; retrying");
+                    Duration::from_millis(100) * (1 << failures.min(5))
+                }
+            };
+            tokio::select! {
+                () = stop.cancelled() => {}
+                _ = appended.changed(), if failures == 0 => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
     }
 }

@@ -20,6 +20,7 @@
 //! full and something in it went; each batch's deletes go together (one
 //! synced group commit on the embedded store).
 
+use crate::worker::Worker;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,25 +54,6 @@ impl Sweeper {
         interval: Duration,
     ) -> Self {
         Self { collections, documents, metrics, clock, interval }
-    }
-
-    /// A pass every `interval` (from the start of one to the start of the
-    /// next; a pass that takes longer delays the next) until `stop`; the
-    /// pass under way finishes.
-    pub async fn run(self, stop: CancellationToken) {
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                _ = ticks.tick() => {}
-            }
-            match self.pass().await {
-                Ok(0) => {}
-                Ok(n) => tracing::debug!(expired = n, "TTL pass"),
-                Err(err) => tracing::warn!(error = %err, "TTL pass failed; retrying next interval"),
-            }
-        }
     }
 
     /// One pass over every collection with a policy; returns how many
@@ -166,5 +148,31 @@ impl Sweeper {
         }
         self.metrics.add("txgate_ttl_deletions_total", why, went as u64);
         Ok((went, full))
+    }
+}
+
+#[async_trait::async_trait]
+impl Worker for Sweeper {
+    fn name(&self) -> &'static str {
+        "ttl"
+    }
+
+    /// A pass every `interval` (from the start of one to the start of the
+    /// next; a pass that takes longer delays the next) until `stop`; the
+    /// pass under way finishes.
+    async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            match self.pass().await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(expired = n, "TTL pass"),
+                Err(err) => tracing::warn!(error = %err, "TTL pass failed; retrying next interval"),
+            }
+        }
     }
 }

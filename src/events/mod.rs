@@ -459,23 +459,36 @@ impl Log {
     }
 }
 
-/// Purge the log and the tombstones past their retention every
-/// `interval` until `stop`.
-pub async fn purge_worker(log: Arc<Log>, interval: Duration, stop: tokio_util::sync::CancellationToken) {
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(interval) => {}
-        }
-        match log.purge().await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(purged = n, "event log purged past its retention"),
-            Err(err) => tracing::warn!(error = %err, "event log purge failed; retrying next interval"),
-        }
-        match log.purge_tombstones().await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(purged = n, "tombstones purged past their retention"),
-            Err(err) => tracing::warn!(error = %err, "tombstone purge failed; retrying next interval"),
+/// The worker that purges the log and the tombstones past their retention
+/// every `interval`.
+pub struct Purge {
+    pub log: Arc<Log>,
+    pub interval: Duration,
+}
+
+#[async_trait::async_trait]
+impl crate::worker::Worker for Purge {
+    fn name(&self) -> &'static str {
+        "event_purge"
+    }
+
+    async fn run(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+        let log = &self.log;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(self.interval) => {}
+            }
+            match log.purge().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(purged = n, "event log purged past its retention"),
+                Err(err) => tracing::warn!(error = %err, "event log purge failed; retrying next interval"),
+            }
+            match log.purge_tombstones().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(purged = n, "tombstones purged past their retention"),
+                Err(err) => tracing::warn!(error = %err, "tombstone purge failed; retrying next interval"),
+            }
         }
     }
 }

@@ -10,6 +10,7 @@
 //! new one is recorded in this process, or its periodic scan of the store
 //! (work recorded or released by other instances) is due.
 
+use crate::worker::Worker;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ pub use super::transport::{
 use super::{
     AFTER_PREVIOUS, Attempt, DELIVERIES, Delivery, DeliveryChange, DeliveryStatus, HookConfig, Hooks, delivery_id,
 };
+
 
 /// Statuses of deliveries an attempt may still be made for.
 const DUE: [DeliveryStatus; 2] = [DeliveryStatus::Pending, DeliveryStatus::Failed];
@@ -111,81 +113,6 @@ impl Sender {
     /// any crash).
     pub fn abandon(&self) -> CancellationToken {
         self.abandon.clone()
-    }
-
-    /// Send due deliveries until `shutdown`; then let the attempts in
-    /// flight finish (each is bounded by the attempt timeout), unless
-    /// [`Sender::abandon`] drops them first.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let attempts = TaskTracker::new();
-        let mut next_scan = Instant::now();
-        let mut next_sweep = Instant::now();
-        let mut sweep_after: Option<String> = None;
-        let mut scan_failures = 0u32;
-        tracing::info!(owner = %self.owner, "delivery worker started");
-        while !shutdown.is_cancelled() {
-            if Instant::now() >= next_scan {
-                let mut full = false;
-                match self.scan().await {
-                    Ok(n) => {
-                        scan_failures = 0;
-                        full = n == SCAN_BATCH;
-                    }
-                    Err(err) => {
-                        scan_failures += 1;
-                        tracing::warn!(error = %err, "scan of due deliveries failed");
-                    }
-                }
-                // Back off after errors (the store may be down); scan again
-                // soon after a full batch (a backlog from elsewhere).
-                next_scan = if full {
-                    Instant::now() + self.cfg.scan_interval.min(Duration::from_millis(50))
-                } else {
-                    Instant::now() + self.cfg.scan_interval * (1 << scan_failures.min(5))
-                };
-            }
-            if Instant::now() >= next_sweep {
-                sweep_after = self.sweep(sweep_after).await;
-                next_sweep = Instant::now() + SWEEP_INTERVAL;
-            }
-            let free = self.permits.available_permits();
-            for id in self.hooks.queue.pop_due(self.hooks.clock.now().timestamp_millis(), free) {
-                let permit = Arc::clone(&self.permits).try_acquire_owned().expect("counted free permits");
-                let sender = Arc::clone(&self);
-                attempts.spawn(async move {
-                    tokio::select! {
-                        () = sender.claim_and_send(&id) => {}
-                        () = sender.abandon.cancelled() => {
-                            tracing::warn!(delivery.id = %id, "delivery attempt abandoned at shutdown; sent again once its claim runs out");
-                        }
-                    }
-                    drop(permit);
-                });
-            }
-            let wake = self
-                .hooks
-                .queue
-                .next_due()
-                .map(|at| {
-                    let wait = at.saturating_sub(self.hooks.clock.now().timestamp_millis()).max(0) as u64;
-                    Instant::now() + Duration::from_millis(wait)
-                })
-                .map_or(next_scan, |at| at.min(next_scan));
-            let busy = self.permits.available_permits() == 0;
-            tokio::select! {
-                () = shutdown.cancelled() => {}
-                () = tokio::time::sleep_until(wake) => {}
-                () = self.hooks.queue.changed.notified() => {}
-                // All senders busy: go on as soon as one is free.
-                Ok(_) = self.permits.acquire(), if busy => {}
-            }
-        }
-        attempts.close();
-        if !attempts.is_empty() {
-            tracing::info!(in_flight = attempts.len(), "waiting for delivery attempts in flight");
-        }
-        attempts.wait().await;
-        tracing::info!("delivery worker stopped");
     }
 
     /// Queue the deliveries due now or before the next scan; returns how
@@ -485,6 +412,88 @@ impl Sender {
             }
         }
         resume.flatten()
+    }
+}
+
+#[async_trait::async_trait]
+impl Worker for Sender {
+    fn name(&self) -> &'static str {
+        "deliveries"
+    }
+
+    /// Send due deliveries until `shutdown`; then let the attempts in
+    /// flight finish (each is bounded by the attempt timeout), unless
+    /// [`Sender::abandon`] drops them first.
+    async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let attempts = TaskTracker::new();
+        let mut next_scan = Instant::now();
+        let mut next_sweep = Instant::now();
+        let mut sweep_after: Option<String> = None;
+        let mut scan_failures = 0u32;
+        tracing::info!(owner = %self.owner, "delivery worker started");
+        while !shutdown.is_cancelled() {
+            if Instant::now() >= next_scan {
+                let mut full = false;
+                match self.scan().await {
+                    Ok(n) => {
+                        scan_failures = 0;
+                        full = n == SCAN_BATCH;
+                    }
+                    Err(err) => {
+                        scan_failures += 1;
+                        tracing::warn!(error = %err, "scan of due deliveries failed");
+                    }
+                }
+                // Back off after errors (the store may be down); scan again
+                // soon after a full batch (a backlog from elsewhere).
+                next_scan = if full {
+                    Instant::now() + self.cfg.scan_interval.min(Duration::from_millis(50))
+                } else {
+                    Instant::now() + self.cfg.scan_interval * (1 << scan_failures.min(5))
+                };
+            }
+            if Instant::now() >= next_sweep {
+                sweep_after = self.sweep(sweep_after).await;
+                next_sweep = Instant::now() + SWEEP_INTERVAL;
+            }
+            let free = self.permits.available_permits();
+            for id in self.hooks.queue.pop_due(self.hooks.clock.now().timestamp_millis(), free) {
+                let permit = Arc::clone(&self.permits).try_acquire_owned().expect("counted free permits");
+                let sender = Arc::clone(&self);
+                attempts.spawn(async move {
+                    tokio::select! {
+                        () = sender.claim_and_send(&id) => {}
+                        () = sender.abandon.cancelled() => {
+                            tracing::warn!(delivery.id = %id, "delivery attempt abandoned at shutdown; sent again once its claim runs out");
+                        }
+                    }
+                    drop(permit);
+                });
+            }
+            let wake = self
+                .hooks
+                .queue
+                .next_due()
+                .map(|at| {
+                    let wait = at.saturating_sub(self.hooks.clock.now().timestamp_millis()).max(0) as u64;
+                    Instant::now() + Duration::from_millis(wait)
+                })
+                .map_or(next_scan, |at| at.min(next_scan));
+            let busy = self.permits.available_permits() == 0;
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = tokio::time::sleep_until(wake) => {}
+                () = self.hooks.queue.changed.notified() => {}
+                // All senders busy: go on as soon as one is free.
+                Ok(_) = self.permits.acquire(), if busy => {}
+            }
+        }
+        attempts.close();
+        if !attempts.is_empty() {
+            tracing::info!(in_flight = attempts.len(), "waiting for delivery attempts in flight");
+        }
+        attempts.wait().await;
+        tracing::info!("delivery worker stopped");
     }
 }
 

@@ -8,6 +8,7 @@
 //! document another tool broke) is reported and skipped: it never stops the
 //! pass for the others. Only a store that fails as such ends a pass early.
 
+use crate::worker::Worker;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,38 +87,6 @@ impl Recovery {
 
     fn now(&self) -> DateTime {
         self.cfg.clock.now()
-    }
-
-    /// A pass every `recovery_interval` until `shutdown`; a pass in
-    /// progress is finished first.
-    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let interval = self.cfg.recovery_interval;
-        let mut backoff = interval;
-        let mut last_outbox_sweep: Option<tokio::time::Instant> = None;
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
-            }
-            let outboxes = last_outbox_sweep.is_none_or(|at| at.elapsed() >= OUTBOX_SWEEP_EVERY.max(interval));
-            if outboxes {
-                last_outbox_sweep = Some(tokio::time::Instant::now());
-            }
-            match self.recover(outboxes).await {
-                Ok(pass) => {
-                    backoff = interval;
-                    if !pass.is_idle() {
-                        tracing::info!(?pass, "recovery pass");
-                    }
-                }
-                Err(err) => {
-                    // The store is failing: back off, but not so far that
-                    // recovery lags long once it answers again.
-                    backoff = (backoff * 2).min(interval.max(Duration::from_secs(5)));
-                    tracing::warn!(error = %err, retry_in_ms = backoff.as_millis() as u64, "recovery pass failed");
-                }
-            }
-        }
     }
 
     async fn records(&self, scan: Scan, pass: &mut Pass) -> StoreResult<Vec<TxnRecord>> {
@@ -326,6 +295,45 @@ impl Recovery {
             _ => Swept::Kept,
         };
         Ok((holder, swept))
+    }
+}
+
+#[async_trait::async_trait]
+impl Worker for Recovery {
+    fn name(&self) -> &'static str {
+        "recovery"
+    }
+
+    /// A pass every `recovery_interval` until `shutdown`; a pass in
+    /// progress is finished first.
+    async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let interval = self.cfg.recovery_interval;
+        let mut backoff = interval;
+        let mut last_outbox_sweep: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            let outboxes = last_outbox_sweep.is_none_or(|at| at.elapsed() >= OUTBOX_SWEEP_EVERY.max(interval));
+            if outboxes {
+                last_outbox_sweep = Some(tokio::time::Instant::now());
+            }
+            match self.recover(outboxes).await {
+                Ok(pass) => {
+                    backoff = interval;
+                    if !pass.is_idle() {
+                        tracing::info!(?pass, "recovery pass");
+                    }
+                }
+                Err(err) => {
+                    // The store is failing: back off, but not so far that
+                    // recovery lags long once it answers again.
+                    backoff = (backoff * 2).min(interval.max(Duration::from_secs(5)));
+                    tracing::warn!(error = %err, retry_in_ms = backoff.as_millis() as u64, "recovery pass failed");
+                }
+            }
+        }
     }
 }
 

@@ -20,6 +20,7 @@ use txgate::txn::commit::TxnError;
 use txgate::txn::plan::{Action, ActionOp, Plan};
 use txgate::txn::record::{Status, TXNS, TxnRecord};
 use txgate::txn::{Transactions, TxnConfig};
+use txgate::worker::Worker;
 
 use crate::faulty::{Fault, faulty};
 use crate::support::{Backend, TestApp, TestReceiver, TestStore, expect, test_config, txn_record};

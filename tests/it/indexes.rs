@@ -13,6 +13,7 @@ use txgate::store::scans::{DOCS_LIVE, DOCS_LOCKED, TXNS_BY_LEASE};
 use txgate::store::{Bound, Bson, DateTime, DynStore, doc};
 use txgate::txn::record::{Status, TXNS};
 use txgate::txn::{Transactions, TxnConfig};
+use txgate::worker::Worker;
 
 use crate::support::{Backend, TestStore, txn_record};
 

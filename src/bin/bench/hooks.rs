@@ -14,6 +14,7 @@ use txgate::hooks::send::Sender;
 use txgate::metrics::Metrics;
 use txgate::store::DynStore;
 use txgate::txn::{Transactions, TxnConfig};
+use txgate::worker::Worker;
 
 use super::{ms, percentile, plan, seed, wait_idle};
 

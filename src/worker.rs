@@ -1,0 +1,18 @@
+//! The one shape of a background worker. Every worker a gateway runs
+//! implements [`Worker`], and the gateway lists them in one place
+//! ([`crate::workers`]): each runs until its stop token is cancelled, and
+//! the step it is in then finishes.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+/// A background worker of the gateway.
+#[async_trait::async_trait]
+pub trait Worker: Send + Sync + 'static {
+    /// What the worker is called in logs.
+    fn name(&self) -> &'static str;
+
+    /// Work until `stop` is cancelled; the step under way finishes first.
+    async fn run(self: Arc<Self>, stop: CancellationToken);
+}
