@@ -7,7 +7,6 @@ pub mod clock;
 pub mod collections;
 pub mod config;
 pub mod documents;
-pub mod error;
 pub mod events;
 pub mod hooks;
 pub mod http;

@@ -61,7 +61,7 @@ async fn serve(config: Config) -> Result<(), String> {
                 "refusing to listen on {addr}: no API keys are configured, and without them txgate only \
                  listens on loopback addresses; set TXGATE_API_KEYS to key:scope pairs, for example \
                  TXGATE_API_KEYS=\"$(openssl rand -hex 16):admin\" (scopes: read, write, admin; \
-                 see the README's configuration table)"
+                 see docs/operating.md, \"Configuration\")"
             ));
         }
         tracing::warn!("no API keys configured: serving on loopback only, without authentication");

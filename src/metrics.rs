@@ -33,6 +33,17 @@ pub struct Family {
     kind: Kind,
 }
 
+impl Family {
+    /// The family's type as the text format names it.
+    pub fn kind(&self) -> &'static str {
+        match self.kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram(_) => "histogram",
+        }
+    }
+}
+
 const fn counter(name: &'static str, labels: &'static [&'static str], help: &'static str) -> Family {
     Family { name, help, labels, kind: Kind::Counter }
 }
@@ -50,7 +61,7 @@ const fn histogram(
     Family { name, help, labels, kind: Kind::Histogram(buckets) }
 }
 
-/// Every family the gateway records (the README's metrics reference lists
+/// Every family the gateway records (docs/operating.md, "Metrics", lists
 /// them too). Families read from elsewhere at scrape time are registered
 /// by [`Metrics::sampled`].
 pub const FAMILIES: &[Family] = &[

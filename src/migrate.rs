@@ -89,6 +89,15 @@ pub fn templates() -> Vec<IndexSpec> {
     declared_indexes().into_iter().filter(|(c, _)| c == USER).map(|(_, s)| s).collect()
 }
 
+/// A migration's record in the migrations collection, once applied.
+#[derive(serde::Serialize)]
+struct Applied<'a> {
+    #[serde(rename = "_id")]
+    name: &'a str,
+    description: &'a str,
+    applied_at: DateTime,
+}
+
 /// Apply every migration not yet recorded, and make sure every index of
 /// the gateway's own collections exists (cheap when it does; a store
 /// created before an index was declared gets it built). Returns the names
@@ -119,12 +128,8 @@ pub async fn run(store: &dyn Store) -> StoreResult<Vec<String>> {
         }
         // Another instance may have recorded it meanwhile: index creation is
         // idempotent, so losing this insert is harmless.
-        store
-            .insert(
-                MIGRATIONS_COLLECTION,
-                doc! {"_id": *name, "description": &spec_of.description, "applied_at": DateTime::now()},
-            )
-            .await?;
+        let applied_record = Applied { name, description: &spec_of.description, applied_at: DateTime::now() };
+        store.insert(MIGRATIONS_COLLECTION, crate::store::shape::fields(&applied_record)).await?;
         tracing::info!(migration = %name, description = %spec_of.description, "migration applied");
         applied.push((*name).to_owned());
     }

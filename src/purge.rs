@@ -84,9 +84,9 @@ impl Worker for Purger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::doc;
     use crate::store::memory::MemoryStore;
     use crate::store::scans::TXNS_BY_FINISH;
+    use crate::txn::record::{Status, TXNS, TxnRecord};
 
     /// More than a batch past retention goes in one pass; what is newer,
     /// or not finished, stays.
@@ -96,14 +96,14 @@ mod tests {
         let now = DateTime::now().timestamp_millis();
         let old = DateTime::from_millis(now - 120_000);
         let recent = DateTime::from_millis(now - 1_000);
+        let txn = |id: &str, status: Status, finished_at: DateTime| {
+            TxnRecord { status, finished_at: Some(finished_at), ..TxnRecord::fenced(id, finished_at) }.to_record()
+        };
         for i in 0..(crate::store::BATCH * 2 + 50) {
-            store
-                .insert("_txns", doc! {"_id": format!("old{i:04}"), "status": "done", "finished_at": old})
-                .await
-                .unwrap();
+            store.insert(TXNS, txn(&format!("old{i:04}"), Status::Done, old)).await.unwrap();
         }
-        store.insert("_txns", doc! {"_id": "recent", "status": "done", "finished_at": recent}).await.unwrap();
-        store.insert("_txns", doc! {"_id": "running", "status": "pending", "finished_at": old}).await.unwrap();
+        store.insert(TXNS, txn("recent", Status::Done, recent)).await.unwrap();
+        store.insert(TXNS, txn("running", Status::Pending, old)).await.unwrap();
         let rule = Rule {
             what: "transactions",
             decl: &TXNS_BY_FINISH,

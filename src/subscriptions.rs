@@ -1,4 +1,4 @@
-//! Event subscriptions (DESIGN §5): change events as webhooks, through the
+//! Event subscriptions (docs/design.md §5): change events as webhooks, through the
 //! delivery engine of §4.
 //!
 //! A subscription is a record in `_subscriptions`: a destination, filters,
@@ -146,7 +146,7 @@ impl Subscriptions {
 
     /// Delete subscription `id` (synced); whether it existed.
     pub async fn delete(&self, id: &str) -> StoreResult<bool> {
-        let gone = self.store.delete(SUBSCRIPTIONS, id, doc! {}).await?;
+        let gone = self.store.delete(SUBSCRIPTIONS, id, crate::store::shape::any()).await?;
         if gone {
             tracing::info!(subscription.id = %id, "subscription deleted");
         }
@@ -234,9 +234,14 @@ impl Subscriptions {
     /// instance moved it, or it was deleted, meanwhile). Unsynced: it
     /// follows the deliveries it covers, and a lost move records them again.
     async fn advance(&self, sub: &Subscription, to: u64) -> StoreResult<()> {
-        let to = i64::try_from(to).unwrap_or(i64::MAX);
-        let update = Update::set(doc! {"position": to});
-        self.store.unsynced().update(SUBSCRIPTIONS, &sub.id, doc! {"position": sub.position}, update).await?;
+        /// The position a subscription has recorded deliveries up to.
+        #[derive(serde::Serialize)]
+        struct Position {
+            position: i64,
+        }
+        let to = Update::fields(&Position { position: i64::try_from(to).unwrap_or(i64::MAX) });
+        let from = crate::store::shape::fields(&Position { position: sub.position });
+        self.store.unsynced().update(SUBSCRIPTIONS, &sub.id, from, to).await?;
         Ok(())
     }
 

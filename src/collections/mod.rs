@@ -1,4 +1,4 @@
-//! Collections (DESIGN §5): per-collection TTL policies, live counts, and
+//! Collections (docs/design.md §5): per-collection TTL policies, live counts, and
 //! the TTL sweeper ([`ttl`]).
 //!
 //! A user collection's record in `_collections` holds its TTL policy and
@@ -20,9 +20,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::clock::Clock;
-use crate::events::{self, EventType, Log, ReadError, position};
+use crate::events::{self, EventType, Log, ReadError, counter};
 use crate::store::scans::{COLLECTIONS as BY_NAME, DOCS_LIVE};
-use crate::store::{Bson, DateTime, DynStore, Record, StoreError, StoreResult, Update, doc, record_id};
+use crate::store::shape::{any, fields};
+use crate::store::{Bson, DateTime, DynStore, Record, StoreError, StoreResult, Update, record_id};
 
 /// The collection of collection records.
 pub const COLLECTIONS: &str = "_collections";
@@ -48,20 +49,73 @@ impl Policy {
         self.max_age_seconds.is_none() && self.max_count.is_none()
     }
 
-    fn to_document(self) -> mongodb::bson::Document {
-        let mut out = mongodb::bson::Document::new();
-        if let Some(age) = self.max_age_seconds {
-            out.insert("max_age_seconds", i64::try_from(age).unwrap_or(i64::MAX));
-        }
-        if let Some(count) = self.max_count {
-            out.insert("max_count", i64::try_from(count).unwrap_or(i64::MAX));
-        }
-        out
+    fn stored(self) -> shapes::Ttl {
+        let stored = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        shapes::Ttl { max_age_seconds: self.max_age_seconds.map(stored), max_count: self.max_count.map(stored) }
     }
 
     fn from_document(doc: &mongodb::bson::Document) -> Self {
         let field = |name| doc.get_i64(name).ok().and_then(|n| u64::try_from(n).ok());
         Self { max_age_seconds: field("max_age_seconds"), max_count: field("max_count") }
+    }
+}
+
+/// The fields of a collection's record in [`COLLECTIONS`], as stored.
+mod shapes {
+    use serde::Serialize;
+
+    use crate::store::DateTime;
+
+    /// A TTL policy.
+    #[derive(Serialize, Clone, Copy)]
+    pub struct Ttl {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max_age_seconds: Option<i64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max_count: Option<i64>,
+    }
+
+    /// A collection's record: its count folded to log position `at`, and
+    /// its policy (`expiring` while it has one), set at `policy_at`.
+    #[derive(Serialize)]
+    pub struct Collection<'a> {
+        #[serde(rename = "_id")]
+        pub name: &'a str,
+        pub count: i64,
+        pub at: i64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub policy_at: Option<DateTime>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub ttl: Option<Ttl>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub expiring: Option<bool>,
+    }
+
+    /// A policy set at `policy_at`.
+    #[derive(Serialize)]
+    pub struct PolicySet {
+        pub ttl: Ttl,
+        pub expiring: bool,
+        pub policy_at: DateTime,
+    }
+
+    /// A policy removed at `policy_at` (with `ttl` and `expiring` unset).
+    #[derive(Serialize)]
+    pub struct PolicyAt {
+        pub policy_at: DateTime,
+    }
+
+    /// A count folded to log position `at`.
+    #[derive(Serialize)]
+    pub struct Folded {
+        pub count: i64,
+        pub at: i64,
+    }
+
+    /// Folded to log position `at`.
+    #[derive(Serialize)]
+    pub struct FoldedTo {
+        pub at: i64,
     }
 }
 
@@ -122,27 +176,33 @@ impl Collections {
         .await
     }
 
-    /// Set (or with `None`, remove) `name`'s TTL policy; synced (DESIGN
-    /// §1). Every instance's sweeper applies it from its next pass.
+    /// Set (or with `None`, remove) `name`'s TTL policy; synced
+    /// (docs/design.md §1). Every instance's sweeper applies it from its next pass.
     pub async fn set_policy(&self, name: &str, policy: Option<Policy>) -> StoreResult<Collection> {
         let policy = policy.filter(|p| !p.is_empty());
         let now = self.clock.now();
         let update = match policy {
-            Some(p) => Update::set(doc! {"ttl": p.to_document(), "expiring": true, "policy_at": now}),
-            None => Update { set: doc! {"policy_at": now}, unset: vec!["ttl".into(), "expiring".into()] },
+            Some(p) => Update::fields(&shapes::PolicySet { ttl: p.stored(), expiring: true, policy_at: now }),
+            None => Update {
+                set: fields(&shapes::PolicyAt { policy_at: now }),
+                unset: vec!["ttl".into(), "expiring".into()],
+            },
         };
         loop {
-            if self.store.update(COLLECTIONS, name, doc! {}, update.clone()).await? {
+            if self.store.update(COLLECTIONS, name, any(), update.clone()).await? {
                 break;
             }
             // No record yet: one with no count folded into it (`at` 0), so
             // the fold adds every change of the collection it reads.
-            let mut rec = doc! {"_id": name, "count": 0_i64, "at": 0_i64, "policy_at": now};
-            if let Some(p) = policy {
-                rec.insert("ttl", p.to_document());
-                rec.insert("expiring", true);
-            }
-            if self.store.insert(COLLECTIONS, rec).await? {
+            let rec = shapes::Collection {
+                name,
+                count: 0,
+                at: 0,
+                policy_at: Some(now),
+                ttl: policy.map(Policy::stored),
+                expiring: policy.map(|_| true),
+            };
+            if self.store.insert(COLLECTIONS, fields(&rec)).await? {
                 break;
             }
         }
@@ -190,15 +250,10 @@ impl Collections {
             }
             // Unsynced: counts lost in a crash are folded again from an
             // earlier position, and each count skips what it already has.
-            let next = position(batch.next);
+            let next = batch.next;
             self.store
                 .unsynced()
-                .update(
-                    events::STATE,
-                    events::COUNTED,
-                    doc! {"n": {"$lt": next.clone()}},
-                    Update::set(doc! {"n": next}),
-                )
+                .update(events::STATE, events::COUNTED, counter::below(next), counter::set(next))
                 .await?;
             if !batch.more {
                 return Ok(());
@@ -220,14 +275,14 @@ impl Collections {
                     let delta: i64 =
                         changes.iter().filter(|(seq, _)| position_i64(*seq) > at).map(|(_, delta)| delta).sum();
                     let count = rec.get_i64("count").unwrap_or(0) + delta;
-                    let set = Update::set(doc! {"count": count, "at": position(upto)});
-                    if unsynced.update(COLLECTIONS, coll, doc! {"at": at}, set).await? {
+                    let set = Update::fields(&shapes::Folded { count, at: position_i64(upto) });
+                    if unsynced.update(COLLECTIONS, coll, fields(&shapes::FoldedTo { at }), set).await? {
                         return Ok(());
                     }
                 }
                 None => {
                     let count: i64 = changes.iter().map(|(_, delta)| delta).sum();
-                    if unsynced.insert(COLLECTIONS, doc! {"_id": coll, "count": count, "at": position(upto)}).await? {
+                    if unsynced.insert(COLLECTIONS, counted(coll, count, upto)).await? {
                         return Ok(());
                     }
                 }
@@ -241,11 +296,11 @@ impl Collections {
     /// once, by a scan (a store whose log was purged before it counted).
     async fn counted(&self) -> StoreResult<u64> {
         if let Some(rec) = self.store.get(events::STATE, events::COUNTED).await? {
-            return Ok(rec.get_i64("n").ok().and_then(|n| u64::try_from(n).ok()).unwrap_or(0));
+            return Ok(counter::read(&rec));
         }
         let floor = self.log.floor().await?;
         let start = if floor == 0 { 0 } else { self.count_by_scan().await? };
-        if !self.store.unsynced().insert(events::STATE, doc! {"_id": events::COUNTED, "n": position(start)}).await? {
+        if !self.store.unsynced().insert(events::STATE, counter::record(events::COUNTED, start)).await? {
             // Another instance started counting first: go on from its.
             return Box::pin(self.counted()).await;
         }
@@ -279,10 +334,9 @@ impl Collections {
                 }
             }
             tracing::info!(collection = %coll, count, progress = format!("{}/{}", i + 1, names.len()), "counted");
-            let set = Update::set(doc! {"count": count, "at": position(head)});
-            if !self.store.unsynced().update(COLLECTIONS, coll, doc! {}, set).await? {
-                let rec = doc! {"_id": coll.as_str(), "count": count, "at": position(head)};
-                self.store.unsynced().insert(COLLECTIONS, rec).await?;
+            let set = Update::fields(&shapes::Folded { count, at: position_i64(head) });
+            if !self.store.unsynced().update(COLLECTIONS, coll, any(), set).await? {
+                self.store.unsynced().insert(COLLECTIONS, counted(coll, count, head)).await?;
             }
         }
         Ok(head)
@@ -291,6 +345,12 @@ impl Collections {
 
 fn position_i64(seq: u64) -> i64 {
     i64::try_from(seq).unwrap_or(i64::MAX)
+}
+
+/// A collection's first record: `count` live documents as of log position
+/// `at`, no policy.
+fn counted(name: &str, count: i64, at: u64) -> Record {
+    fields(&shapes::Collection { name, count, at: position_i64(at), policy_at: None, ttl: None, expiring: None })
 }
 
 /// When `policy`'s maximum age makes a document created before it due, as
@@ -322,10 +382,9 @@ mod tests {
 
     /// Append the event of `kind` for document `id` of `coll` at `v`.
     async fn change(store: &DynStore, kind: EventType, coll: &str, id: &str, v: i64) {
-        let rec = doc! {
-            "_id": format!("{coll}/{id}/{v}"), "type": kind.as_str(), "collection": coll, "document": id,
-            "version": v, "transaction": Bson::Null, "at": DateTime::now(), "logged_at": DateTime::now(),
-        };
+        let doc = crate::documents::model::StoredDoc::new_live(id.into(), Default::default(), 1, v, DateTime::now());
+        let mut rec = events::model::document_event(kind, coll, &doc, None, DateTime::now());
+        rec.insert("logged_at", DateTime::now());
         assert!(store.write(events::EVENTS, Write::Append(rec), crate::store::Durability::Unsynced).await.unwrap());
     }
 
@@ -363,11 +422,9 @@ mod tests {
         }
         c.count_changes().await.unwrap();
         // The position goes back to 2; collection "a" also lost its fold.
-        let back = Update::set(doc! {"n": 2_i64});
-        assert!(store.update(events::STATE, events::COUNTED, doc! {}, back).await.unwrap());
-        assert!(
-            store.update(COLLECTIONS, "a", doc! {}, Update::set(doc! {"count": 1_i64, "at": 2_i64})).await.unwrap()
-        );
+        assert!(store.update(events::STATE, events::COUNTED, any(), counter::set(2)).await.unwrap());
+        let lost = Update::fields(&shapes::Folded { count: 1, at: 2 });
+        assert!(store.update(COLLECTIONS, "a", any(), lost).await.unwrap());
         change(&store, EventType::Deleted, "b", "d0", 2).await;
         assert_eq!((count(c, "a").await, count(c, "b").await), (4, 3));
     }
@@ -417,7 +474,7 @@ mod tests {
     #[test]
     fn a_policy_round_trips_and_gives_the_age_cutoff() {
         let p = Policy { max_age_seconds: Some(60), max_count: None };
-        assert_eq!(Policy::from_document(&p.to_document()), p);
+        assert_eq!(Policy::from_document(&fields(&p.stored())), p);
         assert_eq!(age_cutoff(&p, DateTime::from_millis(100_000)), Some(DateTime::from_millis(40_000)));
         assert_eq!(age_cutoff(&Policy { max_age_seconds: None, max_count: Some(3) }, DateTime::now()), None);
         assert!(Policy::default().is_empty());

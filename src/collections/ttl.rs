@@ -1,4 +1,4 @@
-//! The TTL sweeper (DESIGN §5): in every instance, every
+//! The TTL sweeper (docs/design.md §5): in every instance, every
 //! `TXGATE_TTL_INTERVAL_MS`, each collection with a policy loses the live
 //! documents the policy no longer admits, through the same compare-and-set
 //! as any single-document delete: a document a transaction holds is

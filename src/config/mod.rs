@@ -86,12 +86,7 @@ impl Cors {
     }
 }
 
-/// The embedded store's default page cache, in MiB.
-pub const DEFAULT_CACHE_MB: u64 = 256;
-
-/// How long, at most, an unsynced write of the embedded store waits for a
-/// sync by default.
-pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_millis(200);
+pub use crate::store::embedded::{DEFAULT_CACHE_MB, DEFAULT_SYNC_INTERVAL};
 
 #[derive(Clone)]
 pub enum StoreConfig {

@@ -1,5 +1,5 @@
 //! User documents: their stored shape, the rules for names and changes, and
-//! single-document reads and writes (DESIGN §2).
+//! single-document reads and writes (docs/design.md §2).
 //!
 //! A single-document write is one compare-and-set filtered on
 //! `{_meta.txn: null, _meta.v: <version read>}`; when it meets a
@@ -206,8 +206,8 @@ impl Documents {
                 coll,
                 Write::Update {
                     id: &next.id,
-                    filter: events::outbox_filter(next.meta.v, &eid),
-                    update: events::clear_outbox(),
+                    filter: StoredDoc::outbox_filter(next.meta.v, &eid),
+                    update: StoredDoc::clear_outbox(),
                 },
             ),
         ];
@@ -256,7 +256,7 @@ impl Documents {
     /// as a delete (so only if it is still unlocked and at the version
     /// read), leaving a tombstone and a `document.expired` event. A
     /// document a transaction holds, a tombstone or a placeholder is left
-    /// alone. Synced, as every TTL delete (DESIGN §1). `true` when it went.
+    /// alone. Synced, as every TTL delete (docs/design.md §1). `true` when it went.
     pub async fn expire(&self, coll: &str, doc: &StoredDoc) -> Result<bool, DocError> {
         if doc.meta.txn.is_some() || !matches!(doc.committed_view(), View::Live(_)) {
             return Ok(false);

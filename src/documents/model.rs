@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::{Bson, DateTime, Document, Record, StoreError};
+use crate::store::shape::{Lt, fields};
+use crate::store::{Bson, DateTime, Document, Record, StoreError, Update};
 
 /// What a transaction staged on a document it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,7 +55,7 @@ pub struct Meta {
     #[serde(default)]
     pub deleted_at: Option<DateTime>,
     /// The change event of the single-document write that left the
-    /// document as it is, until it is in the event log (DESIGN §2).
+    /// document as it is, until it is in the event log (docs/design.md §2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outbox: Option<Document>,
 }
@@ -101,6 +102,45 @@ impl Live {
     }
 }
 
+/// The fields the filters of a stored document match, as stored.
+mod shapes {
+    use serde::Serialize;
+
+    use crate::store::DateTime;
+    use crate::store::shape::Lt;
+
+    /// Held by `txn` (none: free) at version `v`.
+    #[derive(Serialize)]
+    pub struct Unchanged<'a> {
+        #[serde(rename = "_meta.txn")]
+        pub txn: Option<&'a str>,
+        #[serde(rename = "_meta.v")]
+        pub v: i64,
+    }
+
+    /// At version `v`, with the outbox of event `event`.
+    #[derive(Serialize)]
+    pub struct WithOutbox<'a> {
+        #[serde(rename = "_meta.v")]
+        pub v: i64,
+        #[serde(rename = "_meta.outbox._id")]
+        pub event: &'a str,
+    }
+
+    /// A tombstone deleted before a cutoff, free, without an outbox.
+    #[derive(Serialize)]
+    pub struct Purgeable {
+        #[serde(rename = "_meta.deleted")]
+        pub deleted: bool,
+        #[serde(rename = "_meta.deleted_at")]
+        pub deleted_at: Lt<DateTime>,
+        #[serde(rename = "_meta.txn")]
+        pub txn: Option<&'static str>,
+        #[serde(rename = "_meta.outbox")]
+        pub outbox: Option<&'static str>,
+    }
+}
+
 impl StoredDoc {
     /// A new, committed, unlocked document at `version`.
     pub fn new_live(id: String, data: Document, sv: i64, version: i64, at: DateTime) -> Self {
@@ -128,8 +168,24 @@ impl StoredDoc {
     /// document goes through it, so no change is made over one it did not
     /// see (the version pin is what keeps mixed writers from losing updates).
     pub fn unchanged_filter(&self, holder: Option<&str>) -> Document {
-        let holder = holder.map_or(Bson::Null, |h| Bson::String(h.to_owned()));
-        mongodb::bson::doc! {"_meta.txn": holder, "_meta.v": self.meta.v}
+        fields(&shapes::Unchanged { txn: holder, v: self.meta.v })
+    }
+
+    /// The filter of a document still at version `v` with the outbox of
+    /// event `event`.
+    pub fn outbox_filter(v: i64, event: &str) -> Document {
+        fields(&shapes::WithOutbox { v, event })
+    }
+
+    /// Clear a document's outbox (its event is in the log).
+    pub fn clear_outbox() -> Update {
+        Update { set: Document::new(), unset: vec!["_meta.outbox".into()] }
+    }
+
+    /// The filter of a tombstone deleted before `cutoff`, neither locked
+    /// nor holding an outbox: one the purge may remove.
+    pub fn purgeable_tombstone(cutoff: DateTime) -> Document {
+        fields(&shapes::Purgeable { deleted: true, deleted_at: Lt(cutoff), txn: None, outbox: None })
     }
 
     pub fn from_record(mut record: Record) -> Result<Self, StoreError> {

@@ -1,4 +1,4 @@
-//! The change-event log (DESIGN §5): every committed change leaves one
+//! The change-event log (docs/design.md §5): every committed change leaves one
 //! event at a unique, increasing position (`seq`) of `_events`.
 //!
 //! Events are appended ([`crate::store::Write::Append`]) by whoever makes a
@@ -14,7 +14,7 @@
 //! the position after it is older than a timeout is closed for good with
 //! a void entry (insert-if-absent), and an append that finds its position
 //! closed takes another. What a reader hands out is durable first
-//! (DESIGN §1): it syncs the store after reading.
+//! (docs/design.md §1): it syncs the store after reading.
 
 pub mod model;
 pub mod tap;
@@ -30,8 +30,7 @@ use tokio::sync::watch;
 use crate::clock::Clock;
 use crate::documents::model::StoredDoc;
 use crate::store::{
-    Bound, Bson, DateTime, Document, DynStore, LOG_SEQ, Record, Store, StoreError, StoreResult, Update, Write, doc,
-    void_entry,
+    Bound, Bson, DateTime, Document, DynStore, LOG_SEQ, Record, Store, StoreError, StoreResult, Write, void_entry,
 };
 use crate::txn::TxnRecord;
 use crate::txn::outputs::Outputs;
@@ -48,6 +47,57 @@ const FLOOR: &str = "_events.floor";
 /// in [`STATE`]. The purge never moves the floor past it, so no change is
 /// purged before it is counted.
 pub const COUNTED: &str = "_collections.counted";
+
+/// The counters kept in [`STATE`] (the log's floor, the position counts
+/// are folded to): each a position `n` that only moves forward, by
+/// compare-and-set on the value below the new one.
+pub mod counter {
+    use serde::Serialize;
+
+    use crate::store::shape::{Lt, fields};
+    use crate::store::{Document, Record, Update};
+
+    #[derive(Serialize)]
+    struct Counter<'a> {
+        #[serde(rename = "_id")]
+        id: &'a str,
+        n: i64,
+    }
+
+    #[derive(Serialize)]
+    struct Value<N> {
+        n: N,
+    }
+
+    fn stored(n: u64) -> i64 {
+        i64::try_from(n).unwrap_or(i64::MAX)
+    }
+
+    /// Counter `id` at `n`, as first inserted.
+    pub fn record(id: &str, n: u64) -> Record {
+        fields(&Counter { id, n: stored(n) })
+    }
+
+    /// The value `n`, as a replacement of the counter's record.
+    pub fn value(n: u64) -> Document {
+        fields(&Value { n: stored(n) })
+    }
+
+    /// Set the counter to `n`.
+    pub fn set(n: u64) -> Update {
+        Update::fields(&Value { n: stored(n) })
+    }
+
+    /// The filter of a counter below `n`: moving it to `n` moves it forward.
+    pub fn below(n: u64) -> Document {
+        fields(&Value { n: Lt(stored(n)) })
+    }
+
+    /// The position a counter's record holds.
+    pub fn read(rec: &Record) -> u64 {
+        rec.get_i64("n").ok().and_then(|n| u64::try_from(n).ok()).unwrap_or(0)
+    }
+}
 
 /// Position `seq` as the log stores it.
 pub(crate) fn position(seq: u64) -> Bson {
@@ -259,13 +309,7 @@ impl Log {
     }
 
     async fn state(&self, id: &str) -> StoreResult<u64> {
-        Ok(self
-            .store
-            .get(STATE, id)
-            .await?
-            .and_then(|r| r.get_i64("n").ok())
-            .and_then(|n| u64::try_from(n).ok())
-            .unwrap_or(0))
+        Ok(self.store.get(STATE, id).await?.as_ref().map_or(0, counter::read))
     }
 
     /// The last position in the log (0 when empty): where a stream without
@@ -437,9 +481,8 @@ impl Log {
                 return Ok(total);
             }
             if upto > floor {
-                let moved =
-                    self.store.replace(STATE, FLOOR, doc! {"n": {"$lt": upto as i64}}, doc! {"n": upto as i64}).await?
-                        || self.store.insert(STATE, doc! {"_id": FLOOR, "n": upto as i64}).await?;
+                let moved = self.store.replace(STATE, FLOOR, counter::below(upto), counter::value(upto)).await?
+                    || self.store.insert(STATE, counter::record(FLOOR, upto)).await?;
                 if !moved {
                     // Another instance moved it meanwhile.
                     continue;
@@ -502,8 +545,7 @@ impl Log {
     pub async fn purge_tombstones(&self) -> StoreResult<usize> {
         let retention = i64::try_from(self.cfg.tombstone_retention.as_millis()).unwrap_or(i64::MAX);
         let cutoff = DateTime::from_millis(self.cfg.clock.now().timestamp_millis().saturating_sub(retention));
-        let filter =
-            doc! {"_meta.deleted": true, "_meta.deleted_at": {"$lt": cutoff}, "_meta.txn": null, "_meta.outbox": null};
+        let filter = StoredDoc::purgeable_tombstone(cutoff);
         let mut total = 0;
         for coll in self.store.collections().await? {
             if coll.starts_with('_') {
@@ -550,22 +592,21 @@ pub async fn publish_outbox(store: &dyn Store, coll: &str, doc: &StoredDoc, at: 
     record.insert("logged_at", at);
     let chain = vec![
         (EVENTS, Write::Append(record)),
-        (coll, Write::Update { id: &doc.id, filter: outbox_filter(doc.meta.v, eid), update: clear_outbox() }),
+        (
+            coll,
+            Write::Update {
+                id: &doc.id,
+                filter: StoredDoc::outbox_filter(doc.meta.v, eid),
+                update: StoredDoc::clear_outbox(),
+            },
+        ),
     ];
     if store.unsynced().in_order(chain).await? == 0 {
         // It was in the log already: only the outbox is left to clear.
-        store.unsynced().update(coll, &doc.id, outbox_filter(doc.meta.v, eid), clear_outbox()).await?;
+        let (filter, clear) = (StoredDoc::outbox_filter(doc.meta.v, eid), StoredDoc::clear_outbox());
+        store.unsynced().update(coll, &doc.id, filter, clear).await?;
     }
     Ok(())
-}
-
-/// The filter of a document still at `v` with the outbox of event `eid`.
-pub fn outbox_filter(v: i64, eid: &str) -> Document {
-    doc! {"_meta.v": v, "_meta.outbox._id": eid}
-}
-
-pub fn clear_outbox() -> Update {
-    Update { set: Document::new(), unset: vec!["_meta.outbox".into()] }
 }
 
 /// The log records (positions left to the store) of committed `rec`'s

@@ -1,8 +1,9 @@
-//! Change events as stored in the log and as clients see them (DESIGN §5).
+//! Change events as stored in the log and as clients see them (docs/design.md §5).
 
 use serde::Serialize;
 
 use crate::documents::model::{StagedOp, StoredDoc};
+use crate::store::shape::fields;
 use crate::store::{Bson, DateTime, LOG_SEQ, LOG_VOID, Record, StoreError, doc};
 use crate::txn::TxnRecord;
 
@@ -67,7 +68,7 @@ pub struct EventMember {
     pub version: i64,
 }
 
-/// One change event (DESIGN §5).
+/// One change event (docs/design.md §5).
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Event {
     /// `<collection>/<document>/<version>`; `_txns/<transaction>` for a
@@ -132,44 +133,82 @@ pub fn transaction_event_id(txn: &str) -> String {
 /// the change that left `doc` as
 /// it is, made at `at` by `txn` (none: a single-document write).
 pub fn document_event(kind: EventType, coll: &str, doc: &StoredDoc, txn: Option<&str>, at: DateTime) -> Record {
-    let mut rec = doc! {
-        "_id": document_event_id(coll, &doc.id, doc.meta.v),
-        "type": kind.as_str(),
-        "collection": coll,
-        "document": &doc.id,
-        "version": doc.meta.v,
-        "transaction": txn.map_or(Bson::Null, |t| Bson::String(t.to_owned())),
-        "at": at,
+    let data = matches!(kind, EventType::Created | EventType::Updated).then_some(&doc.data);
+    let event = shapes::Event {
+        id: document_event_id(coll, &doc.id, doc.meta.v),
+        kind: kind.as_str(),
+        collection: Some(coll),
+        document: Some(&doc.id),
+        version: Some(doc.meta.v),
+        transaction: txn,
+        at,
+        data,
+        members: None,
     };
-    if matches!(kind, EventType::Created | EventType::Updated) {
-        rec.insert("data", doc.data.clone());
-    }
-    rec
+    fields(&event)
 }
 
 /// The log record (without its position) of committed `rec`'s
 /// `transaction.committed` event.
 pub fn transaction_event(rec: &TxnRecord) -> Record {
     let results = rec.results.as_deref().unwrap_or_default();
-    let members: Vec<Bson> = rec
+    let members: Vec<shapes::Member<'_>> = rec
         .members
         .iter()
         .enumerate()
-        .map(|(i, m)| {
-            let version = results.get(i).map_or(m.base_v.unwrap_or_default(), |r| r.version);
-            let op = mongodb::bson::to_bson(&m.op).unwrap_or(Bson::Null);
-            Bson::Document(doc! {"collection": &m.collection, "id": &m.id, "op": op, "version": version})
+        .map(|(i, m)| shapes::Member {
+            collection: &m.collection,
+            id: &m.id,
+            op: m.op,
+            version: results.get(i).map_or(m.base_v.unwrap_or_default(), |r| r.version),
         })
         .collect();
-    doc! {
-        "_id": transaction_event_id(&rec.id),
-        "type": EventType::TransactionCommitted.as_str(),
-        "collection": Bson::Null,
-        "document": Bson::Null,
-        "version": Bson::Null,
-        "transaction": &rec.id,
-        "at": rec.committed_at.unwrap_or_else(DateTime::now),
-        "members": members,
+    let event = shapes::Event {
+        id: transaction_event_id(&rec.id),
+        kind: EventType::TransactionCommitted.as_str(),
+        collection: None,
+        document: None,
+        version: None,
+        transaction: Some(&rec.id),
+        at: rec.committed_at.unwrap_or_else(DateTime::now),
+        data: None,
+        members: Some(members),
+    };
+    fields(&event)
+}
+
+/// The fields of a log record, as stored.
+mod shapes {
+    use serde::Serialize;
+
+    use crate::documents::model::StagedOp;
+    use crate::store::{DateTime, Document};
+
+    /// An event (its position is the store's to give).
+    #[derive(Serialize)]
+    pub struct Event<'a> {
+        #[serde(rename = "_id")]
+        pub id: String,
+        #[serde(rename = "type")]
+        pub kind: &'a str,
+        pub collection: Option<&'a str>,
+        pub document: Option<&'a str>,
+        pub version: Option<i64>,
+        pub transaction: Option<&'a str>,
+        pub at: DateTime,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub data: Option<&'a Document>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub members: Option<Vec<Member<'a>>>,
+    }
+
+    /// A member of a committed transaction, as its event lists it.
+    #[derive(Serialize)]
+    pub struct Member<'a> {
+        pub collection: &'a str,
+        pub id: &'a str,
+        pub op: StagedOp,
+        pub version: i64,
     }
 }
 

@@ -1,4 +1,4 @@
-//! Post-commit hooks (DESIGN §4): the delivery records a committed
+//! Post-commit hooks (docs/design.md §4): the delivery records a committed
 //! transaction leaves in `_deliveries`, and the destination guard.
 //!
 //! Deliveries are recorded during roll-forward, before any lock of the
@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use crate::events::{Event, Ready};
 use crate::metrics::Metrics;
-use crate::store::{Bound, Bson, DateTime, DynStore, Record, StoreError, StoreResult, Update, doc, scans};
+use crate::store::{Bound, Bson, DateTime, Document, DynStore, Record, StoreError, StoreResult, Update, doc, scans};
 use crate::txn::outputs::Outputs;
 use crate::txn::record::{TXNS, TxnRecord};
 
@@ -271,46 +271,176 @@ pub enum DeliveryChange<'a> {
     /// An unclaimed delivery still due is due at `at` (its destination has
     /// room again).
     Wake { at: DateTime },
+    /// A final delivery (`from`, finished at `finished`) queued anew by
+    /// hand at `at`: fresh tries and maximum age.
+    Requeue { from: DeliveryStatus, finished: Option<DateTime>, at: DateTime },
+    /// A failed delivery not in flight made due now (`at`) by hand.
+    RetryNow { at: DateTime },
+}
+
+/// Statuses of deliveries an attempt may still be made for.
+pub const DUE: [DeliveryStatus; 2] = [DeliveryStatus::Pending, DeliveryStatus::Failed];
+
+/// The fields the changes of a delivery match and set, as stored.
+mod shapes {
+    use serde::Serialize;
+
+    use super::{Attempt, DeliveryStatus};
+    use crate::store::DateTime;
+    use crate::store::shape::{Gt, In, Lte};
+
+    /// Due by `next_at`: pending or failed.
+    #[derive(Serialize)]
+    pub struct Due<'a> {
+        pub status: In<&'a [DeliveryStatus]>,
+        pub next_at: Lte<DateTime>,
+    }
+
+    /// Still due after `next_at`, unclaimed.
+    #[derive(Serialize)]
+    pub struct DueLater<'a> {
+        pub status: In<&'a [DeliveryStatus]>,
+        pub claim: Option<&'a str>,
+        pub next_at: Gt<DateTime>,
+    }
+
+    /// Pending, waiting at `next_at` for the hook before it.
+    #[derive(Serialize)]
+    pub struct Waiting {
+        pub status: DeliveryStatus,
+        pub next_at: DateTime,
+    }
+
+    /// Held under claim token `claim`.
+    #[derive(Serialize)]
+    pub struct Claimed<'a> {
+        pub claim: &'a str,
+    }
+
+    /// A claim: its owner, token and lease (also the next due time).
+    #[derive(Serialize)]
+    pub struct Claim<'a> {
+        pub owner: Option<&'a str>,
+        pub claim: Option<&'a str>,
+        pub lease_until: Option<DateTime>,
+        pub next_at: DateTime,
+    }
+
+    /// An attempt's outcome, the claim given back with it.
+    #[derive(Serialize)]
+    pub struct Outcome<'a> {
+        pub status: DeliveryStatus,
+        pub attempts: &'a [Attempt],
+        pub tries: i64,
+        pub owner: Option<&'a str>,
+        pub claim: Option<&'a str>,
+        pub lease_until: Option<DateTime>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub next_at: Option<DateTime>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub finished_at: Option<DateTime>,
+    }
+
+    /// Due at `next_at`.
+    #[derive(Serialize)]
+    pub struct DueAt {
+        pub next_at: DateTime,
+    }
+
+    /// Released to go at `next_at`, its age counted from `queued_at`.
+    #[derive(Serialize)]
+    pub struct Released {
+        pub next_at: DateTime,
+        pub queued_at: DateTime,
+    }
+
+    /// In `status`, finished at `finished_at` (or not finished), or, with
+    /// no `finished_at` field, in `status` and unclaimed.
+    #[derive(Serialize)]
+    pub struct Final {
+        pub status: DeliveryStatus,
+        pub finished_at: Option<DateTime>,
+    }
+
+    /// In `status`, unclaimed.
+    #[derive(Serialize)]
+    pub struct Unclaimed<'a> {
+        pub status: DeliveryStatus,
+        pub claim: Option<&'a str>,
+    }
+
+    /// Queued anew at `at`.
+    #[derive(Serialize)]
+    pub struct Requeued<'a> {
+        pub status: DeliveryStatus,
+        pub next_at: DateTime,
+        pub finished_at: Option<DateTime>,
+        pub tries: i64,
+        pub queued_at: DateTime,
+        pub owner: Option<&'a str>,
+        pub claim: Option<&'a str>,
+        pub lease_until: Option<DateTime>,
+    }
 }
 
 impl DeliveryChange<'_> {
-    pub fn cas(&self) -> (mongodb::bson::Document, Update) {
+    /// The filter and update of this change.
+    pub fn cas(&self) -> (Document, Update) {
+        use crate::store::shape::{Gt, In, Lte, fields};
         match self {
             DeliveryChange::Claim { at, owner, token, lease_until } => {
-                let due = [DeliveryStatus::Pending.as_str(), DeliveryStatus::Failed.as_str()];
-                let filter = doc! {"status": {"$in": due.as_slice()}, "next_at": {"$lte": *at}};
-                let set = doc! {"owner": *owner, "claim": *token, "lease_until": *lease_until, "next_at": *lease_until};
-                (filter, Update::set(set))
+                let filter = shapes::Due { status: In(&DUE), next_at: Lte(*at) };
+                let claim = shapes::Claim {
+                    owner: Some(owner),
+                    claim: Some(token),
+                    lease_until: Some(*lease_until),
+                    next_at: *lease_until,
+                };
+                (fields(&filter), Update::fields(&claim))
             }
             DeliveryChange::Outcome { token, status, attempts, tries, next, finished } => {
-                let mut set = doc! {
-                    "status": status.as_str(),
-                    "attempts": mongodb::bson::to_bson(attempts).expect("attempts serialize"),
-                    "tries": *tries,
-                    "owner": Bson::Null,
-                    "claim": Bson::Null,
-                    "lease_until": Bson::Null,
+                let outcome = shapes::Outcome {
+                    status: *status,
+                    attempts,
+                    tries: *tries,
+                    owner: None,
+                    claim: None,
+                    lease_until: None,
+                    next_at: *next,
+                    finished_at: next.is_none().then_some(*finished),
                 };
-                match next {
-                    Some(next) => set.insert("next_at", *next),
-                    None => set.insert("finished_at", *finished),
-                };
-                (doc! {"claim": *token}, Update::set(set))
+                (fields(&shapes::Claimed { claim: token }), Update::fields(&outcome))
             }
             DeliveryChange::Unclaim { token, next } => {
-                let set = doc! {"owner": Bson::Null, "claim": Bson::Null, "lease_until": Bson::Null, "next_at": *next};
-                (doc! {"claim": *token}, Update::set(set))
+                let unclaimed = shapes::Claim { owner: None, claim: None, lease_until: None, next_at: *next };
+                (fields(&shapes::Claimed { claim: token }), Update::fields(&unclaimed))
             }
             DeliveryChange::Wake { at } => {
-                let due = [DeliveryStatus::Pending.as_str(), DeliveryStatus::Failed.as_str()];
-                let filter = doc! {"status": {"$in": due.as_slice()}, "claim": Bson::Null, "next_at": {"$gt": *at}};
-                (filter, Update::set(doc! {"next_at": *at}))
+                let filter = shapes::DueLater { status: In(&DUE), claim: None, next_at: Gt(*at) };
+                (fields(&filter), Update::fields(&shapes::DueAt { next_at: *at }))
             }
             DeliveryChange::Release { at } => {
-                let filter = doc! {"status": DeliveryStatus::Pending.as_str(), "next_at": AFTER_PREVIOUS};
+                let filter = shapes::Waiting { status: DeliveryStatus::Pending, next_at: AFTER_PREVIOUS };
                 // Its maximum age counts from now: the time it waited for
                 // the one before it is not its own.
-                (filter, Update::set(doc! {"next_at": *at, "queued_at": *at}))
+                (fields(&filter), Update::fields(&shapes::Released { next_at: *at, queued_at: *at }))
+            }
+            DeliveryChange::Requeue { from, finished, at } => {
+                let requeued = shapes::Requeued {
+                    status: DeliveryStatus::Pending,
+                    next_at: *at,
+                    finished_at: None,
+                    tries: 0,
+                    queued_at: *at,
+                    owner: None,
+                    claim: None,
+                    lease_until: None,
+                };
+                (fields(&shapes::Final { status: *from, finished_at: *finished }), Update::fields(&requeued))
+            }
+            DeliveryChange::RetryNow { at } => {
+                let filter = shapes::Unclaimed { status: DeliveryStatus::Failed, claim: None };
+                (fields(&filter), Update::fields(&shapes::DueAt { next_at: *at }))
             }
         }
     }
@@ -422,20 +552,14 @@ impl Hooks {
     pub async fn replay(&self, id: &str) -> StoreResult<Replay> {
         let Some(d) = self.delivery(id).await? else { return Ok(Replay::NotFound) };
         let at = self.clock.now();
-        let (filter, set) = match d.status {
-            s if s.is_final() => (
-                doc! {"status": s.as_str(), "finished_at": d.finished_at.map_or(Bson::Null, Bson::DateTime)},
-                doc! {
-                    "status": DeliveryStatus::Pending.as_str(), "next_at": at, "finished_at": Bson::Null,
-                    "tries": 0_i64, "queued_at": at, "owner": Bson::Null, "claim": Bson::Null, "lease_until": Bson::Null,
-                },
-            ),
-            DeliveryStatus::Failed if d.claim.is_none() => {
-                (doc! {"status": DeliveryStatus::Failed.as_str(), "claim": Bson::Null}, doc! {"next_at": at})
-            }
+        let change = match d.status {
+            s if s.is_final() => DeliveryChange::Requeue { from: s, finished: d.finished_at, at },
+            DeliveryStatus::Failed if d.claim.is_none() => DeliveryChange::RetryNow { at },
             _ => return Ok(Replay::AlreadyPending),
         };
-        if !self.store.update(DELIVERIES, id, filter, Update::set(set)).await? {
+        // Synced: the operator is told it is queued.
+        let (filter, update) = change.cas();
+        if !self.store.update(DELIVERIES, id, filter, update).await? {
             return Ok(Replay::AlreadyPending);
         }
         self.queue.push(id, at.timestamp_millis());

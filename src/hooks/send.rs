@@ -1,4 +1,4 @@
-//! The delivery worker (DESIGN §4), one in every instance. Instances share
+//! The delivery worker (docs/design.md §4), one in every instance. Instances share
 //! the work through claims on the delivery records: a claim is one
 //! conditional update that only a due, unclaimed delivery passes, and it
 //! sets `owner`, a fresh claim token and `lease_until` (also pushed into
@@ -26,12 +26,8 @@ pub use super::transport::{
     HOP_BY_HOP_HEADERS, Http, Outcome, RESERVED_HEADERS, Transport, refused_header, retry_after,
 };
 use super::{
-    AFTER_PREVIOUS, Attempt, DELIVERIES, Delivery, DeliveryChange, DeliveryStatus, HookConfig, Hooks, delivery_id,
+    AFTER_PREVIOUS, Attempt, DELIVERIES, DUE, Delivery, DeliveryChange, DeliveryStatus, HookConfig, Hooks, delivery_id,
 };
-
-
-/// Statuses of deliveries an attempt may still be made for.
-const DUE: [DeliveryStatus; 2] = [DeliveryStatus::Pending, DeliveryStatus::Failed];
 
 use crate::store::scans::{DELIVERIES_BY_DUE, DELIVERIES_WAITING};
 use crate::store::{Bound, Bson, DateTime, StoreResult};
@@ -139,7 +135,7 @@ impl Sender {
     /// like any other).
     async fn unsubscribed(&self, d: &Delivery) -> Option<Outcome> {
         let sub = d.subscription.as_deref()?;
-        match self.hooks.store.get(crate::subscriptions::SUBSCRIPTIONS, sub).await {
+        match self.hooks.store.get(crate::store::scans::SUBSCRIPTIONS.coll, sub).await {
             Ok(None) => Some(Outcome {
                 error: Some(format!("subscription {sub} was deleted")),
                 gone: true,

@@ -1,5 +1,5 @@
 //! `/v1/collections`: per-collection TTL policies and live counts
-//! (DESIGN §5).
+//! (docs/design.md §5).
 
 use axum::extract::State;
 use serde::{Deserialize, Serialize};

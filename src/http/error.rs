@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use crate::clock::rfc3339;
 use crate::documents::DocError;
 use crate::documents::rules::Invalid;
-use crate::error::StoreError;
+use crate::store::StoreError;
 use crate::txn::commit::TxnError;
 use crate::txn::record::{Failure, FailureCode};
 

@@ -1,5 +1,5 @@
 //! `/v1/events`: the change-event log as a Server-Sent Events stream, or
-//! as JSON pages for clients that cannot hold a connection (DESIGN §5).
+//! as JSON pages for clients that cannot hold a connection (docs/design.md §5).
 //!
 //! A stream reads the log from the store at its own pace: the next read
 //! happens only when the client has taken what came before, so a slow or

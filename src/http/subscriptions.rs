@@ -1,4 +1,4 @@
-//! `/v1/subscriptions`: change events as webhooks (DESIGN §5), sent by the
+//! `/v1/subscriptions`: change events as webhooks (docs/design.md §5), sent by the
 //! delivery engine of `/v1/deliveries`.
 
 use axum::extract::State;

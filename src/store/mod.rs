@@ -11,12 +11,14 @@ pub mod convert;
 pub mod deadline;
 pub mod disk;
 pub mod embedded;
+mod error;
 pub mod filter;
 pub mod layer;
 pub mod memory;
 pub mod mongo;
 pub mod powerloss;
 pub mod scans;
+pub mod shape;
 pub mod simdisk;
 pub mod templates;
 
@@ -30,7 +32,7 @@ pub use mongodb::bson::{self, Bson, DateTime, Document, doc};
 /// A stored record: a BSON document whose `_id` is a string.
 pub type Record = Document;
 
-pub use crate::error::{StoreError, StoreResult};
+pub use error::{StoreError, StoreResult};
 
 /// Report a record a scan skipped because it cannot be decoded: the pass
 /// goes on without it, and an operator learns which record it was (the
@@ -219,7 +221,7 @@ pub struct IndexSpec {
     pub sparse: bool,
 }
 
-/// Whether a write must be on disk before it returns (DESIGN.md §1,
+/// Whether a write must be on disk before it returns (docs/design.md §1,
 /// "Durable where it matters").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {
@@ -431,7 +433,7 @@ pub type DynStore = Arc<dyn Store>;
 
 impl dyn Store {
     /// The same writes, [`Durability::Unsynced`]: for what no client is
-    /// told and a synced write or recovery makes good (DESIGN.md §1).
+    /// told and a synced write or recovery makes good (docs/design.md §1).
     pub fn unsynced(&self) -> Unsynced<'_> {
         Unsynced(self)
     }

@@ -146,7 +146,7 @@ impl MongoStore {
         options.app_name.get_or_insert_with(|| "txgate".to_owned());
         options.server_selection_timeout.get_or_insert(Duration::from_secs(5));
         options.connect_timeout.get_or_insert(Duration::from_secs(5));
-        // Nothing is relaxed here (DESIGN.md §1): after a replica-set
+        // Nothing is relaxed here (docs/design.md §1): after a replica-set
         // failover, writes acknowledged by one member are rolled back while
         // later ones survive, so every write waits for a majority, and reads
         // see only what a majority has, whatever the URI asks.

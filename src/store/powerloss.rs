@@ -1,7 +1,7 @@
 //! The power-loss harness of the embedded store: a workload on a
 //! [`SimDisk`], crashed at each of its writes and syncs in turn, and the
-//! store reopened on what the crash left (DESIGN.md §1; the README's
-//! "Durability" says what is promised).
+//! store reopened on what the crash left (docs/design.md §1; docs/operating.md,
+//! "Durability", says what is promised).
 //!
 //! The workload drives the store the way the gateway does, one call at a
 //! time: documents written with their change event and outbox (one chain),

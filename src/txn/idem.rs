@@ -1,4 +1,4 @@
-//! Idempotency keys (DESIGN §3): `_idem/<scope>:<key>` is inserted if
+//! Idempotency keys (docs/design.md §3): `_idem/<scope>:<key>` is inserted if
 //! absent before anything else, holding a hash of the body and the
 //! transaction id. A commit or a non-retryable failure is stored and
 //! answered again for the same key and body; a retryable failure frees the
@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::store::{DateTime, DynStore, StoreResult, Update, doc};
+use crate::store::shape::fields;
+use crate::store::{DateTime, DynStore, StoreResult, Update};
 
 use super::locks::Locks;
 use super::record::{Status, TXNS, TxnRecord};
@@ -40,9 +41,32 @@ enum ClaimState {
     Done,
 }
 
-impl ClaimState {
-    fn to_bson(self) -> crate::store::Bson {
-        mongodb::bson::to_bson(&self).expect("a claim state serializes")
+/// The fields the changes of a claim match and set, as stored.
+mod shapes {
+    use serde::Serialize;
+
+    use super::ClaimState;
+    use crate::store::DateTime;
+
+    /// Held by attempt `txn` (in `state`, when given).
+    #[derive(Serialize)]
+    pub struct Held<'a> {
+        pub txn: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub state: Option<ClaimState>,
+    }
+
+    #[derive(Serialize)]
+    pub struct Repointed<'a> {
+        pub txn: &'a str,
+        pub repointed_at: DateTime,
+    }
+
+    #[derive(Serialize)]
+    pub struct Done {
+        pub state: ClaimState,
+        pub status: i32,
+        pub body: String,
     }
 }
 
@@ -80,7 +104,7 @@ impl ClaimRecord {
 
     /// The filter that holds while `txn` still holds the running claim.
     fn running(txn: &str) -> crate::store::Document {
-        doc! {"txn": txn, "state": ClaimState::Running.to_bson()}
+        fields(&shapes::Held { txn, state: Some(ClaimState::Running) })
     }
 }
 
@@ -276,19 +300,20 @@ impl Idempotency {
         if self.fence(from).await?.is_some_and(|rec| rec.status.is_committed()) {
             return Ok(false);
         }
-        let set = doc! {"txn": to, "repointed_at": self.now()};
-        self.store.unsynced().update(IDEM, key, ClaimRecord::running(from), Update::set(set)).await
+        let set = shapes::Repointed { txn: to, repointed_at: self.now() };
+        self.store.unsynced().update(IDEM, key, ClaimRecord::running(from), Update::fields(&set)).await
     }
 
     /// Store the outcome answered for `key` (synced: a retry must get it).
     pub async fn complete_key(&self, key: &str, txn: &str, status: u16, body: &Value) -> StoreResult<()> {
-        let set = doc! {"state": ClaimState::Done.to_bson(), "status": i32::from(status), "body": body.to_string()};
-        self.store.update(IDEM, key, doc! {"txn": txn}, Update::set(set)).await.map(|_| ())
+        let set = shapes::Done { state: ClaimState::Done, status: i32::from(status), body: body.to_string() };
+        let filter = fields(&shapes::Held { txn, state: None });
+        self.store.update(IDEM, key, filter, Update::fields(&set)).await.map(|_| ())
     }
 
     /// Free `key` (a retryable failure).
     pub async fn release_key(&self, key: &str, txn: &str) -> StoreResult<()> {
-        self.store.delete(IDEM, key, doc! {"txn": txn}).await.map(|_| ())
+        self.store.delete(IDEM, key, fields(&shapes::Held { txn, state: None })).await.map(|_| ())
     }
 }
 

@@ -1,4 +1,4 @@
-//! What anyone who meets a locked document does about it (DESIGN §3 step 3
+//! What anyone who meets a locked document does about it (docs/design.md §3 step 3
 //! and §2): finish a committed holder's change on that document, clear the
 //! lock of a holder that is aborted, rolled back or gone, abort a holder
 //! whose lease ran out, and otherwise report it busy.

@@ -1,6 +1,6 @@
 //! Multi-document transactions over single-document compare-and-set: the
 //! commit protocol, lock conflicts and wound-wait, roll-forward, roll-back
-//! and recovery (DESIGN §3).
+//! and recovery (docs/design.md §3).
 
 pub mod age;
 pub mod commit;
@@ -208,7 +208,7 @@ impl Transactions {
     }
 
     /// Run `plan` for a request, with its Idempotency-Key if it has one
-    /// (DESIGN §3): the key is claimed first; a stored outcome is
+    /// (docs/design.md §3): the key is claimed first; a stored outcome is
     /// answered again; after the run, a commit or a failure a retry cannot
     /// change is stored for the key (`render` gives the answer a failure
     /// is stored as: its status and body), a retryable failure frees the
@@ -252,7 +252,7 @@ impl Transactions {
         Ok(Submitted::Ran(Box::new(result)))
     }
 
-    /// An operator's abort of `rec` (DESIGN §7): a pending
+    /// An operator's abort of `rec` (docs/design.md §3): a pending
     /// transaction is aborted with reason `operator`, and an aborted one
     /// rolled back in the background; a committed one stays committed.
     pub async fn abort(&self, rec: TxnRecord) -> StoreResult<Aborted> {

@@ -1,6 +1,6 @@
 //! The outputs port: what a committed transaction leaves behind besides its
 //! documents (hook deliveries now; change events next). Roll-forward makes
-//! every output exist before it releases any lock (DESIGN §3 step 5), so an
+//! every output exist before it releases any lock (docs/design.md §3 step 5), so an
 //! output is never lost for a commit and never made for an abort.
 
 use async_trait::async_trait;

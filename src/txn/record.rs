@@ -31,12 +31,6 @@ impl Status {
         }
     }
 
-    /// The filter of records in this status (the compare-and-set of every
-    /// status transition, and the recovery scans, start from it).
-    pub fn filter(self) -> Document {
-        mongodb::bson::doc! {"status": self.as_str()}
-    }
-
     /// The status as stored (a scan's equality value).
     pub fn to_bson(self) -> crate::store::Bson {
         crate::store::Bson::String(self.as_str().to_owned())
@@ -230,44 +224,83 @@ pub enum Transition<'a> {
     Finish { from: Status, at: DateTime },
 }
 
+/// The fields the transitions of a record match and set, as stored.
+mod shapes {
+    use serde::Serialize;
+
+    use super::{Failure, Member, MemberResult, Status};
+    use crate::store::DateTime;
+
+    /// In `status`; with `expires_at`, holding that lease.
+    #[derive(Serialize)]
+    pub struct InStatus {
+        pub status: Status,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub expires_at: Option<DateTime>,
+    }
+
+    #[derive(Serialize)]
+    pub struct Lease {
+        pub expires_at: DateTime,
+    }
+
+    #[derive(Serialize)]
+    pub struct Committing<'a> {
+        pub status: Status,
+        pub committed_at: DateTime,
+        pub results: &'a [MemberResult],
+        pub members: &'a [Member],
+    }
+
+    #[derive(Serialize)]
+    pub struct Aborting<'a> {
+        pub status: Status,
+        pub abort_reason: &'a str,
+        pub finished_at: Option<DateTime>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub failure: Option<&'a Failure>,
+    }
+
+    #[derive(Serialize)]
+    pub struct Finishing {
+        pub status: Status,
+        pub finished_at: DateTime,
+    }
+}
+
 impl Transition<'_> {
     /// The filter and update of this change.
     pub fn cas(&self) -> (Document, Update) {
-        use mongodb::bson::{Bson, doc, to_bson};
+        use crate::store::shape::fields;
+        let pending = shapes::InStatus { status: Status::Pending, expires_at: None };
         match self {
             Transition::Heartbeat { expires_at } => {
-                (Status::Pending.filter(), Update::set(doc! {"expires_at": *expires_at}))
+                (fields(&pending), Update::fields(&shapes::Lease { expires_at: *expires_at }))
             }
             Transition::Commit { at, results, members } => {
-                let set = doc! {
-                    "status": Status::Committed.as_str(),
-                    "committed_at": *at,
-                    "results": to_bson(results).expect("results serialize"),
-                    "members": to_bson(members).expect("members serialize"),
-                };
-                (Status::Pending.filter(), Update::set(set))
+                let set = shapes::Committing { status: Status::Committed, committed_at: *at, results, members };
+                (fields(&pending), Update::fields(&set))
             }
             Transition::Abort { reason, failure, lease } => {
-                let mut filter = Status::Pending.filter();
-                if let Some(at) = lease {
-                    filter.insert("expires_at", *at);
-                }
-                let mut set =
-                    doc! {"status": Status::Aborted.as_str(), "abort_reason": *reason, "finished_at": Bson::Null};
-                if let Some(f) = failure {
-                    set.insert("failure", to_bson(f).expect("failure serializes"));
-                }
-                (filter, Update::set(set))
+                let filter = shapes::InStatus { status: Status::Pending, expires_at: *lease };
+                let set = shapes::Aborting {
+                    status: Status::Aborted,
+                    abort_reason: reason,
+                    finished_at: None,
+                    failure: *failure,
+                };
+                (fields(&filter), Update::fields(&set))
             }
             Transition::Finish { from, at } => {
                 let to = if *from == Status::Committed { Status::Done } else { Status::RolledBack };
-                (from.filter(), Update::set(doc! {"status": to.as_str(), "finished_at": *at}))
+                let filter = shapes::InStatus { status: *from, expires_at: None };
+                (fields(&filter), Update::fields(&shapes::Finishing { status: to, finished_at: *at }))
             }
         }
     }
 
-    /// Whether this change must be durable before it returns (DESIGN.md
-    /// §1): the commit point, and an operator's abort (the operator is
+    /// Whether this change must be durable before it returns
+    /// (docs/design.md §1): the commit point, and an operator's abort (the operator is
     /// told). Everything else is implied by a synced write or redone by
     /// recovery: a lost heartbeat or abort leaves a pending record that
     /// recovery aborts, a lost finish is finished again.

@@ -1,4 +1,4 @@
-//! Recovery (DESIGN §3), run every `recovery_interval` by every instance:
+//! Recovery (docs/design.md §3), run every `recovery_interval` by every instance:
 //! abort and roll back pending records past their lease, roll forward
 //! committed ones left unfinished, roll back aborted ones, clear locks whose
 //! holder is neither pending nor committed, and purge finished records after

@@ -1,4 +1,4 @@
-"""The container image, run as an operator runs it (README, "Docker"):
+"""The container image, run as an operator runs it (docs/operating.md, "Docker"):
 a volume, an API key, a webhook receiver on the host, a kill -9 and a
 graceful stop. Python's standard library only.
 

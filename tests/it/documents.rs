@@ -1,4 +1,4 @@
-//! The documents API of DESIGN §2 over real HTTP, on both backends.
+//! The documents API of docs/design.md §2 over real HTTP, on both backends.
 
 use reqwest::Method;
 use serde_json::{Value, json};

@@ -1,4 +1,4 @@
-//! Change events (DESIGN §5): the log, JSON pages, the SSE stream, gaps,
+//! Change events (docs/design.md §5): the log, JSON pages, the SSE stream, gaps,
 //! retention and shutdown, over HTTP against both backends.
 
 use std::collections::HashMap;

@@ -29,7 +29,7 @@ pub enum Fault {
     CrashAfter(usize),
     /// The process dies just after the n-th operation, and the store loses
     /// every write made since its last synced one (the embedded store's
-    /// crash model, DESIGN.md §1).
+    /// crash model, docs/design.md §1).
     CrashLosingUnsynced(usize),
 }
 

@@ -1,7 +1,7 @@
 //! A real `kill -9` of a gateway process on the embedded store, at random
 //! moments under concurrent transactions and single-document writes, then a
 //! restart on the same data. The embedded store syncs only what a client is
-//! told (DESIGN.md §1), so this is where a wrong mark would show: every
+//! told (docs/design.md §1), so this is where a wrong mark would show: every
 //! answered write and commit must be there, nothing answered as failed
 //! applied, money conserved, and no lock left once recovery is done.
 

@@ -350,7 +350,7 @@ async fn embedded_restored_backup_survives_power_loss() {
 /// A crash after checkpoints needs no full repair of redb's file at the
 /// next open: checkpoints save the allocator state (quick repair). Without
 /// it redb walks the whole file (351 ms at a million documents here, see
-/// the README's "Durability of the embedded store").
+/// docs/benchmarks.md, "Durability of the embedded store").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_open_after_a_crash_needs_no_full_repair() {
     use std::sync::Arc;

@@ -22,7 +22,7 @@
 //! any of it is answered, so such a write is visible only once it is on
 //! disk, with everything before it; other batches are visible at once and
 //! durable with the next sync. A crash keeps a prefix of the journal, so
-//! it loses only a suffix of unsynced commits (DESIGN.md §1). While
+//! it loses only a suffix of unsynced commits (docs/design.md §1). While
 //! unsynced entries exist, the writer syncs at least every sync interval;
 //! once the journal has grown past a bound, and when the store closes, a
 //! checkpoint makes redb itself durable and the journal starts over. A
@@ -95,6 +95,13 @@ pub const MAX_BATCH_BYTES: usize = 32 << 20;
 /// journal starts over; it bounds what opening the store replays.
 pub const CHECKPOINT_BYTES: u64 = 16 << 20;
 
+/// The embedded store's default page cache, in MiB.
+pub const DEFAULT_CACHE_MB: u64 = 256;
+
+/// How long, at most, an unsynced write of the embedded store waits for a
+/// sync by default.
+pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_millis(200);
+
 /// How an embedded store is opened.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -113,8 +120,8 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Self {
-            cache_bytes: crate::config::DEFAULT_CACHE_MB << 20,
-            sync_interval: crate::config::DEFAULT_SYNC_INTERVAL,
+            cache_bytes: DEFAULT_CACHE_MB << 20,
+            sync_interval: DEFAULT_SYNC_INTERVAL,
             checkpoint_bytes: CHECKPOINT_BYTES,
             quick_repair: true,
         }
@@ -148,7 +155,7 @@ impl EmbeddedStore {
     /// Open (or create) the store in `dir` with the default page cache and
     /// sync interval.
     pub fn open(dir: &Path) -> StoreResult<Self> {
-        Self::open_with(dir, crate::config::DEFAULT_CACHE_MB << 20, crate::config::DEFAULT_SYNC_INTERVAL)
+        Self::open_with(dir, DEFAULT_CACHE_MB << 20, DEFAULT_SYNC_INTERVAL)
     }
 
     /// Open (or create) the store in `dir` with a page cache of

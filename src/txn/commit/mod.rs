@@ -1,4 +1,4 @@
-//! Running one transaction (DESIGN §3 steps 1–4): prepare the
+//! Running one transaction (docs/design.md §3 steps 1–4): prepare the
 //! record, lock and stage every member in parallel, resolve conflicts
 //! (helping committed holders, clearing dead ones, wound-wait between live
 //! ones), then pass the commit point with one CAS on the record.

@@ -1,4 +1,4 @@
-"""The operator's scenario, as the README tells it: two txgate instances on
+"""The operator's scenario, as docs/operating.md tells it: two txgate instances on
 one MongoDB with API keys limited to collections, scraped by a Prometheus
 server (Debian's, as scripts/install-test-tools installs it) and read with
 Prometheus's own text-format parser (prometheus_client), through a webhook

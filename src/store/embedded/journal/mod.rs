@@ -8,8 +8,8 @@
 //! before the commit becomes visible; a commit that must be durable is
 //! answered once the journal is synced. From time to time, and before the
 //! store closes, a checkpoint makes redb itself durable; the journal then
-//! starts a new generation (DESIGN.md §1, "Durable where it matters"; the
-//! README's "Durability").
+//! starts a new generation (docs/design.md §1, "Durable where it matters";
+//! docs/operating.md, "Durability").
 //!
 //! # Format (version 2)
 //!
