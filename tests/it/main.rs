@@ -7,6 +7,7 @@ mod auth;
 mod backup;
 mod collections;
 mod crash;
+mod docs;
 mod documents;
 mod events;
 mod faults;
