@@ -33,6 +33,13 @@ pub struct Family {
     kind: Kind,
 }
 
+/// A counter family.
+pub struct Counter(pub Family);
+/// A gauge family.
+pub struct Gauge(pub Family);
+/// A histogram family.
+pub struct Histogram(pub Family);
+
 impl Family {
     /// The family's type as the text format names it.
     pub fn kind(&self) -> &'static str {
@@ -61,126 +68,200 @@ const fn histogram(
     Family { name, help, labels, kind: Kind::Histogram(buckets) }
 }
 
-/// Every family the gateway records (docs/operating.md, "Metrics", lists
-/// them too). Families read from elsewhere at scrape time are registered
+/// Every family the gateway records, each a typed handle (a counter is
+/// counted, a histogram observed, a gauge held: a call names its family by
+/// a constant, never by a string). docs/operating.md, "Metrics", lists them
+/// too (tested). Families read from elsewhere at scrape time are registered
 /// by [`Metrics::sampled`].
-pub const FAMILIES: &[Family] = &[
-    counter(
-        "txgate_http_requests_total",
-        &["method", "route", "status"],
-        "HTTP requests answered, by method, route template (`unmatched` for unknown paths) and status",
-    ),
-    histogram(
-        "txgate_http_request_duration_seconds",
-        &["method", "route"],
-        LATENCY,
-        "Time from a request's arrival to its response head (an event stream: until it starts)",
-    ),
-    gauge("txgate_http_requests_in_flight", &[], "Requests being served now"),
-    counter(
-        "txgate_transactions_total",
-        &["outcome"],
-        "Transaction attempts by outcome: committed, aborted (a member failed or it was wounded), error (store)",
-    ),
-    histogram(
-        "txgate_transaction_duration_seconds",
-        &["outcome"],
-        LATENCY,
-        "Time from a transaction attempt's start to its answer, by outcome",
-    ),
-    counter(
-        "txgate_transaction_retries_total",
-        &["reason"],
-        "Transaction attempts retried under a new id, by reason (wounded)",
-    ),
-    counter(
-        "txgate_transactions_aborted_total",
-        &["reason"],
-        "Transactions aborted by this instance, by reason (wounded, expired, timed_out, operator, a conflict code, ...)",
-    ),
-    counter(
-        "txgate_transactions_finished_total",
-        &["state"],
-        "Transactions whose members were all released, by final state (done, rolled_back)",
-    ),
-    counter(
-        "txgate_conflicts_total",
-        &["code"],
-        "Requests answered with a conflict, by problem code (version_conflict, locked, not_found, ...)",
-    ),
-    counter("txgate_lock_waits_total", &[], "Times a transaction member waited for a document a live transaction held"),
-    histogram(
-        "txgate_lock_wait_seconds",
-        &[],
-        LATENCY,
-        "How long a member waited for a held document before it locked it or gave up",
-    ),
-    counter(
-        "txgate_wounds_total",
-        &[],
-        "Younger transactions wounded (aborted) by an older one waiting for their lock",
-    ),
-    counter(
-        "txgate_recovery_actions_total",
-        &["action"],
-        "Recovery work done: rolled_forward, rolled_back, expired, lock_released, outbox_published, skipped",
-    ),
-    counter(
-        "txgate_delivery_attempts_total",
-        &["result"],
-        "Webhook delivery attempts by result (success: a 2xx; failure: anything else)",
-    ),
-    counter(
-        "txgate_deliveries_total",
-        &["outcome"],
-        "Deliveries by outcome: delivered, retrying (an attempt failed, another is scheduled), dead (given up)",
-    ),
-    histogram(
-        "txgate_delivery_lag_seconds",
-        &[],
-        LAG,
-        "Time from a delivery's creation (its commit) to its successful attempt",
-    ),
-    counter(
-        "txgate_deliveries_parked_total",
-        &["reason"],
-        "Deliveries set aside because their destination had all its slots in use (destination_full)",
-    ),
-    gauge("txgate_event_streams_open", &[], "Server-Sent Event streams open on this instance"),
-    counter(
-        "txgate_ttl_deletions_total",
-        &["reason"],
-        "Documents expired by the TTL sweeper, by reason (max_age, max_count)",
-    ),
-    counter(
-        "txgate_purged_total",
-        &["what"],
-        "Finished records purged after their retention (transactions, idempotency_keys, deliveries)",
-    ),
-    histogram(
-        "txgate_store_operation_duration_seconds",
-        &["operation"],
-        LATENCY,
-        "Store operations by kind (get, scan, insert, replace, update, delete, append, write_in_order, ...)",
-    ),
-    counter(
-        "txgate_store_errors_total",
-        &["operation"],
-        "Store operations that failed or missed the store deadline, by kind",
-    ),
+pub const FAMILIES: &[&Family] = &[
+    &HTTP_REQUESTS.0,
+    &HTTP_REQUEST_DURATION.0,
+    &HTTP_REQUESTS_IN_FLIGHT.0,
+    &TRANSACTIONS.0,
+    &TRANSACTION_DURATION.0,
+    &TRANSACTION_RETRIES.0,
+    &TRANSACTIONS_ABORTED.0,
+    &TRANSACTIONS_FINISHED.0,
+    &CONFLICTS.0,
+    &LOCK_WAITS.0,
+    &LOCK_WAIT.0,
+    &WOUNDS.0,
+    &RECOVERY_ACTIONS.0,
+    &DELIVERY_ATTEMPTS.0,
+    &DELIVERIES.0,
+    &DELIVERY_LAG.0,
+    &DELIVERIES_PARKED.0,
+    &EVENT_STREAMS_OPEN.0,
+    &TTL_DELETIONS.0,
+    &PURGED.0,
+    &STORE_OPERATION_DURATION.0,
+    &STORE_ERRORS.0,
 ];
+
+/// HTTP requests answered, by method, route template (`unmatched` for unknown paths) and status.
+pub const HTTP_REQUESTS: Counter = Counter(counter(
+    "txgate_http_requests_total",
+    &["method", "route", "status"],
+    "HTTP requests answered, by method, route template (`unmatched` for unknown paths) and status",
+));
+
+/// Time from a request's arrival to its response head (an event stream: until it starts).
+pub const HTTP_REQUEST_DURATION: Histogram = Histogram(histogram(
+    "txgate_http_request_duration_seconds",
+    &["method", "route"],
+    LATENCY,
+    "Time from a request's arrival to its response head (an event stream: until it starts)",
+));
+
+/// Requests being served now.
+pub const HTTP_REQUESTS_IN_FLIGHT: Gauge =
+    Gauge(gauge("txgate_http_requests_in_flight", &[], "Requests being served now"));
+
+/// Transaction attempts by outcome: committed, aborted (a member failed or it was wounded), error (store).
+pub const TRANSACTIONS: Counter = Counter(counter(
+    "txgate_transactions_total",
+    &["outcome"],
+    "Transaction attempts by outcome: committed, aborted (a member failed or it was wounded), error (store)",
+));
+
+/// Time from a transaction attempt's start to its answer, by outcome.
+pub const TRANSACTION_DURATION: Histogram = Histogram(histogram(
+    "txgate_transaction_duration_seconds",
+    &["outcome"],
+    LATENCY,
+    "Time from a transaction attempt's start to its answer, by outcome",
+));
+
+/// Transaction attempts retried under a new id, by reason (wounded).
+pub const TRANSACTION_RETRIES: Counter = Counter(counter(
+    "txgate_transaction_retries_total",
+    &["reason"],
+    "Transaction attempts retried under a new id, by reason (wounded)",
+));
+
+/// Transactions aborted by this instance, by reason (wounded, expired, timed_out, operator, a conflict code, ...).
+pub const TRANSACTIONS_ABORTED: Counter = Counter(counter(
+    "txgate_transactions_aborted_total",
+    &["reason"],
+    "Transactions aborted by this instance, by reason (wounded, expired, timed_out, operator, a conflict code, ...)",
+));
+
+/// Transactions whose members were all released, by final state (done, rolled_back).
+pub const TRANSACTIONS_FINISHED: Counter = Counter(counter(
+    "txgate_transactions_finished_total",
+    &["state"],
+    "Transactions whose members were all released, by final state (done, rolled_back)",
+));
+
+/// Requests answered with a conflict, by problem code (version_conflict, locked, not_found, ...).
+pub const CONFLICTS: Counter = Counter(counter(
+    "txgate_conflicts_total",
+    &["code"],
+    "Requests answered with a conflict, by problem code (version_conflict, locked, not_found, ...)",
+));
+
+/// Times a transaction member waited for a document a live transaction held.
+pub const LOCK_WAITS: Counter = Counter(counter(
+    "txgate_lock_waits_total",
+    &[],
+    "Times a transaction member waited for a document a live transaction held",
+));
+
+/// How long a member waited for a held document before it locked it or gave up.
+pub const LOCK_WAIT: Histogram = Histogram(histogram(
+    "txgate_lock_wait_seconds",
+    &[],
+    LATENCY,
+    "How long a member waited for a held document before it locked it or gave up",
+));
+
+/// Younger transactions wounded (aborted) by an older one waiting for their lock.
+pub const WOUNDS: Counter = Counter(counter(
+    "txgate_wounds_total",
+    &[],
+    "Younger transactions wounded (aborted) by an older one waiting for their lock",
+));
+
+/// Recovery work done: rolled_forward, rolled_back, expired, lock_released, outbox_published, skipped.
+pub const RECOVERY_ACTIONS: Counter = Counter(counter(
+    "txgate_recovery_actions_total",
+    &["action"],
+    "Recovery work done: rolled_forward, rolled_back, expired, lock_released, outbox_published, skipped",
+));
+
+/// Webhook delivery attempts by result (success: a 2xx; failure: anything else).
+pub const DELIVERY_ATTEMPTS: Counter = Counter(counter(
+    "txgate_delivery_attempts_total",
+    &["result"],
+    "Webhook delivery attempts by result (success: a 2xx; failure: anything else)",
+));
+
+/// Deliveries by outcome: delivered, retrying (an attempt failed, another is scheduled), dead (given up).
+pub const DELIVERIES: Counter = Counter(counter(
+    "txgate_deliveries_total",
+    &["outcome"],
+    "Deliveries by outcome: delivered, retrying (an attempt failed, another is scheduled), dead (given up)",
+));
+
+/// Time from a delivery's creation (its commit) to its successful attempt.
+pub const DELIVERY_LAG: Histogram = Histogram(histogram(
+    "txgate_delivery_lag_seconds",
+    &[],
+    LAG,
+    "Time from a delivery's creation (its commit) to its successful attempt",
+));
+
+/// Deliveries set aside because their destination had all its slots in use (destination_full).
+pub const DELIVERIES_PARKED: Counter = Counter(counter(
+    "txgate_deliveries_parked_total",
+    &["reason"],
+    "Deliveries set aside because their destination had all its slots in use (destination_full)",
+));
+
+/// Server-Sent Event streams open on this instance.
+pub const EVENT_STREAMS_OPEN: Gauge =
+    Gauge(gauge("txgate_event_streams_open", &[], "Server-Sent Event streams open on this instance"));
+
+/// Documents expired by the TTL sweeper, by reason (max_age, max_count).
+pub const TTL_DELETIONS: Counter = Counter(counter(
+    "txgate_ttl_deletions_total",
+    &["reason"],
+    "Documents expired by the TTL sweeper, by reason (max_age, max_count)",
+));
+
+/// Finished records purged after their retention (transactions, idempotency_keys, deliveries).
+pub const PURGED: Counter = Counter(counter(
+    "txgate_purged_total",
+    &["what"],
+    "Finished records purged after their retention (transactions, idempotency_keys, deliveries)",
+));
+
+/// Store operations by kind (get, scan, insert, replace, update, delete, append, write_in_order, ...).
+pub const STORE_OPERATION_DURATION: Histogram = Histogram(histogram(
+    "txgate_store_operation_duration_seconds",
+    &["operation"],
+    LATENCY,
+    "Store operations by kind (get, scan, insert, replace, update, delete, append, write_in_order, ...)",
+));
+
+/// Store operations that failed or missed the store deadline, by kind.
+pub const STORE_ERRORS: Counter = Counter(counter(
+    "txgate_store_errors_total",
+    &["operation"],
+    "Store operations that failed or missed the store deadline, by kind",
+));
 
 /// Series that exist at zero from the start, so that a rate or an alert
 /// on them has data before the first event (label-less families too).
-const AT_ZERO: &[(&str, &[&str])] = &[
-    ("txgate_transactions_total", &["committed"]),
-    ("txgate_transactions_total", &["aborted"]),
-    ("txgate_transactions_total", &["error"]),
-    ("txgate_deliveries_total", &["delivered"]),
-    ("txgate_deliveries_total", &["retrying"]),
-    ("txgate_deliveries_total", &["dead"]),
-    ("txgate_delivery_attempts_total", &["success"]),
-    ("txgate_delivery_attempts_total", &["failure"]),
+const AT_ZERO: &[(&Counter, &[&str])] = &[
+    (&TRANSACTIONS, &["committed"]),
+    (&TRANSACTIONS, &["aborted"]),
+    (&TRANSACTIONS, &["error"]),
+    (&DELIVERIES, &["delivered"]),
+    (&DELIVERIES, &["retrying"]),
+    (&DELIVERIES, &["dead"]),
+    (&DELIVERY_ATTEMPTS, &["success"]),
+    (&DELIVERY_ATTEMPTS, &["failure"]),
 ];
 
 /// A counter whose total is kept elsewhere and read at each scrape.
@@ -233,8 +314,8 @@ impl Default for Metrics {
                 }
             }
         }
-        for (name, labels) in AT_ZERO {
-            counters[name].with_label_values(labels);
+        for (family, labels) in AT_ZERO {
+            counters[family.0.name].with_label_values(labels);
         }
         Self { registry, counters, gauges, histograms }
     }
@@ -264,22 +345,23 @@ impl Metrics {
         self.counters.get(name).unwrap_or_else(|| panic!("counter {name} is not declared in FAMILIES"))
     }
 
-    /// Add `n` to counter `name` at `labels` (one value per label key).
-    pub fn count(&self, name: &'static str, labels: &[&str], n: u64) {
-        self.counter(name).with_label_values(labels).inc_by(n);
+    /// Add `n` to `counter` at `labels` (one value per label key).
+    pub fn count(&self, counter: &Counter, labels: &[&str], n: u64) {
+        self.counter(counter.0.name).with_label_values(labels).inc_by(n);
     }
 
-    /// Add one to single-label counter `name` at `label`.
-    pub fn incr(&self, name: &'static str, label: &str) {
-        self.count(name, &[label], 1);
+    /// Add one to single-label `counter` at `label`.
+    pub fn incr(&self, counter: &Counter, label: &str) {
+        self.count(counter, &[label], 1);
     }
 
-    pub fn add(&self, name: &'static str, label: &str, n: u64) {
-        self.count(name, &[label], n);
+    pub fn add(&self, counter: &Counter, label: &str, n: u64) {
+        self.count(counter, &[label], n);
     }
 
-    /// Record `duration` in histogram `name` at `labels`.
-    pub fn observe(&self, name: &'static str, labels: &[&str], duration: Duration) {
+    /// Record `duration` in `histogram` at `labels`.
+    pub fn observe(&self, histogram: &Histogram, labels: &[&str], duration: Duration) {
+        let name = histogram.0.name;
         self.histograms
             .get(name)
             .unwrap_or_else(|| panic!("histogram {name} is not declared in FAMILIES"))
@@ -287,8 +369,9 @@ impl Metrics {
             .observe(duration.as_secs_f64());
     }
 
-    /// One more of label-less gauge `name` until the guard is dropped.
-    pub fn hold(&self, name: &'static str) -> Held {
+    /// One more of label-less `gauge` until the guard is dropped.
+    pub fn hold(&self, gauge: &Gauge) -> Held {
+        let name = gauge.0.name;
         let gauge = self
             .gauges
             .get(name)
@@ -298,17 +381,17 @@ impl Metrics {
         Held(gauge)
     }
 
-    /// Counter `name` at `labels` as it stands (tests, logs).
-    pub fn get(&self, name: &'static str, labels: &[&str]) -> u64 {
-        self.counter(name).with_label_values(labels).get()
+    /// `counter` at `labels` as it stands (tests, logs).
+    pub fn get(&self, counter: &Counter, labels: &[&str]) -> u64 {
+        self.counter(counter.0.name).with_label_values(labels).get()
     }
 
     pub fn aborted(&self, reason: &str) {
-        self.incr("txgate_transactions_aborted_total", reason);
+        self.incr(&TRANSACTIONS_ABORTED, reason);
     }
 
     pub fn recovery_action(&self, kind: &str) {
-        self.incr("txgate_recovery_actions_total", kind);
+        self.incr(&RECOVERY_ACTIONS, kind);
     }
 
     /// Expose a counter whose total `read` tells at each scrape (the store's
@@ -372,11 +455,11 @@ mod tests {
     #[test]
     fn families_render_with_their_labels() {
         let m = Metrics::default();
-        m.incr("txgate_conflicts_total", "version_conflict");
-        m.count("txgate_http_requests_total", &["GET", "/v1/events", "200"], 2);
-        m.count("txgate_lock_waits_total", &[], 1);
-        m.observe("txgate_store_operation_duration_seconds", &["get"], Duration::from_millis(3));
-        let streams = m.hold("txgate_event_streams_open");
+        m.incr(&CONFLICTS, "version_conflict");
+        m.count(&HTTP_REQUESTS, &["GET", "/v1/events", "200"], 2);
+        m.count(&LOCK_WAITS, &[], 1);
+        m.observe(&STORE_OPERATION_DURATION, &["get"], Duration::from_millis(3));
+        let streams = m.hold(&EVENT_STREAMS_OPEN);
         let total = Arc::new(std::sync::atomic::AtomicU64::new(5));
         let read = Arc::clone(&total);
         m.sampled("txgate_store_syncs_total", "syncs", move || read.load(std::sync::atomic::Ordering::Relaxed));

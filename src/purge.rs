@@ -51,7 +51,7 @@ impl Purger {
             for eq in &rule.eq {
                 let scan = rule.decl.scan(eq.clone()).to(Bound::Excluded(cutoff.clone()));
                 let n = crate::store::purge(self.store.as_ref(), rule.decl.coll, scan).await?;
-                self.metrics.add("txgate_purged_total", rule.what, n as u64);
+                self.metrics.add(&crate::metrics::PURGED, rule.what, n as u64);
                 total += n;
             }
         }
@@ -114,7 +114,7 @@ mod tests {
         let purger =
             Purger::new(Arc::clone(&store), Clock::System, Arc::clone(&metrics), vec![rule], Duration::from_secs(1));
         assert_eq!(purger.purge_once().await.unwrap(), crate::store::BATCH * 2 + 50);
-        assert_eq!(metrics.get("txgate_purged_total", &["transactions"]), (crate::store::BATCH * 2 + 50) as u64);
+        assert_eq!(metrics.get(&crate::metrics::PURGED, &["transactions"]), (crate::store::BATCH * 2 + 50) as u64);
         assert!(store.get("_txns", "recent").await.unwrap().is_some());
         assert!(store.get("_txns", "running").await.unwrap().is_some());
         assert!(store.get("_txns", "old0000").await.unwrap().is_none());

@@ -146,7 +146,7 @@ impl Sweeper {
         for done in futures::future::join_all(docs.iter().map(|d| self.documents.expire(coll, d))).await {
             went += usize::from(done?);
         }
-        self.metrics.add("txgate_ttl_deletions_total", why, went as u64);
+        self.metrics.add(&crate::metrics::TTL_DELETIONS, why, went as u64);
         Ok((went, full))
     }
 }

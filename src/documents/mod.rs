@@ -129,7 +129,7 @@ impl Documents {
             Settled::Busy { holder } => {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 if left.is_zero() {
-                    self.metrics.incr("txgate_conflicts_total", "locked");
+                    self.metrics.incr(&crate::metrics::CONFLICTS, "locked");
                     return Err(DocError::Locked { holder, retry_after: self.locks.lease() });
                 }
                 self.locks.wait_release(coll, &doc.id, (*backoff).min(left)).await;
@@ -237,7 +237,7 @@ impl Documents {
                 View::Live(_) => {}
             }
             if let Some(expected) = if_match.filter(|v| *v != doc.meta.v) {
-                self.metrics.incr("txgate_conflicts_total", "version_conflict");
+                self.metrics.incr(&crate::metrics::CONFLICTS, "version_conflict");
                 return Err(DocError::VersionConflict { expected, actual: doc.meta.v });
             }
             let at = self.now();

@@ -212,7 +212,7 @@ impl Sender {
                 return;
             }
         }
-        self.hooks.metrics.incr("txgate_deliveries_parked_total", "destination_full");
+        self.hooks.metrics.incr(&crate::metrics::DELIVERIES_PARKED, "destination_full");
         tracing::debug!(delivery.id = %id, destination = %dest, "destination full: delivery parked");
         let room = {
             let mut map = self.destinations.lock().expect("destinations");
@@ -320,17 +320,17 @@ impl Sender {
             }
         }
         let metrics = &self.hooks.metrics;
-        metrics.incr("txgate_delivery_attempts_total", if delivered { "success" } else { "failure" });
+        metrics.incr(&crate::metrics::DELIVERY_ATTEMPTS, if delivered { "success" } else { "failure" });
         let ms = duration.as_millis() as u64;
         match (status, next_at) {
             (DeliveryStatus::Delivered, _) => {
-                metrics.incr("txgate_deliveries_total", "delivered");
+                metrics.incr(&crate::metrics::DELIVERIES, "delivered");
                 let lag = finished.timestamp_millis().saturating_sub(since.timestamp_millis()).max(0);
-                metrics.observe("txgate_delivery_lag_seconds", &[], Duration::from_millis(lag as u64));
+                metrics.observe(&crate::metrics::DELIVERY_LAG, &[], Duration::from_millis(lag as u64));
                 tracing::debug!(status_code = code, duration_ms = ms, "delivered");
             }
             (_, Some(next)) => {
-                metrics.incr("txgate_deliveries_total", "retrying");
+                metrics.incr(&crate::metrics::DELIVERIES, "retrying");
                 self.hooks.queue.push(&d.id, next.timestamp_millis());
                 tracing::info!(
                     status_code = code,
@@ -341,7 +341,7 @@ impl Sender {
                 );
             }
             _ => {
-                metrics.incr("txgate_deliveries_total", "dead");
+                metrics.incr(&crate::metrics::DELIVERIES, "dead");
                 tracing::warn!(status_code = code, error = outcome.error.as_deref(), "delivery is dead");
             }
         }

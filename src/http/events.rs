@@ -244,7 +244,7 @@ pub async fn events(
         appended: state.events.subscribe(),
         stop: state.stop.clone(),
         idle_since: tokio::time::Instant::now(),
-        _open: state.metrics.hold("txgate_event_streams_open"),
+        _open: state.metrics.hold(&crate::metrics::EVENT_STREAMS_OPEN),
     };
     let stream = futures::stream::unfold(reader, Reader::next);
     Ok((

@@ -22,12 +22,12 @@ pub async fn record(State(metrics): State<Arc<Metrics>>, req: Request, next: Nex
     let route = req.extensions().get::<MatchedPath>().map_or(UNMATCHED, MatchedPath::as_str).to_owned();
     let method = method_label(req.method());
     let started = Instant::now();
-    let in_flight = metrics.hold("txgate_http_requests_in_flight");
+    let in_flight = metrics.hold(&crate::metrics::HTTP_REQUESTS_IN_FLIGHT);
     let response = next.run(req).await;
     drop(in_flight);
     let status = response.status();
-    metrics.count("txgate_http_requests_total", &[method, &route, status.as_str()], 1);
-    metrics.observe("txgate_http_request_duration_seconds", &[method, &route], started.elapsed());
+    metrics.count(&crate::metrics::HTTP_REQUESTS, &[method, &route, status.as_str()], 1);
+    metrics.observe(&crate::metrics::HTTP_REQUEST_DURATION, &[method, &route], started.elapsed());
     response
 }
 

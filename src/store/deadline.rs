@@ -48,9 +48,9 @@ impl Layer for Deadline {
                 self.timeout.as_millis()
             ))),
         };
-        self.metrics.observe("txgate_store_operation_duration_seconds", &[op.name], started.elapsed());
+        self.metrics.observe(&crate::metrics::STORE_OPERATION_DURATION, &[op.name], started.elapsed());
         if result.is_err() {
-            self.metrics.count("txgate_store_errors_total", &[op.name], 1);
+            self.metrics.count(&crate::metrics::STORE_ERRORS, &[op.name], 1);
         }
         result
     }
@@ -114,7 +114,7 @@ mod tests {
         assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
         assert_eq!(started.elapsed(), Duration::from_millis(5000));
         assert!(matches!(store.ping().await, Err(StoreError::Unavailable(_))));
-        assert_eq!(metrics.get("txgate_store_errors_total", &["get"]), 1);
-        assert_eq!(metrics.get("txgate_store_errors_total", &["ping"]), 1);
+        assert_eq!(metrics.get(&crate::metrics::STORE_ERRORS, &["get"]), 1);
+        assert_eq!(metrics.get(&crate::metrics::STORE_ERRORS, &["ping"]), 1);
     }
 }

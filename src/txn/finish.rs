@@ -105,7 +105,7 @@ impl Finish {
         .await?;
         let finish = Transition::Finish { from: Status::Committed, at: self.now() };
         if finish.apply(self.store.as_ref(), &rec.id).await? {
-            self.metrics.incr("txgate_transactions_finished_total", "done");
+            self.metrics.incr(&crate::metrics::TRANSACTIONS_FINISHED, "done");
         }
         Ok(())
     }
@@ -149,7 +149,7 @@ impl Finish {
             return Ok(false);
         }
         if applied > held.len() {
-            self.metrics.incr("txgate_transactions_finished_total", "done");
+            self.metrics.incr(&crate::metrics::TRANSACTIONS_FINISHED, "done");
         }
         Ok(true)
     }
@@ -162,7 +162,7 @@ impl Finish {
             .await?;
         let finish = Transition::Finish { from: Status::Aborted, at: self.now() };
         if finish.apply(self.store.as_ref(), &rec.id).await? {
-            self.metrics.incr("txgate_transactions_finished_total", "rolled_back");
+            self.metrics.incr(&crate::metrics::TRANSACTIONS_FINISHED, "rolled_back");
         }
         Ok(())
     }

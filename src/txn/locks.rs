@@ -89,7 +89,7 @@ impl Locks {
             self.signals.aborted(txn);
             self.metrics.aborted(reason);
             if reason == "wounded" {
-                self.metrics.count("txgate_wounds_total", &[], 1);
+                self.metrics.count(&crate::metrics::WOUNDS, &[], 1);
             }
             tracing::info!(txn.id = %txn, reason, "transaction aborted");
         }

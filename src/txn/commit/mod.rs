@@ -149,7 +149,7 @@ impl Commit {
             {
                 return result;
             }
-            self.metrics.incr("txgate_transaction_retries_total", "wounded");
+            self.metrics.incr(&crate::metrics::TRANSACTION_RETRIES, "wounded");
             tracing::debug!(txn.id = %txn, retry = %next, "wounded; retrying with the same age");
             txn = next;
         }
@@ -162,13 +162,13 @@ impl Commit {
         let outcome = match &result {
             Ok(_) => "committed",
             Err(TxnError::Aborted { failure, .. } | TxnError::InvalidChange { failure, .. }) => {
-                self.metrics.incr("txgate_conflicts_total", failure.code.as_str());
+                self.metrics.incr(&crate::metrics::CONFLICTS, failure.code.as_str());
                 "aborted"
             }
             Err(_) => "error",
         };
-        self.metrics.incr("txgate_transactions_total", outcome);
-        self.metrics.observe("txgate_transaction_duration_seconds", &[outcome], started.elapsed());
+        self.metrics.incr(&crate::metrics::TRANSACTIONS, outcome);
+        self.metrics.observe(&crate::metrics::TRANSACTION_DURATION, &[outcome], started.elapsed());
         result
     }
 

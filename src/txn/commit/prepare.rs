@@ -101,7 +101,7 @@ impl Commit {
         }
         let rec = committed;
         if applied == total {
-            self.metrics.incr("txgate_transactions_finished_total", "done");
+            self.metrics.incr(&crate::metrics::TRANSACTIONS_FINISHED, "done");
             tracing::info!(txn.id = %txn, "transaction committed");
             for a in &plan.actions {
                 self.signals.released(&a.collection, &a.id);

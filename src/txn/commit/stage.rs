@@ -310,7 +310,7 @@ impl LockWait<'_> {
     fn start(&mut self) {
         if self.since.is_none() {
             self.since = Some(Instant::now());
-            self.metrics.count("txgate_lock_waits_total", &[], 1);
+            self.metrics.count(&crate::metrics::LOCK_WAITS, &[], 1);
         }
     }
 }
@@ -318,7 +318,7 @@ impl LockWait<'_> {
 impl Drop for LockWait<'_> {
     fn drop(&mut self) {
         if let Some(since) = self.since {
-            self.metrics.observe("txgate_lock_wait_seconds", &[], since.elapsed());
+            self.metrics.observe(&crate::metrics::LOCK_WAIT, &[], since.elapsed());
         }
     }
 }
