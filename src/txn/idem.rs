@@ -16,7 +16,7 @@ use crate::store::shape::fields;
 use crate::store::{DateTime, DynStore, StoreResult, Update};
 
 use super::locks::Locks;
-use super::record::{Status, TXNS, TxnRecord};
+use super::record::{AbortReason, Status, TXNS, TxnRecord};
 
 pub const IDEM: &str = "_idem";
 
@@ -291,7 +291,7 @@ impl Idempotency {
             tracing::info!(txn.id = %old, "idempotency key taken over; attempt fenced");
             return Ok(None);
         }
-        self.locks.abort_pending(old, None, "superseded").await
+        self.locks.abort_pending(old, None, AbortReason::Superseded).await
     }
 
     /// Move the claim on `key` from attempt `from` to attempt `to`, once

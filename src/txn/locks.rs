@@ -17,7 +17,7 @@ use crate::store::{DateTime, DynStore, StoreResult};
 use super::TxnConfig;
 use super::age::older;
 use super::finish::Finish;
-use super::record::{Status, TXNS, Transition, TxnRecord};
+use super::record::{AbortReason, Status, TXNS, Transition, TxnRecord};
 use super::signals::Signals;
 
 /// The outcome of meeting a lock.
@@ -81,17 +81,17 @@ impl Locks {
         &self,
         txn: &str,
         expires_at: Option<DateTime>,
-        reason: &str,
+        reason: AbortReason,
     ) -> StoreResult<Option<TxnRecord>> {
         let abort = Transition::Abort { reason, failure: None, lease: expires_at };
         let done = abort.apply(self.store.as_ref(), txn).await?;
         if done {
             self.signals.aborted(txn);
-            self.metrics.aborted(reason);
-            if reason == "wounded" {
+            self.metrics.aborted(reason.as_str());
+            if reason == AbortReason::Wounded {
                 self.metrics.count(&crate::metrics::WOUNDS, &[], 1);
             }
-            tracing::info!(txn.id = %txn, reason, "transaction aborted");
+            tracing::info!(txn.id = %txn, reason = reason.as_str(), "transaction aborted");
         }
         self.record(txn).await
     }
@@ -138,12 +138,12 @@ impl Locks {
                     return Ok(Settled::Retry);
                 }
                 Some(r) if self.lease_expired(r, self.now()) => {
-                    rec = self.abort_pending(&holder, Some(r.expires_at), "expired").await?;
+                    rec = self.abort_pending(&holder, Some(r.expires_at), AbortReason::Expired).await?;
                 }
                 Some(_) => match wounder {
                     Some(txn) if older(txn, &holder) => {
                         tracing::debug!(txn.id = %txn, wounded = %holder, "wounding a younger transaction");
-                        rec = self.abort_pending(&holder, None, "wounded").await?;
+                        rec = self.abort_pending(&holder, None, AbortReason::Wounded).await?;
                     }
                     _ => return Ok(Settled::Busy { holder }),
                 },

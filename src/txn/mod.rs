@@ -257,7 +257,7 @@ impl Transactions {
     /// rolled back in the background; a committed one stays committed.
     pub async fn abort(&self, rec: TxnRecord) -> StoreResult<Aborted> {
         let rec = if rec.status == Status::Pending {
-            self.locks.abort_pending(&rec.id, None, record::OPERATOR).await?.unwrap_or(rec)
+            self.locks.abort_pending(&rec.id, None, record::AbortReason::Operator).await?.unwrap_or(rec)
         } else {
             rec
         };

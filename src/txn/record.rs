@@ -93,6 +93,68 @@ impl FailureCode {
     }
 }
 
+/// Why a transaction was aborted: what its record's `abort_reason` and its
+/// 409's `reason` say, and what the protocol decides by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AbortReason {
+    /// An older transaction needed one of its locks (wound-wait).
+    Wounded,
+    /// Its lease ran out: its client or its instance stopped.
+    Expired,
+    /// It ran past its maximum duration.
+    Timeout,
+    /// An operator aborted it.
+    Operator,
+    /// The store failed before its commit point.
+    StoreError,
+    /// A later request with its Idempotency-Key took the key over.
+    Superseded,
+    /// Its commit could not be confirmed, and the abort settled it.
+    CommitUnconfirmed,
+    /// A member failed with this code.
+    Failed(FailureCode),
+}
+
+impl AbortReason {
+    const NAMED: [AbortReason; 7] = [
+        AbortReason::Wounded,
+        AbortReason::Expired,
+        AbortReason::Timeout,
+        AbortReason::Operator,
+        AbortReason::StoreError,
+        AbortReason::Superseded,
+        AbortReason::CommitUnconfirmed,
+    ];
+    const FAILURES: [FailureCode; 7] = [
+        FailureCode::VersionConflict,
+        FailureCode::NotFound,
+        FailureCode::Deleted,
+        FailureCode::AlreadyExists,
+        FailureCode::Locked,
+        FailureCode::Aborted,
+        FailureCode::InvalidChange,
+    ];
+
+    /// The reason as stored and answered.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AbortReason::Wounded => "wounded",
+            AbortReason::Expired => "expired",
+            AbortReason::Timeout => "timeout",
+            AbortReason::Operator => "operator",
+            AbortReason::StoreError => "store_error",
+            AbortReason::Superseded => "superseded",
+            AbortReason::CommitUnconfirmed => "commit_unconfirmed",
+            AbortReason::Failed(code) => code.as_str(),
+        }
+    }
+
+    /// The reason a stored or answered string names, if it is one.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::NAMED.into_iter().chain(Self::FAILURES.into_iter().map(AbortReason::Failed)).find(|r| r.as_str() == s)
+    }
+}
+
 /// Why a transaction did not commit, as answered to the client.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
@@ -118,6 +180,12 @@ pub struct Failure {
 }
 
 impl Failure {
+    /// Why the transaction was aborted, when this says and it is a reason
+    /// this release knows.
+    pub fn abort_reason(&self) -> Option<AbortReason> {
+        self.reason.as_deref().and_then(AbortReason::parse)
+    }
+
     /// A failure with `code`, nothing else known yet.
     pub fn new(code: FailureCode, detail: impl Into<String>, retryable: bool) -> Self {
         Self {
@@ -167,6 +235,12 @@ pub struct TxnRecord {
 }
 
 impl TxnRecord {
+    /// Why it was aborted, when it was and the reason is one this release
+    /// knows.
+    pub fn reason(&self) -> Option<AbortReason> {
+        self.abort_reason.as_deref().and_then(AbortReason::parse)
+    }
+
     /// The validated hooks; for a record written before they were kept in
     /// it, those of the stored request.
     pub fn hooks(&self) -> Vec<Hook> {
@@ -196,7 +270,7 @@ impl TxnRecord {
             members: Vec::new(),
             results: None,
             idempotency_key: None,
-            abort_reason: Some("superseded".into()),
+            abort_reason: Some(AbortReason::Superseded.as_str().into()),
             failure: None,
             hook_count: 0,
             hooks: Vec::new(),
@@ -207,8 +281,6 @@ impl TxnRecord {
         mongodb::bson::to_document(self).expect("transaction record serializes")
     }
 }
-/// The abort reason of an operator's abort (`POST /v1/transactions/{id}/abort`).
-pub const OPERATOR: &str = "operator";
 
 /// A change of a transaction record, each a compare-and-set on its status
 /// (the protocol's state machine, written only here).
@@ -219,7 +291,7 @@ pub enum Transition<'a> {
     Commit { at: DateTime, results: &'a [MemberResult], members: &'a [Member] },
     /// Pending to aborted. `lease`, when given, pins the lease judged
     /// expired, so a heartbeat that landed first wins.
-    Abort { reason: &'a str, failure: Option<&'a Failure>, lease: Option<DateTime> },
+    Abort { reason: AbortReason, failure: Option<&'a Failure>, lease: Option<DateTime> },
     /// Committed to done, or aborted to rolled back.
     Finish { from: Status, at: DateTime },
 }
@@ -285,7 +357,7 @@ impl Transition<'_> {
                 let filter = shapes::InStatus { status: Status::Pending, expires_at: *lease };
                 let set = shapes::Aborting {
                     status: Status::Aborted,
-                    abort_reason: reason,
+                    abort_reason: reason.as_str(),
                     finished_at: None,
                     failure: *failure,
                 };
@@ -307,7 +379,7 @@ impl Transition<'_> {
     pub fn durability(&self) -> Durability {
         match self {
             Transition::Commit { .. } => Durability::Synced,
-            Transition::Abort { reason, .. } if *reason == OPERATOR => Durability::Synced,
+            Transition::Abort { reason: AbortReason::Operator, .. } => Durability::Synced,
             _ => Durability::Unsynced,
         }
     }
@@ -316,5 +388,21 @@ impl Transition<'_> {
     pub async fn apply(&self, store: &dyn Store, id: &str) -> StoreResult<bool> {
         let (filter, update) = self.cas();
         store.write(TXNS, Write::Update { id, filter, update }, self.durability()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_abort_reason_reads_back_as_itself() {
+        let all = AbortReason::NAMED.into_iter().chain(AbortReason::FAILURES.into_iter().map(AbortReason::Failed));
+        let mut seen = std::collections::HashSet::new();
+        for reason in all {
+            assert!(seen.insert(reason.as_str()), "{} is named twice", reason.as_str());
+            assert_eq!(AbortReason::parse(reason.as_str()), Some(reason));
+        }
+        assert_eq!(AbortReason::parse("no such reason"), None);
     }
 }

@@ -25,7 +25,7 @@ use crate::store::DynStore;
 use super::TxnConfig;
 use super::finish::Finish;
 use super::locks::Locks;
-use super::record::{Status, TXNS, TxnRecord};
+use super::record::{AbortReason, Status, TXNS, TxnRecord};
 
 /// How often the worker sweeps outboxes (at most once a pass): an outbox
 /// outlives only a crash between a single-document write and its event's
@@ -131,7 +131,7 @@ impl Recovery {
             .to(Bound::Excluded(Bson::DateTime(before(at, self.cfg.clock_skew))));
         for rec in self.records(expired, &mut pass).await? {
             let outcome = async {
-                let aborted = self.locks.abort_pending(&rec.id, Some(rec.expires_at), "expired").await?;
+                let aborted = self.locks.abort_pending(&rec.id, Some(rec.expires_at), AbortReason::Expired).await?;
                 if let Some(aborted) = aborted {
                     pass.expired += 1;
                     self.metrics.recovery_action("expired");

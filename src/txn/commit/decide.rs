@@ -9,11 +9,11 @@ use tokio::time::Instant;
 
 use crate::store::StoreError;
 use crate::txn::plan::Plan;
-use crate::txn::record::{Status, TXNS, Transition, TxnRecord};
+use crate::txn::record::{AbortReason, Status, TXNS, Transition, TxnRecord};
 
-use super::aborted;
 use super::prepare::member_results;
 use super::{Commit, Committed, TxnError};
+use super::{aborted, aborted_as};
 
 impl Commit {
     /// Step 4, the commit point, for `record` whose members are locked at
@@ -33,7 +33,7 @@ impl Commit {
         let decided = match cas {
             Ok(true) => None,
             // Lost the CAS or cannot tell: re-read until the outcome is known.
-            Ok(false) | Err(_) => Some(self.outcome_after_commit_attempt(&txn, "commit_unconfirmed").await),
+            Ok(false) | Err(_) => Some(self.outcome_after_commit_attempt(&txn, AbortReason::CommitUnconfirmed).await),
         };
         let record = match decided {
             None => {
@@ -56,7 +56,11 @@ impl Commit {
     /// after the store deadline: the client is told to read the record, and
     /// its Idempotency-Key stays with this attempt.
     /// A record still pending is aborted with `reason`.
-    pub(super) async fn outcome_after_commit_attempt(&self, txn: &str, reason: &str) -> Result<TxnRecord, TxnError> {
+    pub(super) async fn outcome_after_commit_attempt(
+        &self,
+        txn: &str,
+        reason: AbortReason,
+    ) -> Result<TxnRecord, TxnError> {
         let give_up_at = Instant::now() + self.cfg.store_timeout;
         let mut backoff = Duration::from_millis(10);
         loop {
@@ -94,7 +98,7 @@ impl Commit {
             // does them.
             let (commit, txn) = (Arc::clone(self), txn.to_owned());
             self.tasks.spawn(async move {
-                if let Ok(Some(rec)) = commit.locks.abort_pending(&txn, None, "store_error").await {
+                if let Ok(Some(rec)) = commit.locks.abort_pending(&txn, None, AbortReason::StoreError).await {
                     commit.roll_back_in_background(rec);
                 }
             });
@@ -102,13 +106,13 @@ impl Commit {
         }
         let (reason, stored) = match &err {
             TxnError::Aborted { failure, .. } | TxnError::InvalidChange { failure, .. } => {
-                (failure.reason.clone().unwrap_or_else(|| failure.code.as_str().to_owned()), Some(failure.clone()))
+                (failure.abort_reason().unwrap_or(AbortReason::Failed(failure.code)), Some(failure.clone()))
             }
-            _ => ("store_error".to_owned(), None),
+            _ => (AbortReason::StoreError, None),
         };
-        let abort = Transition::Abort { reason: &reason, failure: stored.as_ref(), lease: None };
+        let abort = Transition::Abort { reason, failure: stored.as_ref(), lease: None };
         if let Ok(true) = abort.apply(self.store.as_ref(), txn).await {
-            self.metrics.aborted(&reason);
+            self.metrics.aborted(reason.as_str());
         }
         match self.locks.record(txn).await {
             Ok(Some(rec)) if matches!(rec.status, Status::Aborted | Status::RolledBack) => {
@@ -119,7 +123,7 @@ impl Commit {
                     let why = rec.abort_reason.unwrap_or_default();
                     return TxnError::Aborted {
                         txn: txn.to_owned(),
-                        failure: aborted(&why, format!("the transaction was aborted ({why})")),
+                        failure: aborted_as(&why, format!("the transaction was aborted ({why})")),
                     };
                 }
                 err
@@ -150,7 +154,7 @@ impl Commit {
         let reason = rec.abort_reason.clone().unwrap_or_else(|| "aborted".into());
         let err = TxnError::Aborted {
             txn: rec.id.clone(),
-            failure: aborted(&reason, format!("the transaction was aborted ({reason})")),
+            failure: aborted_as(&reason, format!("the transaction was aborted ({reason})")),
         };
         self.roll_back_in_background(rec);
         err
@@ -183,7 +187,8 @@ impl Commit {
     /// finds the id taken and locks nothing; if the record is there, it is
     /// aborted as any other.
     pub(super) async fn timed_out_preparing(self: &Arc<Self>, mut record: TxnRecord) -> TxnError {
-        let failure = aborted("timeout", "the transaction ran longer than its maximum duration (TXGATE_TXN_MAX_MS)");
+        let failure =
+            aborted(AbortReason::Timeout, "the transaction ran longer than its maximum duration (TXGATE_TXN_MAX_MS)");
         let txn = record.id.clone();
         record.status = Status::Aborted;
         record.abort_reason = failure.reason.clone();

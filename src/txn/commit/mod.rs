@@ -33,7 +33,7 @@ use super::idem::Idempotency;
 use super::locks::Locks;
 use super::outputs::Outputs;
 use super::plan::Plan;
-use super::record::{Failure, FailureCode, Member, Status, TXNS, TxnRecord};
+use super::record::{AbortReason, Failure, FailureCode, Member, Status, TXNS, TxnRecord};
 use super::signals::Signals;
 
 use lease::Heartbeat;
@@ -116,7 +116,13 @@ pub struct Committed {
 }
 
 /// The 409 `aborted` failure for an abort with `reason`.
-fn aborted(reason: &str, detail: impl Into<String>) -> Failure {
+fn aborted(reason: AbortReason, detail: impl Into<String>) -> Failure {
+    aborted_as(reason.as_str(), detail)
+}
+
+/// The 409 `aborted` failure for an abort whose reason a record gives, as
+/// it gives it.
+fn aborted_as(reason: &str, detail: impl Into<String>) -> Failure {
     Failure { reason: Some(reason.to_owned()), ..Failure::new(FailureCode::Aborted, detail, true) }
 }
 
@@ -139,7 +145,7 @@ impl Commit {
         let mut txn = first.clone();
         loop {
             let result = self.execute_once(plan, txn.clone()).await;
-            let wounded = matches!(&result, Err(TxnError::Aborted { failure, .. }) if failure.reason.as_deref() == Some("wounded"));
+            let wounded = matches!(&result, Err(TxnError::Aborted { failure, .. }) if failure.abort_reason() == Some(AbortReason::Wounded));
             if !wounded || Instant::now() >= give_up_at {
                 return result;
             }
@@ -251,12 +257,12 @@ impl Commit {
             // The id is taken: a later request that took over this one's
             // Idempotency-Key fenced this attempt with an aborted record.
             let reason = match self.locks.record(txn).await {
-                Ok(Some(rec)) => rec.abort_reason.unwrap_or_else(|| "superseded".into()),
-                _ => "superseded".into(),
+                Ok(Some(rec)) => rec.abort_reason.unwrap_or_else(|| AbortReason::Superseded.as_str().into()),
+                _ => AbortReason::Superseded.as_str().into(),
             };
             return Err(TxnError::Aborted {
                 txn: txn.to_owned(),
-                failure: aborted(
+                failure: aborted_as(
                     &reason,
                     "the attempt was superseded by a later request with the same Idempotency-Key",
                 ),

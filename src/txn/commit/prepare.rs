@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::documents::model::{StoredDoc, View};
 use crate::store::{DateTime, Durability, StoreError, Write};
 use crate::txn::plan::{Action, ActionOp, Plan};
-use crate::txn::record::{Member, MemberResult, Status, TXNS, Transition, TxnRecord};
+use crate::txn::record::{AbortReason, Member, MemberResult, Status, TXNS, Transition, TxnRecord};
 
 use super::stage::{locked_by, placeholder, precondition, staged, staged_checked};
 use super::{Commit, TxnError, Whole};
@@ -78,13 +78,13 @@ impl Commit {
             // How far the chain got is unknown, the commit CAS included
             // (rule zero): re-read until the outcome is known.
             Err(source) => {
-                return Ok(match self.outcome_after_commit_attempt(txn, "store_error").await {
+                return Ok(match self.outcome_after_commit_attempt(txn, AbortReason::StoreError).await {
                     Ok(rec) if rec.status.is_committed() => {
                         Whole::Committed(Box::new(self.committed_then_forward(plan, rec)))
                     }
                     // Aborted here: the commit point was not reached, for
                     // the store failed before it.
-                    Ok(rec) if rec.abort_reason.as_deref() == Some("store_error") => {
+                    Ok(rec) if rec.reason() == Some(AbortReason::StoreError) => {
                         self.roll_back_in_background(rec);
                         Whole::Failed(Box::new(TxnError::Store { txn: txn.to_owned(), source }))
                     }

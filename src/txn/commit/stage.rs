@@ -14,7 +14,7 @@ use crate::documents::model::{Staged, StagedOp, StoredDoc, View};
 use crate::store::{DateTime, StoreError};
 use crate::txn::locks::Settled;
 use crate::txn::plan::{Action, ActionOp, Plan};
-use crate::txn::record::{Failure, FailureCode, Status, TxnRecord};
+use crate::txn::record::{AbortReason, Failure, FailureCode, Status, TxnRecord};
 
 use super::{Commit, Committed, TxnError, aborted};
 
@@ -69,8 +69,10 @@ impl Commit {
             Ok(Ok(bases)) => bases,
             Ok(Err(err)) => return Err(self.give_up(&txn, err).await),
             Err(_) => {
-                let failure =
-                    aborted("timeout", "the transaction ran longer than its maximum duration (TXGATE_TXN_MAX_MS)");
+                let failure = aborted(
+                    AbortReason::Timeout,
+                    "the transaction ran longer than its maximum duration (TXGATE_TXN_MAX_MS)",
+                );
                 return Err(self.give_up(&txn, TxnError::Aborted { txn: txn.clone(), failure }).await);
             }
         };
@@ -189,7 +191,7 @@ impl Commit {
         loop {
             if wounded.is_cancelled() {
                 return Ok(Step::Failed(MemberFailure {
-                    failure: aborted("wounded", "the transaction was wounded by an older one"),
+                    failure: aborted(AbortReason::Wounded, "the transaction was wounded by an older one"),
                     invalid: false,
                 }));
             }
