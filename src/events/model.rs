@@ -68,7 +68,8 @@ pub struct EventMember {
     pub version: i64,
 }
 
-/// One change event (docs/design.md §5).
+// docs/design.md §5.
+/// One change event.
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Event {
     /// `<collection>/<document>/<version>`; `_txns/<transaction>` for a

@@ -37,7 +37,7 @@ pub struct DeliveryOut {
     /// The id of the event it delivers; `null` for a hook.
     pub event: Option<String>,
     #[schema(value_type = DeliveryState)]
-    pub status: String,
+    pub status: DeliveryState,
     pub method: String,
     pub url: String,
     /// The hook's own headers; their values are write-only (shown as
@@ -61,14 +61,25 @@ pub struct DeliveryOut {
 }
 
 /// A delivery's state: `failed` will be retried, `dead` will not.
-#[derive(ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
 #[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
 pub enum DeliveryState {
     Pending,
     Failed,
     Dead,
     Delivered,
+}
+
+impl From<DeliveryStatus> for DeliveryState {
+    fn from(status: DeliveryStatus) -> Self {
+        match status {
+            DeliveryStatus::Pending => DeliveryState::Pending,
+            DeliveryStatus::Failed => DeliveryState::Failed,
+            DeliveryStatus::Dead => DeliveryState::Dead,
+            DeliveryStatus::Delivered => DeliveryState::Delivered,
+        }
+    }
 }
 
 #[derive(Serialize, ToSchema)]
@@ -118,7 +129,7 @@ fn delivery_out(d: Delivery, now: DateTime) -> DeliveryOut {
         index: d.index,
         subscription: d.subscription,
         event: d.event,
-        status: d.status.as_str().to_owned(),
+        status: DeliveryState::from(d.status),
         method: d.method,
         url: d.url,
         headers: d.headers.redacted(),

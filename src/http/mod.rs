@@ -245,12 +245,12 @@ async fn problem_for_bare_errors(response: Response) -> Response {
 #[schema(example = json!({"status": "ok"}))]
 struct Health {
     #[schema(value_type = HealthStatus)]
-    status: &'static str,
+    status: HealthStatus,
 }
 
-#[derive(utoipa::ToSchema)]
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
 #[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
 enum HealthStatus {
     Ok,
 }
@@ -260,14 +260,14 @@ enum HealthStatus {
 #[schema(example = json!({"status": "ready", "store": "embedded"}))]
 struct Ready {
     #[schema(value_type = ReadyStatus)]
-    status: &'static str,
+    status: ReadyStatus,
     /// `embedded` or `mongodb`.
     store: &'static str,
 }
 
-#[derive(utoipa::ToSchema)]
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
 #[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
 enum ReadyStatus {
     Ready,
 }
@@ -278,7 +278,7 @@ enum ReadyStatus {
 #[utoipa::path(get, path = "/healthz", operation_id = "v1.health.get", tag = "operations",
     responses((status = 200, description = "Up", body = Health)))]
 async fn healthz() -> impl IntoResponse {
-    axum::Json(Health { status: "ok" })
+    axum::Json(Health { status: HealthStatus::Ok })
 }
 
 /// Readiness
@@ -298,7 +298,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
             "migrations are not applied yet",
         ));
     }
-    let mut response = axum::Json(Ready { status: "ready", store: store.backend() }).into_response();
+    let mut response = axum::Json(Ready { status: ReadyStatus::Ready, store: store.backend() }).into_response();
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(response)
 }

@@ -237,7 +237,7 @@ impl Transactions {
             Err(err) => err.txn(),
         };
         let stored = match &result {
-            Ok(committed) => self.keys.complete_key(key, txn, 200, &summary(&committed.record)).await,
+            Ok(committed) => self.keys.complete_key(key, txn, 200, &summary(&committed.record).to_json()).await,
             Err(TxnError::Aborted { failure, .. }) if failure.retryable => self.keys.release_key(key, txn).await,
             Err(err @ (TxnError::Aborted { .. } | TxnError::InvalidChange { .. })) => {
                 let (status, body) = render(err);
@@ -271,23 +271,41 @@ impl Transactions {
     }
 }
 
-/// The commit summary: the 200 answer, and the default hook body.
-pub fn summary(rec: &TxnRecord) -> serde_json::Value {
-    use crate::clock::rfc3339;
-    let results: Vec<_> = rec
-        .results
-        .iter()
-        .flatten()
-        .map(|r| serde_json::json!({"collection": r.collection, "id": r.id, "version": r.version}))
-        .collect();
-    let hooks: Vec<_> = (0..rec.hook_count)
-        .map(|i| serde_json::json!({"id": format!("{}:{i}", rec.id), "status": "pending"}))
-        .collect();
-    serde_json::json!({
-        "id": rec.id,
-        "status": "committed",
-        "committed_at": rec.committed_at.map(rfc3339),
-        "results": results,
-        "hooks": hooks,
-    })
+/// The commit summary: the 200 answer (its schema is the API's
+/// `CommittedOut`), what an Idempotency-Key replays, and the default body
+/// of a hook.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Summary {
+    pub id: String,
+    /// Always `committed`.
+    pub status: Status,
+    pub committed_at: Option<String>,
+    /// One per action, in order.
+    pub results: Vec<record::MemberResult>,
+    pub hooks: Vec<SummaryHook>,
+}
+
+/// A hook in the commit summary: its delivery id, and `pending`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SummaryHook {
+    pub id: String,
+    pub status: &'static str,
+}
+
+/// The commit summary of committed `rec`.
+pub fn summary(rec: &TxnRecord) -> Summary {
+    Summary {
+        id: rec.id.clone(),
+        status: Status::Committed,
+        committed_at: rec.committed_at.map(crate::clock::rfc3339),
+        results: rec.results.iter().flatten().cloned().collect(),
+        hooks: (0..rec.hook_count).map(|i| SummaryHook { id: format!("{}:{i}", rec.id), status: "pending" }).collect(),
+    }
+}
+
+impl Summary {
+    /// The summary as JSON (as stored for a key, and sent as a hook's body).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("a summary serializes")
+    }
 }

@@ -120,7 +120,7 @@ pub async fn create_transaction(
         .map_err(|e| ApiError::internal(format!("transaction task failed: {e}")))??;
     match submitted {
         Submitted::Ran(ran) => match *ran {
-            Ok(committed) => Ok(answer(StatusCode::OK, summary(&committed.record))),
+            Ok(committed) => Ok(axum::Json(CommittedOut::from(summary(&committed.record))).into_response()),
             Err(err) => Err(ApiError::from(err)),
         },
         Submitted::Replay { status, body } => {

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use axum::http::{HeaderValue, StatusCode};
 
 use super::wire::{
-    ActionIn, CheckAction, DeleteAction, HookIn, InsertAction, ReplaceAction, TransactionIn, UpdateAction,
+    ActionIn, CheckAction, DeleteAction, HookIn, HookMethod, InsertAction, ReplaceAction, TransactionIn, UpdateAction,
 };
 use crate::documents::rules::{self, Invalid, Patch};
 use crate::hooks::guard::HookGuard;
@@ -16,7 +16,7 @@ use crate::txn::plan::{Action, ActionOp, Plan};
 
 fn validate_hook(hook: &HookIn, i: usize, guard: &HookGuard) -> Result<(), ApiError> {
     let p = format!("/hooks/{i}");
-    if !matches!(hook.method.as_str(), "POST" | "PUT" | "PATCH" | "DELETE" | "GET") {
+    if HookMethod::parse(&hook.method).is_none() {
         return Err(Invalid::new(format!("{p}/method"), "method must be POST, PUT, PATCH, DELETE or GET").into());
     }
     guard.destination(&hook.url, &format!("{p}/url"))?;

@@ -238,8 +238,7 @@ pub struct HookIn {
 }
 
 /// A hook's HTTP method.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ToSchema)]
 pub enum HookMethod {
     #[schema(rename = "POST")]
     Post,
@@ -254,7 +253,52 @@ pub enum HookMethod {
 }
 
 fn default_method() -> String {
-    "POST".into()
+    HookMethod::Post.as_str().into()
+}
+
+impl HookMethod {
+    const ALL: [HookMethod; 5] =
+        [HookMethod::Post, HookMethod::Put, HookMethod::Patch, HookMethod::Delete, HookMethod::Get];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HookMethod::Post => "POST",
+            HookMethod::Put => "PUT",
+            HookMethod::Patch => "PATCH",
+            HookMethod::Delete => "DELETE",
+            HookMethod::Get => "GET",
+        }
+    }
+
+    /// The method `name` names, if a hook may use it.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.as_str() == name)
+    }
+}
+
+impl From<crate::hooks::DeliveryStatus> for HookState {
+    fn from(status: crate::hooks::DeliveryStatus) -> Self {
+        use crate::hooks::DeliveryStatus;
+        match status {
+            DeliveryStatus::Pending => HookState::Pending,
+            DeliveryStatus::Failed => HookState::Failed,
+            DeliveryStatus::Dead => HookState::Dead,
+            DeliveryStatus::Delivered => HookState::Delivered,
+        }
+    }
+}
+
+impl From<crate::documents::model::StagedOp> for ActionKind {
+    fn from(op: crate::documents::model::StagedOp) -> Self {
+        use crate::documents::model::StagedOp;
+        match op {
+            StagedOp::Insert => ActionKind::Insert,
+            StagedOp::Update => ActionKind::Update,
+            StagedOp::Replace => ActionKind::Replace,
+            StagedOp::Delete => ActionKind::Delete,
+            StagedOp::Check => ActionKind::Check,
+        }
+    }
 }
 
 impl HookIn {
@@ -274,7 +318,7 @@ pub struct CommittedOut {
     pub id: String,
     /// Always `committed`.
     #[schema(value_type = CommittedStatus)]
-    pub status: String,
+    pub status: CommittedStatus,
     #[schema(format = DateTime, example = "2026-01-02T03:04:05.678Z")]
     pub committed_at: String,
     /// One per action, in order.
@@ -282,10 +326,26 @@ pub struct CommittedOut {
     pub hooks: Vec<HookStateOut>,
 }
 
+impl From<crate::txn::Summary> for CommittedOut {
+    fn from(s: crate::txn::Summary) -> Self {
+        Self {
+            id: s.id,
+            status: CommittedStatus::Committed,
+            committed_at: s.committed_at.unwrap_or_default(),
+            results: s
+                .results
+                .into_iter()
+                .map(|r| ResultOut { collection: r.collection, id: r.id, version: r.version })
+                .collect(),
+            hooks: s.hooks.into_iter().map(|h| HookStateOut { id: h.id, status: HookState::Pending }).collect(),
+        }
+    }
+}
+
 /// The status of a committed transaction's answer.
-#[derive(ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
 #[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
 pub enum CommittedStatus {
     Committed,
 }
@@ -306,13 +366,13 @@ pub struct HookStateOut {
     /// `<transaction>:<index>`: the delivery id.
     pub id: String,
     #[schema(value_type = HookState)]
-    pub status: String,
+    pub status: HookState,
 }
 
 /// A hook's delivery state: `not_sent` when the transaction did not commit.
-#[derive(ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
 #[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
 pub enum HookState {
     Pending,
     Failed,
@@ -353,7 +413,7 @@ pub struct ActionStateOut {
     #[schema(minimum = 0)]
     pub index: usize,
     #[schema(value_type = ActionKind)]
-    pub op: String,
+    pub op: ActionKind,
     #[schema(value_type = Collection)]
     pub collection: String,
     #[schema(value_type = DocumentId)]
@@ -363,13 +423,13 @@ pub struct ActionStateOut {
     /// The version after the commit.
     pub version: Option<i64>,
     #[schema(value_type = ActionOutcome)]
-    pub outcome: String,
+    pub outcome: ActionOutcome,
 }
 
 /// An action's `op`.
-#[derive(ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
 #[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
 pub enum ActionKind {
     Insert,
     Update,
@@ -379,9 +439,9 @@ pub enum ActionKind {
 }
 
 /// What became of an action.
-#[derive(ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
 #[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
 pub enum ActionOutcome {
     Pending,
     Committed,
@@ -428,22 +488,22 @@ pub(super) fn transaction_out(rec: &TxnRecord, deliveries: &[Option<Delivery>]) 
         .map(|(i, m)| {
             let version = rec.results.as_ref().and_then(|r| r.get(i)).map(|r| r.version);
             let outcome = if committed {
-                "committed"
+                ActionOutcome::Committed
             } else if failed_action == Some(i as i64) {
-                "failed"
+                ActionOutcome::Failed
             } else if rec.status == Status::Pending {
-                "pending"
+                ActionOutcome::Pending
             } else {
-                "not_applied"
+                ActionOutcome::NotApplied
             };
             ActionStateOut {
                 index: i,
-                op: serde_json::to_value(m.op).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default(),
+                op: ActionKind::from(m.op),
                 collection: m.collection.clone(),
                 id: m.id.clone(),
                 base_version: m.base_v,
                 version,
-                outcome: outcome.to_owned(),
+                outcome,
             }
         })
         .collect();
@@ -451,9 +511,9 @@ pub(super) fn transaction_out(rec: &TxnRecord, deliveries: &[Option<Delivery>]) 
         .map(|i| HookStateOut {
             id: delivery_id(&rec.id, i),
             status: match deliveries.get(i).and_then(Option::as_ref) {
-                Some(d) => d.status.as_str().to_owned(),
-                None if committed => "pending".to_owned(),
-                None => "not_sent".to_owned(),
+                Some(d) => HookState::from(d.status),
+                None if committed => HookState::Pending,
+                None => HookState::NotSent,
             },
         })
         .collect();
@@ -474,5 +534,30 @@ pub(super) fn transaction_out(rec: &TxnRecord, deliveries: &[Option<Delivery>]) 
         actions,
         hooks,
         failure: rec.failure.as_ref().and_then(|f| serde_json::to_value(f).ok()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::txn::record::MemberResult;
+
+    /// The 200 answer and the summary a key replays (and a hook sends by
+    /// default) are one JSON.
+    #[test]
+    fn the_committed_answer_is_the_summary() {
+        let at = crate::store::DateTime::from_millis(1_700_000_000_123);
+        let rec = TxnRecord {
+            status: Status::Committed,
+            committed_at: Some(at),
+            results: Some(vec![MemberResult { collection: "c".into(), id: "d".into(), version: 3 }]),
+            hook_count: 2,
+            ..TxnRecord::fenced("t1", at)
+        };
+        let summary = crate::txn::summary(&rec);
+        let answer = serde_json::to_value(CommittedOut::from(summary.clone())).unwrap();
+        assert_eq!(answer, summary.to_json());
+        assert_eq!(answer["hooks"][1]["id"], "t1:1");
+        assert_eq!(answer["status"], "committed");
     }
 }
