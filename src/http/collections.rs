@@ -10,11 +10,11 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::{Access, Scope};
-use super::contract::{Collection as CollectionName, Cursor};
+use super::contract::Collection as CollectionName;
 use super::documents::CollectionPath;
 use super::error::ApiError;
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body, integer};
-use super::paging::{ListQuery, encode_cursor, paging};
+use super::paging::{ListQuery, Listed, Page};
 use crate::collections::{Collection, Policy};
 use crate::documents::rules::{Invalid, check_collection};
 
@@ -92,12 +92,11 @@ impl From<Collection> for CollectionOut {
     }
 }
 
-#[derive(Serialize, ToSchema)]
-pub struct CollectionListOut {
-    pub items: Vec<CollectionOut>,
-    /// Cursor for `after=`; `null` on the last page.
-    #[schema(value_type = Option<Cursor>)]
-    pub next: Option<String>,
+/// A page of collections.
+pub type CollectionListOut = Page<CollectionOut>;
+
+impl Listed for CollectionOut {
+    const PAGE: &'static str = "CollectionListOut";
 }
 
 /// The policy a body sets, checked.
@@ -191,11 +190,9 @@ pub async fn list_collections(
     access: Access,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<CollectionListOut>, ApiError> {
-    let (limit, after) = paging(query.limit, query.after.as_deref())?;
+    let (limit, after) = query.page()?;
     let (items, next) = state.collections.list(after.as_deref(), limit).await?;
-    Ok(axum::Json(CollectionListOut {
-        // A key limited to some collections lists those.
-        items: items.into_iter().filter(|c| access.allows(Scope::Read, &c.name)).map(CollectionOut::from).collect(),
-        next: next.as_deref().map(encode_cursor),
-    }))
+    // A key limited to some collections lists those.
+    let items = items.into_iter().filter(|c| access.allows(Scope::Read, &c.name)).map(CollectionOut::from).collect();
+    Ok(axum::Json(Page::new(items, next.as_deref())))
 }

@@ -9,12 +9,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::contract::{AnyValue, Cursor};
+use super::contract::AnyValue;
 use super::error::{ApiError, ProblemCode};
 use super::extract::{ApiPath, ApiQuery};
-use super::paging::{encode_cursor, paging};
+use super::paging::{ListQuery, Listed, Page, status_filter};
 use crate::clock::{DateTime, rfc3339};
-use crate::documents::rules::Invalid;
 use crate::hooks::{AFTER_PREVIOUS, Delivery, DeliveryStatus, Replay};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -91,26 +90,20 @@ pub struct AttemptOut {
     pub duration_ms: i64,
 }
 
-#[derive(Serialize, ToSchema)]
-pub struct DeliveryListOut {
-    pub items: Vec<DeliveryOut>,
-    /// Cursor for `after=`; `null` on the last page.
-    #[schema(value_type = Option<Cursor>)]
-    pub next: Option<String>,
+/// A page of deliveries.
+pub type DeliveryListOut = Page<DeliveryOut>;
+
+impl Listed for DeliveryOut {
+    const PAGE: &'static str = "DeliveryListOut";
 }
 
+/// The filter of the delivery list (its page: [`ListQuery`]).
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct DeliveryListQuery {
+pub struct DeliveryFilter {
     /// Only those in this state.
     #[param(value_type = Option<DeliveryState>)]
     pub status: Option<String>,
-    /// Page size (default 50).
-    #[param(minimum = 1, maximum = 1000)]
-    pub limit: Option<i64>,
-    /// The `next` cursor of the previous page.
-    #[param(value_type = Option<Cursor>)]
-    pub after: Option<String>,
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -159,30 +152,22 @@ fn delivery_out(d: Delivery, now: DateTime) -> DeliveryOut {
     path = "/v1/deliveries",
     operation_id = "v1.deliveries.list",
     tag = "deliveries",
-    params(DeliveryListQuery),
+    params(DeliveryFilter, ListQuery),
     responses(
         (status = 200, description = "A page of deliveries", body = DeliveryListOut),
     )
 )]
 pub async fn list_deliveries(
     State(state): State<AppState>,
-    ApiQuery(query): ApiQuery<DeliveryListQuery>,
+    ApiQuery(filter): ApiQuery<DeliveryFilter>,
+    ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<DeliveryListOut>, ApiError> {
-    let status = match query.status.as_deref() {
-        None => None,
-        Some("pending") => Some(DeliveryStatus::Pending),
-        Some("failed") => Some(DeliveryStatus::Failed),
-        Some("dead") => Some(DeliveryStatus::Dead),
-        Some("delivered") => Some(DeliveryStatus::Delivered),
-        Some(_) => return Err(Invalid::new("/query/status", "status is pending, failed, dead or delivered").into()),
-    };
-    let (limit, after) = paging(query.limit, query.after.as_deref())?;
+    let status: Option<DeliveryStatus> = status_filter(filter.status.as_deref(), "pending, failed, dead or delivered")?;
+    let (limit, after) = query.page()?;
     let (items, next) = state.hooks.list(status, after.as_deref(), limit).await?;
     let now = state.hooks.clock.now();
-    Ok(axum::Json(DeliveryListOut {
-        items: items.into_iter().map(|d| delivery_out(d, now)).collect(),
-        next: next.as_deref().map(encode_cursor),
-    }))
+    let items = items.into_iter().map(|d| delivery_out(d, now)).collect();
+    Ok(axum::Json(Page::new(items, next.as_deref())))
 }
 
 /// Read a delivery

@@ -12,15 +12,14 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::contract::{
-    Collection, Cursor, DocumentId, Fields, IfMatch, IfNoneMatch, IncFields, MergePatch, NewDocument, SetFields,
-    UnsetFields,
+    Collection, DocumentId, Fields, IfMatch, IfNoneMatch, IncFields, MergePatch, NewDocument, SetFields, UnsetFields,
 };
 use super::error::ApiError;
 use super::extract::{
     ApiPath, ApiQuery, JsonBody, body_bytes, etag, if_match, if_none_match, media_type, parse_json, present,
     unsupported_media,
 };
-use super::paging::{ListQuery, encode_cursor, paging};
+use super::paging::{ListQuery, Listed, Page};
 use crate::clock::rfc3339;
 use crate::documents::model::{Live, View};
 use crate::documents::rules::{self, Invalid, Patch};
@@ -73,12 +72,11 @@ impl DocumentOut {
 }
 
 /// One page of live documents in id order.
-#[derive(Serialize, ToSchema)]
-pub struct DocumentListOut {
-    pub items: Vec<DocumentOut>,
-    /// Cursor for `after=`; `null` on the last page.
-    #[schema(value_type = Option<Cursor>)]
-    pub next: Option<String>,
+pub type DocumentListOut = Page<DocumentOut>;
+
+impl Listed for DocumentOut {
+    const PAGE: &'static str = "DocumentListOut";
+    const PAGE_DOC: Option<&'static str> = Some("One page of live documents in id order.");
 }
 
 /// A `set` / `unset` / `inc` patch. Keys may be dotted paths into nested
@@ -393,10 +391,8 @@ pub async fn list_documents(
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<DocumentListOut>, ApiError> {
     let collection = path.check()?;
-    let (limit, after) = paging(query.limit, query.after.as_deref())?;
+    let (limit, after) = query.page()?;
     let (items, next) = state.documents.list(collection, after.as_deref(), limit).await?;
-    Ok(axum::Json(DocumentListOut {
-        items: items.into_iter().map(|l| DocumentOut::new(collection, l)).collect(),
-        next: next.as_deref().map(encode_cursor),
-    }))
+    let items = items.into_iter().map(|l| DocumentOut::new(collection, l)).collect();
+    Ok(axum::Json(Page::new(items, next.as_deref())))
 }

@@ -12,12 +12,12 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::{Access, Scope};
-use super::contract::{Collection, Cursor, HookUrl};
+use super::contract::{Collection, HookUrl};
 use super::error::ApiError;
 use super::events::event_type;
 use super::extract::present;
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body};
-use super::paging::{ListQuery, encode_cursor, paging};
+use super::paging::{ListQuery, Listed, Page};
 use crate::clock::rfc3339;
 use crate::documents::rules::{Invalid, check_collection};
 use crate::events::{EventType, Filter};
@@ -88,12 +88,11 @@ impl From<Subscription> for SubscriptionOut {
     }
 }
 
-#[derive(Serialize, ToSchema)]
-pub struct SubscriptionListOut {
-    pub items: Vec<SubscriptionOut>,
-    /// Cursor for `after=`; `null` on the last page.
-    #[schema(value_type = Option<Cursor>)]
-    pub next: Option<String>,
+/// A page of subscriptions.
+pub type SubscriptionListOut = Page<SubscriptionOut>;
+
+impl Listed for SubscriptionOut {
+    const PAGE: &'static str = "SubscriptionListOut";
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -210,12 +209,10 @@ pub async fn list_subscriptions(
     access: Access,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<SubscriptionListOut>, ApiError> {
-    let (limit, after) = paging(query.limit, query.after.as_deref())?;
+    let (limit, after) = query.page()?;
     let (items, next) = state.subscriptions.list(after.as_deref(), limit).await?;
-    Ok(axum::Json(SubscriptionListOut {
-        items: items.into_iter().filter(|s| visible(s, &access, Scope::Read)).map(SubscriptionOut::from).collect(),
-        next: next.as_deref().map(encode_cursor),
-    }))
+    let items = items.into_iter().filter(|s| visible(s, &access, Scope::Read)).map(SubscriptionOut::from).collect();
+    Ok(axum::Json(Page::new(items, next.as_deref())))
 }
 
 /// Read a subscription

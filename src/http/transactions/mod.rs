@@ -21,8 +21,7 @@ use super::auth::{Access, Caller, Scope};
 use super::contract::IdempotencyKey;
 use super::error::{ApiError, PROBLEM_JSON, ProblemCode};
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body};
-use super::paging::{encode_cursor, paging};
-use crate::documents::rules::Invalid;
+use super::paging::{ListQuery, Page, status_filter};
 use crate::txn::plan::ActionOp;
 use crate::txn::record::{Status, TxnRecord};
 use crate::txn::{Aborted, Fingerprint, Keyed, Submitted, TxnError, summary};
@@ -186,7 +185,7 @@ pub async fn get_transaction(
     path = "/v1/transactions",
     operation_id = "v1.transactions.list",
     tag = "transactions",
-    params(TransactionListQuery),
+    params(TransactionFilter, ListQuery),
     responses(
         (status = 200, description = "A page of transactions", body = TransactionListOut),
     )
@@ -194,31 +193,20 @@ pub async fn get_transaction(
 pub async fn list_transactions(
     State(state): State<AppState>,
     access: Access,
-    ApiQuery(query): ApiQuery<TransactionListQuery>,
+    ApiQuery(filter): ApiQuery<TransactionFilter>,
+    ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<TransactionListOut>, ApiError> {
-    let status = match query.status.as_deref() {
-        None => None,
-        Some("pending") => Some(Status::Pending),
-        Some("committed") => Some(Status::Committed),
-        Some("done") => Some(Status::Done),
-        Some("aborted") => Some(Status::Aborted),
-        Some("rolled_back") => Some(Status::RolledBack),
-        Some(_) => {
-            return Err(
-                Invalid::new("/query/status", "status is pending, committed, done, aborted or rolled_back").into()
-            );
-        }
-    };
-    let (limit, after) = paging(query.limit, query.after.as_deref())?;
+    let status: Option<Status> =
+        status_filter(filter.status.as_deref(), "pending, committed, done, aborted or rolled_back")?;
+    let (limit, after) = query.page()?;
     let (items, next) = state.txns.list(status, after.as_deref(), limit).await?;
-    let next = next.as_deref().map(encode_cursor);
     let mut out = Vec::with_capacity(items.len());
     // A key limited to some collections sees the transactions within them.
     for rec in items.iter().filter(|r| r.members.iter().all(|m| access.allows(Scope::Read, &m.collection))) {
         let deliveries = state.hooks.deliveries_of(&rec.id, rec.hook_count).await?;
         out.push(transaction_out(rec, &deliveries));
     }
-    Ok(axum::Json(TransactionListOut { items: out, next }))
+    Ok(axum::Json(Page::new(out, next.as_deref())))
 }
 
 /// Abort a pending transaction

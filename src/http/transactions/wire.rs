@@ -11,10 +11,10 @@ use crate::clock::rfc3339;
 use crate::documents::rules;
 use crate::hooks::{Delivery, Hook, delivery_id};
 use crate::http::contract::{
-    AnyObject, AnyValue, Collection, Cursor, DocumentId, Fields, HookHeaders, HookUrl, IncFields, SetFields,
-    UnsetFields,
+    AnyObject, AnyValue, Collection, DocumentId, Fields, HookHeaders, HookUrl, IncFields, SetFields, UnsetFields,
 };
 use crate::http::extract::{integer, present};
+use crate::http::paging::{Listed, Page};
 use crate::txn::record::{Status, TxnRecord};
 
 /// A transaction request.
@@ -449,26 +449,20 @@ pub enum ActionOutcome {
     NotApplied,
 }
 
-#[derive(Serialize, ToSchema)]
-pub struct TransactionListOut {
-    pub items: Vec<TransactionOut>,
-    /// Cursor for `after=`; `null` on the last page.
-    #[schema(value_type = Option<Cursor>)]
-    pub next: Option<String>,
+/// A page of transactions.
+pub type TransactionListOut = Page<TransactionOut>;
+
+impl Listed for TransactionOut {
+    const PAGE: &'static str = "TransactionListOut";
 }
 
+/// The filter of the transaction list (its page: [`ListQuery`](crate::http::paging::ListQuery)).
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct TransactionListQuery {
+pub struct TransactionFilter {
     /// Only those with this status (`pending`: not yet decided).
     #[param(value_type = Option<Status>)]
     pub status: Option<String>,
-    /// Page size (default 50).
-    #[param(minimum = 1, maximum = 1000)]
-    pub limit: Option<i64>,
-    /// The `next` cursor of the previous page.
-    #[param(value_type = Option<Cursor>)]
-    pub after: Option<String>,
 }
 
 #[derive(Deserialize, IntoParams)]
