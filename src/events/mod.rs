@@ -16,24 +16,23 @@
 //! closed takes another. What a reader hands out is durable first
 //! (docs/design.md §1): it syncs the store after reading.
 
+pub mod counter;
 pub mod model;
+mod outputs;
+mod purge;
 pub mod tap;
 
+pub use outputs::{TxnEvents, publish_outbox, transaction_records};
+pub use purge::Purge;
 pub use tap::Tap;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::clock::Clock;
-use crate::documents::model::StoredDoc;
-use crate::store::{
-    Bound, Bson, DateTime, Document, DynStore, LOG_SEQ, Record, Store, StoreError, StoreResult, Write, void_entry,
-};
-use crate::txn::TxnRecord;
-use crate::txn::outputs::Outputs;
+use crate::store::{Bound, Bson, DynStore, LOG_SEQ, StoreError, StoreResult, void_entry};
 pub use model::{Entry, Event, EventMember, EventType, Logged};
 
 /// The log collection.
@@ -47,57 +46,6 @@ const FLOOR: &str = "_events.floor";
 /// in [`STATE`]. The purge never moves the floor past it, so no change is
 /// purged before it is counted.
 pub const COUNTED: &str = "_collections.counted";
-
-/// The counters kept in [`STATE`] (the log's floor, the position counts
-/// are folded to): each a position `n` that only moves forward, by
-/// compare-and-set on the value below the new one.
-pub mod counter {
-    use serde::Serialize;
-
-    use crate::store::shape::{Lt, fields};
-    use crate::store::{Document, Record, Update};
-
-    #[derive(Serialize)]
-    struct Counter<'a> {
-        #[serde(rename = "_id")]
-        id: &'a str,
-        n: i64,
-    }
-
-    #[derive(Serialize)]
-    struct Value<N> {
-        n: N,
-    }
-
-    fn stored(n: u64) -> i64 {
-        i64::try_from(n).unwrap_or(i64::MAX)
-    }
-
-    /// Counter `id` at `n`, as first inserted.
-    pub fn record(id: &str, n: u64) -> Record {
-        fields(&Counter { id, n: stored(n) })
-    }
-
-    /// The value `n`, as a replacement of the counter's record.
-    pub fn value(n: u64) -> Document {
-        fields(&Value { n: stored(n) })
-    }
-
-    /// Set the counter to `n`.
-    pub fn set(n: u64) -> Update {
-        Update::fields(&Value { n: stored(n) })
-    }
-
-    /// The filter of a counter below `n`: moving it to `n` moves it forward.
-    pub fn below(n: u64) -> Document {
-        fields(&Value { n: Lt(stored(n)) })
-    }
-
-    /// The position a counter's record holds.
-    pub fn read(rec: &Record) -> u64 {
-        rec.get_i64("n").ok().and_then(|n| u64::try_from(n).ok()).unwrap_or(0)
-    }
-}
 
 /// Position `seq` as the log stores it.
 pub(crate) fn position(seq: u64) -> Bson {
@@ -425,278 +373,6 @@ impl Log {
             }
         }
         Ok(true)
-    }
-
-    /// Purge what is past retention, oldest first, in position order: the
-    /// floor moves first (synced), so no reader ever takes a purged
-    /// position for a gap; then the records up to it go. Nothing past the
-    /// position collections' live counts have reached goes ([`COUNTED`]).
-    /// Returns how many.
-    pub async fn purge(&self) -> StoreResult<usize> {
-        let cutoff = self
-            .cfg
-            .clock
-            .now()
-            .timestamp_millis()
-            .saturating_sub(i64::try_from(self.cfg.retention.as_millis()).unwrap_or(i64::MAX));
-        let mut total = 0;
-        loop {
-            let floor = self.floor().await?;
-            let counted = self.counted().await?;
-            // Nothing to do unless the oldest record is past retention and
-            // counted (or below the floor): one read when idle.
-            let oldest = self.store.scan(EVENTS, crate::store::scans::EVENTS_BY_SEQ.scan(Vec::new()).limit(1)).await?;
-            match oldest.into_iter().next().map(Logged::from_record).transpose()? {
-                None => return Ok(total),
-                Some(l)
-                    if l.seq > floor
-                        && (l.seq > counted || l.logged_at.is_some_and(|at| at.timestamp_millis() >= cutoff)) =>
-                {
-                    return Ok(total);
-                }
-                Some(_) => {}
-            }
-            let scan = crate::store::scans::EVENTS_BY_SEQ.scan(Vec::new()).limit(crate::store::BATCH);
-            let records = self.store.scan(EVENTS, scan).await?;
-            let full = records.len() == crate::store::BATCH;
-            // The contiguous old prefix above the floor (or left below it by
-            // an earlier pass that stopped between its steps).
-            let mut upto = floor;
-            let mut ids = Vec::new();
-            for rec in &records {
-                let id = crate::store::record_id(rec).unwrap_or_default().to_owned();
-                let logged = Logged::from_record(rec.clone())?;
-                let old = logged.logged_at.is_none_or(|at| at.timestamp_millis() < cutoff);
-                if logged.seq <= floor {
-                    ids.push(id);
-                    continue;
-                }
-                if logged.seq != upto + 1 || !old || logged.seq > counted {
-                    break;
-                }
-                upto = logged.seq;
-                ids.push(id);
-            }
-            if ids.is_empty() {
-                return Ok(total);
-            }
-            if upto > floor {
-                let moved = self.store.replace(STATE, FLOOR, counter::below(upto), counter::value(upto)).await?
-                    || self.store.insert(STATE, counter::record(FLOOR, upto)).await?;
-                if !moved {
-                    // Another instance moved it meanwhile.
-                    continue;
-                }
-                self.floor_seen.fetch_max(upto, std::sync::atomic::Ordering::Relaxed);
-            }
-            let unsynced = self.store.unsynced();
-            let unsynced = &unsynced;
-            let deletes = ids.iter().map(|id| async move { unsynced.delete(EVENTS, id, Document::new()).await });
-            for done in futures::future::join_all(deletes).await {
-                total += usize::from(done?);
-            }
-            if !full {
-                return Ok(total);
-            }
-        }
-    }
-}
-
-/// The worker that purges the log and the tombstones past their retention
-/// every `interval`.
-pub struct Purge {
-    pub log: Arc<Log>,
-    pub interval: Duration,
-}
-
-#[async_trait::async_trait]
-impl crate::worker::Worker for Purge {
-    fn name(&self) -> &'static str {
-        "event_purge"
-    }
-
-    async fn run(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
-        let log = &self.log;
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(self.interval) => {}
-            }
-            match log.purge().await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(purged = n, "event log purged past its retention"),
-                Err(err) => tracing::warn!(error = %err, "event log purge failed; retrying next interval"),
-            }
-            match log.purge_tombstones().await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(purged = n, "tombstones purged past their retention"),
-                Err(err) => tracing::warn!(error = %err, "tombstone purge failed; retrying next interval"),
-            }
-        }
-    }
-}
-
-impl Log {
-    /// Delete the tombstones older than the tombstone retention (unlocked,
-    /// their event logged), along each user collection's index of
-    /// documents by deletion time. The retention is at least the events':
-    /// a document re-created once its tombstone is gone starts at version
-    /// 1 again, and its event ids must not be in the log any more.
-    pub async fn purge_tombstones(&self) -> StoreResult<usize> {
-        let retention = i64::try_from(self.cfg.tombstone_retention.as_millis()).unwrap_or(i64::MAX);
-        let cutoff = DateTime::from_millis(self.cfg.clock.now().timestamp_millis().saturating_sub(retention));
-        let filter = StoredDoc::purgeable_tombstone(cutoff);
-        let mut total = 0;
-        for coll in self.store.collections().await? {
-            if coll.starts_with('_') {
-                continue;
-            }
-            loop {
-                let scan = crate::store::scans::DOCS_BY_DELETION
-                    .scan(vec![Bson::Boolean(true)])
-                    .to(Bound::Excluded(Bson::DateTime(cutoff)))
-                    .limit(crate::store::BATCH);
-                let batch = self.store.scan(&coll, scan).await?;
-                let full = batch.len() == crate::store::BATCH;
-                let unsynced = self.store.unsynced();
-                let unsynced = &unsynced;
-                let deletes = batch.iter().filter_map(crate::store::record_id).map(|id| {
-                    let (coll, filter) = (coll.as_str(), filter.clone());
-                    async move { unsynced.delete(coll, id, filter).await }
-                });
-                let mut deleted = 0;
-                for done in futures::future::join_all(deletes).await {
-                    deleted += usize::from(done?);
-                }
-                total += deleted;
-                // A full batch none of which could go would be read again.
-                if !full || deleted == 0 {
-                    break;
-                }
-            }
-        }
-        Ok(total)
-    }
-}
-
-/// Make sure the event `doc` holds in its outbox is in the log, then clear
-/// the outbox (unless the document moved on). Readers never call this;
-/// writers do before they write a document that has one, and recovery for
-/// any a crash left behind.
-pub async fn publish_outbox(store: &dyn Store, coll: &str, doc: &StoredDoc, at: DateTime) -> StoreResult<()> {
-    let Some(outbox) = &doc.meta.outbox else { return Ok(()) };
-    let Ok(eid) = outbox.get_str("_id") else {
-        return Err(StoreError::Internal(format!("{coll}/{}: outbox without an event id", doc.id)));
-    };
-    let mut record = outbox.clone();
-    record.insert("logged_at", at);
-    let chain = vec![
-        (EVENTS, Write::Append(record)),
-        (
-            coll,
-            Write::Update {
-                id: &doc.id,
-                filter: StoredDoc::outbox_filter(doc.meta.v, eid),
-                update: StoredDoc::clear_outbox(),
-            },
-        ),
-    ];
-    if store.unsynced().in_order(chain).await? == 0 {
-        // It was in the log already: only the outbox is left to clear.
-        let (filter, clear) = (StoredDoc::outbox_filter(doc.meta.v, eid), StoredDoc::clear_outbox());
-        store.unsynced().update(coll, &doc.id, filter, clear).await?;
-    }
-    Ok(())
-}
-
-/// The log records (positions left to the store) of committed `rec`'s
-/// events, from its members' post-images `forwarded` (member index and
-/// the document as rolled forward): one per changed member, then the
-/// `transaction.committed` event.
-pub fn transaction_records(rec: &TxnRecord, forwarded: &[(usize, &StoredDoc)], at: DateTime) -> Vec<Record> {
-    let committed = rec.committed_at.unwrap_or(at);
-    let mut out = Vec::with_capacity(forwarded.len() + 1);
-    for (i, doc) in forwarded {
-        let m = &rec.members[*i];
-        if let Some(kind) = EventType::of_staged(m.op) {
-            let mut r = model::document_event(kind, &m.collection, doc, Some(&rec.id), committed);
-            r.insert("logged_at", at);
-            out.push(r);
-        }
-    }
-    let mut r = model::transaction_event(rec);
-    r.insert("logged_at", at);
-    out.push(r);
-    out
-}
-
-/// The event output of committed transactions: before any lock is
-/// released, the events of every member still held, then the
-/// `transaction.committed` event.
-pub struct TxnEvents {
-    store: DynStore,
-    clock: Clock,
-}
-
-impl TxnEvents {
-    pub fn new(store: DynStore, clock: Clock) -> Arc<Self> {
-        Arc::new(Self { store, clock })
-    }
-}
-
-#[async_trait]
-impl Outputs for TxnEvents {
-    async fn ensure(&self, rec: &TxnRecord) -> StoreResult<()> {
-        let at = self.clock.now();
-        let committed = rec.committed_at.unwrap_or(at);
-        // A member no longer held was released by someone who made every
-        // event of the transaction exist first: with none held, there is
-        // nothing to do.
-        // `Some(None)`: held, but another tool broke the document; its lock
-        // cannot be released either, and the rest go on.
-        let reads = rec.members.iter().enumerate().map(|(i, m)| async move {
-            let Some(found) = self.store.get(&m.collection, &m.id).await? else { return Ok(None) };
-            match StoredDoc::from_record(found) {
-                Ok(doc) if doc.meta.txn.as_deref() == Some(rec.id.as_str()) => {
-                    Ok(Some(Some((i, doc.rolled_forward(committed)))))
-                }
-                Ok(_) => Ok(None),
-                Err(err) => {
-                    tracing::warn!(txn.id = %rec.id, collection = %m.collection, id = %m.id, error = %err, "no event for a member that cannot be read");
-                    Ok(Some(None))
-                }
-            }
-        });
-        let held: Vec<Option<(usize, StoredDoc)>> = futures::future::join_all(reads)
-            .await
-            .into_iter()
-            .collect::<StoreResult<Vec<_>>>()?
-            .into_iter()
-            .flatten()
-            .collect();
-        if held.is_empty() {
-            return Ok(());
-        }
-        let forwarded: Vec<(usize, StoredDoc)> = held.into_iter().flatten().collect();
-        let refs: Vec<(usize, &StoredDoc)> = forwarded.iter().map(|(i, d)| (*i, d)).collect();
-        // The members' events first; the transaction's own only once every
-        // one of them is in the log, whoever put it there. Another helper
-        // may be appending the same events at once and win some of them at
-        // later positions: a position taken after all members exist is
-        // larger than each of theirs, so the transaction's event comes last.
-        let mut records = transaction_records(rec, &refs, at);
-        let own = records.pop().expect("the transaction's own event is last");
-        self.store.append_all(EVENTS, records).await?;
-        self.store.unsynced().append(EVENTS, own).await?;
-        Ok(())
-    }
-
-    fn has_any(&self, _: &TxnRecord) -> bool {
-        true
-    }
-
-    fn chained(&self, rec: &TxnRecord, forwarded: &[(usize, &StoredDoc)]) -> Option<Vec<(&'static str, Record)>> {
-        Some(transaction_records(rec, forwarded, self.clock.now()).into_iter().map(|r| (EVENTS, r)).collect())
     }
 }
 
