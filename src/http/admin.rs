@@ -60,7 +60,6 @@ impl Backups {
     fn claim(&self) -> Result<OwnedMutexGuard<()>, ApiError> {
         Arc::clone(&self.running).try_lock_owned().map_err(|_| {
             ApiError::new(
-                StatusCode::CONFLICT,
                 ProblemCode::BackupInProgress,
                 "a backup is being written already; send this again once it has finished",
             )
@@ -143,7 +142,6 @@ async fn write_backup(
 
 fn unsupported() -> ApiError {
     ApiError::new(
-        StatusCode::CONFLICT,
         ProblemCode::BackupUnsupported,
         "this store has no online backup; use the database's own tools (mongodump, snapshots)",
     )
@@ -243,7 +241,7 @@ mod tests {
         let backups = Backups::new(&StoreConfig::Mongodb { uri: "mongodb://x".into(), database: "d".into() });
         let first = backups.claim().expect("free");
         let err = backups.clone().claim().expect_err("held by the first");
-        assert_eq!((err.status, err.code), (StatusCode::CONFLICT, ProblemCode::BackupInProgress));
+        assert_eq!((err.status(), err.code), (StatusCode::CONFLICT, ProblemCode::BackupInProgress));
         drop(first);
         backups.claim().expect("free again");
     }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, MatchedPath, Path, Request, State};
 use axum::http::request::Parts;
-use axum::http::{Method, StatusCode, header};
+use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -258,7 +258,7 @@ pub fn forbidden(needed: Scope, collection: Option<&str>) -> ApiError {
         Some(c) => format!("the API key lacks the {scope} scope on collection {c:?}"),
         None => format!("this needs the {scope} scope on every collection; the API key has it on some or none"),
     };
-    let err = ApiError::new(StatusCode::FORBIDDEN, ProblemCode::Forbidden, detail).with("required_scope", scope);
+    let err = ApiError::new(ProblemCode::Forbidden, detail).with("required_scope", scope);
     match collection {
         Some(c) => err.with("collection", c),
         None => err,
@@ -376,7 +376,6 @@ pub async fn require_key(State(keys): State<Arc<Keys>>, req: Request, next: Next
             Err(_) => {
                 tracing::debug!("request refused: the API key is at its share of the concurrency limit");
                 return ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
                     ProblemCode::Overloaded,
                     format!(
                         "this API key has {} requests in flight, its share of the gateway \
@@ -395,7 +394,7 @@ pub async fn require_key(State(keys): State<Arc<Keys>>, req: Request, next: Next
 }
 
 fn unauthorized(detail: &str) -> Response {
-    let mut response = ApiError::new(StatusCode::UNAUTHORIZED, ProblemCode::Unauthorized, detail).into_response();
+    let mut response = ApiError::new(ProblemCode::Unauthorized, detail).into_response();
     response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
     response
 }

@@ -220,9 +220,5 @@ pub async fn retry_delivery(
 }
 
 fn pending(id: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::CONFLICT,
-        ProblemCode::DeliveryPending,
-        format!("delivery {id} is queued or being sent already"),
-    )
+    ApiError::new(ProblemCode::DeliveryPending, format!("delivery {id} is queued or being sent already"))
 }

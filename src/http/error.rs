@@ -178,7 +178,9 @@ pub struct Problem {
 /// An error answered to the client.
 #[derive(Debug)]
 pub struct ApiError {
-    pub status: StatusCode,
+    /// The status answered: the code's own, except where a layer answers
+    /// otherwise ([`ApiError::with_status`]).
+    status: StatusCode,
     pub code: ProblemCode,
     pub detail: String,
     pub extra: Map<String, Value>,
@@ -186,8 +188,22 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: ProblemCode, detail: impl Into<String>) -> Self {
+    /// A problem with `code`, answered with the code's status.
+    pub fn new(code: ProblemCode, detail: impl Into<String>) -> Self {
+        let status = StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        Self::with_status(status, code, detail)
+    }
+
+    /// A problem with `code` answered with another status: a transaction's
+    /// failure (a 409 whatever its member's code), or a status the
+    /// framework chose (an unknown route, a method not allowed).
+    pub fn with_status(status: StatusCode, code: ProblemCode, detail: impl Into<String>) -> Self {
         Self { status, code, detail: detail.into(), extra: Map::new(), retry_after: None }
+    }
+
+    /// The status this problem is answered with.
+    pub fn status(&self) -> StatusCode {
+        self.status
     }
 
     pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
@@ -196,40 +212,33 @@ impl ApiError {
     }
 
     pub fn bad_request(code: ProblemCode, detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, code, detail)
+        Self::with_status(StatusCode::BAD_REQUEST, code, detail)
     }
 
     /// 422 for a request that parsed but is not acceptable.
     pub fn invalid(invalid: Invalid) -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, invalid.to_string())
+        Self::new(ProblemCode::ValidationFailed, invalid.to_string())
             .with("errors", json!([{"pointer": invalid.pointer, "detail": invalid.message}]))
     }
 
     pub fn not_found(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, ProblemCode::NotFound, detail)
+        Self::new(ProblemCode::NotFound, detail)
     }
 
     pub fn store(err: &StoreError) -> Self {
         match err {
             StoreError::Unavailable(msg) => {
                 tracing::warn!(error = %msg, "store unavailable");
-                Self::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    ProblemCode::StoreUnavailable,
-                    "the store is unreachable; retry later",
-                )
-                .retry(Duration::from_secs(1))
+                Self::new(ProblemCode::StoreUnavailable, "the store is unreachable; retry later")
+                    .retry(Duration::from_secs(1))
             }
-            StoreError::Rejected(msg) => Self::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                ProblemCode::DocumentRejected,
-                format!("the store refused the document: {msg}"),
-            ),
+            StoreError::Rejected(msg) => {
+                Self::new(ProblemCode::DocumentRejected, format!("the store refused the document: {msg}"))
+            }
             StoreError::Internal(msg) => Self::internal(format!("store: {msg}")),
             StoreError::Undecodable(msg) => {
                 tracing::error!(error = %msg, "a stored record cannot be decoded");
                 Self::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
                     ProblemCode::RecordUnreadable,
                     "the stored record cannot be decoded; an operator must repair or remove it",
                 )
@@ -241,7 +250,7 @@ impl ApiError {
     /// 500 for a bug or corrupted data: logged here, nothing internal in the body.
     pub fn internal(msg: impl std::fmt::Display) -> Self {
         tracing::error!(error = %msg, "internal error");
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, ProblemCode::Internal, "internal error")
+        Self::new(ProblemCode::Internal, "internal error")
     }
 
     pub fn retry(mut self, after: Duration) -> Self {
@@ -267,7 +276,7 @@ impl ApiError {
     /// Retry-After exactly when retrying can help.
     fn failure(status: StatusCode, txn: String, f: Failure) -> Self {
         let mut err =
-            Self::new(status, f.code.into(), f.detail).with("transaction", txn).with("retryable", f.retryable);
+            Self::with_status(status, f.code.into(), f.detail).with("transaction", txn).with("retryable", f.retryable);
         let numbers = [("action", f.action), ("expected", f.expected), ("actual", f.actual)];
         for (k, v) in numbers {
             if let Some(v) = v {
@@ -299,7 +308,6 @@ impl ApiError {
             }
             TxnError::Store { txn, source } => Self::store(source).with("transaction", txn.clone()),
             TxnError::OutcomeUnknown { txn } => Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
                 ProblemCode::OutcomeUnknown,
                 "the store stopped answering at the commit point; read the transaction to learn its outcome",
             )
@@ -313,10 +321,8 @@ impl From<crate::hooks::guard::Refused> for ApiError {
     fn from(refused: crate::hooks::guard::Refused) -> Self {
         match refused {
             crate::hooks::guard::Refused::Invalid(invalid) => Self::invalid(invalid),
-            crate::hooks::guard::Refused::NotAllowed { pointer, why } => {
-                Self::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::HookNotAllowed, why)
-                    .with("errors", serde_json::json!([{"pointer": pointer, "detail": "destination not allowed"}]))
-            }
+            crate::hooks::guard::Refused::NotAllowed { pointer, why } => Self::new(ProblemCode::HookNotAllowed, why)
+                .with("errors", serde_json::json!([{"pointer": pointer, "detail": "destination not allowed"}])),
         }
     }
 }
@@ -339,23 +345,19 @@ impl From<DocError> for ApiError {
         match err {
             DocError::Invalid(invalid) => Self::invalid(invalid),
             DocError::NotFound => Self::not_found(detail),
-            DocError::Deleted { version, deleted_at } => Self::new(StatusCode::GONE, ProblemCode::Deleted, detail)
+            DocError::Deleted { version, deleted_at } => Self::new(ProblemCode::Deleted, detail)
                 .with("version", version)
                 .with("deleted_at", deleted_at.map(rfc3339)),
             DocError::AlreadyExists { version } => {
-                Self::new(StatusCode::CONFLICT, ProblemCode::AlreadyExists, detail).with("version", version)
+                Self::new(ProblemCode::AlreadyExists, detail).with("version", version)
             }
             DocError::VersionConflict { expected, actual } => {
-                Self::new(StatusCode::CONFLICT, ProblemCode::VersionConflict, detail)
-                    .with("expected", expected)
-                    .with("actual", actual)
+                Self::new(ProblemCode::VersionConflict, detail).with("expected", expected).with("actual", actual)
             }
-            DocError::Locked { holder, retry_after } => Self::new(StatusCode::CONFLICT, ProblemCode::Locked, detail)
-                .with("transaction", holder)
-                .retry(retry_after),
-            DocError::InvalidChange(msg) => {
-                Self::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::InvalidChange, msg)
+            DocError::Locked { holder, retry_after } => {
+                Self::new(ProblemCode::Locked, detail).with("transaction", holder).retry(retry_after)
             }
+            DocError::InvalidChange(msg) => Self::new(ProblemCode::InvalidChange, msg),
             DocError::Store(err) => Self::store(&err),
         }
     }
@@ -420,7 +422,7 @@ mod tests {
     #[test]
     fn every_code_renders_its_urn() {
         for code in ProblemCode::ALL {
-            let body = ApiError::new(StatusCode::BAD_REQUEST, *code, "x").body();
+            let body = ApiError::new(*code, "x").body();
             assert_eq!(body["code"], code.as_str());
             assert_eq!(body["type"], format!("urn:txgate:problem:{}", code.as_str()));
             assert_eq!(serde_json::to_value(code).unwrap(), code.as_str(), "serde and as_str agree");

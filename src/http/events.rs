@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -118,7 +118,7 @@ fn position(value: &str, pointer: &str) -> Result<u64, ApiError> {
 
 fn expired(err: ReadError) -> ApiError {
     match err {
-        ReadError::Expired { .. } => ApiError::new(StatusCode::GONE, ProblemCode::CursorExpired, err.to_string()),
+        ReadError::Expired { .. } => ApiError::new(ProblemCode::CursorExpired, err.to_string()),
         ReadError::Store(e) => e.into(),
     }
 }
@@ -176,13 +176,7 @@ pub async fn events(
                 .filter(|s| (1..=18).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit()))
                 .and_then(|s| s.parse::<i64>().ok())
                 .and_then(|n| u64::try_from(n).ok())
-                .ok_or_else(|| {
-                    ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        ProblemCode::InvalidHeader,
-                        "Last-Event-ID is the seq of an event",
-                    )
-                })?,
+                .ok_or_else(|| ApiError::new(ProblemCode::InvalidHeader, "Last-Event-ID is the seq of an event"))?,
         ),
     };
     let after = match &query.after {
@@ -195,7 +189,6 @@ pub async fn events(
         let head = log.head().await?;
         if after > head {
             return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
                 ProblemCode::CursorBeyondHead,
                 format!("the cursor {after} is beyond the log's last position ({head}): use a position an event had"),
             ));
@@ -228,7 +221,6 @@ pub async fn events(
     let Ok(slot) = Arc::clone(&state.streams).try_acquire_owned() else {
         tracing::debug!("event stream refused: every stream slot is taken");
         return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
             ProblemCode::Overloaded,
             "this instance has as many event streams open as it is configured to (TXGATE_MAX_STREAMS); retry later, \
              or read pages (Accept: application/json)",

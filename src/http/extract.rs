@@ -22,11 +22,7 @@ fn is_json(media: &str) -> bool {
 }
 
 pub fn unsupported_media(expected: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        ProblemCode::UnsupportedMediaType,
-        format!("the body must be sent as {expected}"),
-    )
+    ApiError::new(ProblemCode::UnsupportedMediaType, format!("the body must be sent as {expected}"))
 }
 
 /// Read the whole body, answering 413 when it is over the limit.
@@ -41,11 +37,7 @@ pub async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes
 }
 
 pub fn too_large() -> ApiError {
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        ProblemCode::PayloadTooLarge,
-        "the request body is larger than the limit",
-    )
+    ApiError::new(ProblemCode::PayloadTooLarge, "the request body is larger than the limit")
 }
 
 /// Parse JSON: syntax errors are 400, well-formed JSON of the wrong shape 422,
@@ -56,7 +48,6 @@ pub fn too_large() -> ApiError {
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if let Some(pointer) = duplicate_member(bytes) {
         return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
             ProblemCode::ValidationFailed,
             format!("the member {pointer} appears more than once"),
         )
@@ -67,9 +58,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     read.map_err(|err| {
         use serde_json::error::Category;
         match err.classify() {
-            Category::Data => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, err.to_string())
-            }
+            Category::Data => ApiError::new(ProblemCode::ValidationFailed, err.to_string()),
             // Well-formed but deeper than the parser goes: a body nested
             // past every limit on data, refused as such.
             Category::Syntax if err.to_string().starts_with("recursion limit exceeded") => {
@@ -78,7 +67,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                     "nested deeper than {JSON_DEPTH} levels (document data may nest {} levels)",
                     crate::documents::rules::MAX_DATA_DEPTH
                 );
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, detail.clone())
+                ApiError::new(ProblemCode::ValidationFailed, detail.clone())
                     .with("errors", serde_json::json!([{"pointer": pointer, "detail": detail}]))
             }
             Category::Syntax | Category::Eof | Category::Io => {
@@ -305,8 +294,7 @@ pub fn from_body<T: DeserializeOwned>(value: serde_json::Value, objects: &[&str]
             return Err(invalid.into());
         }
     }
-    super::strict::deserialize(value)
-        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, e.to_string()))
+    super::strict::deserialize(value).map_err(|e| ApiError::new(ProblemCode::ValidationFailed, e.to_string()))
 }
 
 /// An optional integer member of a JSON body. JSON has one number type, so
@@ -349,7 +337,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuer
         axum::extract::Query::<T>::from_request_parts(parts, state)
             .await
             .map(|q| Self(q.0))
-            .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed, e.body_text()))
+            .map_err(|e| ApiError::new(ProblemCode::ValidationFailed, e.body_text()))
     }
 }
 
@@ -470,7 +458,11 @@ mod tests {
         assert_eq!(if_match(&headers(header::IF_MATCH, "\"12\"")).unwrap(), Some(12));
         assert_eq!(if_match(&headers(header::IF_MATCH, "12")).unwrap(), Some(12), "a bare version is its tag");
         for bad in ["\"12", "12\"", "\"x\"", "x", "W/\"1\"", "\"1\", \"2\"", "\"-1\"", "\"+1\"", "+1", "\"\""] {
-            assert_eq!(if_match(&headers(header::IF_MATCH, bad)).unwrap_err().status, StatusCode::BAD_REQUEST, "{bad}");
+            assert_eq!(
+                if_match(&headers(header::IF_MATCH, bad)).unwrap_err().status(),
+                StatusCode::BAD_REQUEST,
+                "{bad}"
+            );
         }
     }
 
@@ -483,7 +475,7 @@ mod tests {
         assert_eq!(duplicate_member(br#"{"a/b":{"~":1,"~":2}}"#).as_deref(), Some("/a~1b/~0"));
         assert_eq!(duplicate_member(br#"{"a":1,"a""#), None, "malformed JSON is left to the parser");
         let err = parse_json::<serde_json::Value>(br#"{"x":{"k":1,"k":1}}"#).unwrap_err();
-        assert_eq!((err.status, err.code), (StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed));
+        assert_eq!((err.status(), err.code), (StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed));
         assert_eq!(err.extra["errors"][0]["pointer"], "/x/k");
     }
 

@@ -37,7 +37,6 @@ pub async fn limit(State(permits): State<Arc<Semaphore>>, req: Request, next: Ne
         tracing::debug!("request refused: at the concurrency limit");
         // Its connection ends with it: see `close_after_early_refusal`.
         return ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
             ProblemCode::Overloaded,
             "the gateway is serving as many requests as it is configured to (TXGATE_MAX_CONCURRENCY); retry later",
         )
@@ -90,7 +89,6 @@ pub async fn head_limits(req: Request, next: Next) -> Response {
     let bytes: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
     if headers.len() > MAX_HEADER_FIELDS || bytes > MAX_HEADER_BYTES {
         return ApiError::new(
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProblemCode::HeadersTooLarge,
             format!(
                 "a request has at most {MAX_HEADER_FIELDS} header fields and {} KiB of them",
@@ -138,7 +136,6 @@ pub async fn read_body(State((limit, timeout)): State<(usize, Duration)>, req: R
         Err(_) => {
             tracing::debug!(timeout_ms = timeout.as_millis() as u64, "request refused: its body came too slowly");
             ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
                 ProblemCode::RequestTimeout,
                 format!(
                     "the request body did not arrive within {} ms (TXGATE_BODY_TIMEOUT_MS); nothing was done",
@@ -152,7 +149,6 @@ pub async fn read_body(State((limit, timeout)): State<(usize, Duration)>, req: R
 
 fn too_large(limit: usize) -> Response {
     ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
         ProblemCode::PayloadTooLarge,
         format!("the request body is larger than the limit of {limit} bytes (TXGATE_MAX_BODY_BYTES)"),
     )
@@ -180,7 +176,6 @@ pub async fn loopback_host(req: Request, next: Next) -> Response {
         return next.run(req).await;
     }
     ApiError::new(
-        StatusCode::FORBIDDEN,
         ProblemCode::Forbidden,
         "without API keys the gateway answers only requests with one Host naming a loopback authority \
          (localhost, 127.0.0.1, [::1], with an optional port)",

@@ -233,7 +233,7 @@ async fn problem_for_bare_errors(response: Response) -> Response {
         _ => (ProblemCode::BadRequest, "the request could not be understood"),
     };
     let allow = response.headers().get(header::ALLOW).cloned();
-    let mut problem = ApiError::new(status, code, detail).into_response();
+    let mut problem = ApiError::with_status(status, code, detail).into_response();
     if let Some(allow) = allow {
         problem.headers_mut().insert(header::ALLOW, allow);
     }
@@ -292,11 +292,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
     let store = state.store.as_ref();
     store.ping().await?;
     if !crate::migrate::all_applied(store).await? {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ProblemCode::NotReady,
-            "migrations are not applied yet",
-        ));
+        return Err(ApiError::new(ProblemCode::NotReady, "migrations are not applied yet"));
     }
     let mut response = axum::Json(Ready { status: ReadyStatus::Ready, store: store.backend() }).into_response();
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

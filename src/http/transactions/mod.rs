@@ -111,7 +111,7 @@ pub async fn create_transaction(
         .spawn(async move {
             let render = |err: &TxnError| {
                 let err = ApiError::from_txn(err);
-                (err.status.as_u16(), err.body())
+                (err.status().as_u16(), err.body())
             };
             txns.submit(&plan, keyed.as_ref(), render).await
         })
@@ -127,16 +127,13 @@ pub async fn create_transaction(
             response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
             Ok(response)
         }
-        Submitted::InProgress { txn } => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            ProblemCode::InProgress,
-            "a request with this Idempotency-Key is still running",
-        )
-        .with("transaction", txn)
-        .with("retryable", true)
-        .retry(std::time::Duration::from_secs(1))),
+        Submitted::InProgress { txn } => {
+            Err(ApiError::new(ProblemCode::InProgress, "a request with this Idempotency-Key is still running")
+                .with("transaction", txn)
+                .with("retryable", true)
+                .retry(std::time::Duration::from_secs(1)))
+        }
         Submitted::KeyReused => Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
             ProblemCode::IdempotencyKeyReused,
             "this Idempotency-Key was used with a different request body",
         )),
@@ -231,9 +228,7 @@ pub async fn abort_transaction(
     let rec = load(&state, &path.id, &access, Scope::Admin).await?;
     match state.txns.abort(rec).await? {
         Aborted::Record(rec) => Ok(axum::Json(transaction_out(&rec, &[]))),
-        Aborted::Committed(rec) => {
-            Err(ApiError::new(StatusCode::CONFLICT, ProblemCode::AlreadyCommitted, "the transaction has committed")
-                .with("transaction", rec.id.clone()))
-        }
+        Aborted::Committed(rec) => Err(ApiError::new(ProblemCode::AlreadyCommitted, "the transaction has committed")
+            .with("transaction", rec.id.clone())),
     }
 }

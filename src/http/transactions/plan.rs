@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::HeaderValue;
 
 use super::wire::{
     ActionIn, CheckAction, DeleteAction, HookIn, HookMethod, InsertAction, ReplaceAction, TransactionIn, UpdateAction,
@@ -87,7 +87,6 @@ pub(super) fn plan(
         rules::check_id(&id, &format!("{p}/id"))?;
         if !seen.insert((collection.clone(), id.clone())) {
             return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
                 ProblemCode::DuplicateMember,
                 format!("document {collection}/{id} appears more than once"),
             )
