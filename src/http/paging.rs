@@ -30,7 +30,11 @@ impl ListQuery {
     /// The page asked for: its size (1..1000, default 50) and the id its
     /// `after` cursor names.
     pub fn page(&self) -> Result<(usize, Option<String>), ApiError> {
-        paging(self.limit, self.after.as_deref())
+        let limit = self.limit.unwrap_or(DEFAULT_PAGE);
+        if !(1..=MAX_PAGE).contains(&limit) {
+            return Err(Invalid::new("/query/limit", format!("limit must be between 1 and {MAX_PAGE}")).into());
+        }
+        Ok((limit as usize, self.after.as_deref().map(decode_cursor).transpose()?))
     }
 }
 
@@ -96,16 +100,6 @@ impl<T: Listed> ToSchema for Page<T> {
 
 pub const DEFAULT_PAGE: i64 = 50;
 pub const MAX_PAGE: i64 = 1000;
-
-/// A page request's size (1..1000, default 50) and the id its `after`
-/// cursor names.
-fn paging(limit: Option<i64>, after: Option<&str>) -> Result<(usize, Option<String>), ApiError> {
-    let limit = limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(Invalid::new("/query/limit", format!("limit must be between 1 and {MAX_PAGE}")).into());
-    }
-    Ok((limit as usize, after.map(decode_cursor).transpose()?))
-}
 
 /// Cursors: unpadded base64url of the last id of a page. Decoding is
 /// lenient (stray trailing bits, invalid UTF-8 replaced): a cursor is a

@@ -135,7 +135,7 @@ impl Transactions {
             Finish::new(store.clone(), clock.clone(), metrics.clone(), signals.clone(), outputs.clone(), tasks.clone());
         let locks = Locks::new(store.clone(), cfg.clone(), metrics.clone(), signals.clone(), finish.clone());
         let keys = Idempotency::new(store.clone(), clock, cfg.lease, locks.clone());
-        let commit = Commit::new(commit::Parts {
+        let commit = Arc::new(Commit {
             store: store.clone(),
             cfg: cfg.clone(),
             metrics: metrics.clone(),

@@ -42,39 +42,22 @@ use prepare::{plain_stage, within_write_bound};
 
 /// The commit service: runs a plan as a transaction, up to its commit
 /// point, and leaves its roll-forward or roll-back to run in the
-/// background.
+/// background. Built by [`super::Transactions::build`] from the parts it
+/// needs.
 pub struct Commit {
-    store: DynStore,
-    cfg: TxnConfig,
-    metrics: Arc<Metrics>,
-    signals: Arc<Signals>,
+    pub(in crate::txn) store: DynStore,
+    pub(in crate::txn) cfg: TxnConfig,
+    pub(in crate::txn) metrics: Arc<Metrics>,
+    pub(in crate::txn) signals: Arc<Signals>,
     /// Work started on a request's behalf (roll-forward after the answer).
-    tasks: TaskTracker,
-    outputs: Arc<[Arc<dyn Outputs>]>,
-    locks: Arc<Locks>,
-    finish: Arc<Finish>,
-    keys: Arc<Idempotency>,
-}
-
-/// What the commit service is built from.
-pub(super) struct Parts {
-    pub store: DynStore,
-    pub cfg: TxnConfig,
-    pub metrics: Arc<Metrics>,
-    pub signals: Arc<Signals>,
-    pub tasks: TaskTracker,
-    pub outputs: Arc<[Arc<dyn Outputs>]>,
-    pub locks: Arc<Locks>,
-    pub finish: Arc<Finish>,
-    pub keys: Arc<Idempotency>,
+    pub(in crate::txn) tasks: TaskTracker,
+    pub(in crate::txn) outputs: Arc<[Arc<dyn Outputs>]>,
+    pub(in crate::txn) locks: Arc<Locks>,
+    pub(in crate::txn) finish: Arc<Finish>,
+    pub(in crate::txn) keys: Arc<Idempotency>,
 }
 
 impl Commit {
-    pub(super) fn new(p: Parts) -> Arc<Self> {
-        let Parts { store, cfg, metrics, signals, tasks, outputs, locks, finish, keys } = p;
-        Arc::new(Self { store, cfg, metrics, signals, tasks, outputs, locks, finish, keys })
-    }
-
     fn now(&self) -> crate::store::DateTime {
         self.cfg.clock.now()
     }
