@@ -6,10 +6,12 @@
 pub mod clock;
 pub mod collections;
 pub mod config;
+pub mod document;
 pub mod documents;
 pub mod events;
 pub mod hooks;
 pub mod http;
+pub mod keys;
 pub mod metrics;
 pub mod migrate;
 pub mod purge;
@@ -92,7 +94,7 @@ pub struct App {
 /// deliveries), as a gateway runs them.
 pub fn transactions(store: DynStore, cfg: TxnConfig, metrics: Arc<Metrics>) -> (Arc<Transactions>, Arc<Hooks>) {
     let hooks = Hooks::new(Arc::clone(&store), Arc::clone(&metrics), cfg.clock.clone());
-    let events = events::TxnEvents::new(Arc::clone(&store), cfg.clock.clone());
+    let events = txn::TxnEvents::new(Arc::clone(&store), cfg.clock.clone());
     let outputs: Vec<Arc<dyn txn::outputs::Outputs>> = vec![events as _, Arc::clone(&hooks) as _];
     (Transactions::build(store, cfg, metrics, outputs), hooks)
 }

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{COLLECTIONS, Collection, Collections, Policy, age_cutoff};
 use crate::clock::Clock;
-use crate::documents::model::StoredDoc;
+use crate::document::StoredDoc;
 use crate::documents::{DocError, Documents};
 use crate::metrics::Metrics;
 use crate::store::scans::{COLLECTIONS_EXPIRING, DOCS_BY_AGE};

@@ -10,7 +10,7 @@ pub use settings::{Cli, Command, JournalCommand, LogFormat, Secret, Settings, St
 
 use crate::hooks::HookConfig;
 use crate::hooks::guard::HookGuard;
-use crate::http::auth::ApiKey;
+use crate::keys::ApiKey;
 use crate::txn::TxnConfig;
 
 /// The resolved configuration. Its `Debug` shows no credential: API keys,

@@ -12,7 +12,7 @@ use super::{Config, Cors, DEFAULT_CACHE_MB, DEFAULT_SYNC_INTERVAL, StoreConfig};
 use crate::hooks::HookConfig;
 use crate::hooks::guard::HookGuard;
 use crate::hooks::sign::Signer;
-use crate::http::auth::KeysSetting;
+use crate::keys::KeysSetting;
 use crate::txn::TxnConfig;
 
 #[derive(Parser, Debug)]

@@ -3,7 +3,7 @@
 //!
 //! Events are appended ([`crate::store::Write::Append`]) by whoever makes a
 //! change durable in the documents: a transaction's roll-forward before it
-//! releases any lock (its outputs, [`TxnEvents`]), and a single-document
+//! releases any lock (its outputs, [`crate::txn::TxnEvents`]), and a single-document
 //! write right after its compare-and-set, which stored the event in the
 //! document's `_meta.outbox` ([`publish_outbox`]). Appends are idempotent
 //! by event id (the log's unique index), so any number of helpers may make
@@ -18,11 +18,11 @@
 
 pub mod counter;
 pub mod model;
-mod outputs;
+mod outbox;
 mod purge;
 pub mod tap;
 
-pub use outputs::{TxnEvents, publish_outbox, transaction_records};
+pub use outbox::publish_outbox;
 pub use purge::Purge;
 pub use tap::Tap;
 

@@ -2,10 +2,9 @@
 
 use serde::Serialize;
 
-use crate::documents::model::{StagedOp, StoredDoc};
+use crate::document::{StagedOp, StoredDoc};
 use crate::store::shape::fields;
 use crate::store::{Bson, DateTime, LOG_SEQ, LOG_VOID, Record, StoreError, doc};
-use crate::txn::TxnRecord;
 
 /// What happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, utoipa::ToSchema)]
@@ -149,40 +148,37 @@ pub fn document_event(kind: EventType, coll: &str, doc: &StoredDoc, txn: Option<
     fields(&event)
 }
 
-/// The log record (without its position) of committed `rec`'s
-/// `transaction.committed` event.
-pub fn transaction_event(rec: &TxnRecord) -> Record {
-    let results = rec.results.as_deref().unwrap_or_default();
-    let members: Vec<shapes::Member<'_>> = rec
-        .members
-        .iter()
-        .enumerate()
-        .map(|(i, m)| shapes::Member {
-            collection: &m.collection,
-            id: &m.id,
-            op: m.op,
-            version: results.get(i).map_or(m.base_v.unwrap_or_default(), |r| r.version),
-        })
-        .collect();
+/// The log record (without its position) of transaction `txn`'s
+/// `transaction.committed` event: committed at `at`, with its members.
+pub fn transaction_event(txn: &str, at: DateTime, members: Vec<CommittedMember<'_>>) -> Record {
     let event = shapes::Event {
-        id: transaction_event_id(&rec.id),
+        id: transaction_event_id(txn),
         kind: EventType::TransactionCommitted.as_str(),
         collection: None,
         document: None,
         version: None,
-        transaction: Some(&rec.id),
-        at: rec.committed_at.unwrap_or_else(DateTime::now),
+        transaction: Some(txn),
+        at,
         data: None,
         members: Some(members),
     };
     fields(&event)
 }
 
+/// A member of a committed transaction, as its event lists it: the
+/// version it was left at.
+#[derive(Serialize)]
+pub struct CommittedMember<'a> {
+    pub collection: &'a str,
+    pub id: &'a str,
+    pub op: StagedOp,
+    pub version: i64,
+}
+
 /// The fields of a log record, as stored.
 mod shapes {
     use serde::Serialize;
 
-    use crate::documents::model::StagedOp;
     use crate::store::{DateTime, Document};
 
     /// An event (its position is the store's to give).
@@ -200,16 +196,7 @@ mod shapes {
         #[serde(skip_serializing_if = "Option::is_none")]
         pub data: Option<&'a Document>,
         #[serde(skip_serializing_if = "Option::is_none")]
-        pub members: Option<Vec<Member<'a>>>,
-    }
-
-    /// A member of a committed transaction, as its event lists it.
-    #[derive(Serialize)]
-    pub struct Member<'a> {
-        pub collection: &'a str,
-        pub id: &'a str,
-        pub op: StagedOp,
-        pub version: i64,
+        pub members: Option<Vec<super::CommittedMember<'a>>>,
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{EVENTS, FLOOR, Log, Logged, STATE, counter};
-use crate::documents::model::StoredDoc;
+use crate::document::StoredDoc;
 use crate::store::{Bound, Bson, DateTime, StoreResult};
 
 impl Log {

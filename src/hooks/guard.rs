@@ -12,7 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use url::{Host, Url};
 
-use crate::documents::rules::Invalid;
+use crate::document::rules::Invalid;
 
 /// One `TXGATE_HOOK_ALLOW` pattern: `host`, `host:port`, `*.domain`,
 /// `host:*` (`[v6]` for IPv6 literals).

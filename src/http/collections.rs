@@ -9,14 +9,15 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::auth::{Access, Scope};
+use super::auth::Access;
 use super::contract::Collection as CollectionName;
 use super::documents::CollectionPath;
 use super::error::ApiError;
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body, integer};
 use super::paging::{ListQuery, Listed, Page};
 use crate::collections::{Collection, Policy};
-use crate::documents::rules::{Invalid, check_collection};
+use crate::document::rules::{Invalid, check_collection};
+use crate::keys::Scope;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list_collections)).routes(routes!(get_collection, put_collection))

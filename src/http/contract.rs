@@ -3,7 +3,7 @@
 //! module adds
 //!
 //! - the schemas of user data (document fields, dotted field paths, any
-//!   JSON value with the naming rules of `documents::rules`),
+//!   JSON value with the naming rules of `document::rules`),
 //! - one problem schema per [`Family`], built from [`ProblemCode`],
 //! - every problem each operation can answer ([`problems`]), with the
 //!   headers that come with them,
@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use utoipa::openapi::{ObjectBuilder, RefOr, Schema};
 
 use super::error::{Family, ProblemCode};
-use crate::documents::rules::MAX_ID_CHARS;
+use crate::document::rules::MAX_ID_CHARS;
 use crate::hooks::send::RESERVED_HEADERS;
 
 /// A collection name.
@@ -627,7 +627,7 @@ mod tests {
             DocError::Deleted { version: 4, deleted_at: None }.into(),
             DocError::NotFound.into(),
             DocError::Locked { holder: "t".into(), retry_after: std::time::Duration::from_secs(1) }.into(),
-            crate::documents::rules::Invalid::new("/a", "bad").into(),
+            crate::document::rules::Invalid::new("/a", "bad").into(),
             TxnError::OutcomeUnknown { txn: "t".into() }.into(),
         ];
         for code in [

@@ -21,8 +21,8 @@ use super::extract::{
 };
 use super::paging::{ListQuery, Listed, Page};
 use crate::clock::rfc3339;
-use crate::documents::model::{Live, View};
-use crate::documents::rules::{self, Invalid, Patch};
+use crate::document::rules::{self, Invalid, Patch};
+use crate::document::{Live, View};
 use crate::documents::{Change, DocError, Written};
 
 pub fn router() -> OpenApiRouter<AppState> {

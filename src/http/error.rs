@@ -10,8 +10,8 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::clock::rfc3339;
+use crate::document::rules::Invalid;
 use crate::documents::DocError;
-use crate::documents::rules::Invalid;
 use crate::store::StoreError;
 use crate::txn::commit::TxnError;
 use crate::txn::record::{Failure, FailureCode};

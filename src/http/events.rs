@@ -24,12 +24,13 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::auth::{Access, Scope};
+use super::auth::Access;
 use super::contract::LastEventId;
 use super::error::{ApiError, ProblemCode};
 use super::extract::ApiQuery;
-use crate::documents::rules::Invalid;
+use crate::document::rules::Invalid;
 use crate::events::{Event, EventType, Filter, Log, READ_BATCH, ReadError, Ready};
+use crate::keys::Scope;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(events))

@@ -65,7 +65,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                 let pointer = pointer_past_depth(bytes, JSON_DEPTH);
                 let detail = format!(
                     "nested deeper than {JSON_DEPTH} levels (document data may nest {} levels)",
-                    crate::documents::rules::MAX_DATA_DEPTH
+                    crate::document::rules::MAX_DATA_DEPTH
                 );
                 ApiError::new(ProblemCode::ValidationFailed, detail.clone())
                     .with("errors", serde_json::json!([{"pointer": pointer, "detail": detail}]))
@@ -290,7 +290,7 @@ pub fn from_body<T: DeserializeOwned>(value: serde_json::Value, objects: &[&str]
                 .collect();
         }
         if let Some((at, _)) = found.iter().find(|(_, v)| !v.is_object() && !v.is_null()) {
-            let invalid = crate::documents::rules::Invalid::new(at.clone(), "must be an object");
+            let invalid = crate::document::rules::Invalid::new(at.clone(), "must be an object");
             return Err(invalid.into());
         }
     }

@@ -13,7 +13,7 @@ use utoipa::{IntoParams, PartialSchema, ToSchema};
 
 use super::contract::{Cursor, MAX_CURSOR};
 use super::error::ApiError;
-use crate::documents::rules::Invalid;
+use crate::document::rules::Invalid;
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]

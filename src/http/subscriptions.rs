@@ -11,7 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::auth::{Access, Scope};
+use super::auth::Access;
 use super::contract::{Collection, HookUrl};
 use super::error::ApiError;
 use super::events::event_type;
@@ -19,8 +19,9 @@ use super::extract::present;
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body};
 use super::paging::{ListQuery, Listed, Page};
 use crate::clock::rfc3339;
-use crate::documents::rules::{Invalid, check_collection};
+use crate::document::rules::{Invalid, check_collection};
 use crate::events::{EventType, Filter};
+use crate::keys::Scope;
 use crate::subscriptions::Subscription;
 
 pub fn router() -> OpenApiRouter<AppState> {

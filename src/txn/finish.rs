@@ -10,7 +10,7 @@ use futures::future::join_all;
 use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
-use crate::documents::model::StoredDoc;
+use crate::document::StoredDoc;
 use crate::metrics::Metrics;
 use crate::store::{DynStore, StoreResult, Write};
 

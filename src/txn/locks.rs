@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::documents::model::StoredDoc;
+use crate::document::StoredDoc;
 use crate::metrics::Metrics;
 use crate::store::{DateTime, DynStore, StoreResult};
 

@@ -4,6 +4,7 @@
 
 pub mod age;
 pub mod commit;
+pub mod events;
 pub mod finish;
 pub mod hook;
 pub mod idem;
@@ -23,6 +24,7 @@ use crate::metrics::Metrics;
 use crate::store::{DynStore, StoreResult};
 
 pub use commit::{Commit, Committed, TxnError};
+pub use events::TxnEvents;
 pub use finish::Finish;
 pub use idem::{Fingerprint, Idempotency};
 pub use locks::Locks;

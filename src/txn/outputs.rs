@@ -5,7 +5,7 @@
 
 use async_trait::async_trait;
 
-use crate::documents::model::StoredDoc;
+use crate::document::StoredDoc;
 use crate::store::{Record, StoreResult};
 
 use super::record::TxnRecord;

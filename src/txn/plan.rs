@@ -1,7 +1,7 @@
 //! A validated transaction request: what to do to which documents.
 
-use crate::documents::model::StagedOp;
-use crate::documents::rules::Patch;
+use crate::document::StagedOp;
+use crate::document::rules::Patch;
 use crate::store::Document;
 
 #[derive(Clone, Debug)]

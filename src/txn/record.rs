@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::hook::Hook;
-use crate::documents::model::StagedOp;
+use crate::document::StagedOp;
 use crate::store::{DateTime, Document, Durability, Record, Store, StoreError, StoreResult, Update, Write};
 
 pub const TXNS: &str = "_txns";

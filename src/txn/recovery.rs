@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::documents::model::StoredDoc;
+use crate::document::StoredDoc;
 use crate::store::scans::{DOCS_LOCKED, DOCS_OUTBOX, TXNS_BY_COMMIT, TXNS_BY_LEASE, TXNS_BY_STATUS};
 use crate::store::{Bound, Bson, DateTime, Scan, StoreError, StoreResult};
 
@@ -353,7 +353,7 @@ mod tests {
 
     use super::*;
     use crate::clock::Clock;
-    use crate::documents::model::{Staged, StagedOp, StoredDoc};
+    use crate::document::{Staged, StagedOp, StoredDoc};
     use crate::metrics::Metrics;
     use crate::store::memory::MemoryStore;
     use crate::store::{DynStore, Store, doc};

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::config::StoreConfig;
-use txgate::documents::model::{StoredDoc, View};
-use txgate::http::auth::parse_keys;
+use txgate::document::{StoredDoc, View};
+use txgate::keys::parse_keys;
 use txgate::store::Store;
 use txgate::store::embedded::EmbeddedStore;
 

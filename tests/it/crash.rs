@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::json;
-use txgate::documents::model::{StoredDoc, View};
-use txgate::documents::rules::Patch;
+use txgate::document::rules::Patch;
+use txgate::document::{StoredDoc, View};
 use txgate::hooks::DELIVERIES;
 use txgate::metrics::Metrics;
 use txgate::store::{DateTime, DynStore, doc};

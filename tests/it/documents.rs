@@ -2,7 +2,7 @@
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use txgate::documents::model::{Staged, StagedOp, StoredDoc};
+use txgate::document::{Staged, StagedOp, StoredDoc};
 use txgate::store::doc;
 use txgate::txn::record::{Status, TXNS, TxnRecord};
 

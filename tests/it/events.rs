@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use txgate::documents::model::StoredDoc;
+use txgate::document::StoredDoc;
 use txgate::events::EVENTS;
 use txgate::store::{DateTime, doc};
 

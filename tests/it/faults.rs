@@ -12,7 +12,7 @@ use rand::Rng;
 use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::config::Config;
-use txgate::documents::model::{Staged, StagedOp, StoredDoc};
+use txgate::document::{Staged, StagedOp, StoredDoc};
 use txgate::store::{DynStore, StoreError, Update, doc};
 use txgate::txn::record::{Status, TXNS, TxnRecord};
 

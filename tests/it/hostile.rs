@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use txgate::documents::rules::MAX_DATA_DEPTH;
-use txgate::http::auth::parse_keys;
+use txgate::document::rules::MAX_DATA_DEPTH;
+use txgate::keys::parse_keys;
 
 use crate::support::{Backend, TestApp, TestReceiver, expect, expect_problem};
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use txgate::documents::model::StoredDoc;
+use txgate::document::StoredDoc;
 use txgate::metrics::Metrics;
 use txgate::store::scans::{DOCS_LIVE, DOCS_LOCKED, TXNS_BY_LEASE};
 use txgate::store::{Bound, Bson, DateTime, DynStore, doc};

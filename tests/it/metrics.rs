@@ -211,7 +211,7 @@ async fn metrics_need_a_key_when_keys_are_configured() {
     const READ: &str = "reader-key-0123456789";
     const ORDERS: &str = "orders-key-0123456789";
     let spec = format!("{READ}:read,{ORDERS}:read@orders+write@orders");
-    let app = TestApp::spawn_with(Backend::Embedded, |c| c.api_keys = txgate::http::auth::parse_keys(&spec).unwrap())
+    let app = TestApp::spawn_with(Backend::Embedded, |c| c.api_keys = txgate::keys::parse_keys(&spec).unwrap())
         .await
         .unwrap();
     expect_problem(app.get("/metrics").await, 401, "unauthorized").await;

@@ -206,7 +206,7 @@ pub fn txn_record(
             .map(|m| Member {
                 collection: coll.into(),
                 id: (*m).into(),
-                op: txgate::documents::model::StagedOp::Update,
+                op: txgate::document::StagedOp::Update,
                 base_v: None,
             })
             .collect(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use txgate::documents::model::{Staged, StagedOp, StoredDoc};
+use txgate::document::{Staged, StagedOp, StoredDoc};
 use txgate::store::{Update, doc};
 use txgate::txn::record::{Status, TXNS, TxnRecord};
 

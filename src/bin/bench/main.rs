@@ -35,8 +35,8 @@ use txgate::config::StoreConfig;
 /// is the one that runs.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use txgate::documents::model::StoredDoc;
-use txgate::documents::rules::Patch;
+use txgate::document::StoredDoc;
+use txgate::document::rules::Patch;
 use txgate::metrics::Metrics;
 use txgate::store::layer::{Layer, Layered, Op};
 use txgate::store::{Durability, DynStore, Store, StoreResult, Update, doc};

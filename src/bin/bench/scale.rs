@@ -21,7 +21,7 @@ use futures::StreamExt;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use txgate::config::{Config, StoreConfig};
-use txgate::documents::model::StoredDoc;
+use txgate::document::StoredDoc;
 use txgate::store::scans::{DELIVERIES, TXNS};
 use txgate::store::{DateTime, DynStore, doc};
 use txgate::txn::Status;

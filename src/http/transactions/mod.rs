@@ -17,11 +17,12 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::auth::{Access, Caller, Scope};
+use super::auth::{Access, Caller};
 use super::contract::IdempotencyKey;
 use super::error::{ApiError, PROBLEM_JSON, ProblemCode};
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body};
 use super::paging::{ListQuery, Page, status_filter};
+use crate::keys::Scope;
 use crate::txn::plan::ActionOp;
 use crate::txn::record::{Status, TxnRecord};
 use crate::txn::{Aborted, Fingerprint, Keyed, Submitted, TxnError, summary};

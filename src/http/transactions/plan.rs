@@ -8,7 +8,7 @@ use axum::http::HeaderValue;
 use super::wire::{
     ActionIn, CheckAction, DeleteAction, HookIn, HookMethod, InsertAction, ReplaceAction, TransactionIn, UpdateAction,
 };
-use crate::documents::rules::{self, Invalid, Patch};
+use crate::document::rules::{self, Invalid, Patch};
 use crate::hooks::guard::HookGuard;
 use crate::http::error::{ApiError, ProblemCode};
 use crate::txn::TxnConfig;

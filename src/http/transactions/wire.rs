@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::clock::rfc3339;
-use crate::documents::rules;
+use crate::document::rules;
 use crate::hooks::{Delivery, Hook, delivery_id};
 use crate::http::contract::{
     AnyObject, AnyValue, Collection, DocumentId, Fields, HookHeaders, HookUrl, IncFields, SetFields, UnsetFields,
@@ -288,9 +288,9 @@ impl From<crate::hooks::DeliveryStatus> for HookState {
     }
 }
 
-impl From<crate::documents::model::StagedOp> for ActionKind {
-    fn from(op: crate::documents::model::StagedOp) -> Self {
-        use crate::documents::model::StagedOp;
+impl From<crate::document::StagedOp> for ActionKind {
+    fn from(op: crate::document::StagedOp) -> Self {
+        use crate::document::StagedOp;
         match op {
             StagedOp::Insert => ActionKind::Insert,
             StagedOp::Update => ActionKind::Update,

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::documents::model::StoredDoc;
+use crate::document::StoredDoc;
 use crate::metrics::Metrics;
 use crate::store::{DynStore, StoreError, Write};
 

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::documents::model::{StoredDoc, View};
+use crate::document::{StoredDoc, View};
 use crate::store::{DateTime, Durability, StoreError, Write};
 use crate::txn::plan::{Action, ActionOp, Plan};
 use crate::txn::record::{AbortReason, Member, MemberResult, Status, TXNS, Transition, TxnRecord};
@@ -198,7 +198,7 @@ pub const MAX_TXN_DATA_BYTES: usize = 64 << 20;
 /// brings, and for an update the document as first read (a patch adds at
 /// most the request's body to it).
 pub(super) fn within_write_bound(plan: &Plan, first: &HashMap<(String, String), StoredDoc>) -> Result<(), StoreError> {
-    use crate::documents::rules::data_size;
+    use crate::document::rules::data_size;
     let mut total = 0usize;
     for action in &plan.actions {
         total = total.saturating_add(match &action.op {

@@ -10,7 +10,7 @@ use futures::future::try_join_all;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::documents::model::{Staged, StagedOp, StoredDoc, View};
+use crate::document::{Staged, StagedOp, StoredDoc, View};
 use crate::store::{DateTime, StoreError};
 use crate::txn::locks::Settled;
 use crate::txn::plan::{Action, ActionOp, Plan};
@@ -381,7 +381,7 @@ pub(super) fn staged_checked(plan: &Plan, action: &Action, base: Option<&StoredD
         ActionOp::Insert(data) | ActionOp::Replace(data) => Some(data.clone()),
         ActionOp::Update(patch) => {
             let data = patch.apply(&base.map(|d| d.data.clone()).unwrap_or_default())?;
-            crate::documents::rules::check_data_size(&data, "/").map_err(|e| e.message)?;
+            crate::document::rules::check_data_size(&data, "/").map_err(|e| e.message)?;
             Some(data)
         }
         ActionOp::Delete | ActionOp::Check => None,

@@ -1,5 +1,9 @@
 //! The stored shape of a user document — user fields at top level, the
-//! gateway's metadata in `_meta` — and what a reader may see of it.
+//! gateway's metadata in `_meta` — and what a reader may see of it; the
+//! rules for names and changes ([`rules`]). Single-document reads and
+//! writes are [`crate::documents`]'.
+
+pub mod rules;
 
 use serde::{Deserialize, Serialize};
 

@@ -1,46 +1,18 @@
-//! What a committed change leaves in the log: a document's outbox moved to
-//! it, and a transaction's events made as one of its outputs.
+//! The change events of committed transactions, made as one of their
+//! outputs (docs/design.md §5): one event per changed member, then the
+//! `transaction.committed` event.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{EVENTS, EventType, model};
+use super::outputs::Outputs;
+use super::record::TxnRecord;
 use crate::clock::Clock;
-use crate::documents::model::StoredDoc;
-use crate::store::{DateTime, DynStore, Record, Store, StoreError, StoreResult, Write};
-use crate::txn::TxnRecord;
-use crate::txn::outputs::Outputs;
-
-/// Make sure the event `doc` holds in its outbox is in the log, then clear
-/// the outbox (unless the document moved on). Readers never call this;
-/// writers do before they write a document that has one, and recovery for
-/// any a crash left behind.
-pub async fn publish_outbox(store: &dyn Store, coll: &str, doc: &StoredDoc, at: DateTime) -> StoreResult<()> {
-    let Some(outbox) = &doc.meta.outbox else { return Ok(()) };
-    let Ok(eid) = outbox.get_str("_id") else {
-        return Err(StoreError::Internal(format!("{coll}/{}: outbox without an event id", doc.id)));
-    };
-    let mut record = outbox.clone();
-    record.insert("logged_at", at);
-    let chain = vec![
-        (EVENTS, Write::Append(record)),
-        (
-            coll,
-            Write::Update {
-                id: &doc.id,
-                filter: StoredDoc::outbox_filter(doc.meta.v, eid),
-                update: StoredDoc::clear_outbox(),
-            },
-        ),
-    ];
-    if store.unsynced().in_order(chain).await? == 0 {
-        // It was in the log already: only the outbox is left to clear.
-        let (filter, clear) = (StoredDoc::outbox_filter(doc.meta.v, eid), StoredDoc::clear_outbox());
-        store.unsynced().update(coll, &doc.id, filter, clear).await?;
-    }
-    Ok(())
-}
+use crate::document::StoredDoc;
+use crate::events::model::{self, CommittedMember};
+use crate::events::{EVENTS, EventType};
+use crate::store::{DateTime, DynStore, Record, StoreResult};
 
 /// The log records (positions left to the store) of committed `rec`'s
 /// events, from its members' post-images `forwarded` (member index and
@@ -57,7 +29,19 @@ pub fn transaction_records(rec: &TxnRecord, forwarded: &[(usize, &StoredDoc)], a
             out.push(r);
         }
     }
-    let mut r = model::transaction_event(rec);
+    let results = rec.results.as_deref().unwrap_or_default();
+    let members = rec
+        .members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| CommittedMember {
+            collection: &m.collection,
+            id: &m.id,
+            op: m.op,
+            version: results.get(i).map_or(m.base_v.unwrap_or_default(), |r| r.version),
+        })
+        .collect();
+    let mut r = model::transaction_event(&rec.id, committed, members);
     r.insert("logged_at", at);
     out.push(r);
     out

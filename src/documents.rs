@@ -1,13 +1,11 @@
-//! User documents: their stored shape, the rules for names and changes, and
-//! single-document reads and writes (docs/design.md §2).
+//! Single-document reads and writes of user documents (docs/design.md §2);
+//! their stored shape and the rules for names and changes are
+//! [`crate::document`]'s.
 //!
 //! A single-document write is one compare-and-set filtered on
 //! `{_meta.txn: null, _meta.v: <version read>}`; when it meets a
 //! transaction's lock it settles it (finishing committed holders, clearing
 //! dead ones) or waits up to `lock_wait` for a live one.
-
-pub mod model;
-pub mod rules;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,14 +14,14 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use crate::clock::Clock;
+use crate::document::rules::{self, Invalid, Patch};
+use crate::document::{Live, StagedOp, StoredDoc, View};
 use crate::events::{self, EventType};
 use crate::metrics::Metrics;
 use crate::store::DynStore;
 use crate::store::scans::{DOCS_LIVE, DOCS_STAGED};
 use crate::store::{Bson, DateTime, Document, Durability, StoreError, Write, record_id};
 use crate::txn::locks::{Locks, Settled};
-use model::{Live, StagedOp, StoredDoc, View};
-use rules::{Invalid, Patch};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DocError {
