@@ -1,4 +1,4 @@
-//! `bench --durability`: what a crash costs the embedded store, and what
+//! `bench durability`: what a crash costs the embedded store, and what
 //! making a write durable costs it.
 //!
 //! - Restart after a crash: a child process (this binary again) fills a
@@ -101,7 +101,7 @@ async fn restart(n: usize, quick_repair: bool, clean: bool) -> (Duration, Durati
     let dir = TempDir::new();
     let started = Instant::now();
     let status = Command::new(std::env::current_exe().expect("this binary"))
-        .args(["--durability-fill", &dir.path().display().to_string(), &n.to_string(), &quick_repair.to_string()])
+        .args(["durability-fill", &dir.path().display().to_string(), &n.to_string(), &quick_repair.to_string()])
         .arg(if clean { "close" } else { "crash" })
         .status()
         .expect("the filling child runs");
@@ -199,11 +199,23 @@ async fn synced_cost(writes: usize) {
     }
 }
 
+/// What `bench durability` measures.
+#[derive(clap::Args)]
 pub struct DurabilityArgs {
+    /// Store sizes at which the store crashes and restarts.
+    #[arg(long, value_delimiter = ',', default_value = "10000,1000000")]
     pub crash_docs: Vec<usize>,
+    /// Synced writes of the cost run (0: skip).
+    #[arg(long, default_value_t = 2000)]
     pub synced_writes: usize,
+    /// The power-loss sweep over every crash point.
+    #[arg(long)]
     pub power: bool,
+    /// Survivor images per crash point of `--power`.
+    #[arg(long, default_value_t = 16)]
     pub power_images: usize,
+    /// The sweep's seed (default: random, printed).
+    #[arg(long)]
     pub power_seed: Option<u64>,
 }
 

@@ -1,4 +1,4 @@
-//! `bench --events`: change events under load, against a gateway running
+//! `bench events`: change events under load, against a gateway running
 //! as its own process (the `txgate` binary beside this one), so that its
 //! memory is measured alone.
 //!

@@ -16,7 +16,8 @@ use txgate::store::DynStore;
 use txgate::txn::{Transactions, TxnConfig};
 use txgate::worker::Worker;
 
-use super::{ms, percentile, plan, seed, wait_idle};
+use super::protocol::{plan, seed, wait_idle};
+use super::{ms, percentile};
 
 /// What the receiver saw.
 #[derive(Default)]

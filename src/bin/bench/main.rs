@@ -1,238 +1,213 @@
-//! `bench`: measures the commit protocol against either store.
+//! `bench`: measures txgate against either store, one subcommand per
+//! question (`bench --help` lists them):
 //!
-//! For transactions of k = 1, 2, 5, 10 `update` members it prints
-//! latency (p50/p99 of one client issuing transactions one after the
-//! other), throughput of 32 concurrent clients without conflicts
-//! (disjoint documents) and with conflicts (32 clients over 100 accounts,
-//! retrying retryable aborts), the abort rate, slow attempts (over 30 s)
-//! and deadlocks (not finished after 5 minutes), store writes per transaction, and a raw baseline: the same
-//! k single-document updates issued straight to the store, one after the
-//! other, with the latency ratio. Then it measures hook delivery to a
-//! local receiver: deliveries per second and the lag from commit to
-//! arrival (see `hooks.rs`).
+//! - `protocol` (the default): the commit protocol, for transactions of
+//!   k = 1, 2, 5, 10 `update` members: latency, throughput with and
+//!   without conflicts, store writes per transaction, a raw baseline, then
+//!   hook delivery (`protocol.rs`, `hooks.rs`);
+//! - `scale`: idle CPU, latency and memory as the data grows; `soak`:
+//!   sustained commits for minutes (`scale.rs`);
+//! - `events`: change events under load (`events.rs`); `ttl`: expiry
+//!   under load (`ttl.rs`);
+//! - `durability`: restart after a crash, the cost of a synced write, the
+//!   power-loss sweep (`durability.rs`);
+//! - `peer`: the workloads `scripts/bench --peer postgres` runs beside
+//!   PostgreSQL (`peer.rs`).
 //!
 //! ```sh
 //! cargo run --release --bin bench                        # embedded store in a temp dir
-//! cargo run --release --bin bench -- --mongodb-uri mongodb://127.0.0.1:27017
-//! scripts/bench                                          # against a fresh FerretDB
+//! cargo run --release --bin bench -- --mongodb-uri mongodb://127.0.0.1:27017 protocol --k 2
+//! scripts/bench                                          # both stores, FerretDB started for it
 //! ```
 
 mod durability;
 mod events;
 mod hooks;
 mod peer;
+mod protocol;
 mod scale;
 mod ttl;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use txgate::config::StoreConfig;
 
 /// The same allocator as the `txgate` binary, so the gateway measured here
 /// is the one that runs.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use txgate::document::StoredDoc;
-use txgate::document::rules::Patch;
-use txgate::metrics::Metrics;
-use txgate::store::layer::{Layer, Layered, Op};
-use txgate::store::{Durability, DynStore, Store, StoreResult, Update, doc};
-use txgate::txn::commit::TxnError;
-use txgate::txn::plan::{Action, ActionOp, Plan};
-use txgate::txn::{Transactions, TxnConfig};
 
 /// Deadline of one store call (FerretDB under the contended runs is slow).
 const STORE_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Parser)]
-#[command(about = "Benchmark txgate's commit protocol")]
-struct Args {
-    /// Page cache of the embedded store, in MiB.
-    #[arg(long, env = "TXGATE_CACHE_MB", default_value_t = txgate::config::DEFAULT_CACHE_MB)]
-    cache_mb: u64,
+#[command(about = "Benchmark txgate")]
+struct Cli {
     /// Benchmark the mongodb backend at this URI (default: embedded store).
-    #[arg(long, env = "TXGATE_MONGODB_URI")]
+    #[arg(long, env = "TXGATE_MONGODB_URI", global = true)]
     mongodb_uri: Option<String>,
-    /// Seconds each measurement runs.
-    #[arg(long, default_value_t = 3.0)]
-    seconds: f64,
-    /// Member counts to measure.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,5,10")]
-    k: Vec<usize>,
-    /// Concurrent clients for the throughput runs.
-    #[arg(long, default_value_t = 32)]
-    clients: usize,
-    /// Print the engine's counters (commits, wounds, retries) and mean
-    /// durations after each contended run.
-    #[arg(long)]
-    counters: bool,
-    /// Accounts the contended run spreads over.
-    #[arg(long, default_value_t = 100)]
-    accounts: usize,
-    /// Committed hooks the delivery worker drains for the throughput
-    /// figure (0: skip the hook benchmark).
-    #[arg(long, default_value_t = 5000)]
-    hook_backlog: usize,
-    /// Transactions per second (one hook each) of the lag measurement.
-    #[arg(long, default_value_t = 1000.0)]
-    hook_rate: f64,
-    /// Measure idle CPU, latency and memory as the data grows (instead of
-    /// the protocol benchmark).
-    #[arg(long)]
-    scale: bool,
-    /// Documents of the large size in `--scale` (default: 1,000,000 on the
-    /// embedded store, 100,000 on mongodb).
-    #[arg(long)]
-    scale_docs: Option<usize>,
-    /// Finished transaction records added at the large size in `--scale`.
-    #[arg(long)]
-    scale_txns: Option<usize>,
-    /// Seconds each idle CPU measurement lasts.
-    #[arg(long, default_value_t = 20.0)]
-    idle_secs: f64,
-    /// The database server's process id: `--scale` reports its idle CPU
-    /// too (scripts/bench passes FerretDB's).
-    #[arg(long)]
-    server_pid: Option<u32>,
-    /// Requests per latency figure in `--scale` (0: idle CPU and memory
-    /// only).
-    #[arg(long, default_value_t = 2000)]
-    samples: usize,
-    /// Run the soak for this many seconds (instead of the protocol
-    /// benchmark): sustained commits, collection sizes every minute.
-    #[arg(long)]
-    soak_secs: Option<f64>,
-    /// Run the workloads `scripts/bench --peer postgres` compares with
-    /// PostgreSQL, over HTTP (instead of the protocol benchmark).
-    #[arg(long)]
-    peer_workloads: bool,
-    /// Measure change events under load (instead of the protocol
-    /// benchmark): throughput with and without streams, stream lag, a
-    /// paused stream's cost, subscription deliveries. Runs the `txgate`
-    /// binary beside this one as the gateway.
-    #[arg(long)]
-    events: bool,
-    /// Event streams attached in `--events`.
-    #[arg(long, default_value_t = 100)]
-    streams: usize,
-    /// Commits per second of the lag and pause runs in `--events`.
-    #[arg(long, default_value_t = 1000.0)]
-    event_rate: f64,
-    /// Seconds each throughput and lag run of `--events` lasts.
-    #[arg(long, default_value_t = 20.0)]
-    event_seconds: f64,
-    /// Seconds the paused stream of `--events` reads nothing.
-    #[arg(long, default_value_t = 60.0)]
-    pause_secs: f64,
-    /// Events sent to a subscription in `--events` (0: skip).
-    #[arg(long, default_value_t = 5000)]
-    event_deliveries: usize,
-    /// Measure TTL under load (instead of the protocol benchmark): expiry
-    /// lag by age, the live count under `max_count`, the sweeper's CPU at
-    /// rest over many documents.
-    #[arg(long)]
-    ttl: bool,
-    /// Inserts per second of the `--ttl` runs.
-    #[arg(long, default_value_t = 1000.0)]
-    ttl_rate: f64,
-    /// Seconds each insert run of `--ttl` lasts.
-    #[arg(long, default_value_t = 60.0)]
-    ttl_seconds: f64,
-    /// The maximum age of the `--ttl` lag run, in seconds.
-    #[arg(long, default_value_t = 5)]
-    ttl_max_age: u64,
-    /// The maximum count of the `--ttl` count run.
-    #[arg(long, default_value_t = 10_000)]
-    ttl_max_count: u64,
-    /// Live documents under the sweeper at rest in `--ttl` (default:
-    /// 1,000,000 on the embedded store, 20,000 on mongodb).
-    #[arg(long)]
-    ttl_docs: Option<usize>,
-    /// Measure the embedded store's durability (instead of the protocol
-    /// benchmark): restart after a crash, the cost of a synced write beside
-    /// redb's own synced commit, and with `--power` the exhaustive
-    /// power-loss sweep.
-    #[arg(long)]
-    durability: bool,
-    /// Store sizes at which `--durability` crashes and restarts.
-    #[arg(long, value_delimiter = ',', default_value = "10000,1000000")]
-    crash_docs: Vec<usize>,
-    /// Synced writes of the cost run in `--durability` (0: skip).
-    #[arg(long, default_value_t = 2000)]
-    synced_writes: usize,
-    /// With `--durability`: the power-loss sweep over every crash point.
-    #[arg(long)]
-    power: bool,
-    /// Survivor images per crash point of `--power`.
-    #[arg(long, default_value_t = 16)]
-    power_images: usize,
-    /// The sweep's seed (default: random, printed).
-    #[arg(long)]
-    power_seed: Option<u64>,
-    /// Internal: the child of `--durability` that fills a store and ends
-    /// without closing it, or after (DIR DOCS QUICK_REPAIR crash|close).
-    #[arg(long, num_args = 4, hide = true)]
-    durability_fill: Option<Vec<String>>,
+    /// Page cache of the embedded store, in MiB.
+    #[arg(long, env = "TXGATE_CACHE_MB", global = true, default_value_t = txgate::config::DEFAULT_CACHE_MB)]
+    cache_mb: u64,
+    #[command(subcommand)]
+    command: Option<Command>,
 }
 
-/// Counts store writes (and reads) passing through, as a layer of the
-/// store stack (so it forwards every operation the gateway uses, chains
-/// and batch appends included).
-struct Counting {
-    /// Document and record writes (the protocol's), appends aside.
-    writes: AtomicU64,
-    /// Appends to a log (the change events a commit outputs).
-    appends: AtomicU64,
-    /// Requests that had to be durable before they returned: a synced
-    /// write, or a synced chain where the store applies a chain in one
-    /// commit (it waits for one sync).
-    synced: AtomicU64,
-    reads: AtomicU64,
-    /// Whether the store below commits a chain at once.
-    cheap_chains: bool,
+#[derive(Subcommand)]
+enum Command {
+    /// The commit protocol: latency, throughput with and without
+    /// conflicts, writes per transaction, hook delivery (the default).
+    Protocol(protocol::ProtocolArgs),
+    /// Idle CPU, latency and memory as the data grows.
+    Scale {
+        /// Documents of the large size (default: 1,000,000 on the embedded
+        /// store, 100,000 on mongodb).
+        #[arg(long)]
+        docs: Option<usize>,
+        /// Finished transaction records added at the large size (default:
+        /// a tenth of the documents).
+        #[arg(long)]
+        txns: Option<usize>,
+        /// Seconds each idle CPU measurement lasts.
+        #[arg(long, default_value_t = 20.0)]
+        idle_secs: f64,
+        /// Requests per latency figure (0: idle CPU and memory only).
+        #[arg(long, default_value_t = 2000)]
+        samples: usize,
+        /// The database server's process id, whose idle CPU is reported
+        /// too (scripts/bench sets FerretDB's).
+        #[arg(long, env = "TXGATE_BENCH_SERVER_PID")]
+        server_pid: Option<u32>,
+    },
+    /// Sustained commits for SECS seconds, collection sizes every minute.
+    Soak {
+        /// How long the soak lasts, in seconds.
+        #[arg(long, default_value_t = 600.0)]
+        secs: f64,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 32)]
+        clients: usize,
+    },
+    /// The workloads `scripts/bench --peer postgres` compares with
+    /// PostgreSQL, over HTTP.
+    Peer {
+        /// Seconds each workload runs.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+    },
+    /// Change events under load: throughput with and without streams,
+    /// stream lag, a paused stream's cost, subscription deliveries. Runs
+    /// the `txgate` binary beside this one as the gateway.
+    Events {
+        /// Event streams attached.
+        #[arg(long, default_value_t = 100)]
+        streams: usize,
+        /// Commits per second of the lag and pause runs.
+        #[arg(long, default_value_t = 1000.0)]
+        rate: f64,
+        /// Seconds each throughput and lag run lasts.
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
+        /// Seconds the paused stream reads nothing.
+        #[arg(long, default_value_t = 60.0)]
+        pause_secs: f64,
+        /// Events sent to a subscription (0: skip).
+        #[arg(long, default_value_t = 5000)]
+        deliveries: usize,
+        /// Concurrent clients of the throughput runs.
+        #[arg(long, default_value_t = 32)]
+        clients: usize,
+    },
+    /// TTL under load: expiry lag by age, the live count under
+    /// `max_count`, the sweeper's CPU at rest over many documents.
+    Ttl {
+        /// Inserts per second of the insert runs.
+        #[arg(long, default_value_t = 1000.0)]
+        rate: f64,
+        /// Seconds each insert run lasts.
+        #[arg(long, default_value_t = 60.0)]
+        seconds: f64,
+        /// The maximum age of the lag run, in seconds.
+        #[arg(long, default_value_t = 5)]
+        max_age: u64,
+        /// The maximum count of the count run.
+        #[arg(long, default_value_t = 10_000)]
+        max_count: u64,
+        /// Live documents under the sweeper at rest (default: 1,000,000 on
+        /// the embedded store, 20,000 on mongodb).
+        #[arg(long)]
+        docs: Option<usize>,
+        /// Seconds the idle CPU measurement lasts.
+        #[arg(long, default_value_t = 20.0)]
+        idle_secs: f64,
+    },
+    /// The embedded store's durability: restart after a crash, the cost of
+    /// a synced write beside redb's own synced commit, and with `--power`
+    /// the exhaustive power-loss sweep.
+    Durability(durability::DurabilityArgs),
+    /// Internal: the child of `durability` that fills a store and ends
+    /// without closing it (`crash`) or after (`close`).
+    #[command(hide = true)]
+    DurabilityFill {
+        dir: std::path::PathBuf,
+        docs: usize,
+        #[arg(action = clap::ArgAction::Set)]
+        quick_repair: bool,
+        end: String,
+    },
 }
 
-impl Counting {
-    fn over(inner: DynStore) -> Layered<Self> {
-        let cheap_chains = inner.chains_cheaply();
-        let counting = Self {
-            writes: AtomicU64::new(0),
-            appends: AtomicU64::new(0),
-            synced: AtomicU64::new(0),
-            reads: AtomicU64::new(0),
-            cheap_chains,
-        };
-        Layered::new(inner, counting)
-    }
-}
-
-impl Layer for Counting {
-    fn around<T: Send>(
-        &self,
-        _: &dyn Store,
-        op: &Op<'_>,
-        run: impl Future<Output = StoreResult<T>> + Send,
-    ) -> impl Future<Output = StoreResult<T>> + Send {
-        match op.name {
-            "get" | "scan" | "get_many" => {
-                self.reads.fetch_add(1, Ordering::Relaxed);
-            }
-            _ if op.writes > 0 => {
-                let n = op.writes as u64;
-                self.writes.fetch_add(n - op.appends as u64, Ordering::Relaxed);
-                self.appends.fetch_add(op.appends as u64, Ordering::Relaxed);
-                if op.durability == Some(Durability::Synced) {
-                    let chain = op.name == "write_in_order";
-                    self.synced.fetch_add(if chain && !self.cheap_chains { n } else { 1 }, Ordering::Relaxed);
-                }
-            }
-            _ => {}
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    let command = cli.command.unwrap_or_else(|| Command::Protocol(protocol::ProtocolArgs::default()));
+    match &command {
+        Command::DurabilityFill { dir, docs, quick_repair, end } => {
+            durability::fill(dir, *docs, *quick_repair, end == "close").await;
         }
-        run
+        Command::Durability(args) => return durability::run(args).await,
+        _ => {}
     }
+    let dir = tempfile_dir();
+    let mongo = cli.mongodb_uri.is_some();
+    let (config, label) = match &cli.mongodb_uri {
+        Some(uri) => (
+            StoreConfig::Mongodb { uri: uri.clone(), database: format!("bench_{}", uuid::Uuid::now_v7().simple()) },
+            "mongodb",
+        ),
+        None => (
+            StoreConfig::Embedded {
+                data_dir: dir.clone(),
+                cache_mb: cli.cache_mb,
+                sync_interval: txgate::config::DEFAULT_SYNC_INTERVAL,
+            },
+            "embedded",
+        ),
+    };
+    match command {
+        Command::Protocol(args) => protocol::run(&args, &config, label).await,
+        Command::Scale { docs, txns, idle_secs, samples, server_pid } => {
+            let docs = docs.unwrap_or(if mongo { 100_000 } else { 1_000_000 });
+            let txns = txns.unwrap_or(docs / 10);
+            scale::run(scale::ScaleArgs { store: config.clone(), docs, txns, idle_secs, samples, server_pid }).await;
+        }
+        Command::Soak { secs, clients } => scale::soak(config.clone(), secs, clients).await,
+        Command::Peer { seconds } => peer::run(config.clone(), seconds).await,
+        Command::Events { streams, rate, seconds, pause_secs, deliveries, clients } => {
+            let mongodb_uri = cli.mongodb_uri.clone();
+            let args =
+                events::EventArgs { mongodb_uri, streams, rate, seconds, pause: pause_secs, clients, deliveries };
+            events::run(args).await;
+        }
+        Command::Ttl { rate, seconds, max_age, max_count, docs, idle_secs } => {
+            let docs = docs.unwrap_or(if mongo { 20_000 } else { 1_000_000 });
+            let args = ttl::TtlArgs { store: config.clone(), rate, seconds, max_age, max_count, docs, idle: idle_secs };
+            ttl::run(args).await;
+        }
+        Command::Durability(_) | Command::DurabilityFill { .. } => unreachable!("run above"),
+    }
+    cleanup(&config, &dir).await;
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -247,409 +222,6 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn plan(coll: &str, ids: &[String]) -> Plan {
-    let inc = serde_json::json!({"n": 1});
-    let patch = Patch::parse(None, None, inc.as_object(), "").expect("patch");
-    Plan {
-        actions: ids
-            .iter()
-            .map(|id| Action {
-                collection: coll.into(),
-                id: id.clone(),
-                op: ActionOp::Update(patch.clone()),
-                if_version: None,
-            })
-            .collect(),
-        schema_version: 1,
-        request: "{}".into(),
-        idempotency_key: None,
-        hooks: Vec::new(),
-    }
-}
-
-async fn seed(store: &DynStore, coll: &str, count: usize) {
-    let at = txgate::store::DateTime::now();
-    for i in 0..count {
-        let d = StoredDoc::new_live(format!("d{i:05}"), doc! {"n": 0_i64}, 1, 1, at);
-        store.insert(coll, d.to_record()).await.expect("seed");
-    }
-}
-
-struct Throughput {
-    committed: usize,
-    aborted: usize,
-    /// Transactions that took longer than [`SLOW`] (still finished).
-    slow: usize,
-    /// Transactions that did not finish within [`STUCK`].
-    deadlocks: usize,
-    per_sec: f64,
-}
-
-/// A transaction slower than this is counted as slow.
-const SLOW: Duration = Duration::from_secs(30);
-/// One that has not finished after this is counted as stuck (deadlocked).
-const STUCK: Duration = Duration::from_secs(300);
-
-/// `clients` concurrent clients for `seconds`; `pick(client, round)` names
-/// the documents of each transaction. Retryable aborts are retried.
-async fn throughput(
-    engine: &Arc<Transactions>,
-    coll: &str,
-    clients: usize,
-    seconds: f64,
-    pick: Arc<dyn Fn(usize, usize) -> Vec<String> + Send + Sync>,
-) -> Throughput {
-    let committed = Arc::new(AtomicUsize::new(0));
-    let aborted = Arc::new(AtomicUsize::new(0));
-    let deadlocks = Arc::new(AtomicUsize::new(0));
-    let slow = Arc::new(AtomicUsize::new(0));
-    let until = Instant::now() + Duration::from_secs_f64(seconds);
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for c in 0..clients {
-        let (engine, coll, pick) = (Arc::clone(engine), coll.to_owned(), Arc::clone(&pick));
-        let (committed, aborted, deadlocks) = (Arc::clone(&committed), Arc::clone(&aborted), Arc::clone(&deadlocks));
-        let slow = Arc::clone(&slow);
-        tasks.push(tokio::spawn(async move {
-            let mut round = 0;
-            while Instant::now() < until {
-                let p = plan(&coll, &pick(c, round));
-                round += 1;
-                loop {
-                    let started = Instant::now();
-                    let outcome = tokio::time::timeout(STUCK, engine.execute(&p, None)).await;
-                    if started.elapsed() > SLOW {
-                        slow.fetch_add(1, Ordering::Relaxed);
-                    }
-                    match outcome {
-                        Err(_) => {
-                            deadlocks.fetch_add(1, Ordering::Relaxed);
-                            break;
-                        }
-                        Ok(Ok(_)) => {
-                            committed.fetch_add(1, Ordering::Relaxed);
-                            break;
-                        }
-                        Ok(Err(TxnError::Aborted { failure, .. })) if failure.retryable => {
-                            aborted.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(Err(e)) => panic!("unexpected failure: {e}"),
-                    }
-                }
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.expect("client");
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    let committed = committed.load(Ordering::Relaxed);
-    Throughput {
-        committed,
-        aborted: aborted.load(Ordering::Relaxed),
-        deadlocks: deadlocks.load(Ordering::Relaxed),
-        slow: slow.load(Ordering::Relaxed),
-        per_sec: committed as f64 / elapsed,
-    }
-}
-
-#[tokio::main]
-async fn main() {
-    let args = Args::parse();
-    if let Some(fill) = &args.durability_fill {
-        let (dir, docs, quick) = (&fill[0], fill[1].parse().expect("DOCS"), fill[2].parse().expect("QUICK_REPAIR"));
-        durability::fill(std::path::Path::new(dir), docs, quick, fill[3] == "close").await;
-    }
-    if args.durability {
-        durability::run(&durability::DurabilityArgs {
-            crash_docs: args.crash_docs.clone(),
-            synced_writes: args.synced_writes,
-            power: args.power,
-            power_images: args.power_images,
-            power_seed: args.power_seed,
-        })
-        .await;
-        return;
-    }
-    let dir = tempfile_dir();
-    let (config, label) = match &args.mongodb_uri {
-        Some(uri) => (
-            StoreConfig::Mongodb { uri: uri.clone(), database: format!("bench_{}", uuid::Uuid::now_v7().simple()) },
-            "mongodb",
-        ),
-        None => (
-            StoreConfig::Embedded {
-                data_dir: dir.clone(),
-                cache_mb: args.cache_mb,
-                sync_interval: txgate::config::DEFAULT_SYNC_INTERVAL,
-            },
-            "embedded",
-        ),
-    };
-    if args.scale {
-        let mongo = args.mongodb_uri.is_some();
-        let docs = args.scale_docs.unwrap_or(if mongo { 100_000 } else { 1_000_000 });
-        let txns = args.scale_txns.unwrap_or(docs / 10);
-        let scale_args = scale::ScaleArgs {
-            store: config.clone(),
-            docs,
-            txns,
-            idle_secs: args.idle_secs,
-            samples: args.samples,
-            server_pid: args.server_pid,
-        };
-        scale::run(scale_args).await;
-        cleanup(&config, &dir).await;
-        return;
-    }
-    if args.events {
-        events::run(events::EventArgs {
-            mongodb_uri: args.mongodb_uri.clone(),
-            streams: args.streams,
-            rate: args.event_rate,
-            seconds: args.event_seconds,
-            pause: args.pause_secs,
-            clients: args.clients,
-            deliveries: args.event_deliveries,
-        })
-        .await;
-        cleanup(&config, &dir).await;
-        return;
-    }
-    if args.ttl {
-        let docs = args.ttl_docs.unwrap_or(if args.mongodb_uri.is_some() { 20_000 } else { 1_000_000 });
-        ttl::run(ttl::TtlArgs {
-            store: config.clone(),
-            rate: args.ttl_rate,
-            seconds: args.ttl_seconds,
-            max_age: args.ttl_max_age,
-            max_count: args.ttl_max_count,
-            docs,
-            idle: args.idle_secs,
-        })
-        .await;
-        cleanup(&config, &dir).await;
-        return;
-    }
-    if args.peer_workloads {
-        peer::run(config.clone(), args.seconds).await;
-        cleanup(&config, &dir).await;
-        return;
-    }
-    if let Some(secs) = args.soak_secs {
-        scale::soak(config.clone(), secs, args.clients).await;
-        cleanup(&config, &dir).await;
-        return;
-    }
-    let raw = txgate::open_store(&config, STORE_TIMEOUT).await.expect("store opens");
-    // Counted where the backend is reached, under the gateway's own stack.
-    let counting = Arc::new(Counting::over(Arc::clone(&raw)));
-    let metrics = Arc::new(Metrics::default());
-    let (store, _tap) = txgate::stack(counting.clone(), STORE_TIMEOUT, &metrics);
-    txgate::migrate::run(store.as_ref()).await.expect("migrations");
-    let engine = txgate::transactions(Arc::clone(&store), TxnConfig::default(), Arc::clone(&metrics)).0;
-    let clients = args.clients;
-    println!(
-        "txgate bench: {label} store, {} s per run, {clients} clients, {} contended accounts",
-        args.seconds, args.accounts
-    );
-    println!();
-    println!(
-        "{:>3} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>10} {:>10} {:>7} {:>7} {:>5} {:>5}",
-        "k",
-        "txn p50",
-        "txn p99",
-        "idle p50",
-        "raw p50",
-        "raw p99",
-        "ratio",
-        "idle r.",
-        "writes",
-        "free tx/s",
-        "busy tx/s",
-        "busy %",
-        "aborts",
-        "slow",
-        "dead"
-    );
-    let mut verdicts = Vec::new();
-    for &k in &args.k {
-        let coll = format!("bench_k{k}");
-        let docs = (clients * k).max(args.accounts).max(k * 200);
-        progress(&format!("k={k}: seeding {docs} documents"));
-        seed(&raw, &coll, docs).await;
-        progress(&format!("k={k}: latency"));
-        let ids: Vec<String> = (0..docs).map(|i| format!("d{i:05}")).collect();
-
-        // Latency: one client, transactions one after the other.
-        let mut lat = Vec::new();
-        let writes_before = counting.layer().writes.load(Ordering::Relaxed);
-        let synced_before = counting.layer().synced.load(Ordering::Relaxed);
-        let appends_before = counting.layer().appends.load(Ordering::Relaxed);
-        let until = Instant::now() + Duration::from_secs_f64(args.seconds);
-        let mut round = 0;
-        while Instant::now() < until {
-            let start = (round * k) % (docs - k + 1);
-            let p = plan(&coll, &ids[start..start + k]);
-            let t = Instant::now();
-            engine.execute(&p, None).await.expect("uncontended transaction commits");
-            lat.push(t.elapsed());
-            round += 1;
-        }
-        // Let the background roll-forwards finish before counting writes.
-        wait_idle(&engine).await;
-        let writes = (counting.layer().writes.load(Ordering::Relaxed) - writes_before) as f64 / lat.len() as f64;
-        let synced = (counting.layer().synced.load(Ordering::Relaxed) - synced_before) as f64 / lat.len() as f64;
-        let appends = (counting.layer().appends.load(Ordering::Relaxed) - appends_before) as f64 / lat.len() as f64;
-        lat.sort();
-
-        // The critical path alone: each transaction starts once the
-        // previous one's roll-forward has finished.
-        let mut idle_lat = Vec::new();
-        let until = Instant::now() + Duration::from_secs_f64(args.seconds / 2.0);
-        while Instant::now() < until {
-            let start = (round * k) % (docs - k + 1);
-            let p = plan(&coll, &ids[start..start + k]);
-            let t = Instant::now();
-            engine.execute(&p, None).await.expect("uncontended transaction commits");
-            idle_lat.push(t.elapsed());
-            wait_idle(&engine).await;
-            round += 1;
-        }
-        idle_lat.sort();
-
-        // Raw baseline: the same k updates straight to the store.
-        let mut raw_lat = Vec::new();
-        let until = Instant::now() + Duration::from_secs_f64(args.seconds / 2.0);
-        let mut round = 0_i64;
-        while Instant::now() < until {
-            let start = (round as usize * k) % (docs - k + 1);
-            let t = Instant::now();
-            for id in &ids[start..start + k] {
-                raw.update(&coll, id, doc! {}, Update::set(doc! {"raw": round})).await.expect("raw update");
-            }
-            raw_lat.push(t.elapsed());
-            round += 1;
-        }
-        raw_lat.sort();
-
-        // Throughput without conflicts: each client its own documents.
-        let per_client = docs / clients;
-        let free_pick: Arc<dyn Fn(usize, usize) -> Vec<String> + Send + Sync> = {
-            let ids = ids.clone();
-            Arc::new(move |c, r| {
-                let base = c * per_client;
-                let off = (r * k) % (per_client - k + 1);
-                ids[base + off..base + off + k].to_vec()
-            })
-        };
-        progress(&format!("k={k}: throughput without conflicts"));
-        let free = throughput(&engine, &coll, clients, args.seconds, free_pick).await;
-        wait_idle(&engine).await;
-
-        // Throughput with conflicts: every client over the same accounts.
-        let accounts = args.accounts.min(docs);
-        let busy_pick: Arc<dyn Fn(usize, usize) -> Vec<String> + Send + Sync> = {
-            let ids = ids.clone();
-            let seq = Arc::new(AtomicU64::new(0x9e37_79b9_7f4a_7c15));
-            Arc::new(move |_, _| {
-                let mut chosen: Vec<String> = Vec::with_capacity(k);
-                while chosen.len() < k {
-                    let x = seq.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
-                    let x = (x ^ (x >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                    let id = &ids[(x >> 17) as usize % accounts];
-                    if !chosen.contains(id) {
-                        chosen.push(id.clone());
-                    }
-                }
-                chosen
-            })
-        };
-        let before = metrics.counters();
-        progress(&format!("k={k}: throughput with conflicts"));
-        let busy = throughput(&engine, &coll, clients, args.seconds, busy_pick).await;
-        wait_idle(&engine).await;
-        if args.counters {
-            eprintln!("  k={k}, contended run:");
-            for (n, l, v) in metrics.counters() {
-                let was = before.iter().find(|(n2, l2, _)| *n2 == n && *l2 == l).map_or(0, |x| x.2);
-                if v > was {
-                    eprintln!("    {n}{{{l}}} {}", v - was);
-                }
-            }
-            for (n, l, sum, count) in metrics.timings() {
-                eprintln!("    {n}{{{l}}} mean {:.1}ms over the whole run, n={count}", sum * 1000.0 / count as f64);
-            }
-        }
-
-        let (p50, p99, r50, r99) =
-            (percentile(&lat, 0.5), percentile(&lat, 0.99), percentile(&raw_lat, 0.5), percentile(&raw_lat, 0.99));
-        let ratio = ms(p50) / ms(r50).max(1e-9);
-        let idle50 = percentile(&idle_lat, 0.5);
-        let idle_ratio = ms(idle50) / ms(r50).max(1e-9);
-        let busy_share = 100.0 * busy.per_sec / free.per_sec.max(1e-9);
-        let abort_rate = 100.0 * busy.aborted as f64 / (busy.aborted + busy.committed).max(1) as f64;
-        println!(
-            "{k:>3} {:>7.2}ms {:>7.2}ms {:>7.2}ms {:>7.2}ms {:>7.2}ms {:>6.2}x {:>6.2}x {:>7.1} {:>10.0} {:>10.0} {:>6.0}% {:>6.1}% {:>5} {:>5}",
-            ms(p50),
-            ms(p99),
-            ms(idle50),
-            ms(r50),
-            ms(r99),
-            ratio,
-            idle_ratio,
-            writes,
-            free.per_sec,
-            busy.per_sec,
-            busy_share,
-            abort_rate,
-            free.slow + busy.slow,
-            free.deadlocks + busy.deadlocks,
-        );
-        verdicts.push(format!(
-            "k={k}: writes/txn {writes:.1} (target <= {}; and {appends:.1} event appends), synced requests/txn {synced:.1} (target <= 1){}{}; contended {busy_share:.0}% of uncontended (target >= 50%; \
-             at most {:.1} of {clients} random transactions are free of conflicts at once); deadlocks {}",
-            2 * k + 3,
-            if k == 2 {
-                format!("; p50 ratio {ratio:.2}x back to back, {idle_ratio:.2}x critical path (target <= 3.0x)")
-            } else {
-                String::new()
-            },
-            if k == 10 {
-                format!("; p50 ratio {ratio:.2}x back to back, {idle_ratio:.2}x critical path (target <= 2.4x)")
-            } else {
-                String::new()
-            },
-            disjoint_at_once(k, args.accounts, clients),
-            free.deadlocks + busy.deadlocks,
-        ));
-    }
-    println!();
-    println!("columns: txn = one client's transaction latency, transactions back to back (each overlaps the");
-    println!("previous one's roll-forward); idle = the same, each started once the previous roll-forward finished");
-    println!("(the critical path alone); raw = the same k updates straight to the store, one after the other;");
-    println!("ratio, idle r. = txn p50 / raw p50, idle p50 / raw p50; writes = store writes per transaction");
-    println!("(including roll-forward);");
-    println!(
-        "free/busy tx/s = {clients} clients on disjoint documents / over {} shared accounts; aborts = retried",
-        args.accounts
-    );
-    println!("aborts per attempt in the busy run; slow = attempts that took over 30 s (the store could not keep up),");
-    println!("dead = attempts that had not finished after 5 minutes (a deadlock would show here).");
-    println!();
-    for v in verdicts {
-        println!("{v}");
-    }
-    if args.hook_backlog > 0 {
-        println!();
-        match hooks::run(Arc::clone(&raw), args.hook_backlog, args.hook_rate, args.seconds, clients).await {
-            Some(figures) => hooks::print(&figures),
-            None => println!("hook benchmark did not finish"),
-        }
-    }
-    cleanup(&config, &dir).await;
-}
-
 /// Drop the benchmark's database or data directory.
 async fn cleanup(config: &StoreConfig, dir: &std::path::Path) {
     if let StoreConfig::Mongodb { uri, database } = config
@@ -660,38 +232,9 @@ async fn cleanup(config: &StoreConfig, dir: &std::path::Path) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// How many of `clients` transactions, each over `k` random accounts of
-/// `accounts`, can run at once without sharing a document (taken greedily,
-/// averaged over random draws): the parallelism any protocol that
-/// serializes conflicting writes has left in the contended run.
-fn disjoint_at_once(k: usize, accounts: usize, clients: usize) -> f64 {
-    use rand::seq::index::sample;
-    let mut rng = rand::rng();
-    let trials = 2000;
-    let mut total = 0;
-    for _ in 0..trials {
-        let mut used = vec![false; accounts];
-        for _ in 0..clients {
-            let picked = sample(&mut rng, accounts, k.min(accounts));
-            if picked.iter().all(|i| !used[i]) {
-                picked.iter().for_each(|i| used[i] = true);
-                total += 1;
-            }
-        }
-    }
-    total as f64 / trials as f64
-}
-
 /// A progress line on stderr (the figures go to stdout).
 fn progress(what: &str) {
     eprintln!("  .. {what}");
-}
-
-async fn wait_idle(engine: &Arc<Transactions>) {
-    // Background roll-forwards are tracked; wait until none is running.
-    while !engine.tasks().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 fn tempfile_dir() -> std::path::PathBuf {

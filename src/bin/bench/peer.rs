@@ -1,4 +1,4 @@
-//! `bench --peer-workloads`: the four workloads `scripts/bench --peer
+//! `bench peer`: the four workloads `scripts/bench --peer
 //! postgres` runs against txgate and PostgreSQL in the same run, here
 //! against a gateway serving in this process, over HTTP with keep-alive:
 //!
@@ -22,7 +22,8 @@ use txgate::config::{Config, StoreConfig};
 use txgate::store::embedded::EmbeddedStore;
 use txgate::store::{Durability, DynStore, Update, Write, doc};
 
-use super::{Counting, ms, percentile};
+use super::protocol::Counting;
+use super::{ms, percentile};
 
 /// Accounts of the contended bank (as in the PostgreSQL script).
 const BANK_ACCOUNTS: usize = 100;

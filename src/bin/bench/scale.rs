@@ -1,14 +1,14 @@
 //! Scale figures: what a gateway costs as its data grows, and whether the
 //! collections it keeps for a while stay bounded under sustained load.
 //!
-//! `--scale`: a gateway (in this process, over real HTTP) on an empty
+//! `bench scale`: a gateway (in this process, over real HTTP) on an empty
 //! store: idle CPU; then with 10,000 documents: p50/p99 of a k = 2
-//! transaction and of a single-document read; then with `--scale-docs`
-//! documents (default 1,000,000) and `--scale-txns` finished transactions
+//! transaction and of a single-document read; then with `--docs`
+//! documents (default 1,000,000) and `--txns` finished transactions
 //! (default 100,000): the same latencies, idle CPU again, and the
 //! process's resident memory.
 //!
-//! `--soak-secs N`: N seconds of k = 2 transactions (each with an
+//! `bench soak --secs N`: N seconds of k = 2 transactions (each with an
 //! `Idempotency-Key` and one hook to a local receiver) from 32 clients as
 //! fast as the gateway takes them, with retentions of one minute, printing
 //! the sizes of `_txns`, `_idem` and `_deliveries` every minute.

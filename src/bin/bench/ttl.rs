@@ -1,4 +1,4 @@
-//! `bench --ttl`: TTL under load, on a gateway serving in this process over
+//! `bench ttl`: TTL under load, on a gateway serving in this process over
 //! real HTTP, its sweeper at the default period (500 ms).
 //!
 //! 1. Expiry lag: a collection with `max_age_seconds` receiving `rate`
@@ -101,7 +101,7 @@ pub async fn run(args: TtlArgs) {
     let base = gw.base.clone();
     let client = reqwest::Client::new();
     println!(
-        "txgate bench --ttl: {} store, sweeper every {} ms, {} inserts/s for {} s",
+        "txgate bench ttl: {} store, sweeper every {} ms, {} inserts/s for {} s",
         backend(&args.store),
         interval.as_millis(),
         args.rate,
