@@ -3,6 +3,7 @@
 //! directory beside its data: a complete data directory, restored by
 //! starting a gateway with `TXGATE_DATA_DIR` pointing at (a copy of) it.
 
+use crate::http::contract::{Problems, problems};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -157,6 +158,11 @@ fn backup_out(dest: &Path, info: BackupInfo, took_ms: u64) -> BackupOut {
     }
 }
 
+problems!(
+    /// What `v1.admin.backup` can answer besides its success.
+    BackupProblems = Problems::of(&[ValidationFailed, BackupUnsupported, BackupInProgress]).with_body()
+);
+
 /// Back up the store
 ///
 /// Needs the `admin` scope. Writes a consistent copy of the embedded store
@@ -180,7 +186,7 @@ fn backup_out(dest: &Path, info: BackupInfo, took_ms: u64) -> BackupOut {
     tag = "operations",
     request_body(content = Option<BackupIn>, content_type = "application/json",
         description = "Optional: an empty body does as `{}`."),
-    responses(
+    responses(BackupProblems,
         (status = 201, description = "The backup is written", body = BackupOut),
     )
 )]

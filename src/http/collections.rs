@@ -1,6 +1,7 @@
 //! `/v1/collections`: per-collection TTL policies and live counts
 //! (docs/design.md §5).
 
+use crate::http::contract::{Problems, problems};
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -116,6 +117,11 @@ fn policy(input: &CollectionIn) -> Result<Option<Policy>, ApiError> {
     }))
 }
 
+problems!(
+    /// What `v1.collections.update` can answer besides its success.
+    UpdateProblems = Problems::of(&[InvalidPath, ValidationFailed]).with_body()
+);
+
 /// Set a collection's TTL policy
 ///
 /// Replaces the collection's policy: `max_age_seconds` expires documents
@@ -132,7 +138,7 @@ fn policy(input: &CollectionIn) -> Result<Option<Policy>, ApiError> {
     tag = "collections",
     params(CollectionPath),
     request_body(content = CollectionIn, content_type = "application/json"),
-    responses(
+    responses(UpdateProblems,
         (status = 200, description = "The collection with its new policy", body = CollectionOut),
     )
 )]
@@ -148,6 +154,11 @@ pub async fn put_collection(
     Ok(axum::Json(collection.into()))
 }
 
+problems!(
+    /// What `v1.collections.get` can answer besides its success.
+    GetProblems = Problems::of(&[InvalidPath, ValidationFailed])
+);
+
 /// Read a collection
 ///
 /// Its TTL policy and its number of live documents. A collection nothing
@@ -158,7 +169,7 @@ pub async fn put_collection(
     operation_id = "v1.collections.get",
     tag = "collections",
     params(CollectionPath),
-    responses(
+    responses(GetProblems,
         (status = 200, description = "The collection", body = CollectionOut),
     )
 )]
@@ -169,6 +180,11 @@ pub async fn get_collection(
     check_collection(&path.collection, "/path/collection")?;
     Ok(axum::Json(state.collections.get(&path.collection).await?.into()))
 }
+
+problems!(
+    /// What `v1.collections.list` can answer besides its success.
+    ListProblems = Problems::of(&[ValidationFailed])
+);
 
 /// List collections
 ///
@@ -182,7 +198,7 @@ pub async fn get_collection(
     operation_id = "v1.collections.list",
     tag = "collections",
     params(ListQuery),
-    responses(
+    responses(ListProblems,
         (status = 200, description = "A page of collections", body = CollectionListOut),
     )
 )]

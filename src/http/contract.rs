@@ -5,8 +5,9 @@
 //! - the schemas of user data (document fields, dotted field paths, any
 //!   JSON value with the naming rules of `document::rules`),
 //! - one problem schema per [`Family`], built from [`ProblemCode`],
-//! - every problem each operation can answer ([`problems`]), with the
-//!   headers that come with them,
+//! - every problem each operation can answer ([`Problems`], declared
+//!   beside each handler with [`problems!`]), with the headers that come
+//!   with them,
 //! - the Bearer security scheme and the servers.
 //!
 //! What the description allows, the server accepts: the patterns here are
@@ -361,84 +362,95 @@ fn retry_after(code: ProblemCode) -> bool {
     matches!(code, Locked | Aborted | InProgress | Overloaded | StoreUnavailable | OutcomeUnknown)
 }
 
-/// The problems an operation can answer, as (status, code). A
-/// transaction's failure is a 409 whatever its code. 401 and 403 are added
-/// to every operation that needs a key.
-pub fn problems(operation: &str) -> Option<Vec<(u16, ProblemCode)>> {
-    use ProblemCode::*;
-    let plain = |codes: &[ProblemCode]| codes.iter().map(|c| (c.status(), *c)).collect::<Vec<_>>();
-    let body = [InvalidJson, InvalidBody, RequestTimeout, PayloadTooLarge, UnsupportedMediaType];
-    let mut list = match operation {
-        // The body limits hold on every route, even where no body is read.
-        "v1.health.get" => plain(&[RequestTimeout, PayloadTooLarge]),
-        "v1.ready.get" => plain(&[RequestTimeout, PayloadTooLarge, StoreUnavailable, NotReady]),
-        "v1.documents.create" => plain(
-            &[&body[..], &[InvalidPath, AlreadyExists, Locked, ValidationFailed, DocumentRejected, RecordUnreadable]]
-                .concat(),
-        ),
-        "v1.documents.list" => plain(&[InvalidPath, ValidationFailed]),
-        "v1.documents.get" => {
-            plain(&[InvalidPath, InvalidHeader, NotFound, Deleted, ValidationFailed, RecordUnreadable])
-        }
-        "v1.documents.replace" | "v1.documents.patch" => plain(
-            &[
-                &body[..],
-                &[InvalidPath, InvalidHeader, NotFound, VersionConflict, Locked, Deleted, ValidationFailed],
-                &[InvalidChange, DocumentRejected, RecordUnreadable],
-            ]
-            .concat(),
-        ),
-        "v1.documents.delete" => plain(&[
-            InvalidPath,
-            InvalidHeader,
-            NotFound,
-            VersionConflict,
-            Locked,
-            Deleted,
-            ValidationFailed,
-            RecordUnreadable,
-        ]),
-        "v1.transactions.create" => {
-            let mut list = plain(
-                &[
-                    &body[..],
-                    &[InvalidHeader, ValidationFailed, DuplicateMember, InvalidChange, IdempotencyKeyReused],
-                    &[HookNotAllowed, DocumentRejected, OutcomeUnknown, InProgress, RecordUnreadable],
-                ]
-                .concat(),
-            );
-            // What a transaction fails with, nothing applied.
-            list.extend(
-                [VersionConflict, NotFound, Deleted, AlreadyExists, Locked, Aborted].into_iter().map(|c| (409, c)),
-            );
-            list
-        }
-        "v1.transactions.list" | "v1.deliveries.list" => plain(&[ValidationFailed]),
-        "v1.transactions.get" | "v1.deliveries.get" => plain(&[InvalidPath, NotFound]),
-        "v1.transactions.abort" => plain(&[InvalidPath, NotFound, AlreadyCommitted]),
-        "v1.deliveries.retry" => plain(&[InvalidPath, NotFound, DeliveryPending]),
-        "v1.admin.backup" => plain(&[&body[..], &[ValidationFailed, BackupUnsupported, BackupInProgress]].concat()),
-        "v1.events.list" => plain(&[InvalidHeader, CursorBeyondHead, ValidationFailed, CursorExpired]),
-        "v1.subscriptions.create" => plain(&[&body[..], &[ValidationFailed, HookNotAllowed]].concat()),
-        "v1.subscriptions.list" | "v1.collections.list" => plain(&[ValidationFailed]),
-        "v1.collections.get" => plain(&[InvalidPath, ValidationFailed]),
-        "v1.collections.update" => plain(&[&body[..], &[InvalidPath, ValidationFailed]].concat()),
-        "v1.subscriptions.get" | "v1.subscriptions.delete" => plain(&[InvalidPath, NotFound]),
-        _ => return None,
-    };
-    // Every request's head is bounded.
-    list.extend(plain(&[HeadersTooLarge]));
-    if public(operation) {
-        return Some(list);
-    }
-    list.extend(plain(&[Unauthorized, Forbidden, Overloaded, StoreUnavailable]));
-    Some(list)
+/// The problems one operation can answer, declared beside its handler
+/// with [`problems!`] and named in its `responses(...)`. Added to what it
+/// declares: 431 on every operation (every request's head is bounded),
+/// the body's problems where it reads one, and 401, 403, 429 and 503 where
+/// it needs a key.
+#[derive(Clone, Copy)]
+pub struct Problems {
+    codes: &'static [ProblemCode],
+    /// A transaction's failures: a 409 whatever the code's own status.
+    failures: &'static [ProblemCode],
+    body: bool,
+    public: bool,
 }
 
-/// Operations open without an API key.
-fn public(operation: &str) -> bool {
-    matches!(operation, "v1.health.get" | "v1.ready.get")
+impl Problems {
+    pub const fn of(codes: &'static [ProblemCode]) -> Self {
+        Self { codes, failures: &[], body: false, public: false }
+    }
+
+    /// The operation reads a JSON body.
+    pub const fn with_body(self) -> Self {
+        Self { body: true, ..self }
+    }
+
+    /// What a transaction fails with, nothing applied: each a 409.
+    pub const fn with_failures(self, failures: &'static [ProblemCode]) -> Self {
+        Self { failures, ..self }
+    }
+
+    /// The operation is open without an API key.
+    pub const fn public(self) -> Self {
+        Self { public: true, ..self }
+    }
+
+    /// Every (status, code) the operation can answer.
+    pub fn answered(&self) -> Vec<(u16, ProblemCode)> {
+        use ProblemCode::*;
+        const BODY: &[ProblemCode] = &[InvalidJson, InvalidBody, RequestTimeout, PayloadTooLarge, UnsupportedMediaType];
+        const KEYED: &[ProblemCode] = &[Unauthorized, Forbidden, Overloaded, StoreUnavailable];
+        let body = if self.body { BODY } else { &[] };
+        let keyed = if self.public { &[] } else { KEYED };
+        let plain = [body, self.codes].concat().into_iter().map(|c| (c.status(), c));
+        let failures = self.failures.iter().map(|c| (409, *c));
+        let head = [HeadersTooLarge].into_iter().map(|c| (c.status(), c));
+        plain.chain(failures).chain(head).chain(keyed.iter().map(|c| (c.status(), *c))).collect()
+    }
+
+    /// The responses of [`Problems::answered`], one per status.
+    pub fn responses(&self) -> std::collections::BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+        let list = self.answered();
+        let mut statuses: Vec<u16> = list.iter().map(|(s, _)| *s).collect();
+        statuses.sort_unstable();
+        statuses.dedup();
+        statuses
+            .into_iter()
+            .map(|status| {
+                let codes: Vec<ProblemCode> = list.iter().filter(|(s, _)| *s == status).map(|(_, c)| *c).collect();
+                let response = serde_json::from_value(problem_response(&codes)).expect("a problem response");
+                (status.to_string(), RefOr::T(response))
+            })
+            .collect()
+    }
 }
+
+/// Declare the problems of one operation as a type its
+/// `#[utoipa::path(responses(...))]` names:
+/// `problems!(GetProblems = Problems::of(&[NotFound]));`.
+macro_rules! problems {
+    ($(#[$attr:meta])* $name:ident = $problems:expr) => {
+        $(#[$attr])*
+        pub struct $name;
+
+        impl $name {
+            #[allow(dead_code, reason = "read by the contract's tests")]
+            pub const PROBLEMS: $crate::http::contract::Problems = {
+                #[allow(unused_imports)]
+                use $crate::http::error::ProblemCode::*;
+                $problems
+            };
+        }
+
+        impl utoipa::IntoResponses for $name {
+            fn responses() -> std::collections::BTreeMap<String, utoipa::openapi::RefOr<utoipa::openapi::Response>> {
+                Self::PROBLEMS.responses()
+            }
+        }
+    };
+}
+pub(crate) use problems;
 
 /// A response for the problems of one status.
 fn problem_response(codes: &[ProblemCode]) -> Value {
@@ -461,7 +473,10 @@ fn problem_response(codes: &[ProblemCode]) -> Value {
         "content": {"application/problem+json": {"schema": schema, "example": problem_example(codes[0])}},
     });
     if codes.iter().any(|c| retry_after(*c)) {
-        response["headers"] = json!({"Retry-After": {"$ref": "#/components/headers/Retry-After"}});
+        // Written out here, a `$ref` in the finished document.
+        let header =
+            json!({"description": "Seconds to wait before retrying.", "schema": {"type": "integer", "minimum": 1}});
+        response["headers"] = json!({"Retry-After": header});
     }
     response
 }
@@ -516,24 +531,18 @@ pub fn document(derived: utoipa::openapi::OpenApi) -> Value {
     for item in paths.values_mut() {
         for operation in item.as_object_mut().expect("a path item").values_mut() {
             let Some(id) = operation.get("operationId").and_then(Value::as_str).map(str::to_owned) else { continue };
-            let list = problems(&id).unwrap_or_else(|| panic!("contract::problems has no entry for {id}"));
             let responses = operation["responses"].as_object_mut().expect("responses");
-            let mut statuses: Vec<u16> = list.iter().map(|(s, _)| *s).collect();
-            statuses.sort_unstable();
-            statuses.dedup();
-            for status in statuses {
-                let codes: Vec<ProblemCode> = list.iter().filter(|(s, _)| *s == status).map(|(_, c)| *c).collect();
-                responses.insert(status.to_string(), problem_response(&codes));
-            }
+            assert!(responses.contains_key("431"), "{id} declares no problems (`problems!`)");
+            let public = !responses.contains_key("401");
             for response in responses.values_mut() {
                 let Some(headers) = response.get_mut("headers").and_then(Value::as_object_mut) else { continue };
                 for (name, header) in headers.iter_mut() {
-                    if matches!(name.as_str(), "ETag" | "Location" | "Idempotent-Replayed") {
+                    if matches!(name.as_str(), "ETag" | "Location" | "Idempotent-Replayed" | "Retry-After") {
                         *header = json!({"$ref": format!("#/components/headers/{name}")});
                     }
                 }
             }
-            if public(&id) {
+            if public {
                 operation["security"] = json!([]);
             }
             // An optional body is absent or has a value: never null
@@ -572,33 +581,41 @@ mod tests {
 
     #[test]
     fn every_code_is_answered_by_some_operation() {
-        let operations = [
-            "v1.health.get",
-            "v1.ready.get",
-            "v1.documents.create",
-            "v1.documents.list",
-            "v1.documents.get",
-            "v1.documents.replace",
-            "v1.documents.patch",
-            "v1.documents.delete",
-            "v1.transactions.create",
-            "v1.transactions.list",
-            "v1.transactions.get",
-            "v1.transactions.abort",
-            "v1.deliveries.list",
-            "v1.deliveries.get",
-            "v1.deliveries.retry",
-            "v1.events.list",
-            "v1.admin.backup",
-        ];
-        let answered: std::collections::HashSet<ProblemCode> =
-            operations.iter().flat_map(|op| problems(op).expect("listed")).map(|(_, c)| c).collect();
+        let doc: Value = serde_json::from_str(&crate::http::openapi_json()).expect("the API description");
+        let mut answered = std::collections::HashSet::new();
+        for item in doc["paths"].as_object().expect("paths").values() {
+            for operation in item.as_object().expect("a path item").values() {
+                for response in operation["responses"].as_object().into_iter().flat_map(|r| r.values()) {
+                    if response.pointer("/content/application~1problem+json").is_none() {
+                        continue;
+                    }
+                    // "`code`: meaning; `code`: meaning"
+                    let description = response["description"].as_str().expect("a description");
+                    answered.extend(description.split("; ").filter_map(|d| d.split('`').nth(1)).map(str::to_owned));
+                }
+            }
+        }
         // Not tied to a documented operation: unknown methods, and errors
         // no request should meet.
         let elsewhere = [ProblemCode::MethodNotAllowed, ProblemCode::BadRequest, ProblemCode::Internal];
         for code in ProblemCode::ALL {
-            assert!(answered.contains(code) || elsewhere.contains(code), "{code:?} is answered by no operation");
+            assert!(
+                answered.contains(code.as_str()) || elsewhere.contains(code),
+                "{code:?} is answered by no operation"
+            );
         }
+    }
+
+    #[test]
+    fn a_transaction_fails_with_409_whatever_the_code() {
+        use ProblemCode::*;
+        let problems = Problems::of(&[ValidationFailed]).with_body().with_failures(&[NotFound, Locked]);
+        let answered = problems.answered();
+        assert!(answered.contains(&(409, NotFound)) && answered.contains(&(409, Locked)));
+        assert!(answered.contains(&(422, ValidationFailed)) && answered.contains(&(400, InvalidJson)));
+        assert!(answered.contains(&(401, Unauthorized)) && answered.contains(&(431, HeadersTooLarge)));
+        let public = Problems::of(&[NotReady]).public().answered();
+        assert!(!public.iter().any(|(_, c)| *c == Unauthorized), "a public operation needs no key");
     }
 
     /// Every member a problem body carries is one its family's schema

@@ -1,5 +1,6 @@
 //! `/v1/deliveries`: the post-commit hook deliveries, for inspection.
 
+use crate::http::contract::{Problems, problems};
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -143,6 +144,11 @@ fn delivery_out(d: Delivery, now: DateTime) -> DeliveryOut {
     }
 }
 
+problems!(
+    /// What `v1.deliveries.list` can answer besides its success.
+    ListProblems = Problems::of(&[ValidationFailed])
+);
+
 /// List deliveries
 ///
 /// In id order (so a transaction's hooks stand together), optionally by
@@ -153,7 +159,7 @@ fn delivery_out(d: Delivery, now: DateTime) -> DeliveryOut {
     operation_id = "v1.deliveries.list",
     tag = "deliveries",
     params(DeliveryFilter, ListQuery),
-    responses(
+    responses(ListProblems,
         (status = 200, description = "A page of deliveries", body = DeliveryListOut),
     )
 )]
@@ -170,6 +176,11 @@ pub async fn list_deliveries(
     Ok(axum::Json(Page::new(items, next.as_deref())))
 }
 
+problems!(
+    /// What `v1.deliveries.get` can answer besides its success.
+    GetProblems = Problems::of(&[InvalidPath, NotFound])
+);
+
 /// Read a delivery
 ///
 /// Its state and every attempt (time, status code or error, duration).
@@ -179,7 +190,7 @@ pub async fn list_deliveries(
     operation_id = "v1.deliveries.get",
     tag = "deliveries",
     params(DeliveryPath),
-    responses(
+    responses(GetProblems,
         (status = 200, description = "The delivery", body = DeliveryOut),
     )
 )]
@@ -191,6 +202,11 @@ pub async fn get_delivery(
         state.hooks.delivery(&path.id).await?.ok_or_else(|| ApiError::not_found(format!("no delivery {}", path.id)))?;
     Ok(axum::Json(delivery_out(d, state.hooks.clock.now())))
 }
+
+problems!(
+    /// What `v1.deliveries.retry` can answer besides its success.
+    RetryProblems = Problems::of(&[InvalidPath, NotFound, DeliveryPending])
+);
 
 /// Send a delivery again
 ///
@@ -204,7 +220,7 @@ pub async fn get_delivery(
     operation_id = "v1.deliveries.retry",
     tag = "deliveries",
     params(DeliveryPath),
-    responses(
+    responses(RetryProblems,
         (status = 202, description = "Queued; it is sent as soon as a sender is free", body = DeliveryOut),
     )
 )]

@@ -1,6 +1,7 @@
 //! `/v1/collections/{collection}/documents`: create, read, replace, patch,
 //! delete and list user documents.
 
+use crate::http::contract::{Problems, problems};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -167,6 +168,19 @@ fn written(collection: &str, written: Written) -> Response {
     }
 }
 
+problems!(
+    /// What `v1.documents.create` can answer besides its success.
+    CreateProblems = Problems::of(&[
+        InvalidPath,
+        AlreadyExists,
+        Locked,
+        ValidationFailed,
+        DocumentRejected,
+        RecordUnreadable,
+    ])
+    .with_body()
+);
+
 /// Create a document
 ///
 /// The body is the document's fields, with an optional string `_id`; without
@@ -180,7 +194,7 @@ fn written(collection: &str, written: Written) -> Response {
     params(CollectionPath, WriteQuery),
     request_body(content = NewDocument, description = "The document's fields, optional `_id`", content_type = "application/json",
         example = json!({"_id": "order-1001", "customer": "ada", "total": 42})),
-    responses(
+    responses(CreateProblems,
         (status = 201, description = "Created", body = DocumentOut,
             headers(("Location" = String, description = "URL of the document"), ("ETag" = String, description = "\"<version>\""))),
     )
@@ -215,6 +229,11 @@ pub async fn create_document(
     Ok(with_etag(response, version))
 }
 
+problems!(
+    /// What `v1.documents.get` can answer besides its success.
+    GetProblems = Problems::of(&[InvalidPath, InvalidHeader, NotFound, Deleted, ValidationFailed, RecordUnreadable])
+);
+
 /// Read a document
 ///
 /// Returns the last committed state; never waits for a transaction and
@@ -226,7 +245,7 @@ pub async fn create_document(
     operation_id = "v1.documents.get",
     tag = "documents",
     params(DocumentPath, ("If-None-Match" = Option<IfNoneMatch>, Header, description = "ETag(s) the client has")),
-    responses(
+    responses(GetProblems,
         (status = 200, description = "The document", body = DocumentOut, headers(("ETag" = String, description = "\"<version>\""))),
         (status = 304, description = "Not modified: the client's ETag is current", headers(("ETag" = String, description = "\"<version>\""))),
     )
@@ -252,6 +271,23 @@ pub async fn get_document(
     }
 }
 
+problems!(
+    /// What `v1.documents.replace` and `v1.documents.patch` can answer besides their success.
+    WriteProblems = Problems::of(&[
+        InvalidPath,
+        InvalidHeader,
+        NotFound,
+        VersionConflict,
+        Locked,
+        Deleted,
+        ValidationFailed,
+        InvalidChange,
+        DocumentRejected,
+        RecordUnreadable,
+    ])
+    .with_body()
+);
+
 /// Replace a document
 ///
 /// The body is the new set of fields. With `If-Match: "<version>"` the
@@ -264,7 +300,7 @@ pub async fn get_document(
     params(DocumentPath, WriteQuery, ("If-Match" = Option<IfMatch>, Header, description = "\"<version>\" the change was computed from")),
     request_body(content = Fields, description = "The document's new fields", content_type = "application/json",
         example = json!({"customer": "ada", "total": 45})),
-    responses(
+    responses(WriteProblems,
         (status = 200, description = "Replaced", body = DocumentOut, headers(("ETag" = String, description = "\"<version>\""))),
     )
 )]
@@ -307,7 +343,7 @@ pub async fn replace_document(
         (DocumentPatch = "application/json", example = json!({"set": {"status": "paid"}, "inc": {"revision": 1}})),
         (MergePatch = "application/merge-patch+json", example = json!({"status": "paid", "draft": null})),
     )),
-    responses(
+    responses(WriteProblems,
         (status = 200, description = "Patched", body = DocumentOut, headers(("ETag" = String, description = "\"<version>\""))),
     )
 )]
@@ -347,6 +383,20 @@ pub async fn patch_document(
     Ok(written(collection, result))
 }
 
+problems!(
+    /// What `v1.documents.delete` can answer besides its success.
+    DeleteProblems = Problems::of(&[
+        InvalidPath,
+        InvalidHeader,
+        NotFound,
+        VersionConflict,
+        Locked,
+        Deleted,
+        ValidationFailed,
+        RecordUnreadable,
+    ])
+);
+
 /// Delete a document
 ///
 /// Leaves a tombstone: reads answer 410 with the tombstone's version, and
@@ -357,7 +407,7 @@ pub async fn patch_document(
     operation_id = "v1.documents.delete",
     tag = "documents",
     params(DocumentPath, ("If-Match" = Option<IfMatch>, Header, description = "\"<version>\" the delete was decided at")),
-    responses(
+    responses(DeleteProblems,
         (status = 204, description = "Deleted", headers(("ETag" = String, description = "\"<version>\" of the tombstone"))),
     )
 )]
@@ -372,6 +422,11 @@ pub async fn delete_document(
     Ok(written(collection, result))
 }
 
+problems!(
+    /// What `v1.documents.list` can answer besides its success.
+    ListProblems = Problems::of(&[InvalidPath, ValidationFailed])
+);
+
 /// List documents
 ///
 /// Live documents only, in id order, a page at a time.
@@ -381,7 +436,7 @@ pub async fn delete_document(
     operation_id = "v1.documents.list",
     tag = "documents",
     params(CollectionPath, ListQuery),
-    responses(
+    responses(ListProblems,
         (status = 200, description = "A page of documents", body = DocumentListOut),
     )
 )]

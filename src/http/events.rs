@@ -7,6 +7,7 @@
 //! It wakes when this process appends, and polls for what other instances
 //! append.
 
+use crate::http::contract::{Problems, problems};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::fmt::Write as _;
@@ -130,6 +131,11 @@ fn wants_json(headers: &HeaderMap) -> bool {
     accept.contains("application/json") && !accept.contains("text/event-stream")
 }
 
+problems!(
+    /// What `v1.events.list` can answer besides its success.
+    ListProblems = Problems::of(&[InvalidHeader, CursorBeyondHead, ValidationFailed, CursorExpired])
+);
+
 /// Read change events
 ///
 /// Server-Sent Events by default: each event as `id: <seq>` and `data:
@@ -154,7 +160,7 @@ fn wants_json(headers: &HeaderMap) -> bool {
         EventsQuery,
         ("Last-Event-ID" = Option<LastEventId>, Header, description = "The `id` of the last event received (a stream's cursor; `after=` wins when both are given)"),
     ),
-    responses(
+    responses(ListProblems,
         (status = 200, description = "The event stream, or one page of events", content(
             (EventPage = "application/json"),
             (String = "text/event-stream"),

@@ -18,6 +18,7 @@ pub mod strict;
 pub mod subscriptions;
 pub mod transactions;
 
+use crate::http::contract::{Problems, problems};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -272,20 +273,30 @@ enum ReadyStatus {
     Ready,
 }
 
+problems!(
+    /// What `v1.health.get` can answer besides its success.
+    HealthProblems = Problems::of(&[RequestTimeout, PayloadTooLarge]).public()
+);
+
 /// Liveness
 ///
 /// The process is up.
 #[utoipa::path(get, path = "/healthz", operation_id = "v1.health.get", tag = "operations",
-    responses((status = 200, description = "Up", body = Health)))]
+    responses(HealthProblems, (status = 200, description = "Up", body = Health)))]
 async fn healthz() -> impl IntoResponse {
     axum::Json(Health { status: HealthStatus::Ok })
 }
+
+problems!(
+    /// What `v1.ready.get` can answer besides its success.
+    ReadyProblems = Problems::of(&[RequestTimeout, PayloadTooLarge, StoreUnavailable, NotReady]).public()
+);
 
 /// Readiness
 ///
 /// The store answers and its migrations are applied.
 #[utoipa::path(get, path = "/readyz", operation_id = "v1.ready.get", tag = "operations",
-    responses(
+    responses(ReadyProblems,
         (status = 200, description = "Ready", body = Ready),
     ))]
 async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {

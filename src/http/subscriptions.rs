@@ -1,6 +1,7 @@
 //! `/v1/subscriptions`: change events as webhooks (docs/design.md §5), sent by the
 //! delivery engine of `/v1/deliveries`.
 
+use crate::http::contract::{Problems, problems};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -146,6 +147,11 @@ fn check(input: &SubscriptionIn, state: &AppState) -> Result<Filters, ApiError> 
     Ok((collections, types))
 }
 
+problems!(
+    /// What `v1.subscriptions.create` can answer besides its success.
+    CreateProblems = Problems::of(&[ValidationFailed, HookNotAllowed]).with_body()
+);
+
 /// Create a subscription
 ///
 /// Every event appended from now on that the filters want is POSTed to
@@ -163,7 +169,7 @@ fn check(input: &SubscriptionIn, state: &AppState) -> Result<Filters, ApiError> 
     operation_id = "v1.subscriptions.create",
     tag = "subscriptions",
     request_body(content = SubscriptionIn, content_type = "application/json"),
-    responses(
+    responses(CreateProblems,
         (status = 201, description = "Created", body = SubscriptionOut,
             headers(("Location" = String, description = "URL of the subscription"))),
     )
@@ -190,6 +196,11 @@ pub async fn create_subscription(
     Ok(response)
 }
 
+problems!(
+    /// What `v1.subscriptions.list` can answer besides its success.
+    ListProblems = Problems::of(&[ValidationFailed])
+);
+
 /// List subscriptions
 ///
 /// In creation order. An API key limited to some collections sees the
@@ -201,7 +212,7 @@ pub async fn create_subscription(
     operation_id = "v1.subscriptions.list",
     tag = "subscriptions",
     params(ListQuery),
-    responses(
+    responses(ListProblems,
         (status = 200, description = "A page of subscriptions", body = SubscriptionListOut),
     )
 )]
@@ -216,6 +227,11 @@ pub async fn list_subscriptions(
     Ok(axum::Json(Page::new(items, next.as_deref())))
 }
 
+problems!(
+    /// What `v1.subscriptions.get` can answer besides its success.
+    GetProblems = Problems::of(&[InvalidPath, NotFound])
+);
+
 /// Read a subscription
 ///
 /// Its destination, filters, and the log position up to which its events
@@ -226,7 +242,7 @@ pub async fn list_subscriptions(
     operation_id = "v1.subscriptions.get",
     tag = "subscriptions",
     params(SubscriptionPath),
-    responses(
+    responses(GetProblems,
         (status = 200, description = "The subscription", body = SubscriptionOut),
     )
 )]
@@ -240,6 +256,11 @@ pub async fn get_subscription(
     Ok(axum::Json(sub.into()))
 }
 
+problems!(
+    /// What `v1.subscriptions.delete` can answer besides its success.
+    DeleteProblems = Problems::of(&[InvalidPath, NotFound])
+);
+
 /// Delete a subscription
 ///
 /// No more of its events are queued, and deliveries of it not yet sent
@@ -250,7 +271,7 @@ pub async fn get_subscription(
     operation_id = "v1.subscriptions.delete",
     tag = "subscriptions",
     params(SubscriptionPath),
-    responses(
+    responses(DeleteProblems,
         (status = 204, description = "Deleted"),
     )
 )]

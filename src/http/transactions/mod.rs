@@ -6,6 +6,7 @@ mod wire;
 
 pub use wire::*;
 
+use crate::http::contract::{Problems, problems};
 use std::sync::Arc;
 
 use axum::Extension;
@@ -60,6 +61,24 @@ fn answer(status: StatusCode, body: Value) -> Response {
     response
 }
 
+problems!(
+    /// What `v1.transactions.create` can answer besides its success.
+    CreateProblems = Problems::of(&[
+        InvalidHeader,
+        ValidationFailed,
+        DuplicateMember,
+        InvalidChange,
+        IdempotencyKeyReused,
+        HookNotAllowed,
+        DocumentRejected,
+        OutcomeUnknown,
+        InProgress,
+        RecordUnreadable,
+    ])
+    .with_body()
+    .with_failures(&[VersionConflict, NotFound, Deleted, AlreadyExists, Locked, Aborted])
+);
+
 /// Run a transaction
 ///
 /// All actions apply or none does. 200 once the commit point is passed
@@ -73,7 +92,7 @@ fn answer(status: StatusCode, body: Value) -> Response {
     tag = "transactions",
     params(("Idempotency-Key" = Option<IdempotencyKey>, Header, description = "Makes a retry safe: the same key and body answer the first outcome")),
     request_body(content = TransactionIn, content_type = "application/json"),
-    responses(
+    responses(CreateProblems,
         (status = 200, description = "Committed", body = CommittedOut,
             headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored outcome of an earlier request with the key"))),
     )
@@ -149,6 +168,11 @@ async fn load(state: &AppState, id: &str, access: &Access, needed: Scope) -> Res
     Ok(rec)
 }
 
+problems!(
+    /// What `v1.transactions.get` can answer besides its success.
+    GetProblems = Problems::of(&[InvalidPath, NotFound])
+);
+
 /// Read a transaction
 ///
 /// Status, timestamps, the request as sent, each action's outcome.
@@ -158,7 +182,7 @@ async fn load(state: &AppState, id: &str, access: &Access, needed: Scope) -> Res
     operation_id = "v1.transactions.get",
     tag = "transactions",
     params(TransactionPath),
-    responses(
+    responses(GetProblems,
         (status = 200, description = "The transaction", body = TransactionOut),
     )
 )]
@@ -172,6 +196,11 @@ pub async fn get_transaction(
     Ok(axum::Json(transaction_out(&rec, &deliveries)))
 }
 
+problems!(
+    /// What `v1.transactions.list` can answer besides its success.
+    ListProblems = Problems::of(&[ValidationFailed])
+);
+
 /// List transactions
 ///
 /// Oldest first; `status=pending` lists those not yet decided (operators
@@ -184,7 +213,7 @@ pub async fn get_transaction(
     operation_id = "v1.transactions.list",
     tag = "transactions",
     params(TransactionFilter, ListQuery),
-    responses(
+    responses(ListProblems,
         (status = 200, description = "A page of transactions", body = TransactionListOut),
     )
 )]
@@ -207,6 +236,11 @@ pub async fn list_transactions(
     Ok(axum::Json(Page::new(out, next.as_deref())))
 }
 
+problems!(
+    /// What `v1.transactions.abort` can answer besides its success.
+    AbortProblems = Problems::of(&[InvalidPath, NotFound, AlreadyCommitted])
+);
+
 /// Abort a pending transaction
 ///
 /// Needs the `admin` scope. Aborting an aborted one is a no-op; a committed
@@ -217,7 +251,7 @@ pub async fn list_transactions(
     operation_id = "v1.transactions.abort",
     tag = "transactions",
     params(TransactionPath),
-    responses(
+    responses(AbortProblems,
         (status = 200, description = "Aborted (its changes are being rolled back)", body = TransactionOut),
     )
 )]
