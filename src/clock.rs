@@ -4,7 +4,7 @@
 //! lease, expiry and backoff arithmetic runs under `tokio::time::pause()`
 //! and `advance()` instead of sleeping.
 
-pub use mongodb::bson::DateTime;
+pub(crate) use mongodb::bson::DateTime;
 
 #[derive(Clone, Debug, Default)]
 pub enum Clock {

@@ -2,23 +2,42 @@
 //! giving clients multi-document transactions, optimistic locking and
 //! durable post-commit webhooks on a store whose only atomic primitive is a
 //! single-document conditional update.
+//!
+//! The library is what the `txgate` binary runs: the configuration
+//! ([`config`]), [`run`] and the few calls below. Every module is private
+//! to the crate; the integration tests and the benchmark reach into it
+//! through [`testing`] only, one item at a time. `pub` means reachable from
+//! outside the crate; an item only the crate uses is `pub(crate)` (checked
+//! by `unreachable_pub`).
+#![warn(unreachable_pub)]
 
-pub mod clock;
-pub mod collections;
+mod clock;
+mod collections;
 pub mod config;
-pub mod document;
-pub mod documents;
-pub mod events;
-pub mod hooks;
-pub mod http;
-pub mod keys;
-pub mod metrics;
-pub mod migrate;
-pub mod purge;
-pub mod store;
-pub mod subscriptions;
-pub mod txn;
-pub mod worker;
+mod document;
+mod documents;
+mod events;
+mod hooks;
+mod http;
+mod keys;
+mod metrics;
+mod migrate;
+mod purge;
+mod store;
+mod subscriptions;
+#[doc(hidden)]
+pub mod testing;
+mod txn;
+mod worker;
+
+pub use http::openapi_json;
+pub use migrate::{MIGRATIONS, run as migrate};
+
+/// The embedded store's write-ahead journal, for `txgate journal truncate`.
+pub mod journal {
+    pub use crate::store::embedded::{DATABASE_FILE, JOURNAL_FILE};
+    pub use crate::store::journal::truncate_at;
+}
 
 use std::sync::Arc;
 

@@ -80,10 +80,10 @@ async fn serve(config: Config) -> Result<(), String> {
 
 async fn migrate(config: Config) -> Result<(), String> {
     let store = txgate::open_store(&config.store, config.txn.store_timeout).await.map_err(|e| e.to_string())?;
-    let applied = txgate::migrate::run(store.as_ref()).await.map_err(|e| e.to_string())?;
+    let applied = txgate::migrate(store.as_ref()).await.map_err(|e| e.to_string())?;
     // Closed as the gateway closes it (checkpointed, the writer joined).
     store.close().await.map_err(|e| e.to_string())?;
-    println!("{} migration(s) applied; {} known", applied.len(), txgate::migrate::MIGRATIONS.len());
+    println!("{} migration(s) applied; {} known", applied.len(), txgate::MIGRATIONS.len());
     Ok(())
 }
 
@@ -91,7 +91,7 @@ async fn migrate(config: Config) -> Result<(), String> {
 /// database is opened to make sure no process holds it), cut the journal
 /// there.
 fn truncate_journal(config: &Config, at: u64) -> Result<String, String> {
-    use txgate::store::embedded::{DATABASE_FILE, JOURNAL_FILE};
+    use txgate::journal::{DATABASE_FILE, JOURNAL_FILE};
     let StoreConfig::Embedded { data_dir, .. } = &config.store else {
         return Err("the journal belongs to the embedded store; this configuration uses MongoDB".into());
     };
@@ -109,7 +109,7 @@ fn truncate_journal(config: &Config, at: u64) -> Result<String, String> {
         }
         Err(err) => return Err(format!("cannot open {}: {err}", db.display())),
     }
-    let kept = txgate::store::journal::truncate_at(&journal, at)?;
+    let kept = txgate::journal::truncate_at(&journal, at)?;
     Ok(format!(
         "{}: cut at offset {at}; {kept} entries before it kept, everything from there on dropped",
         journal.display()
@@ -171,7 +171,7 @@ fn main() -> ExitCode {
         }
     };
     if let Command::Openapi { output } = &command {
-        let spec = txgate::http::openapi_json();
+        let spec = txgate::openapi_json();
         return match output {
             Some(path) => match std::fs::write(path, spec) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -99,14 +99,14 @@ pub const FAMILIES: &[&Family] = &[
 ];
 
 /// HTTP requests answered, by method, route template (`unmatched` for unknown paths) and status.
-pub const HTTP_REQUESTS: Counter = Counter(counter(
+pub(crate) const HTTP_REQUESTS: Counter = Counter(counter(
     "txgate_http_requests_total",
     &["method", "route", "status"],
     "HTTP requests answered, by method, route template (`unmatched` for unknown paths) and status",
 ));
 
 /// Time from a request's arrival to its response head (an event stream: until it starts).
-pub const HTTP_REQUEST_DURATION: Histogram = Histogram(histogram(
+pub(crate) const HTTP_REQUEST_DURATION: Histogram = Histogram(histogram(
     "txgate_http_request_duration_seconds",
     &["method", "route"],
     LATENCY,
@@ -114,18 +114,18 @@ pub const HTTP_REQUEST_DURATION: Histogram = Histogram(histogram(
 ));
 
 /// Requests being served now.
-pub const HTTP_REQUESTS_IN_FLIGHT: Gauge =
+pub(crate) const HTTP_REQUESTS_IN_FLIGHT: Gauge =
     Gauge(gauge("txgate_http_requests_in_flight", &[], "Requests being served now"));
 
 /// Transaction attempts by outcome: committed, aborted (a member failed or it was wounded), error (store).
-pub const TRANSACTIONS: Counter = Counter(counter(
+pub(crate) const TRANSACTIONS: Counter = Counter(counter(
     "txgate_transactions_total",
     &["outcome"],
     "Transaction attempts by outcome: committed, aborted (a member failed or it was wounded), error (store)",
 ));
 
 /// Time from a transaction attempt's start to its answer, by outcome.
-pub const TRANSACTION_DURATION: Histogram = Histogram(histogram(
+pub(crate) const TRANSACTION_DURATION: Histogram = Histogram(histogram(
     "txgate_transaction_duration_seconds",
     &["outcome"],
     LATENCY,
@@ -133,42 +133,42 @@ pub const TRANSACTION_DURATION: Histogram = Histogram(histogram(
 ));
 
 /// Transaction attempts retried under a new id, by reason (wounded).
-pub const TRANSACTION_RETRIES: Counter = Counter(counter(
+pub(crate) const TRANSACTION_RETRIES: Counter = Counter(counter(
     "txgate_transaction_retries_total",
     &["reason"],
     "Transaction attempts retried under a new id, by reason (wounded)",
 ));
 
 /// Transactions aborted by this instance, by reason (wounded, expired, timed_out, operator, a conflict code, ...).
-pub const TRANSACTIONS_ABORTED: Counter = Counter(counter(
+pub(crate) const TRANSACTIONS_ABORTED: Counter = Counter(counter(
     "txgate_transactions_aborted_total",
     &["reason"],
     "Transactions aborted by this instance, by reason (wounded, expired, timed_out, operator, a conflict code, ...)",
 ));
 
 /// Transactions whose members were all released, by final state (done, rolled_back).
-pub const TRANSACTIONS_FINISHED: Counter = Counter(counter(
+pub(crate) const TRANSACTIONS_FINISHED: Counter = Counter(counter(
     "txgate_transactions_finished_total",
     &["state"],
     "Transactions whose members were all released, by final state (done, rolled_back)",
 ));
 
 /// Requests answered with a conflict, by problem code (version_conflict, locked, not_found, ...).
-pub const CONFLICTS: Counter = Counter(counter(
+pub(crate) const CONFLICTS: Counter = Counter(counter(
     "txgate_conflicts_total",
     &["code"],
     "Requests answered with a conflict, by problem code (version_conflict, locked, not_found, ...)",
 ));
 
 /// Times a transaction member waited for a document a live transaction held.
-pub const LOCK_WAITS: Counter = Counter(counter(
+pub(crate) const LOCK_WAITS: Counter = Counter(counter(
     "txgate_lock_waits_total",
     &[],
     "Times a transaction member waited for a document a live transaction held",
 ));
 
 /// How long a member waited for a held document before it locked it or gave up.
-pub const LOCK_WAIT: Histogram = Histogram(histogram(
+pub(crate) const LOCK_WAIT: Histogram = Histogram(histogram(
     "txgate_lock_wait_seconds",
     &[],
     LATENCY,
@@ -176,35 +176,35 @@ pub const LOCK_WAIT: Histogram = Histogram(histogram(
 ));
 
 /// Younger transactions wounded (aborted) by an older one waiting for their lock.
-pub const WOUNDS: Counter = Counter(counter(
+pub(crate) const WOUNDS: Counter = Counter(counter(
     "txgate_wounds_total",
     &[],
     "Younger transactions wounded (aborted) by an older one waiting for their lock",
 ));
 
 /// Recovery work done: rolled_forward, rolled_back, expired, lock_released, outbox_published, skipped.
-pub const RECOVERY_ACTIONS: Counter = Counter(counter(
+pub(crate) const RECOVERY_ACTIONS: Counter = Counter(counter(
     "txgate_recovery_actions_total",
     &["action"],
     "Recovery work done: rolled_forward, rolled_back, expired, lock_released, outbox_published, skipped",
 ));
 
 /// Webhook delivery attempts by result (success: a 2xx; failure: anything else).
-pub const DELIVERY_ATTEMPTS: Counter = Counter(counter(
+pub(crate) const DELIVERY_ATTEMPTS: Counter = Counter(counter(
     "txgate_delivery_attempts_total",
     &["result"],
     "Webhook delivery attempts by result (success: a 2xx; failure: anything else)",
 ));
 
 /// Deliveries by outcome: delivered, retrying (an attempt failed, another is scheduled), dead (given up).
-pub const DELIVERIES: Counter = Counter(counter(
+pub(crate) const DELIVERIES: Counter = Counter(counter(
     "txgate_deliveries_total",
     &["outcome"],
     "Deliveries by outcome: delivered, retrying (an attempt failed, another is scheduled), dead (given up)",
 ));
 
 /// Time from a delivery's creation (its commit) to its successful attempt.
-pub const DELIVERY_LAG: Histogram = Histogram(histogram(
+pub(crate) const DELIVERY_LAG: Histogram = Histogram(histogram(
     "txgate_delivery_lag_seconds",
     &[],
     LAG,
@@ -212,32 +212,32 @@ pub const DELIVERY_LAG: Histogram = Histogram(histogram(
 ));
 
 /// Deliveries set aside because their destination had all its slots in use (destination_full).
-pub const DELIVERIES_PARKED: Counter = Counter(counter(
+pub(crate) const DELIVERIES_PARKED: Counter = Counter(counter(
     "txgate_deliveries_parked_total",
     &["reason"],
     "Deliveries set aside because their destination had all its slots in use (destination_full)",
 ));
 
 /// Server-Sent Event streams open on this instance.
-pub const EVENT_STREAMS_OPEN: Gauge =
+pub(crate) const EVENT_STREAMS_OPEN: Gauge =
     Gauge(gauge("txgate_event_streams_open", &[], "Server-Sent Event streams open on this instance"));
 
 /// Documents expired by the TTL sweeper, by reason (max_age, max_count).
-pub const TTL_DELETIONS: Counter = Counter(counter(
+pub(crate) const TTL_DELETIONS: Counter = Counter(counter(
     "txgate_ttl_deletions_total",
     &["reason"],
     "Documents expired by the TTL sweeper, by reason (max_age, max_count)",
 ));
 
 /// Finished records purged after their retention (transactions, idempotency_keys, deliveries).
-pub const PURGED: Counter = Counter(counter(
+pub(crate) const PURGED: Counter = Counter(counter(
     "txgate_purged_total",
     &["what"],
     "Finished records purged after their retention (transactions, idempotency_keys, deliveries)",
 ));
 
 /// Store operations by kind (get, scan, insert, replace, update, delete, append, write_in_order, ...).
-pub const STORE_OPERATION_DURATION: Histogram = Histogram(histogram(
+pub(crate) const STORE_OPERATION_DURATION: Histogram = Histogram(histogram(
     "txgate_store_operation_duration_seconds",
     &["operation"],
     LATENCY,
@@ -245,7 +245,7 @@ pub const STORE_OPERATION_DURATION: Histogram = Histogram(histogram(
 ));
 
 /// Store operations that failed or missed the store deadline, by kind.
-pub const STORE_ERRORS: Counter = Counter(counter(
+pub(crate) const STORE_ERRORS: Counter = Counter(counter(
     "txgate_store_errors_total",
     &["operation"],
     "Store operations that failed or missed the store deadline, by kind",

@@ -142,7 +142,7 @@ pub async fn run(store: &dyn Store) -> StoreResult<Vec<String>> {
 }
 
 /// Whether every migration is recorded.
-pub async fn all_applied(store: &dyn Store) -> StoreResult<bool> {
+pub(crate) async fn all_applied(store: &dyn Store) -> StoreResult<bool> {
     for (name, _) in MIGRATIONS {
         if store.get(MIGRATIONS_COLLECTION, name).await?.is_none() {
             return Ok(false);

@@ -19,7 +19,7 @@ use crate::store::{Bound, Bson, DateTime, DynStore, StoreResult};
 
 /// One kind of record to purge: those found by `decl` with one of `eq`
 /// (or none) whose order field is older than `retention`.
-pub struct Rule {
+pub(crate) struct Rule {
     /// The metric label.
     pub what: &'static str,
     pub decl: &'static ScanDecl,
@@ -28,7 +28,7 @@ pub struct Rule {
     pub retention: Duration,
 }
 
-pub struct Purger {
+pub(crate) struct Purger {
     store: DynStore,
     clock: Clock,
     metrics: Arc<Metrics>,
@@ -37,12 +37,18 @@ pub struct Purger {
 }
 
 impl Purger {
-    pub fn new(store: DynStore, clock: Clock, metrics: Arc<Metrics>, rules: Vec<Rule>, interval: Duration) -> Self {
+    pub(crate) fn new(
+        store: DynStore,
+        clock: Clock,
+        metrics: Arc<Metrics>,
+        rules: Vec<Rule>,
+        interval: Duration,
+    ) -> Self {
         Self { store, clock, metrics, rules, interval }
     }
 
     /// One pass over every rule; how many records went.
-    pub async fn purge_once(&self) -> StoreResult<usize> {
+    pub(crate) async fn purge_once(&self) -> StoreResult<usize> {
         let now = self.clock.now().timestamp_millis();
         let mut total = 0;
         for rule in &self.rules {

@@ -38,7 +38,7 @@ use crate::hooks::{DELIVERIES, Delivery, Hooks, event_key};
 use crate::store::{DateTime, DynStore, Record, StoreError, StoreResult, Update, doc, scans};
 
 /// The subscriptions collection.
-pub const SUBSCRIPTIONS: &str = "_subscriptions";
+pub(crate) const SUBSCRIPTIONS: &str = "_subscriptions";
 
 /// How often the dispatcher looks for events other instances appended.
 const POLL: Duration = Duration::from_millis(250);

@@ -14,7 +14,7 @@
 //! never passes it. Readers fold up to the log's head before they answer,
 //! so a count includes every change whose event is logged.
 
-pub mod ttl;
+pub(crate) mod ttl;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use crate::store::shape::{any, fields};
 use crate::store::{Bson, DateTime, DynStore, Record, StoreError, StoreResult, Update, record_id};
 
 /// The collection of collection records.
-pub const COLLECTIONS: &str = "_collections";
+pub(crate) const COLLECTIONS: &str = "_collections";
 
 /// Positions one fold step reads at most.
 const FOLD_BATCH: usize = 5000;
@@ -68,7 +68,7 @@ mod shapes {
 
     /// A TTL policy.
     #[derive(Serialize, Clone, Copy)]
-    pub struct Ttl {
+    pub(super) struct Ttl {
         #[serde(skip_serializing_if = "Option::is_none")]
         pub max_age_seconds: Option<i64>,
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -78,7 +78,7 @@ mod shapes {
     /// A collection's record: its count folded to log position `at`, and
     /// its policy (`expiring` while it has one), set at `policy_at`.
     #[derive(Serialize)]
-    pub struct Collection<'a> {
+    pub(super) struct Collection<'a> {
         #[serde(rename = "_id")]
         pub name: &'a str,
         pub count: i64,
@@ -93,7 +93,7 @@ mod shapes {
 
     /// A policy set at `policy_at`.
     #[derive(Serialize)]
-    pub struct PolicySet {
+    pub(super) struct PolicySet {
         pub ttl: Ttl,
         pub expiring: bool,
         pub policy_at: DateTime,
@@ -101,20 +101,20 @@ mod shapes {
 
     /// A policy removed at `policy_at` (with `ttl` and `expiring` unset).
     #[derive(Serialize)]
-    pub struct PolicyAt {
+    pub(super) struct PolicyAt {
         pub policy_at: DateTime,
     }
 
     /// A count folded to log position `at`.
     #[derive(Serialize)]
-    pub struct Folded {
+    pub(super) struct Folded {
         pub count: i64,
         pub at: i64,
     }
 
     /// Folded to log position `at`.
     #[derive(Serialize)]
-    pub struct FoldedTo {
+    pub(super) struct FoldedTo {
         pub at: i64,
     }
 }
@@ -355,7 +355,7 @@ fn counted(name: &str, count: i64, at: u64) -> Record {
 
 /// When `policy`'s maximum age makes a document created before it due, as
 /// of `now`; `None` without a maximum age.
-pub fn age_cutoff(policy: &Policy, now: DateTime) -> Option<DateTime> {
+pub(crate) fn age_cutoff(policy: &Policy, now: DateTime) -> Option<DateTime> {
     let age = policy.max_age_seconds?;
     let ms = i64::try_from(age.saturating_mul(1000)).unwrap_or(i64::MAX);
     Some(DateTime::from_millis(now.timestamp_millis().saturating_sub(ms)))

@@ -3,7 +3,7 @@
 //! rules for names and changes ([`rules`]). Single-document reads and
 //! writes are [`crate::documents`]'.
 
-pub mod rules;
+pub(crate) mod rules;
 
 use serde::{Deserialize, Serialize};
 
@@ -115,7 +115,7 @@ mod shapes {
 
     /// Held by `txn` (none: free) at version `v`.
     #[derive(Serialize)]
-    pub struct Unchanged<'a> {
+    pub(super) struct Unchanged<'a> {
         #[serde(rename = "_meta.txn")]
         pub txn: Option<&'a str>,
         #[serde(rename = "_meta.v")]
@@ -124,7 +124,7 @@ mod shapes {
 
     /// At version `v`, with the outbox of event `event`.
     #[derive(Serialize)]
-    pub struct WithOutbox<'a> {
+    pub(super) struct WithOutbox<'a> {
         #[serde(rename = "_meta.v")]
         pub v: i64,
         #[serde(rename = "_meta.outbox._id")]
@@ -133,7 +133,7 @@ mod shapes {
 
     /// A tombstone deleted before a cutoff, free, without an outbox.
     #[derive(Serialize)]
-    pub struct Purgeable {
+    pub(super) struct Purgeable {
         #[serde(rename = "_meta.deleted")]
         pub deleted: bool,
         #[serde(rename = "_meta.deleted_at")]

@@ -21,7 +21,7 @@ impl Invalid {
     }
 }
 
-pub const MAX_ID_CHARS: usize = 256;
+pub(crate) const MAX_ID_CHARS: usize = 256;
 
 /// How deeply a document's data may nest: the data object is level 1, each
 /// object or array inside it one more. Stored, data sits at most three
@@ -37,14 +37,14 @@ fn too_deep(pointer: impl Into<String>) -> Invalid {
 }
 
 /// `^[a-zA-Z][a-zA-Z0-9_-]{0,63}$`: a user collection name.
-pub fn is_collection_name(name: &str) -> bool {
+pub(crate) fn is_collection_name(name: &str) -> bool {
     let mut chars = name.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphabetic())
         && name.len() <= 64
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
-pub fn check_collection(name: &str, pointer: &str) -> Result<(), Invalid> {
+pub(crate) fn check_collection(name: &str, pointer: &str) -> Result<(), Invalid> {
     if is_collection_name(name) {
         Ok(())
     } else {
@@ -58,7 +58,7 @@ pub fn check_collection(name: &str, pointer: &str) -> Result<(), Invalid> {
 }
 
 /// A document id: 1..256 printable characters.
-pub fn check_id(id: &str, pointer: &str) -> Result<(), Invalid> {
+pub(crate) fn check_id(id: &str, pointer: &str) -> Result<(), Invalid> {
     let count = id.chars().count();
     if count == 0 || count > MAX_ID_CHARS {
         return Err(Invalid::new(pointer, format!("id must have 1..{MAX_ID_CHARS} characters, has {count}")));
@@ -118,7 +118,7 @@ fn check_value(value: &Value, pointer: &str, level: usize) -> Result<(), Invalid
 }
 
 /// Validate user fields (the whole document body) and convert them.
-pub fn user_data(map: &Map<String, Value>, pointer: &str) -> Result<Document, Invalid> {
+pub(crate) fn user_data(map: &Map<String, Value>, pointer: &str) -> Result<Document, Invalid> {
     for (k, v) in map {
         check_key(k, pointer, true)?;
         check_value(v, &format!("{pointer}/{}", escape(k)), 2)?;
@@ -133,17 +133,17 @@ pub fn user_data(map: &Map<String, Value>, pointer: &str) -> Result<Document, In
 /// event in its outbox), and every record must fit MongoDB's 16 MiB; the
 /// embedded store journals one record at a time, so this also bounds a
 /// journal entry.
-pub const MAX_DATA_BYTES: usize = 4 << 20;
+pub(crate) const MAX_DATA_BYTES: usize = 4 << 20;
 
 /// The size of `data` encoded as BSON.
-pub fn data_size(data: &Document) -> usize {
+pub(crate) fn data_size(data: &Document) -> usize {
     let mut out = Vec::new();
     data.to_writer(&mut out).map_or(usize::MAX, |()| out.len())
 }
 
 /// Refuse data larger than [`MAX_DATA_BYTES`] (a create, a replace, or what
 /// a patch or merge would make of a document).
-pub fn check_data_size(data: &Document, pointer: &str) -> Result<(), Invalid> {
+pub(crate) fn check_data_size(data: &Document, pointer: &str) -> Result<(), Invalid> {
     let size = data_size(data);
     if size > MAX_DATA_BYTES {
         return Err(Invalid::new(
@@ -157,7 +157,7 @@ pub fn check_data_size(data: &Document, pointer: &str) -> Result<(), Invalid> {
 /// `value` with every integer past the signed 64-bit range made a double,
 /// as document data is stored ([`json_to_bson`]): BSON has no unsigned
 /// 64-bit integers. For JSON kept as BSON as it is (a hook's body).
-pub fn storable_numbers(value: &mut Value) {
+pub(crate) fn storable_numbers(value: &mut Value) {
     match value {
         Value::Number(n) if n.as_i64().is_none() && n.is_u64() => {
             *value = n.as_f64().and_then(serde_json::Number::from_f64).map_or(Value::Null, Value::Number);
@@ -170,7 +170,7 @@ pub fn storable_numbers(value: &mut Value) {
 
 /// A hook's `body` (any JSON), stored with the transaction record as data
 /// is: within the same depth.
-pub fn check_body_depth(body: &Value, pointer: &str) -> Result<(), Invalid> {
+pub(crate) fn check_body_depth(body: &Value, pointer: &str) -> Result<(), Invalid> {
     if crate::store::convert::json_depth(body) > MAX_DATA_DEPTH {
         return Err(too_deep(pointer));
     }
@@ -311,7 +311,7 @@ fn unset_path(doc: &mut Document, path: &[String]) {
 
 /// JSON Merge Patch (RFC 7396) applied to the user fields. The patch must
 /// be an object; `null` removes a field; nested objects merge.
-pub fn merge_patch(data: &Document, patch: &Map<String, Value>, pointer: &str) -> Result<Document, Invalid> {
+pub(crate) fn merge_patch(data: &Document, patch: &Map<String, Value>, pointer: &str) -> Result<Document, Invalid> {
     let mut out = data.clone();
     for k in patch.keys() {
         check_key(k, pointer, true)?;

@@ -24,26 +24,26 @@ fn stored(n: u64) -> i64 {
 }
 
 /// Counter `id` at `n`, as first inserted.
-pub fn record(id: &str, n: u64) -> Record {
+pub(crate) fn record(id: &str, n: u64) -> Record {
     fields(&Counter { id, n: stored(n) })
 }
 
 /// The value `n`, as a replacement of the counter's record.
-pub fn value(n: u64) -> Document {
+pub(crate) fn value(n: u64) -> Document {
     fields(&Value { n: stored(n) })
 }
 
 /// Set the counter to `n`.
-pub fn set(n: u64) -> Update {
+pub(crate) fn set(n: u64) -> Update {
     Update::fields(&Value { n: stored(n) })
 }
 
 /// The filter of a counter below `n`: moving it to `n` moves it forward.
-pub fn below(n: u64) -> Document {
+pub(crate) fn below(n: u64) -> Document {
     fields(&Value { n: Lt(stored(n)) })
 }
 
 /// The position a counter's record holds.
-pub fn read(rec: &Record) -> u64 {
+pub(crate) fn read(rec: &Record) -> u64 {
     rec.get_i64("n").ok().and_then(|n| u64::try_from(n).ok()).unwrap_or(0)
 }

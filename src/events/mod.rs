@@ -16,14 +16,14 @@
 //! closed takes another. What a reader hands out is durable first
 //! (docs/design.md §1): it syncs the store after reading.
 
-pub mod counter;
-pub mod model;
+pub(crate) mod counter;
+pub(crate) mod model;
 mod outbox;
 mod purge;
-pub mod tap;
+pub(crate) mod tap;
 
-pub use outbox::publish_outbox;
-pub use purge::Purge;
+pub(crate) use outbox::publish_outbox;
+pub(crate) use purge::Purge;
 pub use tap::Tap;
 
 use std::sync::Arc;
@@ -33,19 +33,19 @@ use tokio::sync::watch;
 
 use crate::clock::Clock;
 use crate::store::{Bound, Bson, DynStore, LOG_SEQ, StoreError, StoreResult, void_entry};
-pub use model::{Entry, Event, EventMember, EventType, Logged};
+pub(crate) use model::{Entry, Event, EventType, Logged};
 
 /// The log collection.
 pub const EVENTS: &str = "_events";
 /// Where the log keeps its floor: `{_id: "_events.floor", n}`, the last
 /// position purged (every position up to it is gone or going).
-pub const STATE: &str = "_counters";
+pub(crate) const STATE: &str = "_counters";
 const FLOOR: &str = "_events.floor";
 /// Where the live counts of collections keep the position up to which
 /// they have counted the log's changes: `{_id: "_collections.counted", n}`
 /// in [`STATE`]. The purge never moves the floor past it, so no change is
 /// purged before it is counted.
-pub const COUNTED: &str = "_collections.counted";
+pub(crate) const COUNTED: &str = "_collections.counted";
 
 /// Position `seq` as the log stores it.
 pub(crate) fn position(seq: u64) -> Bson {
@@ -53,7 +53,7 @@ pub(crate) fn position(seq: u64) -> Bson {
 }
 
 /// Positions one read takes at most.
-pub const READ_BATCH: usize = 500;
+pub(crate) const READ_BATCH: usize = 500;
 
 /// How the log is kept.
 #[derive(Clone, Debug)]

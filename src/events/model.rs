@@ -120,12 +120,12 @@ impl Event {
 }
 
 /// The event id of document `id` of `coll` at `version`.
-pub fn document_event_id(coll: &str, id: &str, version: i64) -> String {
+pub(crate) fn document_event_id(coll: &str, id: &str, version: i64) -> String {
     format!("{coll}/{id}/{version}")
 }
 
 /// The event id of transaction `txn`'s `transaction.committed`.
-pub fn transaction_event_id(txn: &str) -> String {
+pub(crate) fn transaction_event_id(txn: &str) -> String {
     format!("_txns/{txn}")
 }
 
@@ -150,7 +150,7 @@ pub fn document_event(kind: EventType, coll: &str, doc: &StoredDoc, txn: Option<
 
 /// The log record (without its position) of transaction `txn`'s
 /// `transaction.committed` event: committed at `at`, with its members.
-pub fn transaction_event(txn: &str, at: DateTime, members: Vec<CommittedMember<'_>>) -> Record {
+pub(crate) fn transaction_event(txn: &str, at: DateTime, members: Vec<CommittedMember<'_>>) -> Record {
     let event = shapes::Event {
         id: transaction_event_id(txn),
         kind: EventType::TransactionCommitted.as_str(),
@@ -168,7 +168,7 @@ pub fn transaction_event(txn: &str, at: DateTime, members: Vec<CommittedMember<'
 /// A member of a committed transaction, as its event lists it: the
 /// version it was left at.
 #[derive(Serialize)]
-pub struct CommittedMember<'a> {
+pub(crate) struct CommittedMember<'a> {
     pub collection: &'a str,
     pub id: &'a str,
     pub op: StagedOp,
@@ -183,7 +183,7 @@ mod shapes {
 
     /// An event (its position is the store's to give).
     #[derive(Serialize)]
-    pub struct Event<'a> {
+    pub(super) struct Event<'a> {
         #[serde(rename = "_id")]
         pub id: String,
         #[serde(rename = "type")]
@@ -202,7 +202,7 @@ mod shapes {
 
 /// What a position of the log holds.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Entry {
+pub(crate) enum Entry {
     Event(Box<Event>),
     /// Closed for good with no event.
     Void,
@@ -211,7 +211,7 @@ pub enum Entry {
 /// A log record read back: its position, when it was logged, and what it
 /// holds.
 #[derive(Debug, Clone)]
-pub struct Logged {
+pub(crate) struct Logged {
     pub seq: u64,
     pub logged_at: Option<DateTime>,
     pub entry: Entry,
@@ -222,7 +222,7 @@ fn bad(what: &str) -> StoreError {
 }
 
 impl Logged {
-    pub fn from_record(rec: Record) -> Result<Self, StoreError> {
+    pub(crate) fn from_record(rec: Record) -> Result<Self, StoreError> {
         let seq = rec.get_i64(LOG_SEQ).ok().and_then(|s| u64::try_from(s).ok()).ok_or_else(|| bad("seq"))?;
         let logged_at = rec.get_datetime("logged_at").ok().copied();
         if rec.get_bool(LOG_VOID).unwrap_or(false) {

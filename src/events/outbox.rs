@@ -9,7 +9,7 @@ use crate::store::{DateTime, Store, StoreError, StoreResult, Write};
 /// the outbox (unless the document moved on). Readers never call this;
 /// writers do before they write a document that has one, and recovery for
 /// any a crash left behind.
-pub async fn publish_outbox(store: &dyn Store, coll: &str, doc: &StoredDoc, at: DateTime) -> StoreResult<()> {
+pub(crate) async fn publish_outbox(store: &dyn Store, coll: &str, doc: &StoredDoc, at: DateTime) -> StoreResult<()> {
     let Some(outbox) = &doc.meta.outbox else { return Ok(()) };
     let Ok(eid) = outbox.get_str("_id") else {
         return Err(StoreError::Internal(format!("{coll}/{}: outbox without an event id", doc.id)));

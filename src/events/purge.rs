@@ -88,7 +88,7 @@ impl Log {
 
 /// The worker that purges the log and the tombstones past their retention
 /// every `interval`.
-pub struct Purge {
+pub(crate) struct Purge {
     pub log: Arc<Log>,
     pub interval: Duration,
 }

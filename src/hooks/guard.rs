@@ -154,7 +154,7 @@ impl HookGuard {
 /// address the IANA special-purpose registries (RFC 6890 and its updates)
 /// mark as not globally reachable, multicast and broadcast, and every IPv6
 /// address that carries an IPv4 address which is itself refused.
-pub fn forbidden(ip: IpAddr) -> bool {
+pub(crate) fn forbidden(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => forbidden_v4(v4),
         IpAddr::V6(v6) => forbidden_v6(v6),
@@ -217,7 +217,7 @@ fn v4_at(addr: u128, shift: u32) -> Ipv4Addr {
 /// IPv4-mapped (`::ffff:0:0/96`), IPv4-compatible (`::/96`),
 /// IPv4-translated (`::ffff:0:0:0/96`), NAT64 (`64:ff9b::/96`), 6to4
 /// (`2002::/16`) and Teredo (`2001::/32`, the client's address).
-pub fn carried_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+pub(crate) fn carried_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     let addr = u128::from(ip);
     let is = |net: u128, len: u32| within(addr, net, len, 128);
     if is(0xffff_0000_0000, 96) || is(0, 96) || is(0xffff_0000_0000_0000, 96) || is(0x0064_ff9b << 96, 96) {

@@ -7,12 +7,12 @@
 //! commit never loses a hook, a hook exists only for a committed
 //! transaction, and a second roll-forward changes nothing.
 
-pub mod guard;
-pub mod net;
-pub mod queue;
-pub mod send;
-pub mod sign;
-pub mod transport;
+pub(crate) mod guard;
+pub(crate) mod net;
+pub(crate) mod queue;
+pub(crate) mod send;
+pub(crate) mod sign;
+pub(crate) mod transport;
 
 use std::time::Duration;
 
@@ -30,7 +30,7 @@ pub const DELIVERIES: &str = "_deliveries";
 
 /// The `next_at` of a hook that waits for the hook before it (hooks of one
 /// transaction go in order): 9999-12-31T23:59:59Z.
-pub const AFTER_PREVIOUS: DateTime = DateTime::from_millis(253_402_300_799_000);
+pub(crate) const AFTER_PREVIOUS: DateTime = DateTime::from_millis(253_402_300_799_000);
 
 /// How deliveries are sent.
 #[derive(Clone, Debug)]
@@ -70,7 +70,7 @@ impl Default for HookConfig {
     }
 }
 
-pub use crate::txn::hook::{Headers, Hook, REDACTED, hooks_of, redact_request};
+pub(crate) use crate::txn::hook::{Headers, Hook, redact_request};
 
 /// One delivery attempt.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -249,7 +249,7 @@ impl Delivery {
 
 /// A change of a delivery record, each a compare-and-set (the delivery
 /// state machine, written only here and in [`Hooks::replay`]).
-pub enum DeliveryChange<'a> {
+pub(crate) enum DeliveryChange<'a> {
     /// A due, unclaimed delivery is claimed by `owner` with `token` until
     /// `lease_until` (also its `next_at`: not due again before).
     Claim { at: DateTime, owner: &'a str, token: &'a str, lease_until: DateTime },
@@ -279,7 +279,7 @@ pub enum DeliveryChange<'a> {
 }
 
 /// Statuses of deliveries an attempt may still be made for.
-pub const DUE: [DeliveryStatus; 2] = [DeliveryStatus::Pending, DeliveryStatus::Failed];
+pub(crate) const DUE: [DeliveryStatus; 2] = [DeliveryStatus::Pending, DeliveryStatus::Failed];
 
 /// The fields the changes of a delivery match and set, as stored.
 mod shapes {
@@ -291,14 +291,14 @@ mod shapes {
 
     /// Due by `next_at`: pending or failed.
     #[derive(Serialize)]
-    pub struct Due<'a> {
+    pub(super) struct Due<'a> {
         pub status: In<&'a [DeliveryStatus]>,
         pub next_at: Lte<DateTime>,
     }
 
     /// Still due after `next_at`, unclaimed.
     #[derive(Serialize)]
-    pub struct DueLater<'a> {
+    pub(super) struct DueLater<'a> {
         pub status: In<&'a [DeliveryStatus]>,
         pub claim: Option<&'a str>,
         pub next_at: Gt<DateTime>,
@@ -306,20 +306,20 @@ mod shapes {
 
     /// Pending, waiting at `next_at` for the hook before it.
     #[derive(Serialize)]
-    pub struct Waiting {
+    pub(super) struct Waiting {
         pub status: DeliveryStatus,
         pub next_at: DateTime,
     }
 
     /// Held under claim token `claim`.
     #[derive(Serialize)]
-    pub struct Claimed<'a> {
+    pub(super) struct Claimed<'a> {
         pub claim: &'a str,
     }
 
     /// A claim: its owner, token and lease (also the next due time).
     #[derive(Serialize)]
-    pub struct Claim<'a> {
+    pub(super) struct Claim<'a> {
         pub owner: Option<&'a str>,
         pub claim: Option<&'a str>,
         pub lease_until: Option<DateTime>,
@@ -328,7 +328,7 @@ mod shapes {
 
     /// An attempt's outcome, the claim given back with it.
     #[derive(Serialize)]
-    pub struct Outcome<'a> {
+    pub(super) struct Outcome<'a> {
         pub status: DeliveryStatus,
         pub attempts: &'a [Attempt],
         pub tries: i64,
@@ -343,13 +343,13 @@ mod shapes {
 
     /// Due at `next_at`.
     #[derive(Serialize)]
-    pub struct DueAt {
+    pub(super) struct DueAt {
         pub next_at: DateTime,
     }
 
     /// Released to go at `next_at`, its age counted from `queued_at`.
     #[derive(Serialize)]
-    pub struct Released {
+    pub(super) struct Released {
         pub next_at: DateTime,
         pub queued_at: DateTime,
     }
@@ -357,21 +357,21 @@ mod shapes {
     /// In `status`, finished at `finished_at` (or not finished), or, with
     /// no `finished_at` field, in `status` and unclaimed.
     #[derive(Serialize)]
-    pub struct Final {
+    pub(super) struct Final {
         pub status: DeliveryStatus,
         pub finished_at: Option<DateTime>,
     }
 
     /// In `status`, unclaimed.
     #[derive(Serialize)]
-    pub struct Unclaimed<'a> {
+    pub(super) struct Unclaimed<'a> {
         pub status: DeliveryStatus,
         pub claim: Option<&'a str>,
     }
 
     /// Queued anew at `at`.
     #[derive(Serialize)]
-    pub struct Requeued<'a> {
+    pub(super) struct Requeued<'a> {
         pub status: DeliveryStatus,
         pub next_at: DateTime,
         pub finished_at: Option<DateTime>,
@@ -385,7 +385,7 @@ mod shapes {
 
 impl DeliveryChange<'_> {
     /// The filter and update of this change.
-    pub fn cas(&self) -> (Document, Update) {
+    pub(crate) fn cas(&self) -> (Document, Update) {
         use crate::store::shape::{Gt, In, Lte, fields};
         match self {
             DeliveryChange::Claim { at, owner, token, lease_until } => {
@@ -448,7 +448,7 @@ impl DeliveryChange<'_> {
     /// Apply this change to delivery `id`: whether this compare-and-set
     /// made it. Unsynced: a lost claim or outcome means one more attempt
     /// (deliveries are at least once), never a lost delivery.
-    pub async fn apply(&self, store: &dyn crate::store::Store, id: &str) -> StoreResult<bool> {
+    pub(crate) async fn apply(&self, store: &dyn crate::store::Store, id: &str) -> StoreResult<bool> {
         let (filter, update) = self.cas();
         store.unsynced().update(DELIVERIES, id, filter, update).await
     }
@@ -457,7 +457,7 @@ impl DeliveryChange<'_> {
 /// The key of `event`'s deliveries to `subscription` (those of one
 /// document go in order): `<subscription>:<collection>/<document>`; none
 /// for a transaction's own event.
-pub fn event_key(subscription: &str, event: &Event) -> Option<String> {
+pub(crate) fn event_key(subscription: &str, event: &Event) -> Option<String> {
     match (&event.collection, &event.document) {
         (Some(c), Some(doc)) => Some(format!("{subscription}:{c}/{doc}")),
         _ => None,
@@ -465,7 +465,7 @@ pub fn event_key(subscription: &str, event: &Event) -> Option<String> {
 }
 
 /// The delivery id of hook `index` of transaction `txn`.
-pub fn delivery_id(txn: &str, index: usize) -> String {
+pub(crate) fn delivery_id(txn: &str, index: usize) -> String {
     format!("{txn}:{index}")
 }
 

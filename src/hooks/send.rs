@@ -22,9 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::net::Clients;
-pub use super::transport::{
-    HOP_BY_HOP_HEADERS, Http, Outcome, RESERVED_HEADERS, Transport, refused_header, retry_after,
-};
+pub(crate) use super::transport::{Http, Outcome, RESERVED_HEADERS, Transport, refused_header};
 use super::{
     AFTER_PREVIOUS, Attempt, DELIVERIES, DUE, Delivery, DeliveryChange, DeliveryStatus, HookConfig, Hooks, delivery_id,
 };
@@ -33,8 +31,8 @@ use crate::store::scans::{DELIVERIES_BY_DUE, DELIVERIES_WAITING};
 use crate::store::{Bound, Bson, DateTime, StoreResult};
 
 /// First retry delay; it doubles per failed attempt up to [`MAX_DELAY`].
-pub const FIRST_DELAY: Duration = Duration::from_millis(100);
-pub const MAX_DELAY: Duration = Duration::from_secs(30);
+pub(crate) const FIRST_DELAY: Duration = Duration::from_millis(100);
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(30);
 /// Deliveries taken from one scan of the store.
 const SCAN_BATCH: usize = 512;
 /// Period of the sweep that releases successors a crash left waiting.
@@ -42,7 +40,7 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
 /// The delay before retry number `failures` (1 = after the first failure):
 /// 100 ms doubling, capped at 30 s, times a random factor in [0.8, 1.2].
-pub fn backoff(failures: u32, jitter: f64) -> Duration {
+pub(crate) fn backoff(failures: u32, jitter: f64) -> Duration {
     let base = FIRST_DELAY.saturating_mul(1u32.checked_shl(failures.saturating_sub(1)).unwrap_or(u32::MAX));
     base.min(MAX_DELAY).mul_f64(jitter)
 }
@@ -497,6 +495,7 @@ impl Worker for Sender {
 mod tests {
     use super::*;
     use crate::clock::Clock;
+    use crate::hooks::transport::retry_after;
     use crate::metrics::Metrics;
     use crate::store::DynStore;
     use crate::store::memory::MemoryStore;

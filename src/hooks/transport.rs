@@ -11,7 +11,7 @@ use super::net::Clients;
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
 /// Headers a hook may not set: the gateway sets them.
-pub const RESERVED_HEADERS: &[&str] = &[
+pub(crate) const RESERVED_HEADERS: &[&str] = &[
     "webhook-id",
     "webhook-timestamp",
     "webhook-signature",
@@ -26,7 +26,7 @@ pub const RESERVED_HEADERS: &[&str] = &[
 
 /// Hop-by-hop and framing headers: they describe one connection, not the
 /// request, so a hook may not set them (422).
-pub const HOP_BY_HOP_HEADERS: &[&str] = &[
+pub(crate) const HOP_BY_HOP_HEADERS: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -41,7 +41,7 @@ pub const HOP_BY_HOP_HEADERS: &[&str] = &[
 
 /// Whether a hook may not set header `name` (any case): the gateway sets
 /// it, or it is hop-by-hop (`Proxy-*` included).
-pub fn refused_header(name: &str) -> Option<&'static str> {
+pub(crate) fn refused_header(name: &str) -> Option<&'static str> {
     let name = name.to_ascii_lowercase();
     if HOP_BY_HOP_HEADERS.contains(&name.as_str()) || name.starts_with("proxy-") {
         Some("hop-by-hop and framing headers cannot be set on a hook")
@@ -53,7 +53,7 @@ pub fn refused_header(name: &str) -> Option<&'static str> {
 }
 
 /// A `Retry-After` value: seconds, or an HTTP date.
-pub fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+pub(crate) fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
     let value = value.trim();
     if let Ok(secs) = value.parse::<u64>() {
         return Some(Duration::from_secs(secs));
@@ -83,7 +83,7 @@ pub trait Transport: Send + Sync + 'static {
 }
 
 /// Attempts as HTTP requests, signed when a key is set.
-pub struct Http {
+pub(crate) struct Http {
     pub(super) clients: Clients,
     pub(super) signer: Option<super::sign::Signer>,
     pub(super) timeout: Duration,

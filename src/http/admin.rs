@@ -3,7 +3,7 @@
 //! directory beside its data: a complete data directory, restored by
 //! starting a gateway with `TXGATE_DATA_DIR` pointing at (a copy of) it.
 
-use crate::http::contract::{Problems, problems};
+use crate::http::problems::{Problems, problems};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,17 +24,17 @@ use super::extract::{OptionalJsonBody, from_body};
 use crate::config::StoreConfig;
 use crate::store::{BackupInfo, DynStore, StoreResult};
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(backup))
 }
 
 /// The directory backups go in, under the embedded store's data directory.
-pub const BACKUPS_DIR: &str = "backups";
+pub(crate) const BACKUPS_DIR: &str = "backups";
 
 /// Where this gateway's backups go, and the lock that lets one run at a
 /// time: two would only compete for the same disk.
 #[derive(Clone, Debug)]
-pub struct Backups {
+pub(crate) struct Backups {
     /// `None`: the store is MongoDB, which has its own backup tools.
     dir: Option<PathBuf>,
     running: Arc<Mutex<()>>,
@@ -45,7 +45,7 @@ impl Backups {
     /// the embedded store, none for MongoDB. The directory is made
     /// absolute once, so that answers name it wherever the operator reads
     /// them from.
-    pub fn new(config: &StoreConfig) -> Self {
+    pub(crate) fn new(config: &StoreConfig) -> Self {
         let dir = match config {
             StoreConfig::Embedded { data_dir, .. } => {
                 let dir = data_dir.join(BACKUPS_DIR);
@@ -72,7 +72,7 @@ impl Backups {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({}))]
-pub struct BackupIn {}
+pub(crate) struct BackupIn {}
 
 /// A finished backup.
 #[derive(Serialize, ToSchema)]
@@ -83,7 +83,7 @@ pub struct BackupIn {}
     "journal_position": 981234,
     "took_ms": 5120,
 }))]
-pub struct BackupOut {
+pub(crate) struct BackupOut {
     /// The backup's directory on the gateway's machine: a complete data
     /// directory. To restore, stop the gateway and start it with
     /// `TXGATE_DATA_DIR` pointing at (a copy of) it.
@@ -190,7 +190,7 @@ problems!(
         (status = 201, description = "The backup is written", body = BackupOut),
     )
 )]
-pub async fn backup(
+pub(crate) async fn backup(
     State(state): State<AppState>,
     OptionalJsonBody(body): OptionalJsonBody<Value>,
 ) -> Result<(StatusCode, axum::Json<BackupOut>), ApiError> {

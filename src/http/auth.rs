@@ -25,7 +25,7 @@ use crate::keys::{ApiKey, Grant, Scope};
 /// Which key made the request: its [`ApiKey::scope`], which keeps its
 /// idempotency keys apart from every other key's.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Caller {
+pub(crate) struct Caller {
     pub scope: String,
 }
 
@@ -33,23 +33,23 @@ pub struct Caller {
 /// request touches in its body, query or stored records. Without keys
 /// configured: everything.
 #[derive(Clone, Debug, Default)]
-pub struct Access {
+pub(crate) struct Access {
     /// `None`: no keys configured.
     grants: Option<Arc<[Grant]>>,
 }
 
 impl Access {
-    pub fn allows(&self, needed: Scope, collection: &str) -> bool {
+    pub(crate) fn allows(&self, needed: Scope, collection: &str) -> bool {
         self.grants.as_ref().is_none_or(|g| g.iter().any(|g| g.covers(needed, Some(collection))))
     }
 
     /// Whether `needed` is granted on every collection.
-    pub fn everywhere(&self, needed: Scope) -> bool {
+    pub(crate) fn everywhere(&self, needed: Scope) -> bool {
         self.grants.as_ref().is_none_or(|g| g.iter().any(|g| g.covers(needed, None)))
     }
 
     /// The collections `needed` is granted on; `None`: every collection.
-    pub fn collections(&self, needed: Scope) -> Option<Vec<String>> {
+    pub(crate) fn collections(&self, needed: Scope) -> Option<Vec<String>> {
         if self.everywhere(needed) {
             return None;
         }
@@ -62,12 +62,16 @@ impl Access {
     }
 
     /// 403 unless `needed` is granted on `collection`.
-    pub fn check(&self, needed: Scope, collection: &str) -> Result<(), ApiError> {
+    pub(crate) fn check(&self, needed: Scope, collection: &str) -> Result<(), ApiError> {
         if self.allows(needed, collection) { Ok(()) } else { Err(forbidden(needed, Some(collection))) }
     }
 
     /// 403 unless `needed` is granted on every one of `collections`.
-    pub fn check_all<'a>(&self, needed: Scope, collections: impl IntoIterator<Item = &'a str>) -> Result<(), ApiError> {
+    pub(crate) fn check_all<'a>(
+        &self,
+        needed: Scope,
+        collections: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), ApiError> {
         collections.into_iter().try_for_each(|c| self.check(needed, c))
     }
 }
@@ -81,7 +85,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Access {
 }
 
 /// 403 for a key without `needed` (on `collection`, or on every one).
-pub fn forbidden(needed: Scope, collection: Option<&str>) -> ApiError {
+pub(crate) fn forbidden(needed: Scope, collection: Option<&str>) -> ApiError {
     let scope = needed.as_str();
     let detail = match collection {
         Some(c) => format!("the API key lacks the {scope} scope on collection {c:?}"),
@@ -128,7 +132,7 @@ const CHECKED_BY_HANDLER: &[&str] = &[
 ];
 
 /// The configured keys, each with its share of the concurrency limit.
-pub struct Keys {
+pub(crate) struct Keys {
     /// Each key with its scope (computed once) and its permits.
     keys: Vec<(ApiKey, String, Arc<tokio::sync::Semaphore>)>,
     per_key: usize,
@@ -136,7 +140,7 @@ pub struct Keys {
 
 impl Keys {
     /// `keys`, each allowed `per_key` requests in flight at once.
-    pub fn new(keys: Vec<ApiKey>, per_key: usize) -> Self {
+    pub(crate) fn new(keys: Vec<ApiKey>, per_key: usize) -> Self {
         let per_key = per_key.max(1);
         let keys = keys
             .into_iter()
@@ -152,7 +156,7 @@ impl Keys {
 /// Middleware: authenticate and authorize every API request, and hold one
 /// of the key's permits while it is served (a key at its share of the
 /// concurrency limit gets 429; other keys are served).
-pub async fn require_key(State(keys): State<Arc<Keys>>, req: Request, next: Next) -> Response {
+pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, next: Next) -> Response {
     let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned()).unwrap_or_default();
     let Some(needed) = needed_scope(req.method(), &route) else { return next.run(req).await };
     let token = req

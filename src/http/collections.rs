@@ -1,7 +1,7 @@
 //! `/v1/collections`: per-collection TTL policies and live counts
 //! (docs/design.md §5).
 
-use crate::http::contract::{Problems, problems};
+use crate::http::problems::{Problems, problems};
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -20,7 +20,7 @@ use crate::collections::{Collection, Policy};
 use crate::document::rules::{Invalid, check_collection};
 use crate::keys::Scope;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list_collections)).routes(routes!(get_collection, put_collection))
 }
 
@@ -33,7 +33,7 @@ const MAX_COUNT: u64 = 1_000_000_000_000;
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"ttl": {"max_age_seconds": 86400, "max_count": 10000}}))]
-pub struct CollectionIn {
+pub(crate) struct CollectionIn {
     /// The TTL policy: either limit or both. `null` removes it.
     #[serde(deserialize_with = "nullable")]
     #[schema(required = true)]
@@ -48,7 +48,7 @@ fn nullable<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Resu
 /// A TTL policy as set: a limit left out or `null` is not set.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct TtlIn {
+pub(crate) struct TtlIn {
     /// Documents created longer ago than this many seconds expire.
     #[serde(default, deserialize_with = "integer")]
     #[schema(minimum = 1, maximum = 3153600000_i64)]
@@ -61,7 +61,7 @@ pub struct TtlIn {
 
 /// A collection's TTL policy.
 #[derive(Serialize, ToSchema)]
-pub struct TtlOut {
+pub(crate) struct TtlOut {
     /// `null`: no maximum age.
     #[schema(minimum = 1, required = true)]
     pub max_age_seconds: Option<u64>,
@@ -72,7 +72,7 @@ pub struct TtlOut {
 
 /// A collection: its TTL policy and how many live documents it holds.
 #[derive(Serialize, ToSchema)]
-pub struct CollectionOut {
+pub(crate) struct CollectionOut {
     #[schema(value_type = CollectionName)]
     pub name: String,
     /// `null`: documents never expire.
@@ -95,7 +95,7 @@ impl From<Collection> for CollectionOut {
 }
 
 /// A page of collections.
-pub type CollectionListOut = Page<CollectionOut>;
+pub(crate) type CollectionListOut = Page<CollectionOut>;
 
 impl Listed for CollectionOut {
     const PAGE: &'static str = "CollectionListOut";
@@ -142,7 +142,7 @@ problems!(
         (status = 200, description = "The collection with its new policy", body = CollectionOut),
     )
 )]
-pub async fn put_collection(
+pub(crate) async fn put_collection(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<CollectionPath>,
     JsonBody { value, .. }: JsonBody<Value>,
@@ -173,7 +173,7 @@ problems!(
         (status = 200, description = "The collection", body = CollectionOut),
     )
 )]
-pub async fn get_collection(
+pub(crate) async fn get_collection(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<CollectionPath>,
 ) -> Result<axum::Json<CollectionOut>, ApiError> {
@@ -202,7 +202,7 @@ problems!(
         (status = 200, description = "A page of collections", body = CollectionListOut),
     )
 )]
-pub async fn list_collections(
+pub(crate) async fn list_collections(
     State(state): State<AppState>,
     access: Access,
     ApiQuery(query): ApiQuery<ListQuery>,

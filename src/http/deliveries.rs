@@ -1,6 +1,6 @@
 //! `/v1/deliveries`: the post-commit hook deliveries, for inspection.
 
-use crate::http::contract::{Problems, problems};
+use crate::http::problems::{Problems, problems};
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -17,13 +17,13 @@ use super::paging::{ListQuery, Listed, Page, status_filter};
 use crate::clock::{DateTime, rfc3339};
 use crate::hooks::{AFTER_PREVIOUS, Delivery, DeliveryStatus, Replay};
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list_deliveries)).routes(routes!(get_delivery)).routes(routes!(retry_delivery))
 }
 
 /// A delivery: of a transaction's hook, or of an event to a subscription.
 #[derive(Serialize, ToSchema)]
-pub struct DeliveryOut {
+pub(crate) struct DeliveryOut {
     /// `<transaction>:<index>` for a hook, `<subscription>:<event id>` for
     /// an event; sent as `webhook-id`.
     pub id: String,
@@ -64,7 +64,7 @@ pub struct DeliveryOut {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 #[schema(rename_all = "snake_case")]
-pub enum DeliveryState {
+pub(crate) enum DeliveryState {
     Pending,
     Failed,
     Dead,
@@ -83,7 +83,7 @@ impl From<DeliveryStatus> for DeliveryState {
 }
 
 #[derive(Serialize, ToSchema)]
-pub struct AttemptOut {
+pub(crate) struct AttemptOut {
     #[schema(format = DateTime)]
     pub at: String,
     pub status_code: Option<i32>,
@@ -92,7 +92,7 @@ pub struct AttemptOut {
 }
 
 /// A page of deliveries.
-pub type DeliveryListOut = Page<DeliveryOut>;
+pub(crate) type DeliveryListOut = Page<DeliveryOut>;
 
 impl Listed for DeliveryOut {
     const PAGE: &'static str = "DeliveryListOut";
@@ -101,14 +101,14 @@ impl Listed for DeliveryOut {
 /// The filter of the delivery list (its page: [`ListQuery`]).
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct DeliveryFilter {
+pub(crate) struct DeliveryFilter {
     /// Only those in this state.
     #[param(value_type = Option<DeliveryState>)]
     pub status: Option<String>,
 }
 
 #[derive(Deserialize, IntoParams)]
-pub struct DeliveryPath {
+pub(crate) struct DeliveryPath {
     /// Delivery id, `<transaction>:<index>` or `<subscription>:<event id>`.
     #[param(min_length = 1, max_length = 300)]
     pub id: String,
@@ -163,7 +163,7 @@ problems!(
         (status = 200, description = "A page of deliveries", body = DeliveryListOut),
     )
 )]
-pub async fn list_deliveries(
+pub(crate) async fn list_deliveries(
     State(state): State<AppState>,
     ApiQuery(filter): ApiQuery<DeliveryFilter>,
     ApiQuery(query): ApiQuery<ListQuery>,
@@ -194,7 +194,7 @@ problems!(
         (status = 200, description = "The delivery", body = DeliveryOut),
     )
 )]
-pub async fn get_delivery(
+pub(crate) async fn get_delivery(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<DeliveryPath>,
 ) -> Result<axum::Json<DeliveryOut>, ApiError> {
@@ -224,7 +224,7 @@ problems!(
         (status = 202, description = "Queued; it is sent as soon as a sender is free", body = DeliveryOut),
     )
 )]
-pub async fn retry_delivery(
+pub(crate) async fn retry_delivery(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<DeliveryPath>,
 ) -> Result<(StatusCode, axum::Json<DeliveryOut>), ApiError> {

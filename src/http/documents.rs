@@ -1,7 +1,7 @@
 //! `/v1/collections/{collection}/documents`: create, read, replace, patch,
 //! delete and list user documents.
 
-use crate::http::contract::{Problems, problems};
+use crate::http::problems::{Problems, problems};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -26,7 +26,7 @@ use crate::document::rules::{self, Invalid, Patch};
 use crate::document::{Live, View};
 use crate::documents::{Change, DocError, Written};
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(create_document, list_documents)).routes(routes!(
         get_document,
         replace_document,
@@ -37,7 +37,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 /// A document as the API shows it.
 #[derive(Serialize, ToSchema)]
-pub struct DocumentOut {
+pub(crate) struct DocumentOut {
     #[schema(value_type = Collection)]
     pub collection: String,
     #[schema(value_type = DocumentId)]
@@ -58,7 +58,7 @@ pub struct DocumentOut {
 }
 
 impl DocumentOut {
-    pub fn new(collection: &str, live: Live) -> Self {
+    pub(crate) fn new(collection: &str, live: Live) -> Self {
         let data = live.data_json();
         Self {
             collection: collection.to_owned(),
@@ -73,7 +73,7 @@ impl DocumentOut {
 }
 
 /// One page of live documents in id order.
-pub type DocumentListOut = Page<DocumentOut>;
+pub(crate) type DocumentListOut = Page<DocumentOut>;
 
 impl Listed for DocumentOut {
     const PAGE: &'static str = "DocumentListOut";
@@ -86,7 +86,7 @@ impl Listed for DocumentOut {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"set": {"status": "paid"}, "inc": {"revision": 1}}))]
-pub struct DocumentPatch {
+pub(crate) struct DocumentPatch {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<SetFields>, nullable = false)]
     pub set: Option<Map<String, Value>>,
@@ -99,13 +99,13 @@ pub struct DocumentPatch {
 }
 
 #[derive(Deserialize, IntoParams)]
-pub struct CollectionPath {
+pub(crate) struct CollectionPath {
     #[param(value_type = Collection)]
     pub collection: String,
 }
 
 #[derive(Deserialize, IntoParams)]
-pub struct DocumentPath {
+pub(crate) struct DocumentPath {
     #[param(value_type = Collection)]
     pub collection: String,
     #[param(value_type = DocumentId)]
@@ -114,7 +114,7 @@ pub struct DocumentPath {
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct WriteQuery {
+pub(crate) struct WriteQuery {
     /// Schema version the writer declares (default: unchanged, 1 for new documents).
     #[param(minimum = 1, maximum = 9223372036854775807_i64)]
     pub schema_version: Option<i64>,
@@ -146,7 +146,7 @@ fn schema_version(query: &WriteQuery) -> Result<Option<i64>, ApiError> {
 const SEGMENT: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
-pub fn document_location(collection: &str, id: &str) -> String {
+pub(crate) fn document_location(collection: &str, id: &str) -> String {
     let id = percent_encoding::utf8_percent_encode(id, SEGMENT);
     format!("/v1/collections/{collection}/documents/{id}")
 }
@@ -199,7 +199,7 @@ problems!(
             headers(("Location" = String, description = "URL of the document"), ("ETag" = String, description = "\"<version>\""))),
     )
 )]
-pub async fn create_document(
+pub(crate) async fn create_document(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<CollectionPath>,
     ApiQuery(query): ApiQuery<WriteQuery>,
@@ -250,7 +250,7 @@ problems!(
         (status = 304, description = "Not modified: the client's ETag is current", headers(("ETag" = String, description = "\"<version>\""))),
     )
 )]
-pub async fn get_document(
+pub(crate) async fn get_document(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<DocumentPath>,
     headers: HeaderMap,
@@ -304,7 +304,7 @@ problems!(
         (status = 200, description = "Replaced", body = DocumentOut, headers(("ETag" = String, description = "\"<version>\""))),
     )
 )]
-pub async fn replace_document(
+pub(crate) async fn replace_document(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<DocumentPath>,
     ApiQuery(query): ApiQuery<WriteQuery>,
@@ -347,7 +347,7 @@ pub async fn replace_document(
         (status = 200, description = "Patched", body = DocumentOut, headers(("ETag" = String, description = "\"<version>\""))),
     )
 )]
-pub async fn patch_document(
+pub(crate) async fn patch_document(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<DocumentPath>,
     ApiQuery(query): ApiQuery<WriteQuery>,
@@ -411,7 +411,7 @@ problems!(
         (status = 204, description = "Deleted", headers(("ETag" = String, description = "\"<version>\" of the tombstone"))),
     )
 )]
-pub async fn delete_document(
+pub(crate) async fn delete_document(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<DocumentPath>,
     headers: HeaderMap,
@@ -440,7 +440,7 @@ problems!(
         (status = 200, description = "A page of documents", body = DocumentListOut),
     )
 )]
-pub async fn list_documents(
+pub(crate) async fn list_documents(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<CollectionPath>,
     ApiQuery(query): ApiQuery<ListQuery>,

@@ -16,7 +16,7 @@ use crate::store::StoreError;
 use crate::txn::commit::TxnError;
 use crate::txn::record::{Failure, FailureCode};
 
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
 
 macro_rules! problem_codes {
     ($($variant:ident => $name:literal, $status:literal, $family:ident, $doc:literal;)*) => {
@@ -160,7 +160,7 @@ impl From<FailureCode> for ProblemCode {
 /// RFC 9457 problem details; the API description's problem schemas are
 /// built in `contract.rs` from the codes' families.
 #[derive(Serialize)]
-pub struct Problem {
+pub(crate) struct Problem {
     /// URI naming the problem type: `urn:txgate:problem:<code>`.
     #[serde(rename = "type")]
     pub kind: String,
@@ -177,7 +177,7 @@ pub struct Problem {
 
 /// An error answered to the client.
 #[derive(Debug)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     /// The status answered: the code's own, except where a layer answers
     /// otherwise ([`ApiError::with_status`]).
     status: StatusCode,
@@ -189,7 +189,7 @@ pub struct ApiError {
 
 impl ApiError {
     /// A problem with `code`, answered with the code's status.
-    pub fn new(code: ProblemCode, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(code: ProblemCode, detail: impl Into<String>) -> Self {
         let status = StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         Self::with_status(status, code, detail)
     }
@@ -197,35 +197,35 @@ impl ApiError {
     /// A problem with `code` answered with another status: a transaction's
     /// failure (a 409 whatever its member's code), or a status the
     /// framework chose (an unknown route, a method not allowed).
-    pub fn with_status(status: StatusCode, code: ProblemCode, detail: impl Into<String>) -> Self {
+    pub(crate) fn with_status(status: StatusCode, code: ProblemCode, detail: impl Into<String>) -> Self {
         Self { status, code, detail: detail.into(), extra: Map::new(), retry_after: None }
     }
 
     /// The status this problem is answered with.
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         self.status
     }
 
-    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+    pub(crate) fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
         self.extra.insert(key.to_owned(), value.into());
         self
     }
 
-    pub fn bad_request(code: ProblemCode, detail: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(code: ProblemCode, detail: impl Into<String>) -> Self {
         Self::with_status(StatusCode::BAD_REQUEST, code, detail)
     }
 
     /// 422 for a request that parsed but is not acceptable.
-    pub fn invalid(invalid: Invalid) -> Self {
+    pub(crate) fn invalid(invalid: Invalid) -> Self {
         Self::new(ProblemCode::ValidationFailed, invalid.to_string())
             .with("errors", json!([{"pointer": invalid.pointer, "detail": invalid.message}]))
     }
 
-    pub fn not_found(detail: impl Into<String>) -> Self {
+    pub(crate) fn not_found(detail: impl Into<String>) -> Self {
         Self::new(ProblemCode::NotFound, detail)
     }
 
-    pub fn store(err: &StoreError) -> Self {
+    pub(crate) fn store(err: &StoreError) -> Self {
         match err {
             StoreError::Unavailable(msg) => {
                 tracing::warn!(error = %msg, "store unavailable");
@@ -248,19 +248,19 @@ impl ApiError {
     }
 
     /// 500 for a bug or corrupted data: logged here, nothing internal in the body.
-    pub fn internal(msg: impl std::fmt::Display) -> Self {
+    pub(crate) fn internal(msg: impl std::fmt::Display) -> Self {
         tracing::error!(error = %msg, "internal error");
         Self::new(ProblemCode::Internal, "internal error")
     }
 
-    pub fn retry(mut self, after: Duration) -> Self {
+    pub(crate) fn retry(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
         self
     }
 
     /// The problem+json body (what is answered, and what an
     /// Idempotency-Key stores for replay).
-    pub fn body(&self) -> Value {
+    pub(crate) fn body(&self) -> Value {
         let problem = Problem {
             kind: format!("urn:txgate:problem:{}", self.code.as_str()),
             title: self.status.canonical_reason().unwrap_or("Error").to_owned(),
@@ -300,7 +300,7 @@ impl From<TxnError> for ApiError {
 
 impl ApiError {
     /// The answer for a transaction that did not commit.
-    pub fn from_txn(err: &TxnError) -> Self {
+    pub(crate) fn from_txn(err: &TxnError) -> Self {
         match err {
             TxnError::Aborted { txn, failure } => Self::failure(StatusCode::CONFLICT, txn.clone(), failure.clone()),
             TxnError::InvalidChange { txn, failure } => {

@@ -7,7 +7,7 @@
 //! It wakes when this process appends, and polls for what other instances
 //! append.
 
-use crate::http::contract::{Problems, problems};
+use crate::http::problems::{Problems, problems};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::fmt::Write as _;
@@ -33,7 +33,7 @@ use crate::document::rules::Invalid;
 use crate::events::{Event, EventType, Filter, Log, READ_BATCH, ReadError, Ready};
 use crate::keys::Scope;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(events))
 }
 
@@ -54,7 +54,7 @@ const PAGE_SCAN: usize = 20 * READ_BATCH;
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct EventsQuery {
+pub(crate) struct EventsQuery {
     /// Only events about these collections, comma-separated (a
     /// `transaction.committed` event: when one of its members is).
     pub collections: Option<String>,
@@ -77,7 +77,7 @@ pub struct EventsQuery {
 
 /// A page of events.
 #[derive(Serialize, ToSchema)]
-pub struct EventPage {
+pub(crate) struct EventPage {
     pub items: Vec<Event>,
     /// The position to continue after (`after=`): the last position read,
     /// never past a gap that may still fill. The same as `after` when
@@ -103,7 +103,7 @@ fn filter(query: &EventsQuery, access: &Access) -> Result<Filter, ApiError> {
 }
 
 /// Event type `t`, or why not (at `pointer`).
-pub fn event_type(t: &str, pointer: &str) -> Result<EventType, Invalid> {
+pub(crate) fn event_type(t: &str, pointer: &str) -> Result<EventType, Invalid> {
     EventType::parse(t).ok_or_else(|| {
         let known: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
         Invalid::new(pointer, format!("unknown event type {t:?}; known: {}", known.join(", ")))
@@ -167,7 +167,7 @@ problems!(
         )),
     )
 )]
-pub async fn events(
+pub(crate) async fn events(
     State(state): State<AppState>,
     access: Access,
     headers: HeaderMap,

@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use super::error::{ApiError, ProblemCode};
 
 /// The media type of the request body, lower-cased, without parameters.
-pub fn media_type(headers: &HeaderMap) -> Option<String> {
+pub(crate) fn media_type(headers: &HeaderMap) -> Option<String> {
     let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
     Some(value.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
 }
@@ -21,12 +21,12 @@ fn is_json(media: &str) -> bool {
     media == "application/json" || (media.starts_with("application/") && media.ends_with("+json"))
 }
 
-pub fn unsupported_media(expected: &str) -> ApiError {
+pub(crate) fn unsupported_media(expected: &str) -> ApiError {
     ApiError::new(ProblemCode::UnsupportedMediaType, format!("the body must be sent as {expected}"))
 }
 
 /// Read the whole body, answering 413 when it is over the limit.
-pub async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+pub(crate) async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
     Bytes::from_request(req, state).await.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             too_large()
@@ -36,7 +36,7 @@ pub async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes
     })
 }
 
-pub fn too_large() -> ApiError {
+pub(crate) fn too_large() -> ApiError {
     ApiError::new(ProblemCode::PayloadTooLarge, "the request body is larger than the limit")
 }
 
@@ -45,7 +45,7 @@ pub fn too_large() -> ApiError {
 /// open: one parser keeps the first, another the last, so it is refused
 /// rather than guessed), and a struct read from an array (see
 /// [`super::strict`]).
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if let Some(pointer) = duplicate_member(bytes) {
         return Err(ApiError::new(
             ProblemCode::ValidationFailed,
@@ -223,11 +223,9 @@ fn duplicate_member(bytes: &[u8]) -> Option<String> {
     found.into_inner().filter(|_| serde_json::from_slice::<de::IgnoredAny>(bytes).is_ok())
 }
 
-/// A JSON body (`application/json` or any `application/*+json`), with the
-/// raw bytes kept for callers that store the request verbatim.
-pub struct JsonBody<T> {
+/// A JSON body (`application/json` or any `application/*+json`).
+pub(crate) struct JsonBody<T> {
     pub value: T,
-    pub raw: Bytes,
 }
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
@@ -238,7 +236,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             return Err(unsupported_media("application/json"));
         }
         let raw = body_bytes(req, state).await?;
-        Ok(Self { value: parse_json(&raw)?, raw })
+        Ok(Self { value: parse_json(&raw)? })
     }
 }
 
@@ -246,7 +244,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 /// is optional: an empty body (whatever its `Content-Type`, so a bare
 /// `curl -X POST` works) is `None`; any other is read as [`JsonBody`]
 /// reads it, with the same 415, 400 and 422 answers.
-pub struct OptionalJsonBody<T>(pub Option<T>);
+pub(crate) struct OptionalJsonBody<T>(pub Option<T>);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJsonBody<T> {
     type Rejection = ApiError;
@@ -270,7 +268,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJsonBody<T>
 /// and the answer names the first that is not; past these, a struct is
 /// still never read from an array (see [`super::strict`]), only without
 /// the pointer.
-pub fn from_body<T: DeserializeOwned>(value: serde_json::Value, objects: &[&str]) -> Result<T, ApiError> {
+pub(crate) fn from_body<T: DeserializeOwned>(value: serde_json::Value, objects: &[&str]) -> Result<T, ApiError> {
     for pattern in objects {
         let mut found = vec![("".to_owned(), &value)];
         for segment in pattern.split('/').skip(1) {
@@ -300,7 +298,7 @@ pub fn from_body<T: DeserializeOwned>(value: serde_json::Value, objects: &[&str]
 /// An optional integer member of a JSON body. JSON has one number type, so
 /// an integral number written with a fraction or exponent (`3.0`, `3e0`)
 /// is that integer, as JSON Schema's `integer` says.
-pub fn integer<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
+pub(crate) fn integer<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
     use serde::de::Error;
     let Some(number) = Option::<serde_json::Number>::deserialize(deserializer)? else { return Ok(None) };
     if let Some(i) = number.as_i64() {
@@ -314,7 +312,7 @@ pub fn integer<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Opti
 }
 
 /// Path parameters; a parameter that cannot be decoded is a 400.
-pub struct ApiPath<T>(pub T);
+pub(crate) struct ApiPath<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
     type Rejection = ApiError;
@@ -328,7 +326,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
 }
 
 /// Query parameters; values of the wrong type are a 422.
-pub struct ApiQuery<T>(pub T);
+pub(crate) struct ApiQuery<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuery<T> {
     type Rejection = ApiError;
@@ -342,7 +340,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuer
 }
 
 /// `"<v>"`, the entity tag of version `v`.
-pub fn etag(version: i64) -> String {
+pub(crate) fn etag(version: i64) -> String {
     format!("\"{version}\"")
 }
 
@@ -381,7 +379,7 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &header::HeaderName) -> Result<O
 }
 
 /// `If-Match`: `None` when absent or `*`, else the version it names.
-pub fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+pub(crate) fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
     match header_str(headers, &header::IF_MATCH)? {
         None | Some("*") => Ok(None),
         Some(tag) if tag.contains(',') => Err(ApiError::bad_request(
@@ -393,7 +391,7 @@ pub fn if_match(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
 }
 
 /// Whether `If-None-Match` matches a document at `version`.
-pub fn if_none_match(headers: &HeaderMap) -> Result<NoneMatch, ApiError> {
+pub(crate) fn if_none_match(headers: &HeaderMap) -> Result<NoneMatch, ApiError> {
     match header_str(headers, &header::IF_NONE_MATCH)? {
         None => Ok(NoneMatch(None)),
         Some("*") => Ok(NoneMatch(Some(Vec::new()))),
@@ -408,18 +406,20 @@ pub fn if_none_match(headers: &HeaderMap) -> Result<NoneMatch, ApiError> {
 
 /// What `If-None-Match` names: nothing (absent), any version (`*`), or
 /// these versions.
-pub struct NoneMatch(Option<Vec<i64>>);
+pub(crate) struct NoneMatch(Option<Vec<i64>>);
 
 impl NoneMatch {
     /// Whether a document at `version` matches (a 304).
-    pub fn matches(&self, version: i64) -> bool {
+    pub(crate) fn matches(&self, version: i64) -> bool {
         self.0.as_ref().is_some_and(|tags| tags.is_empty() || tags.contains(&version))
     }
 }
 
 /// An optional member that, when present, must have a value: `null` is
 /// refused rather than read as absent.
-pub fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(deserializer: D) -> Result<Option<T>, D::Error> {
+pub(crate) fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
     T::deserialize(deserializer).map(Some)
 }
 

@@ -19,7 +19,7 @@ use tokio::sync::Semaphore;
 use super::error::{ApiError, ProblemCode};
 
 /// How long a refused client is asked to wait.
-pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 fn probe(path: &str) -> bool {
     matches!(path, "/healthz" | "/readyz")
@@ -29,7 +29,7 @@ fn probe(path: &str) -> bool {
 /// others 429 at once, before they read their body or touch the store. A
 /// request holds its permit until its response head is ready (an event
 /// stream's body then flows without one).
-pub async fn limit(State(permits): State<Arc<Semaphore>>, req: Request, next: Next) -> Response {
+pub(crate) async fn limit(State(permits): State<Arc<Semaphore>>, req: Request, next: Next) -> Response {
     if probe(req.uri().path()) || req.uri().path() == "/metrics" {
         return next.run(req).await;
     }
@@ -59,7 +59,7 @@ fn has_body(headers: &header::HeaderMap) -> bool {
 /// (A 403 or 413 a handler gives after reading costs only a reconnect.)
 /// A 429 and a 408 always end their connection: an overload sheds
 /// connections too, and a client too slow to send its body is not kept.
-pub async fn close_after_early_refusal(req: Request, next: Next) -> Response {
+pub(crate) async fn close_after_early_refusal(req: Request, next: Next) -> Response {
     let has_body = has_body(req.headers());
     let mut res = next.run(req).await;
     let early = matches!(
@@ -78,13 +78,13 @@ pub async fn close_after_early_refusal(req: Request, next: Next) -> Response {
 }
 
 /// Most header fields in a request.
-pub const MAX_HEADER_FIELDS: usize = 100;
+pub(crate) const MAX_HEADER_FIELDS: usize = 100;
 /// Most bytes of header names and values in a request.
-pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 /// Bound the request head: more than [`MAX_HEADER_FIELDS`] fields or
 /// [`MAX_HEADER_BYTES`] of them is a 431 problem, before anything else.
-pub async fn head_limits(req: Request, next: Next) -> Response {
+pub(crate) async fn head_limits(req: Request, next: Next) -> Response {
     let headers = req.headers();
     let bytes: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
     if headers.len() > MAX_HEADER_FIELDS || bytes > MAX_HEADER_BYTES {
@@ -105,7 +105,7 @@ pub async fn head_limits(req: Request, next: Next) -> Response {
 /// `timeout` of the handler's turn (408, and the connection closes). A
 /// client that trickles its body holds a concurrency slot for `timeout`
 /// at most, and nothing is done for it.
-pub async fn read_body(State((limit, timeout)): State<(usize, Duration)>, req: Request, next: Next) -> Response {
+pub(crate) async fn read_body(State((limit, timeout)): State<(usize, Duration)>, req: Request, next: Next) -> Response {
     if !has_body(req.headers()) {
         return next.run(req).await;
     }
@@ -162,7 +162,7 @@ fn too_large(limit: usize) -> Response {
 /// (`localhost`, a loopback address, an optional port), and one whose
 /// target names another authority (absolute form). A missing or repeated
 /// `Host` is refused too.
-pub async fn loopback_host(req: Request, next: Next) -> Response {
+pub(crate) async fn loopback_host(req: Request, next: Next) -> Response {
     if probe(req.uri().path()) {
         return next.run(req).await;
     }
@@ -187,7 +187,7 @@ pub async fn loopback_host(req: Request, next: Next) -> Response {
 /// loopback authority: `localhost` (or `localhost.`), an IPv4 loopback
 /// address, or a bracketed IPv6 loopback address, each with an optional
 /// port of digits.
-pub fn is_loopback_host(host: &str) -> bool {
+pub(crate) fn is_loopback_host(host: &str) -> bool {
     let port_ok = |port: &str| (1..=5).contains(&port.len()) && port.bytes().all(|b| b.is_ascii_digit());
     if let Some(rest) = host.strip_prefix('[') {
         let Some((addr, after)) = rest.split_once(']') else { return false };

@@ -1,24 +1,25 @@
 //! The HTTP API: router, shared state, OpenAPI document and the operational
 //! endpoints (`/healthz`, `/readyz`, `/openapi.json`, `/docs`).
 
-pub mod admin;
-pub mod auth;
-pub mod collections;
-pub mod contract;
-pub mod deliveries;
-pub mod documents;
-pub mod error;
-pub mod events;
-pub mod extract;
-pub mod limits;
-pub mod observe;
-pub mod paging;
-pub mod serve;
-pub mod strict;
-pub mod subscriptions;
-pub mod transactions;
+pub(crate) mod admin;
+pub(crate) mod auth;
+pub(crate) mod collections;
+pub(crate) mod contract;
+pub(crate) mod deliveries;
+pub(crate) mod documents;
+pub(crate) mod error;
+pub(crate) mod events;
+pub(crate) mod extract;
+pub(crate) mod limits;
+pub(crate) mod observe;
+pub(crate) mod paging;
+pub(crate) mod problems;
+pub(crate) mod serve;
+pub(crate) mod strict;
+pub(crate) mod subscriptions;
+pub(crate) mod transactions;
 
-use crate::http::contract::{Problems, problems};
+use crate::http::problems::{Problems, problems};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +40,7 @@ use error::{ApiError, PROBLEM_JSON, ProblemCode};
 
 /// What every handler can reach.
 #[derive(Clone)]
-pub struct AppState {
+pub(crate) struct AppState {
     pub documents: Arc<Documents>,
     pub store: DynStore,
     pub txns: Arc<Transactions>,
@@ -78,7 +79,7 @@ pub struct AppState {
 struct ApiDoc;
 
 /// The routes and the OpenAPI document describing them.
-pub fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+pub(crate) fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(collections::router())
         .merge(documents::router())
@@ -104,7 +105,7 @@ fn document_text(derived: utoipa::openapi::OpenApi) -> String {
 }
 
 /// The complete application router for `config`.
-pub fn router(state: AppState, config: &crate::config::Config) -> Router {
+pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router {
     let (routes, derived) = api();
     let spec = Arc::new(document_text(derived));
     let keyless = config.api_keys.is_empty();

@@ -14,11 +14,11 @@ use super::AppState;
 use crate::metrics::Metrics;
 
 /// The label of a request no route matched: raw paths never become labels.
-pub const UNMATCHED: &str = "unmatched";
+pub(crate) const UNMATCHED: &str = "unmatched";
 
 /// Middleware (outermost, so refusals by the layers inside are counted
 /// too): count and time every request.
-pub async fn record(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
+pub(crate) async fn record(State(metrics): State<Arc<Metrics>>, req: Request, next: Next) -> Response {
     let route = req.extensions().get::<MatchedPath>().map_or(UNMATCHED, MatchedPath::as_str).to_owned();
     let method = method_label(req.method());
     let started = Instant::now();
@@ -46,6 +46,6 @@ fn method_label(method: &Method) -> &'static str {
 }
 
 /// `/metrics`: this instance's metrics in the Prometheus text format.
-pub async fn metrics(State(state): State<AppState>) -> Response {
+pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], state.metrics.render()).into_response()
 }

@@ -17,7 +17,7 @@ use crate::document::rules::Invalid;
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct ListQuery {
+pub(crate) struct ListQuery {
     /// Page size (default 50).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
@@ -29,7 +29,7 @@ pub struct ListQuery {
 impl ListQuery {
     /// The page asked for: its size (1..1000, default 50) and the id its
     /// `after` cursor names.
-    pub fn page(&self) -> Result<(usize, Option<String>), ApiError> {
+    pub(crate) fn page(&self) -> Result<(usize, Option<String>), ApiError> {
         let limit = self.limit.unwrap_or(DEFAULT_PAGE);
         if !(1..=MAX_PAGE).contains(&limit) {
             return Err(Invalid::new("/query/limit", format!("limit must be between 1 and {MAX_PAGE}")).into());
@@ -41,7 +41,7 @@ impl ListQuery {
 /// A list's `status` filter as the status type it names (`Status`,
 /// `DeliveryStatus`: their own `Deserialize`), or 422 at `/query/status`
 /// saying what it may be (`one_of`).
-pub fn status_filter<T: DeserializeOwned>(status: Option<&str>, one_of: &str) -> Result<Option<T>, ApiError> {
+pub(crate) fn status_filter<T: DeserializeOwned>(status: Option<&str>, one_of: &str) -> Result<Option<T>, ApiError> {
     let Some(status) = status else { return Ok(None) };
     let parsed = T::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(status));
     parsed.map(Some).map_err(|_| Invalid::new("/query/status", format!("status is {one_of}")).into())
@@ -50,7 +50,7 @@ pub fn status_filter<T: DeserializeOwned>(status: Option<&str>, one_of: &str) ->
 /// One page of a list: its items, and the cursor of the page after it
 /// (`null` on the last page). Every list answers one.
 #[derive(serde::Serialize)]
-pub struct Page<T> {
+pub(crate) struct Page<T> {
     pub items: Vec<T>,
     pub next: Option<String>,
 }
@@ -58,14 +58,14 @@ pub struct Page<T> {
 impl<T> Page<T> {
     /// `items`, and the cursor after `last` (the last id of the page, when
     /// more may follow).
-    pub fn new(items: Vec<T>, last: Option<&str>) -> Self {
+    pub(crate) fn new(items: Vec<T>, last: Option<&str>) -> Self {
         Self { items, next: last.map(encode_cursor) }
     }
 }
 
 /// An item listed a page at a time: the name (and description) of its
 /// page's schema in the API description.
-pub trait Listed: ToSchema {
+pub(crate) trait Listed: ToSchema {
     const PAGE: &'static str;
     const PAGE_DOC: Option<&'static str> = None;
 }
@@ -98,8 +98,8 @@ impl<T: Listed> ToSchema for Page<T> {
     }
 }
 
-pub const DEFAULT_PAGE: i64 = 50;
-pub const MAX_PAGE: i64 = 1000;
+pub(crate) const DEFAULT_PAGE: i64 = 50;
+pub(crate) const MAX_PAGE: i64 = 1000;
 
 /// Cursors: unpadded base64url of the last id of a page. Decoding is
 /// lenient (stray trailing bits, invalid UTF-8 replaced): a cursor is a

@@ -25,7 +25,7 @@ const MAX_HEADER_FIELDS: usize = 1024;
 /// the open connections to finish their requests, for `drain` at most:
 /// the connections still open then are closed, their requests dropped
 /// unanswered (as a crash would; nothing unacknowledged is promised).
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     router: axum::Router,
     header_timeout: Duration,

@@ -14,11 +14,11 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, EnumAccess, MapAccess, SeqAccess, VariantAccess, Visitor};
 
 /// A deserializer that reads structs from maps only.
-pub struct Strict<D>(pub D);
+pub(crate) struct Strict<D>(pub D);
 
 /// Deserialize `T` from `deserializer`, refusing a sequence wherever `T`
 /// (or any type inside it) reads a struct.
-pub fn deserialize<'de, T: de::Deserialize<'de>, D: Deserializer<'de>>(deserializer: D) -> Result<T, D::Error> {
+pub(crate) fn deserialize<'de, T: de::Deserialize<'de>, D: Deserializer<'de>>(deserializer: D) -> Result<T, D::Error> {
     T::deserialize(Strict(deserializer))
 }
 

@@ -1,7 +1,7 @@
 //! `/v1/subscriptions`: change events as webhooks (docs/design.md §5), sent by the
 //! delivery engine of `/v1/deliveries`.
 
-use crate::http::contract::{Problems, problems};
+use crate::http::problems::{Problems, problems};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -25,7 +25,7 @@ use crate::events::{EventType, Filter};
 use crate::keys::Scope;
 use crate::subscriptions::Subscription;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_subscription, list_subscriptions))
         .routes(routes!(get_subscription, delete_subscription))
@@ -38,7 +38,7 @@ const MAX_COLLECTIONS: usize = 100;
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"url": "https://example.com/hooks/orders", "collections": ["orders"], "types": ["document.created", "document.updated"]}))]
-pub struct SubscriptionIn {
+pub(crate) struct SubscriptionIn {
     /// Where each event is POSTed: an http(s) URL the gateway's destination
     /// policy allows (as for hooks).
     #[schema(value_type = HookUrl)]
@@ -61,7 +61,7 @@ pub struct SubscriptionIn {
 /// dead-lettered like them (see `/v1/deliveries`); one document's events
 /// go in order.
 #[derive(Serialize, ToSchema)]
-pub struct SubscriptionOut {
+pub(crate) struct SubscriptionOut {
     pub id: String,
     #[schema(format = "uri")]
     pub url: String,
@@ -91,14 +91,14 @@ impl From<Subscription> for SubscriptionOut {
 }
 
 /// A page of subscriptions.
-pub type SubscriptionListOut = Page<SubscriptionOut>;
+pub(crate) type SubscriptionListOut = Page<SubscriptionOut>;
 
 impl Listed for SubscriptionOut {
     const PAGE: &'static str = "SubscriptionListOut";
 }
 
 #[derive(Deserialize, IntoParams)]
-pub struct SubscriptionPath {
+pub(crate) struct SubscriptionPath {
     /// Subscription id.
     #[param(min_length = 1, max_length = 64)]
     pub id: String,
@@ -174,7 +174,7 @@ problems!(
             headers(("Location" = String, description = "URL of the subscription"))),
     )
 )]
-pub async fn create_subscription(
+pub(crate) async fn create_subscription(
     State(state): State<AppState>,
     access: Access,
     JsonBody { value, .. }: JsonBody<Value>,
@@ -216,7 +216,7 @@ problems!(
         (status = 200, description = "A page of subscriptions", body = SubscriptionListOut),
     )
 )]
-pub async fn list_subscriptions(
+pub(crate) async fn list_subscriptions(
     State(state): State<AppState>,
     access: Access,
     ApiQuery(query): ApiQuery<ListQuery>,
@@ -246,7 +246,7 @@ problems!(
         (status = 200, description = "The subscription", body = SubscriptionOut),
     )
 )]
-pub async fn get_subscription(
+pub(crate) async fn get_subscription(
     State(state): State<AppState>,
     access: Access,
     ApiPath(path): ApiPath<SubscriptionPath>,
@@ -275,7 +275,7 @@ problems!(
         (status = 204, description = "Deleted"),
     )
 )]
-pub async fn delete_subscription(
+pub(crate) async fn delete_subscription(
     State(state): State<AppState>,
     access: Access,
     ApiPath(path): ApiPath<SubscriptionPath>,

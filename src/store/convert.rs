@@ -14,16 +14,16 @@ use crate::clock::rfc3339;
 
 /// The nesting MongoDB allows in a stored document: each object or array is
 /// a level, the document itself included.
-pub const MAX_STORED_DEPTH: usize = 100;
+pub(crate) const MAX_STORED_DEPTH: usize = 100;
 
 /// Records deeper than this are not decoded (a margin over what may be
 /// stored): decoding recurses once per level, so an unbounded depth would
 /// be an unbounded stack.
-pub const MAX_DECODE_DEPTH: usize = 128;
+pub(crate) const MAX_DECODE_DEPTH: usize = 128;
 
 /// How deeply `value` nests: 0 for a scalar, 1 for an object or array of
 /// scalars, and so on. Iterative, so any depth is safe to measure.
-pub fn json_depth(value: &Value) -> usize {
+pub(crate) fn json_depth(value: &Value) -> usize {
     let mut deepest = 0;
     let mut stack = vec![(value, 0_usize)];
     while let Some((value, level)) = stack.pop() {
@@ -41,19 +41,19 @@ pub fn json_depth(value: &Value) -> usize {
 /// Why a stored record could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct Undecodable(pub String);
+pub(crate) struct Undecodable(pub String);
 
 /// Decode a stored record: its structure and depth are checked first,
 /// without recursion, so a record that is corrupt or nested beyond
 /// [`MAX_DECODE_DEPTH`] (written by another tool, or by a release without
 /// the write-side bound) is refused instead of exhausting the stack.
-pub fn decode(bytes: &[u8]) -> Result<Document, Undecodable> {
+pub(crate) fn decode(bytes: &[u8]) -> Result<Document, Undecodable> {
     let raw = RawDocument::from_bytes(bytes).map_err(|e| Undecodable(format!("not a BSON document: {e}")))?;
     decode_raw(raw)
 }
 
 /// [`decode`] for a record already framed as a raw document.
-pub fn decode_raw(raw: &RawDocument) -> Result<Document, Undecodable> {
+pub(crate) fn decode_raw(raw: &RawDocument) -> Result<Document, Undecodable> {
     check_raw_depth(raw, MAX_DECODE_DEPTH)?;
     Document::try_from(raw).map_err(|e| Undecodable(format!("not a BSON document: {e}")))
 }
@@ -83,7 +83,7 @@ fn check_raw_depth(raw: &RawDocument, max: usize) -> Result<(), Undecodable> {
 }
 
 /// The `_id` of a raw record, for reporting one that cannot be decoded.
-pub fn raw_id(raw: &RawDocument) -> String {
+pub(crate) fn raw_id(raw: &RawDocument) -> String {
     match raw.get("_id") {
         Ok(Some(RawBsonRef::String(id))) => id.to_owned(),
         Ok(Some(other)) => format!("{other:?}"),
@@ -91,7 +91,7 @@ pub fn raw_id(raw: &RawDocument) -> String {
     }
 }
 
-pub fn json_to_bson(value: &Value) -> Bson {
+pub(crate) fn json_to_bson(value: &Value) -> Bson {
     match value {
         Value::Null => Bson::Null,
         Value::Bool(b) => Bson::Boolean(*b),
@@ -117,7 +117,7 @@ pub fn object_to_document(map: &Map<String, Value>) -> Document {
     doc
 }
 
-pub fn bson_to_json(value: &Bson) -> Value {
+pub(crate) fn bson_to_json(value: &Bson) -> Value {
     match value {
         Bson::Null | Bson::Undefined => Value::Null,
         Bson::Boolean(b) => Value::Bool(*b),
@@ -133,7 +133,7 @@ pub fn bson_to_json(value: &Bson) -> Value {
     }
 }
 
-pub fn document_to_object(doc: &Document) -> Map<String, Value> {
+pub(crate) fn document_to_object(doc: &Document) -> Map<String, Value> {
     doc.iter().map(|(k, v)| (k.clone(), bson_to_json(v))).collect()
 }
 

@@ -14,14 +14,14 @@ use super::{DynStore, Store, StoreError, StoreResult};
 use crate::metrics::Metrics;
 
 /// The layer that bounds and times every bounded operation.
-pub struct Deadline {
+pub(crate) struct Deadline {
     timeout: Duration,
     metrics: Arc<Metrics>,
 }
 
 impl Deadline {
     /// A deadline of `timeout` on the operations of `inner`.
-    pub fn over(inner: DynStore, timeout: Duration, metrics: Arc<Metrics>) -> Layered<Self> {
+    pub(crate) fn over(inner: DynStore, timeout: Duration, metrics: Arc<Metrics>) -> Layered<Self> {
         Layered::new(inner, Self { timeout, metrics })
     }
 }

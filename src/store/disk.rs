@@ -126,13 +126,13 @@ impl Fence {
 
 /// A backend behind a [`Fence`]; reads and locks pass through.
 #[derive(Debug)]
-pub struct Fenced<B> {
+pub(crate) struct Fenced<B> {
     inner: B,
     fence: Fence,
 }
 
 impl<B> Fenced<B> {
-    pub fn new(inner: B, fence: &Fence) -> Self {
+    pub(crate) fn new(inner: B, fence: &Fence) -> Self {
         Self { inner, fence: fence.clone() }
     }
 }

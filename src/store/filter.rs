@@ -12,7 +12,7 @@ use std::cmp::Ordering;
 use super::{Bson, Document, StoreError, StoreResult, Update};
 
 /// Whether `record` matches `filter`.
-pub fn matches(record: &Document, filter: &Document) -> StoreResult<bool> {
+pub(crate) fn matches(record: &Document, filter: &Document) -> StoreResult<bool> {
     for (key, cond) in filter {
         let ok = match key.as_str() {
             "$or" => any_of(record, cond)?,
@@ -57,7 +57,7 @@ fn unsupported(op: &str) -> StoreError {
 }
 
 /// The value at a dotted path, if every step exists.
-pub fn lookup<'a>(record: &'a Document, path: &str) -> Option<&'a Bson> {
+pub(crate) fn lookup<'a>(record: &'a Document, path: &str) -> Option<&'a Bson> {
     let mut parts = path.split('.');
     let mut current = record.get(parts.next()?)?;
     for part in parts {
@@ -131,7 +131,7 @@ fn as_i64(value: &Bson) -> Option<i64> {
 }
 
 /// Order of two values of the same type bracket; `None` across brackets.
-pub fn compare_values(a: &Bson, b: &Bson) -> Option<Ordering> {
+pub(crate) fn compare_values(a: &Bson, b: &Bson) -> Option<Ordering> {
     if let (Some(x), Some(y)) = (as_i64(a), as_i64(b)) {
         return Some(x.cmp(&y));
     }
@@ -152,7 +152,7 @@ pub fn compare_values(a: &Bson, b: &Bson) -> Option<Ordering> {
 
 /// Order used by sorted scans: like [`compare_values`], with values of
 /// different brackets ordered by MongoDB's bracket order.
-pub fn sort_order(a: Option<&Bson>, b: Option<&Bson>) -> Ordering {
+pub(crate) fn sort_order(a: Option<&Bson>, b: Option<&Bson>) -> Ordering {
     fn bracket(v: Option<&Bson>) -> u8 {
         match v {
             None | Some(Bson::Null) => 0,
@@ -173,7 +173,7 @@ pub fn sort_order(a: Option<&Bson>, b: Option<&Bson>) -> Ordering {
 
 /// Apply a `$set`/`$unset` update in place, creating intermediate
 /// documents for dotted paths as MongoDB does.
-pub fn apply_update(record: &mut Document, update: &Update) -> StoreResult<()> {
+pub(crate) fn apply_update(record: &mut Document, update: &Update) -> StoreResult<()> {
     for (path, value) in &update.set {
         set_path(record, path, value.clone())?;
     }

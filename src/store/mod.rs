@@ -7,27 +7,27 @@
 //! `$and` on dotted paths), so both backends agree on what a filter means.
 //! Nothing above this module relies on a multi-document transaction.
 
-pub mod convert;
-pub mod deadline;
-pub mod disk;
-pub mod embedded;
+pub(crate) mod convert;
+pub(crate) mod deadline;
+pub(crate) mod disk;
+pub(crate) mod embedded;
 mod error;
-pub mod filter;
-pub mod layer;
-pub mod memory;
-pub mod mongo;
-pub mod powerloss;
-pub mod scans;
-pub mod shape;
-pub mod simdisk;
-pub mod templates;
+pub(crate) mod filter;
+pub(crate) mod layer;
+pub(crate) mod memory;
+pub(crate) mod mongo;
+pub(crate) mod powerloss;
+pub(crate) mod scans;
+pub(crate) mod shape;
+pub(crate) mod simdisk;
+pub(crate) mod templates;
 
-pub use embedded::journal;
+pub(crate) use embedded::journal;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-pub use mongodb::bson::{self, Bson, DateTime, Document, doc};
+pub use mongodb::bson::{Bson, DateTime, Document, doc};
 
 /// A stored record: a BSON document whose `_id` is a string.
 pub type Record = Document;
@@ -37,7 +37,7 @@ pub use error::{StoreError, StoreResult};
 /// Report a record a scan skipped because it cannot be decoded: the pass
 /// goes on without it, and an operator learns which record it was (the
 /// error names its collection and id; the store counts it).
-pub fn report_unreadable(err: &StoreError) {
+pub(crate) fn report_unreadable(err: &StoreError) {
     tracing::warn!(error = %err, "skipping a stored record that cannot be decoded; repair or remove it");
 }
 
@@ -260,10 +260,10 @@ pub enum Write<'a> {
 }
 
 /// The field of a log record holding its position.
-pub const LOG_SEQ: &str = "seq";
+pub(crate) const LOG_SEQ: &str = "seq";
 /// The field marking a log record as a void entry: a position closed for
 /// good with nothing in it.
-pub const LOG_VOID: &str = "void";
+pub(crate) const LOG_VOID: &str = "void";
 
 /// The void entry closing position `seq` of a log, logged at `at`.
 pub fn void_entry(seq: u64, at: DateTime) -> Record {
@@ -472,7 +472,7 @@ impl Unsynced<'_> {
 
 /// One page of an `_id`-ordered `scan` of `coll`: up to `limit` records
 /// after id `after`, decoded, and the id to continue after when more exist.
-pub async fn page<T>(
+pub(crate) async fn page<T>(
     store: &dyn Store,
     coll: &str,
     scan: Scan,
@@ -492,13 +492,13 @@ pub async fn page<T>(
 
 /// Records one background step reads or deletes at a time: recovery's
 /// scans, the lock sweep, purges. Steps repeat batches while there is work.
-pub const BATCH: usize = 200;
+pub(crate) const BATCH: usize = 200;
 
 /// Delete every record of `coll` that `scan` finds (it must be bounded so
 /// that what it finds stays found: a cutoff), in batches of [`BATCH`] while
 /// batches come back full. Each delete is conditional on the scan's own
 /// filter, so a record changed meanwhile is kept. Returns how many went.
-pub async fn purge(store: &dyn Store, coll: &str, scan: Scan) -> StoreResult<usize> {
+pub(crate) async fn purge(store: &dyn Store, coll: &str, scan: Scan) -> StoreResult<usize> {
     let (filter, _) = scan.to_query();
     let mut purged = 0;
     loop {
@@ -522,6 +522,6 @@ pub async fn purge(store: &dyn Store, coll: &str, scan: Scan) -> StoreResult<usi
 }
 
 /// The `_id` of a record, when it is a string.
-pub fn record_id(record: &Record) -> Option<&str> {
+pub(crate) fn record_id(record: &Record) -> Option<&str> {
     record.get_str("_id").ok()
 }

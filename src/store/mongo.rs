@@ -28,7 +28,7 @@ const DUPLICATE_KEY: i32 = 11000;
 
 /// Where [`Write::Append`] keeps the next position of each log: one
 /// record per log collection, `{_id: <collection>, n: <last position taken>}`.
-pub const COUNTERS: &str = "_counters";
+pub(crate) const COUNTERS: &str = "_counters";
 
 /// Error codes meaning "this document cannot be stored as it is".
 const REJECTED_CODES: &[i32] = &[2, 14, 52, 55, 56, 57, 10334, 15974, 16755, 17419, 238];

@@ -39,7 +39,7 @@ use super::simdisk::{Keep, SimDisk};
 use super::{Document, Durability, IndexSpec, LOG_SEQ, Store, Update, Write};
 
 /// A store's whole state: `(collection, id) -> BSON`.
-pub type State = BTreeMap<(String, String), Vec<u8>>;
+pub(crate) type State = BTreeMap<(String, String), Vec<u8>>;
 
 /// The states after each call, and the last one a synced answer covers.
 #[derive(Default)]
@@ -329,7 +329,12 @@ async fn uniform(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace, t
 /// The uniform workload crashed at `point`, recovered from `images`
 /// images, each then written again with the same workload, crashed with
 /// its last writes unsynced, and recovered again.
-pub async fn uniform_point(point: u64, images: usize, rng: &mut impl Rng, report: &mut Report) -> Result<(), String> {
+pub(crate) async fn uniform_point(
+    point: u64,
+    images: usize,
+    rng: &mut impl Rng,
+    report: &mut Report,
+) -> Result<(), String> {
     let disk = new_disk();
     disk.crash_at(point);
     let mut store = open(&disk)?;
@@ -411,7 +416,7 @@ fn recover(image: &SimDisk, trace: &Trace) -> Result<(EmbeddedStore, usize), Str
 }
 
 /// Writes and syncs of the whole workload, crash-free.
-pub async fn workload_ops() -> Result<u64, String> {
+pub(crate) async fn workload_ops() -> Result<u64, String> {
     let disk = new_disk();
     let mut store = open(&disk)?;
     workload(&disk, &mut store, &mut Trace::default()).await?;
@@ -421,7 +426,7 @@ pub async fn workload_ops() -> Result<u64, String> {
 
 /// Crash the workload at `point` and check `images` survivor images
 /// (one of them two crashes deep when `two_crash`).
-pub async fn crash_point(
+pub(crate) async fn crash_point(
     point: u64,
     images: usize,
     two_crash: bool,

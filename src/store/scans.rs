@@ -19,10 +19,10 @@ pub struct ScanDecl {
 }
 
 /// The primary index every collection has: records by `_id`.
-pub const PRIMARY: &str = "_id";
+pub(crate) const PRIMARY: &str = "_id";
 /// The collection name of declarations and templates that apply to every
 /// user collection.
-pub const USER: &str = "*";
+pub(crate) const USER: &str = "*";
 
 impl ScanDecl {
     /// This scan, with the values of its equality fields (in order).
@@ -33,9 +33,14 @@ impl ScanDecl {
 
 macro_rules! scans {
     ($( $(#[$doc:meta])* $name:ident: $coll:literal . $index:literal, eq [$($eq:literal),*], by $by:literal; )*) => {
-        $( $(#[$doc])* pub static $name: ScanDecl = ScanDecl { coll: $coll, index: $index, eq: &[$($eq),*], by: $by }; )*
+        $(
+            $(#[$doc])*
+            #[allow(unreachable_pub, reason = "the tests reach some through the testing surface")]
+            pub static $name: ScanDecl = ScanDecl { coll: $coll, index: $index, eq: &[$($eq),*], by: $by };
+        )*
         /// Every declared scan.
-        pub static ALL: &[&ScanDecl] = &[$(&$name),*];
+        #[cfg(test)]
+        pub(crate) static ALL: &[&ScanDecl] = &[$(&$name),*];
     };
 }
 
@@ -101,7 +106,8 @@ scans! {
 /// when the scan's equality fields are the index's first fields and its
 /// order field is the next one; an `_id` order after equality fields must
 /// be written in the index (MongoDB orders equal keys by record, not `_id`).
-pub fn check(decl: &ScanDecl, indexes: &[(String, super::IndexSpec)]) -> Result<(), String> {
+#[cfg(test)]
+pub(crate) fn check(decl: &ScanDecl, indexes: &[(String, super::IndexSpec)]) -> Result<(), String> {
     let name = format!("{}.{}", decl.coll, decl.index);
     if decl.index == PRIMARY {
         return if decl.eq.is_empty() && decl.by == "_id" {

@@ -16,7 +16,7 @@ pub fn txn_age(id: &str) -> (u64, &str) {
 }
 
 /// A new transaction id with the same age (timestamp) as `id`.
-pub fn same_age(id: &str) -> String {
+pub(crate) fn same_age(id: &str) -> String {
     let ts = uuid::Uuid::parse_str(id).ok().and_then(|u| u.get_timestamp());
     match ts {
         Some(ts) => {
@@ -28,7 +28,7 @@ pub fn same_age(id: &str) -> String {
 }
 
 /// Whether transaction `a` is older than `b` (wound-wait priority).
-pub fn older(a: &str, b: &str) -> bool {
+pub(crate) fn older(a: &str, b: &str) -> bool {
     txn_age(a) < txn_age(b)
 }
 

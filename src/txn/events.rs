@@ -18,7 +18,7 @@ use crate::store::{DateTime, DynStore, Record, StoreResult};
 /// events, from its members' post-images `forwarded` (member index and
 /// the document as rolled forward): one per changed member, then the
 /// `transaction.committed` event.
-pub fn transaction_records(rec: &TxnRecord, forwarded: &[(usize, &StoredDoc)], at: DateTime) -> Vec<Record> {
+pub(crate) fn transaction_records(rec: &TxnRecord, forwarded: &[(usize, &StoredDoc)], at: DateTime) -> Vec<Record> {
     let committed = rec.committed_at.unwrap_or(at);
     let mut out = Vec::with_capacity(forwarded.len() + 1);
     for (i, doc) in forwarded {
@@ -50,13 +50,13 @@ pub fn transaction_records(rec: &TxnRecord, forwarded: &[(usize, &StoredDoc)], a
 /// The event output of committed transactions: before any lock is
 /// released, the events of every member still held, then the
 /// `transaction.committed` event.
-pub struct TxnEvents {
+pub(crate) struct TxnEvents {
     store: DynStore,
     clock: Clock,
 }
 
 impl TxnEvents {
-    pub fn new(store: DynStore, clock: Clock) -> Arc<Self> {
+    pub(crate) fn new(store: DynStore, clock: Clock) -> Arc<Self> {
         Arc::new(Self { store, clock })
     }
 }

@@ -29,7 +29,7 @@ fn default_method() -> String {
 pub struct Headers(pub std::collections::BTreeMap<String, String>);
 
 /// What an API answer shows in place of a header value.
-pub const REDACTED: &str = "[redacted]";
+pub(crate) const REDACTED: &str = "[redacted]";
 
 impl Headers {
     /// The names, each with [`REDACTED`] for its value.
@@ -59,7 +59,7 @@ impl std::fmt::Debug for Headers {
 
 /// A transaction request as shown back (and kept in its record): every
 /// hook's header values replaced by [`REDACTED`].
-pub fn redact_request(request: &serde_json::Value) -> serde_json::Value {
+pub(crate) fn redact_request(request: &serde_json::Value) -> serde_json::Value {
     let mut request = request.clone();
     if let Some(hooks) = request.get_mut("hooks").and_then(serde_json::Value::as_array_mut) {
         for hook in hooks {

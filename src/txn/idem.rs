@@ -18,11 +18,11 @@ use crate::store::{DateTime, DynStore, StoreResult, Update};
 use super::locks::Locks;
 use super::record::{AbortReason, Status, TXNS, TxnRecord};
 
-pub const IDEM: &str = "_idem";
+pub(crate) const IDEM: &str = "_idem";
 
 /// What claiming a key found.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Claim {
+pub(crate) enum Claim {
     /// The key is ours: run the transaction.
     Fresh,
     /// A stored outcome: answer it again.
@@ -50,20 +50,20 @@ mod shapes {
 
     /// Held by attempt `txn` (in `state`, when given).
     #[derive(Serialize)]
-    pub struct Held<'a> {
+    pub(super) struct Held<'a> {
         pub txn: &'a str,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub state: Option<ClaimState>,
     }
 
     #[derive(Serialize)]
-    pub struct Repointed<'a> {
+    pub(super) struct Repointed<'a> {
         pub txn: &'a str,
         pub repointed_at: DateTime,
     }
 
     #[derive(Serialize)]
-    pub struct Done {
+    pub(super) struct Done {
         pub state: ClaimState,
         pub status: i32,
         pub body: String,
@@ -112,7 +112,7 @@ impl ClaimRecord {
 /// of the order of the members of its objects and of how its numbers are
 /// spelled (`100`, `1e2` and `100.0` are one number). The order of array
 /// items counts: it is the order of a transaction's actions.
-pub fn body_hash(body: &Value) -> String {
+pub(crate) fn body_hash(body: &Value) -> String {
     let mut canonical = String::new();
     write_canonical(body, &mut canonical);
     hex(&Sha256::digest(canonical.as_bytes()))
@@ -192,7 +192,7 @@ fn canonical_number(n: &serde_json::Number) -> String {
 
 /// The idempotency service: claims on keys, moved along a request's
 /// attempts, and the outcomes stored for them.
-pub struct Idempotency {
+pub(crate) struct Idempotency {
     store: DynStore,
     clock: Clock,
     /// How long an abandoned claim holds its key (a lease).
@@ -210,7 +210,7 @@ impl Idempotency {
     }
 
     /// Claim `key` for `txn` running a body with hash `hash`.
-    pub async fn claim_key(&self, key: &str, fingerprint: &Fingerprint, txn: &str) -> StoreResult<Claim> {
+    pub(crate) async fn claim_key(&self, key: &str, fingerprint: &Fingerprint, txn: &str) -> StoreResult<Claim> {
         let hash = fingerprint.hash.as_str();
         loop {
             let fresh = ClaimRecord {
@@ -296,7 +296,7 @@ impl Idempotency {
 
     /// Move the claim on `key` from attempt `from` to attempt `to`, once
     /// `from` can no longer commit.
-    pub async fn repoint_key(&self, key: &str, from: &str, to: &str) -> StoreResult<bool> {
+    pub(crate) async fn repoint_key(&self, key: &str, from: &str, to: &str) -> StoreResult<bool> {
         if self.fence(from).await?.is_some_and(|rec| rec.status.is_committed()) {
             return Ok(false);
         }
@@ -305,14 +305,14 @@ impl Idempotency {
     }
 
     /// Store the outcome answered for `key` (synced: a retry must get it).
-    pub async fn complete_key(&self, key: &str, txn: &str, status: u16, body: &Value) -> StoreResult<()> {
+    pub(crate) async fn complete_key(&self, key: &str, txn: &str, status: u16, body: &Value) -> StoreResult<()> {
         let set = shapes::Done { state: ClaimState::Done, status: i32::from(status), body: body.to_string() };
         let filter = fields(&shapes::Held { txn, state: None });
         self.store.update(IDEM, key, filter, Update::fields(&set)).await.map(|_| ())
     }
 
     /// Free `key` (a retryable failure).
-    pub async fn release_key(&self, key: &str, txn: &str) -> StoreResult<()> {
+    pub(crate) async fn release_key(&self, key: &str, txn: &str) -> StoreResult<()> {
         self.store.delete(IDEM, key, fields(&shapes::Held { txn, state: None })).await.map(|_| ())
     }
 }

@@ -2,18 +2,18 @@
 //! commit protocol, lock conflicts and wound-wait, roll-forward, roll-back
 //! and recovery (docs/design.md §3).
 
-pub mod age;
-pub mod commit;
-pub mod events;
-pub mod finish;
-pub mod hook;
-pub mod idem;
-pub mod locks;
-pub mod outputs;
-pub mod plan;
-pub mod record;
-pub mod recovery;
-pub mod signals;
+pub(crate) mod age;
+pub(crate) mod commit;
+pub(crate) mod events;
+pub(crate) mod finish;
+pub(crate) mod hook;
+pub(crate) mod idem;
+pub(crate) mod locks;
+pub(crate) mod outputs;
+pub(crate) mod plan;
+pub(crate) mod record;
+pub(crate) mod recovery;
+pub(crate) mod signals;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,14 +23,14 @@ use tokio_util::task::TaskTracker;
 use crate::metrics::Metrics;
 use crate::store::{DynStore, StoreResult};
 
-pub use commit::{Commit, Committed, TxnError};
-pub use events::TxnEvents;
-pub use finish::Finish;
-pub use idem::{Fingerprint, Idempotency};
-pub use locks::Locks;
-pub use plan::Plan;
-pub use record::{Status, TxnRecord};
-pub use recovery::Recovery;
+pub(crate) use commit::{Commit, Committed, TxnError};
+pub(crate) use events::TxnEvents;
+pub(crate) use finish::Finish;
+pub(crate) use idem::{Fingerprint, Idempotency};
+pub(crate) use locks::Locks;
+pub(crate) use plan::Plan;
+pub(crate) use record::{Status, TxnRecord};
+pub(crate) use recovery::Recovery;
 
 /// Protocol timings.
 #[derive(Clone, Debug)]
@@ -277,7 +277,7 @@ impl Transactions {
 /// `CommittedOut`), what an Idempotency-Key replays, and the default body
 /// of a hook.
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub id: String,
     /// Always `committed`.
     pub status: Status,
@@ -289,13 +289,13 @@ pub struct Summary {
 
 /// A hook in the commit summary: its delivery id, and `pending`.
 #[derive(Clone, Debug, serde::Serialize)]
-pub struct SummaryHook {
+pub(crate) struct SummaryHook {
     pub id: String,
     pub status: &'static str,
 }
 
 /// The commit summary of committed `rec`.
-pub fn summary(rec: &TxnRecord) -> Summary {
+pub(crate) fn summary(rec: &TxnRecord) -> Summary {
     Summary {
         id: rec.id.clone(),
         status: Status::Committed,
@@ -307,7 +307,7 @@ pub fn summary(rec: &TxnRecord) -> Summary {
 
 impl Summary {
     /// The summary as JSON (as stored for a key, and sent as a hook's body).
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self).expect("a summary serializes")
     }
 }

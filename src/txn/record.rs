@@ -284,7 +284,7 @@ impl TxnRecord {
 
 /// A change of a transaction record, each a compare-and-set on its status
 /// (the protocol's state machine, written only here).
-pub enum Transition<'a> {
+pub(crate) enum Transition<'a> {
     /// A pending record's lease, extended.
     Heartbeat { expires_at: DateTime },
     /// The commit point: pending to committed, with the members' versions.
@@ -305,19 +305,19 @@ mod shapes {
 
     /// In `status`; with `expires_at`, holding that lease.
     #[derive(Serialize)]
-    pub struct InStatus {
+    pub(super) struct InStatus {
         pub status: Status,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub expires_at: Option<DateTime>,
     }
 
     #[derive(Serialize)]
-    pub struct Lease {
+    pub(super) struct Lease {
         pub expires_at: DateTime,
     }
 
     #[derive(Serialize)]
-    pub struct Committing<'a> {
+    pub(super) struct Committing<'a> {
         pub status: Status,
         pub committed_at: DateTime,
         pub results: &'a [MemberResult],
@@ -325,7 +325,7 @@ mod shapes {
     }
 
     #[derive(Serialize)]
-    pub struct Aborting<'a> {
+    pub(super) struct Aborting<'a> {
         pub status: Status,
         pub abort_reason: &'a str,
         pub finished_at: Option<DateTime>,
@@ -334,7 +334,7 @@ mod shapes {
     }
 
     #[derive(Serialize)]
-    pub struct Finishing {
+    pub(super) struct Finishing {
         pub status: Status,
         pub finished_at: DateTime,
     }
@@ -342,7 +342,7 @@ mod shapes {
 
 impl Transition<'_> {
     /// The filter and update of this change.
-    pub fn cas(&self) -> (Document, Update) {
+    pub(crate) fn cas(&self) -> (Document, Update) {
         use crate::store::shape::fields;
         let pending = shapes::InStatus { status: Status::Pending, expires_at: None };
         match self {
@@ -376,7 +376,7 @@ impl Transition<'_> {
     /// told). Everything else is implied by a synced write or redone by
     /// recovery: a lost heartbeat or abort leaves a pending record that
     /// recovery aborts, a lost finish is finished again.
-    pub fn durability(&self) -> Durability {
+    pub(crate) fn durability(&self) -> Durability {
         match self {
             Transition::Commit { .. } => Durability::Synced,
             Transition::Abort { reason: AbortReason::Operator, .. } => Durability::Synced,
@@ -385,7 +385,7 @@ impl Transition<'_> {
     }
 
     /// Apply this change to record `id`: whether this compare-and-set made it.
-    pub async fn apply(&self, store: &dyn Store, id: &str) -> StoreResult<bool> {
+    pub(crate) async fn apply(&self, store: &dyn Store, id: &str) -> StoreResult<bool> {
         let (filter, update) = self.cas();
         store.write(TXNS, Write::Update { id, filter, update }, self.durability()).await
     }

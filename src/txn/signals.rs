@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Default)]
-pub struct Signals {
+pub(crate) struct Signals {
     /// Transactions running in this process: id → their "wounded" token.
     running: Mutex<HashMap<String, CancellationToken>>,
     /// Documents someone here waits on: (collection, id) → wake-up.
@@ -24,7 +24,7 @@ pub struct Signals {
 }
 
 /// Unregisters a running transaction when dropped.
-pub struct Running<'a> {
+pub(crate) struct Running<'a> {
     signals: &'a Signals,
     txn: String,
 }
@@ -37,20 +37,20 @@ impl Drop for Running<'_> {
 
 impl Signals {
     /// Register `txn` as running here, with the token that stops it.
-    pub fn run(&self, txn: &str, wounded: CancellationToken) -> Running<'_> {
+    pub(crate) fn run(&self, txn: &str, wounded: CancellationToken) -> Running<'_> {
         self.running.lock().expect("running set").insert(txn.to_owned(), wounded);
         Running { signals: self, txn: txn.to_owned() }
     }
 
     /// `txn` was aborted: stop it now if it runs here.
-    pub fn aborted(&self, txn: &str) {
+    pub(crate) fn aborted(&self, txn: &str) {
         if let Some(token) = self.running.lock().expect("running set").get(txn) {
             token.cancel();
         }
     }
 
     /// The lock on `(coll, id)` was released or applied: wake its waiters.
-    pub fn released(&self, coll: &str, id: &str) {
+    pub(crate) fn released(&self, coll: &str, id: &str) {
         let key = (coll.to_owned(), id.to_owned());
         if let Some(notify) = self.waiting.lock().expect("waiting set").remove(&key) {
             notify.notify_waiters();
@@ -58,7 +58,7 @@ impl Signals {
     }
 
     /// Wait until `(coll, id)` is released here or `timeout` passes.
-    pub async fn wait_release(&self, coll: &str, id: &str, timeout: Duration) {
+    pub(crate) async fn wait_release(&self, coll: &str, id: &str, timeout: Duration) {
         let key = (coll.to_owned(), id.to_owned());
         let notify = Arc::clone(self.waiting.lock().expect("waiting set").entry(key.clone()).or_default());
         let _ = tokio::time::timeout(timeout, notify.notified()).await;

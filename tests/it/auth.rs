@@ -2,7 +2,7 @@
 
 use reqwest::Method;
 use serde_json::json;
-use txgate::keys::parse_keys;
+use txgate::testing::keys::parse_keys;
 
 use crate::support::{Backend, TestApp, expect, expect_problem};
 

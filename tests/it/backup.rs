@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::config::StoreConfig;
-use txgate::document::{StoredDoc, View};
-use txgate::keys::parse_keys;
-use txgate::store::Store;
-use txgate::store::embedded::EmbeddedStore;
+use txgate::testing::document::{StoredDoc, View};
+use txgate::testing::keys::parse_keys;
+use txgate::testing::store::Store;
+use txgate::testing::store::embedded::EmbeddedStore;
 
 use crate::support::{Backend, STORE_TIMEOUT, TestApp, expect, expect_problem, test_config};
 
@@ -103,7 +103,11 @@ fn backup_path(app: &TestApp, answer: &Value) -> PathBuf {
     let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
     assert!(stamp.len() == 16 && digits(&stamp[..8]) && &stamp[8..9] == "T" && digits(&stamp[9..15]), "{name}");
     assert!(stamp.ends_with('Z') && suffix.len() == 6 && suffix.bytes().all(|b| b.is_ascii_hexdigit()), "{name}");
-    assert!(path.join(txgate::store::embedded::DATABASE_FILE).is_file(), "{} holds a database", path.display());
+    assert!(
+        path.join(txgate::testing::store::embedded::DATABASE_FILE).is_file(),
+        "{} holds a database",
+        path.display()
+    );
     path
 }
 
@@ -132,7 +136,7 @@ async fn held_documents(dir: &Path, answer: &Value) -> Vec<String> {
 /// The store in `config`'s directory, once the writer thread of the last
 /// store opened there has let go of its file (shortly after its handle
 /// is dropped).
-async fn reopen(config: &StoreConfig) -> txgate::store::DynStore {
+async fn reopen(config: &StoreConfig) -> txgate::testing::store::DynStore {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match txgate::open_store(config, STORE_TIMEOUT).await {

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use txgate::store::doc;
-use txgate::txn::record::Status;
+use txgate::testing::store::doc;
+use txgate::testing::txn::record::Status;
 
 use crate::support::{Backend, SseStream, TestApp, all_events, expect, expect_problem, txn_record};
 
@@ -342,10 +342,13 @@ async fn a_locked_document_is_skipped_until_its_transaction_ends(backend: Backen
     let txn = "T-holds-a";
     app.store.insert("_txns", txn_record(txn, Status::Pending, 60_000, "held", &["a"]).to_record()).await.unwrap();
     let rec = app.store.get("held", "a").await.unwrap().unwrap();
-    let mut d = txgate::document::StoredDoc::from_record(rec).unwrap();
+    let mut d = txgate::testing::document::StoredDoc::from_record(rec).unwrap();
     d.meta.txn = Some(txn.into());
-    let staged =
-        txgate::document::Staged { op: txgate::document::StagedOp::Update, data: Some(doc! {"n": 5_i64}), sv: 1 };
+    let staged = txgate::testing::document::Staged {
+        op: txgate::testing::document::StagedOp::Update,
+        data: Some(doc! {"n": 5_i64}),
+        sv: 1,
+    };
     d.meta.pending = Some(staged);
     assert!(app.store.replace("held", "a", doc! {"_meta.v": 1_i64}, d.to_record()).await.unwrap());
     put_ttl(&app, "held", json!({"max_age_seconds": 1})).await;

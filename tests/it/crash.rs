@@ -11,16 +11,16 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::json;
-use txgate::document::rules::Patch;
-use txgate::document::{StoredDoc, View};
-use txgate::hooks::DELIVERIES;
-use txgate::metrics::Metrics;
-use txgate::store::{DateTime, DynStore, doc};
-use txgate::txn::commit::TxnError;
-use txgate::txn::plan::{Action, ActionOp, Plan};
-use txgate::txn::record::{Status, TXNS, TxnRecord};
-use txgate::txn::{Transactions, TxnConfig};
-use txgate::worker::Worker;
+use txgate::testing::document::rules::Patch;
+use txgate::testing::document::{StoredDoc, View};
+use txgate::testing::hooks::DELIVERIES;
+use txgate::testing::metrics::Metrics;
+use txgate::testing::store::{DateTime, DynStore, doc};
+use txgate::testing::txn::commit::TxnError;
+use txgate::testing::txn::plan::{Action, ActionOp, Plan};
+use txgate::testing::txn::record::{Status, TXNS, TxnRecord};
+use txgate::testing::txn::{Transactions, TxnConfig};
+use txgate::testing::worker::Worker;
 
 use crate::faulty::{Fault, faulty};
 use crate::support::{Backend, TestApp, TestReceiver, TestStore, expect, test_config, txn_record};
@@ -37,8 +37,8 @@ fn fast_config() -> TxnConfig {
     }
 }
 
-fn hooks(store: DynStore) -> Arc<txgate::hooks::Hooks> {
-    txgate::hooks::Hooks::new(store, Arc::new(Metrics::default()), Default::default())
+fn hooks(store: DynStore) -> Arc<txgate::testing::hooks::Hooks> {
+    txgate::testing::hooks::Hooks::new(store, Arc::new(Metrics::default()), Default::default())
 }
 
 fn engine(store: DynStore) -> Arc<Transactions> {
@@ -80,7 +80,7 @@ impl Scenario {
             schema_version: 1,
             request: HOOKS.into(),
             idempotency_key: None,
-            hooks: txgate::hooks::hooks_of(HOOKS),
+            hooks: txgate::testing::hooks::hooks_of(HOOKS),
         }
     }
 
@@ -95,9 +95,9 @@ impl Scenario {
 
     /// The ids of the change events of `txn` in the log.
     async fn events(&self, store: &DynStore, txn: &str) -> Vec<String> {
-        let scan = txgate::store::scans::EVENTS_BY_SEQ.scan(Vec::new());
+        let scan = txgate::testing::store::scans::EVENTS_BY_SEQ.scan(Vec::new());
         let mut ids: Vec<String> = store
-            .scan(txgate::events::EVENTS, scan)
+            .scan(txgate::testing::events::EVENTS, scan)
             .await
             .unwrap()
             .iter()
@@ -420,16 +420,16 @@ async fn committed_with_hooks(store: &DynStore, rx: &TestReceiver) -> String {
     txn
 }
 
-fn delivery_worker(store: DynStore, scan_interval: Duration) -> Arc<txgate::hooks::send::Sender> {
-    let cfg = txgate::hooks::HookConfig {
+fn delivery_worker(store: DynStore, scan_interval: Duration) -> Arc<txgate::testing::hooks::send::Sender> {
+    let cfg = txgate::testing::hooks::HookConfig {
         timeout: Duration::from_millis(500),
         claim_grace: Duration::from_millis(50),
         scan_interval,
         ..Default::default()
     };
-    let guard = Arc::new(txgate::hooks::guard::HookGuard::new("127.0.0.1:*").unwrap());
-    let clients = txgate::hooks::net::Clients::new(guard, cfg.timeout).unwrap();
-    txgate::hooks::send::Sender::new(hooks(store), cfg, clients)
+    let guard = Arc::new(txgate::testing::hooks::guard::HookGuard::new("127.0.0.1:*").unwrap());
+    let clients = txgate::testing::hooks::net::Clients::new(guard, cfg.timeout).unwrap();
+    txgate::testing::hooks::send::Sender::new(hooks(store), cfg, clients)
 }
 
 async fn both_delivered(store: &DynStore, txn: &str) -> bool {
@@ -493,7 +493,7 @@ async fn delivery_case(store: &DynStore, rx: &TestReceiver, fault: Fault) -> (bo
 async fn sweep_delivery(backend: Backend) {
     let Some(ts) = TestStore::new(backend).await else { return };
     let store = ts.store.clone();
-    txgate::migrate::run(store.as_ref()).await.unwrap();
+    txgate::testing::migrate::run(store.as_ref()).await.unwrap();
     let rx = TestReceiver::start().await;
     let (_, total) = delivery_case(&store, &rx, Fault::None).await;
     eprintln!("a clean delivery run issues {total} store operations");

@@ -212,7 +212,7 @@ const CODES_END: &str = "<!-- end of problem codes -->";
 
 /// The problem codes table, as `ProblemCode` says.
 fn codes_table() -> String {
-    use txgate::http::error::ProblemCode;
+    use txgate::testing::http::error::ProblemCode;
     let mut out = String::from("| status | code | schema | meaning |\n|---|---|---|---|\n");
     for code in ProblemCode::ALL {
         let schema = format!("{:?}", code.family());
@@ -253,7 +253,7 @@ async fn the_metrics_table_lists_every_family_a_gateway_serves() {
         .filter_map(|l| l.split_once(' '))
         .map(|(name, kind)| (name.to_owned(), kind.to_owned()))
         .collect();
-    for family in txgate::metrics::FAMILIES {
+    for family in txgate::testing::metrics::FAMILIES {
         served.insert(family.name.to_owned(), family.kind().to_owned());
     }
     let doc = read(&root().join("docs/operating.md"));

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use txgate::document::StoredDoc;
-use txgate::events::EVENTS;
-use txgate::store::{DateTime, doc};
+use txgate::testing::document::StoredDoc;
+use txgate::testing::events::EVENTS;
+use txgate::testing::store::{DateTime, doc};
 
 use crate::support::{Backend, SseStream, TestApp, all_events, events_page, expect, expect_problem};
 
@@ -338,8 +338,13 @@ async fn an_outbox_left_by_a_crash_reaches_the_log_in_version_order(backend: Bac
         d.meta.v = 2;
         d.data = doc! {"n": 1_i64};
         let at = DateTime::now();
-        d.meta.outbox =
-            Some(txgate::events::model::document_event(txgate::events::EventType::Updated, "o", &d, None, at));
+        d.meta.outbox = Some(txgate::testing::events::model::document_event(
+            txgate::testing::events::EventType::Updated,
+            "o",
+            &d,
+            None,
+            at,
+        ));
         assert!(app.store.replace("o", id, doc! {"_meta.v": 1_i64}, d.to_record()).await.unwrap());
     }
     // A reader leaves it alone.

@@ -220,7 +220,7 @@ async fn aborted_transactions_send_nothing(backend: Backend) {
 
 async fn internal_destinations_are_refused_unless_allowed(backend: Backend) {
     let Some(app) = TestApp::spawn_with(backend, |c| {
-        c.hook_guard = txgate::hooks::guard::HookGuard::new("127.0.0.1:9000").unwrap();
+        c.hook_guard = txgate::testing::hooks::guard::HookGuard::new("127.0.0.1:9000").unwrap();
     })
     .await
     else {

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use txgate::document::rules::MAX_DATA_DEPTH;
-use txgate::keys::parse_keys;
+use txgate::testing::document::rules::MAX_DATA_DEPTH;
+use txgate::testing::keys::parse_keys;
 
 use crate::support::{Backend, TestApp, TestReceiver, expect, expect_problem};
 
@@ -134,17 +134,17 @@ async fn deep_documents_are_refused_on_every_write_path_and_the_gateway_lives(ba
 
 /// A user document record nested `levels` deep, built on a thread with a
 /// stack large enough for the recursive encoder.
-fn deep_record(id: &str, levels: usize) -> txgate::store::Record {
+fn deep_record(id: &str, levels: usize) -> txgate::testing::store::Record {
     let id = id.to_owned();
     std::thread::Builder::new()
         .stack_size(256 << 20)
         .spawn(move || {
-            use txgate::store::{Bson, doc};
+            use txgate::testing::store::{Bson, doc};
             let mut v = Bson::Int64(1);
             for _ in 0..levels {
                 v = Bson::Document(doc! {"a": v});
             }
-            let now = txgate::store::DateTime::now();
+            let now = txgate::testing::store::DateTime::now();
             doc! {"_id": id, "v": v, "_meta": {"v": 1_i64, "sv": 1_i64, "txn": null, "pending": null,
             "deleted": false, "deleting": false, "created_at": now, "updated_at": now, "deleted_at": null}}
         })
@@ -437,9 +437,9 @@ async fn event_cursors_beyond_the_head_are_refused_and_filtered_pages_are_bounde
             .collect();
         expect(app.post("/v1/transactions", &json!({"actions": actions})).await, 200).await;
     }
-    let log = txgate::events::Log::new(
+    let log = txgate::testing::events::Log::new(
         std::sync::Arc::clone(&app.store),
-        txgate::events::Tap::default(),
+        txgate::testing::events::Tap::default(),
         app.config.events.clone(),
     );
     let head = log.head().await.unwrap();
@@ -501,9 +501,9 @@ async fn a_claim_stored_by_the_release_before_is_still_replayed() {
     let earlier: String =
         sha2::Sha256::digest(serde_json::to_vec(&body).unwrap()).iter().map(|b| format!("{b:02x}")).collect();
     let answer = json!({"id": "0190a0a0-0000-7000-8000-000000000001", "status": "committed", "results": []});
-    let claim = txgate::store::doc! {
+    let claim = txgate::testing::store::doc! {
         "_id": "-:order-1", "hash": earlier, "txn": "0190a0a0-0000-7000-8000-000000000001", "state": "done",
-        "created_at": txgate::store::DateTime::now(), "status": 200_i32, "body": answer.to_string(),
+        "created_at": txgate::testing::store::DateTime::now(), "status": 200_i32, "body": answer.to_string(),
     };
     assert!(app.store.insert("_idem", claim).await.unwrap());
     let res = app.request(Method::POST, "/v1/transactions").header("idempotency-key", "order-1").json(&body).send();

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use txgate::document::StoredDoc;
-use txgate::metrics::Metrics;
-use txgate::store::scans::{DOCS_LIVE, DOCS_LOCKED, TXNS_BY_LEASE};
-use txgate::store::{Bound, Bson, DateTime, DynStore, doc};
-use txgate::txn::record::{Status, TXNS};
-use txgate::txn::{Transactions, TxnConfig};
-use txgate::worker::Worker;
+use txgate::testing::document::StoredDoc;
+use txgate::testing::metrics::Metrics;
+use txgate::testing::store::scans::{DOCS_LIVE, DOCS_LOCKED, TXNS_BY_LEASE};
+use txgate::testing::store::{Bound, Bson, DateTime, DynStore, doc};
+use txgate::testing::txn::record::{Status, TXNS};
+use txgate::testing::txn::{Transactions, TxnConfig};
+use txgate::testing::worker::Worker;
 
 use crate::support::{Backend, TestStore, txn_record};
 
@@ -112,10 +112,12 @@ async fn zombie_behind_a_thousand_live_locks_is_cleared_within_the_bound(backend
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_zombie_among_100k_documents_and_passes_that_decode_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let raw = Arc::new(txgate::store::embedded::EmbeddedStore::open(dir.path()).unwrap());
-    let store: DynStore =
-        Arc::new(txgate::store::templates::Templates::over(Arc::clone(&raw) as DynStore, txgate::migrate::templates()));
-    txgate::migrate::run(store.as_ref()).await.unwrap();
+    let raw = Arc::new(txgate::testing::store::embedded::EmbeddedStore::open(dir.path()).unwrap());
+    let store: DynStore = Arc::new(txgate::testing::store::templates::Templates::over(
+        Arc::clone(&raw) as DynStore,
+        txgate::testing::migrate::templates(),
+    ));
+    txgate::testing::migrate::run(store.as_ref()).await.unwrap();
     fill(&store, "many", "d", 100_000, None).await;
     // 5,000 finished transactions and one pending one far from its lease.
     futures::stream::iter(0..5000)

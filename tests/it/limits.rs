@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::json;
-use txgate::keys::parse_keys;
+use txgate::testing::keys::parse_keys;
 
 use crate::faulty::{Act, Op, rigged_app};
 use crate::support::{Backend, TestApp, expect, expect_problem};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::json;
-use txgate::txn::record::TXNS;
+use txgate::testing::txn::record::TXNS;
 
 use crate::support::{Backend, SseStream, TestApp, TestReceiver, all_events, expect, expect_problem};
 use crate::transactions::{held_record, lock, seed, txn_id_at};
@@ -211,9 +211,10 @@ async fn metrics_need_a_key_when_keys_are_configured() {
     const READ: &str = "reader-key-0123456789";
     const ORDERS: &str = "orders-key-0123456789";
     let spec = format!("{READ}:read,{ORDERS}:read@orders+write@orders");
-    let app = TestApp::spawn_with(Backend::Embedded, |c| c.api_keys = txgate::keys::parse_keys(&spec).unwrap())
-        .await
-        .unwrap();
+    let app =
+        TestApp::spawn_with(Backend::Embedded, |c| c.api_keys = txgate::testing::keys::parse_keys(&spec).unwrap())
+            .await
+            .unwrap();
     expect_problem(app.get("/metrics").await, 401, "unauthorized").await;
     let res = app.request(Method::GET, "/metrics").bearer_auth(ORDERS).send().await.unwrap();
     expect_problem(res, 403, "forbidden").await;

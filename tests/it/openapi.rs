@@ -7,7 +7,7 @@ use crate::support::{Backend, TestApp, expect};
 fn committed_openapi_matches_the_code() {
     let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"))
         .expect("openapi/openapi.json exists");
-    let generated = txgate::http::openapi_json();
+    let generated = txgate::testing::http::openapi_json();
     assert!(
         committed == generated,
         "openapi/openapi.json is stale: regenerate it with `cargo run -- openapi --output openapi/openapi.json`"

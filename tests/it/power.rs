@@ -1,8 +1,8 @@
-//! Power loss on a simulated disk (see `txgate::store::powerloss`): the
+//! Power loss on a simulated disk (see `txgate::testing::store::powerloss`): the
 //! embedded store crashed at every write and sync of a workload, reopened
 //! on what each crash left, and checked.
 
-use txgate::store::powerloss::{Sweep, sweep};
+use txgate::testing::store::powerloss::{Sweep, sweep};
 
 /// Every crash point of the workload once, with four survivor images
 /// each (everything written, only what was synced, two random subsets
@@ -127,9 +127,9 @@ fn embedded_writer_panic_stops_the_process() {
 #[ignore = "run by embedded_writer_panic_stops_the_process in a child process"]
 async fn writer_panic_child() {
     use std::sync::Arc;
-    use txgate::store::embedded::{EmbeddedStore, Options};
-    use txgate::store::simdisk::SimDisk;
-    use txgate::store::{Durability, Store, Write};
+    use txgate::testing::store::embedded::{EmbeddedStore, Options};
+    use txgate::testing::store::simdisk::SimDisk;
+    use txgate::testing::store::{Durability, Store, Write};
     if std::env::var_os("TXGATE_WRITER_PANIC_CHILD").is_none() {
         return;
     }
@@ -152,9 +152,9 @@ mod writer {
     use std::time::Duration;
 
     use mongodb::bson::doc;
-    use txgate::store::embedded::{EmbeddedStore, MAX_BATCH_BYTES, Options};
-    use txgate::store::simdisk::SimDisk;
-    use txgate::store::{Durability, Store, Write};
+    use txgate::testing::store::embedded::{EmbeddedStore, MAX_BATCH_BYTES, Options};
+    use txgate::testing::store::simdisk::SimDisk;
+    use txgate::testing::store::{Durability, Store, Write};
 
     fn open(disk: &SimDisk, options: &Options) -> EmbeddedStore {
         EmbeddedStore::open_on(Arc::new(disk.clone()), options).unwrap()
@@ -211,7 +211,7 @@ mod writer {
             let refused = Write::Update {
                 id: &format!("r{i:04}"),
                 filter: doc! {"v": 2},
-                update: txgate::store::Update { set: doc! {"v": 3}, unset: Vec::new() },
+                update: txgate::testing::store::Update { set: doc! {"v": 3}, unset: Vec::new() },
             };
             assert!(!store.write("c", refused, Durability::Unsynced).await.unwrap());
             max_records = max_records.max(store.stats().recent_records.load(Ordering::Relaxed));
@@ -285,9 +285,9 @@ async fn embedded_clean_stop_leaves_nothing_to_replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_restored_backup_survives_power_loss() {
     use std::sync::Arc;
-    use txgate::store::embedded::{DATABASE_FILE, EmbeddedStore, Options};
-    use txgate::store::simdisk::{Keep, SimDisk};
-    use txgate::store::{Durability, Store, Write};
+    use txgate::testing::store::embedded::{DATABASE_FILE, EmbeddedStore, Options};
+    use txgate::testing::store::simdisk::{Keep, SimDisk};
+    use txgate::testing::store::{Durability, Store, Write};
     let dir = tempfile::tempdir().unwrap();
     let source = Arc::new(EmbeddedStore::open(&dir.path().join("data")).unwrap());
     let writer = {
@@ -354,9 +354,9 @@ async fn embedded_restored_backup_survives_power_loss() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_open_after_a_crash_needs_no_full_repair() {
     use std::sync::Arc;
-    use txgate::store::embedded::{DATABASE_FILE, EmbeddedStore, Options};
-    use txgate::store::simdisk::{Keep, SimDisk};
-    use txgate::store::{Durability, Store, Write};
+    use txgate::testing::store::embedded::{DATABASE_FILE, EmbeddedStore, Options};
+    use txgate::testing::store::simdisk::{Keep, SimDisk};
+    use txgate::testing::store::{Durability, Store, Write};
     let options = Options { checkpoint_bytes: 16 << 10, ..Options::default() };
     for keep in [Keep::All, Keep::Durable] {
         let disk = SimDisk::new();

@@ -164,7 +164,7 @@ fn case() -> impl Strategy<Value = Case> {
 
 /// What a refused request must leave as it was: every document's id and
 /// version in the collections requests touch, and the event log's head.
-async fn snapshot(app: &TestApp, log: &txgate::events::Log) -> (Vec<(String, i64)>, u64) {
+async fn snapshot(app: &TestApp, log: &txgate::testing::events::Log) -> (Vec<(String, i64)>, u64) {
     let mut docs = Vec::new();
     for coll in [C, "other"] {
         let list = expect(app.get(&format!("/v1/collections/{coll}/documents?limit=1000")).await, 200).await;
@@ -177,7 +177,7 @@ async fn snapshot(app: &TestApp, log: &txgate::events::Log) -> (Vec<(String, i64
 
 /// Wait for what a success set going after its answer (a transaction's
 /// roll-forward, a write's event) to finish: the log's head stands still.
-async fn settle(log: &txgate::events::Log) {
+async fn settle(log: &txgate::testing::events::Log) {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut head = log.head().await.unwrap();
     while Instant::now() < deadline {
@@ -190,7 +190,7 @@ async fn settle(log: &txgate::events::Log) {
     }
 }
 
-async fn check(app: &TestApp, log: &txgate::events::Log, case: &Case) -> Result<(), String> {
+async fn check(app: &TestApp, log: &txgate::testing::events::Log, case: &Case) -> Result<(), String> {
     let before = snapshot(app, log).await;
     let req = match case {
         Case::Create(body) => app.request(Method::POST, D).json(body),
@@ -247,9 +247,9 @@ async fn random_writes_never_fail_the_gateway_and_refusals_write_nothing(backend
     let shared = std::sync::Arc::clone(&app);
     let budget = Instant::now() + Duration::from_secs(240);
     let result = tokio::task::spawn_blocking(move || {
-        let log = txgate::events::Log::new(
+        let log = txgate::testing::events::Log::new(
             std::sync::Arc::clone(&shared.store),
-            txgate::events::Tap::default(),
+            txgate::testing::events::Tap::default(),
             shared.config.events.clone(),
         );
         runner

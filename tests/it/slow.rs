@@ -11,7 +11,7 @@ use reqwest::Method;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use txgate::keys::parse_keys;
+use txgate::testing::keys::parse_keys;
 
 use crate::faulty::{Act, Op, rigged_app};
 use crate::support::{Backend, TestApp, expect, expect_problem};

@@ -2,10 +2,10 @@
 //! store the protocol's unit tests use: what each single-record operation
 //! does, and what filters and scans mean.
 
-use txgate::store::scans::{
+use txgate::testing::store::scans::{
     DELIVERIES_BY_DUE, DOCS_LIVE, DOCS_LOCKED, DOCS_STAGED, TXNS, TXNS_BY_LEASE, TXNS_BY_STATUS,
 };
-use txgate::store::{Bound, Bson, DateTime, Document, Durability, Update, Write, doc};
+use txgate::testing::store::{Bound, Bson, DateTime, Document, Durability, Update, Write, doc};
 
 use crate::support::{Backend, TestStore};
 
@@ -45,15 +45,19 @@ on_every_store!(
 async fn appends_take_increasing_positions_once_per_key(backend: Backend) {
     let Some(ts) = store(backend).await else { return };
     let s = &ts.store;
-    let index =
-        txgate::store::IndexSpec { name: "seq".into(), fields: vec!["seq".into()], unique: true, sparse: false };
+    let index = txgate::testing::store::IndexSpec {
+        name: "seq".into(),
+        fields: vec!["seq".into()],
+        unique: true,
+        sparse: false,
+    };
     s.ensure_index("log", index).await.unwrap();
     let u = s.unsynced();
     assert!(u.append("log", doc! {"_id": "a"}).await.unwrap());
     assert!(u.append("log", doc! {"_id": "b"}).await.unwrap());
     assert!(!u.append("log", doc! {"_id": "a"}).await.unwrap(), "a record is logged once");
-    let all = |s: txgate::store::DynStore| async move {
-        let scan = txgate::store::scans::EVENTS_BY_SEQ.scan(Vec::new());
+    let all = |s: txgate::testing::store::DynStore| async move {
+        let scan = txgate::testing::store::scans::EVENTS_BY_SEQ.scan(Vec::new());
         s.scan("log", scan).await.unwrap()
     };
     let keyed = |recs: &[Document]| -> Vec<(i64, String)> {
@@ -66,7 +70,7 @@ async fn appends_take_increasing_positions_once_per_key(backend: Backend) {
     assert_eq!(keyed(&recs), vec![(1, "a".to_owned()), (2, "b".to_owned())]);
     // A reader closes the next position: the next append goes past it.
     let last = recs.last().unwrap().get_i64("seq").unwrap() as u64;
-    assert!(s.insert("log", txgate::store::void_entry(last + 1, DateTime::now())).await.unwrap());
+    assert!(s.insert("log", txgate::testing::store::void_entry(last + 1, DateTime::now())).await.unwrap());
     assert!(u.append("log", doc! {"_id": "c"}).await.unwrap());
     let c = keyed(&all(s.clone()).await).into_iter().find(|(_, k)| k == "c").unwrap();
     assert!(c.0 > (last + 1) as i64, "{c:?} filled the closed position {}", last + 1);
@@ -132,7 +136,7 @@ async fn a_failed_update_changes_nothing(backend: Backend) {
 }
 
 async fn writes_in_order_stop_at_the_first_not_applied(backend: Backend) {
-    use txgate::store::{Durability, Write};
+    use txgate::testing::store::{Durability, Write};
     let Some(ts) = store(backend).await else { return };
     let s = &ts.store;
     s.insert("c", doc! {"_id": "b", "v": 1}).await.unwrap();
@@ -184,7 +188,7 @@ async fn null_filter_matches_missing_fields(backend: Backend) {
 async fn declared_scans_read_their_index(backend: Backend) {
     let Some(ts) = store(backend).await else { return };
     let s = &ts.store;
-    txgate::migrate::run(s.as_ref()).await.unwrap();
+    txgate::testing::migrate::run(s.as_ref()).await.unwrap();
     let at = |ms: i64| Bson::DateTime(DateTime::from_millis(ms));
     for (id, status, ms) in
         [("a", "pending", 5), ("b", "committed", 3), ("c", "pending", 1), ("d", "pending", 9), ("e", "done", 2)]
@@ -193,7 +197,7 @@ async fn declared_scans_read_their_index(backend: Backend) {
     }
     s.insert("_txns", doc! {"_id": "f", "status": "pending", "expires_at": "not a date"}).await.unwrap();
     s.insert("_txns", doc! {"_id": "g", "status": "pending"}).await.unwrap();
-    let ids = |recs: Vec<txgate::store::Record>| {
+    let ids = |recs: Vec<txgate::testing::store::Record>| {
         recs.iter().map(|r| r.get_str("_id").unwrap().to_owned()).collect::<Vec<_>>()
     };
     let pending = || TXNS_BY_LEASE.scan(vec![Bson::String("pending".into())]);
@@ -279,7 +283,7 @@ async fn index_entries_match_records_under_random_writes(backend: Backend) {
     use rand::{Rng, SeedableRng};
     let Some(ts) = store(backend).await else { return };
     let s = &ts.store;
-    txgate::migrate::run(s.as_ref()).await.unwrap();
+    txgate::testing::migrate::run(s.as_ref()).await.unwrap();
     let seed = rand::random::<u64>();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut model: std::collections::BTreeMap<String, Document> = Default::default();
@@ -441,7 +445,7 @@ async fn index_entries_match_records_under_random_writes(backend: Backend) {
     }
 }
 
-async fn reopen(config: &txgate::config::StoreConfig) -> txgate::store::DynStore {
+async fn reopen(config: &txgate::config::StoreConfig) -> txgate::testing::store::DynStore {
     // The writer thread lets go of the file shortly after its last handle.
     for _ in 0..100 {
         if let Ok(store) = txgate::open_store(config, std::time::Duration::from_secs(5)).await {
@@ -454,11 +458,11 @@ async fn reopen(config: &txgate::config::StoreConfig) -> txgate::store::DynStore
 
 /// Every template scan of `users` against the model.
 async fn check_user_scans(
-    s: &dyn txgate::store::Store,
+    s: &dyn txgate::testing::store::Store,
     model: &std::collections::BTreeMap<String, Document>,
     seed: u64,
 ) {
-    let ids = |recs: Vec<txgate::store::Record>| {
+    let ids = |recs: Vec<txgate::testing::store::Record>| {
         recs.iter().map(|r| r.get_str("_id").unwrap().to_owned()).collect::<Vec<_>>()
     };
     let meta = |d: &Document| d.get_document("_meta").unwrap().clone();
@@ -509,7 +513,7 @@ async fn every_migration_is_applied(backend: Backend) {
     assert!(files.len() >= 2, "{files:?}");
     for path in &files {
         let name = path.file_stem().unwrap().to_str().unwrap();
-        let recorded = app.store.get(txgate::migrate::MIGRATIONS_COLLECTION, name).await.unwrap();
+        let recorded = app.store.get(txgate::testing::migrate::MIGRATIONS_COLLECTION, name).await.unwrap();
         assert!(recorded.is_some(), "migration {name} was not applied");
     }
     // Every index they leave exists on the server (listed by the backend
@@ -517,7 +521,7 @@ async fn every_migration_is_applied(backend: Backend) {
     // user collections get the templates on their first write.
     let created = app.post("/v1/collections/things/documents", &serde_json::json!({"a": 1})).await;
     assert_eq!(created.status(), 201);
-    let declared = txgate::migrate::declared_indexes();
+    let declared = txgate::testing::migrate::declared_indexes();
     assert!(declared.iter().any(|(c, _)| c == "*") && declared.len() >= 8, "{declared:?}");
     for (coll, index) in &declared {
         let coll = if coll == "*" { "things" } else { coll.as_str() };

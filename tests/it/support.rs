@@ -8,7 +8,7 @@ use reqwest::{Method, RequestBuilder, Response};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use txgate::config::{Config, StoreConfig};
-use txgate::store::DynStore;
+use txgate::testing::store::DynStore;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -51,7 +51,7 @@ impl TestStore {
     /// A fresh store with the migrations applied, as a gateway leaves it.
     pub async fn new(backend: Backend) -> Option<Self> {
         let ts = Self::unmigrated(backend).await?;
-        txgate::migrate::run(ts.store.as_ref()).await.expect("migrations apply");
+        txgate::testing::migrate::run(ts.store.as_ref()).await.expect("migrations apply");
         Some(ts)
     }
 
@@ -68,7 +68,7 @@ impl TestStore {
                 Some(Self { store: templated(store), config, _dir: Some(dir) })
             }
             Backend::Memory => {
-                let store: DynStore = Arc::new(txgate::store::memory::MemoryStore::default());
+                let store: DynStore = Arc::new(txgate::testing::store::memory::MemoryStore::default());
                 // No configuration opens it: one naming no directory, so
                 // nothing tries to reopen it from disk.
                 let config = StoreConfig::Mongodb { uri: "memory:".into(), database: "memory".into() };
@@ -88,14 +88,14 @@ impl TestStore {
 /// `store` with the index templates of user collections, so that what a
 /// test writes straight to it is indexed as the gateway's writes are.
 pub fn templated(store: DynStore) -> DynStore {
-    Arc::new(txgate::store::templates::Templates::over(store, txgate::migrate::templates()))
+    Arc::new(txgate::testing::store::templates::Templates::over(store, txgate::testing::migrate::templates()))
 }
 
 pub fn test_config(store: StoreConfig) -> Config {
     let mut config = Config { store, ..Config::default() };
     config.txn.lock_wait = Duration::from_millis(300);
     // Hooks go to local test receivers only.
-    config.hook_guard = txgate::hooks::guard::HookGuard::new("127.0.0.1:*").expect("allow pattern");
+    config.hook_guard = txgate::testing::hooks::guard::HookGuard::new("127.0.0.1:*").expect("allow pattern");
     config
 }
 
@@ -186,18 +186,18 @@ impl Drop for TestApp {
 /// straight to the store.
 pub fn txn_record(
     id: &str,
-    status: txgate::txn::record::Status,
+    status: txgate::testing::txn::record::Status,
     expires_in_ms: i64,
     coll: &str,
     members: &[&str],
-) -> txgate::txn::record::TxnRecord {
-    use txgate::txn::record::{Member, TxnRecord};
-    let now = txgate::store::DateTime::now();
+) -> txgate::testing::txn::record::TxnRecord {
+    use txgate::testing::txn::record::{Member, TxnRecord};
+    let now = txgate::testing::store::DateTime::now();
     TxnRecord {
         id: id.into(),
         status,
         started_at: now,
-        expires_at: txgate::store::DateTime::from_millis(now.timestamp_millis() + expires_in_ms),
+        expires_at: txgate::testing::store::DateTime::from_millis(now.timestamp_millis() + expires_in_ms),
         committed_at: status.is_committed().then_some(now),
         finished_at: None,
         request: "{}".into(),
@@ -206,7 +206,7 @@ pub fn txn_record(
             .map(|m| Member {
                 collection: coll.into(),
                 id: (*m).into(),
-                op: txgate::document::StagedOp::Update,
+                op: txgate::testing::document::StagedOp::Update,
                 base_v: None,
             })
             .collect(),
@@ -500,8 +500,11 @@ pub async fn events_page(app: &TestApp, query: &str) -> Value {
 /// stops before a position another helper took and has not filled yet
 /// (it becomes a void entry), so an empty page alone does not mean the end.
 pub async fn all_events(app: &TestApp, after: u64, extra: &str) -> (Vec<Value>, u64) {
-    let log =
-        txgate::events::Log::new(Arc::clone(&app.store), txgate::events::Tap::default(), app.config.events.clone());
+    let log = txgate::testing::events::Log::new(
+        Arc::clone(&app.store),
+        txgate::testing::events::Tap::default(),
+        app.config.events.clone(),
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut next = after;
     let mut out = Vec::new();
@@ -529,7 +532,7 @@ pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 /// A gateway that signs its webhooks with [`SECRET`].
 pub async fn signed_app(backend: Backend) -> Option<TestApp> {
     TestApp::spawn_with(backend, |c| {
-        c.hooks.signer = Some(txgate::hooks::sign::Signer::from_secret(SECRET).unwrap());
+        c.hooks.signer = Some(txgate::testing::hooks::sign::Signer::from_secret(SECRET).unwrap());
     })
     .await
 }

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use txgate::document::{Staged, StagedOp, StoredDoc};
-use txgate::store::{Update, doc};
-use txgate::txn::record::{Status, TXNS, TxnRecord};
+use txgate::testing::document::{Staged, StagedOp, StoredDoc};
+use txgate::testing::store::{Update, doc};
+use txgate::testing::txn::record::{Status, TXNS, TxnRecord};
 
 use crate::support::{Backend, TestApp, expect, expect_problem, txn_record};
 
@@ -563,7 +563,11 @@ async fn a_wounded_transaction_is_retried_with_its_age(backend: Backend) {
     let out = tokio::time::timeout(Duration::from_secs(20), txn).await.expect("commits").unwrap();
     let retry = out["id"].as_str().unwrap();
     assert_ne!(retry, first, "a new attempt");
-    assert_eq!(txgate::txn::age::txn_age(retry).0, txgate::txn::age::txn_age(&first).0, "with the first attempt's age");
+    assert_eq!(
+        txgate::testing::txn::age::txn_age(retry).0,
+        txgate::testing::txn::age::txn_age(&first).0,
+        "with the first attempt's age"
+    );
     let (_, a) = read(&app, "acc", "a").await;
     assert_eq!((a["data"]["n"].as_i64(), a["version"].as_i64()), (Some(2), Some(2)));
     let rec = expect(app.get(&format!("{T}/{first}")).await, 200).await;

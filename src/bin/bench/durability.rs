@@ -12,7 +12,7 @@
 //!   at a time: apply, journal write, journal sync, unsynced redb commit)
 //!   beside redb's own synced commit of the same record, one-phase and
 //!   two-phase, measured in the same run on the same disk.
-//! - With `--power`: the power-loss sweep of `txgate::store::powerloss`
+//! - With `--power`: the power-loss sweep of `txgate::testing::store::powerloss`
 //!   with many survivor images per crash point and a two-crash sequence at
 //!   every point (the test suite runs a bounded sample).
 
@@ -22,9 +22,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use txgate::store::disk::DirDisk;
-use txgate::store::embedded::{EmbeddedStore, Options};
-use txgate::store::{Durability, Store, Write, doc};
+use txgate::testing::store::disk::DirDisk;
+use txgate::testing::store::embedded::{EmbeddedStore, Options};
+use txgate::testing::store::{Durability, Store, Write, doc};
 
 /// A directory of its own under the temp dir, removed when dropped.
 struct TempDir(std::path::PathBuf);
@@ -53,7 +53,7 @@ fn options(quick_repair: bool) -> Options {
     Options { quick_repair, ..Options::default() }
 }
 
-fn record(i: usize) -> txgate::store::Record {
+fn record(i: usize) -> txgate::testing::store::Record {
     doc! {
         "_id": format!("d{i:08}"),
         "data": {"status": "open", "total": i as i64, "note": "x".repeat(200)},
@@ -230,14 +230,14 @@ pub async fn run(args: &DurabilityArgs) {
     }
     if args.power {
         let seed = args.power_seed.unwrap_or_else(rand::random);
-        let cfg = txgate::store::powerloss::Sweep {
+        let cfg = txgate::testing::store::powerloss::Sweep {
             seed,
             images_per_point: args.power_images,
             two_crash_every: 1,
             progress_every: 50,
         };
         let started = Instant::now();
-        match txgate::store::powerloss::sweep(&cfg).await {
+        match txgate::testing::store::powerloss::sweep(&cfg).await {
             Ok(report) => println!(
                 "power loss: seed {}, {} writes and syncs in the workload, {} crash points ({:?}), {} survivor images, \
                  {} two-crash sequences, all recovered, in {:.0} s",

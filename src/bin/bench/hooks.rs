@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use txgate::hooks::HookConfig;
-use txgate::hooks::guard::HookGuard;
-use txgate::hooks::net::Clients;
-use txgate::hooks::send::Sender;
-use txgate::metrics::Metrics;
-use txgate::store::DynStore;
-use txgate::txn::{Transactions, TxnConfig};
-use txgate::worker::Worker;
+use txgate::testing::hooks::HookConfig;
+use txgate::testing::hooks::guard::HookGuard;
+use txgate::testing::hooks::net::Clients;
+use txgate::testing::hooks::send::Sender;
+use txgate::testing::metrics::Metrics;
+use txgate::testing::store::DynStore;
+use txgate::testing::txn::{Transactions, TxnConfig};
+use txgate::testing::worker::Worker;
 
 use super::protocol::{plan, seed, wait_idle};
 use super::{ms, percentile};
@@ -74,10 +74,10 @@ async fn commit_all(engine: &Arc<Transactions>, coll: &str, ids: Vec<String>, ho
     }
 }
 
-fn with_hook(coll: &str, id: &str, hook: &str) -> txgate::txn::plan::Plan {
+fn with_hook(coll: &str, id: &str, hook: &str) -> txgate::testing::txn::plan::Plan {
     let mut p = plan(coll, &[id.to_owned()]);
     p.request = serde_json::json!({"hooks": [{"url": hook}]}).to_string();
-    p.hooks = txgate::hooks::hooks_of(&p.request);
+    p.hooks = txgate::testing::hooks::hooks_of(&p.request);
     p
 }
 

@@ -9,14 +9,14 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use txgate::config::StoreConfig;
-use txgate::document::StoredDoc;
-use txgate::document::rules::Patch;
-use txgate::metrics::Metrics;
-use txgate::store::layer::{Layer, Layered, Op};
-use txgate::store::{Durability, DynStore, Store, StoreResult, Update, doc};
-use txgate::txn::commit::TxnError;
-use txgate::txn::plan::{Action, ActionOp, Plan};
-use txgate::txn::{Transactions, TxnConfig};
+use txgate::testing::document::StoredDoc;
+use txgate::testing::document::rules::Patch;
+use txgate::testing::metrics::Metrics;
+use txgate::testing::store::layer::{Layer, Layered, Op};
+use txgate::testing::store::{Durability, DynStore, Store, StoreResult, Update, doc};
+use txgate::testing::txn::commit::TxnError;
+use txgate::testing::txn::plan::{Action, ActionOp, Plan};
+use txgate::testing::txn::{Transactions, TxnConfig};
 
 use super::{STORE_TIMEOUT, hooks, ms, percentile, progress};
 
@@ -138,7 +138,7 @@ pub fn plan(coll: &str, ids: &[String]) -> Plan {
 }
 
 pub async fn seed(store: &DynStore, coll: &str, count: usize) {
-    let at = txgate::store::DateTime::now();
+    let at = txgate::testing::store::DateTime::now();
     for i in 0..count {
         let d = StoredDoc::new_live(format!("d{i:05}"), doc! {"n": 0_i64}, 1, 1, at);
         store.insert(coll, d.to_record()).await.expect("seed");
@@ -230,7 +230,7 @@ pub async fn run(args: &ProtocolArgs, config: &StoreConfig, label: &str) {
     let counting = Arc::new(Counting::over(Arc::clone(&raw)));
     let metrics = Arc::new(Metrics::default());
     let (store, _tap) = txgate::stack(counting.clone(), STORE_TIMEOUT, &metrics);
-    txgate::migrate::run(store.as_ref()).await.expect("migrations");
+    txgate::testing::migrate::run(store.as_ref()).await.expect("migrations");
     let engine = txgate::transactions(Arc::clone(&store), TxnConfig::default(), Arc::clone(&metrics)).0;
     let clients = args.clients;
     println!(

@@ -21,10 +21,10 @@ use futures::StreamExt;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use txgate::config::{Config, StoreConfig};
-use txgate::document::StoredDoc;
-use txgate::store::scans::{DELIVERIES, TXNS};
-use txgate::store::{DateTime, DynStore, doc};
-use txgate::txn::Status;
+use txgate::testing::document::StoredDoc;
+use txgate::testing::store::scans::{DELIVERIES, TXNS};
+use txgate::testing::store::{DateTime, DynStore, doc};
+use txgate::testing::txn::Status;
 
 use super::{ms, percentile, progress};
 
@@ -274,7 +274,7 @@ async fn size(store: &DynStore, coll: &str) -> usize {
     let decl = match coll {
         "_txns" => &TXNS,
         "_deliveries" => &DELIVERIES,
-        _ => &txgate::store::scans::IDEM,
+        _ => &txgate::testing::store::scans::IDEM,
     };
     store.scan(coll, decl.scan(Vec::new())).await.map_or(0, |r| r.len())
 }
@@ -284,7 +284,7 @@ pub async fn soak(store: StoreConfig, secs: f64, clients: usize) {
     config.txn.retention = Duration::from_secs(60);
     config.txn.idempotency_retention = Duration::from_secs(60);
     config.hooks.retention = Duration::from_secs(60);
-    config.hook_guard = txgate::hooks::guard::HookGuard::new("127.0.0.1:*").expect("allow pattern");
+    config.hook_guard = txgate::testing::hooks::guard::HookGuard::new("127.0.0.1:*").expect("allow pattern");
     let gw = Gateway::start(config).await;
     let hook = super::hooks::counting_receiver().await;
     load_docs(&gw.store, 0, 10_000).await;

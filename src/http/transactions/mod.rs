@@ -4,9 +4,9 @@
 mod plan;
 mod wire;
 
-pub use wire::*;
+pub(crate) use wire::*;
 
-use crate::http::contract::{Problems, problems};
+use crate::http::problems::{Problems, problems};
 use std::sync::Arc;
 
 use axum::Extension;
@@ -28,7 +28,7 @@ use crate::txn::plan::ActionOp;
 use crate::txn::record::{Status, TxnRecord};
 use crate::txn::{Aborted, Fingerprint, Keyed, Submitted, TxnError, summary};
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_transaction, list_transactions))
         .routes(routes!(get_transaction))
@@ -97,7 +97,7 @@ problems!(
             headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored outcome of an earlier request with the key"))),
     )
 )]
-pub async fn create_transaction(
+pub(crate) async fn create_transaction(
     State(state): State<AppState>,
     caller: Option<Extension<Caller>>,
     access: Access,
@@ -186,7 +186,7 @@ problems!(
         (status = 200, description = "The transaction", body = TransactionOut),
     )
 )]
-pub async fn get_transaction(
+pub(crate) async fn get_transaction(
     State(state): State<AppState>,
     access: Access,
     ApiPath(path): ApiPath<TransactionPath>,
@@ -217,7 +217,7 @@ problems!(
         (status = 200, description = "A page of transactions", body = TransactionListOut),
     )
 )]
-pub async fn list_transactions(
+pub(crate) async fn list_transactions(
     State(state): State<AppState>,
     access: Access,
     ApiQuery(filter): ApiQuery<TransactionFilter>,
@@ -255,7 +255,7 @@ problems!(
         (status = 200, description = "Aborted (its changes are being rolled back)", body = TransactionOut),
     )
 )]
-pub async fn abort_transaction(
+pub(crate) async fn abort_transaction(
     State(state): State<AppState>,
     access: Access,
     ApiPath(path): ApiPath<TransactionPath>,

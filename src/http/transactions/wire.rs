@@ -28,7 +28,7 @@ use crate::txn::record::{Status, TxnRecord};
     ],
     "hooks": [{"url": "https://example.com/hooks/transfer"}]
 }))]
-pub struct TransactionIn {
+pub(crate) struct TransactionIn {
     /// A document may appear once. At most 1000 by default (`TXGATE_MAX_ACTIONS`).
     #[schema(min_items = 1, max_items = 1000)]
     pub actions: Vec<ActionIn>,
@@ -49,7 +49,7 @@ macro_rules! actions {
     ($($variant:ident($action:ident, $tag:ident) => $op:literal,)*) => {
         $(
             #[derive(Clone, Copy, Debug, Deserialize, ToSchema)]
-            pub enum $tag {
+            pub(crate) enum $tag {
                 #[serde(rename = $op)]
                 #[schema(rename = $op)]
                 Tag,
@@ -58,7 +58,7 @@ macro_rules! actions {
 
         /// One action, chosen by `op`. `if_version` (optional) makes the
         /// transaction fail unless the document is at that version.
-        pub enum ActionIn {
+        pub(crate) enum ActionIn {
             $($variant($action),)*
         }
 
@@ -131,8 +131,9 @@ impl utoipa::PartialSchema for ActionIn {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"op": "insert", "collection": "orders", "id": "order-1001", "data": {"total": 42}}))]
-pub struct InsertAction {
+pub(crate) struct InsertAction {
     #[schema(inline)]
+    #[allow(dead_code, reason = "the wire's discriminator: `ActionIn` reads it first")]
     pub op: InsertOp,
     #[schema(value_type = Collection)]
     pub collection: String,
@@ -147,8 +148,9 @@ pub struct InsertAction {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"op": "update", "collection": "orders", "id": "order-1001", "if_version": 1, "set": {"status": "paid"}}))]
-pub struct UpdateAction {
+pub(crate) struct UpdateAction {
     #[schema(inline)]
+    #[allow(dead_code, reason = "the wire's discriminator: `ActionIn` reads it first")]
     pub op: UpdateOp,
     #[schema(value_type = Collection)]
     pub collection: String,
@@ -172,8 +174,9 @@ pub struct UpdateAction {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"op": "replace", "collection": "orders", "id": "order-1001", "data": {"total": 45}}))]
-pub struct ReplaceAction {
+pub(crate) struct ReplaceAction {
     #[schema(inline)]
+    #[allow(dead_code, reason = "the wire's discriminator: `ActionIn` reads it first")]
     pub op: ReplaceOp,
     #[schema(value_type = Collection)]
     pub collection: String,
@@ -190,8 +193,9 @@ pub struct ReplaceAction {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"op": "delete", "collection": "orders", "id": "order-1001", "if_version": 2}))]
-pub struct DeleteAction {
+pub(crate) struct DeleteAction {
     #[schema(inline)]
+    #[allow(dead_code, reason = "the wire's discriminator: `ActionIn` reads it first")]
     pub op: DeleteOp,
     #[schema(value_type = Collection)]
     pub collection: String,
@@ -206,8 +210,9 @@ pub struct DeleteAction {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"op": "check", "collection": "limits", "id": "daily", "if_version": 7}))]
-pub struct CheckAction {
+pub(crate) struct CheckAction {
     #[schema(inline)]
+    #[allow(dead_code, reason = "the wire's discriminator: `ActionIn` reads it first")]
     pub op: CheckOp,
     #[schema(value_type = Collection)]
     pub collection: String,
@@ -222,7 +227,7 @@ pub struct CheckAction {
 #[derive(Deserialize, Serialize, ToSchema, Clone)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"url": "https://example.com/hooks/order-paid", "headers": {"X-Tenant": "acme"}}))]
-pub struct HookIn {
+pub(crate) struct HookIn {
     #[serde(default = "default_method")]
     #[schema(value_type = Option<HookMethod>, nullable = false)]
     pub method: String,
@@ -239,7 +244,7 @@ pub struct HookIn {
 
 /// A hook's HTTP method.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ToSchema)]
-pub enum HookMethod {
+pub(crate) enum HookMethod {
     #[schema(rename = "POST")]
     Post,
     #[schema(rename = "PUT")]
@@ -260,7 +265,7 @@ impl HookMethod {
     const ALL: [HookMethod; 5] =
         [HookMethod::Post, HookMethod::Put, HookMethod::Patch, HookMethod::Delete, HookMethod::Get];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             HookMethod::Post => "POST",
             HookMethod::Put => "PUT",
@@ -271,7 +276,7 @@ impl HookMethod {
     }
 
     /// The method `name` names, if a hook may use it.
-    pub fn parse(name: &str) -> Option<Self> {
+    pub(crate) fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.as_str() == name)
     }
 }
@@ -313,7 +318,7 @@ impl HookIn {
 
 /// The answer once the commit point is passed.
 #[derive(Serialize, ToSchema)]
-pub struct CommittedOut {
+pub(crate) struct CommittedOut {
     /// The transaction's id (a UUIDv7).
     pub id: String,
     /// Always `committed`.
@@ -346,12 +351,12 @@ impl From<crate::txn::Summary> for CommittedOut {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 #[schema(rename_all = "snake_case")]
-pub enum CommittedStatus {
+pub(crate) enum CommittedStatus {
     Committed,
 }
 
 #[derive(Serialize, ToSchema)]
-pub struct ResultOut {
+pub(crate) struct ResultOut {
     #[schema(value_type = Collection)]
     pub collection: String,
     #[schema(value_type = DocumentId)]
@@ -362,7 +367,7 @@ pub struct ResultOut {
 }
 
 #[derive(Serialize, ToSchema)]
-pub struct HookStateOut {
+pub(crate) struct HookStateOut {
     /// `<transaction>:<index>`: the delivery id.
     pub id: String,
     #[schema(value_type = HookState)]
@@ -373,7 +378,7 @@ pub struct HookStateOut {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 #[schema(rename_all = "snake_case")]
-pub enum HookState {
+pub(crate) enum HookState {
     Pending,
     Failed,
     Dead,
@@ -383,7 +388,7 @@ pub enum HookState {
 
 /// A transaction record.
 #[derive(Serialize, ToSchema)]
-pub struct TransactionOut {
+pub(crate) struct TransactionOut {
     pub id: String,
     pub status: Status,
     #[schema(format = DateTime)]
@@ -409,7 +414,7 @@ pub struct TransactionOut {
 }
 
 #[derive(Serialize, ToSchema)]
-pub struct ActionStateOut {
+pub(crate) struct ActionStateOut {
     #[schema(minimum = 0)]
     pub index: usize,
     #[schema(value_type = ActionKind)]
@@ -430,7 +435,7 @@ pub struct ActionStateOut {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 #[schema(rename_all = "snake_case")]
-pub enum ActionKind {
+pub(crate) enum ActionKind {
     Insert,
     Update,
     Replace,
@@ -442,7 +447,7 @@ pub enum ActionKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 #[schema(rename_all = "snake_case")]
-pub enum ActionOutcome {
+pub(crate) enum ActionOutcome {
     Pending,
     Committed,
     Failed,
@@ -450,7 +455,7 @@ pub enum ActionOutcome {
 }
 
 /// A page of transactions.
-pub type TransactionListOut = Page<TransactionOut>;
+pub(crate) type TransactionListOut = Page<TransactionOut>;
 
 impl Listed for TransactionOut {
     const PAGE: &'static str = "TransactionListOut";
@@ -459,14 +464,14 @@ impl Listed for TransactionOut {
 /// The filter of the transaction list (its page: [`ListQuery`](crate::http::paging::ListQuery)).
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct TransactionFilter {
+pub(crate) struct TransactionFilter {
     /// Only those with this status (`pending`: not yet decided).
     #[param(value_type = Option<Status>)]
     pub status: Option<String>,
 }
 
 #[derive(Deserialize, IntoParams)]
-pub struct TransactionPath {
+pub(crate) struct TransactionPath {
     /// Transaction id.
     #[param(min_length = 1, max_length = 256)]
     pub id: String,

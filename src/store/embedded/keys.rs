@@ -27,11 +27,11 @@ const TIMESTAMP: u8 = 0x5A;
 const OTHER: u8 = 0x64;
 const MAX_KEY: u8 = 0xF0;
 /// Greater than the first byte of any encoded value.
-pub const END: u8 = 0xFF;
+pub(crate) const END: u8 = 0xFF;
 
 /// The tag (type bracket) of `value`; a missing field is `None`, indexed as
 /// null as MongoDB does.
-pub fn tag(value: Option<&Bson>) -> u8 {
+pub(crate) fn tag(value: Option<&Bson>) -> u8 {
     match value {
         None | Some(Bson::Null | Bson::Undefined) => NULL,
         Some(Bson::MinKey) => 0x05,
@@ -77,7 +77,7 @@ fn escaped(out: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 /// Append the encoding of `value` to `out`.
-pub fn push(out: &mut Vec<u8>, value: Option<&Bson>) {
+pub(crate) fn push(out: &mut Vec<u8>, value: Option<&Bson>) {
     let tag = tag(value);
     out.push(tag);
     let Some(value) = value else { return };
@@ -110,7 +110,7 @@ fn number(out: &mut Vec<u8>, approx: f64, exact: i64) {
 }
 
 /// The encoding of a sequence of values.
-pub fn encode<'a>(values: impl IntoIterator<Item = Option<&'a Bson>>) -> Vec<u8> {
+pub(crate) fn encode<'a>(values: impl IntoIterator<Item = Option<&'a Bson>>) -> Vec<u8> {
     let mut out = Vec::new();
     for v in values {
         push(&mut out, v);

@@ -33,8 +33,8 @@
 mod apply;
 mod backup;
 mod index;
-pub mod journal;
-pub mod keys;
+pub(crate) mod journal;
+pub(crate) mod keys;
 mod recover;
 mod scan;
 mod writer;
@@ -57,7 +57,7 @@ use index::{entries_name, entry_key};
 use scan::{Reads, after_collection, entry_range, excludes_null, in_order, scan_primary};
 use writer::Queued;
 
-pub use writer::WriterStats;
+pub(crate) use writer::WriterStats;
 
 const RECORDS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("records");
 /// `("<collection>\0<index>", key bytes) -> _id`.
@@ -75,7 +75,7 @@ const LAYOUT_KEY: &str = "layout";
 /// (records as BSON, index entries, the catalog as JSON). A store without
 /// the key was written by a release before versions were recorded, in
 /// this same layout.
-pub const LAYOUT: u64 = 1;
+pub(crate) const LAYOUT: u64 = 1;
 
 /// The database and journal files in the data directory.
 pub const DATABASE_FILE: &str = "txgate.redb";
@@ -93,7 +93,7 @@ pub const MAX_BATCH_BYTES: usize = 32 << 20;
 
 /// Journal bytes after which a checkpoint makes redb durable and the
 /// journal starts over; it bounds what opening the store replays.
-pub const CHECKPOINT_BYTES: u64 = 16 << 20;
+pub(crate) const CHECKPOINT_BYTES: u64 = 16 << 20;
 
 /// The embedded store's default page cache, in MiB.
 pub const DEFAULT_CACHE_MB: u64 = 256;

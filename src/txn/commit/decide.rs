@@ -134,7 +134,7 @@ impl Commit {
         }
     }
 
-    pub fn roll_back_in_background(self: &Arc<Self>, rec: TxnRecord) {
+    pub(crate) fn roll_back_in_background(self: &Arc<Self>, rec: TxnRecord) {
         let commit = Arc::clone(self);
         self.tasks.spawn(async move {
             let rec = match rec.status {

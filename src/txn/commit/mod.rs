@@ -37,14 +37,13 @@ use super::record::{AbortReason, Failure, FailureCode, Member, Status, TXNS, Txn
 use super::signals::Signals;
 
 use lease::Heartbeat;
-pub use prepare::MAX_TXN_DATA_BYTES;
 use prepare::{plain_stage, within_write_bound};
 
 /// The commit service: runs a plan as a transaction, up to its commit
 /// point, and leaves its roll-forward or roll-back to run in the
 /// background. Built by [`super::Transactions::build`] from the parts it
 /// needs.
-pub struct Commit {
+pub(crate) struct Commit {
     pub(in crate::txn) store: DynStore,
     pub(in crate::txn) cfg: TxnConfig,
     pub(in crate::txn) metrics: Arc<Metrics>,
@@ -117,7 +116,7 @@ impl Commit {
     /// that it becomes the oldest in time and cannot starve (wound-wait
     /// restarts keep their timestamp). With an idempotency key, the claim
     /// is moved to each new attempt first.
-    pub async fn execute(
+    pub(crate) async fn execute(
         self: &Arc<Self>,
         plan: &Plan,
         txn: Option<String>,

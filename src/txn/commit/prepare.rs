@@ -191,7 +191,7 @@ pub(super) fn member_results(plan: &Plan, members: &mut [Member], bases: &[(usiz
 /// What one transaction may write in all, its members' data as BSON: a
 /// transaction's writes are applied in one write batch of the embedded
 /// store (and its records on MongoDB), whose memory this bounds.
-pub const MAX_TXN_DATA_BYTES: usize = 64 << 20;
+pub(super) const MAX_TXN_DATA_BYTES: usize = 64 << 20;
 
 /// Refuse, before anything is written, a transaction whose members' data
 /// would exceed [`MAX_TXN_DATA_BYTES`]: the data an insert or replace

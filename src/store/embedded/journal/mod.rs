@@ -48,12 +48,12 @@ use std::path::Path;
 
 use redb::StorageBackend;
 
-pub use payload::{Effect, Effects, effects};
-pub use read::{Entry, JournalError, Read};
+pub(crate) use payload::{Effect, Effects, effects};
+pub(crate) use read::{JournalError, Read};
 use read::{entry_at, parse, read_all};
 
 /// The journal format this release writes.
-pub const FORMAT_VERSION: u32 = 2;
+pub(crate) const FORMAT_VERSION: u32 = 2;
 
 const MAGIC: [u8; 8] = *b"txgjrnl\0";
 
@@ -73,10 +73,10 @@ const ALIGN: usize = 8;
 /// entries of about [`ENTRY_TARGET`] at record boundaries, and one record's
 /// effect is bounded by the store's record size limit, so no entry comes
 /// near this.
-pub const MAX_PAYLOAD: usize = 1 << 30;
+pub(crate) const MAX_PAYLOAD: usize = 1 << 30;
 
 /// The writer starts a new entry once the current one holds this much.
-pub const ENTRY_TARGET: usize = 8 << 20;
+pub(crate) const ENTRY_TARGET: usize = 8 << 20;
 
 /// The journal file grows by at least this much at a time, written with
 /// zeros and synced, so that syncing an entry later writes only data and
@@ -127,7 +127,7 @@ fn header_sector(salt: u64, first: u64) -> Vec<u8> {
 }
 
 /// The journal file, written from the writer thread only.
-pub struct Journal {
+pub(crate) struct Journal {
     file: Box<dyn StorageBackend>,
     /// The current generation's salt.
     salt: u64,
@@ -149,7 +149,7 @@ impl Journal {
     /// Open the journal in `file` and read its entries: the longest run of
     /// whole, consecutive entries of its current generation. Nothing is
     /// written until [`Journal::restart`] starts a new generation.
-    pub fn open(file: Box<dyn StorageBackend>) -> Result<(Self, Read), JournalError> {
+    pub(crate) fn open(file: Box<dyn StorageBackend>) -> Result<(Self, Read), JournalError> {
         let data = read_all(file.as_ref())?;
         let (read, _) = parse(&data)?;
         let next_lsn = read.entries.last().map_or(1, |(lsn, _)| lsn + 1);
@@ -167,22 +167,22 @@ impl Journal {
     }
 
     /// The number the next entry gets.
-    pub fn next_lsn(&self) -> u64 {
+    pub(crate) fn next_lsn(&self) -> u64 {
         self.next_lsn
     }
 
     /// Bytes of entries written since the generation started.
-    pub fn written(&self) -> u64 {
+    pub(crate) fn written(&self) -> u64 {
         self.written
     }
 
-    pub fn is_unsynced(&self) -> bool {
+    pub(crate) fn is_unsynced(&self) -> bool {
         self.unsynced
     }
 
     /// Write `effects` as the next entry (not synced); its number is
     /// [`Journal::next_lsn`] before the call.
-    pub fn append(&mut self, effects: &mut Effects) -> io::Result<()> {
+    pub(crate) fn append(&mut self, effects: &mut Effects) -> io::Result<()> {
         let size = effects.len();
         if size > MAX_PAYLOAD {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "journal entry too large"));
@@ -223,7 +223,7 @@ impl Journal {
     }
 
     /// Make every entry written so far durable.
-    pub fn sync(&mut self) -> io::Result<()> {
+    pub(crate) fn sync(&mut self) -> io::Result<()> {
         if self.unsynced {
             self.file.sync_data()?;
             self.unsynced = false;
@@ -237,7 +237,7 @@ impl Journal {
     /// header with the new salt is synced before any entry of the new
     /// generation is written, so none of the old generation's entries left
     /// in the file can be read as one of the new.
-    pub fn restart(&mut self, next_lsn: u64) -> io::Result<()> {
+    pub(crate) fn restart(&mut self, next_lsn: u64) -> io::Result<()> {
         let salt = loop {
             let salt: u64 = rand::random();
             if salt != 0 && salt != self.salt {
@@ -261,7 +261,7 @@ impl Journal {
 
 /// A journal file on the local file system.
 #[derive(Debug)]
-pub struct JournalFile(pub File);
+pub(crate) struct JournalFile(pub File);
 
 impl StorageBackend for JournalFile {
     fn len(&self) -> io::Result<u64> {

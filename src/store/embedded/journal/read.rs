@@ -12,11 +12,11 @@ use super::{
 };
 
 /// An entry as read back: its number and payload.
-pub type Entry = (u64, Vec<u8>);
+pub(super) type Entry = (u64, Vec<u8>);
 
 /// Why a journal cannot be opened.
 #[derive(Debug)]
-pub enum JournalError {
+pub(crate) enum JournalError {
     Io(io::Error),
     /// Data known to have been synced is unreadable at `offset`.
     Damaged {
@@ -52,7 +52,7 @@ impl From<io::Error> for JournalError {
 
 /// What reading a journal found.
 #[derive(Debug)]
-pub struct Read {
+pub(crate) struct Read {
     /// The longest run of whole, consecutive entries of the current
     /// generation.
     pub entries: Vec<Entry>,

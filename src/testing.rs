@@ -1,0 +1,124 @@
+//! What the integration tests (`tests/it`) and the benchmark binary
+//! (`src/bin/bench`) reach into, named here one item at a time. None of it
+//! is an API: the crate's interface is the HTTP API and the binary. Every
+//! module above is private to the crate; an item a test needs is added
+//! here, deliberately, under the path it has inside the crate.
+
+pub mod clock {
+    pub use crate::clock::rfc3339;
+}
+
+pub mod document {
+    pub use crate::document::{Staged, StagedOp, StoredDoc, View};
+    pub mod rules {
+        pub use crate::document::rules::{MAX_DATA_DEPTH, Patch};
+    }
+}
+
+pub mod events {
+    pub use crate::events::model::EventType;
+    pub use crate::events::{EVENTS, Log, Tap};
+    pub mod model {
+        pub use crate::events::model::document_event;
+    }
+}
+
+pub mod hooks {
+    pub use crate::hooks::{DELIVERIES, HookConfig, Hooks};
+    pub use crate::txn::hook::hooks_of;
+    pub mod guard {
+        pub use crate::hooks::guard::HookGuard;
+    }
+    pub mod net {
+        pub use crate::hooks::net::Clients;
+    }
+    pub mod send {
+        pub use crate::hooks::send::Sender;
+    }
+    pub mod sign {
+        pub use crate::hooks::sign::Signer;
+    }
+}
+
+pub mod http {
+    pub use crate::http::openapi_json;
+    pub mod error {
+        pub use crate::http::error::ProblemCode;
+    }
+}
+
+pub mod keys {
+    pub use crate::keys::parse_keys;
+}
+
+pub mod metrics {
+    pub use crate::metrics::{FAMILIES, Metrics};
+}
+
+pub mod migrate {
+    pub use crate::migrate::{MIGRATIONS, MIGRATIONS_COLLECTION, declared_indexes, run, templates};
+}
+
+pub mod store {
+    pub use crate::store::{
+        Bound, Bson, DateTime, Document, Durability, DynStore, IndexSpec, Record, Store, StoreError, StoreResult,
+        Update, Write, doc, void_entry,
+    };
+    pub mod convert {
+        pub use crate::store::convert::object_to_document;
+    }
+    pub mod disk {
+        pub use crate::store::disk::DirDisk;
+    }
+    pub mod embedded {
+        pub use crate::store::embedded::{DATABASE_FILE, EmbeddedStore, JOURNAL_FILE, MAX_BATCH_BYTES, Options};
+    }
+    pub mod journal {
+        pub use crate::store::journal::truncate_at;
+    }
+    pub mod layer {
+        pub use crate::store::layer::{Layer, Layered, Op};
+    }
+    pub mod memory {
+        pub use crate::store::memory::MemoryStore;
+    }
+    pub mod mongo {
+        pub use crate::store::mongo::MongoStore;
+    }
+    pub mod powerloss {
+        pub use crate::store::powerloss::{Sweep, sweep};
+    }
+    pub mod scans {
+        pub use crate::store::scans::{
+            DELIVERIES, DELIVERIES_BY_DUE, DOCS_LIVE, DOCS_LOCKED, DOCS_STAGED, EVENTS_BY_SEQ, IDEM, TXNS,
+            TXNS_BY_LEASE, TXNS_BY_STATUS,
+        };
+    }
+    pub mod simdisk {
+        pub use crate::store::simdisk::{Keep, SimDisk};
+    }
+    pub mod templates {
+        pub use crate::store::templates::Templates;
+    }
+}
+
+pub mod txn {
+    pub use crate::txn::record::Status;
+    pub use crate::txn::{Transactions, TxnConfig};
+    pub mod age {
+        pub use crate::txn::age::txn_age;
+    }
+    pub mod commit {
+        pub use crate::txn::commit::TxnError;
+    }
+    pub mod plan {
+        pub use crate::txn::plan::{Action, ActionOp, Plan};
+    }
+    pub mod record {
+        pub use crate::txn::record::{Member, Status, TXNS, TxnRecord};
+    }
+}
+
+pub mod worker {
+    pub use crate::worker::Worker;
+}
