@@ -142,7 +142,19 @@ impl MongoStore {
     /// selection) when the server is unreachable. `hold` bounds how long one
     /// write may hold its record's write stripe.
     pub async fn connect(uri: &str, database: &str, hold: Duration) -> StoreResult<Self> {
+        Self::connect_monitored(uri, database, hold, None).await
+    }
+
+    /// [`MongoStore::connect`], with `monitor` told of every command the
+    /// driver sends and its answer (the bench counts a request's commands).
+    pub async fn connect_monitored(
+        uri: &str,
+        database: &str,
+        hold: Duration,
+        monitor: Option<mongodb::event::EventHandler<mongodb::event::command::CommandEvent>>,
+    ) -> StoreResult<Self> {
         let mut options = ClientOptions::parse(uri).await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        options.command_event_handler = monitor;
         options.app_name.get_or_insert_with(|| "txgate".to_owned());
         options.server_selection_timeout.get_or_insert(Duration::from_secs(5));
         options.connect_timeout.get_or_insert(Duration::from_secs(5));

@@ -11,6 +11,8 @@
 //!   under load (`ttl.rs`);
 //! - `durability`: restart after a crash, the cost of a synced write, the
 //!   power-loss sweep (`durability.rs`);
+//! - `wire`: what a request waits for on a remote MongoDB, through a
+//!   proxy that delays every byte (`wire.rs`);
 //! - `peer`: the workloads `scripts/bench --peer postgres` runs beside
 //!   PostgreSQL (`peer.rs`).
 //!
@@ -27,6 +29,7 @@ mod peer;
 mod protocol;
 mod scale;
 mod ttl;
+mod wire;
 
 use std::time::Duration;
 
@@ -142,6 +145,10 @@ enum Command {
         #[arg(long, default_value_t = 20.0)]
         idle_secs: f64,
     },
+    /// What a request waits for on a remote MongoDB: through a proxy that
+    /// delays every byte, latency, commands and their dependent depth of a
+    /// single update and of k-member transactions (needs --mongodb-uri).
+    Wire(wire::WireArgs),
     /// The embedded store's durability: restart after a crash, the cost of
     /// a synced write beside redb's own synced commit, and with `--power`
     /// the exhaustive power-loss sweep.
@@ -167,6 +174,10 @@ async fn main() {
             durability::fill(dir, *docs, *quick_repair, end == "close").await;
         }
         Command::Durability(args) => return durability::run(args).await,
+        Command::Wire(args) => {
+            let uri = cli.mongodb_uri.as_deref().expect("bench wire needs --mongodb-uri (a MongoDB-wire server)");
+            return wire::run(uri, args).await;
+        }
         _ => {}
     }
     let dir = tempfile_dir();
@@ -205,7 +216,7 @@ async fn main() {
             let args = ttl::TtlArgs { store: config.clone(), rate, seconds, max_age, max_count, docs, idle: idle_secs };
             ttl::run(args).await;
         }
-        Command::Durability(_) | Command::DurabilityFill { .. } => unreachable!("run above"),
+        Command::Durability(_) | Command::DurabilityFill { .. } | Command::Wire(_) => unreachable!("run above"),
     }
     cleanup(&config, &dir).await;
 }
