@@ -174,8 +174,10 @@ impl Documents {
     /// nothing is), as one compare-and-set that also stores its change
     /// event in the outbox; then move the event to the log and clear the
     /// outbox. An outbox `current` still holds goes to the log first, so
-    /// a document's events follow its versions. Synced: the answer
-    /// depends on it. `false`: the document changed since it was read.
+    /// a document's events follow its versions. Synced: the answer depends
+    /// on it. Where a chain of writes lands whole or not at all, the write
+    /// and the event's append are one chain and the outbox is left out.
+    /// `false`: the document changed since it was read.
     async fn write_with_event(
         &self,
         coll: &str,
@@ -190,13 +192,20 @@ impl Documents {
         let at = next.meta.updated_at.unwrap_or_else(|| self.now());
         let event = events::model::document_event(kind, coll, &next, None, at);
         let eid = event.get_str("_id").unwrap_or_default().to_owned();
-        next.meta.outbox = Some(event.clone());
-        let mut logged = event;
+        let mut logged = event.clone();
         logged.insert("logged_at", self.now());
-        let first = match current {
+        let write_of = |next: &StoredDoc| match current {
             None => Write::Insert(next.to_record()),
             Some(cur) => Write::Replace { id: &cur.id, filter: cur.unchanged_filter(None), record: next.to_record() },
         };
+        if store.chains_atomically() {
+            // The write and its event land together or not at all: no
+            // outbox to fill and empty (docs/design.md §1).
+            let chain = vec![(coll, write_of(&next)), (events::EVENTS, Write::Append(logged))];
+            return Ok(store.write_in_order(chain, Durability::Synced).await? > 0);
+        }
+        next.meta.outbox = Some(event);
+        let first = write_of(&next);
         let chain = vec![
             (coll, first),
             (events::EVENTS, Write::Append(logged)),

@@ -198,6 +198,19 @@ pub async fn run_with_store(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
+    serve(config, store, listener, shutdown, None).await
+}
+
+/// [`run_with_store`], handing `follow_ups` (when given) the tracker of the
+/// work requests leave for after their answer (roll-forwards, events on
+/// their way to the log, stored idempotency outcomes) once it is built.
+pub(crate) async fn serve(
+    config: Config,
+    store: DynStore,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    follow_ups: Option<tokio::sync::oneshot::Sender<tokio_util::task::TaskTracker>>,
+) -> Result<(), RunError> {
     let metrics = Arc::new(Metrics::default());
     let (store, tap) = stack(store, config.txn.store_timeout, &metrics);
     let applied = migrate::run(store.as_ref()).await?;
@@ -205,6 +218,9 @@ pub async fn run_with_store(
         tracing::info!(count = applied.len(), "migrations applied");
     }
     let app = App::new(&config, store, tap, metrics);
+    if let Some(follow_ups) = follow_ups {
+        let _ = follow_ups.send(app.txns.tasks().clone());
+    }
     let router = app.router(&config);
     let clients = hooks::net::Clients::new(Arc::new(config.hook_guard.clone()), config.hooks.timeout)
         .map_err(std::io::Error::other)?;

@@ -4,6 +4,18 @@
 //! module above is private to the crate; an item a test needs is added
 //! here, deliberately, under the path it has inside the crate.
 
+/// [`crate::run_with_store`], handing `follow_ups` the tracker of the work
+/// requests leave for after their answers, so a test can wait for it.
+pub async fn serve(
+    config: crate::config::Config,
+    store: crate::store::DynStore,
+    listener: tokio::net::TcpListener,
+    shutdown: tokio_util::sync::CancellationToken,
+    follow_ups: Option<tokio::sync::oneshot::Sender<tokio_util::task::TaskTracker>>,
+) -> Result<(), crate::RunError> {
+    crate::serve(config, store, listener, shutdown, follow_ups).await
+}
+
 pub mod clock {
     pub use crate::clock::rfc3339;
 }

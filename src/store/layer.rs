@@ -202,6 +202,12 @@ impl<L: Layer> Store for Layered<L> {
         self.inner.chains_cheaply()
     }
 
+    /// A layer that takes chains apart (a fault injector) makes them
+    /// land write by write.
+    fn chains_atomically(&self) -> bool {
+        !self.layer.splits_chains() && self.inner.chains_atomically()
+    }
+
     async fn append_all(&self, coll: &str, records: Vec<Record>) -> StoreResult<Vec<bool>> {
         if self.layer.splits_chains() {
             let mut out = Vec::with_capacity(records.len());

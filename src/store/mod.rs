@@ -345,6 +345,15 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Whether a chain ([`Store::write_in_order`]) is durable whole: a
+    /// crash keeps every write the chain applied or none of them, never a
+    /// prefix. (A chain still stops at the first write whose filter
+    /// fails.) Where it is, a single write and its change event's append
+    /// go as one chain without the outbox (docs/design.md §1).
+    fn chains_atomically(&self) -> bool {
+        false
+    }
+
     /// [`Write::Append`] of each of `records` to `coll`, unsynced; where
     /// positions are taken from a counter (MongoDB), those of one call are
     /// taken at once and follow the order of `records`. Returns whether

@@ -211,9 +211,10 @@ impl Transactions {
 
     /// Run `plan` for a request, with its Idempotency-Key if it has one
     /// (docs/design.md §3): the key is claimed first; a stored outcome is
-    /// answered again; after the run, a commit or a failure a retry cannot
-    /// change is stored for the key (`render` gives the answer a failure
-    /// is stored as: its status and body), a retryable failure frees the
+    /// answered again; after the run, a commit (after the answer: the
+    /// committed record answers a retry until then) or a failure a retry
+    /// cannot change is stored for the key (`render` gives the answer a
+    /// failure is stored as: its status and body), a retryable failure frees the
     /// key, and an outcome that is unknown leaves it with the attempt, so
     /// a retry learns it from the record instead of running again.
     pub async fn submit(
@@ -239,7 +240,18 @@ impl Transactions {
             Err(err) => err.txn(),
         };
         let stored = match &result {
-            Ok(committed) => self.keys.complete_key(key, txn, 200, &summary(&committed.record).to_json()).await,
+            Ok(committed) => {
+                // After the answer: until it is stored, a retry with the key
+                // finds the committed record and replays its summary.
+                let (keys, key, txn) = (Arc::clone(&self.keys), key.clone(), txn.to_owned());
+                let body = summary(&committed.record).to_json();
+                self.tasks.spawn(async move {
+                    if let Err(err) = keys.complete_key(&key, &txn, 200, &body).await {
+                        tracing::warn!(txn.id = %txn, error = %err, "could not record the idempotency outcome");
+                    }
+                });
+                Ok(())
+            }
             Err(TxnError::Aborted { failure, .. }) if failure.retryable => self.keys.release_key(key, txn).await,
             Err(err @ (TxnError::Aborted { .. } | TxnError::InvalidChange { .. })) => {
                 let (status, body) = render(err);

@@ -414,3 +414,27 @@ async fn tombstones_go_after_their_retention(backend: Backend) {
     assert_eq!(again["version"], 1);
     app.stop().await;
 }
+
+/// A single write on a store whose chains land whole (docs/design.md §1).
+mod single_write {
+    use super::*;
+
+    /// The embedded store lands a chain whole or not at all: the write and
+    /// its event's append are one chain, so the event is in the log when
+    /// the answer comes and no outbox is ever stored.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_a_write_and_its_event_land_together() {
+        let app = TestApp::spawn(Backend::Embedded).await.expect("the embedded store");
+        create(&app, "s", "a", json!({"n": 0})).await;
+        for n in 1..=3 {
+            expect(patch(&app, "s", "a", json!({"n": n})).await, 200).await;
+            let d = StoredDoc::from_record(app.store.get("s", "a").await.unwrap().unwrap()).unwrap();
+            assert!(d.meta.outbox.is_none(), "version {}: {:?}", d.meta.v, d.meta.outbox);
+            // Read at once, with nothing waited for.
+            let page = events_page(&app, "").await;
+            let logged: Vec<&str> = page["items"].as_array().unwrap().iter().filter_map(|e| e["id"].as_str()).collect();
+            assert!(logged.contains(&format!("s/a/{}", n + 1).as_str()), "{logged:?}");
+        }
+        app.stop().await;
+    }
+}

@@ -177,11 +177,15 @@ mod writer {
         for outcome in futures::future::join_all(writes).await {
             assert!(outcome.unwrap());
         }
-        // A chain larger than one entry holds.
+        // A chain larger than one entry holds, and is one entry all the
+        // same: a crash keeps it whole or drops it whole.
+        let entries = store.stats().entries.load(Ordering::Relaxed);
         let chain: Vec<_> =
             (0..4).map(|i| ("big", Write::Insert(doc! {"_id": format!("c{i}"), "fill": "y".repeat(RECORD)}))).collect();
         assert_eq!(store.write_in_order(chain, Durability::Synced).await.unwrap(), 4);
+        assert!(store.chains_atomically());
         let stats = store.stats();
+        assert_eq!(stats.entries.load(Ordering::Relaxed), entries + 1, "the chain went to the journal in one entry");
         let max = stats.max_batch_bytes.load(Ordering::Relaxed) as usize;
         assert!(max <= MAX_BATCH_BYTES + RECORD + 4096, "a batch journaled {max} bytes");
         assert!(stats.entries.load(Ordering::Relaxed) > stats.commits.load(Ordering::Relaxed), "large batches split");

@@ -106,6 +106,8 @@ pub struct TestApp {
     pub config: Config,
     shutdown: CancellationToken,
     server: Option<tokio::task::JoinHandle<()>>,
+    /// Work the gateway's requests left for after their answers.
+    follow_ups: tokio_util::task::TaskTracker,
     _store: Option<TestStore>,
 }
 
@@ -140,14 +142,27 @@ impl TestApp {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let shutdown = CancellationToken::new();
+        let (tracker, follow_ups) = tokio::sync::oneshot::channel();
         let server = {
             let (config, store, shutdown) = (config.clone(), Arc::clone(&store), shutdown.clone());
             tokio::spawn(async move {
-                txgate::run_with_store(config, store, listener, shutdown).await.expect("gateway runs");
+                txgate::testing::serve(config, store, listener, shutdown, Some(tracker)).await.expect("gateway runs");
             })
         };
+        let follow_ups = follow_ups.await.expect("the gateway starts");
         let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client");
-        Self { base, client, store, config, shutdown, server: Some(server), _store: keep }
+        Self { base, client, store, config, shutdown, server: Some(server), follow_ups, _store: keep }
+    }
+
+    /// Wait until the work this gateway's requests left for after their
+    /// answers is done: an event a single write sent on its way is in the
+    /// log, a commit is rolled forward.
+    pub async fn settled(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.follow_ups.is_empty() {
+            assert!(Instant::now() < deadline, "the gateway's follow-up work never ended");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
@@ -500,6 +515,8 @@ pub async fn events_page(app: &TestApp, query: &str) -> Value {
 /// stops before a position another helper took and has not filled yet
 /// (it becomes a void entry), so an empty page alone does not mean the end.
 pub async fn all_events(app: &TestApp, after: u64, extra: &str) -> (Vec<Value>, u64) {
+    // Events of the writes answered so far are on their way to the log.
+    app.settled().await;
     let log = txgate::testing::events::Log::new(
         Arc::clone(&app.store),
         txgate::testing::events::Tap::default(),

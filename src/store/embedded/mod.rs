@@ -339,6 +339,11 @@ impl Store for EmbeddedStore {
     fn chains_cheaply(&self) -> bool {
         true
     }
+    /// A chain is one group commit: one redb commit and one journal entry,
+    /// which a crash keeps whole or drops whole.
+    fn chains_atomically(&self) -> bool {
+        true
+    }
     fn syncs(&self) -> Option<u64> {
         Some(self.stats().syncs.load(Ordering::Relaxed))
     }

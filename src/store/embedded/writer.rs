@@ -188,7 +188,7 @@ impl Writer {
     /// Commit a batch: `first` and whatever else is queued, up to
     /// [`MAX_BATCH`] items or [`MAX_BATCH_BYTES`] of effects. Its effects go
     /// to the journal (in entries of about [`journal::ENTRY_TARGET`], split
-    /// between writes) before the commit is visible, and the journal is
+    /// between queued items, so never inside a chain) before the commit is visible, and the journal is
     /// synced first when the batch holds a write that must be durable. An
     /// item that must commit on its own is left in `held`.
     fn commit(&mut self, first: Queued, rx: &mpsc::Receiver<Queued>, held: &mut Option<Queued>) {
@@ -220,9 +220,6 @@ impl Writer {
                         let before = effects.len();
                         let outcome = apply(&mut table, &mut index, &specs, &mut state, op, effects);
                         bytes += effects.len() - before;
-                        if effects.len() >= journal::ENTRY_TARGET {
-                            entries.push(Effects::default());
-                        }
                         match outcome {
                             Ok(true) => applied += 1,
                             Ok(false) => break,
@@ -233,6 +230,12 @@ impl Writer {
                         }
                     }
                     results.push(result.map(|()| applied));
+                    // Entries split between queued items only: a chain's
+                    // effects are in one entry, which a crash keeps whole
+                    // or drops whole (`Store::chains_atomically`).
+                    if entries.last().is_some_and(|e| e.len() >= journal::ENTRY_TARGET) {
+                        entries.push(Effects::default());
+                    }
                     next += 1;
                     if next == batch.len() && batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
                         match rx.try_recv() {

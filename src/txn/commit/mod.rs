@@ -37,7 +37,7 @@ use super::record::{AbortReason, Failure, FailureCode, Member, Status, TXNS, Txn
 use super::signals::Signals;
 
 use lease::Heartbeat;
-use prepare::{plain_stage, within_write_bound};
+use prepare::{bound_holds_unread, plain_stage, within_write_bound};
 
 /// The commit service: runs a plan as a transaction, up to its commit
 /// point, and leaves its roll-forward or roll-back to run in the
@@ -189,9 +189,8 @@ impl Commit {
             hook_count: plan.hooks.len() as i64,
             hooks: plan.hooks.clone(),
         };
-        // The members as they are now, read in one round trip per
-        // collection. Where the store takes a chain of writes in one round
-        // trip: with every member free (and no outputs), the whole protocol
+        // The members as they are now, one read per collection, side by
+        // side. Where the store takes a chain of writes in one round trip: with every member free (and no outputs), the whole protocol
         // goes as one chain (`whole`); otherwise the record and the locks of
         // the free members go as one, the record first (it must exist
         // before any lock). Unsynced, like every step before the commit
@@ -201,13 +200,27 @@ impl Commit {
         let _running = self.signals.run(txn, wounded.clone());
         let began = Instant::now();
         let prepare = async {
+            let chains = self.store.chains_cheaply();
+            if !chains && bound_holds_unread(plan) {
+                // Where a chain costs a round trip per write, the record goes
+                // alone, side by side with the first reads (it needs nothing
+                // from them, for the data bound holds whatever they find),
+                // and the members are then locked in parallel.
+                let unsynced = self.store.unsynced();
+                let insert = unsynced.insert(TXNS, record.to_record());
+                let (first, inserted) = tokio::join!(self.first_reads(plan), insert);
+                return Ok(match (first, inserted) {
+                    (Ok(first), Ok(inserted)) => match within_write_bound(plan, &first) {
+                        Ok(()) => Prepared::Chained { first, chained: Vec::new(), applied: usize::from(inserted) },
+                        Err(err) => Prepared::Refused(err),
+                    },
+                    (Err(err), _) | (_, Err(err)) => Prepared::Refused(err),
+                });
+            }
             let first = self.first_reads(plan).await?;
             within_write_bound(plan, &first)?;
             let at = self.now();
             let mut stages = Vec::new();
-            // Where a chain costs a round trip per write, the record goes
-            // alone and the members are locked in parallel.
-            let chains = self.store.chains_cheaply();
             for (i, action) in plan.actions.iter().enumerate().filter(|_| chains) {
                 let seen = first.get(&(action.collection.clone(), action.id.clone()));
                 if let Some(stage) = plain_stage(plan, action, seen, txn, at) {
@@ -232,6 +245,7 @@ impl Commit {
             Ok(Ok(Prepared::Whole(Whole::Committed(record)))) => return Ok(Committed { record: *record }),
             Ok(Ok(Prepared::Whole(Whole::Failed(err)))) => return Err(*err),
             Ok(Ok(Prepared::Whole(Whole::Partly { chained, applied }))) => (HashMap::new(), chained, applied),
+            Ok(Ok(Prepared::Refused(err))) => return Err(self.give_up(txn, store_err(err)).await),
             Ok(Err(err)) => return Err(store_err(err)),
             Err(_) => return Err(self.timed_out_preparing(record).await),
         };
@@ -284,6 +298,10 @@ enum Prepared {
     Chained { first: HashMap<(String, String), StoredDoc>, chained: Vec<(usize, i64)>, applied: usize },
     /// Every member was free: see [`Commit::whole`].
     Whole(Whole),
+    /// The record may have been written beside the first reads, which
+    /// failed or found more data than a transaction may write: it is
+    /// aborted in the background.
+    Refused(StoreError),
 }
 
 /// What became of a whole-transaction chain.

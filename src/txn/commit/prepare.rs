@@ -121,8 +121,10 @@ impl Commit {
         for a in &plan.actions {
             by_coll.entry(&a.collection).or_default().push(a.id.clone());
         }
-        for (coll, ids) in by_coll {
-            for rec in self.store.get_many(coll, &ids).await? {
+        // One read per collection, side by side.
+        let reads = by_coll.iter().map(|(coll, ids)| async move { Ok((*coll, self.store.get_many(coll, ids).await?)) });
+        for (coll, records) in futures::future::try_join_all(reads).await? {
+            for rec in records {
                 let d = StoredDoc::from_record(rec)?;
                 first.insert((coll.to_owned(), d.id.clone()), d);
             }
@@ -192,6 +194,21 @@ pub(super) fn member_results(plan: &Plan, members: &mut [Member], bases: &[(usiz
 /// transaction's writes are applied in one write batch of the embedded
 /// store (and its records on MongoDB), whose memory this bounds.
 pub(super) const MAX_TXN_DATA_BYTES: usize = 64 << 20;
+
+/// Whether [`within_write_bound`] holds whatever the first reads find:
+/// an update counted at the largest data a document may hold. Then the
+/// record can be written before they answer.
+pub(super) fn bound_holds_unread(plan: &Plan) -> bool {
+    use crate::document::rules::{MAX_DATA_BYTES, data_size};
+    let total = plan.actions.iter().fold(0usize, |total, action| {
+        total.saturating_add(match &action.op {
+            ActionOp::Insert(data) | ActionOp::Replace(data) => data_size(data),
+            ActionOp::Update(_) => MAX_DATA_BYTES,
+            ActionOp::Delete | ActionOp::Check => 0,
+        })
+    });
+    total <= MAX_TXN_DATA_BYTES
+}
 
 /// Refuse, before anything is written, a transaction whose members' data
 /// would exceed [`MAX_TXN_DATA_BYTES`]: the data an insert or replace

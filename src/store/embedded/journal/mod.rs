@@ -70,9 +70,10 @@ const ENTRY_HEADER: usize = 4 + 4 + 8 + 8 + 8;
 const ALIGN: usize = 8;
 
 /// Upper bound on one entry's payload. The writer splits a batch into
-/// entries of about [`ENTRY_TARGET`] at record boundaries, and one record's
-/// effect is bounded by the store's record size limit, so no entry comes
-/// near this.
+/// entries of about [`ENTRY_TARGET`] between its queued items (a single
+/// write or a chain, whose effects stay in one entry), and an item's
+/// effects are bounded by the record size limit and a transaction's data
+/// bound, so no entry comes near this.
 pub(crate) const MAX_PAYLOAD: usize = 1 << 30;
 
 /// The writer starts a new entry once the current one holds this much.
