@@ -184,6 +184,17 @@ impl Faults {
         }
     }
 
+    /// The moment of a crash, from inside the operation it strikes:
+    /// nothing new starts, and what was already sent (operations issued
+    /// side by side with this one) lands. Only then is the process dead,
+    /// so that nothing it sent lands after whoever takes over has looked.
+    async fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        while self.in_flight.load(Ordering::SeqCst) > 1 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     async fn gate<T>(&self, below: &dyn Store, run: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
         if self.crashed.load(Ordering::SeqCst) || self.stopping.load(Ordering::SeqCst) {
             return std::future::pending().await;
@@ -202,22 +213,20 @@ impl Faults {
                 Err(injected())
             }
             Fault::Crash(k) if k == n => {
+                self.stop().await;
                 self.crashed.store(true, Ordering::SeqCst);
                 std::future::pending().await
             }
             Fault::CrashAfter(k) if k == n => {
                 let _ = run.await;
+                self.stop().await;
                 self.crashed.store(true, Ordering::SeqCst);
                 std::future::pending().await
             }
             Fault::CrashLosingUnsynced(k) if k == n => {
                 let _ = run.await;
-                // The moment of the crash: nothing new starts, what was
-                // under way lands, then the unsynced suffix is lost.
-                self.stopping.store(true, Ordering::SeqCst);
-                while self.in_flight.load(Ordering::SeqCst) > 1 {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+                self.stop().await;
+                // Then the unsynced suffix is lost.
                 self.lose_unsynced(below).await;
                 self.crashed.store(true, Ordering::SeqCst);
                 std::future::pending().await
