@@ -17,6 +17,7 @@ use crate::clock::Clock;
 use crate::document::rules::{self, Invalid, Patch};
 use crate::document::{Live, StagedOp, StoredDoc, View};
 use crate::events::{self, EventType};
+use crate::follow_ups::SETTLE_WAIT;
 use crate::metrics::Metrics;
 use crate::store::DynStore;
 use crate::store::scans::{DOCS_LIVE, DOCS_STAGED};
@@ -64,6 +65,8 @@ pub enum Written {
 pub struct Documents {
     store: DynStore,
     locks: Arc<Locks>,
+    /// Where a write's event goes on to the log after the answer.
+    publisher: Arc<events::Publisher>,
     clock: Clock,
     metrics: Arc<Metrics>,
     /// How long a write waits for a live transaction's lock.
@@ -72,9 +75,27 @@ pub struct Documents {
 
 const MAX_BACKOFF: Duration = Duration::from_millis(100);
 
+/// When a write's event goes from the outbox to the log.
+#[derive(Clone, Copy, PartialEq)]
+enum Publish {
+    /// Before the write returns: nobody waits for the answer (the TTL
+    /// sweeper), and what comes next (its `max_count` cut) reads counts.
+    Now,
+    /// After the answer, queued behind the events of writes answered
+    /// before ([`events::Publisher`]).
+    AfterAnswer,
+}
+
 impl Documents {
-    pub fn new(store: DynStore, locks: Arc<Locks>, clock: Clock, metrics: Arc<Metrics>, lock_wait: Duration) -> Self {
-        Self { store, locks, clock, metrics, lock_wait }
+    pub(crate) fn new(
+        store: DynStore,
+        locks: Arc<Locks>,
+        publisher: Arc<events::Publisher>,
+        clock: Clock,
+        metrics: Arc<Metrics>,
+        lock_wait: Duration,
+    ) -> Self {
+        Self { store, locks, publisher, clock, metrics, lock_wait }
     }
 
     fn store(&self) -> &dyn crate::store::Store {
@@ -150,7 +171,7 @@ impl Documents {
         loop {
             let at = self.now();
             let fresh = StoredDoc::new_live(id.clone(), data.clone(), sv, 1, at);
-            if self.write_with_event(coll, None, fresh.clone(), EventType::Created).await? {
+            if self.write_with_event(coll, None, fresh.clone(), EventType::Created, Publish::AfterAnswer).await? {
                 return Ok(live(fresh));
             }
             let Some(existing) = self.load(coll, &id).await? else { continue };
@@ -164,7 +185,8 @@ impl Documents {
                 View::NotFound => 0,
             };
             let next = StoredDoc::new_live(id.clone(), data.clone(), sv, version + 1, at);
-            if self.write_with_event(coll, Some(&existing), next.clone(), EventType::Created).await? {
+            let created = EventType::Created;
+            if self.write_with_event(coll, Some(&existing), next.clone(), created, Publish::AfterAnswer).await? {
                 return Ok(live(next));
             }
         }
@@ -172,28 +194,30 @@ impl Documents {
 
     /// Write `next` over `current` as read (`None`: insert it where
     /// nothing is), as one compare-and-set that also stores its change
-    /// event in the outbox; then move the event to the log and clear the
-    /// outbox. An outbox `current` still holds goes to the log first, so
-    /// a document's events follow its versions. Synced: the answer depends
-    /// on it. Where a chain of writes lands whole or not at all, the write
-    /// and the event's append are one chain and the outbox is left out.
-    /// `false`: the document changed since it was read.
+    /// event in the outbox; then, as `publish` says, move the event to the
+    /// log and clear the outbox (docs/design.md §2). An outbox `current`
+    /// still holds goes to the log first, so a document's events follow
+    /// its versions. Synced: the answer depends on it. Where a chain of
+    /// writes lands whole or not at all, the write and the event's append
+    /// are one chain and the outbox is left out. `false`: the document
+    /// changed since it was read.
     async fn write_with_event(
         &self,
         coll: &str,
         current: Option<&StoredDoc>,
         mut next: StoredDoc,
         kind: EventType,
+        publish: Publish,
     ) -> Result<bool, DocError> {
         let store = self.store();
         if let Some(cur) = current.filter(|c| c.meta.outbox.is_some()) {
+            // Behind the events of writes answered before it, if it is
+            // still queued here.
+            self.publisher.flush(SETTLE_WAIT).await;
             events::publish_outbox(store, coll, cur, self.now()).await?;
         }
         let at = next.meta.updated_at.unwrap_or_else(|| self.now());
         let event = events::model::document_event(kind, coll, &next, None, at);
-        let eid = event.get_str("_id").unwrap_or_default().to_owned();
-        let mut logged = event.clone();
-        logged.insert("logged_at", self.now());
         let write_of = |next: &StoredDoc| match current {
             None => Write::Insert(next.to_record()),
             Some(cur) => Write::Replace { id: &cur.id, filter: cur.unchanged_filter(None), record: next.to_record() },
@@ -201,24 +225,20 @@ impl Documents {
         if store.chains_atomically() {
             // The write and its event land together or not at all: no
             // outbox to fill and empty (docs/design.md §1).
+            let mut logged = event;
+            logged.insert("logged_at", self.now());
             let chain = vec![(coll, write_of(&next)), (events::EVENTS, Write::Append(logged))];
             return Ok(store.write_in_order(chain, Durability::Synced).await? > 0);
         }
         next.meta.outbox = Some(event);
-        let first = write_of(&next);
-        let chain = vec![
-            (coll, first),
-            (events::EVENTS, Write::Append(logged)),
-            (
-                coll,
-                Write::Update {
-                    id: &next.id,
-                    filter: StoredDoc::outbox_filter(next.meta.v, &eid),
-                    update: StoredDoc::clear_outbox(),
-                },
-            ),
-        ];
-        Ok(store.write_in_order(chain, Durability::Synced).await? > 0)
+        if !store.write(coll, write_of(&next), Durability::Synced).await? {
+            return Ok(false);
+        }
+        self.publisher.publish(coll, next);
+        if publish == Publish::Now {
+            self.publisher.flush(SETTLE_WAIT).await;
+        }
+        Ok(true)
     }
 
     /// Replace, patch or delete an existing document, optionally only at
@@ -250,7 +270,7 @@ impl Documents {
             let at = self.now();
             let next = apply_change(&doc, change, at)?;
             let kind = if matches!(change, Change::Delete) { EventType::Deleted } else { EventType::Updated };
-            if self.write_with_event(coll, Some(&doc), next.clone(), kind).await? {
+            if self.write_with_event(coll, Some(&doc), next.clone(), kind, Publish::AfterAnswer).await? {
                 return Ok(match next.committed_view() {
                     View::Live(l) => Written::Live(l),
                     _ => Written::Deleted { version: next.meta.v },
@@ -269,7 +289,7 @@ impl Documents {
             return Ok(false);
         }
         let next = apply_change(doc, &Change::Delete, self.now())?;
-        self.write_with_event(coll, Some(doc), next, EventType::Expired).await
+        self.write_with_event(coll, Some(doc), next, EventType::Expired, Publish::Now).await
     }
 
     /// Live documents in id order after `after`, and the cursor of the next

@@ -17,6 +17,7 @@ pub mod config;
 mod document;
 mod documents;
 mod events;
+mod follow_ups;
 mod hooks;
 mod http;
 mod keys;
@@ -138,15 +139,17 @@ impl App {
         }
         let mut events_cfg = config.events.clone();
         events_cfg.clock = config.txn.clock.clone();
-        let events = events::Log::new(Arc::clone(&store), tap, events_cfg);
+        let (txns, hooks) = transactions(Arc::clone(&store), config.txn.clone(), Arc::clone(&metrics));
+        let events = events::Log::settling(Arc::clone(&store), tap, events_cfg, txns.follow_ups().clone());
         let log = Arc::clone(&events);
         metrics.sampled("txgate_events_written_total", "Change events this instance appended to the log", move || {
             log.appended()
         });
-        let (txns, hooks) = transactions(Arc::clone(&store), config.txn.clone(), Arc::clone(&metrics));
+        let publisher = events::Publisher::new(Arc::clone(&store), config.txn.clock.clone(), txns.follow_ups().clone());
         let documents = Arc::new(Documents::new(
             Arc::clone(&store),
             Arc::clone(txns.locks()),
+            publisher,
             config.txn.clock.clone(),
             Arc::clone(&metrics),
             config.txn.lock_wait,

@@ -115,7 +115,10 @@ impl Subscriptions {
     /// about survives.
     pub async fn create(&self, url: String, filter: Filter) -> StoreResult<Subscription> {
         let Filter { collections, types, within } = filter;
-        // The end of the log; after a purge of all of it, the floor.
+        // The end of the log (with the events of every answer this
+        // instance gave before: those are not "from now on"); after a
+        // purge of all of it, the floor.
+        self.log.settle().await;
         let head = self.log.head().await?.max(self.log.floor().await?);
         let position = i64::try_from(head).unwrap_or(i64::MAX);
         let sub = Subscription {

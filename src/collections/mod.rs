@@ -157,8 +157,10 @@ impl Collections {
     }
 
     /// Collection `name` as it is now (a collection nothing was ever
-    /// written to has no policy and no documents).
+    /// written to has no policy and no documents). Its count includes
+    /// every change this instance answered before.
     pub async fn get(&self, name: &str) -> StoreResult<Collection> {
+        self.log.settle().await;
         self.count_changes().await?;
         Ok(self.store.get(COLLECTIONS, name).await?.map_or_else(
             || Collection { name: name.to_owned(), ttl: None, count: 0 },
@@ -169,6 +171,7 @@ impl Collections {
     /// Collections with documents (or once with documents) or a policy, by
     /// name after `after`, and the name to continue after.
     pub async fn list(&self, after: Option<&str>, limit: usize) -> StoreResult<(Vec<Collection>, Option<String>)> {
+        self.log.settle().await;
         self.count_changes().await?;
         crate::store::page(self.store.as_ref(), COLLECTIONS, BY_NAME.scan(Vec::new()), after, limit, |rec| {
             Ok(Collection::from_record(&rec))

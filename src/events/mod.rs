@@ -22,7 +22,7 @@ mod outbox;
 mod purge;
 pub(crate) mod tap;
 
-pub(crate) use outbox::publish_outbox;
+pub(crate) use outbox::{Publisher, publish_outbox};
 pub(crate) use purge::Purge;
 pub use tap::Tap;
 
@@ -32,6 +32,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::clock::Clock;
+use crate::follow_ups::{FollowUps, SETTLE_WAIT};
 use crate::store::{Bound, Bson, DynStore, LOG_SEQ, StoreError, StoreResult, void_entry};
 pub(crate) use model::{Entry, Event, EventType, Logged};
 
@@ -214,6 +215,8 @@ pub struct Log {
     filling: tokio::sync::Mutex<()>,
     /// The floor as last read (or moved) here.
     floor_seen: std::sync::atomic::AtomicU64,
+    /// Work of this instance's answers that puts events in the log.
+    follow_ups: FollowUps,
 }
 
 impl Log {
@@ -221,6 +224,11 @@ impl Log {
     /// stack with `tap` in it (see `txgate::stack`), or, for a reader
     /// that polls, any store and a tap of its own.
     pub fn new(store: DynStore, tap: Tap, cfg: EventsConfig) -> Arc<Self> {
+        Self::settling(store, tap, cfg, FollowUps::default())
+    }
+
+    /// [`Log::new`], its readers settling `follow_ups` ([`Log::settle`]).
+    pub(crate) fn settling(store: DynStore, tap: Tap, cfg: EventsConfig, follow_ups: FollowUps) -> Arc<Self> {
         Arc::new(Self {
             store,
             cfg,
@@ -228,7 +236,16 @@ impl Log {
             recent: std::sync::Mutex::default(),
             filling: tokio::sync::Mutex::new(()),
             floor_seen: std::sync::atomic::AtomicU64::new(0),
+            follow_ups,
         })
+    }
+
+    /// Wait (bounded) until the events of every answer this instance gave
+    /// before are in the log: a client reading events, counts or the
+    /// log's head right after an answer sees its own write
+    /// ([`crate::follow_ups`]).
+    pub(crate) async fn settle(&self) {
+        self.follow_ups.settle(SETTLE_WAIT).await;
     }
 
     pub fn config(&self) -> &EventsConfig {

@@ -1,9 +1,16 @@
 //! A single-document write's event on its way to the log: the document
 //! carries it in its outbox until it is appended.
 
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
 use super::EVENTS;
+use crate::clock::Clock;
 use crate::document::StoredDoc;
-use crate::store::{DateTime, Store, StoreError, StoreResult, Write};
+use crate::follow_ups::{FollowUps, Ticket};
+use crate::store::{DateTime, DynStore, Store, StoreError, StoreResult, Write};
 
 /// Make sure the event `doc` holds in its outbox is in the log, then clear
 /// the outbox (unless the document moved on). Readers never call this;
@@ -33,4 +40,116 @@ pub(crate) async fn publish_outbox(store: &dyn Store, coll: &str, doc: &StoredDo
         store.unsynced().update(coll, &doc.id, filter, clear).await?;
     }
     Ok(())
+}
+
+/// Events of one batch at most: one append of the batch, then its
+/// outboxes cleared side by side.
+const BATCH: usize = 256;
+
+/// The events of this instance's single-document writes on their way
+/// from their outboxes to the log after the answer, in the order the
+/// writes were answered: a client that writes one document and then
+/// another finds their events in that order. Queued writes are appended
+/// in batches by one drain at a time (a group commit: an append of many
+/// events costs the round trips of one), each a settled follow-up
+/// ([`crate::follow_ups`]). A batch that fails is left in its outboxes,
+/// for the next writer of each document or the recovery sweep.
+pub(crate) struct Publisher {
+    store: DynStore,
+    clock: Clock,
+    follow_ups: FollowUps,
+    queue: Mutex<Queue>,
+    /// How many queued events the drain has dealt with (appended, or
+    /// failed and left in their outboxes).
+    done: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Queued>,
+    /// Events queued so far.
+    queued: u64,
+    /// Whether a drain is running.
+    draining: bool,
+}
+
+struct Queued {
+    coll: String,
+    doc: StoredDoc,
+    _ticket: Ticket,
+}
+
+impl Publisher {
+    pub(crate) fn new(store: DynStore, clock: Clock, follow_ups: FollowUps) -> Arc<Self> {
+        Arc::new(Self { store, clock, follow_ups, queue: Mutex::default(), done: watch::Sender::new(0) })
+    }
+
+    /// Queue the event `doc` (as just written to `coll`) holds in its
+    /// outbox.
+    pub(crate) fn publish(self: &Arc<Self>, coll: &str, doc: StoredDoc) {
+        let queued = Queued { coll: coll.to_owned(), doc, _ticket: self.follow_ups.ticket() };
+        let mut queue = self.queue.lock().expect("outbox queue");
+        queue.waiting.push(queued);
+        queue.queued += 1;
+        if !queue.draining {
+            queue.draining = true;
+            let me = Arc::clone(self);
+            self.follow_ups.spawn(async move { me.drain().await });
+        }
+    }
+
+    /// Wait (at most `max`) until every event queued before this call is
+    /// dealt with.
+    pub(crate) async fn flush(&self, max: Duration) {
+        let upto = self.queue.lock().expect("outbox queue").queued;
+        let mut done = self.done.subscribe();
+        let _ = tokio::time::timeout(max, done.wait_for(|n| *n >= upto)).await;
+    }
+
+    async fn drain(&self) {
+        loop {
+            let batch: Vec<Queued> = {
+                let mut queue = self.queue.lock().expect("outbox queue");
+                if queue.waiting.is_empty() {
+                    queue.draining = false;
+                    return;
+                }
+                let n = queue.waiting.len().min(BATCH);
+                queue.waiting.drain(..n).collect()
+            };
+            if let Err(err) = self.append(&batch).await {
+                tracing::warn!(
+                    events = batch.len(), error = %err,
+                    "could not move written documents' events to the log; their next writers or the recovery sweep will"
+                );
+            }
+            self.done.send_modify(|n| *n += batch.len() as u64);
+        }
+    }
+
+    /// Append the events of `batch` in its order, then clear its outboxes
+    /// (unless a document moved on meanwhile).
+    async fn append(&self, batch: &[Queued]) -> StoreResult<()> {
+        let at = self.clock.now();
+        let mut records = Vec::with_capacity(batch.len());
+        let mut clears = Vec::with_capacity(batch.len());
+        for q in batch {
+            let Some(outbox) = &q.doc.meta.outbox else { continue };
+            let Ok(eid) = outbox.get_str("_id") else {
+                return Err(StoreError::Internal(format!("{}/{}: outbox without an event id", q.coll, q.doc.id)));
+            };
+            let mut record = outbox.clone();
+            record.insert("logged_at", at);
+            records.push(record);
+            clears.push((q.coll.as_str(), q.doc.id.as_str(), StoredDoc::outbox_filter(q.doc.meta.v, eid)));
+        }
+        self.store.append_all(EVENTS, records).await?;
+        let unsynced = self.store.unsynced();
+        let cleared =
+            clears.into_iter().map(|(coll, id, filter)| unsynced.update(coll, id, filter, StoredDoc::clear_outbox()));
+        for result in futures::future::join_all(cleared).await {
+            result?;
+        }
+        Ok(())
+    }
 }

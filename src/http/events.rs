@@ -191,6 +191,8 @@ pub(crate) async fn events(
         None => from_header,
     };
     let log = Arc::clone(&state.events);
+    // A client reads the events of every answer it had from this instance.
+    log.settle().await;
     if let Some(after) = after {
         // A cursor no event has reached would wait for ever.
         let head = log.head().await?;

@@ -7,10 +7,10 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use futures::future::join_all;
-use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
 use crate::document::StoredDoc;
+use crate::follow_ups::FollowUps;
 use crate::metrics::Metrics;
 use crate::store::{DynStore, StoreResult, Write};
 
@@ -28,7 +28,7 @@ pub struct Finish {
     /// What a committed transaction leaves behind besides its documents.
     outputs: Arc<[Arc<dyn Outputs>]>,
     /// Background roll-forwards started for readers; awaited at shutdown.
-    tasks: TaskTracker,
+    tasks: FollowUps,
     /// Transactions this process is rolling forward in the background.
     helping: Mutex<HashSet<String>>,
 }
@@ -40,7 +40,7 @@ impl Finish {
         metrics: Arc<Metrics>,
         signals: Arc<Signals>,
         outputs: Arc<[Arc<dyn Outputs>]>,
-        tasks: TaskTracker,
+        tasks: FollowUps,
     ) -> Arc<Self> {
         Arc::new(Self { store, clock, metrics, signals, outputs, tasks, helping: Mutex::default() })
     }
@@ -175,7 +175,7 @@ impl Finish {
             return;
         }
         let finish = Arc::clone(self);
-        self.tasks.spawn(async move {
+        self.tasks.spawn_settled(async move {
             if let Err(err) = finish.roll_forward(&rec).await {
                 tracing::warn!(txn.id = %rec.id, error = %err, "background roll-forward failed; recovery will finish it");
             }

@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
+use crate::follow_ups::FollowUps;
+
 use crate::metrics::Metrics;
 use crate::store::{DynStore, StoreResult};
 
@@ -84,7 +86,7 @@ impl Default for TxnConfig {
 pub struct Transactions {
     store: DynStore,
     cfg: TxnConfig,
-    tasks: TaskTracker,
+    tasks: FollowUps,
     finish: Arc<Finish>,
     locks: Arc<Locks>,
     keys: Arc<Idempotency>,
@@ -129,7 +131,7 @@ impl Transactions {
         metrics: Arc<Metrics>,
         outputs: Vec<Arc<dyn outputs::Outputs>>,
     ) -> Arc<Self> {
-        let tasks = TaskTracker::new();
+        let tasks = FollowUps::default();
         let signals = Arc::new(signals::Signals::default());
         let outputs: Arc<[Arc<dyn outputs::Outputs>]> = outputs.into();
         let clock = cfg.clock.clone();
@@ -160,6 +162,12 @@ impl Transactions {
     /// outlives its connection, a roll-forward after the answer); a caller
     /// that stops the gateway closes it and waits.
     pub fn tasks(&self) -> &TaskTracker {
+        self.tasks.tasks()
+    }
+
+    /// The follow-ups of answers (docs/design.md §3), shared with the
+    /// single-document service and the log's readers.
+    pub(crate) fn follow_ups(&self) -> &FollowUps {
         &self.tasks
     }
 

@@ -418,6 +418,41 @@ async fn tombstones_go_after_their_retention(backend: Backend) {
 /// A single write on a store whose chains land whole (docs/design.md §1).
 mod single_write {
     use super::*;
+    use crate::faulty::{Act, Op, rigged_app};
+
+    crate::on_both_backends!(an_event_after_the_answer_is_read_in_the_order_answered);
+
+    /// Where a write and its event's append are not one chain (MongoDB;
+    /// any store under a layer that splits chains), the event goes from
+    /// the outbox to the log after the answer: a slow log does not slow
+    /// the answer, yet this instance's readers of events and counts see
+    /// every write it answered before, in the order it answered them.
+    async fn an_event_after_the_answer_is_read_in_the_order_answered(backend: Backend) {
+        let slow = Duration::from_millis(1500);
+        let rule = move |op: &Op| match (op.kind, op.coll, op.id) {
+            ("append", EVENTS, Some("s/a/1")) => Act::Delay(slow),
+            _ => Act::Pass,
+        };
+        let Some(app) = rigged_app(backend, |_| {}, rule).await else { return };
+        let started = Instant::now();
+        create(&app, "s", "a", json!({"n": 1})).await;
+        let answered = started.elapsed();
+        assert!(answered < slow, "the answer waited for the event's append ({answered:?})");
+        create(&app, "s", "b", json!({"n": 2})).await;
+        // Read at once: the count and the log include both, a before b.
+        let res = app.get("/v1/collections/s").await;
+        assert_eq!(expect(res, 200).await["count"], 2);
+        assert!(started.elapsed() >= slow, "the count was read before a's event was logged");
+        let page = events_page(&app, "").await;
+        assert_eq!(ids(page["items"].as_array().unwrap()), vec!["s/a/1", "s/b/1"]);
+        check_order(page["items"].as_array().unwrap());
+        // Nothing is left in an outbox.
+        for id in ["a", "b"] {
+            let d = StoredDoc::from_record(app.store.get("s", id).await.unwrap().unwrap()).unwrap();
+            assert!(d.meta.outbox.is_none(), "{id}: {:?}", d.meta.outbox);
+        }
+        app.stop().await;
+    }
 
     /// The embedded store lands a chain whole or not at all: the write and
     /// its event's append are one chain, so the event is in the log when

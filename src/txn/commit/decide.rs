@@ -172,7 +172,7 @@ impl Commit {
         }
         let commit = Arc::clone(self);
         let forward = rec.clone();
-        self.tasks.spawn(async move {
+        self.tasks.spawn_settled(async move {
             if let Err(err) = commit.finish.roll_forward(&forward).await {
                 tracing::warn!(txn.id = %forward.id, error = %err, "roll-forward failed; recovery will finish it");
             }

@@ -20,9 +20,9 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::document::StoredDoc;
+use crate::follow_ups::FollowUps;
 use crate::metrics::Metrics;
 use crate::store::{DynStore, StoreError, Write};
 
@@ -49,7 +49,7 @@ pub(crate) struct Commit {
     pub(in crate::txn) metrics: Arc<Metrics>,
     pub(in crate::txn) signals: Arc<Signals>,
     /// Work started on a request's behalf (roll-forward after the answer).
-    pub(in crate::txn) tasks: TaskTracker,
+    pub(in crate::txn) tasks: FollowUps,
     pub(in crate::txn) outputs: Arc<[Arc<dyn Outputs>]>,
     pub(in crate::txn) locks: Arc<Locks>,
     pub(in crate::txn) finish: Arc<Finish>,
