@@ -102,6 +102,11 @@ pub trait Layer: Send + Sync + 'static {
     }
 }
 
+/// The collection and kind of each write of a chain.
+fn kinds_of<'w>(writes: &[(&'w str, Write<'_>)]) -> Vec<(&'w str, &'static str)> {
+    writes.iter().map(|(coll, write)| (*coll, write.kind())).collect()
+}
+
 /// `layer` over the store `inner`.
 pub struct Layered<L> {
     inner: DynStore,
@@ -109,6 +114,28 @@ pub struct Layered<L> {
 }
 
 impl<L: Layer> Layered<L> {
+    /// Every write of a chain (`kinds`: collection and kind of each)
+    /// announced to the layer; the operation the whole chain is to it.
+    async fn before_chain<'k>(
+        &self,
+        name: &'static str,
+        kinds: &'k [(&'k str, &'static str)],
+        durability: Durability,
+    ) -> StoreResult<Op<'k>> {
+        for (coll, kind) in kinds {
+            self.layer.before_write(self.inner.as_ref(), coll, kind).await?;
+        }
+        Ok(Op {
+            name,
+            coll: kinds.first().map_or("", |(coll, _)| *coll),
+            writes: kinds.len(),
+            appends: kinds.iter().filter(|(_, kind)| *kind == "append").count(),
+            durability: Some(durability),
+            bounded: true,
+            detail: None,
+        })
+    }
+
     pub fn new(inner: DynStore, layer: L) -> Self {
         Self { inner, layer }
     }
@@ -177,21 +204,8 @@ impl<L: Layer> Store for Layered<L> {
             }
             return Ok(applied);
         }
-        let kinds: Vec<(&str, &'static str)> = writes.iter().map(|(coll, write)| (*coll, write.kind())).collect();
-        for (coll, kind) in &kinds {
-            self.layer.before_write(self.inner.as_ref(), coll, kind).await?;
-        }
-        let coll = kinds.first().map_or("", |(coll, _)| *coll);
-        let appends = kinds.iter().filter(|(_, kind)| *kind == "append").count();
-        let op = Op {
-            name: "write_in_order",
-            coll,
-            writes: kinds.len(),
-            appends,
-            durability: Some(durability),
-            bounded: true,
-            detail: None,
-        };
+        let kinds = kinds_of(&writes);
+        let op = self.before_chain("write_in_order", &kinds, durability).await?;
         let applied =
             self.layer.around(self.inner.as_ref(), &op, self.inner.write_in_order(writes, durability)).await?;
         self.layer.after_write(&kinds[..applied.min(kinds.len())]);
@@ -200,6 +214,27 @@ impl<L: Layer> Store for Layered<L> {
 
     fn chains_cheaply(&self) -> bool {
         self.inner.chains_cheaply()
+    }
+
+    /// Not through a layer that takes chains apart.
+    fn writes_all_or_nothing(&self) -> bool {
+        !self.layer.splits_chains() && self.inner.writes_all_or_nothing()
+    }
+
+    async fn write_all_or_nothing(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<bool> {
+        if self.layer.splits_chains() {
+            return Err(super::StoreError::Internal(
+                "a layer that takes chains apart cannot apply writes all or nothing".into(),
+            ));
+        }
+        let kinds = kinds_of(&writes);
+        let op = self.before_chain("write_all_or_nothing", &kinds, durability).await?;
+        let applied =
+            self.layer.around(self.inner.as_ref(), &op, self.inner.write_all_or_nothing(writes, durability)).await?;
+        if applied {
+            self.layer.after_write(&kinds);
+        }
+        Ok(applied)
     }
 
     /// A layer that takes chains apart (a fault injector) makes them

@@ -354,6 +354,25 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Whether [`Store::write_all_or_nothing`] is supported.
+    fn writes_all_or_nothing(&self) -> bool {
+        false
+    }
+
+    /// Apply all of `writes` or none: every write's condition (an insert's
+    /// or append's `_id` free, a filter matched) is checked first, and only
+    /// if every one holds are they all applied, in order, as one commit
+    /// that a crash keeps whole or drops whole. `Ok(false)`: some
+    /// condition failed and nothing was applied. Each write must be about
+    /// another record. Only where [`Store::writes_all_or_nothing`] says so
+    /// (the embedded store: one queued item of its single writer); the
+    /// protocol never needs it, and goes without it elsewhere
+    /// (docs/design.md §1).
+    async fn write_all_or_nothing(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<bool> {
+        let _ = (writes, durability);
+        Err(StoreError::Internal(format!("the {} store cannot apply writes all or nothing", self.backend())))
+    }
+
     /// [`Write::Append`] of each of `records` to `coll`, unsynced; where
     /// positions are taken from a counter (MongoDB), those of one call are
     /// taken at once and follow the order of `records`. Returns whether

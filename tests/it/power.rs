@@ -258,6 +258,80 @@ mod writer {
         );
         store.close().await.unwrap();
     }
+
+    /// A transaction whose members are free commits as one all-or-nothing
+    /// commit: per k = 2 update transaction 6 writes (two post-images, two
+    /// document events and the transaction's, the record inserted
+    /// finished), one journal entry, one sync; no lock is ever stored. A
+    /// member that is no longer as the request expects writes nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_a_transaction_of_free_members_is_one_commit_of_six_writes() {
+        use serde_json::json;
+        use txgate::testing::document::StoredDoc;
+        use txgate::testing::document::rules::Patch;
+        use txgate::testing::events::EVENTS;
+        use txgate::testing::metrics::Metrics;
+        use txgate::testing::store::{DateTime, DynStore};
+        use txgate::testing::txn::TxnConfig;
+        use txgate::testing::txn::plan::{Action, ActionOp, Plan};
+        use txgate::testing::txn::record::{Status, TXNS, TxnRecord};
+
+        let embedded = Arc::new(open(&SimDisk::new(), &Options::default()));
+        let store: DynStore = embedded.clone();
+        txgate::migrate(store.as_ref()).await.unwrap();
+        for id in ["a", "b"] {
+            let d = StoredDoc::new_live(id.into(), doc! {"n": 1_i64}, 1, 1, DateTime::now());
+            assert!(store.insert("acc", d.to_record()).await.unwrap());
+        }
+        let (txns, _) = txgate::transactions(store.clone(), TxnConfig::default(), Arc::new(Metrics::default()));
+        let plan = |if_version| {
+            let patch = Patch::parse(None, None, Some(json!({"n": 2}).as_object().unwrap()), "").unwrap();
+            let action = |id: &str| Action {
+                collection: "acc".into(),
+                id: id.into(),
+                op: ActionOp::Update(patch.clone()),
+                if_version: Some(if_version),
+            };
+            Plan {
+                actions: vec![action("a"), action("b")],
+                schema_version: 1,
+                request: "{}".into(),
+                idempotency_key: None,
+                hooks: Vec::new(),
+            }
+        };
+        let stats = embedded.stats();
+        let count = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let before = (count(&stats.writes), count(&stats.entries), count(&stats.syncs));
+        let committed = txns.execute(&plan(1), None).await.unwrap();
+        let after = (count(&stats.writes), count(&stats.entries), count(&stats.syncs));
+        assert_eq!(after.0 - before.0, 6, "writes");
+        assert_eq!(after.1 - before.1, 1, "journal entries");
+        assert_eq!(after.2 - before.2, 1, "syncs");
+        let id = committed.record.id;
+        let rec = TxnRecord::from_record(store.get(TXNS, &id).await.unwrap().unwrap()).unwrap();
+        assert_eq!(rec.status, Status::Done);
+        assert!(rec.committed_at.is_some() && rec.finished_at.is_some());
+        for d in ["a", "b"] {
+            let d = StoredDoc::from_record(store.get("acc", d).await.unwrap().unwrap()).unwrap();
+            let n = d.data.get("n").and_then(|n| n.as_i64().or(n.as_i32().map(i64::from)));
+            assert_eq!((d.meta.v, d.meta.txn.as_deref(), n), (2, None, Some(3)), "n incremented by 2");
+        }
+        for event in ["acc/a/2", "acc/b/2", &format!("_txns/{id}")] {
+            assert!(store.get(EVENTS, event).await.unwrap().is_some(), "{event} is in the log");
+        }
+        // At version 1 no more: nothing is written, and nothing is left.
+        let writes = count(&stats.writes);
+        assert!(txns.execute(&plan(1), None).await.is_err());
+        for d in ["a", "b"] {
+            let d = StoredDoc::from_record(store.get("acc", d).await.unwrap().unwrap()).unwrap();
+            assert_eq!((d.meta.v, d.meta.txn.as_deref()), (2, None));
+        }
+        assert!(count(&stats.writes) > writes);
+        txns.tasks().close();
+        txns.tasks().wait().await;
+        store.close().await.unwrap();
+    }
 }
 
 /// A clean stop (SIGTERM) checkpoints and closes the store: the journal's

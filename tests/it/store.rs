@@ -37,7 +37,77 @@ on_every_store!(
     concurrent_cas_has_one_winner,
     every_migration_is_applied,
     appends_take_increasing_positions_once_per_key,
+    writes_all_or_nothing_land_whole_or_not_at_all,
 );
+
+/// The same, with the capability taken away by a layer that takes chains
+/// apart (as the tests' fault injector does): the protocol's path without
+/// it, on the store that has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_under_a_layer_that_splits_chains_writes_nothing_all_or_nothing() {
+    let ts = store(Backend::Embedded).await.expect("the embedded store");
+    assert!(ts.store.writes_all_or_nothing());
+    let split = crate::faulty::faulty(ts.store.clone(), crate::faulty::Fault::None);
+    all_or_nothing(&(split as txgate::testing::store::DynStore)).await;
+}
+
+/// Where a store applies writes all or nothing, a chain of them lands
+/// whole when every condition holds, and not at all when one fails,
+/// wherever it stands; a record written twice in one is refused. Where it
+/// does not (MongoDB, the memory store), the call is refused and writes
+/// nothing.
+async fn writes_all_or_nothing_land_whole_or_not_at_all(backend: Backend) {
+    let Some(ts) = store(backend).await else { return };
+    assert_eq!(ts.store.writes_all_or_nothing(), backend == Backend::Embedded);
+    all_or_nothing(&ts.store).await;
+}
+
+async fn all_or_nothing(s: &txgate::testing::store::DynStore) {
+    make_log(s).await;
+    s.insert("c", doc! {"_id": "b", "v": 1}).await.unwrap();
+    s.insert("c", doc! {"_id": "x", "v": 1}).await.unwrap();
+    let chain = |v: i32, fresh: &'static str| {
+        vec![
+            ("c", Write::Replace { id: "b", filter: doc! {"v": v}, record: doc! {"v": v + 1} }),
+            ("c", Write::Insert(doc! {"_id": fresh})),
+            ("log", Write::Append(doc! {"_id": fresh})),
+            ("c", Write::Delete { id: "x", filter: doc! {"v": 1} }),
+        ]
+    };
+    let unchanged = move || async move {
+        assert_eq!(s.get("c", "b").await.unwrap().unwrap(), doc! {"_id": "b", "v": 1});
+        assert!(s.get("c", "x").await.unwrap().is_some());
+        assert_eq!(s.get("c", "n1").await.unwrap(), None);
+        assert_eq!(s.get("log", "n1").await.unwrap(), None);
+    };
+    if !s.writes_all_or_nothing() {
+        assert!(s.write_all_or_nothing(chain(1, "n1"), Durability::Synced).await.is_err());
+        unchanged().await;
+        return;
+    }
+    // One condition fails, first, in the middle or last: nothing lands.
+    assert!(!s.write_all_or_nothing(chain(7, "n1"), Durability::Synced).await.unwrap(), "b is not at 7");
+    unchanged().await;
+    let mut taken = chain(1, "n1");
+    taken[1] = ("c", Write::Insert(doc! {"_id": "x"}));
+    assert!(!s.write_all_or_nothing(taken, Durability::Synced).await.unwrap(), "x exists");
+    unchanged().await;
+    let mut late = chain(1, "n1");
+    late[3] = ("c", Write::Delete { id: "x", filter: doc! {"v": 2} });
+    assert!(!s.write_all_or_nothing(late, Durability::Unsynced).await.unwrap(), "x is not at 2");
+    unchanged().await;
+    // A record written twice in one chain is refused.
+    let mut twice = chain(1, "n1");
+    twice.push(("c", Write::Update { id: "b", filter: doc! {}, update: Update::set(doc! {"w": 1}) }));
+    assert!(s.write_all_or_nothing(twice, Durability::Synced).await.is_err());
+    unchanged().await;
+    // Every condition holds: all of it lands.
+    assert!(s.write_all_or_nothing(chain(1, "n1"), Durability::Synced).await.unwrap());
+    assert_eq!(s.get("c", "b").await.unwrap().unwrap(), doc! {"_id": "b", "v": 2});
+    assert!(s.get("c", "n1").await.unwrap().is_some());
+    assert!(s.get("log", "n1").await.unwrap().unwrap().get_i64("seq").is_ok(), "the append took a position");
+    assert_eq!(s.get("c", "x").await.unwrap(), None);
+}
 
 /// A log collection: appends take increasing positions, a record is
 /// logged once however many append it at once, and a position a reader
@@ -45,13 +115,7 @@ on_every_store!(
 async fn appends_take_increasing_positions_once_per_key(backend: Backend) {
     let Some(ts) = store(backend).await else { return };
     let s = &ts.store;
-    let index = txgate::testing::store::IndexSpec {
-        name: "seq".into(),
-        fields: vec!["seq".into()],
-        unique: true,
-        sparse: false,
-    };
-    s.ensure_index("log", index).await.unwrap();
+    make_log(s).await;
     let u = s.unsynced();
     assert!(u.append("log", doc! {"_id": "a"}).await.unwrap());
     assert!(u.append("log", doc! {"_id": "b"}).await.unwrap());
@@ -85,6 +149,17 @@ async fn appends_take_increasing_positions_once_per_key(backend: Backend) {
     assert_eq!(keyed(&recs).len(), 23, "{:?}", keyed(&recs));
     let seqs: Vec<i64> = recs.iter().map(|r| r.get_i64("seq").unwrap()).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "positions are unique, in order: {seqs:?}");
+}
+
+/// A log collection `log`: a unique index on its positions.
+async fn make_log(s: &txgate::testing::store::DynStore) {
+    let index = txgate::testing::store::IndexSpec {
+        name: "seq".into(),
+        fields: vec!["seq".into()],
+        unique: true,
+        sparse: false,
+    };
+    s.ensure_index("log", index).await.unwrap();
 }
 
 async fn store(backend: Backend) -> Option<TestStore> {

@@ -41,6 +41,10 @@ impl Recent {
         self.records.contains_key(&Self::key(coll, id))
     }
 
+    fn peek(&self, coll: &str, id: &str) -> Option<&Record> {
+        self.records.get(&Self::key(coll, id)).map(|(record, _)| record)
+    }
+
     /// The record and its encoded size.
     pub(super) fn take(&mut self, coll: &str, id: &str) -> Option<(Record, usize)> {
         let (record, size) = self.records.remove(&Self::key(coll, id))?;
@@ -218,6 +222,45 @@ pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick
 fn clear_entries(entries: &mut Entries<'_>, table: &str) -> StoreResult<()> {
     let end = [keys::END];
     entries.retain_in((table, &[][..])..(table, &end[..]), |_, _| false).map_err(internal)
+}
+
+/// Whether the condition of every one of `ops` holds now, nothing applied:
+/// the check of an all-or-nothing chain, each of whose writes is about
+/// another record (so applying one cannot change another's condition).
+pub(super) fn all_hold(
+    table: &redb::Table<(&str, &str), &[u8]>,
+    recent: &Recent,
+    ops: &[WriteOp],
+) -> StoreResult<bool> {
+    let mut seen = std::collections::HashSet::with_capacity(ops.len());
+    for op in ops {
+        let (coll, id, filter) = match op {
+            WriteOp::Insert { coll, record } | WriteOp::Append { coll, record } => {
+                let id = record.get_str("_id").map_err(|_| StoreError::Rejected("record has no string _id".into()))?;
+                (coll, id, None)
+            }
+            WriteOp::Replace { coll, id, filter, .. }
+            | WriteOp::Update { coll, id, filter, .. }
+            | WriteOp::Delete { coll, id, filter } => (coll, id.as_str(), Some(filter)),
+            _ => return Err(StoreError::Rejected("an all-or-nothing chain holds only writes of records".into())),
+        };
+        if !seen.insert((coll.as_str(), id)) {
+            return Err(StoreError::Rejected(format!("{coll}/{id} is written twice in an all-or-nothing chain")));
+        }
+        let holds = match (recent.peek(coll, id), filter) {
+            (Some(_), None) => false,
+            (Some(current), Some(filter)) => matches(current, filter)?,
+            (None, filter) => match (table.get((coll.as_str(), id)).map_err(internal)?, filter) {
+                (None, None) => true,
+                (Some(_), None) | (None, Some(_)) => false,
+                (Some(value), Some(filter)) => matches(&decode(value.value())?, filter)?,
+            },
+        };
+        if !holds {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Apply `op` if its condition holds, adding what it changed to `effects`.

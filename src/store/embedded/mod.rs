@@ -261,9 +261,13 @@ impl EmbeddedStore {
     }
 
     async fn queue_chain(&self, ops: Vec<WriteOp>, durability: Durability) -> StoreResult<usize> {
+        self.queue_item(ops, durability, false).await
+    }
+
+    async fn queue_item(&self, ops: Vec<WriteOp>, durability: Durability, all_or_nothing: bool) -> StoreResult<usize> {
         let (reply, rx) = oneshot::channel();
         self.writer
-            .send(Queued { ops, durability, reply })
+            .send(Queued { ops, durability, all_or_nothing, reply })
             .map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?;
         rx.await.map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?
     }
@@ -344,6 +348,10 @@ impl Store for EmbeddedStore {
     fn chains_atomically(&self) -> bool {
         true
     }
+    /// The writer checks every write of the chain before it applies any.
+    fn writes_all_or_nothing(&self) -> bool {
+        true
+    }
     fn syncs(&self) -> Option<u64> {
         Some(self.stats().syncs.load(Ordering::Relaxed))
     }
@@ -358,6 +366,13 @@ impl Store for EmbeddedStore {
         }
         let ops = writes.into_iter().map(|(coll, write)| WriteOp::of(coll, write)).collect();
         self.queue_chain(ops, durability).await
+    }
+
+    /// One queued item, checked whole before any of it is applied.
+    async fn write_all_or_nothing(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<bool> {
+        let n = writes.len();
+        let ops = writes.into_iter().map(|(coll, write)| WriteOp::of(coll, write)).collect();
+        Ok(self.queue_item(ops, durability, true).await? == n)
     }
 
     async fn sync(&self) -> StoreResult<()> {

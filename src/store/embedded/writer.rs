@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use redb::{Database, ReadableDatabase};
 use tokio::sync::oneshot;
 
-use super::apply::{Applying, Recent, WriteOp, apply, schema_change};
+use super::apply::{Applying, Recent, WriteOp, all_hold, apply, schema_change};
 use super::index::Deferred;
 use super::journal::{self, Effects, Journal};
 use super::{APPLIED, Catalog, ENTRIES, JOURNAL_STATE, MAX_BATCH, MAX_BATCH_BYTES, RECORDS, internal};
@@ -25,6 +25,9 @@ type Reply = oneshot::Sender<StoreResult<usize>>;
 pub(super) struct Queued {
     pub(super) ops: Vec<WriteOp>,
     pub(super) durability: Durability,
+    /// Every write checked before any is applied; all applied or none
+    /// ([`Store::write_all_or_nothing`](crate::store::Store::write_all_or_nothing)).
+    pub(super) all_or_nothing: bool,
     pub(super) reply: Reply,
 }
 
@@ -210,7 +213,17 @@ impl Writer {
                     let queued = &batch[next];
                     let mut applied = 0;
                     let mut result = Ok(());
-                    for op in &queued.ops {
+                    let checked =
+                        if queued.all_or_nothing { all_hold(&table, &self.recent, &queued.ops) } else { Ok(true) };
+                    let ops = match checked {
+                        Ok(true) => queued.ops.as_slice(),
+                        Ok(false) => &[],
+                        Err(err) => {
+                            result = Err(err);
+                            &[]
+                        }
+                    };
+                    for op in ops {
                         let mut state = Applying {
                             recent: &mut self.recent,
                             positions: &mut self.positions,
@@ -222,6 +235,13 @@ impl Writer {
                         bytes += effects.len() - before;
                         match outcome {
                             Ok(true) => applied += 1,
+                            // Checked whole, yet not applied whole: the
+                            // batch is refused rather than keep a part.
+                            Ok(false) | Err(_) if queued.all_or_nothing => {
+                                return Err(StoreError::Internal(format!(
+                                    "a write of an all-or-nothing chain was not applied after its check: {outcome:?}"
+                                )));
+                            }
                             Ok(false) => break,
                             Err(err) => {
                                 result = Err(err);

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::store::StoreError;
 use crate::txn::plan::Plan;
-use crate::txn::record::{AbortReason, Status, TXNS, Transition, TxnRecord};
+use crate::txn::record::{AbortReason, Failure, Status, TXNS, Transition, TxnRecord};
 
 use super::prepare::member_results;
 use super::{Commit, Committed, TxnError};
@@ -186,14 +186,39 @@ impl Commit {
     /// transaction id can be looked up, and the chain, if it lands later,
     /// finds the id taken and locks nothing; if the record is there, it is
     /// aborted as any other.
-    pub(super) async fn timed_out_preparing(self: &Arc<Self>, mut record: TxnRecord) -> TxnError {
+    pub(super) async fn timed_out_preparing(
+        self: &Arc<Self>,
+        plan: &Plan,
+        record: TxnRecord,
+    ) -> Result<Committed, TxnError> {
         let failure =
             aborted(AbortReason::Timeout, "the transaction ran longer than its maximum duration (TXGATE_TXN_MAX_MS)");
         let txn = record.id.clone();
-        record.status = Status::Aborted;
-        record.abort_reason = failure.reason.clone();
-        record.failure = Some(failure.clone());
-        let _ = self.store.unsynced().insert(TXNS, record.to_record()).await;
-        self.give_up(&txn, TxnError::Aborted { txn: txn.clone(), failure }).await
+        match self.fence(&record, failure.clone()).await {
+            // A chain that wrote the whole transaction landed first.
+            Ok(Some(rec)) if rec.status.is_committed() => {
+                Ok(Committed { record: self.committed_then_forward(plan, rec) })
+            }
+            _ => Err(self.give_up(&txn, TxnError::Aborted { txn: txn.clone(), failure }).await),
+        }
+    }
+
+    /// Insert `record` aborted with `failure` unless a record with its id
+    /// exists, so that a write of it still under way (its outcome unknown)
+    /// finds the id taken. `None`: fenced now; else the record as it is.
+    pub(super) async fn fence(&self, record: &TxnRecord, failure: Failure) -> Result<Option<TxnRecord>, TxnError> {
+        let mut fenced = record.clone();
+        fenced.status = Status::Aborted;
+        fenced.abort_reason = failure.reason.clone();
+        fenced.failure = Some(failure);
+        let unknown = || TxnError::OutcomeUnknown { txn: record.id.clone() };
+        match self.store.unsynced().insert(TXNS, fenced.to_record()).await {
+            Ok(true) => Ok(None),
+            Ok(false) => match self.locks.record(&record.id).await {
+                Ok(Some(rec)) => Ok(Some(rec)),
+                _ => Err(unknown()),
+            },
+            Err(_) => Err(unknown()),
+        }
     }
 }

@@ -228,7 +228,14 @@ impl Commit {
                 }
             }
             if stages.len() == plan.actions.len() && self.outputs_chain(&record) {
-                // Every member is free: the whole protocol in one chain.
+                // Every member is free: the transaction as one commit, all
+                // or nothing, where the store can; else the whole protocol
+                // in one chain.
+                if self.store.writes_all_or_nothing()
+                    && let Some(done) = self.at_once(plan, &record, &stages).await?
+                {
+                    return Ok(Prepared::Whole(done));
+                }
                 return Ok(Prepared::Whole(self.whole(plan, &record, stages).await?));
             }
             let mut chain = vec![(TXNS, Write::Insert(record.to_record()))];
@@ -247,7 +254,7 @@ impl Commit {
             Ok(Ok(Prepared::Whole(Whole::Partly { chained, applied }))) => (HashMap::new(), chained, applied),
             Ok(Ok(Prepared::Refused(err))) => return Err(self.give_up(txn, store_err(err)).await),
             Ok(Err(err)) => return Err(store_err(err)),
-            Err(_) => return Err(self.timed_out_preparing(record).await),
+            Err(_) => return self.timed_out_preparing(plan, record).await,
         };
         if applied == 0 {
             // The id is taken: a later request that took over this one's

@@ -12,7 +12,7 @@ use crate::txn::plan::{Action, ActionOp, Plan};
 use crate::txn::record::{AbortReason, Member, MemberResult, Status, TXNS, Transition, TxnRecord};
 
 use super::stage::{locked_by, placeholder, precondition, staged, staged_checked};
-use super::{Commit, TxnError, Whole};
+use super::{Commit, TxnError, Whole, aborted};
 
 impl Commit {
     /// Whether every output committed `rec` leaves behind can be made in
@@ -111,6 +111,78 @@ impl Commit {
         // Another instance finished part of it meanwhile (a store that
         // applies the chain write by write): finish the rest.
         Ok(Whole::Committed(Box::new(self.committed_then_forward(plan, rec))))
+    }
+
+    /// A transaction whose members are all free and meet their
+    /// preconditions, with outputs that can be chained, where the store
+    /// applies writes all or nothing ([`Store::write_all_or_nothing`]):
+    /// each member's post-image by compare-and-set on the document as
+    /// first read, the outputs, and the record inserted finished, in one
+    /// synced commit. No lock is taken, so no reader ever meets one: either
+    /// every member is still as read and all of it lands, or none of it
+    /// does (`None`: the whole chain of [`Commit::whole`] then finds which
+    /// member moved). The record's insert fences the id: an attempt
+    /// superseded by a later request with its Idempotency-Key writes
+    /// nothing (docs/design.md §1, §3).
+    ///
+    /// [`Store::write_all_or_nothing`]: crate::store::Store::write_all_or_nothing
+    pub(super) async fn at_once(
+        self: &Arc<Self>,
+        plan: &Plan,
+        record: &TxnRecord,
+        stages: &[(usize, PlainStage<'_>)],
+    ) -> Result<Option<Whole>, StoreError> {
+        let txn = record.id.as_str();
+        let chained: Vec<(usize, i64)> = stages.iter().map(|(i, s)| (*i, s.base_v)).collect();
+        let mut committed = record.clone();
+        let results = member_results(plan, &mut committed.members, &chained);
+        let at = self.now();
+        committed.status = Status::Committed;
+        committed.committed_at = Some(at);
+        committed.results = Some(results);
+        let mut chain = Vec::with_capacity(2 * stages.len() + 2);
+        let mut forwarded = Vec::with_capacity(stages.len());
+        for (i, stage) in stages {
+            let coll = plan.actions[*i].collection.as_str();
+            let after = stage.locked.rolled_forward(at);
+            let write = match &stage.write {
+                Write::Replace { id, filter, .. } => {
+                    Write::Replace { id, filter: filter.clone(), record: after.to_record() }
+                }
+                _ => Write::Insert(after.to_record()),
+            };
+            chain.push((coll, write));
+            forwarded.push((*i, after));
+        }
+        let refs: Vec<(usize, &StoredDoc)> = forwarded.iter().map(|(i, d)| (*i, d)).collect();
+        for output in self.outputs.iter().filter(|o| o.has_any(&committed)) {
+            let appends = output.chained(&committed, &refs).expect("checked by outputs_chain");
+            chain.extend(appends.into_iter().map(|(coll, r)| (coll, Write::Append(r))));
+        }
+        let mut done = committed.clone();
+        done.status = Status::Done;
+        done.finished_at = Some(at);
+        chain.push((TXNS, Write::Insert(done.to_record())));
+        match self.store.write_all_or_nothing(chain, Durability::Synced).await {
+            Ok(true) => {
+                self.metrics.incr(&crate::metrics::TRANSACTIONS_FINISHED, "done");
+                tracing::info!(txn.id = %txn, "transaction committed");
+                Ok(Some(Whole::Committed(Box::new(committed))))
+            }
+            Ok(false) => Ok(None),
+            // All of it or none landed, or may still land: fence the id.
+            Err(source) => {
+                let failure = aborted(AbortReason::StoreError, format!("the store failed: {source}"));
+                Ok(Some(match self.fence(record, failure).await {
+                    Ok(None) => Whole::Failed(Box::new(TxnError::Store { txn: txn.to_owned(), source })),
+                    Ok(Some(rec)) if rec.status.is_committed() => {
+                        Whole::Committed(Box::new(self.committed_then_forward(plan, rec)))
+                    }
+                    Ok(Some(rec)) => Whole::Failed(Box::new(self.found_aborted(rec))),
+                    Err(err) => Whole::Failed(Box::new(err)),
+                }))
+            }
+        }
     }
 
     /// Every member document of `plan` that exists, by (collection, id):
