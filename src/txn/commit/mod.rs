@@ -217,27 +217,35 @@ impl Commit {
                     (Err(err), _) | (_, Err(err)) => Prepared::Refused(err),
                 });
             }
-            let first = self.first_reads(plan).await?;
-            within_write_bound(plan, &first)?;
-            let at = self.now();
-            let mut stages = Vec::new();
-            for (i, action) in plan.actions.iter().enumerate().filter(|_| chains) {
-                let seen = first.get(&(action.collection.clone(), action.id.clone()));
-                if let Some(stage) = plain_stage(plan, action, seen, txn, at) {
-                    stages.push((i, stage));
+            let mut tries = 0;
+            let (first, stages) = loop {
+                let first = self.first_reads(plan).await?;
+                within_write_bound(plan, &first)?;
+                let at = self.now();
+                let mut stages = Vec::new();
+                for (i, action) in plan.actions.iter().enumerate().filter(|_| chains) {
+                    let seen = first.get(&(action.collection.clone(), action.id.clone()));
+                    if let Some(stage) = plain_stage(plan, action, seen, txn, at) {
+                        stages.push((i, stage));
+                    }
                 }
-            }
-            if stages.len() == plan.actions.len() && self.outputs_chain(&record) {
+                if stages.len() < plan.actions.len() || !self.outputs_chain(&record) {
+                    break (first, stages);
+                }
                 // Every member is free: the transaction as one commit, all
-                // or nothing, where the store can; else the whole protocol
-                // in one chain.
-                if self.store.writes_all_or_nothing()
-                    && let Some(done) = self.at_once(plan, &record, &stages).await?
-                {
-                    return Ok(Prepared::Whole(done));
+                // or nothing, where the store can (read again and tried
+                // again while members move under it, as they do when
+                // transactions contend: a read is cheap there); else the
+                // whole protocol in one chain.
+                if self.store.writes_all_or_nothing() && tries < AT_ONCE_TRIES {
+                    if let Some(done) = self.at_once(plan, &record, &stages).await? {
+                        return Ok(Prepared::Whole(done));
+                    }
+                    tries += 1;
+                    continue;
                 }
                 return Ok(Prepared::Whole(self.whole(plan, &record, stages).await?));
-            }
+            };
             let mut chain = vec![(TXNS, Write::Insert(record.to_record()))];
             let mut chained = Vec::new();
             for (i, stage) in stages {
@@ -296,6 +304,10 @@ impl Commit {
         self.lock_and_commit(plan, record, &wounded, locked, seen, left).await
     }
 }
+
+/// How many times a transaction of free members is read and tried as one
+/// all-or-nothing commit before it takes the protocol's path.
+const AT_ONCE_TRIES: usize = 3;
 
 /// Where preparing a transaction got to.
 enum Prepared {
