@@ -14,7 +14,8 @@
 //! - `wire`: what a request waits for on a remote MongoDB, through a
 //!   proxy that delays every byte (`wire.rs`);
 //! - `peer`: the workloads `scripts/bench --peer postgres` runs beside
-//!   PostgreSQL (`peer.rs`).
+//!   PostgreSQL (`peer.rs`); `peer-postgres`, with the `peer` feature,
+//!   runs them against PostgreSQL from this binary (`peer_pg.rs`).
 //!
 //! ```sh
 //! cargo run --release --bin bench                        # embedded store in a temp dir
@@ -26,6 +27,8 @@ mod durability;
 mod events;
 mod hooks;
 mod peer;
+#[cfg(feature = "peer")]
+mod peer_pg;
 mod protocol;
 mod scale;
 mod ttl;
@@ -95,6 +98,17 @@ enum Command {
     /// The workloads `scripts/bench --peer postgres` compares with
     /// PostgreSQL, over HTTP.
     Peer {
+        /// Seconds each workload runs.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+    },
+    /// The same workloads against PostgreSQL, from this binary (built with
+    /// the `peer` feature).
+    #[cfg(feature = "peer")]
+    PeerPostgres {
+        /// The PostgreSQL connection string (`host=... port=... user=...`).
+        #[arg(long)]
+        url: String,
         /// Seconds each workload runs.
         #[arg(long, default_value_t = 3.0)]
         seconds: f64,
@@ -205,6 +219,8 @@ async fn main() {
         }
         Command::Soak { secs, clients } => scale::soak(config.clone(), secs, clients).await,
         Command::Peer { seconds } => peer::run(config.clone(), seconds).await,
+        #[cfg(feature = "peer")]
+        Command::PeerPostgres { url, seconds } => peer_pg::run(&url, seconds).await,
         Command::Events { streams, rate, seconds, pause_secs, deliveries, clients } => {
             let mongodb_uri = cli.mongodb_uri.clone();
             let args =

@@ -1,0 +1,107 @@
+//! The peer workloads against PostgreSQL with a client of the same kind as
+//! txgate's in [`super::peer`]: this binary, on the same tokio runtime,
+//! one connection per client over loopback (tokio-postgres; BEGIN and
+//! COMMIT as simple queries, the updates as prepared statements), on the
+//! tables `scripts/peer/setup.sql` makes. `scripts/bench --peer postgres`
+//! prints these beside txgate's and pgbench's.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio_postgres::{Client, NoTls};
+
+use super::{ms, percentile};
+
+const BANK_ACCOUNTS: i32 = 100;
+const BANK_CLIENTS: usize = 16;
+const POOL: i32 = 2000;
+
+async fn connect(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.expect("connect to PostgreSQL");
+    tokio::spawn(async move {
+        if let Err(err) = connection.await {
+            eprintln!("PostgreSQL connection: {err}");
+        }
+    });
+    client
+}
+
+/// Update transactions of `k` consecutive rows of `pool` from a random
+/// start, one after the other for `seconds`: sorted latencies.
+async fn transactions(client: &Client, k: i32, seconds: f64) -> Vec<Duration> {
+    let update = client.prepare("UPDATE pool SET balance = balance + 1 WHERE id = $1").await.expect("prepare");
+    let until = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut lat = Vec::new();
+    while Instant::now() < until {
+        let a = rand::rng().random_range(1..=POOL - k);
+        let t = Instant::now();
+        client.batch_execute("BEGIN").await.expect("begin");
+        for id in a..a + k {
+            client.execute(&update, &[&id]).await.expect("update");
+        }
+        client.batch_execute("COMMIT").await.expect("commit");
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    lat
+}
+
+fn report(name: &str, lat: &[Duration]) {
+    println!("peer postgres {name} {:.3} ({} samples)", ms(percentile(lat, 0.5)), lat.len());
+}
+
+pub async fn run(url: &str, seconds: f64) {
+    println!(
+        "peer workloads: PostgreSQL from this binary (tokio-postgres, one connection per client), {seconds} s each"
+    );
+    let client = connect(url).await;
+    let single = client.prepare("UPDATE single SET n = n + 1 WHERE id = $1").await.expect("prepare");
+    let until = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut lat = Vec::new();
+    while Instant::now() < until {
+        let id = rand::rng().random_range(1..=100);
+        let t = Instant::now();
+        client.execute(&single, &[&id]).await.expect("update");
+        lat.push(t.elapsed());
+    }
+    lat.sort();
+    report("single_update_p50_ms", &lat);
+    report("k2_txn_p50_ms", &transactions(&client, 2, seconds).await);
+    report("k10_txn_p50_ms", &transactions(&client, 10, seconds).await);
+
+    // The contended bank: rows updated in id order, so that no transfer
+    // waits for a deadlock to be detected.
+    let committed = Arc::new(AtomicU64::new(0));
+    let mut clients = tokio::task::JoinSet::new();
+    let mut connections = Vec::new();
+    for _ in 0..BANK_CLIENTS {
+        connections.push(connect(url).await);
+    }
+    let start = Instant::now();
+    let until = start + Duration::from_secs_f64(seconds);
+    for client in connections {
+        let committed = Arc::clone(&committed);
+        clients.spawn(async move {
+            let take = client.prepare("UPDATE bank SET balance = balance - 1 WHERE id = $1").await.expect("prepare");
+            let give = client.prepare("UPDATE bank SET balance = balance + 1 WHERE id = $1").await.expect("prepare");
+            while Instant::now() < until {
+                let (a, b) = {
+                    let mut rng = rand::rng();
+                    let a = rng.random_range(0..BANK_ACCOUNTS);
+                    (a, (a + rng.random_range(1..BANK_ACCOUNTS)) % BANK_ACCOUNTS)
+                };
+                let (lo, hi) = (a.min(b) + 1, a.max(b) + 1);
+                client.batch_execute("BEGIN").await.expect("begin");
+                client.execute(&take, &[&lo]).await.expect("update");
+                client.execute(&give, &[&hi]).await.expect("update");
+                client.batch_execute("COMMIT").await.expect("commit");
+                committed.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    while clients.join_next().await.is_some() {}
+    let per_sec = committed.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    println!("peer postgres bank_commits_per_sec {per_sec:.0} ({} committed)", committed.load(Ordering::Relaxed));
+}
