@@ -259,6 +259,84 @@ mod writer {
         store.close().await.unwrap();
     }
 
+    /// Fails every all-or-nothing chain: before it reaches the store, or
+    /// after it landed (the caller hears an error either way).
+    struct FailAllOrNothing {
+        landed: bool,
+    }
+
+    impl txgate::testing::store::layer::Layer for FailAllOrNothing {
+        async fn around<T: Send>(
+            &self,
+            _: &dyn txgate::testing::store::Store,
+            op: &txgate::testing::store::layer::Op<'_>,
+            run: impl std::future::Future<Output = txgate::testing::store::StoreResult<T>> + Send,
+        ) -> txgate::testing::store::StoreResult<T> {
+            if op.name != "write_all_or_nothing" {
+                return run.await;
+            }
+            if self.landed {
+                run.await?;
+            }
+            Err(txgate::testing::store::StoreError::Unavailable("injected".into()))
+        }
+    }
+
+    /// When the all-or-nothing commit of a transaction errs, its outcome is
+    /// learned before the answer (rule zero): the id is fenced with an
+    /// aborted record, so a commit that did not land never will (the answer
+    /// is a store error, nothing written), and one that landed is answered
+    /// committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_an_all_or_nothing_commit_that_errs_is_settled_before_the_answer() {
+        use txgate::testing::document::StoredDoc;
+        use txgate::testing::metrics::Metrics;
+        use txgate::testing::store::layer::Layered;
+        use txgate::testing::store::{DateTime, DynStore};
+        use txgate::testing::txn::TxnConfig;
+        use txgate::testing::txn::commit::TxnError;
+        use txgate::testing::txn::plan::{Action, ActionOp, Plan};
+        use txgate::testing::txn::record::{Status, TXNS, TxnRecord};
+
+        for landed in [false, true] {
+            let embedded: DynStore = Arc::new(open(&SimDisk::new(), &Options::default()));
+            txgate::migrate(embedded.as_ref()).await.unwrap();
+            let d = StoredDoc::new_live("a".into(), doc! {"n": 1_i64}, 1, 1, DateTime::now());
+            assert!(embedded.insert("acc", d.to_record()).await.unwrap());
+            let store: DynStore = Arc::new(Layered::new(embedded.clone(), FailAllOrNothing { landed }));
+            assert!(store.writes_all_or_nothing());
+            let (txns, _) = txgate::transactions(store, TxnConfig::default(), Arc::new(Metrics::default()));
+            let plan = Plan {
+                actions: vec![Action {
+                    collection: "acc".into(),
+                    id: "a".into(),
+                    op: ActionOp::Replace(doc! {"n": 2_i64}),
+                    if_version: Some(1),
+                }],
+                schema_version: 1,
+                request: "{}".into(),
+                idempotency_key: None,
+                hooks: Vec::new(),
+            };
+            let txn = "01900000-0000-7000-8000-000000000001".to_owned();
+            let outcome = txns.execute(&plan, Some(txn.clone())).await;
+            let rec = TxnRecord::from_record(embedded.get(TXNS, &txn).await.unwrap().unwrap()).unwrap();
+            let doc = StoredDoc::from_record(embedded.get("acc", "a").await.unwrap().unwrap()).unwrap();
+            if landed {
+                assert_eq!(outcome.unwrap().record.id, txn);
+                assert_eq!(rec.status, Status::Done);
+                assert_eq!(doc.meta.v, 2);
+            } else {
+                assert!(matches!(outcome, Err(TxnError::Store { .. })), "{outcome:?}");
+                assert_eq!(rec.status, Status::Aborted, "fenced");
+                assert_eq!(doc.meta.v, 1, "nothing written");
+            }
+            txns.tasks().close();
+            txns.tasks().wait().await;
+            embedded.close().await.unwrap();
+        }
+    }
+
     /// A transaction whose members are free commits as one all-or-nothing
     /// commit: per k = 2 update transaction 6 writes (two post-images, two
     /// document events and the transaction's, the record inserted
