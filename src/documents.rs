@@ -234,8 +234,8 @@ impl Documents {
         if !store.write(coll, write_of(&next), Durability::Synced).await? {
             return Ok(false);
         }
-        self.publisher.publish(coll, next);
-        if publish == Publish::Now {
+        let backlogged = self.publisher.publish(coll, next);
+        if backlogged || publish == Publish::Now {
             self.publisher.flush(SETTLE_WAIT).await;
         }
         Ok(true)

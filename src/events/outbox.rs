@@ -10,7 +10,7 @@ use super::EVENTS;
 use crate::clock::Clock;
 use crate::document::StoredDoc;
 use crate::follow_ups::{FollowUps, Ticket};
-use crate::store::{DateTime, DynStore, Store, StoreError, StoreResult, Write};
+use crate::store::{DateTime, Document, DynStore, Store, StoreError, StoreResult, Write};
 
 /// Make sure the event `doc` holds in its outbox is in the log, then clear
 /// the outbox (unless the document moved on). Readers never call this;
@@ -73,11 +73,20 @@ struct Queue {
     draining: bool,
 }
 
+/// A queued event: where its document is, at which version, and the
+/// event itself (the document's data is not kept twice).
 struct Queued {
     coll: String,
-    doc: StoredDoc,
+    id: String,
+    v: i64,
+    event: Document,
     _ticket: Ticket,
 }
+
+/// Events queued at most before a writer waits for the queue to drain
+/// (when appends fall behind writes, writes slow down to their pace
+/// rather than let the queue, which holds whole documents, grow).
+const MAX_QUEUED: usize = 4 * BATCH;
 
 impl Publisher {
     pub(crate) fn new(store: DynStore, clock: Clock, follow_ups: FollowUps) -> Arc<Self> {
@@ -85,9 +94,12 @@ impl Publisher {
     }
 
     /// Queue the event `doc` (as just written to `coll`) holds in its
-    /// outbox.
-    pub(crate) fn publish(self: &Arc<Self>, coll: &str, doc: StoredDoc) {
-        let queued = Queued { coll: coll.to_owned(), doc, _ticket: self.follow_ups.ticket() };
+    /// outbox. `true` when the queue is as long as it may be: the caller
+    /// then waits for it ([`Publisher::flush`]) before it answers.
+    pub(crate) fn publish(self: &Arc<Self>, coll: &str, doc: StoredDoc) -> bool {
+        let Some(event) = doc.meta.outbox else { return false };
+        let (id, v) = (doc.id, doc.meta.v);
+        let queued = Queued { coll: coll.to_owned(), id, v, event, _ticket: self.follow_ups.ticket() };
         let mut queue = self.queue.lock().expect("outbox queue");
         queue.waiting.push(queued);
         queue.queued += 1;
@@ -96,6 +108,7 @@ impl Publisher {
             let me = Arc::clone(self);
             self.follow_ups.spawn(async move { me.drain().await });
         }
+        queue.waiting.len() >= MAX_QUEUED
     }
 
     /// Wait (at most `max`) until every event queued before this call is
@@ -134,14 +147,13 @@ impl Publisher {
         let mut records = Vec::with_capacity(batch.len());
         let mut clears = Vec::with_capacity(batch.len());
         for q in batch {
-            let Some(outbox) = &q.doc.meta.outbox else { continue };
-            let Ok(eid) = outbox.get_str("_id") else {
-                return Err(StoreError::Internal(format!("{}/{}: outbox without an event id", q.coll, q.doc.id)));
+            let Ok(eid) = q.event.get_str("_id") else {
+                return Err(StoreError::Internal(format!("{}/{}: outbox without an event id", q.coll, q.id)));
             };
-            let mut record = outbox.clone();
+            let mut record = q.event.clone();
             record.insert("logged_at", at);
             records.push(record);
-            clears.push((q.coll.as_str(), q.doc.id.as_str(), StoredDoc::outbox_filter(q.doc.meta.v, eid)));
+            clears.push((q.coll.as_str(), q.id.as_str(), StoredDoc::outbox_filter(q.v, eid)));
         }
         self.store.append_all(EVENTS, records).await?;
         let unsynced = self.store.unsynced();
@@ -151,5 +163,44 @@ impl Publisher {
             result?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::EventType;
+    use crate::events::model::document_event;
+    use crate::store::memory::MemoryStore;
+    use crate::store::{doc, scans::EVENTS_BY_SEQ};
+
+    #[tokio::test]
+    async fn queued_events_reach_the_log_in_queue_order_and_their_outboxes_clear() {
+        let store: DynStore = Arc::new(MemoryStore::default());
+        crate::migrate::run(store.as_ref()).await.unwrap();
+        let follow_ups = FollowUps::default();
+        let publisher = Publisher::new(Arc::clone(&store), Clock::System, follow_ups.clone());
+        let at = DateTime::now();
+        let ids = ["b", "a", "c"];
+        for id in ids {
+            let mut doc = StoredDoc::new_live(id.into(), doc! {"n": 1_i64}, 1, 1, at);
+            doc.meta.outbox = Some(document_event(EventType::Created, "c", &doc, None, at));
+            assert!(store.insert("c", doc.to_record()).await.unwrap());
+            assert!(!publisher.publish("c", doc), "no backlog");
+        }
+        assert!(follow_ups.settle(Duration::from_secs(5)).await);
+        let logged = store.scan(EVENTS, EVENTS_BY_SEQ.scan(Vec::new())).await.unwrap();
+        let logged: Vec<&str> = logged.iter().filter_map(|r| r.get_str("_id").ok()).collect();
+        assert_eq!(logged, vec!["c/b/1", "c/a/1", "c/c/1"], "in the order queued");
+        for id in ids {
+            let doc = StoredDoc::from_record(store.get("c", id).await.unwrap().unwrap()).unwrap();
+            assert!(doc.meta.outbox.is_none(), "{id}: the outbox is cleared");
+        }
+        // Queued again (a retry after a crash): logged once.
+        let mut doc = StoredDoc::from_record(store.get("c", "a").await.unwrap().unwrap()).unwrap();
+        doc.meta.outbox = Some(document_event(EventType::Created, "c", &doc, None, at));
+        publisher.publish("c", doc);
+        publisher.flush(Duration::from_secs(5)).await;
+        assert_eq!(store.scan(EVENTS, EVENTS_BY_SEQ.scan(Vec::new())).await.unwrap().len(), 3);
     }
 }
