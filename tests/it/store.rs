@@ -9,7 +9,10 @@ use txgate::testing::store::{Bound, Bson, DateTime, Document, Durability, Update
 
 use crate::support::{Backend, TestStore};
 
-/// [`crate::on_both_backends`], and the memory store too.
+/// [`crate::on_both_backends`], the memory store, and the embedded store
+/// under a layer that takes its chains apart (as the tests' fault
+/// injector does), which takes away its atomic chains and its
+/// all-or-nothing writes: the contract holds with and without them.
 macro_rules! on_every_store {
     ($($name:ident),* $(,)?) => {
         crate::on_both_backends!($($name),*);
@@ -21,7 +24,25 @@ macro_rules! on_every_store {
                 }
             )*
         }
+        mod embedded_chains_split {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::SPLIT.scope(true, super::$name($crate::support::Backend::Embedded)).await
+                }
+            )*
+        }
     };
+}
+
+tokio::task_local! {
+    /// Set for the `embedded_chains_split` runs.
+    static SPLIT: bool;
+}
+
+/// Whether this run's store is under a layer that takes chains apart.
+fn split() -> bool {
+    SPLIT.try_with(|split| *split).unwrap_or(false)
 }
 
 on_every_store!(
@@ -40,29 +61,16 @@ on_every_store!(
     writes_all_or_nothing_land_whole_or_not_at_all,
 );
 
-/// The same, with the capability taken away by a layer that takes chains
-/// apart (as the tests' fault injector does): the protocol's path without
-/// it, on the store that has it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn embedded_under_a_layer_that_splits_chains_writes_nothing_all_or_nothing() {
-    let ts = store(Backend::Embedded).await.expect("the embedded store");
-    assert!(ts.store.writes_all_or_nothing());
-    let split = crate::faulty::faulty(ts.store.clone(), crate::faulty::Fault::None);
-    all_or_nothing(&(split as txgate::testing::store::DynStore)).await;
-}
-
 /// Where a store applies writes all or nothing, a chain of them lands
 /// whole when every condition holds, and not at all when one fails,
 /// wherever it stands; a record written twice in one is refused. Where it
-/// does not (MongoDB, the memory store), the call is refused and writes
-/// nothing.
+/// does not (MongoDB, the memory store, a layer that takes chains apart),
+/// the call is refused and writes nothing.
 async fn writes_all_or_nothing_land_whole_or_not_at_all(backend: Backend) {
     let Some(ts) = store(backend).await else { return };
-    assert_eq!(ts.store.writes_all_or_nothing(), backend == Backend::Embedded);
-    all_or_nothing(&ts.store).await;
-}
-
-async fn all_or_nothing(s: &txgate::testing::store::DynStore) {
+    let s = &ts.store;
+    assert_eq!(s.writes_all_or_nothing(), backend == Backend::Embedded && !split());
+    assert_eq!(s.chains_atomically(), s.writes_all_or_nothing());
     make_log(s).await;
     s.insert("c", doc! {"_id": "b", "v": 1}).await.unwrap();
     s.insert("c", doc! {"_id": "x", "v": 1}).await.unwrap();
@@ -163,7 +171,11 @@ async fn make_log(s: &txgate::testing::store::DynStore) {
 }
 
 async fn store(backend: Backend) -> Option<TestStore> {
-    TestStore::new(backend).await
+    let mut ts = TestStore::new(backend).await?;
+    if split() {
+        ts.store = crate::faulty::faulty(ts.store, crate::faulty::Fault::None);
+    }
+    Some(ts)
 }
 
 async fn insert_is_insert_if_absent(backend: Backend) {
