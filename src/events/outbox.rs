@@ -10,7 +10,7 @@ use super::EVENTS;
 use crate::clock::Clock;
 use crate::document::StoredDoc;
 use crate::follow_ups::{FollowUps, Ticket};
-use crate::store::{DateTime, Document, DynStore, Store, StoreError, StoreResult, Write};
+use crate::store::{DateTime, Document, DynStore, Record, Store, StoreError, StoreResult, Write};
 
 /// Make sure the event `doc` holds in its outbox is in the log, then clear
 /// the outbox (unless the document moved on). Readers never call this;
@@ -18,28 +18,29 @@ use crate::store::{DateTime, Document, DynStore, Store, StoreError, StoreResult,
 /// any a crash left behind.
 pub(crate) async fn publish_outbox(store: &dyn Store, coll: &str, doc: &StoredDoc, at: DateTime) -> StoreResult<()> {
     let Some(outbox) = &doc.meta.outbox else { return Ok(()) };
-    let Ok(eid) = outbox.get_str("_id") else {
-        return Err(StoreError::Internal(format!("{coll}/{}: outbox without an event id", doc.id)));
-    };
-    let mut record = outbox.clone();
-    record.insert("logged_at", at);
+    let (record, filter) = entry(coll, &doc.id, doc.meta.v, outbox, at)?;
     let chain = vec![
         (EVENTS, Write::Append(record)),
-        (
-            coll,
-            Write::Update {
-                id: &doc.id,
-                filter: StoredDoc::outbox_filter(doc.meta.v, eid),
-                update: StoredDoc::clear_outbox(),
-            },
-        ),
+        (coll, Write::Update { id: &doc.id, filter: filter.clone(), update: StoredDoc::clear_outbox() }),
     ];
     if store.unsynced().in_order(chain).await? == 0 {
         // It was in the log already: only the outbox is left to clear.
-        let (filter, clear) = (StoredDoc::outbox_filter(doc.meta.v, eid), StoredDoc::clear_outbox());
-        store.unsynced().update(coll, &doc.id, filter, clear).await?;
+        store.unsynced().update(coll, &doc.id, filter, StoredDoc::clear_outbox()).await?;
     }
     Ok(())
+}
+
+/// The log record of `event`, the outbox of `coll`/`id` at version `v`,
+/// logged at `at`; and the filter that clears that outbox only while the
+/// document still holds it.
+fn entry(coll: &str, id: &str, v: i64, event: &Document, at: DateTime) -> StoreResult<(Record, Document)> {
+    let Ok(eid) = event.get_str("_id") else {
+        return Err(StoreError::Internal(format!("{coll}/{id}: outbox without an event id")));
+    };
+    let filter = StoredDoc::outbox_filter(v, eid);
+    let mut record = event.clone();
+    record.insert("logged_at", at);
+    Ok((record, filter))
 }
 
 /// Events of one batch at most: one append of the batch, then its
@@ -147,13 +148,9 @@ impl Publisher {
         let mut records = Vec::with_capacity(batch.len());
         let mut clears = Vec::with_capacity(batch.len());
         for q in batch {
-            let Ok(eid) = q.event.get_str("_id") else {
-                return Err(StoreError::Internal(format!("{}/{}: outbox without an event id", q.coll, q.id)));
-            };
-            let mut record = q.event.clone();
-            record.insert("logged_at", at);
+            let (record, filter) = entry(&q.coll, &q.id, q.v, &q.event, at)?;
             records.push(record);
-            clears.push((q.coll.as_str(), q.id.as_str(), StoredDoc::outbox_filter(q.v, eid)));
+            clears.push((q.coll.as_str(), q.id.as_str(), filter));
         }
         self.store.append_all(EVENTS, records).await?;
         let unsynced = self.store.unsynced();

@@ -28,7 +28,7 @@ pub struct Finish {
     /// What a committed transaction leaves behind besides its documents.
     outputs: Arc<[Arc<dyn Outputs>]>,
     /// Background roll-forwards started for readers; awaited at shutdown.
-    tasks: FollowUps,
+    follow_ups: FollowUps,
     /// Transactions this process is rolling forward in the background.
     helping: Mutex<HashSet<String>>,
 }
@@ -40,9 +40,9 @@ impl Finish {
         metrics: Arc<Metrics>,
         signals: Arc<Signals>,
         outputs: Arc<[Arc<dyn Outputs>]>,
-        tasks: FollowUps,
+        follow_ups: FollowUps,
     ) -> Arc<Self> {
-        Arc::new(Self { store, clock, metrics, signals, outputs, tasks, helping: Mutex::default() })
+        Arc::new(Self { store, clock, metrics, signals, outputs, follow_ups, helping: Mutex::default() })
     }
 
     fn now(&self) -> crate::store::DateTime {
@@ -175,7 +175,7 @@ impl Finish {
             return;
         }
         let finish = Arc::clone(self);
-        self.tasks.spawn_settled(async move {
+        self.follow_ups.spawn_settled(async move {
             if let Err(err) = finish.roll_forward(&rec).await {
                 tracing::warn!(txn.id = %rec.id, error = %err, "background roll-forward failed; recovery will finish it");
             }

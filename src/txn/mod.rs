@@ -86,7 +86,7 @@ impl Default for TxnConfig {
 pub struct Transactions {
     store: DynStore,
     cfg: TxnConfig,
-    tasks: FollowUps,
+    follow_ups: FollowUps,
     finish: Arc<Finish>,
     locks: Arc<Locks>,
     keys: Arc<Idempotency>,
@@ -131,12 +131,18 @@ impl Transactions {
         metrics: Arc<Metrics>,
         outputs: Vec<Arc<dyn outputs::Outputs>>,
     ) -> Arc<Self> {
-        let tasks = FollowUps::default();
+        let follow_ups = FollowUps::default();
         let signals = Arc::new(signals::Signals::default());
         let outputs: Arc<[Arc<dyn outputs::Outputs>]> = outputs.into();
         let clock = cfg.clock.clone();
-        let finish =
-            Finish::new(store.clone(), clock.clone(), metrics.clone(), signals.clone(), outputs.clone(), tasks.clone());
+        let finish = Finish::new(
+            store.clone(),
+            clock.clone(),
+            metrics.clone(),
+            signals.clone(),
+            outputs.clone(),
+            follow_ups.clone(),
+        );
         let locks = Locks::new(store.clone(), cfg.clone(), metrics.clone(), signals.clone(), finish.clone());
         let keys = Idempotency::new(store.clone(), clock, cfg.lease, locks.clone());
         let commit = Arc::new(Commit {
@@ -144,14 +150,14 @@ impl Transactions {
             cfg: cfg.clone(),
             metrics: metrics.clone(),
             signals,
-            tasks: tasks.clone(),
+            follow_ups: follow_ups.clone(),
             outputs,
             locks: locks.clone(),
             finish: finish.clone(),
             keys: keys.clone(),
         });
         let recovery = Recovery::new(store.clone(), cfg.clone(), metrics, locks.clone(), finish.clone());
-        Arc::new(Self { store, cfg, tasks, finish, locks, keys, commit, recovery })
+        Arc::new(Self { store, cfg, follow_ups, finish, locks, keys, commit, recovery })
     }
 
     pub fn config(&self) -> &TxnConfig {
@@ -162,13 +168,13 @@ impl Transactions {
     /// outlives its connection, a roll-forward after the answer); a caller
     /// that stops the gateway closes it and waits.
     pub fn tasks(&self) -> &TaskTracker {
-        self.tasks.tasks()
+        self.follow_ups.tasks()
     }
 
     /// The follow-ups of answers (docs/design.md §3), shared with the
     /// single-document service and the log's readers.
     pub(crate) fn follow_ups(&self) -> &FollowUps {
-        &self.tasks
+        &self.follow_ups
     }
 
     /// The locks service, for single-document reads and writes.
@@ -253,7 +259,7 @@ impl Transactions {
                 // finds the committed record and replays its summary.
                 let (keys, key, txn) = (Arc::clone(&self.keys), key.clone(), txn.to_owned());
                 let body = summary(&committed.record).to_json();
-                self.tasks.spawn(async move {
+                self.follow_ups.spawn(async move {
                     if let Err(err) = keys.complete_key(&key, &txn, 200, &body).await {
                         tracing::warn!(txn.id = %txn, error = %err, "could not record the idempotency outcome");
                     }

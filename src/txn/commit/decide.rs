@@ -97,7 +97,7 @@ impl Commit {
             // fail too, the lease (no longer extended) runs out and recovery
             // does them.
             let (commit, txn) = (Arc::clone(self), txn.to_owned());
-            self.tasks.spawn(async move {
+            self.follow_ups.spawn(async move {
                 if let Ok(Some(rec)) = commit.locks.abort_pending(&txn, None, AbortReason::StoreError).await {
                     commit.roll_back_in_background(rec);
                 }
@@ -136,7 +136,7 @@ impl Commit {
 
     pub(crate) fn roll_back_in_background(self: &Arc<Self>, rec: TxnRecord) {
         let commit = Arc::clone(self);
-        self.tasks.spawn(async move {
+        self.follow_ups.spawn(async move {
             let rec = match rec.status {
                 Status::Aborted | Status::RolledBack => rec,
                 _ => return,
@@ -172,7 +172,7 @@ impl Commit {
         }
         let commit = Arc::clone(self);
         let forward = rec.clone();
-        self.tasks.spawn_settled(async move {
+        self.follow_ups.spawn_settled(async move {
             if let Err(err) = commit.finish.roll_forward(&forward).await {
                 tracing::warn!(txn.id = %forward.id, error = %err, "roll-forward failed; recovery will finish it");
             }

@@ -49,7 +49,7 @@ pub(crate) struct Commit {
     pub(in crate::txn) metrics: Arc<Metrics>,
     pub(in crate::txn) signals: Arc<Signals>,
     /// Work started on a request's behalf (roll-forward after the answer).
-    pub(in crate::txn) tasks: FollowUps,
+    pub(in crate::txn) follow_ups: FollowUps,
     pub(in crate::txn) outputs: Arc<[Arc<dyn Outputs>]>,
     pub(in crate::txn) locks: Arc<Locks>,
     pub(in crate::txn) finish: Arc<Finish>,
@@ -190,12 +190,14 @@ impl Commit {
             hooks: plan.hooks.clone(),
         };
         // The members as they are now, one read per collection, side by
-        // side. Where the store takes a chain of writes in one round trip: with every member free (and no outputs), the whole protocol
-        // goes as one chain (`whole`); otherwise the record and the locks of
-        // the free members go as one, the record first (it must exist
-        // before any lock). Unsynced, like every step before the commit
-        // point: a crash before the synced commit CAS leaves a transaction
-        // recovery aborts.
+        // side. Where the store takes a chain of writes in one round trip
+        // and every member is free (with outputs that chain), the whole
+        // transaction goes as one commit (`at_once`, where the store writes
+        // all or nothing) or one chain of the protocol's steps (`whole`);
+        // otherwise the record and the locks of the free members go as
+        // one, the record first (it must exist before any lock). Unsynced,
+        // like every step before the commit point: a crash before the
+        // synced commit CAS leaves a transaction recovery aborts.
         let wounded = CancellationToken::new();
         let _running = self.signals.run(txn, wounded.clone());
         let began = Instant::now();
