@@ -78,8 +78,9 @@ const MAX_BACKOFF: Duration = Duration::from_millis(100);
 /// When a write's event goes from the outbox to the log.
 #[derive(Clone, Copy, PartialEq)]
 enum Publish {
-    /// Before the write returns: nobody waits for the answer (the TTL
-    /// sweeper), and what comes next (its `max_count` cut) reads counts.
+    /// Before the write returns, or the write returns the error: nobody
+    /// waits for the answer (the TTL sweeper), and what comes next (its
+    /// `max_count` cut) reads counts, which must include the expiry.
     Now,
     /// After the answer, queued behind the events of writes answered
     /// before ([`events::Publisher`]).
@@ -234,9 +235,16 @@ impl Documents {
         if !store.write(coll, write_of(&next), Durability::Synced).await? {
             return Ok(false);
         }
-        let backlogged = self.publisher.publish(coll, next);
-        if backlogged || publish == Publish::Now {
-            self.publisher.flush(SETTLE_WAIT).await;
+        match publish {
+            // In the log before the write returns, or an error: a count
+            // read next must never miss an expiry (it would expire more).
+            Publish::Now => events::publish_outbox(store, coll, &next, self.now()).await?,
+            Publish::AfterAnswer => {
+                if self.publisher.publish(coll, next) {
+                    // The queue is as long as it may be: wait for it.
+                    self.publisher.flush(SETTLE_WAIT).await;
+                }
+            }
         }
         Ok(true)
     }
