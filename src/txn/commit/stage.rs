@@ -290,6 +290,10 @@ impl Commit {
                 }
             };
             if doc.meta.outbox.is_some() {
+                // A write this instance answered may still have the event
+                // in its queue: let the queue append it rather than race it
+                // with a second append of the same event.
+                self.follow_ups.settle(crate::follow_ups::SETTLE_WAIT).await;
                 crate::events::publish_outbox(self.store.as_ref(), coll, &doc, self.now()).await?;
             }
             let locked = locked_by(&doc, txn, staged);
