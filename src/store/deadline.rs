@@ -63,7 +63,7 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::store::{Durability, IndexSpec, Record, Scan, Write};
+    use crate::store::{Durability, IndexQuery, IndexSpec, Record, Scan, Write};
 
     /// A store whose every call hangs.
     struct Hung;
@@ -101,6 +101,12 @@ mod tests {
             Ok(Vec::new())
         }
         async fn ensure_index(&self, _: &str, _: IndexSpec) -> StoreResult<()> {
+            std::future::pending().await
+        }
+        async fn query(&self, _: &str, _: &IndexQuery) -> StoreResult<Vec<Record>> {
+            std::future::pending().await
+        }
+        async fn count(&self, _: &str, _: &IndexQuery) -> StoreResult<u64> {
             std::future::pending().await
         }
     }

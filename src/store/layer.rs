@@ -9,7 +9,9 @@ use std::path::Path;
 
 use async_trait::async_trait;
 
-use super::{BackupInfo, Document, Durability, DynStore, IndexSpec, Record, Scan, Store, StoreResult, Write};
+use super::{
+    BackupInfo, Document, Durability, DynStore, IndexQuery, IndexSpec, Record, Scan, Store, StoreResult, Write,
+};
 
 /// One store operation, as a layer sees it on its way down.
 #[derive(Clone, Copy, Debug)]
@@ -313,5 +315,35 @@ impl<L: Layer> Store for Layered<L> {
 
     async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
         self.layer.around(self.inner.as_ref(), &Op::read("indexes", coll), self.inner.indexes(coll)).await
+    }
+
+    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
+        self.layer.around(self.inner.as_ref(), &Op::read("query", coll), self.inner.query(coll, query)).await
+    }
+
+    async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {
+        self.layer.around(self.inner.as_ref(), &Op::read("count", coll), self.inner.count(coll, query)).await
+    }
+
+    async fn declare_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
+        self.layer
+            .around(self.inner.as_ref(), &Op::unbounded("declare_index", coll), self.inner.declare_index(coll, index))
+            .await
+    }
+
+    async fn build_index_step(
+        &self,
+        coll: &str,
+        name: &str,
+        after: Option<&str>,
+        batch: usize,
+    ) -> StoreResult<Option<String>> {
+        self.layer
+            .around(
+                self.inner.as_ref(),
+                &Op::unbounded("build_index_step", coll),
+                self.inner.build_index_step(coll, name, after, batch),
+            )
+            .await
     }
 }

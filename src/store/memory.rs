@@ -8,8 +8,8 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::filter::{apply_update, lookup, matches, sort_order};
-use super::{Document, Durability, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Write};
+use super::filter::{apply_update, comes_after, compare_by, lookup, matches, sort_order};
+use super::{Document, Durability, IndexQuery, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Write};
 
 #[derive(Default)]
 pub struct MemoryStore {
@@ -22,6 +22,22 @@ pub struct MemoryStore {
 impl MemoryStore {
     fn with<T>(&self, f: impl FnOnce(&mut BTreeMap<(String, String), Record>) -> T) -> T {
         f(&mut self.records.lock().expect("memory store"))
+    }
+
+    /// Every record of `coll` matching `filter`, in `_id` order.
+    fn matching(&self, coll: &str, filter: &Document) -> StoreResult<Vec<Record>> {
+        self.with(|records| {
+            let mut out = Vec::new();
+            for ((c, _), record) in records.range((coll.to_owned(), String::new())..) {
+                if c != coll {
+                    break;
+                }
+                if matches(record, filter)? {
+                    out.push(record.clone());
+                }
+            }
+            Ok(out)
+        })
     }
 
     /// Apply `change` to record `(coll, id)` if it exists and matches `filter`.
@@ -120,6 +136,20 @@ impl Store for MemoryStore {
 
     async fn sync(&self) -> StoreResult<()> {
         Ok(())
+    }
+
+    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
+        let mut out = self.matching(coll, &query.filter)?;
+        out.sort_by(|a, b| compare_by(&query.sort, a, b));
+        if let Some(after) = &query.after {
+            out.retain(|r| comes_after(&query.sort, r, after));
+        }
+        out.truncate(query.limit);
+        Ok(out)
+    }
+
+    async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {
+        Ok(self.matching(coll, &query.filter)?.len() as u64)
     }
 
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {

@@ -189,6 +189,23 @@ impl Scan {
     }
 }
 
+impl IndexQuery {
+    /// Every live document of a collection (tombstones aside), along the
+    /// `live` index every user collection has: for counting them.
+    pub(crate) fn live() -> Self {
+        Self {
+            index: "live".into(),
+            eq: vec![Bson::Boolean(false)],
+            slot: None,
+            reverse: false,
+            after: None,
+            limit: 0,
+            filter: doc! {"_meta.deleted": false},
+            sort: Vec::new(),
+        }
+    }
+}
+
 /// A partial update: `$set` of dotted paths and `$unset` of dotted paths.
 #[derive(Clone, Debug, Default)]
 pub struct Update {
@@ -202,9 +219,9 @@ impl Update {
     }
 }
 
-/// A secondary index: records ordered by the values of `fields` (all
-/// ascending; a missing field counts as null), then by `_id`. A `unique`
-/// index admits one record per value.
+/// A secondary index: records ordered by the values of `fields` (each
+/// ascending, or descending when written `-field`; a missing field counts
+/// as null), then by `_id`. A `unique` index admits one record per value.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IndexSpec {
     pub name: String,
@@ -219,6 +236,64 @@ pub struct IndexSpec {
     /// indexes), which answers the same scans.
     #[serde(default)]
     pub sparse: bool,
+}
+
+impl IndexSpec {
+    /// Each field's path and whether it is descending (written `-path`).
+    pub fn keys(&self) -> impl Iterator<Item = (&str, bool)> {
+        self.fields.iter().map(|f| match f.strip_prefix('-') {
+            Some(path) => (path, true),
+            None => (f.as_str(), false),
+        })
+    }
+}
+
+/// One edge of an [`Interval`] of index values, in MongoDB's order.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Edge {
+    /// Past every value (below, as a lower edge; above, as an upper one).
+    Unbounded,
+    /// The value, in or out.
+    Value { value: Bson, inclusive: bool },
+    /// The first (as a lower edge) or last (as an upper one) value of the
+    /// type bracket of this value: `$gt: 5` stops at the last number.
+    Bracket(Bson),
+}
+
+/// The values of one index field between two edges.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Interval {
+    pub lower: Edge,
+    pub upper: Edge,
+}
+
+/// A read of a collection along one declared index, exact: every record it
+/// returns matches, and it reads only the entries it returns (and, with
+/// `count`, reads no record at all). The embedded store reads the entries
+/// `eq`, `slot` and `after` name; a store with a query engine (MongoDB)
+/// runs `filter` in the order of `sort` with the index as its hint. Both
+/// describe the same records: the query planner above the store makes
+/// them from one filter.
+#[derive(Clone, Debug)]
+pub struct IndexQuery {
+    /// The index (by its name in the store).
+    pub index: String,
+    /// The values of the index's first fields, pinned by equality.
+    pub eq: Vec<Bson>,
+    /// The intervals of the next field's values, in order and disjoint;
+    /// `None`: every value.
+    pub slot: Option<Vec<Interval>>,
+    /// Read against the index's directions.
+    pub reverse: bool,
+    /// Resume strictly after the entry whose fields after `eq` (the last
+    /// being `_id`) have these values.
+    pub after: Option<Vec<Bson>>,
+    pub limit: usize,
+    /// The same records as a MongoDB filter.
+    pub filter: Document,
+    /// The fields after `eq` (the last being `_id`), each with the
+    /// direction read (1 or -1): the order of the answer.
+    pub sort: Vec<(String, i32)>,
 }
 
 /// Whether a write must be on disk before it returns (docs/design.md §1,
@@ -439,6 +514,37 @@ pub trait Store: Send + Sync + 'static {
 
     /// Up to `scan.limit` records matching the filter, in the scan's order.
     async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>>;
+
+    /// Up to `query.limit` records along a declared index, in its order
+    /// (see [`IndexQuery`]).
+    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>>;
+
+    /// How many records `query` finds (its `after` and `limit` aside),
+    /// counted from index entries.
+    async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64>;
+
+    /// Declare an index whose records a builder then adds with
+    /// [`Store::build_index_step`]: from now on every write keeps its
+    /// entries. A store that builds indexes online itself (MongoDB)
+    /// builds it here, and has no steps.
+    async fn declare_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
+        self.ensure_index(coll, index).await
+    }
+
+    /// Add the entries of up to `batch` records of `coll` after id `after`
+    /// to declared index `name`, as one commit; returns the last id done,
+    /// or `None` once no record is left (or where [`Store::declare_index`]
+    /// built it whole).
+    async fn build_index_step(
+        &self,
+        coll: &str,
+        name: &str,
+        after: Option<&str>,
+        batch: usize,
+    ) -> StoreResult<Option<String>> {
+        let _ = (coll, name, after, batch);
+        Ok(None)
+    }
 
     /// Records with one of `ids` (missing ones are left out).
     async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>>;

@@ -22,7 +22,9 @@ use mongodb::error::{Error as MongoError, ErrorKind, WriteFailure};
 use mongodb::options::{ClientOptions, IndexOptions, ReadConcern, WriteConcern};
 use mongodb::{Client, Collection, Database, IndexModel};
 
-use super::{Bson, Document, Durability, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update, Write, doc};
+use super::{
+    Bson, Document, Durability, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update, Write, doc,
+};
 
 const DUPLICATE_KEY: i32 = 11000;
 
@@ -445,8 +447,35 @@ impl Store for MongoStore {
         Ok(names)
     }
 
+    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
+        let mut filter = query.filter.clone();
+        if let Some(after) = &query.after {
+            filter = doc! {"$and": [filter, after_condition(&query.sort, after)]};
+        }
+        let sort: Document = query.sort.iter().map(|(f, d)| (f.clone(), Bson::Int32(*d))).collect();
+        let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
+        let cursor = self
+            .raw(coll)
+            .find(filter)
+            .sort(sort)
+            .hint(mongodb::options::Hint::Name(query.index.clone()))
+            .limit(limit)
+            .await
+            .map_err(map_err)?;
+        self.decode_all(coll, cursor).await
+    }
+
+    async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {
+        self.coll(coll)
+            .count_documents(query.filter.clone())
+            .hint(mongodb::options::Hint::Name(query.index.clone()))
+            .await
+            .map_err(map_err)
+    }
+
     async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
-        let keys: Document = index.fields.iter().map(|f| (f.clone(), Bson::Int32(1))).collect();
+        let keys: Document =
+            index.keys().map(|(f, desc)| (f.to_owned(), Bson::Int32(if desc { -1 } else { 1 }))).collect();
         let options = IndexOptions::builder().name(index.name).unique(index.unique.then_some(true)).build();
         let model = IndexModel::builder().keys(keys).options(options).build();
         self.coll(coll).create_index(model).await.map(|_| ()).map_err(map_err)
@@ -479,4 +508,54 @@ impl Store for MongoStore {
             Err(err) => Err(map_err(err)),
         }
     }
+}
+
+/// The MongoDB types of each type bracket the indexed values of a query
+/// may hold, in MongoDB's bracket order.
+const BRACKETS: &[&[&str]] = &[&["null"], &["double", "int", "long"], &["string"], &["object"], &["array"], &["bool"]];
+
+fn bracket_of(value: &Bson) -> usize {
+    match value {
+        Bson::Null => 0,
+        Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => 1,
+        Bson::String(_) => 2,
+        Bson::Document(_) => 3,
+        Bson::Array(_) => 4,
+        _ => 5,
+    }
+}
+
+/// The records whose `sort` fields come strictly after the values `after`
+/// in the order of `sort` (1 or -1 per field), as a filter. MongoDB's
+/// comparisons stay inside a type bracket, so "after" a value is a greater
+/// value of its bracket or any value of a later bracket (`$type`); a null
+/// stands for a missing field too, as in an index.
+pub(crate) fn after_condition(sort: &[(String, i32)], after: &[Bson]) -> Document {
+    let mut branches = Vec::new();
+    let mut equal = Document::new();
+    for ((field, dir), at) in sort.iter().zip(after) {
+        let b = bracket_of(at);
+        let (op, others): (&str, Vec<&str>) = if *dir < 0 {
+            ("$lt", BRACKETS[..b].iter().flat_map(|t| t.iter().copied()).collect())
+        } else {
+            ("$gt", BRACKETS[b + 1..].iter().flat_map(|t| t.iter().copied()).collect())
+        };
+        let mut beyond = vec![Bson::Document(doc! {field.clone(): {op: at.clone()}})];
+        if !others.is_empty() {
+            // `null` is the only "type" a missing field has: `{f: null}`
+            // finds it (and explicit nulls).
+            let (nulls, types): (Vec<&str>, Vec<&str>) = others.into_iter().partition(|t| *t == "null");
+            if !nulls.is_empty() {
+                beyond.push(Bson::Document(doc! {field.clone(): Bson::Null}));
+            }
+            if !types.is_empty() {
+                beyond.push(Bson::Document(doc! {field.clone(): {"$type": types}}));
+            }
+        }
+        let mut branch = equal.clone();
+        branch.insert("$or", beyond);
+        branches.push(Bson::Document(branch));
+        equal.insert(field.clone(), at.clone());
+    }
+    doc! {"$or": branches}
 }

@@ -102,6 +102,18 @@ pub(super) enum WriteOp {
     EnsureIndex {
         coll: String,
         spec: IndexSpec,
+        /// Declared only: writes keep its entries from now on, and
+        /// [`WriteOp::BuildIndex`] steps add those of the records there.
+        online: bool,
+    },
+    /// One step of an online build: the entries of up to `batch` records
+    /// after `after`; `last` learns the last id done (`None`: none left).
+    BuildIndex {
+        coll: String,
+        name: String,
+        after: Option<String>,
+        batch: usize,
+        last: tokio::sync::oneshot::Sender<Option<String>>,
     },
     DropIndex {
         coll: String,
@@ -130,7 +142,14 @@ impl WriteOp {
 
     /// Whether the item commits on its own, outside any batch.
     pub(super) fn is_schema(&self) -> bool {
-        matches!(self, WriteOp::EnsureIndex { .. } | WriteOp::DropIndex { .. } | WriteOp::Snapshot(_) | WriteOp::Close)
+        matches!(
+            self,
+            WriteOp::EnsureIndex { .. }
+                | WriteOp::BuildIndex { .. }
+                | WriteOp::DropIndex { .. }
+                | WriteOp::Snapshot(_)
+                | WriteOp::Close
+        )
     }
 }
 
@@ -149,7 +168,49 @@ fn encode(record: &Record) -> StoreResult<Vec<u8>> {
 /// in-memory catalog changes once it is committed.
 pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick_repair: bool) -> StoreResult<bool> {
     match op {
-        WriteOp::EnsureIndex { coll, spec } => {
+        WriteOp::BuildIndex { coll, name, after, batch, last } => {
+            let spec = catalog
+                .read()
+                .expect("index catalog")
+                .get(&coll)
+                .and_then(|specs| specs.iter().find(|s| s.name == name).cloned())
+                .ok_or_else(|| StoreError::Internal(format!("{coll} has no index {name} to build")))?;
+            let mut txn = db.begin_write().map_err(internal)?;
+            txn.set_quick_repair(quick_repair);
+            let mut done = None;
+            {
+                let records = txn.open_table(RECORDS).map_err(internal)?;
+                let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
+                let end = after_collection(&coll);
+                let table = entries_name(&coll, &spec.name);
+                let from = match &after {
+                    Some(id) => std::ops::Bound::Excluded((coll.as_str(), id.as_str())),
+                    None => std::ops::Bound::Included((coll.as_str(), "")),
+                };
+                let range = records.range::<(&str, &str)>((from, std::ops::Bound::Excluded((end.as_str(), ""))));
+                for entry in range.map_err(internal)?.take(batch) {
+                    let (key, value) = entry.map_err(internal)?;
+                    let id = key.value().1;
+                    done = Some(id.to_owned());
+                    let record = match convert::decode(value.value()) {
+                        Ok(record) => record,
+                        Err(e) => {
+                            report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}")));
+                            continue;
+                        }
+                    };
+                    // A record written since the index was declared has its
+                    // entry already, under this same key.
+                    if let Some(key) = super::index::entry_key(&spec, &record, id) {
+                        entries.insert((table.as_str(), key.as_slice()), id).map_err(internal)?;
+                    }
+                }
+            }
+            txn.commit().map_err(|e| StoreError::Unavailable(format!("commit failed: {e}")))?;
+            let _ = last.send(done);
+            Ok(true)
+        }
+        WriteOp::EnsureIndex { coll, spec, online } => {
             let existing = catalog
                 .read()
                 .expect("index catalog")
@@ -173,7 +234,8 @@ pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick
                 let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
                 clear_entries(&mut entries, &entries_name(&coll, &spec.name))?;
                 let end = after_collection(&coll);
-                for entry in records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)? {
+                let all = records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)?;
+                for entry in all.take(if online { 0 } else { usize::MAX }) {
                     let (key, value) = entry.map_err(internal)?;
                     let id = key.value().1;
                     let record = match convert::decode(value.value()) {
@@ -405,7 +467,11 @@ pub(super) fn apply(
         }
         // Syncing the journal with the batch is all a sync asks.
         WriteOp::Sync => Ok(true),
-        WriteOp::EnsureIndex { .. } | WriteOp::DropIndex { .. } | WriteOp::Snapshot(_) | WriteOp::Close => {
+        WriteOp::EnsureIndex { .. }
+        | WriteOp::BuildIndex { .. }
+        | WriteOp::DropIndex { .. }
+        | WriteOp::Snapshot(_)
+        | WriteOp::Close => {
             unreachable!("index changes commit on their own")
         }
     }

@@ -16,11 +16,14 @@ pub(super) fn entries_name(coll: &str, name: &str) -> String {
 /// The entry key of `record` (with `_id` `id`) in index `spec`; none in a
 /// sparse index when its first field is null or missing.
 pub(super) fn entry_key(spec: &IndexSpec, record: &Record, id: &str) -> Option<Vec<u8>> {
-    if spec.sparse && spec.fields.first().is_some_and(|f| matches!(lookup(record, f), None | Some(Bson::Null))) {
+    if spec.sparse && spec.keys().next().is_some_and(|(f, _)| matches!(lookup(record, f), None | Some(Bson::Null))) {
         return None;
     }
-    let mut key = keys::encode(spec.fields.iter().map(|f| lookup(record, f)));
-    if !spec.unique && spec.fields.last().is_none_or(|f| f != "_id") {
+    let mut key = Vec::new();
+    for (path, desc) in spec.keys() {
+        keys::push_dir(&mut key, lookup(record, path), desc);
+    }
+    if !spec.unique && spec.keys().last().is_none_or(|(f, _)| f != "_id") {
         keys::push(&mut key, Some(&Bson::String(id.to_owned())));
     }
     Some(key)

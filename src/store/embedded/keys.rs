@@ -109,6 +109,25 @@ fn number(out: &mut Vec<u8>, approx: f64, exact: i64) {
     out.extend_from_slice(&ordered_i64(exact));
 }
 
+/// Append the encoding of `value` to `out`, its bytes inverted when the
+/// field is descending: every encoding is self-delimiting (no encoding is
+/// a prefix of another), so inverting each byte exactly reverses the order
+/// of a field's values while later fields still order the ties.
+pub(crate) fn push_dir(out: &mut Vec<u8>, value: Option<&Bson>, desc: bool) {
+    let from = out.len();
+    push(out, value);
+    if desc {
+        for b in &mut out[from..] {
+            *b = !*b;
+        }
+    }
+}
+
+/// The first byte of an encoding: its tag, inverted for a descending field.
+pub(crate) fn tag_dir(value: Option<&Bson>, desc: bool) -> u8 {
+    if desc { !tag(value) } else { tag(value) }
+}
+
 /// The encoding of a sequence of values.
 pub(crate) fn encode<'a>(values: impl IntoIterator<Item = Option<&'a Bson>>) -> Vec<u8> {
     let mut out = Vec::new();
@@ -175,6 +194,26 @@ mod tests {
                     let want = sort_order(Some(a), Some(b))
                         .then_with(|| sort_order(Some(&c), Some(&Bson::String("a".into()))));
                     assert_eq!(ka.cmp(&kb), want, "{a:?},{c:?} vs {b:?},a");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn descending_fields_reverse_their_order_and_keep_the_next_ones() {
+        let values = values();
+        for a in &values {
+            for b in &values {
+                for (c, d) in [("a", "b"), ("b", "a"), ("a", "a")] {
+                    let key = |v: &Bson, s: &str| {
+                        let mut k = Vec::new();
+                        push_dir(&mut k, Some(v), true);
+                        push_dir(&mut k, Some(&Bson::String(s.into())), false);
+                        k
+                    };
+                    let want = sort_order(Some(b), Some(a)).then_with(|| c.cmp(d));
+                    assert_eq!(key(a, c).cmp(&key(b, d)), want, "-{a:?},{c} vs -{b:?},{d}");
+                    assert!(key(a, c)[0] < END);
                 }
             }
         }

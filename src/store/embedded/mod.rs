@@ -50,11 +50,11 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
 use super::disk::DirDisk;
-use super::{Durability, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
+use super::{Durability, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
 use apply::WriteOp;
 use backup::write_backup;
 use index::{entries_name, entry_key};
-use scan::{Reads, after_collection, entry_range, excludes_null, in_order, scan_primary};
+use scan::{Reads, after_collection, entries_in, entry_range, excludes_null, in_order, query_ranges, scan_primary};
 use writer::Queued;
 
 pub(crate) use writer::WriterStats;
@@ -296,6 +296,26 @@ impl EmbeddedStore {
         f(&txn, &self.reads)
     }
 
+    /// The spec of index `name` of `coll`, which a query names: `None`
+    /// for a collection without records (its indexes come with its first
+    /// record), an error for another (the planner names only declared
+    /// indexes).
+    async fn queried_spec(&self, coll: &str, name: &str) -> StoreResult<Option<IndexSpec>> {
+        if let Some(spec) = self.spec(coll, name) {
+            return Ok(Some(spec));
+        }
+        let coll = coll.to_owned();
+        let empty = self
+            .read(move |txn, _| {
+                let records = txn.open_table(RECORDS).map_err(internal)?;
+                let end = after_collection(&coll);
+                let mut any = records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)?;
+                Ok(any.next().is_none())
+            })
+            .await?;
+        if empty { Ok(None) } else { Err(StoreError::Internal(format!("no index {name} to query"))) }
+    }
+
     /// The committed spec of index `name` of `coll`.
     fn spec(&self, coll: &str, name: &str) -> Option<IndexSpec> {
         let catalog = self.catalog.read().expect("index catalog");
@@ -485,7 +505,80 @@ impl Store for EmbeddedStore {
         if self.spec(coll, &index.name).as_ref() == Some(&index) {
             return Ok(());
         }
-        self.queue(WriteOp::EnsureIndex { coll: coll.to_owned(), spec: index }, Durability::Synced).await.map(|_| ())
+        self.queue(WriteOp::EnsureIndex { coll: coll.to_owned(), spec: index, online: false }, Durability::Synced)
+            .await
+            .map(|_| ())
+    }
+
+    async fn declare_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
+        if self.spec(coll, &index.name).as_ref() == Some(&index) {
+            return Ok(());
+        }
+        self.queue(WriteOp::EnsureIndex { coll: coll.to_owned(), spec: index, online: true }, Durability::Synced)
+            .await
+            .map(|_| ())
+    }
+
+    async fn build_index_step(
+        &self,
+        coll: &str,
+        name: &str,
+        after: Option<&str>,
+        batch: usize,
+    ) -> StoreResult<Option<String>> {
+        let (last, rx) = oneshot::channel();
+        let op = WriteOp::BuildIndex {
+            coll: coll.to_owned(),
+            name: name.to_owned(),
+            after: after.map(str::to_owned),
+            batch,
+            last,
+        };
+        self.queue(op, Durability::Synced).await?;
+        rx.await.map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))
+    }
+
+    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
+        let Some(spec) = self.queried_spec(coll, &query.index).await? else { return Ok(Vec::new()) };
+        let ranges = query_ranges(&spec, query)?;
+        let (coll, limit, reverse) = (coll.to_owned(), query.limit, query.reverse);
+        self.read(move |txn, reads| {
+            let records = txn.open_table(RECORDS).map_err(internal)?;
+            let entries = txn.open_table(ENTRIES).map_err(internal)?;
+            let name = entries_name(&coll, &spec.name);
+            let mut out = Vec::new();
+            if limit == 0 {
+                return Ok(out);
+            }
+            entries_in(&entries, &name, &ranges, reverse, |id| {
+                let value = records
+                    .get((coll.as_str(), id))
+                    .map_err(internal)?
+                    .ok_or_else(|| StoreError::Internal(format!("index {name:?} names a missing record {id}")))?;
+                reads.scanned(&coll, id, value.value(), &mut out);
+                Ok(out.len() < limit)
+            })?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {
+        let Some(spec) = self.queried_spec(coll, &query.index).await? else { return Ok(0) };
+        let query = IndexQuery { after: None, ..query.clone() };
+        let ranges = query_ranges(&spec, &query)?;
+        let coll = coll.to_owned();
+        self.read(move |txn, _| {
+            let entries = txn.open_table(ENTRIES).map_err(internal)?;
+            let name = entries_name(&coll, &spec.name);
+            let mut n = 0u64;
+            entries_in(&entries, &name, &ranges, false, |_| {
+                n += 1;
+                Ok(true)
+            })?;
+            Ok(n)
+        })
+        .await
     }
 
     async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {

@@ -5,7 +5,10 @@ use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{internal, keys};
-use crate::store::{Bson, Order, Record, Scan, StoreError, StoreResult, convert, report_unreadable};
+use crate::store::{
+    Bson, Edge, IndexQuery, IndexSpec, Interval, Order, Record, Scan, StoreError, StoreResult, convert,
+    report_unreadable,
+};
 
 /// The records reads decoded, and those they could not decode.
 #[derive(Debug, Default)]
@@ -146,4 +149,116 @@ pub(super) fn scan_primary(
         Ok(())
     })?;
     Ok(out)
+}
+
+/// The byte ranges (start included, end excluded, in byte order) of the
+/// entries of index `spec` that `query` reads: its equality prefix, then
+/// each interval of the next field, each cut at the entry it resumes after.
+pub(super) fn query_ranges(spec: &IndexSpec, query: &IndexQuery) -> StoreResult<Vec<(Vec<u8>, Vec<u8>)>> {
+    let dirs: Vec<bool> = spec.keys().map(|(_, desc)| desc).collect();
+    if query.eq.len() >= dirs.len() {
+        return Err(StoreError::Internal(format!(
+            "index {} has no field after the {} pinned",
+            spec.name,
+            query.eq.len()
+        )));
+    }
+    let mut prefix = Vec::new();
+    for (value, desc) in query.eq.iter().zip(&dirs) {
+        keys::push_dir(&mut prefix, Some(value), *desc);
+    }
+    let desc = dirs[query.eq.len()];
+    let mut ranges = match &query.slot {
+        None => {
+            let mut end = prefix.clone();
+            end.push(keys::END);
+            vec![(prefix.clone(), end)]
+        }
+        Some(intervals) => intervals.iter().map(|i| interval_range(&prefix, i, desc)).collect(),
+    };
+    if let Some(after) = &query.after {
+        let rest = &dirs[query.eq.len()..];
+        if after.len() != rest.len() {
+            return Err(StoreError::Internal(format!("a cursor of index {} names {} fields", spec.name, rest.len())));
+        }
+        let mut at = prefix.clone();
+        for (value, desc) in after.iter().zip(rest) {
+            keys::push_dir(&mut at, Some(value), *desc);
+        }
+        for (start, end) in &mut ranges {
+            if query.reverse {
+                if at < *end {
+                    end.clone_from(&at);
+                }
+            } else {
+                // The first key past `at`: no entry key extends another.
+                let mut next = at.clone();
+                next.push(0);
+                if next > *start {
+                    *start = next;
+                }
+            }
+        }
+    }
+    ranges.retain(|(start, end)| start < end);
+    ranges.sort();
+    Ok(ranges)
+}
+
+/// The byte range of the entries whose next field (after `prefix`) lies in
+/// `interval`, that field being descending when `desc`.
+fn interval_range(prefix: &[u8], interval: &Interval, desc: bool) -> (Vec<u8>, Vec<u8>) {
+    let value = |v: &Bson, end: bool| {
+        let mut k = prefix.to_vec();
+        keys::push_dir(&mut k, Some(v), desc);
+        if end {
+            k.push(keys::END);
+        }
+        k
+    };
+    let tagged = |t: u8| {
+        let mut k = prefix.to_vec();
+        k.push(t);
+        k
+    };
+    let all_end = || tagged(keys::END);
+    // Ascending: the lower edge starts the range; descending: the upper.
+    let (first, last) = if desc { (&interval.upper, &interval.lower) } else { (&interval.lower, &interval.upper) };
+    let start = match first {
+        Edge::Unbounded => prefix.to_vec(),
+        Edge::Value { value: v, inclusive } => value(v, !inclusive),
+        Edge::Bracket(v) => tagged(keys::tag_dir(Some(v), desc)),
+    };
+    let end = match last {
+        Edge::Unbounded => all_end(),
+        Edge::Value { value: v, inclusive } => value(v, *inclusive),
+        Edge::Bracket(v) => tagged(keys::tag_dir(Some(v), desc) + 1),
+    };
+    (start, end)
+}
+
+/// Hand the ids of the entries of `ranges` of index table `name` to `f`,
+/// in the query's order, until `f` says stop (`false`).
+pub(super) fn entries_in(
+    entries: &redb::ReadOnlyTable<(&'static str, &'static [u8]), &'static str>,
+    name: &str,
+    ranges: &[(Vec<u8>, Vec<u8>)],
+    reverse: bool,
+    mut f: impl FnMut(&str) -> StoreResult<bool>,
+) -> StoreResult<()> {
+    let mut ordered: Vec<&(Vec<u8>, Vec<u8>)> = ranges.iter().collect();
+    if reverse {
+        ordered.reverse();
+    }
+    for (start, end) in ordered {
+        let range = entries.range((name, start.as_slice())..(name, end.as_slice())).map_err(internal)?;
+        let mut range: Box<dyn Iterator<Item = _>> = if reverse { Box::new(range.rev()) } else { Box::new(range) };
+        for entry in &mut range {
+            let (_, id) = entry.map_err(internal)?;
+            if !f(id.value())? {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
 }
