@@ -18,6 +18,7 @@ use crate::document::rules::{self, Invalid, Patch};
 use crate::document::{Live, StagedOp, StoredDoc, View};
 use crate::events::{self, EventType};
 use crate::follow_ups::SETTLE_WAIT;
+use crate::indexes::Indexes;
 use crate::metrics::Metrics;
 use crate::store::DynStore;
 use crate::store::scans::{DOCS_LIVE, DOCS_STAGED};
@@ -40,6 +41,8 @@ pub enum DocError {
     Locked { holder: String, retry_after: Duration },
     #[error("{0}")]
     InvalidChange(String),
+    #[error("the value of unique index {index} is held by document {existing}")]
+    Duplicate { index: String, existing: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -71,6 +74,8 @@ pub struct Documents {
     metrics: Arc<Metrics>,
     /// How long a write waits for a live transaction's lock.
     lock_wait: Duration,
+    /// The declared indexes, whose rule every write keeps.
+    indexes: Arc<Indexes>,
 }
 
 const MAX_BACKOFF: Duration = Duration::from_millis(100);
@@ -95,11 +100,36 @@ impl Documents {
         clock: Clock,
         metrics: Arc<Metrics>,
         lock_wait: Duration,
+        indexes: Arc<Indexes>,
     ) -> Self {
-        Self { store, locks, publisher, clock, metrics, lock_wait }
+        Self { store, locks, publisher, clock, metrics, lock_wait, indexes }
     }
 
-    fn store(&self) -> &dyn crate::store::Store {
+    /// Claim the values `new` takes in the unique indexes of `coll` for
+    /// document `id` (from `old`): 409 `duplicate` when another holds one.
+    async fn claim(
+        &self,
+        coll: &str,
+        id: &str,
+        old: Option<&Document>,
+        new: &Document,
+    ) -> Result<Vec<crate::indexes::unique::Claim>, DocError> {
+        match self.indexes.claim(coll, id, old, new).await? {
+            Ok(claims) => Ok(claims),
+            Err(dup) => Err(DocError::Duplicate { index: dup.index, existing: dup.existing }),
+        }
+    }
+
+    /// Refuse `data` for `coll` where it breaks the rule of the
+    /// collection's declared indexes ([`crate::indexes`]).
+    async fn check_indexed(&self, coll: &str, data: &Document) -> Result<(), DocError> {
+        match self.indexes.refuse(coll, data).await? {
+            Some(detail) => Err(DocError::InvalidChange(detail)),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn store(&self) -> &dyn crate::store::Store {
         self.store.as_ref()
     }
 
@@ -122,6 +152,16 @@ impl Documents {
             None => Ok(View::NotFound),
             Some(doc) => self.view(doc, &mut HashMap::new()).await,
         }
+    }
+
+    /// What a reader sees of `doc` (a query's): see [`Documents::get`];
+    /// `holders` remembers the transactions met (commit time or none).
+    pub(crate) async fn view_of(
+        &self,
+        doc: StoredDoc,
+        holders: &mut HashMap<String, Option<DateTime>>,
+    ) -> Result<View, DocError> {
+        self.view(doc, holders).await
     }
 
     async fn view(&self, doc: StoredDoc, holders: &mut HashMap<String, Option<DateTime>>) -> Result<View, DocError> {
@@ -167,6 +207,16 @@ impl Documents {
     /// its version continues from the tombstone's.
     pub async fn create(&self, coll: &str, id: Option<String>, data: Document, sv: i64) -> Result<Live, DocError> {
         let id = id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        self.check_indexed(coll, &data).await?;
+        let claims = self.claim(coll, &id, None, &data).await?;
+        let created = self.create_claimed(coll, id, data, sv).await;
+        if created.is_err() {
+            self.indexes.release(&claims).await;
+        }
+        created
+    }
+
+    async fn create_claimed(&self, coll: &str, id: String, data: Document, sv: i64) -> Result<Live, DocError> {
         let deadline = self.deadline();
         let mut backoff = Duration::from_millis(5);
         loop {
@@ -277,8 +327,21 @@ impl Documents {
             }
             let at = self.now();
             let next = apply_change(&doc, change, at)?;
-            let kind = if matches!(change, Change::Delete) { EventType::Deleted } else { EventType::Updated };
-            if self.write_with_event(coll, Some(&doc), next.clone(), kind, Publish::AfterAnswer).await? {
+            let deleting = matches!(change, Change::Delete);
+            let claims = if deleting {
+                Vec::new()
+            } else {
+                self.check_indexed(coll, &next.data).await?;
+                self.claim(coll, id, Some(&doc.data), &next.data).await?
+            };
+            let kind = if deleting { EventType::Deleted } else { EventType::Updated };
+            let held = self.indexes.held(coll, id, &doc.data, (!deleting).then_some(&next.data)).await;
+            let written = self.write_with_event(coll, Some(&doc), next.clone(), kind, Publish::AfterAnswer).await;
+            if !matches!(written, Ok(true)) {
+                self.indexes.release(&claims).await;
+            }
+            if written? {
+                self.indexes.release(&held).await;
                 return Ok(match next.committed_view() {
                     View::Live(l) => Written::Live(l),
                     _ => Written::Deleted { version: next.meta.v },

@@ -20,10 +20,13 @@ mod events;
 mod follow_ups;
 mod hooks;
 mod http;
+mod indexes;
 mod keys;
 mod metrics;
 mod migrate;
 mod purge;
+mod queries;
+mod query;
 mod store;
 mod subscriptions;
 #[doc(hidden)]
@@ -106,6 +109,8 @@ pub struct App {
     pub events: Arc<events::Log>,
     pub subscriptions: Arc<subscriptions::Subscriptions>,
     pub collections: Arc<collections::Collections>,
+    pub indexes: Arc<indexes::Indexes>,
+    pub queries: Arc<queries::Queries>,
     /// Cancelled at shutdown: open event streams end.
     pub stop: CancellationToken,
 }
@@ -146,6 +151,7 @@ impl App {
             log.appended()
         });
         let publisher = events::Publisher::new(Arc::clone(&store), config.txn.clock.clone(), txns.follow_ups().clone());
+        let indexes = indexes::Indexes::new(Arc::clone(&store), config.txn.clock.clone());
         let documents = Arc::new(Documents::new(
             Arc::clone(&store),
             Arc::clone(txns.locks()),
@@ -153,13 +159,20 @@ impl App {
             config.txn.clock.clone(),
             Arc::clone(&metrics),
             config.txn.lock_wait,
+            Arc::clone(&indexes),
+        ));
+        let queries = Arc::new(queries::Queries::new(
+            Arc::clone(&documents),
+            Arc::clone(&indexes),
+            Arc::clone(&events),
+            txns.follow_ups().clone(),
         ));
         let subscriptions =
             subscriptions::Subscriptions::new(Arc::clone(&store), Arc::clone(&events), Arc::clone(&hooks));
         let collections =
             collections::Collections::new(Arc::clone(&store), Arc::clone(&events), config.txn.clock.clone());
         let stop = CancellationToken::new();
-        Self { store, txns, hooks, documents, metrics, events, subscriptions, collections, stop }
+        Self { store, txns, hooks, documents, metrics, events, subscriptions, collections, indexes, queries, stop }
     }
 
     /// The TTL sweeper of this gateway.
@@ -183,6 +196,8 @@ impl App {
             events: Arc::clone(&self.events),
             subscriptions: Arc::clone(&self.subscriptions),
             collections: Arc::clone(&self.collections),
+            indexes: Arc::clone(&self.indexes),
+            queries: Arc::clone(&self.queries),
             metrics: Arc::clone(&self.metrics),
             stop: self.stop.clone(),
             streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),
@@ -283,6 +298,7 @@ fn workers_of(app: &App, config: &Config, sender: Arc<hooks::send::Sender>) -> V
         Arc::new(app.sweeper(config)) as _,
         Arc::new(purger(app, config)) as _,
         Arc::new(events::Purge { log: Arc::clone(&app.events), interval: config.txn.recovery_interval }) as _,
+        Arc::new(indexes::Builds { indexes: Arc::clone(&app.indexes), interval: config.txn.recovery_interval }) as _,
     ]
 }
 

@@ -105,6 +105,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// Operator actions: routes that need `admin` whatever their method.
 const OPERATOR_ROUTES: &[&str] = &["/v1/transactions/{id}/abort", "/v1/deliveries/{id}/retry", "/v1/admin/backup"];
 
+/// Reads sent as `POST` (a query's body): `read` is enough.
+const READ_ROUTES: &[&str] = &["/v1/collections/{collection}/query"];
+
 /// The scope a request needs, decided by its matched route (a document
 /// whose id is `abort` is a document).
 fn needed_scope(method: &Method, route: &str) -> Option<Scope> {
@@ -114,6 +117,7 @@ fn needed_scope(method: &Method, route: &str) -> Option<Scope> {
     let operator_action = OPERATOR_ROUTES.contains(&route);
     Some(match *method {
         _ if operator_action => Scope::Admin,
+        _ if READ_ROUTES.contains(&route) => Scope::Read,
         Method::GET | Method::HEAD | Method::OPTIONS => Scope::Read,
         _ => Scope::Write,
     })
@@ -268,6 +272,8 @@ mod tests {
     fn scopes_by_route() {
         assert_eq!(needed_scope(&Method::GET, "/healthz"), None);
         assert_eq!(needed_scope(&Method::GET, "/v1/collections/a/documents"), Some(Scope::Read));
+        assert_eq!(needed_scope(&Method::POST, "/v1/collections/{collection}/query"), Some(Scope::Read));
+        assert_eq!(needed_scope(&Method::PUT, "/v1/collections/{collection}/indexes/{name}"), Some(Scope::Write));
         assert_eq!(needed_scope(&Method::POST, "/v1/transactions"), Some(Scope::Write));
         assert_eq!(needed_scope(&Method::POST, "/v1/transactions/{id}/abort"), Some(Scope::Admin));
         assert_eq!(needed_scope(&Method::POST, "/v1/deliveries/{id}/retry"), Some(Scope::Admin));

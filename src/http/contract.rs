@@ -34,7 +34,7 @@ const NESTED_NAME: &str = "[^$.\\u0000][^.\\u0000]*";
 /// A page cursor: unpadded base64url (a length of 4n+1 cannot be one).
 /// The longest cursor (the API description says so): the base64 of the
 /// longest id, with room to spare.
-pub(crate) const MAX_CURSOR: usize = 2048;
+pub(crate) const MAX_CURSOR: usize = crate::queries::MAX_CURSOR;
 
 pub(crate) const CURSOR_PATTERN: &str = "^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$";
 /// A hook URL the gateway takes without a `TXGATE_HOOK_ALLOW` entry: http(s),
@@ -111,6 +111,12 @@ schema_here! {
     AnyObject,
     /// A page cursor.
     Cursor,
+    /// A query's filter.
+    Filter,
+    /// A filter's condition on one path.
+    Condition,
+    /// A value a filter compares with.
+    Scalar,
     /// `If-Match`.
     IfMatch,
     /// `If-None-Match`.
@@ -209,6 +215,42 @@ fn schema_here(name: &str) -> Value {
             "examples": [{"status": "paid", "draft": null}],
         }),
         "AnyObject" => json!({"type": "object", "additionalProperties": true}),
+        "Filter" => json!({
+            "type": "object",
+            "description": "A filter over a document's data, a subset of MongoDB's query language: each member is a data path (dotted paths reach nested fields; a path starting with `_` or `$` is refused) and its `Condition`, or `$and` and an array of filters. Every member must hold. Comparisons follow MongoDB's type order and stay within a type (`{\"$gt\": 5}` matches numbers only); `null` matches a missing field too. `$exists` is part of the language but no index serves it (a missing field and `null` share an index key): use `null` and `{\"$ne\": null}`.",
+            "properties": {
+                "$and": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/Filter"}},
+            },
+            "propertyNames": {"pattern": format!("^(?:\\$and|{field_path})$")},
+            "additionalProperties": {"$ref": "#/components/schemas/Condition"},
+            "examples": [{"status": "open", "amount": {"$gte": 100}}],
+        }),
+        "Condition" => json!({
+            "description": "A value (equality), or operators that must all hold.",
+            "oneOf": [
+                {"$ref": "#/components/schemas/Scalar"},
+                {
+                    "type": "object",
+                    "minProperties": 1,
+                    "additionalProperties": false,
+                    "properties": {
+                        "$eq": {"$ref": "#/components/schemas/Scalar"},
+                        "$ne": {"$ref": "#/components/schemas/Scalar"},
+                        "$gt": {"$ref": "#/components/schemas/Scalar"},
+                        "$gte": {"$ref": "#/components/schemas/Scalar"},
+                        "$lt": {"$ref": "#/components/schemas/Scalar"},
+                        "$lte": {"$ref": "#/components/schemas/Scalar"},
+                        "$in": {"type": "array", "maxItems": crate::query::filter::MAX_IN, "items": {"$ref": "#/components/schemas/Scalar"}},
+                        "$nin": {"type": "array", "maxItems": crate::query::filter::MAX_IN, "items": {"$ref": "#/components/schemas/Scalar"}},
+                        "$exists": {"type": "boolean"},
+                    },
+                },
+            ],
+        }),
+        "Scalar" => json!({
+            "description": "A value a filter compares with: an indexed field holds only these.",
+            "type": ["string", "number", "boolean", "null"],
+        }),
         "Cursor" => json!({
             "type": "string",
             "description": "The `next` of the previous page. Opaque: pass it back as it came.",

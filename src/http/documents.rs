@@ -20,14 +20,13 @@ use super::extract::{
     ApiPath, ApiQuery, JsonBody, body_bytes, etag, if_match, if_none_match, media_type, parse_json, present,
     unsupported_media,
 };
-use super::paging::{ListQuery, Listed, Page};
 use crate::clock::rfc3339;
 use crate::document::rules::{self, Invalid, Patch};
 use crate::document::{Live, View};
 use crate::documents::{Change, DocError, Written};
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(create_document, list_documents)).routes(routes!(
+    OpenApiRouter::new().routes(routes!(create_document)).routes(routes!(
         get_document,
         replace_document,
         patch_document,
@@ -70,14 +69,6 @@ impl DocumentOut {
             data,
         }
     }
-}
-
-/// One page of live documents in id order.
-pub(crate) type DocumentListOut = Page<DocumentOut>;
-
-impl Listed for DocumentOut {
-    const PAGE: &'static str = "DocumentListOut";
-    const PAGE_DOC: Option<&'static str> = Some("One page of live documents in id order.");
 }
 
 /// A `set` / `unset` / `inc` patch. Keys may be dotted paths into nested
@@ -175,6 +166,8 @@ problems!(
         AlreadyExists,
         Locked,
         ValidationFailed,
+        InvalidChange,
+        Duplicate,
         DocumentRejected,
         RecordUnreadable,
     ])
@@ -282,6 +275,7 @@ problems!(
         Deleted,
         ValidationFailed,
         InvalidChange,
+        Duplicate,
         DocumentRejected,
         RecordUnreadable,
     ])
@@ -420,34 +414,4 @@ pub(crate) async fn delete_document(
     let expected = if_match(&headers)?;
     let result = state.documents.change(collection, id, expected, &Change::Delete).await?;
     Ok(written(collection, result))
-}
-
-problems!(
-    /// What `v1.documents.list` can answer besides its success.
-    ListProblems = Problems::of(&[InvalidPath, ValidationFailed])
-);
-
-/// List documents
-///
-/// Live documents only, in id order, a page at a time.
-#[utoipa::path(
-    get,
-    path = "/v1/collections/{collection}/documents",
-    operation_id = "v1.documents.list",
-    tag = "documents",
-    params(CollectionPath, ListQuery),
-    responses(ListProblems,
-        (status = 200, description = "A page of documents", body = DocumentListOut),
-    )
-)]
-pub(crate) async fn list_documents(
-    State(state): State<AppState>,
-    ApiPath(path): ApiPath<CollectionPath>,
-    ApiQuery(query): ApiQuery<ListQuery>,
-) -> Result<axum::Json<DocumentListOut>, ApiError> {
-    let collection = path.check()?;
-    let (limit, after) = query.page()?;
-    let (items, next) = state.documents.list(collection, after.as_deref(), limit).await?;
-    let items = items.into_iter().map(|l| DocumentOut::new(collection, l)).collect();
-    Ok(axum::Json(Page::new(items, next.as_deref())))
 }

@@ -67,6 +67,8 @@ problem_codes! {
     InvalidHeader => "invalid_header", 400, Problem, "a header (`If-Match`, `If-None-Match`, `Idempotency-Key`) is malformed";
     InvalidPath => "invalid_path", 400, Problem, "a path parameter cannot be decoded";
     BadRequest => "bad_request", 400, Problem, "the request could not be understood";
+    InvalidFilter => "invalid_filter", 400, ValidationFailed, "a query's `filter` or `sort` is outside the query language (an operator not supported, a path starting with `_` or `$`, a value that is not a scalar)";
+    IndexRequired => "index_required", 400, IndexRequired, "no ready index serves the query exactly; `index` is the one that would (`PUT` it), absent when no index can";
     CursorBeyondHead => "cursor_beyond_head", 400, Problem, "the event cursor is past the log's last position: no event has had it yet";
     Unauthorized => "unauthorized", 401, Problem, "no API key, or not a valid one";
     Forbidden => "forbidden", 403, Problem, "the API key lacks the scope (or, with no keys configured, the `Host` is not a loopback name)";
@@ -79,6 +81,8 @@ problem_codes! {
     InProgress => "in_progress", 409, Problem, "the first request with this `Idempotency-Key` is still running";
     AlreadyCommitted => "already_committed", 409, Problem, "a committed transaction cannot be aborted";
     DeliveryPending => "delivery_pending", 409, Problem, "the delivery is queued or in flight already";
+    Duplicate => "duplicate", 409, Duplicate, "a unique index holds the value for another document: `index` names the index, `existing` the document";
+    IndexExists => "index_exists", 409, Problem, "an index of this name exists with another definition (or is being dropped); delete it first";
     BackupUnsupported => "backup_unsupported", 409, Problem, "this store has no online backup; use the database's own tools";
     BackupInProgress => "backup_in_progress", 409, Problem, "a backup is being written already; send the request again once it has finished";
     Deleted => "deleted", 410, Deleted, "the document is deleted (a tombstone)";
@@ -112,6 +116,8 @@ pub enum Family {
     Deleted,
     AlreadyExists,
     Aborted,
+    IndexRequired,
+    Duplicate,
 }
 
 impl Family {
@@ -123,6 +129,8 @@ impl Family {
         Family::Deleted,
         Family::AlreadyExists,
         Family::Aborted,
+        Family::IndexRequired,
+        Family::Duplicate,
     ];
 
     /// The schema's name in the API description.
@@ -135,6 +143,8 @@ impl Family {
             Family::Deleted => "Deleted",
             Family::AlreadyExists => "AlreadyExists",
             Family::Aborted => "Aborted",
+            Family::IndexRequired => "IndexRequired",
+            Family::Duplicate => "Duplicate",
         }
     }
 
@@ -358,6 +368,9 @@ impl From<DocError> for ApiError {
                 Self::new(ProblemCode::Locked, detail).with("transaction", holder).retry(retry_after)
             }
             DocError::InvalidChange(msg) => Self::new(ProblemCode::InvalidChange, msg),
+            DocError::Duplicate { index, existing } => {
+                Self::new(ProblemCode::Duplicate, detail).with("index", index).with("existing", existing)
+            }
             DocError::Store(err) => Self::store(&err),
         }
     }

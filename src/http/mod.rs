@@ -10,10 +10,12 @@ pub(crate) mod documents;
 pub(crate) mod error;
 pub(crate) mod events;
 pub(crate) mod extract;
+pub(crate) mod indexes;
 pub(crate) mod limits;
 pub(crate) mod observe;
 pub(crate) mod paging;
 pub(crate) mod problems;
+pub(crate) mod queries;
 pub(crate) mod serve;
 pub(crate) mod strict;
 pub(crate) mod subscriptions;
@@ -49,6 +51,8 @@ pub(crate) struct AppState {
     pub events: Arc<crate::events::Log>,
     pub subscriptions: Arc<crate::subscriptions::Subscriptions>,
     pub collections: Arc<crate::collections::Collections>,
+    pub indexes: Arc<crate::indexes::Indexes>,
+    pub queries: Arc<crate::queries::Queries>,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Cancelled when the gateway shuts down: open event streams end.
     pub stop: tokio_util::sync::CancellationToken,
@@ -68,7 +72,8 @@ pub(crate) struct AppState {
     ),
     tags(
         (name = "collections", description = "Collections: TTL policies and live counts"),
-        (name = "documents", description = "Single documents with optimistic locking"),
+        (name = "documents", description = "Single documents with optimistic locking; queries and counts"),
+        (name = "indexes", description = "Declared indexes: what queries are served by"),
         (name = "transactions", description = "Multi-document transactions"),
         (name = "deliveries", description = "Post-commit hook deliveries"),
         (name = "events", description = "Change events: a resumable stream and pages"),
@@ -83,6 +88,8 @@ pub(crate) fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(collections::router())
         .merge(documents::router())
+        .merge(queries::router())
+        .merge(indexes::router())
         .merge(transactions::router())
         .merge(deliveries::router())
         .merge(events::router())

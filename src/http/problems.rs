@@ -58,6 +58,22 @@ pub(super) fn problem_schema(family: Family) -> Value {
         Family::AlreadyExists => json!({
             "version": {"type": "integer", "format": "int64", "description": "The live document's version."},
         }),
+        Family::IndexRequired => json!({
+            "index": {
+                "type": "object",
+                "description": "The index that would serve the query: `PUT` it to `/v1/collections/{collection}/indexes/{name}` as it is.",
+                "required": ["name", "fields", "unique"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "fields": {"type": "array", "items": {"type": "string"}},
+                    "unique": {"type": "boolean"},
+                },
+            },
+        }),
+        Family::Duplicate => json!({
+            "index": {"type": "string", "description": "The unique index holding the value."},
+            "existing": {"$ref": "#/components/schemas/DocumentId"},
+        }),
         Family::Aborted => json!({
             "reason": {"type": "string", "description": "`wounded`, `expired`, `superseded`, `timed_out` or `operator`."},
             "holder": {"type": "string", "description": "The transaction that wounded this one, when known."},
@@ -94,6 +110,10 @@ fn problem_example(code: ProblemCode) -> Value {
         ProblemCode::Locked => json!({"transaction": "0193f3c4-7d2e-7c1a-9b4e-3f5d2a1c0b9e"}),
         ProblemCode::Deleted => json!({"version": 5, "deleted_at": "2026-01-02T03:04:05.678Z"}),
         ProblemCode::AlreadyExists => json!({"version": 2}),
+        ProblemCode::Duplicate => json!({"index": "email", "existing": "user-17"}),
+        ProblemCode::IndexRequired => {
+            json!({"index": {"name": "status_amount", "fields": ["status", "-amount"], "unique": false}})
+        }
         ProblemCode::Aborted => {
             json!({"transaction": "0193f3c4-7d2e-7c1a-9b4e-3f5d2a1c0b9e", "retryable": true, "reason": "wounded"})
         }

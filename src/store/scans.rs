@@ -97,6 +97,12 @@ scans! {
     DOCS_BY_AGE: "*"."live_created", eq ["_meta.deleted"], by "_meta.created_at";
     /// Collections by name (the API's listing).
     COLLECTIONS: "_collections"."_id", eq [], by "_id";
+    /// Index declarations of one collection, by key (the API's listing).
+    INDEXES_BY_COLL: "_indexes"."coll", eq ["coll"], by "_id";
+    /// Index declarations in one state, by key (the builder's pass).
+    INDEXES_BY_STATE: "_indexes"."state", eq ["state"], by "_id";
+    /// The reservations of one unique index (its drop).
+    UNIQUE_BY_INDEX: "_unique"."index", eq ["index"], by "_id";
     /// Collections with a TTL policy, by name (the sweeper's pass).
     COLLECTIONS_EXPIRING: "_collections"."expiring", eq ["expiring"], by "_id";
 }

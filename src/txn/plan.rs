@@ -44,4 +44,16 @@ pub struct Plan {
     pub idempotency_key: Option<String>,
     /// The hooks, validated; kept in the record as they are here.
     pub hooks: Vec<super::hook::Hook>,
+    /// The indexed paths (index, path) of each member collection that has
+    /// declared indexes: a staged update's data must keep their rule
+    /// (`crate::indexes`), or the transaction fails before any commit.
+    pub indexed: std::collections::HashMap<String, Vec<(String, String)>>,
+    /// The unique indexes of each member collection that has some: (its
+    /// name in the store, its paths).
+    pub unique: std::collections::HashMap<String, Vec<(String, Vec<String>)>>,
+    /// The value each member's data takes in each unique index of its
+    /// collection (in the order of `unique`), claimed before the
+    /// transaction ran: a member staged with another value fails before
+    /// the commit point.
+    pub claimed: std::collections::HashMap<(String, String), Vec<Option<Vec<u8>>>>,
 }

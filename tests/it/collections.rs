@@ -178,7 +178,7 @@ async fn policies_are_set_read_listed_and_checked(backend: Backend) {
     assert_eq!(second["items"][0]["name"], "orders");
     assert!(second["next"].is_null());
     expect_problem(app.get("/v1/collections?limit=0").await, 422, "validation_failed").await;
-    let long = "QQQQ".repeat(600);
+    let long = "QQQQ".repeat(1100);
     expect_problem(app.get(&format!("/v1/collections?after={long}")).await, 422, "validation_failed").await;
     app.stop().await;
 }

@@ -81,6 +81,9 @@ impl Scenario {
             request: HOOKS.into(),
             idempotency_key: None,
             hooks: txgate::testing::hooks::hooks_of(HOOKS),
+            indexed: Default::default(),
+            unique: Default::default(),
+            claimed: Default::default(),
         }
     }
 

@@ -21,6 +21,7 @@ mod metrics;
 mod openapi;
 mod power;
 mod props;
+mod queries;
 mod restart;
 mod secrets;
 mod slow;

@@ -317,6 +317,9 @@ mod writer {
                 request: "{}".into(),
                 idempotency_key: None,
                 hooks: Vec::new(),
+                indexed: Default::default(),
+                unique: Default::default(),
+                claimed: Default::default(),
             };
             let txn = "01900000-0000-7000-8000-000000000001".to_owned();
             let outcome = txns.execute(&plan, Some(txn.clone())).await;
@@ -376,6 +379,9 @@ mod writer {
                 request: "{}".into(),
                 idempotency_key: None,
                 hooks: Vec::new(),
+                indexed: Default::default(),
+                unique: Default::default(),
+                claimed: Default::default(),
             }
         };
         let stats = embedded.stats();

@@ -134,6 +134,9 @@ pub fn plan(coll: &str, ids: &[String]) -> Plan {
         request: "{}".into(),
         idempotency_key: None,
         hooks: Vec::new(),
+        indexed: Default::default(),
+        unique: Default::default(),
+        claimed: Default::default(),
     }
 }
 

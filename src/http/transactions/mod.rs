@@ -68,6 +68,7 @@ problems!(
         ValidationFailed,
         DuplicateMember,
         InvalidChange,
+        Duplicate,
         IdempotencyKeyReused,
         HookNotAllowed,
         DocumentRejected,
@@ -110,12 +111,44 @@ pub(crate) async fn create_transaction(
     // values (write-only) left out: the hooks themselves are kept whole.
     let request = crate::hooks::redact_request(&value).to_string();
     let input: TransactionIn = from_body(value, &["", "/actions/*", "/hooks/*"])?;
-    let plan = plan::plan(input, request, key.clone(), state.txns.config(), &state.hook_guard)?;
+    let mut plan = plan::plan(input, request, key.clone(), state.txns.config(), &state.hook_guard)?;
     // Every member within the key's collections, or nothing is done.
     for (i, action) in plan.actions.iter().enumerate() {
         let needed = if matches!(action.op, ActionOp::Check) { Scope::Read } else { Scope::Write };
         access.check(needed, &action.collection).map_err(|e| e.with("action", i))?;
     }
+    // The rule of declared indexes: an insert's or replace's data checked
+    // now, an update's once staged.
+    for (i, action) in plan.actions.iter().enumerate() {
+        if !plan.indexed.contains_key(&action.collection) {
+            let paths = state.indexes.paths(&action.collection).await?;
+            plan.indexed.insert(action.collection.clone(), paths);
+        }
+        if let ActionOp::Insert(data) | ActionOp::Replace(data) = &action.op {
+            if let Some(detail) = crate::indexes::breaks_rule(&plan.indexed[&action.collection], data) {
+                return Err(ApiError::new(ProblemCode::InvalidChange, detail)
+                    .with("action", i)
+                    .with("collection", action.collection.clone())
+                    .with("id", action.id.clone()));
+            }
+        }
+    }
+    plan.indexed.retain(|_, paths| !paths.is_empty());
+    // The values of unique indexes, claimed before the transaction runs:
+    // a duplicate is answered before anything is written.
+    let claims = match state.indexes.claim_members(&mut plan).await? {
+        Ok(claims) => claims,
+        Err((i, dup)) => {
+            let action = &plan.actions[i];
+            return Err(ApiError::from(crate::documents::DocError::Duplicate {
+                index: dup.index,
+                existing: dup.existing,
+            })
+            .with("action", i)
+            .with("collection", action.collection.clone())
+            .with("id", action.id.clone()));
+        }
+    };
     let keyed = key.map(|k| Keyed {
         key: format!("{}:{k}", caller.map_or_else(|| "-".to_owned(), |c| c.0.scope.clone())),
         fingerprint: hash,
@@ -133,7 +166,10 @@ pub(crate) async fn create_transaction(
                 let err = ApiError::from_txn(err);
                 (err.status().as_u16(), err.body())
             };
-            txns.submit(&plan, keyed.as_ref(), render).await
+            let submitted = txns.submit(&plan, keyed.as_ref(), render).await;
+            let committed = matches!(&submitted, Ok(Submitted::Ran(ran)) if ran.is_ok());
+            claims.settle(committed).await;
+            submitted
         })
         .await
         .map_err(|e| ApiError::internal(format!("transaction task failed: {e}")))??;

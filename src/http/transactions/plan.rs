@@ -100,5 +100,8 @@ pub(super) fn plan(
         request,
         idempotency_key: key,
         hooks: input.hooks.into_iter().map(HookIn::into_hook).collect(),
+        indexed: Default::default(),
+        unique: Default::default(),
+        claimed: Default::default(),
     })
 }

@@ -386,10 +386,27 @@ pub(super) fn staged_checked(plan: &Plan, action: &Action, base: Option<&StoredD
         ActionOp::Update(patch) => {
             let data = patch.apply(&base.map(|d| d.data.clone()).unwrap_or_default())?;
             crate::document::rules::check_data_size(&data, "/").map_err(|e| e.message)?;
+            if let Some(detail) =
+                plan.indexed.get(&action.collection).and_then(|paths| crate::query::rule::breaks_rule(paths, &data))
+            {
+                return Err(detail);
+            }
             Some(data)
         }
         ActionOp::Delete | ActionOp::Check => None,
     };
+    if let (Some(data), Some(uniques)) = (&data, plan.unique.get(&action.collection)) {
+        let values: Vec<Option<Vec<u8>>> =
+            uniques.iter().map(|(_, paths)| crate::query::rule::unique_key(paths, data)).collect();
+        let key = (action.collection.clone(), action.id.clone());
+        if plan.claimed.get(&key) != Some(&values) {
+            return Err(format!(
+                "a unique value of {}/{} is not the one claimed for it: the document changed since the \
+                 transaction read it; send the transaction again",
+                action.collection, action.id
+            ));
+        }
+    }
     let sv = if matches!(action.op, ActionOp::Check | ActionOp::Delete) { base.map_or(sv, |d| d.meta.sv) } else { sv };
     Ok(Staged { op: action.op.staged(), data, sv })
 }

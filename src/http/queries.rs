@@ -1,0 +1,369 @@
+//! Queries and counts (docs/design.md §7): `GET
+//! /v1/collections/{collection}/documents` with `filter`, `sort` and
+//! `fields`, the same as a body to `POST …/query`, and `GET …/count`.
+
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::contract::Cursor;
+use super::documents::{CollectionPath, DocumentOut};
+use super::error::{ApiError, ProblemCode};
+use super::extract::{ApiPath, ApiQuery, JsonBody, from_body, integer};
+use super::paging::{DEFAULT_PAGE, MAX_PAGE};
+use crate::document::rules::{Invalid, check_collection};
+use crate::http::problems::{Problems, problems};
+use crate::queries::{Query, QueryError};
+use crate::query::filter::{Filter, FilterError, check_path};
+use crate::query::plan::{SortKey, Unserved};
+
+pub(crate) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_documents))
+        .routes(routes!(query_documents))
+        .routes(routes!(count_documents))
+}
+
+/// Sort keys a query may name.
+const MAX_SORT: usize = 8;
+/// Data paths `fields` may name.
+const MAX_FIELDS: usize = 64;
+
+/// A query's parameters, as `GET …/documents` takes them.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct QueryParams {
+    /// A filter (JSON, see `Filter`) over the documents' data.
+    #[param(value_type = Option<String>, example = r#"{"status":"open","amount":{"$gte":100}}"#)]
+    pub filter: Option<String>,
+    /// Data paths, comma-separated, each ascending or `-` descending; the
+    /// document id breaks ties.
+    #[param(value_type = Option<String>, example = "-amount")]
+    pub sort: Option<String>,
+    /// The data paths to keep in each document's `data`, comma-separated
+    /// (the id, version and timestamps are always there).
+    #[param(value_type = Option<String>, example = "status,amount")]
+    pub fields: Option<String>,
+    /// Page size (default 50).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<i64>,
+    /// The `next` cursor of the previous page of the same query.
+    #[param(value_type = Option<Cursor>)]
+    pub after: Option<String>,
+}
+
+/// A query, as `POST …/query` takes it: the parameters of `GET
+/// …/documents` as JSON.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"filter": {"status": "open"}, "sort": ["-amount"], "fields": ["status", "amount"], "limit": 50}))]
+pub(crate) struct QueryIn {
+    #[serde(default)]
+    #[schema(value_type = Option<super::contract::Filter>)]
+    pub filter: Option<Value>,
+    /// Data paths, each ascending or `-` descending; the document id
+    /// breaks ties.
+    #[serde(default)]
+    pub sort: Option<Vec<String>>,
+    /// The data paths to keep in each document's `data`.
+    #[serde(default)]
+    pub fields: Option<Vec<String>>,
+    /// Page size (default 50).
+    #[serde(default, deserialize_with = "integer")]
+    #[schema(minimum = 1, maximum = 1000)]
+    pub limit: Option<i64>,
+    #[serde(default)]
+    #[schema(value_type = Option<Cursor>)]
+    pub after: Option<String>,
+}
+
+/// A page of a query's documents.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct QueryPageOut {
+    pub items: Vec<DocumentOut>,
+    /// Cursor for `after=`; `null` on the last page.
+    #[schema(value_type = Option<Cursor>, required = true)]
+    pub next: Option<String>,
+    /// The change-event position the page was read at.
+    #[schema(minimum = 0)]
+    pub position: u64,
+}
+
+/// A count.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct CountOut {
+    #[schema(minimum = 0)]
+    pub count: u64,
+    /// The change-event position the count was read at.
+    #[schema(minimum = 0)]
+    pub position: u64,
+}
+
+/// Where a request's parts are, for pointers: `/query/<name>` for a GET,
+/// `/<name>` for a body.
+#[derive(Clone, Copy)]
+enum From {
+    Params,
+    Body,
+}
+
+impl From {
+    fn at(self, name: &str) -> String {
+        match self {
+            From::Params => format!("/query/{name}"),
+            From::Body => format!("/{name}"),
+        }
+    }
+}
+
+fn filter_error(from: From, err: FilterError) -> ApiError {
+    let pointer = format!("{}{}", from.at("filter"), err.pointer);
+    ApiError::bad_request(ProblemCode::InvalidFilter, format!("{pointer}: {}", err.message))
+        .with("errors", json!([{"pointer": pointer, "detail": err.message}]))
+}
+
+/// A `filter` parameter's JSON.
+fn filter_json(from: From, text: &str) -> Result<Value, ApiError> {
+    serde_json::from_str::<Value>(text)
+        .map_err(|e| filter_error(from, FilterError { pointer: String::new(), message: format!("not JSON: {e}") }))
+}
+
+fn parse_filter(from: From, filter: Option<&Value>) -> Result<Filter, ApiError> {
+    match filter {
+        None | Some(Value::Null) => Ok(Filter::default()),
+        Some(v) => Filter::parse(v).map_err(|e| filter_error(from, e)),
+    }
+}
+
+fn paths(from: From, name: &str, items: &[String], max: usize) -> Result<(), ApiError> {
+    if items.len() > max {
+        let detail = format!("{name} names at most {max} paths");
+        return Err(ApiError::bad_request(ProblemCode::InvalidFilter, detail.clone())
+            .with("errors", json!([{"pointer": from.at(name), "detail": detail}])));
+    }
+    for item in items {
+        let path = if name == "sort" { item.strip_prefix('-').unwrap_or(item) } else { item };
+        check_path(path, "").map_err(|e| {
+            ApiError::bad_request(ProblemCode::InvalidFilter, format!("{name}: {}", e.message))
+                .with("errors", json!([{"pointer": from.at(name), "detail": e.message}]))
+        })?;
+    }
+    Ok(())
+}
+
+fn sort_keys(items: &[String]) -> Vec<SortKey> {
+    items
+        .iter()
+        .map(|k| match k.strip_prefix('-') {
+            Some(p) => SortKey { path: p.to_owned(), desc: true },
+            None => SortKey { path: k.clone(), desc: false },
+        })
+        .collect()
+}
+
+fn split(list: Option<&str>) -> Option<Vec<String>> {
+    list.map(|l| l.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect())
+}
+
+fn limit(from: From, limit: Option<i64>) -> Result<usize, ApiError> {
+    let limit = limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(Invalid::new(from.at("limit"), format!("limit must be between 1 and {MAX_PAGE}")).into());
+    }
+    Ok(limit as usize)
+}
+
+/// The answer for a query's failure.
+fn query_error(from: From, collection: &str, err: QueryError) -> ApiError {
+    match err {
+        QueryError::Unserved(Unserved::Needs { fields, detail }) => {
+            let name = suggested_name(&fields);
+            ApiError::bad_request(
+                ProblemCode::IndexRequired,
+                format!("{detail}: PUT /v1/collections/{collection}/indexes/{name}"),
+            )
+            .with("index", json!({"name": name, "fields": fields, "unique": false}))
+        }
+        QueryError::Unserved(Unserved::Never(detail)) => ApiError::bad_request(ProblemCode::IndexRequired, detail),
+        QueryError::Cursor(detail) => Invalid::new(from.at("after"), detail).into(),
+        QueryError::Doc(err) => err.into(),
+        QueryError::Store(err) => ApiError::store(&err),
+    }
+}
+
+/// A name for the index on `fields`: the paths joined, `_desc` after a
+/// descending one, within the name rules.
+fn suggested_name(fields: &[String]) -> String {
+    let mut name: String = fields
+        .iter()
+        .map(|f| match f.strip_prefix('-') {
+            Some(p) => format!("{p}_desc"),
+            None => f.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join("_")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .collect();
+    if !name.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        name.insert_str(0, "by_");
+    }
+    name.truncate(64);
+    name
+}
+
+async fn run(state: &AppState, from: From, collection: &str, query: Query) -> Result<QueryPageOut, ApiError> {
+    let page = state.queries.page(collection, &query).await.map_err(|e| query_error(from, collection, e))?;
+    Ok(QueryPageOut {
+        items: page.items.into_iter().map(|l| DocumentOut::new(collection, l)).collect(),
+        next: page.next,
+        position: page.position,
+    })
+}
+
+problems!(
+    /// What `v1.documents.list` and `v1.documents.query` can answer besides their success.
+    QueryProblems = Problems::of(&[InvalidPath, ValidationFailed, InvalidFilter, IndexRequired, RecordUnreadable])
+);
+
+/// List or query documents
+///
+/// Live documents, a page at a time. Without `filter` and `sort`, in id
+/// order. With them, the documents whose data matches `filter`, in `sort`
+/// order then by id, read along the ready index that serves the query
+/// exactly; a query no ready index serves is 400 `index_required`, whose
+/// `index` is the index that would (`PUT` it). `fields` trims each
+/// document's data to the paths named. Cursors are stable: a document
+/// present for the whole listing whose sort values do not change comes
+/// exactly once, whatever is written meanwhile.
+#[utoipa::path(
+    get,
+    path = "/v1/collections/{collection}/documents",
+    operation_id = "v1.documents.list",
+    tag = "documents",
+    params(CollectionPath, QueryParams),
+    responses(QueryProblems,
+        (status = 200, description = "A page of documents", body = QueryPageOut),
+    )
+)]
+pub(crate) async fn list_documents(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<CollectionPath>,
+    ApiQuery(params): ApiQuery<QueryParams>,
+) -> Result<axum::Json<QueryPageOut>, ApiError> {
+    check_collection(&path.collection, "/path/collection")?;
+    let from = From::Params;
+    let filter = params.filter.as_deref().map(|text| filter_json(from, text)).transpose()?;
+    let sort = split(params.sort.as_deref()).unwrap_or_default();
+    let fields = split(params.fields.as_deref());
+    let body = QueryIn { filter, sort: Some(sort), fields, limit: params.limit, after: params.after };
+    Ok(axum::Json(run(&state, from, &path.collection, query_of(from, body)?).await?))
+}
+
+fn query_of(from: From, body: QueryIn) -> Result<Query, ApiError> {
+    let filter = parse_filter(from, body.filter.as_ref())?;
+    let sort = body.sort.unwrap_or_default();
+    paths(from, "sort", &sort, MAX_SORT)?;
+    if let Some(fields) = &body.fields {
+        paths(from, "fields", fields, MAX_FIELDS)?;
+    }
+    Ok(Query {
+        filter,
+        sort: sort_keys(&sort),
+        fields: body.fields,
+        limit: limit(from, body.limit)?,
+        after: body.after,
+    })
+}
+
+problems!(
+    /// What `v1.documents.query` can answer besides its success.
+    QueryBodyProblems =
+        Problems::of(&[InvalidPath, ValidationFailed, InvalidFilter, IndexRequired, RecordUnreadable]).with_body()
+);
+
+/// Query documents
+///
+/// The query of `GET …/documents` as a JSON body, for filters too long
+/// for a URL. Needs the `read` scope only.
+#[utoipa::path(
+    post,
+    path = "/v1/collections/{collection}/query",
+    operation_id = "v1.documents.query",
+    tag = "documents",
+    params(CollectionPath),
+    request_body(content = QueryIn, content_type = "application/json"),
+    responses(QueryBodyProblems,
+        (status = 200, description = "A page of documents", body = QueryPageOut),
+    )
+)]
+pub(crate) async fn query_documents(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<CollectionPath>,
+    JsonBody { value, .. }: JsonBody<Value>,
+) -> Result<axum::Json<QueryPageOut>, ApiError> {
+    check_collection(&path.collection, "/path/collection")?;
+    let body: QueryIn = from_body(value, &[""])?;
+    let from = From::Body;
+    Ok(axum::Json(run(&state, from, &path.collection, query_of(from, body)?).await?))
+}
+
+/// A count's parameters.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct CountParams {
+    /// A filter (JSON, see `Filter`); without one, every live document.
+    #[param(value_type = Option<String>, example = r#"{"status":"open"}"#)]
+    pub filter: Option<String>,
+}
+
+problems!(
+    /// What `v1.documents.count` can answer besides its success.
+    CountProblems = Problems::of(&[InvalidPath, ValidationFailed, InvalidFilter, IndexRequired])
+);
+
+/// Count documents
+///
+/// How many live documents match `filter`, counted from the entries of
+/// the ready index whose first fields are the filter's equality paths and
+/// whose next is its range path (no document is read); 400
+/// `index_required` when there is none.
+#[utoipa::path(
+    get,
+    path = "/v1/collections/{collection}/count",
+    operation_id = "v1.documents.count",
+    tag = "documents",
+    params(CollectionPath, CountParams),
+    responses(CountProblems,
+        (status = 200, description = "The count", body = CountOut),
+    )
+)]
+pub(crate) async fn count_documents(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<CollectionPath>,
+    ApiQuery(params): ApiQuery<CountParams>,
+) -> Result<axum::Json<CountOut>, ApiError> {
+    check_collection(&path.collection, "/path/collection")?;
+    let from = From::Params;
+    let filter = params.filter.as_deref().map(|text| filter_json(from, text)).transpose()?;
+    let filter = parse_filter(from, filter.as_ref())?;
+    let (count, position) =
+        state.queries.count(&path.collection, &filter).await.map_err(|e| query_error(from, &path.collection, e))?;
+    Ok(axum::Json(CountOut { count, position }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggested_names_follow_the_name_rules() {
+        assert_eq!(suggested_name(&["status".into(), "-amount".into()]), "status_amount_desc");
+        assert_eq!(suggested_name(&["a.b".into()]), "a_b");
+        assert!(crate::document::rules::is_collection_name(&suggested_name(&["9x".into()])));
+    }
+}

@@ -1,0 +1,726 @@
+//! Declared indexes (docs/design.md §7): the resources clients `PUT`, their
+//! online build, and the rule every write keeps for them.
+//!
+//! A declared index is a record in `_indexes` (`<collection>/<name>`): its
+//! fields as the client gave them, its state (`building`, `ready`,
+//! `failed`, or `dropping` once deleted), the build's progress, and the
+//! name of the index it has in the store. That store index holds, for
+//! every record of the collection, `_meta.deleted`, then the declared
+//! fields in their directions, then `_id`: queries pin `_meta.deleted` to
+//! false, so a tombstone is never an entry they read.
+//!
+//! The rule: an indexed path never holds, nor passes through, an array or
+//! an object. A write that would break it is refused (422), in single
+//! writes and transaction members alike, so both stores order every
+//! indexed value as MongoDB does and answer every query alike. Each
+//! instance knows a collection's declared indexes from a cache kept at
+//! most [`CACHE_TTL`] old, so a build waits [`GRACE`] after the
+//! declaration before it checks the documents: from then on, every
+//! instance refuses what the check would have to find.
+//!
+//! The build (the [`Builds`] worker, on whichever instance holds the
+//! build's lease) checks every live document against the rule, then
+//! declares the store index, whose entries every write keeps from then on,
+//! then adds those of the documents there, a batch at a time, each batch
+//! one commit, so writes wait for a batch at most. A build whose lease
+//! runs out (its instance stopped) is taken over from the start by the
+//! next pass of any instance.
+
+pub(crate) mod unique;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::document::StoredDoc;
+use crate::query::plan::Declared;
+pub(crate) use crate::query::rule::breaks_rule;
+use crate::store::scans::{DOCS_LIVE, INDEXES_BY_COLL, INDEXES_BY_STATE};
+use crate::store::{Bson, DateTime, Document, DynStore, IndexSpec, Record, StoreError, StoreResult, doc};
+
+/// The collection of index declarations.
+pub(crate) const INDEXES: &str = "_indexes";
+/// The version of a declaration record's format.
+const FORMAT: i64 = 1;
+/// How old an instance's knowledge of a collection's indexes may be.
+pub(crate) const CACHE_TTL: Duration = Duration::from_secs(1);
+/// How long a build waits after its declaration before it checks the
+/// documents: every instance's cache has seen the index by then.
+pub(crate) const GRACE: Duration = Duration::from_secs(3);
+/// How long a builder holds a build without renewing its lease.
+const LEASE: Duration = Duration::from_secs(30);
+/// Records one build step checks or indexes.
+pub(crate) const BUILD_BATCH: usize = 1000;
+/// Declared indexes one collection may have.
+pub(crate) const MAX_INDEXES: usize = 32;
+/// Fields one index may have.
+pub(crate) const MAX_FIELDS: usize = 8;
+/// Documents a failed build names.
+const MAX_NAMED: usize = 10;
+
+/// The state of a declared index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Building,
+    Ready,
+    Failed,
+    /// Deleted: queries no longer use it; the store index is dropped once
+    /// every instance knows.
+    Dropping,
+}
+
+impl State {
+    fn to_bson(self) -> Bson {
+        mongodb::bson::to_bson(&self).expect("a state serializes")
+    }
+}
+
+/// How far a build is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    /// `checking` the documents against the rule, then `indexing` them.
+    pub phase: String,
+    /// Documents done in this phase.
+    pub done: u64,
+    /// Live documents when the build began.
+    pub total: u64,
+}
+
+/// A declared index, as stored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Declaration {
+    #[serde(rename = "_id")]
+    pub key: String,
+    /// The record's format version.
+    pub v: i64,
+    pub coll: String,
+    pub name: String,
+    pub fields: Vec<String>,
+    #[serde(default)]
+    pub unique: bool,
+    pub state: State,
+    #[serde(default)]
+    pub progress: Option<Progress>,
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// The documents a failed build met that break the rule.
+    #[serde(default)]
+    pub documents: Vec<String>,
+    /// The index's name in the store.
+    pub physical: String,
+    pub created_at: DateTime,
+    pub updated_at: DateTime,
+    #[serde(default)]
+    pub owner: Option<String>,
+    #[serde(default)]
+    pub lease_until: Option<DateTime>,
+}
+
+impl Declaration {
+    fn key_of(coll: &str, name: &str) -> String {
+        format!("{coll}/{name}")
+    }
+
+    fn record(&self) -> Record {
+        mongodb::bson::to_document(self).expect("a declaration serializes")
+    }
+
+    fn from_record(record: Record) -> StoreResult<Self> {
+        let id = record.get_str("_id").unwrap_or("?").to_owned();
+        mongodb::bson::from_document(record).map_err(|e| StoreError::Undecodable(format!("{INDEXES}/{id}: {e}")))
+    }
+
+    /// The index in the store: `_meta.deleted`, the fields, `_id`.
+    pub(crate) fn spec(&self) -> IndexSpec {
+        let mut fields = vec!["_meta.deleted".to_owned()];
+        fields.extend(self.fields.iter().cloned());
+        fields.push("_id".to_owned());
+        IndexSpec { name: self.physical.clone(), fields, unique: false, sparse: false }
+    }
+
+    /// The declared paths (without their directions).
+    pub(crate) fn paths(&self) -> impl Iterator<Item = &str> {
+        self.fields.iter().map(|f| f.strip_prefix('-').unwrap_or(f))
+    }
+}
+
+/// Why a declaration is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DeclareError {
+    /// 422 at the pointer.
+    #[error("{1}")]
+    Invalid(&'static str, String),
+    /// An index of that name exists with another definition, or is being
+    /// dropped.
+    #[error("{0}")]
+    Exists(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A collection's declarations, as read at an instant.
+type Known = (Instant, Arc<Vec<Declaration>>);
+
+/// The declared indexes of each collection, and their builds.
+pub struct Indexes {
+    store: DynStore,
+    clock: Clock,
+    /// Collection → (when read, its declarations but dropped ones).
+    cache: Mutex<HashMap<String, Known>>,
+    /// Who holds a build's lease.
+    instance: String,
+    /// Wakes the builder: a declaration or a deletion to act on.
+    wake: tokio::sync::Notify,
+}
+
+impl Indexes {
+    pub fn new(store: DynStore, clock: Clock) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            clock,
+            cache: Mutex::new(HashMap::new()),
+            instance: uuid::Uuid::new_v4().to_string(),
+            wake: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// The declarations of `coll` (dropped ones aside), at most
+    /// [`CACHE_TTL`] old.
+    pub async fn declared(&self, coll: &str) -> StoreResult<Arc<Vec<Declaration>>> {
+        if let Some((at, known)) = self.cache.lock().expect("index cache").get(coll) {
+            if at.elapsed() < CACHE_TTL {
+                return Ok(Arc::clone(known));
+            }
+        }
+        let read = Instant::now();
+        let all = self.list(coll).await?;
+        let known = Arc::new(all);
+        let mut cache = self.cache.lock().expect("index cache");
+        if cache.len() > 10_000 {
+            cache.clear();
+        }
+        cache.insert(coll.to_owned(), (read, Arc::clone(&known)));
+        Ok(known)
+    }
+
+    fn forget(&self, coll: &str) {
+        self.cache.lock().expect("index cache").remove(coll);
+    }
+
+    /// The ready indexes of `coll`, as the planner takes them.
+    pub(crate) async fn ready(&self, coll: &str) -> StoreResult<Vec<Declared>> {
+        Ok(self
+            .declared(coll)
+            .await?
+            .iter()
+            .filter(|d| d.state == State::Ready)
+            .map(|d| Declared { name: d.physical.clone(), fields: d.fields.clone() })
+            .collect())
+    }
+
+    /// The paths of the indexes of each of `colls` that writes must keep
+    /// the rule for (those building or ready).
+    pub async fn paths(&self, coll: &str) -> StoreResult<Vec<(String, String)>> {
+        Ok(self
+            .declared(coll)
+            .await?
+            .iter()
+            .filter(|d| matches!(d.state, State::Building | State::Ready))
+            .flat_map(|d| d.paths().map(|p| (d.name.clone(), p.to_owned())).collect::<Vec<_>>())
+            .collect())
+    }
+
+    /// The unique indexes of `coll` writes claim values in (building or
+    /// ready).
+    pub(crate) async fn uniques(&self, coll: &str) -> StoreResult<Vec<unique::Unique>> {
+        Ok(self
+            .declared(coll)
+            .await?
+            .iter()
+            .filter(|d| d.unique && matches!(d.state, State::Building | State::Ready))
+            .map(unique::Unique::of)
+            .collect())
+    }
+
+    /// Claim, for document `id` of `coll` becoming `new` (from `old`), the
+    /// values it takes in the unique indexes of `coll`; on a duplicate,
+    /// the claims made are given back.
+    pub(crate) async fn claim(
+        &self,
+        coll: &str,
+        id: &str,
+        old: Option<&Document>,
+        new: &Document,
+    ) -> StoreResult<Result<Vec<unique::Claim>, unique::Duplicate>> {
+        let uniques = self.uniques(coll).await?;
+        let mut claims = Vec::new();
+        for index in &uniques {
+            let Some(key) = index.value(new) else { continue };
+            if old.and_then(|o| index.value(o)).as_deref() == Some(key.as_slice()) {
+                continue;
+            }
+            match unique::claim(&self.store, coll, index, &key, id, self.clock.now()).await {
+                Ok(Ok(claim)) => claims.push(claim),
+                Ok(Err(duplicate)) => {
+                    unique::release(&self.store, &claims).await;
+                    return Ok(Err(duplicate));
+                }
+                Err(err) => {
+                    unique::release(&self.store, &claims).await;
+                    return Err(err);
+                }
+            }
+        }
+        Ok(Ok(claims))
+    }
+
+    /// Give back claims a write made and did not use.
+    pub(crate) async fn release(&self, claims: &[unique::Claim]) {
+        unique::release(&self.store, claims).await;
+    }
+
+    /// The reservations of the unique values document `id` of `coll`
+    /// gives up going from `old` to `new` (`None`: deleted), as read before
+    /// its write: once the write lands, [`Indexes::release`] of them frees
+    /// the values at once, unless a write of the same document claimed one
+    /// again meanwhile (which renewed it).
+    pub(crate) async fn held(
+        &self,
+        coll: &str,
+        id: &str,
+        old: &Document,
+        new: Option<&Document>,
+    ) -> Vec<unique::Claim> {
+        let Ok(uniques) = self.uniques(coll).await else { return Vec::new() };
+        let mut out = Vec::new();
+        for index in &uniques {
+            let Some(key) = index.value(old) else { continue };
+            if new.and_then(|n| index.value(n)).as_deref() == Some(key.as_slice()) {
+                continue;
+            }
+            if let Ok(Some(claim)) = unique::held(&self.store, index, &key, id).await {
+                out.push(claim);
+            }
+        }
+        out
+    }
+
+    /// Claim the unique values a transaction's members take, filling in
+    /// `plan.unique` and `plan.claimed` (an update's value from the
+    /// document as read now). On a duplicate: the member's index and the
+    /// claims made so far given back.
+    pub(crate) async fn claim_members(
+        self: &Arc<Self>,
+        plan: &mut crate::txn::plan::Plan,
+    ) -> StoreResult<Result<MemberClaims, (usize, unique::Duplicate)>> {
+        use crate::txn::plan::ActionOp;
+        let mut made = MemberClaims { indexes: Arc::clone(self), claims: Vec::new(), held: Vec::new() };
+        for (i, action) in plan.actions.iter().enumerate() {
+            let (coll, id) = (&action.collection, &action.id);
+            let uniques = self.uniques(coll).await?;
+            if uniques.is_empty() {
+                continue;
+            }
+            plan.unique
+                .entry(coll.clone())
+                .or_insert_with(|| uniques.iter().map(|u| (u.physical.clone(), u.paths.clone())).collect());
+            let old = match self.store.get(coll, id).await? {
+                Some(record) => match StoredDoc::from_record(record)?.committed_view() {
+                    crate::document::View::Live(live) => Some(live.data),
+                    _ => None,
+                },
+                None => None,
+            };
+            let new = match &action.op {
+                ActionOp::Insert(data) | ActionOp::Replace(data) => Some(data.clone()),
+                ActionOp::Update(patch) => patch.apply(&old.clone().unwrap_or_default()).ok(),
+                ActionOp::Delete | ActionOp::Check => None,
+            };
+            let values: Vec<Option<Vec<u8>>> = match &new {
+                Some(data) => uniques.iter().map(|u| u.value(data)).collect(),
+                None => vec![None; uniques.len()],
+            };
+            plan.claimed.insert((coll.clone(), id.clone()), values);
+            if let Some(data) = &new {
+                match self.claim(coll, id, old.as_ref(), data).await? {
+                    Ok(claims) => made.claims.extend(claims),
+                    Err(dup) => {
+                        made.settle(false).await;
+                        return Ok(Err((i, dup)));
+                    }
+                }
+            }
+            if !matches!(action.op, ActionOp::Check) {
+                if let Some(old) = &old {
+                    made.held.extend(self.held(coll, id, old, new.as_ref()).await);
+                }
+            }
+        }
+        Ok(Ok(made))
+    }
+
+    /// Why `data` may not be written to `coll`, if it may not: an indexed
+    /// path holding or passing through an array or an object.
+    pub async fn refuse(&self, coll: &str, data: &Document) -> StoreResult<Option<String>> {
+        Ok(breaks_rule(&self.paths(coll).await?, data))
+    }
+
+    /// Every declaration of `coll`, dropped ones aside, by name.
+    pub async fn list(&self, coll: &str) -> StoreResult<Vec<Declaration>> {
+        let records = self.store.scan(INDEXES, INDEXES_BY_COLL.scan(vec![Bson::String(coll.to_owned())])).await?;
+        let mut out = Vec::new();
+        for record in records {
+            match Declaration::from_record(record) {
+                Ok(d) if d.state != State::Dropping => out.push(d),
+                Ok(_) => {}
+                Err(e) => crate::store::report_unreadable(&e),
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn get(&self, coll: &str, name: &str) -> StoreResult<Option<Declaration>> {
+        let Some(record) = self.store.get(INDEXES, &Declaration::key_of(coll, name)).await? else { return Ok(None) };
+        let d = Declaration::from_record(record)?;
+        Ok((d.state != State::Dropping).then_some(d))
+    }
+
+    /// Declare index `name` of `coll`; `Ok((declaration, true))` when it is
+    /// new, `false` when the same one exists.
+    pub async fn declare(
+        &self,
+        coll: &str,
+        name: &str,
+        fields: Vec<String>,
+        unique: bool,
+    ) -> Result<(Declaration, bool), DeclareError> {
+        check_fields(&fields)?;
+        let key = Declaration::key_of(coll, name);
+        if let Some(record) = self.store.get(INDEXES, &key).await? {
+            let existing = Declaration::from_record(record)?;
+            if existing.state == State::Dropping {
+                return Err(DeclareError::Exists(format!(
+                    "index {name} of {coll} is being dropped; declare it again in a few seconds"
+                )));
+            }
+            if existing.fields == fields && existing.unique == unique {
+                return Ok((existing, false));
+            }
+            return Err(DeclareError::Exists(format!(
+                "index {name} of {coll} exists on {:?}; delete it first to declare it on {fields:?}",
+                existing.fields
+            )));
+        }
+        if self.list(coll).await?.len() >= MAX_INDEXES {
+            return Err(DeclareError::Invalid("/", format!("a collection has at most {MAX_INDEXES} indexes")));
+        }
+        let now = self.clock.now();
+        let declaration = Declaration {
+            key: key.clone(),
+            v: FORMAT,
+            coll: coll.to_owned(),
+            name: name.to_owned(),
+            fields,
+            unique,
+            state: State::Building,
+            progress: None,
+            reason: None,
+            documents: Vec::new(),
+            // Unique across re-declarations of the name: a new index never
+            // meets the entries of one being dropped.
+            physical: format!("u.{name}.{}", now.timestamp_millis()),
+            created_at: now,
+            updated_at: now,
+            owner: None,
+            lease_until: None,
+        };
+        if !self.store.insert(INDEXES, declaration.record()).await? {
+            // Declared at the same moment by another request: answer theirs.
+            return Box::pin(self.declare(coll, name, declaration.fields, unique)).await;
+        }
+        self.forget(coll);
+        self.wake.notify_one();
+        tracing::info!(collection = coll, index = name, fields = ?declaration.fields, "index declared");
+        Ok((declaration, true))
+    }
+
+    /// Delete index `name` of `coll`: queries stop using it at once (on
+    /// other instances within [`CACHE_TTL`]), and the name is free to
+    /// declare again; its store index goes after [`GRACE`]. `false`: there
+    /// was none.
+    pub async fn delete(&self, coll: &str, name: &str) -> StoreResult<bool> {
+        let Some(d) = self.get(coll, name).await? else { return Ok(false) };
+        let now = self.clock.now();
+        // What is left to drop, under a key of its own, before the
+        // declaration goes: a crash between the two leaves both, and the
+        // dropper then leaves the store index to the declaration.
+        let dropping = Declaration {
+            key: format!("{}#{}", d.key, d.physical),
+            state: State::Dropping,
+            updated_at: now,
+            owner: None,
+            lease_until: None,
+            ..d.clone()
+        };
+        self.store.insert(INDEXES, dropping.record()).await?;
+        let done = self.store.delete(INDEXES, &d.key, doc! {"physical": &d.physical}).await?;
+        self.forget(coll);
+        self.wake.notify_one();
+        if done {
+            tracing::info!(collection = coll, index = name, "index deleted");
+        }
+        Ok(done)
+    }
+
+    /// One pass over the builds and drops there are to do.
+    pub(crate) async fn pass(&self, stop: &CancellationToken) -> StoreResult<()> {
+        for state in [State::Dropping, State::Building] {
+            let found = self.store.scan(INDEXES, INDEXES_BY_STATE.scan(vec![state.to_bson()]).limit(100)).await?;
+            for record in found {
+                if stop.is_cancelled() {
+                    return Ok(());
+                }
+                let d = match Declaration::from_record(record) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        crate::store::report_unreadable(&e);
+                        continue;
+                    }
+                };
+                let waited = self.clock.now().timestamp_millis() - d.updated_at.timestamp_millis();
+                if waited < GRACE.as_millis() as i64 {
+                    continue;
+                }
+                match state {
+                    State::Dropping => self.drop_now(&d).await?,
+                    _ => self.build(d, stop).await?,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn drop_now(&self, d: &Declaration) -> StoreResult<()> {
+        let declared = self.get(&d.coll, &d.name).await?;
+        if declared.is_none_or(|live| live.physical != d.physical) {
+            self.store.drop_index(&d.coll, &d.physical).await?;
+            if d.unique {
+                unique::drop_all(&self.store, &d.physical).await?;
+            }
+        }
+        self.store.delete(INDEXES, &d.key, doc! {"state": State::Dropping.to_bson(), "physical": &d.physical}).await?;
+        tracing::info!(collection = %d.coll, index = %d.name, "index dropped");
+        Ok(())
+    }
+
+    /// Take the build's lease (`false`: another instance holds it), or
+    /// renew it, with the build's progress.
+    async fn lease(&self, d: &mut Declaration, progress: Option<Progress>) -> StoreResult<bool> {
+        let now = self.clock.now();
+        let until = DateTime::from_millis(now.timestamp_millis() + LEASE.as_millis() as i64);
+        let held = d.owner.as_deref() == Some(self.instance.as_str());
+        let filter = if held {
+            doc! {"state": State::Building.to_bson(), "owner": &self.instance}
+        } else {
+            doc! {"state": State::Building.to_bson(), "lease_until": d.lease_until.map_or(Bson::Null, Bson::DateTime)}
+        };
+        if !held && d.lease_until.is_some_and(|u| u > now) {
+            return Ok(false);
+        }
+        let mut set = doc! {"owner": &self.instance, "lease_until": until};
+        if let Some(p) = &progress {
+            set.insert("progress", mongodb::bson::to_bson(p).expect("progress serializes"));
+        }
+        let ok = self.store.update(INDEXES, &d.key, filter, crate::store::Update::set(set)).await?;
+        if ok {
+            d.owner = Some(self.instance.clone());
+            d.lease_until = Some(until);
+            d.progress = progress.or(d.progress.take());
+        }
+        Ok(ok)
+    }
+
+    /// End a build this instance holds: ready, or failed with `reason`.
+    async fn finish(&self, d: &Declaration, failed: Option<(String, Vec<String>)>) -> StoreResult<()> {
+        let now = self.clock.now();
+        let mut set = doc! {"updated_at": now, "owner": Bson::Null, "lease_until": Bson::Null};
+        match &failed {
+            None => {
+                set.insert("state", State::Ready.to_bson());
+                set.insert("progress", Bson::Null);
+            }
+            Some((reason, ids)) => {
+                set.insert("state", State::Failed.to_bson());
+                set.insert("reason", reason);
+                set.insert("documents", ids.clone());
+            }
+        }
+        let filter = doc! {"state": State::Building.to_bson(), "owner": &self.instance};
+        if self.store.update(INDEXES, &d.key, filter, crate::store::Update::set(set)).await? {
+            self.forget(&d.coll);
+            match failed {
+                None => tracing::info!(collection = %d.coll, index = %d.name, "index ready"),
+                Some((reason, _)) => {
+                    tracing::warn!(collection = %d.coll, index = %d.name, %reason, "index build failed")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Build `d`: check every live document, declare the store index, add
+    /// the documents' entries; then ready (or failed).
+    async fn build(&self, mut d: Declaration, stop: &CancellationToken) -> StoreResult<()> {
+        if !self.lease(&mut d, None).await? {
+            return Ok(());
+        }
+        let live = crate::store::IndexQuery::live();
+        let total = self.store.count(&d.coll, &live).await?;
+        tracing::info!(collection = %d.coll, index = %d.name, documents = total, "index build started");
+        let paths: Vec<(String, String)> = d.paths().map(|p| (d.name.clone(), p.to_owned())).collect();
+        let (mut after, mut done, mut offenders) = (None::<String>, 0u64, Vec::new());
+        let unique = d.unique.then(|| unique::Unique::of(&d));
+        let mut duplicates: Vec<String> = Vec::new();
+        loop {
+            if stop.is_cancelled() {
+                return Ok(());
+            }
+            let scan = DOCS_LIVE.scan(vec![Bson::Boolean(false)]).after(after.as_deref()).limit(BUILD_BATCH);
+            let batch = self.store.scan(&d.coll, scan).await?;
+            let full = batch.len() == BUILD_BATCH;
+            for record in batch {
+                after = crate::store::record_id(&record).map(str::to_owned);
+                done += 1;
+                let Ok(doc) = StoredDoc::from_record(record) else { continue };
+                if breaks_rule(&paths, &doc.data).is_some() {
+                    if offenders.len() < MAX_NAMED {
+                        offenders.push(doc.id);
+                    }
+                    continue;
+                }
+                // A unique index's values are claimed as they are met: a
+                // value claimed already is a duplicate.
+                if let Some(key) = unique.as_ref().and_then(|u| u.value(&doc.data)) {
+                    let u = unique.as_ref().expect("unique");
+                    if let Err(dup) = unique::claim(&self.store, &d.coll, u, &key, &doc.id, self.clock.now()).await? {
+                        if duplicates.len() < MAX_NAMED {
+                            duplicates.extend([dup.existing, doc.id]);
+                        }
+                    }
+                }
+            }
+            let progress = Progress { phase: "checking".into(), done, total };
+            if !self.lease(&mut d, Some(progress)).await? {
+                return Ok(());
+            }
+            if !full {
+                break;
+            }
+        }
+        if !offenders.is_empty() {
+            let reason = format!(
+                "documents hold an array or an object at an indexed path ({}); change them and declare the index again",
+                d.paths().collect::<Vec<_>>().join(", ")
+            );
+            return self.finish(&d, Some((reason, offenders))).await;
+        }
+        if !duplicates.is_empty() {
+            let reason = format!(
+                "documents hold the same value at the paths of this unique index ({}); change them and declare it again",
+                d.paths().collect::<Vec<_>>().join(", ")
+            );
+            duplicates.dedup();
+            return self.finish(&d, Some((reason, duplicates))).await;
+        }
+        self.store.declare_index(&d.coll, d.spec()).await?;
+        let (mut after, mut done) = (None::<String>, 0u64);
+        while let Some(last) = self.store.build_index_step(&d.coll, &d.physical, after.as_deref(), BUILD_BATCH).await? {
+            if stop.is_cancelled() {
+                return Ok(());
+            }
+            after = Some(last);
+            done += BUILD_BATCH as u64;
+            let progress = Progress { phase: "indexing".into(), done: done.min(total), total };
+            if !self.lease(&mut d, Some(progress)).await? {
+                return Ok(());
+            }
+        }
+        self.finish(&d, None).await
+    }
+}
+
+/// The unique values a transaction's members claimed, settled once its
+/// outcome is known.
+pub(crate) struct MemberClaims {
+    indexes: Arc<Indexes>,
+    claims: Vec<unique::Claim>,
+    /// The reservations the members' changes give up, as read before.
+    held: Vec<unique::Claim>,
+}
+
+impl MemberClaims {
+    /// Committed: release what the members gave up; otherwise give back
+    /// the claims.
+    pub(crate) async fn settle(self, committed: bool) {
+        if committed {
+            self.indexes.release(&self.held).await;
+        } else {
+            self.indexes.release(&self.claims).await;
+        }
+    }
+}
+
+/// The fields of a declaration: 1 to [`MAX_FIELDS`] data paths, each
+/// once, each optionally `-` (descending).
+fn check_fields(fields: &[String]) -> Result<(), DeclareError> {
+    if fields.is_empty() || fields.len() > MAX_FIELDS {
+        return Err(DeclareError::Invalid("/fields", format!("an index has 1 to {MAX_FIELDS} fields")));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, field) in fields.iter().enumerate() {
+        let path = field.strip_prefix('-').unwrap_or(field);
+        crate::query::filter::check_path(path, "")
+            .map_err(|e| DeclareError::Invalid("/fields", format!("fields[{i}]: {}", e.message)))?;
+        if !seen.insert(path) {
+            return Err(DeclareError::Invalid("/fields", format!("fields[{i}]: {path:?} appears twice")));
+        }
+    }
+    Ok(())
+}
+
+/// The builder of declared indexes, and the dropper of deleted ones.
+pub(crate) struct Builds {
+    pub indexes: Arc<Indexes>,
+    pub interval: Duration,
+}
+
+#[async_trait::async_trait]
+impl crate::worker::Worker for Builds {
+    fn name(&self) -> &'static str {
+        "index_builds"
+    }
+
+    async fn run(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            if let Err(err) = self.indexes.pass(&stop).await {
+                tracing::warn!(error = %err, "index build pass failed; retrying");
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = self.indexes.wake.notified() => {
+                    // A new declaration waits out its grace first.
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(GRACE) => {}
+                    }
+                }
+                () = tokio::time::sleep(self.interval) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! Queries and counts over declared indexes (docs/design.md §7): a page of
+//! the live documents a filter matches, in a sort order, read along the
+//! ready index that serves the query exactly ([`crate::query::plan`]), or
+//! refused with the index that would serve it.
+//!
+//! A page reads its index entries and the documents they name, one more
+//! than it returns (to know whether another page follows). Each document
+//! read is shown as a reader sees it: one a committed transaction holds
+//! shows that transaction's change; a transaction's uncommitted insert
+//! (an entry of empty data) is not shown. Before it reads, a query waits
+//! (bounded) for the roll-forwards of the transactions this instance
+//! answered, so it sees every write whose 200 was sent.
+//!
+//! Cursors are opaque: the values of the page's last entry in the
+//! index's order fields, and its id. The next page starts strictly after
+//! that entry, so a document present for the whole listing whose sort
+//! values do not change is returned exactly once, whatever else is
+//! written meanwhile.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use base64::Engine as _;
+
+use crate::document::{Live, StagedOp, StoredDoc, View};
+use crate::documents::{DocError, Documents};
+use crate::events::Log;
+use crate::follow_ups::{FollowUps, SETTLE_WAIT};
+use crate::indexes::Indexes;
+use crate::query::filter::Filter;
+use crate::query::plan::{self, Plan, SortKey, Unserved};
+use crate::store::filter::lookup;
+use crate::store::scans::DOCS_STAGED;
+use crate::store::{Bson, Document, IndexQuery, Record, StoreError, doc, record_id};
+
+/// How many times a page reads on when the documents it read are not
+/// shown (uncommitted inserts, changed by a committed transaction).
+const MAX_REFILLS: usize = 8;
+/// Longest cursor taken.
+pub(crate) const MAX_CURSOR: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum QueryError {
+    /// No ready index serves the query.
+    #[error("index required")]
+    Unserved(Unserved),
+    /// The cursor is not one this query gave.
+    #[error("{0}")]
+    Cursor(String),
+    #[error(transparent)]
+    Doc(#[from] DocError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A query, validated.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Query {
+    pub filter: Filter,
+    pub sort: Vec<SortKey>,
+    /// The data paths a page keeps (`None`: all of it).
+    pub fields: Option<Vec<String>>,
+    pub limit: usize,
+    pub after: Option<String>,
+}
+
+/// One page: its documents, the cursor of the next (when more may
+/// follow), and the log position it was read at.
+#[derive(Debug)]
+pub(crate) struct QueryPage {
+    pub items: Vec<Live>,
+    pub next: Option<String>,
+    pub position: u64,
+}
+
+pub struct Queries {
+    documents: Arc<Documents>,
+    indexes: Arc<Indexes>,
+    log: Arc<Log>,
+    follow_ups: FollowUps,
+}
+
+impl Queries {
+    pub(crate) fn new(documents: Arc<Documents>, indexes: Arc<Indexes>, log: Arc<Log>, follow_ups: FollowUps) -> Self {
+        Self { documents, indexes, log, follow_ups }
+    }
+
+    /// Wait (bounded) for this instance's answered work to be in place,
+    /// then learn the log's position.
+    async fn settled_position(&self) -> Result<u64, QueryError> {
+        self.follow_ups.settle(SETTLE_WAIT).await;
+        self.log.settle().await;
+        Ok(self.log.head().await?)
+    }
+
+    /// One page of `query` over collection `coll`.
+    pub(crate) async fn page(&self, coll: &str, query: &Query) -> Result<QueryPage, QueryError> {
+        let position = self.settled_position().await?;
+        if query.filter.paths.is_empty() && query.sort.is_empty() {
+            // The id order: every collection has it.
+            let after = query.after.as_deref().map(decode_cursor).transpose()?;
+            let after = match after.as_deref() {
+                None => None,
+                Some([Bson::String(id)]) => Some(id.clone()),
+                Some(_) => return Err(QueryError::Cursor("not a cursor of this query".into())),
+            };
+            let (mut items, next) = self.documents.list(coll, after.as_deref(), query.limit).await?;
+            trim(&mut items, query.fields.as_deref());
+            let next = next.map(|id| encode_cursor(&[Bson::String(id)]));
+            return Ok(QueryPage { items, next, position });
+        }
+        let ready = self.indexes.ready(coll).await?;
+        let plan = plan::plan(&query.filter, &query.sort, &ready).map_err(QueryError::Unserved)?;
+        let mut store_query = store_query(&query.filter, &plan);
+        let order = store_query.sort.clone();
+        let mut after = query.after.as_deref().map(decode_cursor).transpose()?;
+        if after.as_ref().is_some_and(|a| a.len() != order.len()) {
+            return Err(QueryError::Cursor("not a cursor of this query".into()));
+        }
+        let mut items = Vec::with_capacity(query.limit);
+        let mut holders = HashMap::new();
+        let mut last_key: Option<Vec<Bson>> = None;
+        for _ in 0..MAX_REFILLS {
+            store_query.after = after.clone();
+            store_query.limit = query.limit - items.len() + 1;
+            let records = self.documents.store().query(coll, &store_query).await?;
+            let full = records.len() == store_query.limit;
+            for record in records {
+                if items.len() == query.limit {
+                    // One more entry exists: a next page follows the last shown.
+                    let next = last_key.as_deref().map(encode_cursor);
+                    trim(&mut items, query.fields.as_deref());
+                    return Ok(QueryPage { items, next, position });
+                }
+                let key = key_of(&record, &order);
+                after = Some(key.clone());
+                last_key = Some(key);
+                let doc = StoredDoc::from_record(record).map_err(DocError::Store)?;
+                if let View::Live(live) = self.documents.view_of(doc, &mut holders).await? {
+                    // A committed transaction's change not rolled forward
+                    // yet may have taken the document out of the set.
+                    if query.filter.matches(&live.data) {
+                        items.push(live);
+                    }
+                }
+            }
+            if !full {
+                trim(&mut items, query.fields.as_deref());
+                return Ok(QueryPage { items, next: None, position });
+            }
+        }
+        // Entries not shown fill the page: hand the client a cursor past them.
+        let next = last_key.as_deref().map(encode_cursor);
+        trim(&mut items, query.fields.as_deref());
+        Ok(QueryPage { items, next, position })
+    }
+
+    /// How many live documents match `filter`, from index entries, and the
+    /// log position it was counted at.
+    pub(crate) async fn count(&self, coll: &str, filter: &Filter) -> Result<(u64, u64), QueryError> {
+        let position = self.settled_position().await?;
+        let query = if filter.paths.is_empty() {
+            IndexQuery::live()
+        } else {
+            let ready = self.indexes.ready(coll).await?;
+            let plan = plan::plan_count(filter, &ready).map_err(QueryError::Unserved)?;
+            store_query(filter, &plan)
+        };
+        let store = self.documents.store();
+        let mut n = store.count(coll, &query).await?;
+        // Inserts staged by transactions have entries (of empty data) that
+        // readers do not see: take away those the filter matches.
+        if filter.matches(&Document::new()) {
+            let staged = store.scan(coll, DOCS_STAGED.scan(vec![StagedOp::Insert.to_bson()]).limit(10_000)).await?;
+            let hidden = staged
+                .into_iter()
+                .filter_map(|r| StoredDoc::from_record(r).ok())
+                .filter(|d| !d.meta.deleted && d.meta.v == 0)
+                .count() as u64;
+            n = n.saturating_sub(hidden);
+        }
+        Ok((n, position))
+    }
+}
+
+/// The store's query for `plan` of `filter`: the index's physical fields
+/// are `_meta.deleted`, the declared ones, then `_id`.
+fn store_query(filter: &Filter, plan: &Plan) -> IndexQuery {
+    let mut eq = vec![Bson::Boolean(false)];
+    eq.extend(plan.eq.iter().cloned());
+    let mut sort: Vec<(String, i32)> =
+        plan.order.iter().map(|k| (k.path.clone(), if k.desc { -1 } else { 1 })).collect();
+    sort.push(("_id".into(), if plan.reverse { -1 } else { 1 }));
+    let mut clauses = vec![doc! {"_meta.deleted": false}];
+    clauses.extend(filter.to_mongo());
+    IndexQuery {
+        index: plan.index.clone(),
+        eq,
+        slot: plan.slot.clone(),
+        reverse: plan.reverse,
+        after: None,
+        limit: 0,
+        filter: doc! {"$and": clauses},
+        sort,
+    }
+}
+
+/// The values of `record` in the order fields (missing as null, as the
+/// index keeps them).
+fn key_of(record: &Record, order: &[(String, i32)]) -> Vec<Bson> {
+    order
+        .iter()
+        .map(|(f, _)| {
+            if f == "_id" {
+                record_id(record).map_or(Bson::Null, |id| Bson::String(id.to_owned()))
+            } else {
+                lookup(record, f).cloned().unwrap_or(Bson::Null)
+            }
+        })
+        .collect()
+}
+
+/// Keep only `fields` of each document's data (dotted paths reach in).
+fn trim(items: &mut [Live], fields: Option<&[String]>) {
+    let Some(fields) = fields else { return };
+    for item in items {
+        let mut kept = Document::new();
+        for path in fields {
+            if let Some(value) = lookup(&item.data, path) {
+                put(&mut kept, path, value.clone());
+            }
+        }
+        item.data = kept;
+    }
+}
+
+fn put(doc: &mut Document, path: &str, value: Bson) {
+    match path.split_once('.') {
+        None => {
+            doc.insert(path, value);
+        }
+        Some((head, rest)) => {
+            let child = doc.entry(head.to_owned()).or_insert_with(|| Bson::Document(Document::new()));
+            if let Bson::Document(inner) = child {
+                put(inner, rest, value);
+            }
+        }
+    }
+}
+
+const CURSOR: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+/// The version of the cursor's format.
+const CURSOR_FORMAT: i32 = 1;
+
+fn encode_cursor(key: &[Bson]) -> String {
+    let d = doc! {"f": CURSOR_FORMAT, "k": key.to_vec()};
+    let mut bytes = Vec::new();
+    d.to_writer(&mut bytes).expect("a cursor serializes");
+    CURSOR.encode(bytes)
+}
+
+fn decode_cursor(cursor: &str) -> Result<Vec<Bson>, QueryError> {
+    let bad = || QueryError::Cursor("not a cursor returned by this API".into());
+    if cursor.len() > MAX_CURSOR {
+        return Err(QueryError::Cursor("not a cursor returned by this API (too long)".into()));
+    }
+    let bytes = CURSOR.decode(cursor).map_err(|_| bad())?;
+    let d = Document::from_reader(bytes.as_slice()).map_err(|_| bad())?;
+    if d.get_i32("f").ok() != Some(CURSOR_FORMAT) {
+        return Err(bad());
+    }
+    let key = d.get_array("k").map_err(|_| bad())?.clone();
+    if key.iter().any(|v| matches!(v, Bson::Document(_) | Bson::Array(_))) {
+        return Err(bad());
+    }
+    Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_refuse_strangers() {
+        let key = vec![Bson::String("open".into()), Bson::Int64(5), Bson::Null, Bson::String("id-1".into())];
+        assert_eq!(decode_cursor(&encode_cursor(&key)).unwrap(), key);
+        assert!(decode_cursor("bm90IGEgY3Vyc29y").is_err());
+        assert!(decode_cursor("!!").is_err());
+    }
+
+    #[test]
+    fn trimming_keeps_the_named_paths() {
+        let mut items = vec![Live {
+            id: "a".into(),
+            version: 1,
+            schema_version: 1,
+            created_at: crate::store::DateTime::from_millis(0),
+            updated_at: crate::store::DateTime::from_millis(0),
+            data: doc! {"a": 1, "b": {"c": 2, "d": 3}, "e": 4},
+        }];
+        trim(&mut items, Some(&["a".to_owned(), "b.c".to_owned(), "x".to_owned()]));
+        assert_eq!(items[0].data, doc! {"a": 1, "b": {"c": 2}});
+    }
+}

@@ -1,0 +1,282 @@
+//! Which declared index serves a query exactly, or the index that would.
+//!
+//! A query is served exactly by an index when the index holds exactly the
+//! entries of the documents that match, in the query's order, so a page
+//! reads only what it returns and a count reads only the entries it
+//! counts. That is the case when the index's fields are, in order: the
+//! paths the filter pins by equality (in any order among themselves), then
+//! the query's order fields: the one path with any other condition (a
+//! range, `$in`, `$ne`, `$nin`) first, then the rest of `sort`, each in the
+//! index's direction, or each against it (the index read backwards). A
+//! query's order is its `sort` (less the paths pinned by equality), then
+//! the document id; without a `sort`, a query with a range condition is
+//! ordered by that path, ascending. A count needs only the equality paths
+//! first and the range path next. `$exists` is served by no index: a
+//! missing field and a `null` share an index key.
+
+use super::filter::{Cond, Filter, Ranges};
+use crate::store::Interval;
+
+/// A user index as the planner sees it: its name and its fields, each
+/// with its direction (`-path`: descending).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Declared {
+    pub name: String,
+    pub fields: Vec<String>,
+}
+
+impl Declared {
+    fn keys(&self) -> Vec<(&str, bool)> {
+        self.fields
+            .iter()
+            .map(|f| match f.strip_prefix('-') {
+                Some(p) => (p, true),
+                None => (f.as_str(), false),
+            })
+            .collect()
+    }
+}
+
+/// One sort key: a path and whether it is descending.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SortKey {
+    pub path: String,
+    pub desc: bool,
+}
+
+impl SortKey {
+    fn written(&self) -> String {
+        if self.desc { format!("-{}", self.path) } else { self.path.clone() }
+    }
+}
+
+/// How a query runs along an index.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    /// The index's name.
+    pub index: String,
+    /// The values of the paths pinned by equality, in the index's order.
+    pub eq: Vec<crate::store::Bson>,
+    /// The intervals of the range path's values, if the query has one.
+    pub slot: Option<Vec<Interval>>,
+    /// The index is read backwards.
+    pub reverse: bool,
+    /// The order fields after the pinned ones, as read (`-path` when read
+    /// descending).
+    pub order: Vec<SortKey>,
+}
+
+/// Why no ready index serves a query.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Unserved {
+    /// This index would serve it (fields as `PUT` takes them).
+    Needs { fields: Vec<String>, detail: String },
+    /// No index can serve it exactly; the detail says why.
+    Never(String),
+}
+
+/// What the filter pins and ranges over, and the query's order.
+struct Shape<'f> {
+    eq: Vec<(&'f str, crate::store::Bson)>,
+    range: Option<(&'f str, Ranges)>,
+    order: Vec<SortKey>,
+}
+
+fn shape<'f>(filter: &'f Filter, sort: &[SortKey], counting: bool) -> Result<Shape<'f>, Unserved> {
+    let exists = filter.exists_paths();
+    if let Some(path) = exists.first() {
+        return Err(Unserved::Never(format!(
+            "$exists on {path:?} is served by no index: a missing field and null share an index key; \
+             use {{\"{path}\": null}} (null or missing) or {{\"{path}\": {{\"$ne\": null}}}} instead"
+        )));
+    }
+    let mut eq = Vec::new();
+    let mut ranges = Vec::new();
+    for (path, conds) in &filter.paths {
+        match conds.as_slice() {
+            [Cond::Eq(v)] => eq.push((path.as_str(), v.clone())),
+            _ => ranges.push((path.as_str(), Ranges::of_all(conds))),
+        }
+    }
+    if ranges.len() > 1 {
+        let paths: Vec<&str> = ranges.iter().map(|(p, _)| *p).collect();
+        return Err(Unserved::Never(format!(
+            "the filter has conditions other than equality on {paths:?}: an index serves such a condition \
+             (a range, $in, $ne, $nin) on one path only"
+        )));
+    }
+    let range = ranges.pop();
+    let pinned = |p: &str| eq.iter().any(|(e, _)| *e == p);
+    let mut order: Vec<SortKey> = sort.iter().filter(|k| !pinned(&k.path)).cloned().collect();
+    if let Some((path, _)) = &range {
+        match order.first() {
+            None => order.push(SortKey { path: (*path).to_owned(), desc: false }),
+            Some(first) if first.path == *path => {}
+            Some(first) if !counting => {
+                return Err(Unserved::Never(format!(
+                    "the filter has a range condition on {path:?} but the sort starts with {:?}: \
+                     an index serves a range only on the first path it is sorted by",
+                    first.path
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    if let Some(dup) = order.iter().find(|k| !seen.insert(k.path.as_str())) {
+        return Err(Unserved::Never(format!("the sort names {:?} twice", dup.path)));
+    }
+    Ok(Shape { eq, range, order })
+}
+
+/// The values the filter pins the index's first fields (`head`) to, in
+/// the index's order.
+fn pinned(shape: &Shape<'_>, head: &[(&str, bool)]) -> Vec<crate::store::Bson> {
+    head.iter()
+        .map(|(p, _)| shape.eq.iter().find(|(e, _)| e == p).map(|(_, v)| v.clone()).expect("an equality path"))
+        .collect()
+}
+
+/// The fields of the index that would serve a query of this shape.
+fn wanted(shape: &Shape<'_>) -> Vec<String> {
+    let mut fields: Vec<String> = shape.eq.iter().map(|(p, _)| (*p).to_owned()).collect();
+    fields.extend(shape.order.iter().map(SortKey::written));
+    fields
+}
+
+/// The plan of a page of `filter` in `sort` order over one of `ready`.
+pub(crate) fn plan(filter: &Filter, sort: &[SortKey], ready: &[Declared]) -> Result<Plan, Unserved> {
+    let shape = shape(filter, sort, false)?;
+    let n = shape.eq.len();
+    for index in ready {
+        let keys = index.keys();
+        if keys.len() != n + shape.order.len() {
+            continue;
+        }
+        let (head, tail) = keys.split_at(n);
+        if !head.iter().all(|(p, _)| shape.eq.iter().any(|(e, _)| e == p)) {
+            continue;
+        }
+        if !tail.iter().zip(&shape.order).all(|((p, _), k)| *p == k.path) {
+            continue;
+        }
+        let same = tail.iter().zip(&shape.order).all(|((_, d), k)| *d == k.desc);
+        let opposite = tail.iter().zip(&shape.order).all(|((_, d), k)| *d != k.desc);
+        if !(same || opposite) {
+            continue;
+        }
+        return Ok(Plan {
+            index: index.name.clone(),
+            eq: pinned(&shape, head),
+            slot: shape.range.as_ref().map(|(_, r)| r.intervals()),
+            // With no order field, the index is read forwards (by id).
+            reverse: !same,
+            order: shape.order.clone(),
+        });
+    }
+    let fields = wanted(&shape);
+    let detail = if fields.is_empty() {
+        "a query without a filter or sort is served by the id order".to_owned()
+    } else {
+        format!("no ready index serves this query exactly; an index on {fields:?} would")
+    };
+    Err(Unserved::Needs { fields, detail })
+}
+
+/// The plan of a count of `filter`: any ready index whose first fields
+/// are the equality paths and whose next is the range path.
+pub(crate) fn plan_count(filter: &Filter, ready: &[Declared]) -> Result<Plan, Unserved> {
+    let shape = shape(filter, &[], true)?;
+    let n = shape.eq.len();
+    let need = n + usize::from(shape.range.is_some());
+    for index in ready {
+        let keys = index.keys();
+        if keys.len() < need.max(1) {
+            continue;
+        }
+        if !keys[..n].iter().all(|(p, _)| shape.eq.iter().any(|(e, _)| e == p)) {
+            continue;
+        }
+        if let Some((path, _)) = &shape.range {
+            if keys[n].0 != *path {
+                continue;
+            }
+        }
+        return Ok(Plan {
+            index: index.name.clone(),
+            eq: pinned(&shape, &keys[..n]),
+            slot: shape.range.as_ref().map(|(_, r)| r.intervals()),
+            reverse: false,
+            order: Vec::new(),
+        });
+    }
+    let fields = wanted(&shape);
+    Err(Unserved::Needs {
+        detail: format!("no ready index counts this filter from its entries; an index on {fields:?} would"),
+        fields,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn filter(v: serde_json::Value) -> Filter {
+        Filter::parse(&v).unwrap()
+    }
+
+    fn sort(keys: &[&str]) -> Vec<SortKey> {
+        keys.iter()
+            .map(|k| match k.strip_prefix('-') {
+                Some(p) => SortKey { path: p.into(), desc: true },
+                None => SortKey { path: (*k).into(), desc: false },
+            })
+            .collect()
+    }
+
+    fn index(name: &str, fields: &[&str]) -> Declared {
+        Declared { name: name.into(), fields: fields.iter().map(|f| (*f).to_owned()).collect() }
+    }
+
+    #[test]
+    fn equality_then_sort_is_served_forwards_or_backwards() {
+        let ready = [index("by_status", &["status", "-amount"])];
+        let p = plan(&filter(json!({"status": "open"})), &sort(&["-amount"]), &ready).unwrap();
+        assert_eq!((p.index.as_str(), p.reverse, p.eq.len()), ("by_status", false, 1));
+        let p = plan(&filter(json!({"status": "open"})), &sort(&["amount"]), &ready).unwrap();
+        assert!(p.reverse);
+        let p = plan(&filter(json!({"status": "open", "amount": {"$gt": 5}})), &[], &ready);
+        assert!(p.unwrap().reverse, "a range orders by its path ascending: the index read backwards");
+    }
+
+    #[test]
+    fn what_no_index_serves_names_the_index_that_would() {
+        let ready = [index("by_status", &["status", "-amount"])];
+        let needs = |f, s: &[&str]| match plan(&filter(f), &sort(s), &ready) {
+            Err(Unserved::Needs { fields, .. }) => fields,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(needs(json!({"status": "open"}), &[]), ["status"]);
+        assert_eq!(needs(json!({"customer": "c"}), &["-amount"]), ["customer", "-amount"]);
+        assert_eq!(needs(json!({"status": "open"}), &["-amount", "created"]), ["status", "-amount", "created"]);
+        assert_eq!(needs(json!({"status": "open"}), &["-amount", "-created"]), ["status", "-amount", "-created"]);
+        assert_eq!(needs(json!({"amount": {"$in": [1, 2]}}), &[]), ["amount"]);
+        let never = |f, s: &[&str]| matches!(plan(&filter(f), &sort(s), &ready), Err(Unserved::Never(_)));
+        assert!(never(json!({"a": {"$exists": true}}), &[]));
+        assert!(never(json!({"a": {"$gt": 1}, "b": {"$lt": 2}}), &[]));
+        assert!(never(json!({"a": {"$gt": 1}}), &["b"]));
+        // Mixed directions against the index's.
+        let ready = [index("i", &["a", "b"])];
+        assert!(matches!(plan(&filter(json!({})), &sort(&["a", "-b"]), &ready), Err(Unserved::Needs { .. })));
+    }
+
+    #[test]
+    fn counts_need_the_equality_paths_then_the_range_path() {
+        let ready = [index("by_status", &["status", "-amount"])];
+        assert!(plan_count(&filter(json!({"status": "open"})), &ready).is_ok());
+        assert!(plan_count(&filter(json!({"status": "open", "amount": {"$lt": 3}})), &ready).is_ok());
+        assert!(plan_count(&filter(json!({"amount": {"$lt": 3}})), &ready).is_err());
+    }
+}

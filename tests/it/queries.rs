@@ -1,0 +1,873 @@
+//! Queries over declared indexes, on both stores: a model of MongoDB's
+//! query semantics written here, over every document, decides what each
+//! random query must answer (random documents with mixed types, nulls,
+//! missing fields, nested paths and arrays beside the indexed paths;
+//! random filters and sorts over the declared indexes; pages of random
+//! sizes, with writes between pages); every kind of query no index serves
+//! is `index_required` with the index that would; what is outside the
+//! language is refused; the rule of indexed paths holds on every write
+//! path and in builds; counts match the model.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use rand::{Rng, SeedableRng};
+use reqwest::Method;
+use serde_json::{Map, Value, json};
+
+use crate::support::{Backend, TestApp, expect, expect_problem};
+
+crate::on_both_backends!(
+    random_queries_answer_what_the_model_says,
+    pages_return_every_unchanged_document_once_while_writes_go_on,
+    queries_no_index_serves_name_the_index_that_would,
+    what_is_outside_the_language_is_refused,
+    indexed_paths_never_hold_arrays_or_objects,
+    a_build_over_documents_that_break_the_rule_fails_naming_them,
+    an_index_built_while_writes_go_on_holds_every_document,
+    counts_come_from_index_entries,
+    a_transactions_writes_are_queried_once_it_answers,
+    unique_indexes_refuse_duplicates_in_single_writes,
+    two_transactions_staging_one_unique_value_at_once_commit_one,
+    a_unique_build_over_duplicates_fails_naming_them,
+);
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn docs_path(coll: &str) -> String {
+    format!("/v1/collections/{coll}/documents")
+}
+
+async fn put_index(app: &TestApp, coll: &str, name: &str, fields: &[&str]) -> Value {
+    let resp =
+        app.send_json(Method::PUT, &format!("/v1/collections/{coll}/indexes/{name}"), &json!({"fields": fields})).await;
+    let status = resp.status().as_u16();
+    assert!(status == 201 || status == 200, "PUT index answered {status}: {}", resp.text().await.unwrap());
+    resp.json().await.unwrap()
+}
+
+/// Wait until index `name` of `coll` leaves `building`; its final state.
+async fn settled_index(app: &TestApp, coll: &str, name: &str) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let index = expect(app.get(&format!("/v1/collections/{coll}/indexes/{name}")).await, 200).await;
+        if index["state"] != "building" {
+            return index;
+        }
+        assert!(Instant::now() < deadline, "index {name} still building: {index}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn ready_index(app: &TestApp, coll: &str, name: &str, fields: &[&str]) {
+    put_index(app, coll, name, fields).await;
+    let index = settled_index(app, coll, name).await;
+    assert_eq!(index["state"], "ready", "{index}");
+}
+
+/// POST …/query; the response.
+async fn query(app: &TestApp, coll: &str, body: &Value) -> reqwest::Response {
+    app.post(&format!("/v1/collections/{coll}/query"), body).await
+}
+
+// ---- the model: MongoDB's semantics over JSON scalars ------------------
+
+/// MongoDB's type brackets of the values the tests use.
+fn bracket(v: Option<&Value>) -> u8 {
+    match v {
+        None | Some(Value::Null) => 0,
+        Some(Value::Number(_)) => 1,
+        Some(Value::String(_)) => 2,
+        Some(Value::Object(_)) => 3,
+        Some(Value::Array(_)) => 4,
+        Some(Value::Bool(_)) => 5,
+    }
+}
+
+fn order(a: Option<&Value>, b: Option<&Value>) -> Ordering {
+    let (ba, bb) = (bracket(a), bracket(b));
+    if ba != bb {
+        return ba.cmp(&bb);
+    }
+    match (a, b) {
+        (Some(Value::Number(x)), Some(Value::Number(y))) => {
+            x.as_f64().unwrap().partial_cmp(&y.as_f64().unwrap()).unwrap()
+        }
+        (Some(Value::String(x)), Some(Value::String(y))) => x.as_bytes().cmp(y.as_bytes()),
+        (Some(Value::Bool(x)), Some(Value::Bool(y))) => x.cmp(y),
+        _ => Ordering::Equal,
+    }
+}
+
+fn at<'a>(data: &'a Value, path: &str) -> Option<&'a Value> {
+    let mut cur = data;
+    for seg in path.split('.') {
+        cur = cur.as_object()?.get(seg)?;
+    }
+    Some(cur)
+}
+
+fn equal(v: Option<&Value>, arg: &Value) -> bool {
+    if arg.is_null() {
+        return matches!(v, None | Some(Value::Null));
+    }
+    v.is_some() && bracket(v) == bracket(Some(arg)) && order(v, Some(arg)) == Ordering::Equal
+}
+
+fn compare(v: Option<&Value>, arg: &Value, ok: fn(Ordering) -> bool) -> bool {
+    if arg.is_null() {
+        // Against null the bracket is null (and missing) alone.
+        return ok(Ordering::Equal) && matches!(v, None | Some(Value::Null));
+    }
+    v.is_some() && bracket(v) == bracket(Some(arg)) && ok(order(v, Some(arg)))
+}
+
+fn cond_holds(v: Option<&Value>, cond: &Value) -> bool {
+    let Value::Object(ops) = cond else { return equal(v, cond) };
+    ops.iter().all(|(op, arg)| match op.as_str() {
+        "$eq" => equal(v, arg),
+        "$ne" => !equal(v, arg),
+        "$gt" => compare(v, arg, |o| o == Ordering::Greater),
+        "$gte" => compare(v, arg, |o| o != Ordering::Less),
+        "$lt" => compare(v, arg, |o| o == Ordering::Less),
+        "$lte" => compare(v, arg, |o| o != Ordering::Greater),
+        "$in" => arg.as_array().unwrap().iter().any(|a| equal(v, a)),
+        "$nin" => !arg.as_array().unwrap().iter().any(|a| equal(v, a)),
+        other => panic!("the model has no {other}"),
+    })
+}
+
+fn model_matches(data: &Value, filter: &Value) -> bool {
+    filter.as_object().unwrap().iter().all(|(k, cond)| {
+        if k == "$and" {
+            cond.as_array().unwrap().iter().all(|f| model_matches(data, f))
+        } else {
+            cond_holds(at(data, k), cond)
+        }
+    })
+}
+
+/// `(id, data)` of every live document, in order: the sort keys, then
+/// the id (descending when `reverse_ids`).
+fn model_answer(
+    docs: &BTreeMap<String, Value>,
+    filter: &Value,
+    sort: &[(String, bool)],
+    reverse_ids: bool,
+) -> Vec<String> {
+    let mut hits: Vec<(&String, &Value)> = docs.iter().filter(|(_, d)| model_matches(d, filter)).collect();
+    hits.sort_by(|(ia, a), (ib, b)| {
+        for (path, desc) in sort {
+            let o = order(at(a, path), at(b, path));
+            let o = if *desc { o.reverse() } else { o };
+            if o != Ordering::Equal {
+                return o;
+            }
+        }
+        if reverse_ids { ib.cmp(ia) } else { ia.cmp(ib) }
+    });
+    hits.into_iter().map(|(id, _)| id.clone()).collect()
+}
+
+// ---- random documents and queries ---------------------------------------
+
+fn pool(rng: &mut StdRng) -> Option<Value> {
+    let choices = [
+        json!(0),
+        json!(1),
+        json!(2),
+        json!(2.5),
+        json!(-1),
+        json!(-1.5),
+        json!(1_000_000_000_000_i64),
+        json!("a"),
+        json!("b"),
+        json!(""),
+        json!("ab"),
+        json!(true),
+        json!(false),
+        Value::Null,
+    ];
+    if rng.random_bool(0.12) { None } else { Some(choices.choose(rng).unwrap().clone()) }
+}
+
+fn random_doc(rng: &mut StdRng) -> Value {
+    let mut d = Map::new();
+    for f in ["a", "b", "c"] {
+        if let Some(v) = pool(rng) {
+            d.insert(f.into(), v);
+        }
+    }
+    if rng.random_bool(0.8) {
+        let mut n = Map::new();
+        if let Some(v) = pool(rng) {
+            n.insert("x".into(), v);
+        }
+        d.insert("n".into(), Value::Object(n));
+    }
+    // Arrays and objects beside the indexed paths are fine.
+    d.insert("tags".into(), json!(["t", 1, {"k": 2}]));
+    d.insert("other".into(), json!({"deep": [1, {"k": null}]}));
+    Value::Object(d)
+}
+
+/// The indexes the random queries are served by.
+const INDEXES: &[(&str, &[&str])] =
+    &[("a_b", &["a", "-b"]), ("b", &["b"]), ("c_a_nx", &["c", "a", "-n.x"]), ("nx", &["n.x"])];
+
+fn scalar(rng: &mut StdRng) -> Value {
+    pool(rng).unwrap_or(Value::Null)
+}
+
+/// A random query served by one of [`INDEXES`]: its filter, its sort,
+/// whether ids run backwards.
+fn random_query(rng: &mut StdRng) -> (Value, Vec<(String, bool)>, bool) {
+    let (_, fields) = INDEXES.choose(rng).unwrap();
+    let keys: Vec<(String, bool)> = fields
+        .iter()
+        .map(|f| match f.strip_prefix('-') {
+            Some(p) => (p.to_owned(), true),
+            None => ((*f).to_owned(), false),
+        })
+        .collect();
+    let k = rng.random_range(0..=keys.len());
+    let mut filter = Map::new();
+    for (path, _) in &keys[..k] {
+        filter.insert(path.clone(), scalar(rng));
+    }
+    let rest = &keys[k..];
+    // Ids run backwards when the index does, which needs an order field.
+    let reverse = !rest.is_empty() && rng.random_bool(0.5);
+    if let Some((path, _)) = rest.first() {
+        if rng.random_bool(0.7) {
+            let cond = match rng.random_range(0..8) {
+                0 => json!({"$gt": scalar(rng)}),
+                1 => json!({"$gte": scalar(rng), "$lt": scalar(rng)}),
+                2 => json!({"$lte": scalar(rng)}),
+                3 => json!({"$in": [scalar(rng), scalar(rng), scalar(rng)]}),
+                4 => json!({"$ne": scalar(rng)}),
+                5 => json!({"$nin": [scalar(rng), scalar(rng)]}),
+                6 => json!({"$lt": scalar(rng), "$ne": scalar(rng)}),
+                _ => json!({"$gt": scalar(rng), "$nin": [scalar(rng)]}),
+            };
+            if rng.random_bool(0.3) {
+                // The same conditions through $and.
+                filter.insert("$and".into(), json!([{ path.clone(): cond }]));
+            } else {
+                filter.insert(path.clone(), cond);
+            }
+        }
+    }
+    let sort: Vec<(String, bool)> = rest.iter().map(|(p, d)| (p.clone(), *d != reverse)).collect();
+    (Value::Object(filter), sort, reverse)
+}
+
+fn sort_param(sort: &[(String, bool)]) -> Vec<String> {
+    sort.iter().map(|(p, d)| if *d { format!("-{p}") } else { p.clone() }).collect()
+}
+
+/// Every page of a query (random sizes), through GET and POST alike;
+/// `between` runs between pages. The ids, in the order answered.
+async fn all_pages(
+    app: &TestApp,
+    coll: &str,
+    filter: &Value,
+    sort: &[(String, bool)],
+    rng: &mut StdRng,
+    mut between: impl AsyncFnMut(&mut StdRng),
+) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..10_000 {
+        let limit = rng.random_range(1..=7);
+        let page = if rng.random_bool(0.5) {
+            let mut body = json!({"filter": filter, "sort": sort_param(sort), "limit": limit});
+            if let Some(a) = &after {
+                body["after"] = json!(a);
+            }
+            expect(query(app, coll, &body).await, 200).await
+        } else {
+            let mut params = vec![
+                ("filter".to_owned(), filter.to_string()),
+                ("sort".to_owned(), sort_param(sort).join(",")),
+                ("limit".to_owned(), limit.to_string()),
+            ];
+            if let Some(a) = &after {
+                params.push(("after".to_owned(), a.clone()));
+            }
+            expect(app.request(Method::GET, &docs_path(coll)).query(&params).send().await.unwrap(), 200).await
+        };
+        let items = page["items"].as_array().unwrap();
+        assert!(items.len() <= limit, "a page holds at most its limit");
+        for item in items {
+            out.push((item["id"].as_str().unwrap().to_owned(), item["data"].clone()));
+        }
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => return out,
+        }
+        between(rng).await;
+    }
+    panic!("the pages never end");
+}
+
+async fn create(app: &TestApp, coll: &str, id: &str, data: &Value) {
+    let mut body = data.clone();
+    body["_id"] = json!(id);
+    expect(app.post(&docs_path(coll), &body).await, 201).await;
+}
+
+async fn seeded(backend: Backend, n: usize) -> Option<(TestApp, StdRng, BTreeMap<String, Value>)> {
+    let app = TestApp::spawn(backend).await?;
+    let seed: u64 = std::env::var("TXGATE_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
+    eprintln!("query model seed: {seed} (TXGATE_TEST_SEED={seed} repeats it)");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut docs = BTreeMap::new();
+    for i in 0..n {
+        let id = format!("d{i:03}");
+        let data = random_doc(&mut rng);
+        create(&app, "m", &id, &data).await;
+        docs.insert(id, data);
+    }
+    for (name, fields) in INDEXES {
+        put_index(&app, "m", name, fields).await;
+    }
+    for (name, _) in INDEXES {
+        let index = settled_index(&app, "m", name).await;
+        assert_eq!(index["state"], "ready", "{index}");
+    }
+    Some((app, rng, docs))
+}
+
+async fn random_queries_answer_what_the_model_says(backend: Backend) {
+    let Some((app, mut rng, mut docs)) = seeded(backend, 120).await else { return };
+    // Some deleted and changed: tombstones and changed entries too.
+    for id in ["d000", "d001", "d002"] {
+        expect(app.request(Method::DELETE, &format!("{}/{id}", docs_path("m"))).send().await.unwrap(), 204).await;
+        docs.remove(id);
+    }
+    for id in ["d003", "d004"] {
+        let data = random_doc(&mut rng);
+        expect(app.send_json(Method::PUT, &format!("{}/{id}", docs_path("m")), &data).await, 200).await;
+        docs.insert(id.to_owned(), data);
+    }
+    for round in 0..60 {
+        let (filter, sort, reverse) = random_query(&mut rng);
+        let want = model_answer(&docs, &filter, &sort, reverse);
+        let got: Vec<String> =
+            all_pages(&app, "m", &filter, &sort, &mut rng, async |_| {}).await.into_iter().map(|(id, _)| id).collect();
+        assert_eq!(got, want, "round {round}: filter {filter} sort {sort:?}");
+        // The count of the same filter, where an index counts it.
+        let resp = app
+            .request(Method::GET, "/v1/collections/m/count")
+            .query(&[("filter", filter.to_string())])
+            .send()
+            .await
+            .unwrap();
+        if resp.status() == 200 {
+            let body: Value = resp.json().await.unwrap();
+            assert_eq!(body["count"].as_u64().unwrap() as usize, want.len(), "count of {filter}");
+        } else {
+            let body = expect_problem(resp, 400, "index_required").await;
+            assert!(body["index"]["fields"].is_array(), "{body}");
+        }
+    }
+    let _ = &mut docs;
+}
+
+async fn pages_return_every_unchanged_document_once_while_writes_go_on(backend: Backend) {
+    let Some((app, mut rng, docs)) = seeded(backend, 80).await else { return };
+    // d000..d039 are never touched; the others are changed, deleted and
+    // joined by new documents between pages.
+    let stable: BTreeMap<String, Value> =
+        docs.iter().filter(|(id, _)| id.as_str() < "d040").map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut fresh = 0;
+    for round in 0..12 {
+        let (filter, sort, reverse) = random_query(&mut rng);
+        let coll = "m";
+        let app_ref = &app;
+        let answered = all_pages(&app, coll, &filter, &sort, &mut rng, async |rng: &mut StdRng| {
+            let victim = format!("d{:03}", rng.random_range(40..80));
+            let path = format!("{}/{victim}", docs_path(coll));
+            match rng.random_range(0..3) {
+                0 => {
+                    let _ = app_ref.send_json(Method::PUT, &path, &random_doc(rng)).await;
+                }
+                1 => {
+                    let _ = app_ref.request(Method::DELETE, &path).send().await;
+                }
+                _ => {
+                    fresh += 1;
+                    let id = format!("new-{round}-{fresh}");
+                    create(app_ref, coll, &id, &random_doc(rng)).await;
+                }
+            }
+        })
+        .await;
+        let mut seen = BTreeMap::new();
+        for (id, data) in &answered {
+            assert!(
+                model_matches(data, &filter),
+                "round {round}: {id} answered with data {data} that does not match {filter}"
+            );
+            *seen.entry(id.clone()).or_insert(0) += 1;
+        }
+        for id in model_answer(&stable, &filter, &sort, reverse) {
+            assert_eq!(
+                seen.get(&id),
+                Some(&1),
+                "round {round}: unchanged {id} not answered exactly once ({filter} {sort:?})"
+            );
+        }
+        // And the unchanged ones come in their order.
+        let stable_order: Vec<&String> =
+            answered.iter().map(|(id, _)| id).filter(|id| stable.contains_key(*id)).collect();
+        let want = model_answer(&stable, &filter, &sort, reverse);
+        assert_eq!(stable_order, want.iter().collect::<Vec<_>>(), "round {round}: order of the unchanged documents");
+    }
+}
+
+async fn queries_no_index_serves_name_the_index_that_would(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "q", "one", &json!({"status": "open", "amount": 5, "customer": "c"})).await;
+    ready_index(&app, "q", "by_status", &["status", "-amount"]).await;
+    let cases = [
+        // An equality on a path no index starts with.
+        (json!({"filter": {"customer": "c"}}), json!(["customer"])),
+        // A sort no index has.
+        (json!({"filter": {"status": "open"}, "sort": ["customer"]}), json!(["status", "customer"])),
+        // An index read in mixed directions.
+        (
+            json!({"filter": {"status": "open"}, "sort": ["-amount", "customer"]}),
+            json!(["status", "-amount", "customer"]),
+        ),
+        // Equality alone: an index holding more fields would order by them.
+        (json!({"filter": {"status": "open"}}), json!(["status"])),
+        // A range on the first field without its equality.
+        (json!({"filter": {"amount": {"$gt": 1}}}), json!(["amount"])),
+        // $in, $ne and $nin are ranges: on the next field of an index.
+        (json!({"filter": {"customer": {"$in": ["c"]}}}), json!(["customer"])),
+        (json!({"filter": {"customer": {"$ne": "c"}}}), json!(["customer"])),
+        (json!({"filter": {"status": "open", "customer": {"$nin": ["c"]}}}), json!(["status", "customer"])),
+        // A sort alone.
+        (json!({"sort": ["-amount"]}), json!(["-amount"])),
+    ];
+    for (body, fields) in cases {
+        let problem = expect_problem(query(&app, "q", &body).await, 400, "index_required").await;
+        assert_eq!(problem["index"]["fields"], fields, "{body}: {problem}");
+        // The index it names serves the query once it is ready.
+        let name = problem["index"]["name"].as_str().unwrap().to_owned();
+        let fields: Vec<&str> =
+            problem["index"]["fields"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+        ready_index(&app, "q", &name, &fields).await;
+        expect(query(&app, "q", &body).await, 200).await;
+        expect(app.request(Method::DELETE, &format!("/v1/collections/q/indexes/{name}")).send().await.unwrap(), 204)
+            .await;
+        expect_problem(query(&app, "q", &body).await, 400, "index_required").await;
+    }
+    // What no index can serve says why, and names none.
+    for body in [
+        json!({"filter": {"status": {"$exists": true}}}),
+        json!({"filter": {"status": {"$gt": "a"}, "amount": {"$gt": 1}}}),
+        json!({"filter": {"amount": {"$gt": 1}}, "sort": ["status"]}),
+    ] {
+        let problem = expect_problem(query(&app, "q", &body).await, 400, "index_required").await;
+        assert!(problem.get("index").is_none(), "{problem}");
+    }
+    // A served query answers.
+    let page = expect(query(&app, "q", &json!({"filter": {"status": "open"}, "sort": ["-amount"]})).await, 200).await;
+    assert_eq!(page["items"][0]["id"], "one");
+}
+
+async fn what_is_outside_the_language_is_refused(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "r", "one", &json!({"a": 1})).await;
+    for filter in [
+        json!({"$where": "sleep(1000)"}),
+        json!({"$or": [{"a": 1}]}),
+        json!({"a": {"$regex": "^x"}}),
+        json!({"a": {"$elemMatch": {"b": 1}}}),
+        json!({"_meta.v": 1}),
+        json!({"_id": "one"}),
+        json!({"$expr": {"$eq": [1, 1]}}),
+        json!({"a.$": 1}),
+        json!({"a": {"b": 1}}),
+        json!({"a": [1]}),
+        json!({"a": {"$in": "x"}}),
+        json!({"a": {"$gt": {"$gt": 1}}}),
+        json!([{"a": 1}]),
+    ] {
+        let problem = expect_problem(query(&app, "r", &json!({ "filter": filter })).await, 400, "invalid_filter").await;
+        assert!(problem["errors"][0]["pointer"].as_str().unwrap().starts_with("/filter"), "{problem}");
+        let resp =
+            app.request(Method::GET, &docs_path("r")).query(&[("filter", filter.to_string())]).send().await.unwrap();
+        expect_problem(resp, 400, "invalid_filter").await;
+    }
+    for sort in ["_meta.v", "$natural", "a..b"] {
+        expect_problem(query(&app, "r", &json!({"sort": [sort]})).await, 400, "invalid_filter").await;
+    }
+    let resp = app.request(Method::GET, &docs_path("r")).query(&[("filter", "{not json")]).send().await.unwrap();
+    expect_problem(resp, 400, "invalid_filter").await;
+    // A cursor that is not one.
+    ready_index(&app, "r", "a", &["a"]).await;
+    let body = json!({"filter": {"a": {"$gt": 0}}, "after": "bm90IGEgY3Vyc29y"});
+    expect_problem(query(&app, "r", &body).await, 422, "validation_failed").await;
+    // Unknown members of the body are refused.
+    expect_problem(query(&app, "r", &json!({"filter": {}, "hint": "x"})).await, 422, "validation_failed").await;
+}
+
+async fn indexed_paths_never_hold_arrays_or_objects(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "t", "one", &json!({"a": {"b": 1}, "c": 1})).await;
+    create(&app, "t", "zero", &json!({"c": 1})).await;
+    ready_index(&app, "t", "ab", &["a.b"]).await;
+    // Single writes.
+    for body in [json!({"a": {"b": [1]}}), json!({"a": [{"b": 1}]}), json!({"a": {"b": {"x": 1}}})] {
+        expect_problem(app.post(&docs_path("t"), &body).await, 422, "invalid_change").await;
+        expect_problem(
+            app.send_json(Method::PUT, &format!("{}/one", docs_path("t")), &body).await,
+            422,
+            "invalid_change",
+        )
+        .await;
+    }
+    let patch = json!({"set": {"a.b": [1]}});
+    expect_problem(
+        app.send_json(Method::PATCH, &format!("{}/one", docs_path("t")), &patch).await,
+        422,
+        "invalid_change",
+    )
+    .await;
+    // Transaction members, an update's post-image included.
+    for action in [
+        json!({"op": "insert", "collection": "t", "id": "two", "data": {"a": [1]}}),
+        json!({"op": "replace", "collection": "t", "id": "one", "data": {"a": {"b": {"c": 1}}}}),
+        json!({"op": "update", "collection": "t", "id": "one", "set": {"a": [{"b": 2}]}}),
+    ] {
+        let body = json!({"actions": [{"op": "update", "collection": "t", "id": "zero", "set": {"c": 2}}, action]});
+        let problem = expect_problem(app.post("/v1/transactions", &body).await, 422, "invalid_change").await;
+        assert_eq!(problem["action"], 1, "{problem}");
+    }
+    // Nothing was written.
+    let one = expect(app.get(&format!("{}/one", docs_path("t"))).await, 200).await;
+    assert_eq!(one["version"], 1);
+    assert_eq!(one["data"], json!({"a": {"b": 1}, "c": 1}));
+    // Arrays elsewhere, and a scalar where the path stops, are fine.
+    expect(app.post(&docs_path("t"), &json!({"a": 5, "list": [1, 2]})).await, 201).await;
+}
+
+async fn a_build_over_documents_that_break_the_rule_fails_naming_them(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "f", "ok", &json!({"tags": "x"})).await;
+    create(&app, "f", "bad1", &json!({"tags": ["x", "y"]})).await;
+    create(&app, "f", "bad2", &json!({"tags": {"x": 1}})).await;
+    put_index(&app, "f", "tags", &["tags"]).await;
+    let index = settled_index(&app, "f", "tags").await;
+    assert_eq!(index["state"], "failed", "{index}");
+    assert_eq!(index["documents"], json!(["bad1", "bad2"]));
+    assert!(index["reason"].as_str().unwrap().contains("array"), "{index}");
+    // A failed index serves nothing; deleted, it can be declared again.
+    let problem =
+        expect_problem(query(&app, "f", &json!({"filter": {"tags": "x"}})).await, 400, "index_required").await;
+    assert_eq!(problem["index"]["fields"], json!(["tags"]));
+    expect(app.request(Method::DELETE, "/v1/collections/f/indexes/tags").send().await.unwrap(), 204).await;
+    expect_problem(app.get("/v1/collections/f/indexes/tags").await, 404, "not_found").await;
+    // Another definition under a taken name is refused.
+    put_index(&app, "f", "other", &["x"]).await;
+    let resp = app.send_json(Method::PUT, "/v1/collections/f/indexes/other", &json!({"fields": ["y"]})).await;
+    expect_problem(resp, 409, "index_exists").await;
+    // The same again is answered as it is.
+    let resp = app.send_json(Method::PUT, "/v1/collections/f/indexes/other", &json!({"fields": ["x"]})).await;
+    assert_eq!(resp.status(), 200);
+    // Bad declarations.
+    for body in [
+        json!({"fields": []}),
+        json!({"fields": ["_meta.v"]}),
+        json!({"fields": ["a", "-a"]}),
+        json!({"fields": ["a"], "x": 1}),
+    ] {
+        expect_problem(
+            app.send_json(Method::PUT, "/v1/collections/f/indexes/bad", &body).await,
+            422,
+            "validation_failed",
+        )
+        .await;
+    }
+    let list = expect(app.get("/v1/collections/f/indexes").await, 200).await;
+    let names: Vec<&str> = list["items"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["other"]);
+}
+
+async fn an_index_built_while_writes_go_on_holds_every_document(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    // Enough documents for several build steps (the embedded store's);
+    // fewer on a MongoDB-wire server, which builds in one command.
+    let n = if backend == Backend::Embedded { 3000 } else { 300 };
+    for chunk in 0..n / 20 {
+        let actions: Vec<Value> = (0..20)
+            .map(|i| {
+                let k = chunk * 20 + i;
+                json!({"op": "insert", "collection": "w", "id": format!("w{k:05}"), "data": {"g": k % 7, "v": k}})
+            })
+            .collect();
+        expect(app.post("/v1/transactions", &json!({ "actions": actions })).await, 200).await;
+    }
+    put_index(&app, "w", "g_v", &["g", "-v"]).await;
+    // Writes go on while the index builds: updates, deletes, inserts.
+    let mut model: BTreeMap<String, (i64, i64)> =
+        (0..n).map(|k| (format!("w{k:05}"), ((k % 7) as i64, k as i64))).collect();
+    let mut written = 0;
+    let started = Instant::now();
+    loop {
+        let k = (written * 37) % n;
+        let id = format!("w{k:05}");
+        match written % 3 {
+            0 => {
+                expect(
+                    app.send_json(Method::PATCH, &format!("{}/{id}", docs_path("w")), &json!({"set": {"g": 3}})).await,
+                    200,
+                )
+                .await;
+                model.get_mut(&id).unwrap().0 = 3;
+            }
+            1 if model.contains_key(&id) => {
+                expect(app.request(Method::DELETE, &format!("{}/{id}", docs_path("w"))).send().await.unwrap(), 204)
+                    .await;
+                model.remove(&id);
+            }
+            _ => {
+                let id = format!("x{written:05}");
+                create(&app, "w", &id, &json!({"g": 3, "v": written})).await;
+                model.insert(id, (3, written as i64));
+            }
+        }
+        written += 1;
+        let index = expect(app.get("/v1/collections/w/indexes/g_v").await, 200).await;
+        if index["state"] != "building" {
+            assert_eq!(index["state"], "ready", "{index}");
+            break;
+        }
+        assert!(started.elapsed() < WAIT, "the build never ended");
+    }
+    assert!(written > 3, "writes went on during the build");
+    // Every group answers exactly the model.
+    let mut rng = StdRng::seed_from_u64(7);
+    for g in 0..7 {
+        let got: Vec<String> = all_pages(&app, "w", &json!({"g": g}), &[("v".into(), true)], &mut rng, async |_| {})
+            .await
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        let mut want: Vec<(&String, &(i64, i64))> = model.iter().filter(|(_, (mg, _))| *mg == g).collect();
+        want.sort_by(|a, b| b.1.1.cmp(&a.1.1).then(a.0.cmp(b.0)));
+        let want: Vec<String> = want.into_iter().map(|(id, _)| id.clone()).collect();
+        assert_eq!(got.len(), want.len(), "group {g}");
+        assert_eq!(got, want, "group {g}");
+    }
+    let all = expect(app.get("/v1/collections/w/count").await, 200).await;
+    assert_eq!(all["count"].as_u64().unwrap() as usize, model.len());
+}
+
+async fn counts_come_from_index_entries(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    let mut statuses = BTreeMap::new();
+    for i in 0..40 {
+        let status = ["open", "paid", "void"][i % 3];
+        create(&app, "c", &format!("c{i:02}"), &json!({"status": status, "amount": i})).await;
+        *statuses.entry(status).or_insert(0) += 1;
+    }
+    ready_index(&app, "c", "s_a", &["status", "amount"]).await;
+    let count = async |filter: Value| {
+        let resp = app
+            .request(Method::GET, "/v1/collections/c/count")
+            .query(&[("filter", filter.to_string())])
+            .send()
+            .await
+            .unwrap();
+        expect(resp, 200).await
+    };
+    for (status, n) in &statuses {
+        let body = count(json!({ "status": status })).await;
+        assert_eq!(body["count"], *n, "{status}");
+        assert!(body["position"].as_u64().unwrap() >= 40, "{body}");
+    }
+    assert_eq!(count(json!({"status": "open", "amount": {"$gte": 30}})).await["count"], 4);
+    assert_eq!(count(json!({"status": {"$in": ["open", "paid"]}})).await["count"], 27);
+    assert_eq!(count(json!({"status": {"$ne": "void"}})).await["count"], 27);
+    expect(app.request(Method::DELETE, &format!("{}/c00", docs_path("c"))).send().await.unwrap(), 204).await;
+    assert_eq!(count(json!({"status": "open"})).await["count"], 13);
+    assert_eq!(expect(app.get("/v1/collections/c/count").await, 200).await["count"], 39);
+    // A filter no index counts.
+    let resp = app
+        .request(Method::GET, "/v1/collections/c/count")
+        .query(&[("filter", json!({"amount": 1}).to_string())])
+        .send()
+        .await
+        .unwrap();
+    let problem = expect_problem(resp, 400, "index_required").await;
+    assert_eq!(problem["index"]["fields"], json!(["amount"]));
+    // An empty collection counts none.
+    assert_eq!(expect(app.get("/v1/collections/nothing/count").await, 200).await["count"], 0);
+}
+
+async fn a_transactions_writes_are_queried_once_it_answers(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "x", "a", &json!({"s": "old"})).await;
+    create(&app, "x", "b", &json!({"s": "old"})).await;
+    ready_index(&app, "x", "s", &["s"]).await;
+    for round in 0..5 {
+        let (from, to) = if round % 2 == 0 { ("old", "new") } else { ("new", "old") };
+        let body = json!({"actions": [
+            {"op": "update", "collection": "x", "id": "a", "set": {"s": to}},
+            {"op": "update", "collection": "x", "id": "b", "set": {"s": to}},
+            {"op": "insert", "collection": "x", "id": format!("n{round}"), "data": {"s": to}},
+        ]});
+        expect(app.post("/v1/transactions", &body).await, 200).await;
+        // At once, without waiting for anything.
+        let page = expect(query(&app, "x", &json!({"filter": {"s": to}})).await, 200).await;
+        let ids: BTreeSet<&str> = page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+        assert!(
+            ids.contains("a") && ids.contains("b") && ids.contains(format!("n{round}").as_str()),
+            "round {round}: {ids:?}"
+        );
+        let page = expect(query(&app, "x", &json!({"filter": {"s": from}})).await, 200).await;
+        let ids: BTreeSet<&str> = page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+        assert!(!ids.contains("a") && !ids.contains("b"), "round {round}: {ids:?}");
+    }
+}
+
+async fn unique_email(app: &TestApp, coll: &str) {
+    let resp = app
+        .send_json(
+            Method::PUT,
+            &format!("/v1/collections/{coll}/indexes/email"),
+            &json!({"fields": ["email"], "unique": true}),
+        )
+        .await;
+    assert_eq!(resp.status(), 201);
+    let index = settled_index(app, coll, "email").await;
+    assert_eq!((&index["state"], &index["unique"]), (&json!("ready"), &json!(true)), "{index}");
+}
+
+async fn unique_indexes_refuse_duplicates_in_single_writes(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "u", "a", &json!({"email": "x@example.com"})).await;
+    unique_email(&app, "u").await;
+    let dup = expect_problem(
+        app.post(&docs_path("u"), &json!({"_id": "b", "email": "x@example.com"})).await,
+        409,
+        "duplicate",
+    )
+    .await;
+    assert_eq!((&dup["index"], &dup["existing"]), (&json!("email"), &json!("a")), "{dup}");
+    create(&app, "u", "b", &json!({"email": "y@example.com"})).await;
+    // Documents without the field never collide.
+    create(&app, "u", "c", &json!({"name": "c"})).await;
+    create(&app, "u", "d", &json!({"name": "d", "email": null})).await;
+    // Changes to a held value are refused; to a free one, allowed.
+    let b = format!("{}/b", docs_path("u"));
+    expect_problem(
+        app.send_json(Method::PATCH, &b, &json!({"set": {"email": "x@example.com"}})).await,
+        409,
+        "duplicate",
+    )
+    .await;
+    expect_problem(app.send_json(Method::PUT, &b, &json!({"email": "x@example.com"})).await, 409, "duplicate").await;
+    expect(app.send_json(Method::PATCH, &b, &json!({"set": {"email": "z@example.com"}})).await, 200).await;
+    // The value b gave up is free at once.
+    create(&app, "u", "e", &json!({"email": "y@example.com"})).await;
+    // A deleted document's value is free; a second delete works too.
+    for id in ["a", "e"] {
+        expect(app.request(Method::DELETE, &format!("{}/{id}", docs_path("u"))).send().await.unwrap(), 204).await;
+    }
+    create(&app, "u", "f", &json!({"email": "x@example.com"})).await;
+    // A value is one value whatever the number type: 1 and 1.0.
+    create(&app, "u", "g", &json!({"email": 1})).await;
+    expect_problem(app.post(&docs_path("u"), &json!({"email": 1.0})).await, 409, "duplicate").await;
+    // A transaction member meets the same rule, before anything is written.
+    let body = json!({"actions": [
+        {"op": "update", "collection": "u", "id": "b", "set": {"n": 1}},
+        {"op": "insert", "collection": "u", "id": "h", "data": {"email": "f@example.com"}},
+        {"op": "update", "collection": "u", "id": "c", "set": {"email": "x@example.com"}},
+    ]});
+    let problem = expect_problem(app.post("/v1/transactions", &body).await, 409, "duplicate").await;
+    assert_eq!((&problem["action"], &problem["existing"]), (&json!(2), &json!("f")), "{problem}");
+    expect_problem(app.get(&format!("{}/h", docs_path("u"))).await, 404, "not_found").await;
+    assert_eq!(expect(app.get(&b).await, 200).await["version"], 2);
+    // The claims of that failed transaction were given back.
+    create(&app, "u", "h", &json!({"email": "f@example.com"})).await;
+    // A transaction that moves one value and deletes another frees both
+    // once it answers.
+    let body = json!({"actions": [
+        {"op": "update", "collection": "u", "id": "b", "set": {"email": "w@example.com"}},
+        {"op": "delete", "collection": "u", "id": "f"},
+    ]});
+    expect(app.post("/v1/transactions", &body).await, 200).await;
+    create(&app, "u", "i", &json!({"email": "x@example.com"})).await;
+    create(&app, "u", "j", &json!({"email": "z@example.com"})).await;
+    // Queries over a unique index.
+    let page = expect(query(&app, "u", &json!({"filter": {"email": "x@example.com"}})).await, 200).await;
+    let ids: Vec<&str> = page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["i"]);
+}
+
+async fn two_transactions_staging_one_unique_value_at_once_commit_one(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "v", "seed", &json!({"email": "seed"})).await;
+    unique_email(&app, "v").await;
+    for round in 0..8 {
+        let value = format!("v{round}@example.com");
+        let send = async |id: String| {
+            let body = json!({"actions": [
+                {"op": "insert", "collection": "v", "id": format!("{id}-other"), "data": {"n": 1}},
+                {"op": "insert", "collection": "v", "id": id, "data": {"email": value}},
+            ]});
+            app.post("/v1/transactions", &body).await
+        };
+        let (a, b) = tokio::join!(send(format!("a{round}")), send(format!("b{round}")));
+        let statuses = [a.status().as_u16(), b.status().as_u16()];
+        assert!(statuses.contains(&200), "round {round}: one commits: {statuses:?}");
+        assert!(statuses.contains(&409), "round {round}: the other is refused: {statuses:?}");
+        let loser = if statuses[0] == 409 { a } else { b };
+        let problem: Value = loser.json().await.unwrap();
+        assert_eq!(problem["code"], "duplicate", "{problem}");
+        // Nothing of the refused one was written.
+        let tag = if statuses[0] == 409 { "a" } else { "b" };
+        expect_problem(app.get(&format!("{}/{tag}{round}-other", docs_path("v"))).await, 404, "not_found").await;
+        let count = app
+            .request(Method::GET, "/v1/collections/v/count")
+            .query(&[("filter", json!({"email": value}).to_string())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(expect(count, 200).await["count"], 1, "round {round}");
+    }
+}
+
+async fn a_unique_build_over_duplicates_fails_naming_them(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "y", "a", &json!({"email": "same"})).await;
+    create(&app, "y", "b", &json!({"email": "other"})).await;
+    create(&app, "y", "c", &json!({"email": "same"})).await;
+    create(&app, "y", "d", &json!({})).await;
+    create(&app, "y", "e", &json!({})).await;
+    let resp = app
+        .send_json(Method::PUT, "/v1/collections/y/indexes/email", &json!({"fields": ["email"], "unique": true}))
+        .await;
+    assert_eq!(resp.status(), 201);
+    let index = settled_index(&app, "y", "email").await;
+    assert_eq!(index["state"], "failed", "{index}");
+    assert_eq!(index["documents"], json!(["a", "c"]), "{index}");
+    // Fixed and declared again, it builds.
+    expect(app.request(Method::DELETE, "/v1/collections/y/indexes/email").send().await.unwrap(), 204).await;
+    expect(
+        app.send_json(Method::PATCH, &format!("{}/c", docs_path("y")), &json!({"set": {"email": "third"}})).await,
+        200,
+    )
+    .await;
+    unique_email(&app, "y").await;
+    expect_problem(app.post(&docs_path("y"), &json!({"email": "same"})).await, 409, "duplicate").await;
+}
