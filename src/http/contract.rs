@@ -29,6 +29,10 @@ pub(crate) const COLLECTION_PATTERN: &str = "^[a-zA-Z][a-zA-Z0-9_-]{0,63}$";
 pub(crate) const ID_PATTERN: &str = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$";
 /// A top-level field name: not empty, no leading `_` or `$`, no `.`, no NUL.
 const TOP_NAME: &str = "[^_$.\\u0000][^.\\u0000]*";
+/// A query path's first segment and the others: no control character (and
+/// not `-` first, which says descending).
+const QUERY_TOP: &str = "[^-_$.\\u0000-\\u001f\\u007f-\\u009f][^.\\u0000-\\u001f\\u007f-\\u009f]*";
+const QUERY_NESTED: &str = "[^$.\\u0000-\\u001f\\u007f-\\u009f][^.\\u0000-\\u001f\\u007f-\\u009f]*";
 /// A nested field name: not empty, no leading `$`, no `.`, no NUL.
 const NESTED_NAME: &str = "[^$.\\u0000][^.\\u0000]*";
 /// A page cursor: unpadded base64url (a length of 4n+1 cannot be one).
@@ -113,6 +117,12 @@ schema_here! {
     Cursor,
     /// A query's filter.
     Filter,
+    /// A data path a query sorts by or an index holds, `-` for descending.
+    SortPath,
+    /// A data path a query keeps.
+    DataPath,
+    /// An index's fields.
+    IndexFields,
     /// A filter's condition on one path.
     Condition,
     /// A value a filter compares with.
@@ -215,6 +225,31 @@ fn schema_here(name: &str) -> Value {
             "examples": [{"status": "paid", "draft": null}],
         }),
         "AnyObject" => json!({"type": "object", "additionalProperties": true}),
+        "SortPath" => json!({
+            "type": "string",
+            "description": "A data path (dotted paths reach nested fields), ascending, or descending written `-path`. No segment starts with `$`, the first not with `_`; at most 16 segments.",
+            "pattern": format!("^-?{QUERY_TOP}(?:\\.{QUERY_NESTED}){{0,15}}$"),
+            "minLength": 1,
+            "maxLength": 257,
+            "examples": ["-amount"],
+        }),
+        "IndexFields" => json!({
+            "type": "array",
+            "description": "Data paths, each ascending, or descending written `-path`: 1 to 8, each path once.",
+            "items": {"$ref": "#/components/schemas/SortPath"},
+            "minItems": 1,
+            "maxItems": 8,
+            "uniqueItems": true,
+            "examples": [["status", "-amount"]],
+        }),
+        "DataPath" => json!({
+            "type": "string",
+            "description": "A data path (dotted paths reach nested fields). No segment starts with `$`, the first not with `_`; at most 16 segments.",
+            "pattern": format!("^{QUERY_TOP}(?:\\.{QUERY_NESTED}){{0,15}}$"),
+            "minLength": 1,
+            "maxLength": 256,
+            "examples": ["status"],
+        }),
         "Filter" => json!({
             "type": "object",
             "description": "A filter over a document's data, a subset of MongoDB's query language: each member is a data path (dotted paths reach nested fields; a path starting with `_` or `$` is refused) and its `Condition`, or `$and` and an array of filters. Every member must hold. Comparisons follow MongoDB's type order and stay within a type (`{\"$gt\": 5}` matches numbers only); `null` matches a missing field too. `$exists` is part of the language but no index serves it (a missing field and `null` share an index key): use `null` and `{\"$ne\": null}`.",

@@ -105,6 +105,7 @@ pub(crate) struct DocumentPath {
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct WriteQuery {
     /// Schema version the writer declares (default: unchanged, 1 for new documents).
     #[param(minimum = 1, maximum = 9223372036854775807_i64)]

@@ -54,6 +54,7 @@ const PAGE_SCAN: usize = 20 * READ_BATCH;
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct EventsQuery {
     /// Only events about these collections, comma-separated (a
     /// `transaction.committed` event: when one of its members is).

@@ -332,6 +332,11 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuer
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        // A parameter without a name (`?=x`, `?a=1&=2`) is malformed, not
+        // one to ignore.
+        if parts.uri.query().is_some_and(|q| q.split('&').any(|pair| pair.starts_with('='))) {
+            return Err(ApiError::new(ProblemCode::ValidationFailed, "a query parameter has no name"));
+        }
         axum::extract::Query::<T>::from_request_parts(parts, state)
             .await
             .map(|q| Self(q.0))

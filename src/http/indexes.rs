@@ -50,7 +50,7 @@ impl IndexPath {
 pub(crate) struct IndexIn {
     /// Data paths (dotted paths reach nested fields), each ascending, or
     /// descending written `-path`: 1 to 8, each once.
-    #[schema(min_items = 1, max_items = 8)]
+    #[schema(value_type = super::contract::IndexFields)]
     pub fields: Vec<String>,
     /// Whether one value may belong to one document only.
     #[serde(default)]
@@ -137,6 +137,7 @@ impl From<DeclareError> for ApiError {
         match err {
             DeclareError::Invalid(pointer, message) => Invalid::new(pointer, message).into(),
             DeclareError::Exists(detail) => ApiError::new(ProblemCode::IndexExists, detail),
+            DeclareError::Limit(detail) => ApiError::new(ProblemCode::IndexLimit, detail),
             DeclareError::Store(err) => ApiError::store(&err),
         }
     }
@@ -144,7 +145,7 @@ impl From<DeclareError> for ApiError {
 
 problems!(
     /// What `v1.indexes.put` can answer besides its success.
-    PutProblems = Problems::of(&[InvalidPath, ValidationFailed, IndexExists]).with_body()
+    PutProblems = Problems::of(&[InvalidPath, ValidationFailed, IndexExists, IndexLimit]).with_body()
 );
 
 /// Declare an index
@@ -187,6 +188,10 @@ problems!(
 );
 
 /// Read an index
+///
+/// Its definition, its state (`building` with `progress`, `ready`, or
+/// `failed` with the `reason` and the documents that caused it) and when
+/// it was declared and last changed state.
 #[utoipa::path(
     get,
     path = "/v1/collections/{collection}/indexes/{name}",

@@ -36,6 +36,7 @@ const MAX_FIELDS: usize = 64;
 /// A query's parameters, as `GET …/documents` takes them.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct QueryParams {
     /// A filter (JSON, see `Filter`) over the documents' data.
     #[param(value_type = Option<String>, example = r#"{"status":"open","amount":{"$gte":100}}"#)]
@@ -68,9 +69,11 @@ pub(crate) struct QueryIn {
     /// Data paths, each ascending or `-` descending; the document id
     /// breaks ties.
     #[serde(default)]
+    #[schema(value_type = Option<Vec<super::contract::SortPath>>, max_items = 8)]
     pub sort: Option<Vec<String>>,
     /// The data paths to keep in each document's `data`.
     #[serde(default)]
+    #[schema(value_type = Option<Vec<super::contract::DataPath>>, max_items = 64)]
     pub fields: Option<Vec<String>>,
     /// Page size (default 50).
     #[serde(default, deserialize_with = "integer")]
@@ -315,6 +318,7 @@ pub(crate) async fn query_documents(
 /// A count's parameters.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct CountParams {
     /// A filter (JSON, see `Filter`); without one, every live document.
     #[param(value_type = Option<String>, example = r#"{"status":"open"}"#)]

@@ -534,7 +534,9 @@ pub trait Store: Send + Sync + 'static {
     /// Add the entries of up to `batch` records of `coll` after id `after`
     /// to declared index `name`, as one commit; returns the last id done,
     /// or `None` once no record is left (or where [`Store::declare_index`]
-    /// built it whole).
+    /// built it whole). A step may be lost in a crash (the build then
+    /// starts over): the builder ends with a step of `batch` 0, which
+    /// makes every step before it durable.
     async fn build_index_step(
         &self,
         coll: &str,

@@ -107,7 +107,9 @@ pub(super) enum WriteOp {
         online: bool,
     },
     /// One step of an online build: the entries of up to `batch` records
-    /// after `after`; `last` learns the last id done (`None`: none left).
+    /// after `after`, committed without a sync; `last` learns the last id
+    /// done (`None`: none left). With `batch` 0: make every step so far
+    /// durable (a checkpoint).
     BuildIndex {
         coll: String,
         name: String,
@@ -176,7 +178,13 @@ pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick
                 .and_then(|specs| specs.iter().find(|s| s.name == name).cloned())
                 .ok_or_else(|| StoreError::Internal(format!("{coll} has no index {name} to build")))?;
             let mut txn = db.begin_write().map_err(internal)?;
-            txn.set_quick_repair(quick_repair);
+            if batch > 0 {
+                // Lost in a crash with the build that made it, which then
+                // starts over; the last step (batch 0) is durable.
+                txn.set_durability(redb::Durability::None).map_err(internal)?;
+            } else {
+                txn.set_quick_repair(quick_repair);
+            }
             let mut done = None;
             {
                 let records = txn.open_table(RECORDS).map_err(internal)?;

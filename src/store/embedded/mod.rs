@@ -185,6 +185,11 @@ impl EmbeddedStore {
         self.reads.decoded.load(Ordering::Relaxed)
     }
 
+    /// Records decoded by queries ([`Store::query`]) since the store opened.
+    pub fn queried(&self) -> u64 {
+        self.reads.queried.load(Ordering::Relaxed)
+    }
+
     /// What the writer thread has done since the store opened.
     pub fn stats(&self) -> &WriterStats {
         &self.stats
@@ -556,6 +561,7 @@ impl Store for EmbeddedStore {
                     .map_err(internal)?
                     .ok_or_else(|| StoreError::Internal(format!("index {name:?} names a missing record {id}")))?;
                 reads.scanned(&coll, id, value.value(), &mut out);
+                reads.queried.fetch_add(1, Ordering::Relaxed);
                 Ok(out.len() < limit)
             })?;
             Ok(out)

@@ -15,6 +15,8 @@ use crate::store::{
 pub(crate) struct Reads {
     pub(super) decoded: AtomicU64,
     pub(super) unreadable: AtomicU64,
+    /// Of `decoded`, those queries ([`crate::store::Store::query`]) decoded.
+    pub(super) queried: AtomicU64,
 }
 
 impl Reads {

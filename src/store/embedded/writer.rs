@@ -156,6 +156,15 @@ impl Writer {
                         let _ = first.reply.send(Ok(1));
                         return;
                     }
+                    // A build step commits without syncing and outside the
+                    // journal (its entries are derived from records and
+                    // made durable by the build's last step, a checkpoint):
+                    // no checkpoint before it, so writes wait for its batch
+                    // alone.
+                    op @ WriteOp::BuildIndex { batch: 1.., .. } => {
+                        let done = schema_change(&self.db, &self.catalog, op, self.quick_repair);
+                        let _ = first.reply.send(done.map(usize::from));
+                    }
                     op => {
                         self.checkpoint_or_stop();
                         let done = schema_change(&self.db, &self.catalog, op, self.quick_repair);

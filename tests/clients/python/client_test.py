@@ -9,8 +9,10 @@ through the generated model the client parsed it into (`Response.parsed`).
 Exits 0 when every step passes, 1 at the first deviation, 2 on bad usage.
 """
 
+import json
 import secrets
 import sys
+import time
 import time
 from pathlib import Path
 
@@ -23,16 +25,23 @@ try:
         v1_documents_get,
         v1_documents_replace,
     )
+    from txgate_client.api.documents import v1_documents_count, v1_documents_list, v1_documents_query
+    from txgate_client.api.indexes import v1_indexes_get, v1_indexes_put
     from txgate_client.api.transactions import v1_transactions_create
     from txgate_client.models import (
         CommittedOut,
+        CountOut,
         Deleted,
         DocumentOut,
         Fields,
         IncFields,
+        IndexIn,
+        IndexOut,
         InsertAction,
         InsertActionOp,
         NewDocument,
+        QueryIn,
+        QueryPageOut,
         TransactionIn,
         UpdateAction,
         UpdateActionOp,
@@ -167,6 +176,73 @@ def run(client):
     expect_equal(odd_deleted.status_code, 204, "odd id: delete: status")
     odd_gone = answer(v1_documents_get.sync_detailed(collection, odd, client=client), 410, Deleted, "odd id: read deleted")
     expect_equal(odd_gone.version, 3, "odd id: read deleted: version")
+
+    # 9. a declared index, a query in pages and a count
+    step("9. declare an index, query it a page at a time, count")
+    declared = answer(
+        v1_indexes_put.sync_detailed(
+            collection, "by_customer", client=client, body=IndexIn.from_dict({"fields": ["customer", "-total"]})
+        ),
+        201,
+        IndexOut,
+        "declare index",
+    )
+    expect_equal(str(declared.state.value), "building", "declare index: state")
+    for polls in range(600):
+        now = answer(v1_indexes_get.sync_detailed(collection, "by_customer", client=client), 200, IndexOut, "read index")
+        if now.state.value == "ready":
+            break
+        expect(now.state.value == "building", f"index: state {now.state.value}")
+        time.sleep(0.1)
+    else:
+        raise Deviation("index: never ready")
+    for doc_id, customer, total in [("q-1", "bob", 5), ("q-2", "bob", 9), ("q-3", "cy", 7)]:
+        answer(
+            v1_documents_create.sync_detailed(
+                collection, client=client, body=NewDocument.from_dict({"_id": doc_id, "customer": customer, "total": total})
+            ),
+            201,
+            DocumentOut,
+            f"create {doc_id}",
+        )
+    query = {"filter": {"customer": "bob", "total": {"$gte": 1}}, "sort": ["-total"], "limit": 1}
+    first = answer(
+        v1_documents_query.sync_detailed(collection, client=client, body=QueryIn.from_dict(query)),
+        200,
+        QueryPageOut,
+        "query: first page",
+    )
+    expect_equal([d.id for d in first.items], ["q-2"], "query: first page: ids")
+    expect(isinstance(first.next_, str), f"query: a next page, got {first.next_!r}")
+    second = answer(
+        v1_documents_query.sync_detailed(collection, client=client, body=QueryIn.from_dict({**query, "after": first.next_})),
+        200,
+        QueryPageOut,
+        "query: second page",
+    )
+    expect_equal([d.id for d in second.items], ["q-1"], "query: second page: ids")
+    listed = answer(
+        v1_documents_list.sync_detailed(
+            collection, client=client, filter_=json.dumps({"customer": "bob"}), sort="-total", fields="total"
+        ),
+        200,
+        QueryPageOut,
+        "query by GET",
+    )
+    expect_equal([d.id for d in listed.items], ["q-2", "q-1"], "query by GET: ids")
+    expect_equal(listed.items[0].data.to_dict(), {"total": 9}, "query by GET: fields")
+    counted = answer(
+        v1_documents_count.sync_detailed(collection, client=client, filter_=json.dumps({"customer": "bob"})),
+        200,
+        CountOut,
+        "count",
+    )
+    expect_equal(counted.count, 2, "count")
+    unserved = v1_documents_query.sync_detailed(collection, client=client, body=QueryIn.from_dict({"filter": {"total": 5}}))
+    expect_equal(int(unserved.status_code), 400, "unserved query: status")
+    body = json.loads(unserved.content)
+    expect_equal(body["code"], "index_required", "unserved query: code")
+    expect_equal(body["index"]["fields"], ["total"], "unserved query: the index that would serve it")
 
 
 def main(argv):

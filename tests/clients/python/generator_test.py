@@ -10,6 +10,7 @@ a status whose schema is a oneOf, the generated wrapper's actual_instance).
 Exits 0 when every step passes, 1 at the first deviation, 2 on bad usage.
 """
 
+import json
 import secrets
 import sys
 import time
@@ -17,11 +18,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "generated" / "openapi-generator"))
 try:
-    from txgate_generated import ApiClient, Configuration, DocumentsApi, TransactionsApi
+    from txgate_generated import ApiClient, Configuration, DocumentsApi, IndexesApi, TransactionsApi
     from txgate_generated.exceptions import ApiException
     from txgate_generated.models import (
         ActionIn,
         CommittedOut,
+        CountOut,
+        IndexIn,
+        IndexOut,
+        QueryIn,
+        QueryPageOut,
         Deleted,
         DocumentOut,
         InsertAction,
@@ -78,7 +84,7 @@ def step(text):
     print(f"openapi-generator: {text}", flush=True)
 
 
-def run(docs, transactions):
+def run(docs, transactions, indexes):
     collection = f"gen_{int(time.time() * 1000):x}_{secrets.token_hex(3)}"
 
     # 1. create
@@ -199,6 +205,65 @@ def run(docs, transactions):
     odd_gone = failure(lambda: docs.v1_documents_get(collection, odd), 410, Deleted, "odd id: read deleted")
     expect_equal(odd_gone.version, 3, "odd id: read deleted: version")
 
+    # 9. a declared index, a query in pages and a count
+    step("9. declare an index, query it a page at a time, count")
+    declared = success(
+        lambda: indexes.v1_indexes_put_with_http_info(
+            collection, "by_customer", IndexIn.from_dict({"fields": ["customer", "-total"], "unique": False})
+        ),
+        201,
+        IndexOut,
+        "declare index",
+    ).data
+    expect_equal(declared.state.value, "building", "declare index: state")
+    for _ in range(600):
+        now = success(lambda: indexes.v1_indexes_get_with_http_info(collection, "by_customer"), 200, IndexOut, "read index")
+        if now.data.state.value == "ready":
+            break
+        expect(now.data.state.value == "building", f"index: state {now.data.state.value}")
+        time.sleep(0.1)
+    else:
+        raise Deviation("index: never ready")
+    for doc_id, customer, total in [("q-1", "bob", 5), ("q-2", "bob", 9), ("q-3", "cy", 7)]:
+        success(
+            lambda: docs.v1_documents_create_with_http_info(
+                collection, NewDocument.from_dict({"_id": doc_id, "customer": customer, "total": total})
+            ),
+            201,
+            DocumentOut,
+            f"create {doc_id}",
+        )
+    query = {"filter": {"customer": "bob", "total": {"$gte": 1}}, "sort": ["-total"], "limit": 1}
+    first = success(
+        lambda: docs.v1_documents_query_with_http_info(collection, QueryIn.from_dict(query)), 200, QueryPageOut, "query: first page"
+    ).data
+    expect_equal([d.id for d in first.items], ["q-2"], "query: first page: ids")
+    expect(isinstance(first.next, str), f"query: a next page, got {first.next!r}")
+    second = success(
+        lambda: docs.v1_documents_query_with_http_info(collection, QueryIn.from_dict({**query, "after": first.next})),
+        200,
+        QueryPageOut,
+        "query: second page",
+    ).data
+    expect_equal([d.id for d in second.items], ["q-1"], "query: second page: ids")
+    listed = success(
+        lambda: docs.v1_documents_list_with_http_info(
+            collection, filter=json.dumps({"customer": "bob"}), sort="-total", fields="total"
+        ),
+        200,
+        QueryPageOut,
+        "query by GET",
+    ).data
+    expect_equal([d.id for d in listed.items], ["q-2", "q-1"], "query by GET: ids")
+    expect_equal(listed.items[0].data, {"total": 9}, "query by GET: fields")
+    counted = success(
+        lambda: docs.v1_documents_count_with_http_info(collection, filter=json.dumps({"customer": "bob"})),
+        200,
+        CountOut,
+        "count",
+    ).data
+    expect_equal(counted.count, 2, "count")
+
 
 def main(argv):
     if len(argv) != 3:
@@ -206,7 +271,7 @@ def main(argv):
         return 2
     try:
         with ApiClient(Configuration(host=argv[1], access_token=argv[2])) as api_client:
-            run(DocumentsApi(api_client), TransactionsApi(api_client))
+            run(DocumentsApi(api_client), TransactionsApi(api_client), IndexesApi(api_client))
     except Deviation as err:
         print(f"openapi-generator: FAIL: {err}", file=sys.stderr)
         return 1

@@ -162,6 +162,71 @@ async function main(baseUrl: string, apiKey: string): Promise<void> {
   const oddGone = problem(await client.GET(docs, { params: { path: oddPath } }), 410, "odd id: read deleted");
   expect(oddGone.code === "deleted", `odd id: read deleted: code ${oddGone.code}`);
   expectEqual(oddGone.version, 3, "odd id: read deleted: version");
+
+  // 9. a declared index, a query in pages and a count
+  step("9. declare an index, query it a page at a time, count");
+  const index = "/v1/collections/{collection}/indexes/{name}" as const;
+  const indexPath = { collection, name: "by_customer" };
+  const declared: Schemas["IndexOut"] = success(
+    await client.PUT(index, { params: { path: indexPath }, body: { fields: ["customer", "-total"], unique: false } }),
+    201,
+    "declare index",
+  );
+  expectEqual(declared.state, "building", "declare index: state");
+  for (let i = 0; ; i++) {
+    const now = success(await client.GET(index, { params: { path: indexPath } }), 200, "read index");
+    if (now.state === "ready") break;
+    expect(now.state === "building" && i < 600, `index: state ${now.state} after ${i} polls`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  for (const [id, customer, total] of [["q-1", "bob", 5], ["q-2", "bob", 9], ["q-3", "cy", 7]] as const) {
+    success(
+      await client.POST("/v1/collections/{collection}/documents", { params: { path: { collection } }, body: { _id: id, customer, total } }),
+      201,
+      `create ${id}`,
+    );
+  }
+  const query = "/v1/collections/{collection}/query" as const;
+  const filter: Schemas["Filter"] = { customer: "bob", total: { $gte: 1 } };
+  const first: Schemas["QueryPageOut"] = success(
+    await client.POST(query, { params: { path: { collection } }, body: { filter, sort: ["-total"], limit: 1 } }),
+    200,
+    "query: first page",
+  );
+  expectEqual(first.items.length, 1, "query: first page: items");
+  expectEqual(first.items[0]?.id, "q-2", "query: first page: id");
+  expect(typeof first.next === "string", "query: a next page");
+  const second = success(
+    await client.POST(query, { params: { path: { collection } }, body: { filter, sort: ["-total"], limit: 1, after: first.next ?? undefined } }),
+    200,
+    "query: second page",
+  );
+  expectEqual(second.items[0]?.id, "q-1", "query: second page: id");
+  const listed = success(
+    await client.GET("/v1/collections/{collection}/documents", {
+      params: { path: { collection }, query: { filter: JSON.stringify({ customer: "bob" }), sort: "-total", fields: "total" } },
+    }),
+    200,
+    "query by GET",
+  );
+  expectEqual(listed.items.map((d) => d.id).join(","), "q-2,q-1", "query by GET: ids");
+  expectEqual(JSON.stringify(listed.items[0]?.data), '{"total":9}', "query by GET: fields");
+  const counted: Schemas["CountOut"] = success(
+    await client.GET("/v1/collections/{collection}/count", {
+      params: { path: { collection }, query: { filter: JSON.stringify({ customer: "bob" }) } },
+    }),
+    200,
+    "count",
+  );
+  expectEqual(counted.count, 2, "count");
+  const unserved = problem(
+    await client.POST(query, { params: { path: { collection } }, body: { filter: { total: 5 } } }),
+    400,
+    "unserved query",
+  );
+  expect(unserved.code === "index_required", `unserved query: code ${unserved.code}`);
+  const required: Schemas["IndexRequired"] = unserved;
+  expectEqual(required.index?.fields.join(","), "total", "unserved query: the index that would serve it");
 }
 
 const [baseUrl, apiKey] = process.argv.slice(2);

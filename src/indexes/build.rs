@@ -1,0 +1,233 @@
+//! The builds of declared indexes and the drops of deleted ones: the
+//! `index_builds` worker's passes (see the module above for the protocol).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    BUILD_BATCH, DURABLE_EVERY, Declaration, GRACE, INDEXES, Indexes, LEASE, MAX_NAMED, Progress, State, breaks_rule,
+    unique,
+};
+use crate::document::StoredDoc;
+use crate::store::scans::{DOCS_LIVE, INDEXES_BY_STATE};
+use crate::store::{Bson, DateTime, StoreResult, doc};
+
+impl Indexes {
+    /// One pass over the builds and drops there are to do.
+    pub(crate) async fn pass(&self, stop: &CancellationToken) -> StoreResult<()> {
+        for state in [State::Dropping, State::Building] {
+            let found = self.store.scan(INDEXES, INDEXES_BY_STATE.scan(vec![state.to_bson()]).limit(100)).await?;
+            for record in found {
+                if stop.is_cancelled() {
+                    return Ok(());
+                }
+                let d = match Declaration::from_record(record) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        crate::store::report_unreadable(&e);
+                        continue;
+                    }
+                };
+                let waited = self.clock.now().timestamp_millis() - d.updated_at.timestamp_millis();
+                if waited < GRACE.as_millis() as i64 {
+                    continue;
+                }
+                match state {
+                    State::Dropping => self.drop_now(&d).await?,
+                    _ => self.build(d, stop).await?,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn drop_now(&self, d: &Declaration) -> StoreResult<()> {
+        let declared = self.get(&d.coll, &d.name).await?;
+        if declared.is_none_or(|live| live.physical != d.physical) {
+            self.store.drop_index(&d.coll, &d.physical).await?;
+            if d.unique {
+                unique::drop_all(&self.store, &d.physical).await?;
+            }
+        }
+        self.store.delete(INDEXES, &d.key, doc! {"state": State::Dropping.to_bson(), "physical": &d.physical}).await?;
+        tracing::info!(collection = %d.coll, index = %d.name, "index dropped");
+        Ok(())
+    }
+
+    /// Take the build's lease (`false`: another instance holds it), or
+    /// renew it, with the build's progress.
+    async fn lease(&self, d: &mut Declaration, progress: Option<Progress>) -> StoreResult<bool> {
+        let now = self.clock.now();
+        let until = DateTime::from_millis(now.timestamp_millis() + LEASE.as_millis() as i64);
+        let held = d.owner.as_deref() == Some(self.instance.as_str());
+        let filter = if held {
+            doc! {"state": State::Building.to_bson(), "owner": &self.instance}
+        } else {
+            doc! {"state": State::Building.to_bson(), "lease_until": d.lease_until.map_or(Bson::Null, Bson::DateTime)}
+        };
+        if !held && d.lease_until.is_some_and(|u| u > now) {
+            return Ok(false);
+        }
+        let mut set = doc! {"owner": &self.instance, "lease_until": until};
+        if let Some(p) = &progress {
+            set.insert("progress", mongodb::bson::to_bson(p).expect("progress serializes"));
+        }
+        let ok = self.store.update(INDEXES, &d.key, filter, crate::store::Update::set(set)).await?;
+        if ok {
+            d.owner = Some(self.instance.clone());
+            d.lease_until = Some(until);
+            d.progress = progress.or(d.progress.take());
+        }
+        Ok(ok)
+    }
+
+    /// End a build this instance holds: ready, or failed with `reason`.
+    async fn finish(&self, d: &Declaration, failed: Option<(String, Vec<String>)>) -> StoreResult<()> {
+        let now = self.clock.now();
+        let mut set = doc! {"updated_at": now, "owner": Bson::Null, "lease_until": Bson::Null};
+        match &failed {
+            None => {
+                set.insert("state", State::Ready.to_bson());
+                set.insert("progress", Bson::Null);
+            }
+            Some((reason, ids)) => {
+                set.insert("state", State::Failed.to_bson());
+                set.insert("reason", reason);
+                set.insert("documents", ids.clone());
+            }
+        }
+        let filter = doc! {"state": State::Building.to_bson(), "owner": &self.instance};
+        if self.store.update(INDEXES, &d.key, filter, crate::store::Update::set(set)).await? {
+            self.forget(&d.coll);
+            match failed {
+                None => tracing::info!(collection = %d.coll, index = %d.name, "index ready"),
+                Some((reason, _)) => {
+                    tracing::warn!(collection = %d.coll, index = %d.name, %reason, "index build failed")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Build `d`: check every live document, declare the store index, add
+    /// the documents' entries; then ready (or failed).
+    async fn build(&self, mut d: Declaration, stop: &CancellationToken) -> StoreResult<()> {
+        if !self.lease(&mut d, None).await? {
+            return Ok(());
+        }
+        let live = crate::store::IndexQuery::live();
+        let total = self.store.count(&d.coll, &live).await?;
+        tracing::info!(collection = %d.coll, index = %d.name, documents = total, "index build started");
+        let paths: Vec<(String, String)> = d.paths().map(|p| (d.name.clone(), p.to_owned())).collect();
+        let (mut after, mut done, mut offenders) = (None::<String>, 0u64, Vec::new());
+        let unique = d.unique.then(|| unique::Unique::of(&d));
+        let mut duplicates: Vec<String> = Vec::new();
+        loop {
+            if stop.is_cancelled() {
+                return Ok(());
+            }
+            let scan = DOCS_LIVE.scan(vec![Bson::Boolean(false)]).after(after.as_deref()).limit(BUILD_BATCH);
+            let batch = self.store.scan(&d.coll, scan).await?;
+            let full = batch.len() == BUILD_BATCH;
+            for record in batch {
+                after = crate::store::record_id(&record).map(str::to_owned);
+                done += 1;
+                let Ok(doc) = StoredDoc::from_record(record) else { continue };
+                if breaks_rule(&paths, &doc.data).is_some() {
+                    if offenders.len() < MAX_NAMED {
+                        offenders.push(doc.id);
+                    }
+                    continue;
+                }
+                // A unique index's values are claimed as they are met: a
+                // value claimed already is a duplicate.
+                if let Some(key) = unique.as_ref().and_then(|u| u.value(&doc.data)) {
+                    let u = unique.as_ref().expect("unique");
+                    if let Err(dup) = unique::claim(&self.store, &d.coll, u, &key, &doc.id, self.clock.now()).await? {
+                        if duplicates.len() < MAX_NAMED {
+                            duplicates.extend([dup.existing, doc.id]);
+                        }
+                    }
+                }
+            }
+            let progress = Progress { phase: "checking".into(), done, total };
+            if !self.lease(&mut d, Some(progress)).await? {
+                return Ok(());
+            }
+            if !full {
+                break;
+            }
+        }
+        if !offenders.is_empty() {
+            let reason = format!(
+                "documents hold an array or an object at an indexed path ({}); change them and declare the index again",
+                d.paths().collect::<Vec<_>>().join(", ")
+            );
+            return self.finish(&d, Some((reason, offenders))).await;
+        }
+        if !duplicates.is_empty() {
+            let reason = format!(
+                "documents hold the same value at the paths of this unique index ({}); change them and declare it again",
+                d.paths().collect::<Vec<_>>().join(", ")
+            );
+            duplicates.dedup();
+            return self.finish(&d, Some((reason, duplicates))).await;
+        }
+        self.store.declare_index(&d.coll, d.spec()).await?;
+        let (mut after, mut done, mut steps) = (None::<String>, 0u64, 0u64);
+        while let Some(last) = self.store.build_index_step(&d.coll, &d.physical, after.as_deref(), BUILD_BATCH).await? {
+            if stop.is_cancelled() {
+                return Ok(());
+            }
+            after = Some(last);
+            done += BUILD_BATCH as u64;
+            steps += 1;
+            if steps % DURABLE_EVERY == 0 {
+                // Made durable a few steps at a time: each such pause of
+                // the writer stays short.
+                self.store.build_index_step(&d.coll, &d.physical, None, 0).await?;
+            }
+            let progress = Progress { phase: "indexing".into(), done: done.min(total), total };
+            if !self.lease(&mut d, Some(progress)).await? {
+                return Ok(());
+            }
+        }
+        // Every step durable before the index serves.
+        self.store.build_index_step(&d.coll, &d.physical, None, 0).await?;
+        self.finish(&d, None).await
+    }
+}
+
+/// The builder of declared indexes, and the dropper of deleted ones.
+pub(crate) struct Builds {
+    pub indexes: Arc<Indexes>,
+    pub interval: Duration,
+}
+
+#[async_trait::async_trait]
+impl crate::worker::Worker for Builds {
+    fn name(&self) -> &'static str {
+        "index_builds"
+    }
+
+    async fn run(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            if let Err(err) = self.indexes.pass(&stop).await {
+                tracing::warn!(error = %err, "index build pass failed; retrying");
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = self.indexes.wake.notified() => {
+                    // A new declaration waits out its grace first.
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(GRACE) => {}
+                    }
+                }
+                () = tokio::time::sleep(self.interval) => {}
+            }
+        }
+    }
+}
