@@ -13,6 +13,9 @@
 //!   power-loss sweep (`durability.rs`);
 //! - `wire`: what a request waits for on a remote MongoDB, through a
 //!   proxy that delays every byte (`wire.rs`);
+//! - `queries`: an index built online under writes, pages and counts at
+//!   a million documents (`queries.rs`; `queries-postgres` the same in
+//!   PostgreSQL);
 //! - `peer`: the workloads `scripts/bench --peer postgres` runs beside
 //!   PostgreSQL (`peer.rs`); `peer-postgres`, with the `peer` feature,
 //!   runs them against PostgreSQL from this binary (`peer_pg.rs`).
@@ -30,6 +33,7 @@ mod peer;
 #[cfg(feature = "peer")]
 mod peer_pg;
 mod protocol;
+mod queries;
 mod scale;
 mod ttl;
 mod wire;
@@ -112,6 +116,31 @@ enum Command {
         /// Seconds each workload runs.
         #[arg(long, default_value_t = 3.0)]
         seconds: f64,
+    },
+    /// Queries over a declared index: its online build under writes, pages
+    /// of 50 and counts, at DOCS documents (embedded store).
+    Queries {
+        /// Documents loaded.
+        #[arg(long, default_value_t = 1_000_000)]
+        docs: usize,
+        /// Pages timed (counts: a tenth as many).
+        #[arg(long, default_value_t = 2000)]
+        samples: usize,
+        /// Writes per second during the build.
+        #[arg(long, default_value_t = 1000.0)]
+        rate: f64,
+    },
+    /// The same data and queries against PostgreSQL, from this binary
+    /// (built with the `peer` feature).
+    #[cfg(feature = "peer")]
+    QueriesPostgres {
+        /// The PostgreSQL connection string.
+        #[arg(long)]
+        url: String,
+        #[arg(long, default_value_t = 1_000_000)]
+        docs: usize,
+        #[arg(long, default_value_t = 2000)]
+        samples: usize,
     },
     /// Change events under load: throughput with and without streams,
     /// stream lag, a paused stream's cost, subscription deliveries. Runs
@@ -221,6 +250,9 @@ async fn main() {
         Command::Peer { seconds } => peer::run(config.clone(), seconds).await,
         #[cfg(feature = "peer")]
         Command::PeerPostgres { url, seconds } => peer_pg::run(&url, seconds).await,
+        Command::Queries { docs, samples, rate } => queries::run(config.clone(), docs, samples, rate).await,
+        #[cfg(feature = "peer")]
+        Command::QueriesPostgres { url, docs, samples } => peer_pg::queries(&url, docs, samples).await,
         Command::Events { streams, rate, seconds, pause_secs, deliveries, clients } => {
             let mongodb_uri = cli.mongodb_uri.clone();
             let args =

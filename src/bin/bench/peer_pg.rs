@@ -105,3 +105,69 @@ pub async fn run(url: &str, seconds: f64) {
     let per_sec = committed.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
     println!("peer postgres bank_commits_per_sec {per_sec:.0} ({} committed)", committed.load(Ordering::Relaxed));
 }
+
+/// The data and queries of `bench queries` in PostgreSQL: a table of the
+/// same rows, a B-tree index on (status, amount DESC, id) (the order
+/// txgate's index gives the same query), the page of 50 and the count.
+pub async fn queries(url: &str, docs: usize, samples: usize) {
+    use super::queries::STATUSES;
+    let client = connect(url).await;
+    let statuses = STATUSES.iter().map(|s| format!("'{s}'")).collect::<Vec<_>>().join(",");
+    let t = Instant::now();
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS docs;
+             CREATE TABLE docs (id text PRIMARY KEY, status text, amount bigint, customer text);
+             INSERT INTO docs SELECT 'd' || lpad(g::text, 7, '0'), (ARRAY[{statuses}])[g % 10 + 1],
+                 (g::bigint * 7919) % 1000003, 'c' || (g % 1000) FROM generate_series(0, {}) g;",
+            docs - 1
+        ))
+        .await
+        .expect("load");
+    println!("queries postgres load: {docs} rows in {:.1} s", t.elapsed().as_secs_f64());
+    let t = Instant::now();
+    client.batch_execute("CREATE INDEX docs_status_amount ON docs (status, amount DESC, id)").await.expect("index");
+    println!("queries postgres build_seconds {:.1} (no writes going on)", t.elapsed().as_secs_f64());
+    client.batch_execute("VACUUM ANALYZE docs").await.expect("vacuum");
+    let page = client
+        .prepare(
+            "SELECT id, status, amount, customer FROM docs WHERE status = $1 AND amount < $2 \
+             ORDER BY amount DESC, id LIMIT 50",
+        )
+        .await
+        .expect("prepare");
+    let mut lat = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let (status, below) = {
+            let mut rng = rand::rng();
+            (STATUSES[rng.random_range(0..10)], rng.random_range(10_000..1_000_003_i64))
+        };
+        let t = Instant::now();
+        let rows = client.query(&page, &[&status, &below]).await.expect("page");
+        lat.push(t.elapsed());
+        assert!(rows.len() <= 50);
+    }
+    lat.sort();
+    println!("queries postgres page_p50_ms {:.3}", ms(percentile(&lat, 0.5)));
+    println!("queries postgres page_p99_ms {:.3}", ms(percentile(&lat, 0.99)));
+    let count = client.prepare("SELECT count(*) FROM docs WHERE status = $1").await.expect("prepare");
+    let plan = client
+        .query("EXPLAIN SELECT count(*) FROM docs WHERE status = 'open'", &[])
+        .await
+        .expect("explain")
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join(" / ");
+    println!("  PostgreSQL's count: {plan}");
+    let mut lat = Vec::new();
+    for i in 0..(samples / 10).max(20) {
+        let t = Instant::now();
+        let n: i64 = client.query_one(&count, &[&STATUSES[i % 10]]).await.expect("count").get(0);
+        lat.push(t.elapsed());
+        assert!(n > 0);
+    }
+    lat.sort();
+    println!("queries postgres count_p50_ms {:.3}", ms(percentile(&lat, 0.5)));
+    println!("queries postgres count_p99_ms {:.3}", ms(percentile(&lat, 0.99)));
+}

@@ -1,0 +1,302 @@
+//! `bench queries`: queries over a declared index at a realistic size, on
+//! a gateway serving in this process over HTTP with keep-alive (the
+//! client: reqwest), beside PostgreSQL in `scripts/bench --peer postgres
+//! --queries` (`queries-postgres`, the same data and queries from this
+//! binary through tokio-postgres):
+//!
+//! - the online build of an index on (`status`, `-amount`) over DOCS
+//!   documents while 1,000 writes per second go on: the writes' p50/p99
+//!   before and during the build, and how long it took;
+//! - a page of 50 of one status below a random amount, newest amount
+//!   first: p50/p99, and the records the store decoded per page (at most
+//!   52: the page, the one after it, and nothing else);
+//! - the count of one status (a tenth of the documents): p50/p99.
+//!
+//! Each figure is also printed as a `queries txgate <name> <value>` line
+//! for the script to put beside PostgreSQL's.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use rand::Rng;
+use serde_json::{Value, json};
+use txgate::config::{Config, StoreConfig};
+use txgate::testing::document::StoredDoc;
+use txgate::testing::store::embedded::EmbeddedStore;
+use txgate::testing::store::{Bson, DateTime, DynStore, Edge, IndexQuery, Interval, doc};
+
+use super::{ms, percentile, progress};
+
+/// The statuses, one document in ten each.
+pub const STATUSES: [&str; 10] = ["open", "paid", "shipped", "void", "held", "new", "late", "lost", "done", "kept"];
+const COLL: &str = "orders";
+
+/// Document `i` of the data both sides load: its id, status, amount and
+/// customer.
+pub fn row(i: usize) -> (String, &'static str, i64, String) {
+    (format!("d{i:07}"), STATUSES[i % 10], ((i as i64) * 7919) % 1_000_003, format!("c{}", i % 1000))
+}
+
+/// Sorted latencies, as `p50/p99` in ms.
+fn p50_p99(lat: &mut [Duration]) -> (f64, f64) {
+    lat.sort();
+    (ms(percentile(lat, 0.5)), ms(percentile(lat, 0.99)))
+}
+
+async fn load(store: &DynStore, docs: usize) {
+    let now = DateTime::now();
+    let started = Instant::now();
+    let unsynced = store.unsynced();
+    futures::stream::iter(0..docs)
+        .map(|i| {
+            let (id, status, amount, customer) = row(i);
+            let d = StoredDoc::new_live(id, doc! {"status": status, "amount": amount, "customer": customer}, 1, 1, now);
+            let unsynced = &unsynced;
+            async move {
+                unsynced.insert(COLL, d.to_record()).await.expect("insert");
+                if (i + 1) % 200_000 == 0 {
+                    progress(&format!(
+                        "{} documents loaded ({:.0}/s)",
+                        i + 1,
+                        (i + 1) as f64 / started.elapsed().as_secs_f64()
+                    ));
+                }
+            }
+        })
+        .buffer_unordered(1024)
+        .collect::<Vec<()>>()
+        .await;
+    store.sync().await.expect("sync");
+}
+
+/// Writes at `rate` per second for `seconds` (or until `until` says
+/// stop), each a PATCH of a random document's amount: their latencies.
+async fn writes(
+    client: &reqwest::Client,
+    base: &str,
+    docs: usize,
+    rate: f64,
+    seconds: f64,
+    until: impl Fn() -> bool,
+) -> Vec<Duration> {
+    let lat = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = tokio::task::JoinSet::new();
+    let every = Duration::from_secs_f64(1.0 / rate);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
+    let gate = Arc::new(tokio::sync::Semaphore::new(256));
+    while Instant::now() < end && !until() {
+        tick.tick().await;
+        let (i, amount) = {
+            let mut rng = rand::rng();
+            (rng.random_range(0..docs), rng.random_range(0..1_000_003_i64))
+        };
+        let url = format!("{base}/v1/collections/{COLL}/documents/{}", row(i).0);
+        let (client, lat, permit) = (client.clone(), Arc::clone(&lat), Arc::clone(&gate).acquire_owned().await);
+        tasks.spawn(async move {
+            let t = Instant::now();
+            let resp = client.patch(url).json(&json!({"set": {"amount": amount}})).send().await.expect("patch");
+            assert!(resp.status().is_success(), "a write answered {}", resp.status());
+            lat.lock().unwrap().push(t.elapsed());
+            drop(permit);
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    Arc::try_unwrap(lat).unwrap().into_inner().unwrap()
+}
+
+pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
+    let StoreConfig::Embedded { data_dir, cache_mb, sync_interval } = &store else {
+        panic!("bench queries runs on the embedded store (its decoded records are counted)")
+    };
+    let embedded =
+        Arc::new(EmbeddedStore::open_with(data_dir, cache_mb << 20, *sync_interval).expect("the store opens"));
+    let raw: DynStore = Arc::clone(&embedded) as DynStore;
+    let gateway = super::scale::Gateway::start_with(Config { store, ..Config::default() }, Arc::clone(&raw)).await;
+    let client = reqwest::Client::new();
+    let base = gateway.base.clone();
+    println!("queries: {docs} documents, embedded store, over HTTP (reqwest, keep-alive)");
+    // One write through the gateway first: the collection's own indexes.
+    let resp =
+        client.post(format!("{base}/v1/collections/{COLL}/documents")).json(&json!({"_id": "first"})).send().await;
+    assert!(resp.expect("create").status().is_success());
+    let t = Instant::now();
+    load(&raw, docs).await;
+    println!("load: {docs} documents in {:.1} s", t.elapsed().as_secs_f64());
+
+    // Writes alone, then the same writes while the index builds.
+    let mut before = writes(&client, &base, docs, rate, 10.0, || false).await;
+    let (b50, b99) = p50_p99(&mut before);
+    let put = client
+        .put(format!("{base}/v1/collections/{COLL}/indexes/status_amount"))
+        .json(&json!({"fields": ["status", "-amount"]}))
+        .send()
+        .await
+        .expect("put index");
+    assert_eq!(put.status(), 201);
+    let started = Instant::now();
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (client, base, ready) = (client.clone(), base.clone(), Arc::clone(&ready));
+        tokio::spawn(async move {
+            loop {
+                let index: Value = client
+                    .get(format!("{base}/v1/collections/{COLL}/indexes/status_amount"))
+                    .send()
+                    .await
+                    .expect("get index")
+                    .json()
+                    .await
+                    .expect("index");
+                if index["state"] != "building" {
+                    assert_eq!(index["state"], "ready", "{index}");
+                    ready.store(true, std::sync::atomic::Ordering::SeqCst);
+                    return started.elapsed();
+                }
+                if let Some(p) = index["progress"].as_object() {
+                    progress(&format!("build: {} {} of {}", p["phase"], p["done"], p["total"]));
+                }
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+            }
+        })
+    };
+    let mut during =
+        writes(&client, &base, docs, rate, 3600.0, || ready.load(std::sync::atomic::Ordering::SeqCst)).await;
+    let built = watcher.await.expect("watcher");
+    let (d50, d99) = p50_p99(&mut during);
+    let over = |lat: &[Duration]| lat.iter().filter(|d| **d > Duration::from_millis(50)).count();
+    println!("online build over {docs} documents: {:.1} s, with {rate:.0} writes/s going on", built.as_secs_f64());
+    println!(
+        "  writes before: p50 {b50:.2} ms, p99 {b99:.2} ms, max {:.1} ms ({} writes, {} over 50 ms)",
+        ms(*before.last().unwrap_or(&Duration::ZERO)),
+        before.len(),
+        over(&before)
+    );
+    println!(
+        "  writes during: p50 {d50:.2} ms, p99 {d99:.2} ms, max {:.1} ms ({} writes, {} over 50 ms)",
+        ms(*during.last().unwrap_or(&Duration::ZERO)),
+        during.len(),
+        over(&during)
+    );
+    println!("queries txgate build_seconds {:.1}", built.as_secs_f64());
+    println!("queries txgate writes_before_p99_ms {b99:.2}");
+    println!("queries txgate writes_during_p99_ms {d99:.2}");
+
+    // Pages of 50.
+    let mut lat = Vec::with_capacity(samples);
+    let mut most = 0;
+    let mut items = 0;
+    for _ in 0..samples {
+        let (status, below) = {
+            let mut rng = rand::rng();
+            (STATUSES[rng.random_range(0..10)], rng.random_range(10_000..1_000_003_i64))
+        };
+        let body = json!({"filter": {"status": status, "amount": {"$lt": below}}, "sort": ["-amount"], "limit": 50});
+        let decoded = embedded.queried();
+        let t = Instant::now();
+        let page: Value = client
+            .post(format!("{base}/v1/collections/{COLL}/query"))
+            .json(&body)
+            .send()
+            .await
+            .expect("query")
+            .json()
+            .await
+            .expect("page");
+        lat.push(t.elapsed());
+        most = most.max(embedded.queried() - decoded);
+        items += page["items"].as_array().expect("items").len();
+    }
+    let (q50, q99) = p50_p99(&mut lat);
+    println!(
+        "page of 50 (status = s, amount < x, by -amount): p50 {q50:.3} ms, p99 {q99:.3} ms; at most {most} records decoded per page (target <= 52); {:.1} items per page",
+        items as f64 / samples as f64
+    );
+    println!("queries txgate page_p50_ms {q50:.3}");
+    println!("queries txgate page_p99_ms {q99:.3}");
+    println!("queries txgate page_decoded_max {most}");
+
+    // For reference: the store's share of a page, in this process (the
+    // read along the index and the decoding of 51 records, no HTTP).
+    let physical = raw
+        .indexes(COLL)
+        .await
+        .expect("indexes")
+        .into_iter()
+        .find(|s| s.name.starts_with("u.status_amount."))
+        .expect("the store index")
+        .name;
+    let mut lat = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let (status, below) = {
+            let mut rng = rand::rng();
+            (STATUSES[rng.random_range(0..10)], rng.random_range(10_000..1_000_003_i64))
+        };
+        let query = IndexQuery {
+            index: physical.clone(),
+            eq: vec![Bson::Boolean(false), Bson::String(status.into())],
+            slot: Some(vec![Interval {
+                lower: Edge::Bracket(Bson::Int64(0)),
+                upper: Edge::Value { value: Bson::Int64(below), inclusive: false },
+            }]),
+            reverse: false,
+            after: None,
+            limit: 51,
+            filter: doc! {},
+            sort: Vec::new(),
+        };
+        let t = Instant::now();
+        let records = raw.query(COLL, &query).await.expect("query");
+        lat.push(t.elapsed());
+        assert_eq!(records.len(), 51);
+    }
+    let (s50, s99) = p50_p99(&mut lat);
+    println!("the store's share, in process (51 records along the index, decoded): p50 {s50:.3} ms, p99 {s99:.3} ms");
+    println!("queries txgate store_page_p50_ms {s50:.3}");
+
+    // For reference: one document read by id over the same HTTP client.
+    let mut lat = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let i = rand::rng().random_range(0..docs);
+        let t = Instant::now();
+        let doc: Value = client
+            .get(format!("{base}/v1/collections/{COLL}/documents/{}", row(i).0))
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("document");
+        lat.push(t.elapsed());
+        assert!(doc["id"].is_string());
+    }
+    let (g50, g99) = p50_p99(&mut lat);
+    println!("for reference, one document by id: p50 {g50:.3} ms, p99 {g99:.3} ms");
+    println!("queries txgate get_p50_ms {g50:.3}");
+
+    let mut lat = Vec::new();
+    let mut counted = 0;
+    for i in 0..(samples / 10).max(20) {
+        let status = STATUSES[i % 10];
+        let t = Instant::now();
+        let body: Value = client
+            .get(format!("{base}/v1/collections/{COLL}/count"))
+            .query(&[("filter", json!({ "status": status }).to_string())])
+            .send()
+            .await
+            .expect("count")
+            .json()
+            .await
+            .expect("count");
+        lat.push(t.elapsed());
+        counted = body["count"].as_u64().expect("a count");
+    }
+    let (c50, c99) = p50_p99(&mut lat);
+    println!("count of one status ({counted} documents): p50 {c50:.2} ms, p99 {c99:.2} ms");
+    println!("queries txgate count_p50_ms {c50:.3}");
+    println!("queries txgate count_p99_ms {c99:.3}");
+    gateway.stop().await;
+}
