@@ -34,6 +34,9 @@ use crate::store::{Bson, DateTime, Document, DynStore, StoreResult, doc};
 /// The collection of reservations.
 pub(crate) const UNIQUE: &str = "_unique";
 
+/// The version of a reservation record's format.
+const FORMAT: i32 = 1;
+
 /// How long a claim holds its value whatever its owner shows: longer than
 /// any write takes from its claim to its landing.
 pub(crate) const GRACE: Duration = Duration::from_secs(30);
@@ -104,7 +107,7 @@ pub(crate) async fn claim(
     now: DateTime,
 ) -> StoreResult<Result<Claim, Duplicate>> {
     let id = index.id(key);
-    let mine = doc! {"_id": &id, "index": &index.physical, "owner": owner, "at": now};
+    let mine = doc! {"_id": &id, "v": FORMAT, "index": &index.physical, "owner": owner, "at": now};
     let taken = Claim { reservation: id.clone(), at: now, renewed: false };
     for _ in 0..MAX_TRIES {
         if store.insert(UNIQUE, mine.clone()).await? {

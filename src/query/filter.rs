@@ -186,7 +186,8 @@ fn escape(key: &str) -> String {
 
 /// Refuse a path that reaches the gateway's fields or is malformed.
 pub(crate) fn check_path(path: &str, at: &str) -> Result<(), FilterError> {
-    if path.is_empty() || path.len() > MAX_PATH_LEN {
+    // Characters, as the API description's `maxLength` counts them.
+    if path.is_empty() || path.chars().count() > MAX_PATH_LEN {
         return Err(FilterError::new(at, format!("a path is 1 to {MAX_PATH_LEN} characters")));
     }
     let segments: Vec<&str> = path.split('.').collect();
@@ -444,6 +445,12 @@ mod tests {
         ] {
             assert!(Filter::parse(&bad).is_err(), "{bad} was accepted");
         }
+    }
+
+    #[test]
+    fn a_path_is_measured_in_characters() {
+        assert!(check_path(&"é".repeat(MAX_PATH_LEN), "").is_ok());
+        assert!(check_path(&"é".repeat(MAX_PATH_LEN + 1), "").is_err());
     }
 
     #[test]

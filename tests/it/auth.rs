@@ -189,6 +189,35 @@ async fn keys_limited_to_collections_reach_only_those(backend: Backend) {
     let names: Vec<&str> = listed["items"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["orders"], "a limited key lists its collections only");
 
+    // Indexes, queries and counts: by the path; a query by POST needs read.
+    let index = Some(json!({"fields": ["amount"]}));
+    expect_problem(
+        as_key(ORDERS, Method::PUT, "/v1/collections/payments/indexes/a", index.clone()).await,
+        403,
+        "forbidden",
+    )
+    .await;
+    expect_problem(
+        as_key(AUDIT, Method::PUT, "/v1/collections/orders/indexes/a", index.clone()).await,
+        403,
+        "forbidden",
+    )
+    .await;
+    expect(as_key(ORDERS, Method::PUT, "/v1/collections/orders/indexes/a", index).await, 201).await;
+    expect_problem(as_key(ORDERS, Method::GET, "/v1/collections/payments/indexes", None).await, 403, "forbidden").await;
+    let query = Some(json!({"filter": {"amount": 5}}));
+    expect_problem(
+        as_key(ORDERS, Method::POST, "/v1/collections/payments/query", query.clone()).await,
+        403,
+        "forbidden",
+    )
+    .await;
+    expect_problem(as_key(ORDERS, Method::GET, "/v1/collections/payments/count", None).await, 403, "forbidden").await;
+    // AUDIT reads payments: the query is served or refused for its index, never forbidden.
+    let resp = as_key(AUDIT, Method::POST, "/v1/collections/payments/query", query).await;
+    expect_problem(resp, 400, "index_required").await;
+    expect(as_key(AUDIT, Method::GET, "/v1/collections/payments/count", None).await, 200).await;
+
     // Transactions: every member, checked before anything is done.
     let mixed = json!({"actions": [
         {"op": "insert", "collection": "orders", "id": "o2", "data": {"n": 1}},
