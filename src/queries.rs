@@ -191,8 +191,6 @@ fn store_query(filter: &Filter, plan: &Plan) -> IndexQuery {
     let mut sort: Vec<(String, i32)> =
         plan.order.iter().map(|k| (k.path.clone(), if k.desc { -1 } else { 1 })).collect();
     sort.push(("_id".into(), if plan.reverse { -1 } else { 1 }));
-    let mut clauses = vec![doc! {"_meta.deleted": false}];
-    clauses.extend(filter.to_mongo());
     IndexQuery {
         index: plan.index.clone(),
         eq,
@@ -200,7 +198,7 @@ fn store_query(filter: &Filter, plan: &Plan) -> IndexQuery {
         reverse: plan.reverse,
         after: None,
         limit: 0,
-        filter: doc! {"$and": clauses},
+        filter: IndexQuery::live_filter(filter.to_mongo()),
         sort,
     }
 }
@@ -252,8 +250,15 @@ const CURSOR: base64::engine::GeneralPurpose = base64::engine::general_purpose::
 /// The version of the cursor's format.
 const CURSOR_FORMAT: i32 = 1;
 
+/// A cursor as encoded: its format and the entry's key.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CursorBody {
+    f: i32,
+    k: Vec<Bson>,
+}
+
 fn encode_cursor(key: &[Bson]) -> String {
-    let d = doc! {"f": CURSOR_FORMAT, "k": key.to_vec()};
+    let d = crate::store::shape::fields(&CursorBody { f: CURSOR_FORMAT, k: key.to_vec() });
     let mut bytes = Vec::new();
     d.to_writer(&mut bytes).expect("a cursor serializes");
     CURSOR.encode(bytes)
@@ -266,10 +271,11 @@ fn decode_cursor(cursor: &str) -> Result<Vec<Bson>, QueryError> {
     }
     let bytes = CURSOR.decode(cursor).map_err(|_| bad())?;
     let d = Document::from_reader(bytes.as_slice()).map_err(|_| bad())?;
-    if d.get_i32("f").ok() != Some(CURSOR_FORMAT) {
+    let body: CursorBody = mongodb::bson::from_document(d).map_err(|_| bad())?;
+    if body.f != CURSOR_FORMAT {
         return Err(bad());
     }
-    let key = d.get_array("k").map_err(|_| bad())?.clone();
+    let key = body.k;
     if key.iter().any(|v| matches!(v, Bson::Document(_) | Bson::Array(_))) {
         return Err(bad());
     }
@@ -279,6 +285,10 @@ fn decode_cursor(cursor: &str) -> Result<Vec<Bson>, QueryError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn data(value: serde_json::Value) -> Document {
+        crate::store::convert::object_to_document(value.as_object().expect("an object"))
+    }
 
     #[test]
     fn cursors_round_trip_and_refuse_strangers() {
@@ -296,9 +306,9 @@ mod tests {
             schema_version: 1,
             created_at: crate::store::DateTime::from_millis(0),
             updated_at: crate::store::DateTime::from_millis(0),
-            data: doc! {"a": 1, "b": {"c": 2, "d": 3}, "e": 4},
+            data: data(serde_json::json!({"a": 1, "b": {"c": 2, "d": 3}, "e": 4})),
         }];
         trim(&mut items, Some(&["a".to_owned(), "b.c".to_owned(), "x".to_owned()]));
-        assert_eq!(items[0].data, doc! {"a": 1, "b": {"c": 2}});
+        assert_eq!(items[0].data, data(serde_json::json!({"a": 1, "b": {"c": 2}})));
     }
 }

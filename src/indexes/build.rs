@@ -12,7 +12,8 @@ use super::{
 };
 use crate::document::StoredDoc;
 use crate::store::scans::{DOCS_LIVE, INDEXES_BY_STATE};
-use crate::store::{Bson, DateTime, StoreResult, doc};
+use crate::store::shape::fields;
+use crate::store::{Bson, DateTime, StoreResult, Update};
 
 impl Indexes {
     /// One pass over the builds and drops there are to do.
@@ -51,7 +52,8 @@ impl Indexes {
                 unique::drop_all(&self.store, &d.physical).await?;
             }
         }
-        self.store.delete(INDEXES, &d.key, doc! {"state": State::Dropping.to_bson(), "physical": &d.physical}).await?;
+        let filter = fields(&shapes::Dropping { state: State::Dropping, physical: &d.physical });
+        self.store.delete(INDEXES, &d.key, filter).await?;
         tracing::info!(collection = %d.coll, index = %d.name, "index dropped");
         Ok(())
     }
@@ -63,18 +65,15 @@ impl Indexes {
         let until = DateTime::from_millis(now.timestamp_millis() + LEASE.as_millis() as i64);
         let held = d.owner.as_deref() == Some(self.instance.as_str());
         let filter = if held {
-            doc! {"state": State::Building.to_bson(), "owner": &self.instance}
+            fields(&shapes::Held { state: State::Building, owner: &self.instance })
         } else {
-            doc! {"state": State::Building.to_bson(), "lease_until": d.lease_until.map_or(Bson::Null, Bson::DateTime)}
+            fields(&shapes::Leased { state: State::Building, lease_until: d.lease_until })
         };
         if !held && d.lease_until.is_some_and(|u| u > now) {
             return Ok(false);
         }
-        let mut set = doc! {"owner": &self.instance, "lease_until": until};
-        if let Some(p) = &progress {
-            set.insert("progress", mongodb::bson::to_bson(p).expect("progress serializes"));
-        }
-        let ok = self.store.update(INDEXES, &d.key, filter, crate::store::Update::set(set)).await?;
+        let set = shapes::Lease { owner: &self.instance, lease_until: until, progress: progress.as_ref() };
+        let ok = self.store.update(INDEXES, &d.key, filter, Update::fields(&set)).await?;
         if ok {
             d.owner = Some(self.instance.clone());
             d.lease_until = Some(until);
@@ -86,20 +85,25 @@ impl Indexes {
     /// End a build this instance holds: ready, or failed with `reason`.
     async fn finish(&self, d: &Declaration, failed: Option<(String, Vec<String>)>) -> StoreResult<()> {
         let now = self.clock.now();
-        let mut set = doc! {"updated_at": now, "owner": Bson::Null, "lease_until": Bson::Null};
-        match &failed {
-            None => {
-                set.insert("state", State::Ready.to_bson());
-                set.insert("progress", Bson::Null);
-            }
-            Some((reason, ids)) => {
-                set.insert("state", State::Failed.to_bson());
-                set.insert("reason", reason);
-                set.insert("documents", ids.clone());
-            }
-        }
-        let filter = doc! {"state": State::Building.to_bson(), "owner": &self.instance};
-        if self.store.update(INDEXES, &d.key, filter, crate::store::Update::set(set)).await? {
+        let set = match &failed {
+            None => Update::fields(&shapes::Ready {
+                state: State::Ready,
+                updated_at: now,
+                owner: None,
+                lease_until: None,
+                progress: None,
+            }),
+            Some((reason, ids)) => Update::fields(&shapes::Failed {
+                state: State::Failed,
+                updated_at: now,
+                owner: None,
+                lease_until: None,
+                reason,
+                documents: ids,
+            }),
+        };
+        let filter = fields(&shapes::Held { state: State::Building, owner: &self.instance });
+        if self.store.update(INDEXES, &d.key, filter, set).await? {
             self.forget(&d.coll);
             match failed {
                 None => tracing::info!(collection = %d.coll, index = %d.name, "index ready"),
@@ -229,5 +233,64 @@ impl crate::worker::Worker for Builds {
                 () = tokio::time::sleep(self.interval) => {}
             }
         }
+    }
+}
+
+/// The fields of a declaration a build's steps filter on and set.
+mod shapes {
+    use serde::Serialize;
+
+    use super::{Progress, State};
+    use crate::store::DateTime;
+
+    /// Being dropped, standing for this store index.
+    #[derive(Serialize)]
+    pub(super) struct Dropping<'a> {
+        pub state: State,
+        pub physical: &'a str,
+    }
+
+    /// Building under `owner`'s lease.
+    #[derive(Serialize)]
+    pub(super) struct Held<'a> {
+        pub state: State,
+        pub owner: &'a str,
+    }
+
+    /// Building with its lease as read (none: never taken).
+    #[derive(Serialize)]
+    pub(super) struct Leased {
+        pub state: State,
+        pub lease_until: Option<DateTime>,
+    }
+
+    /// A lease taken or renewed, with the build's progress.
+    #[derive(Serialize)]
+    pub(super) struct Lease<'a> {
+        pub owner: &'a str,
+        pub lease_until: DateTime,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub progress: Option<&'a Progress>,
+    }
+
+    /// A build that ended ready: no lease, no progress.
+    #[derive(Serialize)]
+    pub(super) struct Ready {
+        pub state: State,
+        pub updated_at: DateTime,
+        pub owner: Option<String>,
+        pub lease_until: Option<DateTime>,
+        pub progress: Option<Progress>,
+    }
+
+    /// A build that failed, with why and the documents that caused it.
+    #[derive(Serialize)]
+    pub(super) struct Failed<'a> {
+        pub state: State,
+        pub updated_at: DateTime,
+        pub owner: Option<String>,
+        pub lease_until: Option<DateTime>,
+        pub reason: &'a str,
+        pub documents: &'a [String],
     }
 }

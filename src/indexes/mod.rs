@@ -42,6 +42,7 @@ use crate::document::StoredDoc;
 use crate::query::plan::Declared;
 pub(crate) use crate::query::rule::breaks_rule;
 use crate::store::scans::INDEXES_BY_COLL;
+use crate::store::shape::fields;
 use crate::store::{Bson, DateTime, Document, DynStore, IndexSpec, Record, StoreError, StoreResult, doc};
 
 /// The collection of index declarations.
@@ -151,6 +152,12 @@ impl Declaration {
     pub(crate) fn paths(&self) -> impl Iterator<Item = &str> {
         self.fields.iter().map(|f| f.strip_prefix('-').unwrap_or(f))
     }
+}
+
+/// A declaration standing for this store index (a delete's filter).
+#[derive(Serialize)]
+struct Physical<'a> {
+    physical: &'a str,
 }
 
 /// Why a declaration is refused.
@@ -477,7 +484,7 @@ impl Indexes {
             ..d.clone()
         };
         self.store.insert(INDEXES, dropping.record()).await?;
-        let done = self.store.delete(INDEXES, &d.key, doc! {"physical": &d.physical}).await?;
+        let done = self.store.delete(INDEXES, &d.key, fields(&Physical { physical: &d.physical })).await?;
         self.forget(coll);
         self.wake.notify_one();
         if done {

@@ -29,7 +29,8 @@ use base64::Engine as _;
 use super::Declaration;
 use crate::document::StoredDoc;
 use crate::store::scans::UNIQUE_BY_INDEX;
-use crate::store::{Bson, DateTime, Document, DynStore, StoreResult, doc};
+use crate::store::shape::{any, fields};
+use crate::store::{Bson, DateTime, Document, DynStore, StoreResult};
 
 /// The collection of reservations.
 pub(crate) const UNIQUE: &str = "_unique";
@@ -107,7 +108,7 @@ pub(crate) async fn claim(
     now: DateTime,
 ) -> StoreResult<Result<Claim, Duplicate>> {
     let id = index.id(key);
-    let mine = doc! {"_id": &id, "v": FORMAT, "index": &index.physical, "owner": owner, "at": now};
+    let mine = fields(&shapes::Reservation { id: &id, v: FORMAT, index: &index.physical, owner, at: now });
     let taken = Claim { reservation: id.clone(), at: now, renewed: false };
     for _ in 0..MAX_TRIES {
         if store.insert(UNIQUE, mine.clone()).await? {
@@ -116,12 +117,12 @@ pub(crate) async fn claim(
         let Some(found) = store.get(UNIQUE, &id).await? else { continue };
         let (Ok(holder), Ok(at)) = (found.get_str("owner"), found.get_datetime("at")) else {
             // Not one this gateway wrote: take it over.
-            if store.replace(UNIQUE, &id, doc! {"_id": &id}, mine.clone()).await? {
+            if store.replace(UNIQUE, &id, any(), mine.clone()).await? {
                 return Ok(Ok(taken));
             }
             continue;
         };
-        let read = doc! {"owner": holder, "at": *at};
+        let read = fields(&shapes::Held { owner: holder, at: *at });
         if holder == owner {
             // Its own: renewed, so a claim of it as read before fails.
             if store.replace(UNIQUE, &id, read, mine.clone()).await? {
@@ -156,7 +157,7 @@ pub(crate) async fn claim(
 /// (a claim of the same document since keeps it).
 pub(crate) async fn release(store: &DynStore, claims: &[Claim]) {
     for c in claims.iter().filter(|c| !c.renewed) {
-        let filter = doc! {"at": c.at};
+        let filter = fields(&shapes::At { at: c.at });
         if let Err(err) = store.unsynced().delete(UNIQUE, &c.reservation, filter).await {
             tracing::debug!(error = %err, reservation = %c.reservation, "a reservation stays until it is stale");
         }
@@ -178,18 +179,54 @@ pub(crate) async fn drop_all(store: &DynStore, physical: &str) -> StoreResult<us
     crate::store::purge(store.as_ref(), UNIQUE, UNIQUE_BY_INDEX.scan(vec![Bson::String(physical.to_owned())])).await
 }
 
+/// The fields of a reservation its claims filter on and write.
+mod shapes {
+    use serde::Serialize;
+
+    use crate::store::DateTime;
+
+    #[derive(Serialize)]
+    pub(super) struct Reservation<'a> {
+        #[serde(rename = "_id")]
+        pub id: &'a str,
+        pub v: i32,
+        pub index: &'a str,
+        pub owner: &'a str,
+        pub at: DateTime,
+    }
+
+    /// Held by `owner` since `at`: the reservation as read.
+    #[derive(Serialize)]
+    pub(super) struct Held<'a> {
+        pub owner: &'a str,
+        pub at: DateTime,
+    }
+
+    /// Claimed at `at`.
+    #[derive(Serialize)]
+    pub(super) struct At {
+        pub at: DateTime,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+
+    fn data(value: serde_json::Value) -> Document {
+        crate::store::convert::object_to_document(value.as_object().expect("an object"))
+    }
 
     #[test]
     fn a_document_without_the_paths_holds_no_value() {
         let u = Unique { physical: "u.e.1".into(), name: "e".into(), paths: vec!["email".into(), "org".into()] };
-        assert!(u.value(&doc! {"x": 1}).is_none());
-        assert!(u.value(&doc! {"email": Bson::Null}).is_none());
-        assert!(u.value(&doc! {"email": "a"}).is_some());
+        assert!(u.value(&data(json!({"x": 1}))).is_none());
+        assert!(u.value(&data(json!({"email": null}))).is_none());
+        assert!(u.value(&data(json!({"email": "a"}))).is_some());
         // Numbers of every kind are one value.
-        assert_eq!(u.value(&doc! {"email": 1_i32}), u.value(&doc! {"email": 1.0}));
-        assert_ne!(u.value(&doc! {"email": "a"}), u.value(&doc! {"email": "a", "org": "o"}));
+        assert_eq!(u.value(&data(json!({"email": 1}))), u.value(&data(json!({"email": 1.0}))));
+        assert_ne!(u.value(&data(json!({"email": "a"}))), u.value(&data(json!({"email": "a", "org": "o"}))));
     }
 }

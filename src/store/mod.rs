@@ -190,6 +190,15 @@ impl Scan {
 }
 
 impl IndexQuery {
+    /// The filter of a query along a user index: live documents (the
+    /// index's first field pinned to `_meta.deleted: false`) matching all
+    /// of `clauses`.
+    pub(crate) fn live_filter(clauses: Vec<Document>) -> Document {
+        let mut all = vec![doc! {"_meta.deleted": false}];
+        all.extend(clauses);
+        doc! {"$and": all}
+    }
+
     /// Every live document of a collection (tombstones aside), along the
     /// `live` index every user collection has: for counting them.
     pub(crate) fn live() -> Self {
