@@ -7,6 +7,7 @@ mod auth;
 mod backup;
 mod collections;
 mod crash;
+mod declared_indexes;
 mod docs;
 mod documents;
 mod events;

@@ -1,0 +1,309 @@
+//! Declared indexes, on both stores: the rule of indexed paths holds on
+//! every write path and in builds; an index built while writes go on holds
+//! every document; unique indexes refuse duplicates in single writes, in
+//! transactions staging one value at once, and in builds.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::queries::{WAIT, all_pages, create, docs_path, put_index, query, ready_index, settled_index};
+use crate::support::{Backend, TestApp, expect, expect_problem};
+
+crate::on_both_backends!(
+    indexed_paths_never_hold_arrays_or_objects,
+    a_build_over_documents_that_break_the_rule_fails_naming_them,
+    an_index_built_while_writes_go_on_holds_every_document,
+    unique_indexes_refuse_duplicates_in_single_writes,
+    two_transactions_staging_one_unique_value_at_once_commit_one,
+    a_unique_build_over_duplicates_fails_naming_them,
+);
+
+async fn indexed_paths_never_hold_arrays_or_objects(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "t", "one", &json!({"a": {"b": 1}, "c": 1})).await;
+    create(&app, "t", "zero", &json!({"c": 1})).await;
+    ready_index(&app, "t", "ab", &["a.b"]).await;
+    // Single writes.
+    for body in [json!({"a": {"b": [1]}}), json!({"a": [{"b": 1}]}), json!({"a": {"b": {"x": 1}}})] {
+        expect_problem(app.post(&docs_path("t"), &body).await, 422, "invalid_change").await;
+        expect_problem(
+            app.send_json(Method::PUT, &format!("{}/one", docs_path("t")), &body).await,
+            422,
+            "invalid_change",
+        )
+        .await;
+    }
+    let patch = json!({"set": {"a.b": [1]}});
+    expect_problem(
+        app.send_json(Method::PATCH, &format!("{}/one", docs_path("t")), &patch).await,
+        422,
+        "invalid_change",
+    )
+    .await;
+    // Transaction members, an update's post-image included.
+    for action in [
+        json!({"op": "insert", "collection": "t", "id": "two", "data": {"a": [1]}}),
+        json!({"op": "replace", "collection": "t", "id": "one", "data": {"a": {"b": {"c": 1}}}}),
+        json!({"op": "update", "collection": "t", "id": "one", "set": {"a": [{"b": 2}]}}),
+    ] {
+        let body = json!({"actions": [{"op": "update", "collection": "t", "id": "zero", "set": {"c": 2}}, action]});
+        let problem = expect_problem(app.post("/v1/transactions", &body).await, 422, "invalid_change").await;
+        assert_eq!(problem["action"], 1, "{problem}");
+    }
+    // Nothing was written.
+    let one = expect(app.get(&format!("{}/one", docs_path("t"))).await, 200).await;
+    assert_eq!(one["version"], 1);
+    assert_eq!(one["data"], json!({"a": {"b": 1}, "c": 1}));
+    // Arrays elsewhere, and a scalar where the path stops, are fine.
+    expect(app.post(&docs_path("t"), &json!({"a": 5, "list": [1, 2]})).await, 201).await;
+}
+
+async fn a_build_over_documents_that_break_the_rule_fails_naming_them(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "f", "ok", &json!({"tags": "x"})).await;
+    create(&app, "f", "bad1", &json!({"tags": ["x", "y"]})).await;
+    create(&app, "f", "bad2", &json!({"tags": {"x": 1}})).await;
+    put_index(&app, "f", "tags", &["tags"]).await;
+    let index = settled_index(&app, "f", "tags").await;
+    assert_eq!(index["state"], "failed", "{index}");
+    assert_eq!(index["documents"], json!(["bad1", "bad2"]));
+    assert!(index["reason"].as_str().unwrap().contains("array"), "{index}");
+    // A failed index serves nothing; deleted, it can be declared again.
+    let problem =
+        expect_problem(query(&app, "f", &json!({"filter": {"tags": "x"}})).await, 400, "index_required").await;
+    assert_eq!(problem["index"]["fields"], json!(["tags"]));
+    expect(app.request(Method::DELETE, "/v1/collections/f/indexes/tags").send().await.unwrap(), 204).await;
+    expect_problem(app.get("/v1/collections/f/indexes/tags").await, 404, "not_found").await;
+    // Another definition under a taken name is refused.
+    put_index(&app, "f", "other", &["x"]).await;
+    let resp = app.send_json(Method::PUT, "/v1/collections/f/indexes/other", &json!({"fields": ["y"]})).await;
+    expect_problem(resp, 409, "index_exists").await;
+    // The same again is answered as it is.
+    let resp = app.send_json(Method::PUT, "/v1/collections/f/indexes/other", &json!({"fields": ["x"]})).await;
+    assert_eq!(resp.status(), 200);
+    // Bad declarations.
+    for body in [
+        json!({"fields": []}),
+        json!({"fields": ["_meta.v"]}),
+        json!({"fields": ["a", "-a"]}),
+        json!({"fields": ["a"], "x": 1}),
+    ] {
+        expect_problem(
+            app.send_json(Method::PUT, "/v1/collections/f/indexes/bad", &body).await,
+            422,
+            "validation_failed",
+        )
+        .await;
+    }
+    let list = expect(app.get("/v1/collections/f/indexes").await, 200).await;
+    let names: Vec<&str> = list["items"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["other"]);
+}
+
+async fn an_index_built_while_writes_go_on_holds_every_document(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    // Enough documents for several build steps (the embedded store's);
+    // fewer on a MongoDB-wire server, which builds in one command.
+    let n = if backend == Backend::Embedded { 3000 } else { 300 };
+    for chunk in 0..n / 20 {
+        let actions: Vec<Value> = (0..20)
+            .map(|i| {
+                let k = chunk * 20 + i;
+                json!({"op": "insert", "collection": "w", "id": format!("w{k:05}"), "data": {"g": k % 7, "v": k}})
+            })
+            .collect();
+        expect(app.post("/v1/transactions", &json!({ "actions": actions })).await, 200).await;
+    }
+    put_index(&app, "w", "g_v", &["g", "-v"]).await;
+    // Writes go on while the index builds: updates, deletes, inserts.
+    let mut model: BTreeMap<String, (i64, i64)> =
+        (0..n).map(|k| (format!("w{k:05}"), ((k % 7) as i64, k as i64))).collect();
+    let mut written = 0;
+    let started = Instant::now();
+    loop {
+        let k = (written * 37) % n;
+        let id = format!("w{k:05}");
+        match written % 3 {
+            0 => {
+                expect(
+                    app.send_json(Method::PATCH, &format!("{}/{id}", docs_path("w")), &json!({"set": {"g": 3}})).await,
+                    200,
+                )
+                .await;
+                model.get_mut(&id).unwrap().0 = 3;
+            }
+            1 if model.contains_key(&id) => {
+                expect(app.request(Method::DELETE, &format!("{}/{id}", docs_path("w"))).send().await.unwrap(), 204)
+                    .await;
+                model.remove(&id);
+            }
+            _ => {
+                let id = format!("x{written:05}");
+                create(&app, "w", &id, &json!({"g": 3, "v": written})).await;
+                model.insert(id, (3, written as i64));
+            }
+        }
+        written += 1;
+        let index = expect(app.get("/v1/collections/w/indexes/g_v").await, 200).await;
+        if index["state"] != "building" {
+            assert_eq!(index["state"], "ready", "{index}");
+            break;
+        }
+        assert!(started.elapsed() < WAIT, "the build never ended");
+    }
+    assert!(written > 3, "writes went on during the build");
+    // Every group answers exactly the model.
+    let mut rng = StdRng::seed_from_u64(7);
+    for g in 0..7 {
+        let got: Vec<String> = all_pages(&app, "w", &json!({"g": g}), &[("v".into(), true)], &mut rng, async |_| {})
+            .await
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        let mut want: Vec<(&String, &(i64, i64))> = model.iter().filter(|(_, (mg, _))| *mg == g).collect();
+        want.sort_by(|a, b| b.1.1.cmp(&a.1.1).then(a.0.cmp(b.0)));
+        let want: Vec<String> = want.into_iter().map(|(id, _)| id.clone()).collect();
+        assert_eq!(got.len(), want.len(), "group {g}");
+        assert_eq!(got, want, "group {g}");
+    }
+    let all = expect(app.get("/v1/collections/w/count").await, 200).await;
+    assert_eq!(all["count"].as_u64().unwrap() as usize, model.len());
+}
+
+async fn unique_email(app: &TestApp, coll: &str) {
+    let resp = app
+        .send_json(
+            Method::PUT,
+            &format!("/v1/collections/{coll}/indexes/email"),
+            &json!({"fields": ["email"], "unique": true}),
+        )
+        .await;
+    assert_eq!(resp.status(), 201);
+    let index = settled_index(app, coll, "email").await;
+    assert_eq!((&index["state"], &index["unique"]), (&json!("ready"), &json!(true)), "{index}");
+}
+
+async fn unique_indexes_refuse_duplicates_in_single_writes(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "u", "a", &json!({"email": "x@example.com"})).await;
+    unique_email(&app, "u").await;
+    let dup = expect_problem(
+        app.post(&docs_path("u"), &json!({"_id": "b", "email": "x@example.com"})).await,
+        409,
+        "duplicate",
+    )
+    .await;
+    assert_eq!((&dup["index"], &dup["existing"]), (&json!("email"), &json!("a")), "{dup}");
+    create(&app, "u", "b", &json!({"email": "y@example.com"})).await;
+    // Documents without the field never collide.
+    create(&app, "u", "c", &json!({"name": "c"})).await;
+    create(&app, "u", "d", &json!({"name": "d", "email": null})).await;
+    // Changes to a held value are refused; to a free one, allowed.
+    let b = format!("{}/b", docs_path("u"));
+    expect_problem(
+        app.send_json(Method::PATCH, &b, &json!({"set": {"email": "x@example.com"}})).await,
+        409,
+        "duplicate",
+    )
+    .await;
+    expect_problem(app.send_json(Method::PUT, &b, &json!({"email": "x@example.com"})).await, 409, "duplicate").await;
+    expect(app.send_json(Method::PATCH, &b, &json!({"set": {"email": "z@example.com"}})).await, 200).await;
+    // The value b gave up is free at once.
+    create(&app, "u", "e", &json!({"email": "y@example.com"})).await;
+    // A deleted document's value is free; a second delete works too.
+    for id in ["a", "e"] {
+        expect(app.request(Method::DELETE, &format!("{}/{id}", docs_path("u"))).send().await.unwrap(), 204).await;
+    }
+    create(&app, "u", "f", &json!({"email": "x@example.com"})).await;
+    // A value is one value whatever the number type: 1 and 1.0.
+    create(&app, "u", "g", &json!({"email": 1})).await;
+    expect_problem(app.post(&docs_path("u"), &json!({"email": 1.0})).await, 409, "duplicate").await;
+    // A transaction member meets the same rule, before anything is written.
+    let body = json!({"actions": [
+        {"op": "update", "collection": "u", "id": "b", "set": {"n": 1}},
+        {"op": "insert", "collection": "u", "id": "h", "data": {"email": "f@example.com"}},
+        {"op": "update", "collection": "u", "id": "c", "set": {"email": "x@example.com"}},
+    ]});
+    let problem = expect_problem(app.post("/v1/transactions", &body).await, 409, "duplicate").await;
+    assert_eq!((&problem["action"], &problem["existing"]), (&json!(2), &json!("f")), "{problem}");
+    expect_problem(app.get(&format!("{}/h", docs_path("u"))).await, 404, "not_found").await;
+    assert_eq!(expect(app.get(&b).await, 200).await["version"], 2);
+    // The claims of that failed transaction were given back.
+    create(&app, "u", "h", &json!({"email": "f@example.com"})).await;
+    // A transaction that moves one value and deletes another frees both
+    // once it answers.
+    let body = json!({"actions": [
+        {"op": "update", "collection": "u", "id": "b", "set": {"email": "w@example.com"}},
+        {"op": "delete", "collection": "u", "id": "f"},
+    ]});
+    expect(app.post("/v1/transactions", &body).await, 200).await;
+    create(&app, "u", "i", &json!({"email": "x@example.com"})).await;
+    create(&app, "u", "j", &json!({"email": "z@example.com"})).await;
+    // Queries over a unique index.
+    let page = expect(query(&app, "u", &json!({"filter": {"email": "x@example.com"}})).await, 200).await;
+    let ids: Vec<&str> = page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["i"]);
+}
+
+async fn two_transactions_staging_one_unique_value_at_once_commit_one(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "v", "seed", &json!({"email": "seed"})).await;
+    unique_email(&app, "v").await;
+    for round in 0..8 {
+        let value = format!("v{round}@example.com");
+        let send = async |id: String| {
+            let body = json!({"actions": [
+                {"op": "insert", "collection": "v", "id": format!("{id}-other"), "data": {"n": 1}},
+                {"op": "insert", "collection": "v", "id": id, "data": {"email": value}},
+            ]});
+            app.post("/v1/transactions", &body).await
+        };
+        let (a, b) = tokio::join!(send(format!("a{round}")), send(format!("b{round}")));
+        let statuses = [a.status().as_u16(), b.status().as_u16()];
+        assert!(statuses.contains(&200), "round {round}: one commits: {statuses:?}");
+        assert!(statuses.contains(&409), "round {round}: the other is refused: {statuses:?}");
+        let loser = if statuses[0] == 409 { a } else { b };
+        let problem: Value = loser.json().await.unwrap();
+        assert_eq!(problem["code"], "duplicate", "{problem}");
+        // Nothing of the refused one was written.
+        let tag = if statuses[0] == 409 { "a" } else { "b" };
+        expect_problem(app.get(&format!("{}/{tag}{round}-other", docs_path("v"))).await, 404, "not_found").await;
+        let count = app
+            .request(Method::GET, "/v1/collections/v/count")
+            .query(&[("filter", json!({"email": value}).to_string())])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(expect(count, 200).await["count"], 1, "round {round}");
+    }
+}
+
+async fn a_unique_build_over_duplicates_fails_naming_them(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "y", "a", &json!({"email": "same"})).await;
+    create(&app, "y", "b", &json!({"email": "other"})).await;
+    create(&app, "y", "c", &json!({"email": "same"})).await;
+    create(&app, "y", "d", &json!({})).await;
+    create(&app, "y", "e", &json!({})).await;
+    let resp = app
+        .send_json(Method::PUT, "/v1/collections/y/indexes/email", &json!({"fields": ["email"], "unique": true}))
+        .await;
+    assert_eq!(resp.status(), 201);
+    let index = settled_index(&app, "y", "email").await;
+    assert_eq!(index["state"], "failed", "{index}");
+    assert_eq!(index["documents"], json!(["a", "c"]), "{index}");
+    // Fixed and declared again, it builds.
+    expect(app.request(Method::DELETE, "/v1/collections/y/indexes/email").send().await.unwrap(), 204).await;
+    expect(
+        app.send_json(Method::PATCH, &format!("{}/c", docs_path("y")), &json!({"set": {"email": "third"}})).await,
+        200,
+    )
+    .await;
+    unique_email(&app, "y").await;
+    expect_problem(app.post(&docs_path("y"), &json!({"email": "same"})).await, 409, "duplicate").await;
+}
