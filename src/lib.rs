@@ -27,6 +27,7 @@ mod migrate;
 mod purge;
 mod queries;
 mod query;
+mod reads;
 mod store;
 mod subscriptions;
 #[doc(hidden)]
@@ -111,6 +112,7 @@ pub struct App {
     pub collections: Arc<collections::Collections>,
     pub indexes: Arc<indexes::Indexes>,
     pub queries: Arc<queries::Queries>,
+    pub reads: Arc<reads::Reads>,
     /// Cancelled at shutdown: open event streams end.
     pub stop: CancellationToken,
 }
@@ -167,12 +169,26 @@ impl App {
             Arc::clone(&events),
             txns.follow_ups().clone(),
         ));
+        let reads = Arc::new(reads::Reads::new(Arc::clone(&documents), Arc::clone(&events), config.txn.lock_wait));
         let subscriptions =
             subscriptions::Subscriptions::new(Arc::clone(&store), Arc::clone(&events), Arc::clone(&hooks));
         let collections =
             collections::Collections::new(Arc::clone(&store), Arc::clone(&events), config.txn.clock.clone());
         let stop = CancellationToken::new();
-        Self { store, txns, hooks, documents, metrics, events, subscriptions, collections, indexes, queries, stop }
+        Self {
+            store,
+            txns,
+            hooks,
+            documents,
+            metrics,
+            events,
+            subscriptions,
+            collections,
+            indexes,
+            queries,
+            reads,
+            stop,
+        }
     }
 
     /// The TTL sweeper of this gateway.
@@ -198,6 +214,7 @@ impl App {
             collections: Arc::clone(&self.collections),
             indexes: Arc::clone(&self.indexes),
             queries: Arc::clone(&self.queries),
+            reads: Arc::clone(&self.reads),
             metrics: Arc::clone(&self.metrics),
             stop: self.stop.clone(),
             streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),

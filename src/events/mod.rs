@@ -285,6 +285,24 @@ impl Log {
         Ok(last.first().and_then(|r| r.get_i64(LOG_SEQ).ok()).and_then(|n| u64::try_from(n).ok()).unwrap_or(0))
     }
 
+    /// Of the events `ids` (event ids), those in the log: each one's
+    /// position and the transaction that made its change, if any.
+    pub(crate) async fn positions_of(
+        &self,
+        ids: &[String],
+    ) -> StoreResult<std::collections::HashMap<String, (u64, Option<String>)>> {
+        if ids.is_empty() {
+            return Ok(Default::default());
+        }
+        let mut found = std::collections::HashMap::with_capacity(ids.len());
+        for rec in self.store.get_many(EVENTS, ids).await? {
+            let Some(id) = crate::store::record_id(&rec).map(str::to_owned) else { continue };
+            let Some(seq) = rec.get_i64(LOG_SEQ).ok().and_then(|s| u64::try_from(s).ok()) else { continue };
+            found.insert(id, (seq, rec.get_str("transaction").ok().map(str::to_owned)));
+        }
+        Ok(found)
+    }
+
     /// Up to `max` positions after `after`, stopping before a gap that
     /// may still fill; what is returned is durable.
     pub async fn read(&self, after: u64, max: usize) -> Result<Batch, ReadError> {

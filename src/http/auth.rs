@@ -106,7 +106,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 const OPERATOR_ROUTES: &[&str] = &["/v1/transactions/{id}/abort", "/v1/deliveries/{id}/retry", "/v1/admin/backup"];
 
 /// Reads sent as `POST` (a query's body): `read` is enough.
-const READ_ROUTES: &[&str] = &["/v1/collections/{collection}/query"];
+const READ_ROUTES: &[&str] = &["/v1/collections/{collection}/query", "/v1/reads"];
 
 /// The scope a request needs, decided by its matched route (a document
 /// whose id is `abort` is a document).
@@ -131,6 +131,7 @@ const CHECKED_BY_HANDLER: &[&str] = &[
     "/v1/transactions/{id}",
     "/v1/transactions/{id}/abort",
     "/v1/events",
+    "/v1/reads",
     "/v1/subscriptions",
     "/v1/subscriptions/{id}",
 ];

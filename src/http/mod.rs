@@ -16,6 +16,7 @@ pub(crate) mod observe;
 pub(crate) mod paging;
 pub(crate) mod problems;
 pub(crate) mod queries;
+mod reads;
 pub(crate) mod serve;
 pub(crate) mod strict;
 pub(crate) mod subscriptions;
@@ -53,6 +54,7 @@ pub(crate) struct AppState {
     pub collections: Arc<crate::collections::Collections>,
     pub indexes: Arc<crate::indexes::Indexes>,
     pub queries: Arc<crate::queries::Queries>,
+    pub reads: Arc<crate::reads::Reads>,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Cancelled when the gateway shuts down: open event streams end.
     pub stop: tokio_util::sync::CancellationToken,
@@ -89,6 +91,7 @@ pub(crate) fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(collections::router())
         .merge(documents::router())
         .merge(queries::router())
+        .merge(reads::router())
         .merge(indexes::router())
         .merge(transactions::router())
         .merge(deliveries::router())

@@ -154,7 +154,8 @@ const AUDIT: &str = "audit-key-0123456789";
 crate::on_both_backends!(keys_limited_to_collections_reach_only_those,);
 
 /// A key limited to collections (`read@orders+write@orders`): documents,
-/// collections, transactions (every member), events and subscriptions
+/// collections, transactions (every member), batch reads (every member),
+/// events and subscriptions
 /// (their filters, and what they deliver) outside them are refused with
 /// 403 and nothing is written; lists show what lies within.
 async fn keys_limited_to_collections_reach_only_those(backend: Backend) {
@@ -217,6 +218,18 @@ async fn keys_limited_to_collections_reach_only_those(backend: Backend) {
     let resp = as_key(AUDIT, Method::POST, "/v1/collections/payments/query", query).await;
     expect_problem(resp, 400, "index_required").await;
     expect(as_key(AUDIT, Method::GET, "/v1/collections/payments/count", None).await, 200).await;
+
+    // Batch reads: read on every member's collection; one outside is a
+    // 403 naming it, and nothing of the others is shown.
+    let both =
+        Some(json!({"documents": [{"collection": "orders", "id": "o1"}, {"collection": "payments", "id": "p1"}]}));
+    let p = expect_problem(as_key(ORDERS, Method::POST, "/v1/reads", both.clone()).await, 403, "forbidden").await;
+    assert_eq!((p["required_scope"].as_str(), p["collection"].as_str()), (Some("read"), Some("payments")));
+    assert!(p.get("documents").is_none(), "{p}");
+    let read = expect(as_key(AUDIT, Method::POST, "/v1/reads", both).await, 200).await;
+    assert_eq!(read["documents"][1]["document"]["data"]["amount"], 5);
+    let own = Some(json!({"documents": [{"collection": "orders", "id": "o1"}]}));
+    expect(as_key(ORDERS, Method::POST, "/v1/reads", own).await, 200).await;
 
     // Transactions: every member, checked before anything is done.
     let mixed = json!({"actions": [

@@ -23,6 +23,7 @@ mod openapi;
 mod power;
 mod props;
 mod queries;
+mod reads;
 mod restart;
 mod secrets;
 mod slow;

@@ -25,7 +25,7 @@ try:
         v1_documents_get,
         v1_documents_replace,
     )
-    from txgate_client.api.documents import v1_documents_count, v1_documents_list, v1_documents_query
+    from txgate_client.api.documents import v1_documents_count, v1_documents_list, v1_documents_query, v1_reads_create
     from txgate_client.api.indexes import v1_indexes_get, v1_indexes_put
     from txgate_client.api.transactions import v1_transactions_create
     from txgate_client.models import (
@@ -42,6 +42,8 @@ try:
         NewDocument,
         QueryIn,
         QueryPageOut,
+        ReadsIn,
+        ReadsOut,
         TransactionIn,
         UpdateAction,
         UpdateActionOp,
@@ -243,6 +245,20 @@ def run(client):
     body = json.loads(unserved.content)
     expect_equal(body["code"], "index_required", "unserved query: code")
     expect_equal(body["index"]["fields"], ["total"], "unserved query: the index that would serve it")
+
+    # 10. several documents at one point
+    step("10. read several documents at one point")
+    members = [{"collection": collection, "id": i} for i in ("q-1", "never", "q-3")]
+    read = answer(
+        v1_reads_create.sync_detailed(client=client, body=ReadsIn.from_dict({"documents": members})),
+        200,
+        ReadsOut,
+        "batch read",
+    )
+    expect_equal([(d.id, d.status) for d in read.documents], [("q-1", 200), ("never", 404), ("q-3", 200)], "batch read: members")
+    expect_equal(read.documents[0].document.data.to_dict(), {"customer": "bob", "total": 5}, "batch read: a document")
+    expect_equal(read.documents[1].problem.to_dict()["code"], "not_found", "batch read: a problem")
+    expect(read.position >= counted.position, f"batch read: position {read.position} after the count's {counted.position}")
 
 
 def main(argv):

@@ -28,6 +28,8 @@ try:
         IndexOut,
         QueryIn,
         QueryPageOut,
+        ReadsIn,
+        ReadsOut,
         Deleted,
         DocumentOut,
         InsertAction,
@@ -263,6 +265,17 @@ def run(docs, transactions, indexes):
         "count",
     ).data
     expect_equal(counted.count, 2, "count")
+
+    # 10. several documents at one point
+    step("10. read several documents at one point")
+    members = [{"collection": collection, "id": i} for i in ("q-1", "never", "q-3")]
+    read = success(
+        lambda: docs.v1_reads_create_with_http_info(ReadsIn.from_dict({"documents": members})), 200, ReadsOut, "batch read"
+    ).data
+    expect_equal([(d.id, d.status) for d in read.documents], [("q-1", 200), ("never", 404), ("q-3", 200)], "batch read: members")
+    expect_equal(read.documents[0].document.data, {"customer": "bob", "total": 5}, "batch read: a document")
+    expect_equal(read.documents[1].problem["code"], "not_found", "batch read: a problem")
+    expect(read.position >= counted.position, f"batch read: position {read.position} after the count's {counted.position}")
 
 
 def main(argv):

@@ -227,6 +227,20 @@ async function main(baseUrl: string, apiKey: string): Promise<void> {
   expect(unserved.code === "index_required", `unserved query: code ${unserved.code}`);
   const required: Schemas["IndexRequired"] = unserved;
   expectEqual(required.index?.fields.join(","), "total", "unserved query: the index that would serve it");
+
+  // 10. several documents at one point
+  step("10. read several documents at one point");
+  const batch: Schemas["ReadsOut"] = success(
+    await client.POST("/v1/reads", {
+      body: { documents: [{ collection, id: "q-1" }, { collection, id: "never" }, { collection, id: "q-3" }] },
+    }),
+    200,
+    "batch read",
+  );
+  expectEqual(batch.documents.map((d) => `${d.id}:${d.status}`).join(","), "q-1:200,never:404,q-3:200", "batch read: members");
+  expectEqual(batch.documents[0]?.document?.data.total, 5, "batch read: a document");
+  expectEqual(batch.documents[1]?.problem?.code, "not_found", "batch read: a problem");
+  expect(batch.position >= counted.position, `batch read: position ${batch.position} after the count's ${counted.position}`);
 }
 
 const [baseUrl, apiKey] = process.argv.slice(2);

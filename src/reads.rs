@@ -1,0 +1,239 @@
+//! Batch reads (docs/design.md §7): documents of any collections, every one
+//! as of one point of the change-event log, and that point (`position`).
+//!
+//! The point is found by reading the members twice (a double collect):
+//!
+//! 1. the log's last position `H` is read, then every member as a reader
+//!    sees it (a member locked by a committed transaction reads as its
+//!    post-image, as a single read does);
+//! 2. each member's version is looked up in the log (the event
+//!    `<collection>/<id>/<version>`), waiting, bounded, for one whose
+//!    change is made but not logged yet (a single write's outbox, a
+//!    committed transaction not rolled forward), and so is the
+//!    `transaction.committed` event of each transaction that made one of
+//!    those versions (appended after its members' events); `P` is the
+//!    greatest of `H` and those positions;
+//! 3. the members are read again; a member whose version moved on must
+//!    have its next version logged after `P`. Then the answer is the first
+//!    read, at `P`; otherwise 2–3 again from the second read.
+//!
+//! Why this is exact: positions are taken in order (the store's counter),
+//! and a change is made before its position is taken. A member's change
+//! logged at or before `P` was made before `P`'s event was seen, so before
+//! the second read, which shows it moved on; step 3 refuses such a read.
+//! No change after `P` is shown, since every version shown is logged at or
+//! before `P`. A member read before a transaction and another after it
+//! cannot pass: the transaction's `transaction.committed` event, after its
+//! members' events, is at or before `P`, so the first member's next
+//! version is too.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::document::{StoredDoc, View};
+use crate::documents::{DocError, Documents};
+use crate::events::Log;
+use crate::events::model::{document_event_id, transaction_event_id};
+use crate::store::record_id;
+
+/// Members one batch read names at most.
+pub(crate) const MAX_MEMBERS: usize = 100;
+/// Double collects tried before the batch is answered `locked`.
+const ATTEMPTS: usize = 12;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReadError {
+    /// A member's change could not be placed in the log within the wait
+    /// (its transaction or single write is still finishing), or members
+    /// kept changing between the two reads.
+    #[error("{collection}/{id} is changing: it could not be read at one point with the others")]
+    Unsettled { collection: String, id: String, holder: Option<String> },
+    #[error(transparent)]
+    Doc(#[from] DocError),
+}
+
+impl From<crate::store::StoreError> for ReadError {
+    fn from(err: crate::store::StoreError) -> Self {
+        ReadError::Doc(DocError::Store(err))
+    }
+}
+
+/// A member of a batch read.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Member {
+    pub collection: String,
+    pub id: String,
+}
+
+/// The members as of `position`, in the order asked.
+#[derive(Debug)]
+pub(crate) struct BatchRead {
+    pub position: u64,
+    pub views: Vec<View>,
+}
+
+/// An event a batch read looks for.
+struct Want {
+    id: String,
+    /// Whether its change is made, so the event is on its way if absent.
+    wait: bool,
+    /// The member it concerns (for the answer when it never comes).
+    member: usize,
+}
+
+impl Want {
+    fn event(members: &[Member], i: usize, version: i64, wait: bool) -> Self {
+        Self { id: document_event_id(&members[i].collection, &members[i].id, version), wait, member: i }
+    }
+}
+
+/// A member as one read found it.
+struct Seen {
+    view: View,
+    /// The transaction the document is locked by, if any.
+    holder: Option<String>,
+    /// Whether the change the view shows may not be logged yet.
+    unlogged: bool,
+}
+
+impl Seen {
+    /// The version the view shows (0: none).
+    fn version(&self) -> i64 {
+        match &self.view {
+            View::NotFound => 0,
+            View::Deleted { version, .. } => *version,
+            View::Live(live) => live.version,
+        }
+    }
+}
+
+/// Batch reads.
+pub struct Reads {
+    documents: std::sync::Arc<Documents>,
+    log: std::sync::Arc<Log>,
+    /// How long a member's change may take to reach the log.
+    wait: Duration,
+}
+
+impl Reads {
+    pub(crate) fn new(documents: std::sync::Arc<Documents>, log: std::sync::Arc<Log>, wait: Duration) -> Self {
+        Self { documents, log, wait }
+    }
+
+    /// `members` as of one point of the log.
+    pub(crate) async fn batch(&self, members: &[Member]) -> Result<BatchRead, ReadError> {
+        // This instance's answered writes first: a client reads its own.
+        self.log.settle().await;
+        let deadline = tokio::time::Instant::now() + self.wait;
+        let mut head = self.log.head().await?;
+        let mut seen = self.collect(members).await?;
+        for _ in 0..ATTEMPTS {
+            // Where each version seen was logged; and the transactions
+            // that made them, whose `transaction.committed` event follows
+            // their members' events.
+            let versions: Vec<Want> = (0..members.len())
+                .filter(|&i| seen[i].version() > 0)
+                .map(|i| Want::event(members, i, seen[i].version(), seen[i].unlogged))
+                .collect();
+            let found = self.positions(&versions, members, &seen, deadline).await?;
+            let mut position = found.values().map(|(seq, _)| *seq).fold(head, u64::max);
+            let mut txns: Vec<Want> = Vec::new();
+            for w in &versions {
+                if let Some((_, Some(txn))) = found.get(&w.id) {
+                    let id = transaction_event_id(txn);
+                    if !txns.iter().any(|t| t.id == id) {
+                        txns.push(Want { id, wait: true, member: w.member });
+                    }
+                }
+            }
+            let committed = self.positions(&txns, members, &seen, deadline).await?;
+            position = committed.values().map(|(seq, _)| *seq).fold(position, u64::max);
+            // Read again: a member that changed since must have been
+            // logged after `position`, or the first read is not one point.
+            let next_head = self.log.head().await?;
+            let again = self.collect(members).await?;
+            let moved: Vec<Want> = (0..members.len())
+                .filter(|&i| again[i].version() > seen[i].version())
+                .map(|i| Want::event(members, i, seen[i].version() + 1, true))
+                .collect();
+            let next = self.positions(&moved, members, &again, deadline).await?;
+            if next.values().all(|(seq, _)| *seq > position) {
+                return Ok(BatchRead { position, views: seen.into_iter().map(|s| s.view).collect() });
+            }
+            head = next_head;
+            seen = again;
+        }
+        // Members changing faster than they can be read together.
+        let i = seen.iter().position(|s| s.holder.is_some()).unwrap_or(0);
+        Err(unsettled(&members[i], &seen[i]))
+    }
+
+    /// Every member as a reader sees it now (one store read per
+    /// collection).
+    async fn collect(&self, members: &[Member]) -> Result<Vec<Seen>, DocError> {
+        let mut by_coll: HashMap<&str, Vec<String>> = HashMap::new();
+        for m in members {
+            let ids = by_coll.entry(&m.collection).or_default();
+            if !ids.contains(&m.id) {
+                ids.push(m.id.clone());
+            }
+        }
+        let store = self.documents.store();
+        let reads = by_coll.iter().map(|(coll, ids)| async move { (*coll, store.get_many(coll, ids).await) });
+        let mut docs: HashMap<(&str, String), StoredDoc> = HashMap::new();
+        for (coll, records) in futures::future::join_all(reads).await {
+            for record in records? {
+                let Some(id) = record_id(&record).map(str::to_owned) else { continue };
+                docs.insert((coll, id), StoredDoc::from_record(record).map_err(DocError::Store)?);
+            }
+        }
+        // A fresh view of every holder: its state as of this read.
+        let mut holders = HashMap::new();
+        let mut out = Vec::with_capacity(members.len());
+        for m in members {
+            let Some(doc) = docs.get(&(m.collection.as_str(), m.id.clone())) else {
+                out.push(Seen { view: View::NotFound, holder: None, unlogged: false });
+                continue;
+            };
+            let holder = doc.meta.txn.clone();
+            let outbox = doc.meta.outbox.is_some();
+            let view = self.documents.view_of(doc.clone(), &mut holders).await?;
+            let rolled = holder.as_ref().is_some_and(|h| matches!(holders.get(h), Some(Some(_))));
+            out.push(Seen { view, holder, unlogged: outbox || rolled });
+        }
+        Ok(out)
+    }
+
+    /// Where the events `wanted` are in the log, waiting (until
+    /// `deadline`) for those whose change is made but may not be logged
+    /// yet. One not waited for and not found (a version older than the
+    /// log's retention) is left out.
+    async fn positions(
+        &self,
+        wanted: &[Want],
+        members: &[Member],
+        seen: &[Seen],
+        deadline: tokio::time::Instant,
+    ) -> Result<HashMap<String, (u64, Option<String>)>, ReadError> {
+        let mut found = HashMap::new();
+        let mut missing: Vec<&Want> = wanted.iter().collect();
+        let mut backoff = Duration::from_millis(2);
+        loop {
+            let ids: Vec<String> = missing.iter().map(|w| w.id.clone()).collect();
+            found.extend(self.log.positions_of(&ids).await?);
+            missing.retain(|w| w.wait && !found.contains_key(&w.id));
+            let Some(first) = missing.first() else { return Ok(found) };
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                tracing::warn!(event = %first.id, "a batch read waited in vain for a change to reach the event log");
+                return Err(unsettled(&members[first.member], &seen[first.member]));
+            }
+            tokio::time::sleep(backoff.min(deadline - now)).await;
+            backoff = (backoff * 2).min(Duration::from_millis(100));
+        }
+    }
+}
+
+fn unsettled(member: &Member, seen: &Seen) -> ReadError {
+    ReadError::Unsettled { collection: member.collection.clone(), id: member.id.clone(), holder: seen.holder.clone() }
+}
