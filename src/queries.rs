@@ -25,17 +25,22 @@ use base64::Engine as _;
 use crate::document::{Live, StagedOp, StoredDoc, View};
 use crate::documents::{DocError, Documents};
 use crate::events::Log;
+use crate::events::model::document_event_id;
 use crate::follow_ups::{FollowUps, SETTLE_WAIT};
 use crate::indexes::Indexes;
 use crate::query::filter::Filter;
 use crate::query::plan::{self, Plan, SortKey, Unserved};
 use crate::store::filter::lookup;
-use crate::store::scans::DOCS_STAGED;
+use crate::store::scans::{DOCS_STAGED, TXNS_BY_COMMIT};
 use crate::store::{Bson, Document, IndexQuery, Record, StoreError, doc, record_id};
+use crate::txn::record::{Status, TXNS, TxnRecord};
 
 /// How many times a page reads on when the documents it read are not
 /// shown (uncommitted inserts, changed by a committed transaction).
 const MAX_REFILLS: usize = 8;
+/// Committed transactions not rolled forward a position considers at
+/// most (they are rolled forward within moments of their commit).
+const UNAPPLIED_SCAN: usize = 1000;
 /// Longest cursor taken.
 pub(crate) const MAX_CURSOR: usize = 4096;
 
@@ -86,16 +91,53 @@ impl Queries {
     }
 
     /// Wait (bounded) for this instance's answered work to be in place,
-    /// then learn the log's position.
-    async fn settled_position(&self) -> Result<u64, QueryError> {
+    /// then learn the position a read of `coll` made now is at: the log's
+    /// last position, capped below the first event of any committed
+    /// transaction over `coll` not rolled forward yet (its documents' index
+    /// entries may not have moved: a page read now could miss a document
+    /// that newly matches though its event is in the log). Every change at
+    /// or before the position is reflected in what is read after.
+    async fn settled_position(&self, coll: &str) -> Result<u64, QueryError> {
         self.follow_ups.settle(SETTLE_WAIT).await;
         self.log.settle().await;
-        Ok(self.log.head().await?)
+        let head = self.log.head().await?;
+        let store = self.documents.store();
+        let scan = TXNS_BY_COMMIT.scan(vec![Status::Committed.to_bson()]).limit(UNAPPLIED_SCAN);
+        let mut wanted = Vec::new();
+        for rec in store.scan(TXNS, scan).await? {
+            let rec = match TxnRecord::from_record(rec) {
+                Ok(rec) => rec,
+                Err(err) => {
+                    tracing::warn!(error = %err, "a transaction record that cannot be read was left out of a query's position");
+                    continue;
+                }
+            };
+            let Some(results) = &rec.results else { continue };
+            for (member, result) in rec.members.iter().zip(results) {
+                if member.collection == coll && member.op != StagedOp::Check {
+                    wanted.push(document_event_id(coll, &result.id, result.version));
+                }
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(head);
+        }
+        // Their events are appended right after the commit: wait (bounded)
+        // for those on their way.
+        let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+        loop {
+            let found = self.log.positions_of(&wanted).await?;
+            if found.len() == wanted.len() || tokio::time::Instant::now() >= deadline {
+                let first = found.values().map(|(seq, _)| *seq).min();
+                return Ok(first.map_or(head, |s| head.min(s.saturating_sub(1))));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     }
 
     /// One page of `query` over collection `coll`.
     pub(crate) async fn page(&self, coll: &str, query: &Query) -> Result<QueryPage, QueryError> {
-        let position = self.settled_position().await?;
+        let position = self.settled_position(coll).await?;
         if query.filter.paths.is_empty() && query.sort.is_empty() {
             // The id order: every collection has it.
             let after = query.after.as_deref().map(decode_cursor).transpose()?;
@@ -158,7 +200,7 @@ impl Queries {
     /// How many live documents match `filter`, from index entries, and the
     /// log position it was counted at.
     pub(crate) async fn count(&self, coll: &str, filter: &Filter) -> Result<(u64, u64), QueryError> {
-        let position = self.settled_position().await?;
+        let position = self.settled_position(coll).await?;
         let query = if filter.paths.is_empty() {
             IndexQuery::live()
         } else {

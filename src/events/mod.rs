@@ -20,6 +20,7 @@ pub(crate) mod counter;
 pub(crate) mod model;
 mod outbox;
 mod purge;
+pub(crate) mod set;
 pub(crate) mod tap;
 
 pub(crate) use outbox::{Publisher, publish_outbox};
@@ -97,12 +98,15 @@ pub enum ReadError {
 pub struct Ready {
     pub event: Event,
     pub json: String,
+    /// The document before the change, once a filtered reader asked
+    /// ([`set::Prior`]): learned once, however many readers ask.
+    prior: tokio::sync::OnceCell<set::Prior>,
 }
 
 impl Ready {
     fn new(event: Event) -> Arc<Self> {
         let json = serde_json::to_string(&event).expect("an event serializes");
-        Arc::new(Self { event, json })
+        Arc::new(Self { event, json, prior: tokio::sync::OnceCell::new() })
     }
 }
 
@@ -427,6 +431,7 @@ mod tests {
             at: "2026-01-01T00:00:00.000Z".into(),
             data: None,
             members: None,
+            left: None,
         };
         Some(Ready::new(event))
     }

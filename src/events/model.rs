@@ -95,6 +95,11 @@ pub struct Event {
     /// The transaction's members (`transaction.committed` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub members: Option<Vec<EventMember>>,
+    /// In a stream or page read with `filter`: `true` when the change took
+    /// the document out of the filtered set (deleted, expired, or no
+    /// longer matching; `data` is then what it became, if anything).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub left: Option<bool>,
 }
 
 impl Event {
@@ -255,6 +260,7 @@ impl Logged {
             at: rec.get_datetime("at").map(|d| crate::clock::rfc3339(*d)).unwrap_or_default(),
             data: rec.get_document("data").ok().map(crate::store::convert::document_to_object),
             members,
+            left: None,
         };
         Ok(Self { seq, logged_at, entry: Entry::Event(Box::new(event)) })
     }

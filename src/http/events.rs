@@ -30,6 +30,7 @@ use super::contract::LastEventId;
 use super::error::{ApiError, ProblemCode};
 use super::extract::ApiQuery;
 use crate::document::rules::Invalid;
+use crate::events::set::SetFilter;
 use crate::events::{Event, EventType, Filter, Log, READ_BATCH, ReadError, Ready};
 use crate::keys::Scope;
 
@@ -74,6 +75,13 @@ pub(crate) struct EventsQuery {
     /// Page size of a JSON page (default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
+    /// A filter (JSON, see `Filter`) over the documents of the one
+    /// collection `collections` names: only the changes that add a
+    /// document to the filtered set, change one in it, or take one out of
+    /// it (marked `"left": true`). A ready index must serve it, as a
+    /// query's (400 `index_required`).
+    #[param(value_type = Option<String>, example = r#"{"status":"open"}"#)]
+    pub filter: Option<String>,
 }
 
 /// A page of events.
@@ -101,6 +109,23 @@ fn filter(query: &EventsQuery, access: &Access) -> Result<Filter, ApiError> {
     };
     access.check_all(Scope::Read, collections.iter().flatten().map(String::as_str))?;
     Ok(Filter { collections, types, within: access.collections(Scope::Read) })
+}
+
+/// The filtered set of `query` (`filter` with one collection), served by
+/// a ready index as a query's filter must be.
+async fn set_filter(state: &AppState, query: &EventsQuery) -> Result<Option<Arc<SetFilter>>, ApiError> {
+    let Some(text) = &query.filter else { return Ok(None) };
+    let names: Vec<&str> =
+        query.collections.as_deref().unwrap_or_default().split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    let [collection] = names.as_slice() else {
+        let detail = "a filter applies to one collection: name it alone in collections";
+        return Err(ApiError::bad_request(ProblemCode::InvalidFilter, detail)
+            .with("errors", serde_json::json!([{"pointer": "/query/collections", "detail": detail}])));
+    };
+    let filter = super::queries::filter_param(text)?;
+    let ready = state.indexes.ready(collection).await?;
+    crate::query::plan::plan_count(&filter, &ready).map_err(|why| super::queries::unserved(collection, why))?;
+    Ok(Some(Arc::new(SetFilter { collection: (*collection).to_owned(), filter })))
 }
 
 /// Event type `t`, or why not (at `pointer`).
@@ -134,7 +159,7 @@ fn wants_json(headers: &HeaderMap) -> bool {
 
 problems!(
     /// What `v1.events.list` can answer besides its success.
-    ListProblems = Problems::of(&[InvalidHeader, CursorBeyondHead, ValidationFailed, CursorExpired])
+    ListProblems = Problems::of(&[InvalidHeader, CursorBeyondHead, ValidationFailed, CursorExpired, InvalidFilter, IndexRequired])
 );
 
 /// Read change events
@@ -146,6 +171,13 @@ problems!(
 ///
 /// With `Accept: application/json`: one page, `{"items", "next"}`; pass
 /// `next` as `after` for the following page.
+///
+/// With `filter` (and one collection in `collections`): only the changes
+/// that add a document to the filtered set, change one in it, or take
+/// one out of it (deleted, expired, or no longer matching: the event says
+/// `"left": true`), and no `transaction.committed` event. Start it from
+/// the `position` of a query page, a count or a batch read to keep a
+/// list live without missing or repeating a change.
 ///
 /// Only committed changes appear, each once per position. A cursor older
 /// than the event retention answers 410 `cursor_expired`. An API key
@@ -175,6 +207,7 @@ pub(crate) async fn events(
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
     let filter = filter(&query, &access)?;
+    let set = set_filter(&state, &query).await?;
     let last_event_id = headers.get("last-event-id");
     let from_header = match last_event_id {
         None => None,
@@ -213,7 +246,7 @@ pub(crate) async fn events(
             Some(after) => after,
             None => log.floor().await?,
         };
-        let page = page(&log, &filter, after, limit as usize).await.map_err(expired)?;
+        let page = page(&log, &filter, set.as_deref(), after, limit as usize).await.map_err(expired)?;
         return Ok(axum::Json(page).into_response());
     }
     let start = match after {
@@ -241,6 +274,7 @@ pub(crate) async fn events(
         _slot: slot,
         log,
         filter,
+        set,
         cursor: start,
         pending: VecDeque::new(),
         appended: state.events.subscribe(),
@@ -262,7 +296,13 @@ pub(crate) async fn events(
 }
 
 /// One page: up to `limit` matching events after `after`.
-async fn page(log: &Log, filter: &Filter, after: u64, limit: usize) -> Result<EventPage, ReadError> {
+async fn page(
+    log: &Log,
+    filter: &Filter,
+    set: Option<&SetFilter>,
+    after: u64,
+    limit: usize,
+) -> Result<EventPage, ReadError> {
     let mut items = Vec::new();
     let mut next = after;
     let mut scanned = 0;
@@ -270,15 +310,22 @@ async fn page(log: &Log, filter: &Filter, after: u64, limit: usize) -> Result<Ev
         let batch = log.read_fresh(next, READ_BATCH).await?;
         let mut read_to = batch.next;
         for ready in batch.events {
-            let event = &ready.event;
-            if filter.wants(event) {
-                if items.len() == limit {
-                    // The page is full: the next one starts before this.
-                    read_to = event.seq - 1;
-                    break;
-                }
-                items.push(event.clone());
+            if !filter.wants(&ready.event) {
+                continue;
             }
+            let shown = match set {
+                None => ready,
+                Some(set) => match set.judge(log, &ready).await? {
+                    Some(shown) => shown,
+                    None => continue,
+                },
+            };
+            if items.len() == limit {
+                // The page is full: the next one starts before this.
+                read_to = shown.event.seq - 1;
+                break;
+            }
+            items.push(shown.event.clone());
         }
         scanned += READ_BATCH;
         next = read_to;
@@ -292,6 +339,8 @@ async fn page(log: &Log, filter: &Filter, after: u64, limit: usize) -> Result<Ev
 struct Reader {
     log: Arc<Log>,
     filter: Filter,
+    /// The filtered set the stream follows, if any.
+    set: Option<Arc<SetFilter>>,
     cursor: u64,
     pending: VecDeque<Arc<Ready>>,
     appended: tokio::sync::watch::Receiver<u64>,
@@ -305,6 +354,28 @@ struct Reader {
 }
 
 impl Reader {
+    /// Queue the events of `events` the stream wants, in order. On an
+    /// error the cursor stays before the event that could not be judged.
+    async fn take(&mut self, events: Vec<Arc<Ready>>) -> Result<(), crate::store::StoreError> {
+        for ready in events {
+            if !self.filter.wants(&ready.event) {
+                continue;
+            }
+            let shown = match &self.set {
+                None => Some(ready),
+                Some(set) => match set.judge(&self.log, &ready).await {
+                    Ok(shown) => shown,
+                    Err(err) => {
+                        self.cursor = ready.event.seq - 1;
+                        return Err(err);
+                    }
+                },
+            };
+            self.pending.extend(shown);
+        }
+        Ok(())
+    }
+
     /// The next piece of the stream: every event one read found, as
     /// Server-Sent Events in one chunk (`id: <seq>`, `data: <JSON>`; the
     /// JSON of an event is one line), or a comment line after
@@ -342,13 +413,25 @@ impl Reader {
             self.appended.borrow_and_update();
             let wait = match self.log.read(self.cursor, READ_BATCH).await {
                 Ok(batch) => {
-                    let moved = batch.next > self.cursor;
-                    self.cursor = batch.next;
-                    self.pending.extend(batch.events.into_iter().filter(|e| self.filter.wants(&e.event)));
-                    if !self.pending.is_empty() || batch.more || (moved && !batch.gap) {
-                        continue;
+                    let before = self.cursor;
+                    match self.take(batch.events).await {
+                        // Taken up to the event whose judging failed: read
+                        // it again after a moment.
+                        Err(err) => {
+                            tracing::warn!(error = %err, "an event stream could not judge an event against its filter; retrying");
+                            if !self.pending.is_empty() {
+                                continue;
+                            }
+                            Duration::from_secs(1)
+                        }
+                        Ok(()) => {
+                            self.cursor = batch.next;
+                            if !self.pending.is_empty() || batch.more || (batch.next > before && !batch.gap) {
+                                continue;
+                            }
+                            if batch.gap { GAP_RETRY } else { POLL }
+                        }
                     }
-                    if batch.gap { GAP_RETRY } else { POLL }
                 }
                 Err(ReadError::Expired { after, floor }) => {
                     tracing::warn!(after, floor, "an event stream fell behind the retention; closing it");

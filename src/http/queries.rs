@@ -180,6 +180,17 @@ fn limit(from: From, limit: Option<i64>) -> Result<usize, ApiError> {
     Ok(limit as usize)
 }
 
+/// The `filter` query parameter `text`, parsed (400 `invalid_filter`).
+pub(super) fn filter_param(text: &str) -> Result<Filter, ApiError> {
+    parse_filter(From::Params, Some(&filter_json(From::Params, text)?))
+}
+
+/// 400 `index_required` for a filter of `collection` no ready index
+/// serves.
+pub(super) fn unserved(collection: &str, why: Unserved) -> ApiError {
+    query_error(From::Params, collection, QueryError::Unserved(why))
+}
+
 /// The answer for a query's failure.
 fn query_error(from: From, collection: &str, err: QueryError) -> ApiError {
     match err {

@@ -18,6 +18,7 @@ mod hostile;
 mod indexes;
 mod kill;
 mod limits;
+mod live;
 mod metrics;
 mod openapi;
 mod power;

@@ -1,0 +1,303 @@
+//! The live view, on both stores: a client lists a filtered, sorted query
+//! page by page while writers run (transactions and single writes, some
+//! moving documents into and out of the filter, deletes and re-creations),
+//! then follows the filtered change events from the first page's
+//! position; once the writers stop, its view equals a fresh query, in
+//! several random runs. The same again with every document write slowed
+//! and the view read through a second instance, whose pages then meet
+//! transactions in the window between their events' append and their
+//! roll-forward.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::faulty::{Act, rigged_app};
+use crate::queries::ready_index;
+use crate::support::{Backend, SseStream, TestApp, all_events, events_page, expect};
+
+crate::on_both_backends!(
+    a_live_view_equals_a_fresh_query,
+    a_live_view_holds_while_writes_are_slow,
+    a_page_read_while_a_transaction_rolls_forward_hands_over_exactly,
+);
+
+/// Documents per run.
+const DOCS: usize = 30;
+/// The filter the view follows, and its order.
+fn filter() -> Value {
+    json!({"g": 1})
+}
+
+fn seed() -> u64 {
+    std::env::var("TXGATE_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random)
+}
+
+/// A document's data: group `g` (the filter holds group 1) and `v`.
+fn data(rng: &mut StdRng) -> Value {
+    json!({"g": rng.random_range(0..3), "v": rng.random_range(0..50)})
+}
+
+/// Every page of the view's query: the documents by id (version, data),
+/// in order, and the first page's position.
+async fn list(
+    app: &TestApp,
+    coll: &str,
+    limit: usize,
+    mut between: impl AsyncFnMut(),
+) -> (Vec<(String, i64, Value)>, u64) {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    let mut first = None;
+    loop {
+        let mut body = json!({"filter": filter(), "sort": ["-v"], "limit": limit});
+        if let Some(a) = &after {
+            body["after"] = json!(a);
+        }
+        let page = expect(app.post(&format!("/v1/collections/{coll}/query"), &body).await, 200).await;
+        first.get_or_insert(page["position"].as_u64().unwrap());
+        for item in page["items"].as_array().unwrap() {
+            out.push((
+                item["id"].as_str().unwrap().to_owned(),
+                item["version"].as_i64().unwrap(),
+                item["data"].clone(),
+            ));
+        }
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => return (out, first.unwrap()),
+        }
+        between().await;
+    }
+}
+
+/// Random writes to `coll` until `stop`: single patches, transactions of
+/// two or three documents, deletes and re-creations.
+async fn write(app: &TestApp, coll: &str, rng: &mut StdRng, stop: &AtomicBool) -> usize {
+    let docs = format!("/v1/collections/{coll}/documents");
+    let mut n = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let id = format!("d{:02}", rng.random_range(0..DOCS));
+        let resp = match rng.random_range(0..10) {
+            0..4 => app.send_json(Method::PATCH, &format!("{docs}/{id}"), &json!({"set": data(rng)})).await,
+            4..7 => {
+                let mut ids = BTreeSet::new();
+                while ids.len() < rng.random_range(2..=3) {
+                    ids.insert(format!("d{:02}", rng.random_range(0..DOCS)));
+                }
+                let actions: Vec<Value> = ids
+                    .iter()
+                    .map(|id| json!({"op": "update", "collection": coll, "id": id, "set": data(rng)}))
+                    .collect();
+                app.post("/v1/transactions", &json!({"actions": actions})).await
+            }
+            7 => app.request(Method::DELETE, &format!("{docs}/{id}")).send().await.unwrap(),
+            _ => {
+                let mut body = data(rng);
+                body["_id"] = json!(id);
+                app.post(&docs, &body).await
+            }
+        };
+        // Conflicts, missing and deleted documents are part of the game.
+        let status = resp.status().as_u16();
+        assert!(
+            matches!(status, 200 | 201 | 204 | 404 | 409 | 410),
+            "a write answered {status}: {}",
+            resp.text().await.unwrap()
+        );
+        n += 1;
+    }
+    n
+}
+
+/// One run on collection `coll`: list (through `app`) while writing
+/// (through `writer`), follow the filtered events from the first page's
+/// position, compare with a fresh query.
+async fn run(app: &TestApp, writer: &TestApp, coll: &str, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    for i in 0..DOCS {
+        let mut body = data(&mut rng);
+        body["_id"] = json!(format!("d{i:02}"));
+        expect(app.post(&format!("/v1/collections/{coll}/documents"), &body).await, 201).await;
+    }
+    ready_index(app, coll, "g_v", &["g", "-v"]).await;
+    let stop = AtomicBool::new(false);
+    let mut writer_rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    let lister = async {
+        let pause = async || tokio::time::sleep(Duration::from_millis(15)).await;
+        let listed = list(app, coll, 2, pause).await;
+        stop.store(true, Ordering::SeqCst);
+        listed
+    };
+    let ((listed, position), writes) = tokio::join!(lister, write(writer, coll, &mut writer_rng, &stop));
+    assert!(writes > 0, "no write ran while the view was listed");
+
+    // The view: what the pages showed, then every filtered event after the
+    // first page's position, each applied when it is newer than what the
+    // view holds.
+    let mut view: BTreeMap<String, (i64, Value)> = BTreeMap::new();
+    for (id, version, data) in listed {
+        view.insert(id, (version, data));
+    }
+    writer.settled().await;
+    app.settled().await;
+    let mut after = position;
+    let mut seen_ids = BTreeSet::new();
+    let mut received = Vec::new();
+    loop {
+        let page = events_page(app, &format!("after={after}&collections={coll}&filter={}&limit=50", filter())).await;
+        let items = page["items"].as_array().unwrap();
+        for e in items {
+            assert!(seen_ids.insert(e["id"].as_str().unwrap().to_owned()), "an event came twice: {e}");
+            assert!(e["seq"].as_u64().unwrap() > after, "events in order");
+            assert_eq!(e["collection"], coll, "{e}");
+            let (id, version) = (e["document"].as_str().unwrap().to_owned(), e["version"].as_i64().unwrap());
+            let left = e["left"] == true;
+            let matches = e["data"]["g"] == 1;
+            assert_eq!(left, !matches, "an event leaves the set exactly when its document no longer matches: {e}");
+            received.push((e["id"].as_str().unwrap().to_owned(), left));
+            let held = view.get(&id).map_or(0, |(v, _)| *v);
+            if version > held {
+                if left {
+                    view.remove(&id);
+                } else {
+                    view.insert(id, (version, e["data"].clone()));
+                }
+            }
+        }
+        let next = page["next"].as_u64().unwrap();
+        if items.is_empty() && next == after {
+            break;
+        }
+        after = next;
+    }
+    // Exactly the changes that add to, change in or take from the set:
+    // a model over the whole log says which.
+    let (log, _) = all_events(app, 0, &format!("&collections={coll}")).await;
+    let mut in_set: BTreeMap<String, bool> = BTreeMap::new();
+    let mut expected = Vec::new();
+    for e in &log {
+        let Some(id) = e["document"].as_str() else { continue };
+        let before = in_set.get(id).copied().unwrap_or(false);
+        let now = e["data"]["g"] == 1;
+        in_set.insert(id.to_owned(), now);
+        if e["seq"].as_u64().unwrap() > position && (before || now) {
+            expected.push((e["id"].as_str().unwrap().to_owned(), !now));
+        }
+    }
+    assert_eq!(received, expected, "the filtered events (seed {seed}) are not the changes of the set");
+    // The stream says the same, and nothing more.
+    let query = format!("after={position}&collections={coll}&filter={}", filter());
+    let mut stream = SseStream::open(app, &format!("/v1/events?{}", query.replace('"', "%22")), None).await;
+    let streamed: Vec<(String, bool)> = stream
+        .take(expected.len(), Duration::from_secs(10))
+        .await
+        .into_iter()
+        .map(|e| (e.data["id"].as_str().unwrap().to_owned(), e.data["left"] == true))
+        .collect();
+    assert_eq!(streamed, expected, "the filtered stream (seed {seed}) is not the changes of the set");
+    assert!(stream.next(Duration::from_millis(300)).await.is_none(), "the stream has more than the set's changes");
+    let (fresh, _) = list(app, coll, 50, async || {}).await;
+    let fresh: BTreeMap<String, (i64, Value)> = fresh.into_iter().map(|(id, v, d)| (id, (v, d))).collect();
+    assert_eq!(view, fresh, "the live view (seed {seed}) differs from a fresh query");
+}
+
+async fn runs(app: &TestApp, writer: &TestApp, n: usize) {
+    let seed = seed();
+    eprintln!("live view seed: {seed} (TXGATE_TEST_SEED={seed} repeats it)");
+    for i in 0..n {
+        run(app, writer, &format!("live{i}"), seed.wrapping_add(i as u64)).await;
+    }
+}
+
+async fn a_live_view_equals_a_fresh_query(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    runs(&app, &app, 4).await;
+}
+
+async fn a_live_view_holds_while_writes_are_slow(backend: Backend) {
+    let rule = |op: &crate::faulty::Op| {
+        let write = matches!(op.kind, "insert" | "replace" | "update" | "delete");
+        if write && op.coll.starts_with("live") { Act::Delay(Duration::from_millis(10)) } else { Act::Pass }
+    };
+    let Some(writer) = rigged_app(backend, |_| {}, rule).await else { return };
+    // The view is read through another instance on the same store, which
+    // does not wait for the writer's roll-forwards: its pages meet
+    // transactions whose events are logged and whose documents are not
+    // rolled forward yet.
+    let app = TestApp::on_store(writer.config.clone(), Arc::clone(&writer.store), None).await;
+    runs(&app, &writer, 3).await;
+}
+
+/// A transaction moves a document into the set; another instance reads
+/// the view's first page after the transaction's events are in the log
+/// and before its roll-forward has moved the document's index entries.
+/// The page's position lies before those events, so following the
+/// filtered events from it brings the document in.
+async fn a_page_read_while_a_transaction_rolls_forward_hands_over_exactly(backend: Backend) {
+    let slow = Arc::new(AtomicBool::new(false));
+    let rule = {
+        let slow = Arc::clone(&slow);
+        move |op: &crate::faulty::Op| {
+            let write = matches!(op.kind, "replace" | "update");
+            if write && op.coll == "win" && slow.load(Ordering::SeqCst) {
+                Act::Delay(Duration::from_millis(400))
+            } else {
+                Act::Pass
+            }
+        }
+    };
+    let Some(writer) = rigged_app(backend, |_| {}, rule).await else { return };
+    let app = TestApp::on_store(writer.config.clone(), Arc::clone(&writer.store), None).await;
+    let docs = "/v1/collections/win/documents";
+    for (id, g) in [("in", 1), ("x", 0), ("y", 0)] {
+        expect(writer.post(docs, &json!({"_id": id, "g": g, "v": 1})).await, 201).await;
+    }
+    ready_index(&app, "win", "g_v", &["g", "-v"]).await;
+    writer.settled().await;
+    let before = events_page(&app, "after=0&limit=1000").await["next"].as_u64().unwrap();
+    slow.store(true, Ordering::SeqCst);
+    let txn = json!({"actions": [
+        {"op": "update", "collection": "win", "id": "x", "set": {"g": 1, "v": 9}},
+        {"op": "update", "collection": "win", "id": "y", "set": {"v": 5}},
+    ]});
+    let commit = writer.post("/v1/transactions", &txn);
+    let read = async {
+        // Once the transaction's events are in the log, its roll-forward
+        // is on its way (each of its writes takes 400 ms): read the page.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let page = events_page(&app, &format!("after={before}&limit=1000")).await;
+            if page["items"].as_array().unwrap().iter().any(|e| e["type"] == "transaction.committed") {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "the transaction's events never came");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let body = json!({"filter": filter(), "sort": ["-v"], "limit": 10});
+        expect(app.post("/v1/collections/win/query", &body).await, 200).await
+    };
+    let (committed, page) = tokio::join!(commit, read);
+    expect(committed, 200).await;
+    slow.store(false, Ordering::SeqCst);
+    writer.settled().await;
+    let mut view: BTreeSet<String> =
+        page["items"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap().to_owned()).collect();
+    let position = page["position"].as_u64().unwrap();
+    let (events, _) = all_events(&app, position, &format!("&collections=win&filter={}", filter())).await;
+    for e in events {
+        let id = e["document"].as_str().unwrap().to_owned();
+        if e["left"] == true {
+            view.remove(&id);
+        } else {
+            view.insert(id);
+        }
+    }
+    assert_eq!(view, BTreeSet::from(["in".to_owned(), "x".to_owned()]), "page {page}");
+}
