@@ -15,6 +15,14 @@
 // 2. docs: <gateway>/docs must render the API reference without any request
 //    leaving the gateway's origin. Requests elsewhere are recorded and
 //    aborted (never sent). Screenshot: <artifact-dir>/docs.png.
+// 3. live: a page from the other origin keeps a filtered, sorted list live:
+//    it lists a query a page at a time, then follows the filtered change
+//    events from the first page's position, reading the Server-Sent Events
+//    with fetch() and the Authorization header (never a key in a URL), and
+//    applies each event newer than what it holds. Meanwhile documents are
+//    written with curl (creates, moves into and out of the filter, a
+//    delete, a transaction); the list the page shows must then equal a
+//    fresh query, in order. Screenshot: <artifact-dir>/live.png.
 //
 // The gateway must list the page's origin in TXGATE_CORS_ORIGINS, so the
 // caller chooses the page port first (4th argument or PAGE_ORIGIN_PORT; if
@@ -26,10 +34,11 @@
 //   node tests/clients/browser.mjs http://127.0.0.1:8080 target/browser "$key" "$port"
 //
 // Environment: CHROMIUM (default /usr/bin/chromium); BROWSER_CHECKS, a
-// comma-separated subset of `cors,docs` (default both); BROWSER_TIMEOUT_MS
+// comma-separated subset of `cors,docs,live` (default all); BROWSER_TIMEOUT_MS
 // (default 15000) for each wait. Exits 0 when every check passes, 1 when one
 // fails (each failure is printed), 2 on bad usage.
 
+import { execFileSync } from "node:child_process";
 import { createServer } from "node:http";
 import { mkdirSync } from "node:fs";
 import { join, resolve } from "node:path";
@@ -285,6 +294,177 @@ async function checkDocs(browser, { gateway, artifacts }) {
   return failures;
 }
 
+// The page of check 3: a live list of the documents whose status is open,
+// by amount (highest first), each shown as `<id> v<version> <amount>`.
+function livePage(config) {
+  return `<!doctype html>
+<html>
+<head><meta charset="utf-8"><title>txgate live list</title><link rel="icon" href="data:,">
+<style>body{font:15px/1.5 monospace;margin:2em}</style></head>
+<body data-state="listing">
+<h1>Open orders, live</h1>
+<p id="status">listing…</p>
+<ul id="live"></ul>
+<script id="config" type="application/json">${escapeJson(config)}</script>
+<script>
+const cfg = JSON.parse(document.getElementById("config").textContent);
+const auth = { authorization: "Bearer " + cfg.apiKey };
+const base = cfg.gateway + "/v1/collections/" + cfg.collection;
+const filter = { status: "open" };
+const view = new Map();
+const list = document.getElementById("live");
+const status = document.getElementById("status");
+function apply(id, version, data, left) {
+  const held = view.get(id);
+  if (held && held.version >= version) return;
+  if (left) view.delete(id);
+  else view.set(id, { version, data });
+}
+function render() {
+  const items = [...view.entries()].sort((a, b) => b[1].data.amount - a[1].data.amount || (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  list.replaceChildren(...items.map(([id, d]) => {
+    const li = document.createElement("li");
+    li.textContent = id + " v" + d.version + " " + d.data.amount;
+    return li;
+  }));
+}
+async function listAll() {
+  let after = null;
+  let position = null;
+  do {
+    const body = { filter, sort: ["-amount"], limit: 2 };
+    if (after) body.after = after;
+    const r = await fetch(base + "/query", { method: "POST", headers: { ...auth, "content-type": "application/json" }, body: JSON.stringify(body) });
+    if (r.status !== 200) throw new Error("query answered " + r.status + ": " + await r.text());
+    const page = await r.json();
+    if (position === null) position = page.position;
+    for (const d of page.items) apply(d.id, d.version, d.data, false);
+    after = page.next;
+  } while (after);
+  return position;
+}
+async function follow(position) {
+  const url = cfg.gateway + "/v1/events?after=" + position + "&collections=" + cfg.collection +
+    "&filter=" + encodeURIComponent(JSON.stringify(filter));
+  const r = await fetch(url, { headers: { ...auth, accept: "text/event-stream" } });
+  if (r.status !== 200) throw new Error("events answered " + r.status + ": " + await r.text());
+  const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+  status.textContent = "live from position " + position;
+  document.body.dataset.state = "live";
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) throw new Error("the stream ended");
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\\n\\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = block.split("\\n").filter((l) => l.startsWith("data: ")).map((l) => l.slice(6)).join("\\n");
+      if (!data) continue;
+      const e = JSON.parse(data);
+      apply(e.document, e.version, e.data, e.left === true);
+      render();
+    }
+  }
+}
+listAll().then((position) => { render(); return follow(position); }).catch((e) => {
+  status.textContent = "error: " + e.message;
+  document.body.dataset.state = "error";
+});
+</script>
+</body>
+</html>`;
+}
+
+async function checkLive(browser, { gateway, artifacts, apiKey, pagePort }) {
+  const failures = [];
+  const collection = `live_${Date.now().toString(36)}`;
+  const base = `${gateway}/v1/collections/${collection}`;
+  const headers = { "content-type": "application/json", ...(apiKey ? { authorization: `Bearer ${apiKey}` } : {}) };
+  // Writes go through curl, as a user's would.
+  const curl = (method, path, body, extra = []) => {
+    const args = ["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-X", method, `${gateway}${path}`, "-H", "content-type: application/json"];
+    if (apiKey) args.push("-H", `authorization: Bearer ${apiKey}`);
+    if (body !== undefined) args.push("--data-binary", JSON.stringify(body));
+    const code = execFileSync("curl", [...args, ...extra], { encoding: "utf8" });
+    if (!/^2/.test(code)) failures.push(`curl ${method} ${path} answered ${code}`);
+  };
+  const docs = `/v1/collections/${collection}/documents`;
+  let r = await fetch(`${base}/indexes/status_amount`, { method: "PUT", headers, body: JSON.stringify({ fields: ["status", "-amount"] }) });
+  if (r.status !== 201) return [`PUT index answered ${r.status}: ${await r.text()}`];
+  for (let i = 0; ; i++) {
+    const index = await (await fetch(`${base}/indexes/status_amount`, { headers })).json();
+    if (index.state === "ready") break;
+    if (index.state !== "building" || i > 300) return [`the index is ${index.state}: ${JSON.stringify(index)}`];
+    await new Promise((ok) => setTimeout(ok, 100));
+  }
+  for (const [id, status, amount] of [["o1", "open", 10], ["o2", "open", 20], ["o3", "paid", 30], ["o6", "open", 60]]) {
+    curl("POST", docs, { _id: id, status, amount });
+  }
+
+  const html = livePage({ gateway, apiKey: apiKey ?? "", collection });
+  const server = createServer((req, res) => {
+    res.writeHead(200, { "content-type": "text/html; charset=utf-8", "cache-control": "no-store" });
+    res.end(html);
+  });
+  await new Promise((ok, fail) => {
+    server.on("error", (e) => fail(new Error(`cannot serve the page on 127.0.0.1:${pagePort}: ${e.message}`)));
+    server.listen(pagePort, "127.0.0.1", ok);
+  });
+  const context = await browser.newContext({ viewport: { width: 800, height: 480 } });
+  const page = await context.newPage();
+  const urls = [];
+  page.on("console", (m) => m.type() === "error" && failures.push(`console error: ${m.text()}`));
+  page.on("pageerror", (e) => failures.push(`uncaught page error: ${e.message}`));
+  page.on("request", (req) => urls.push(req.url()));
+  let shown = [];
+  let expected = [];
+  try {
+    await page.goto(`http://127.0.0.1:${pagePort}/`);
+    await page.waitForSelector("body[data-state=live], body[data-state=error]", { timeout: TIMEOUT });
+    if ((await page.getAttribute("body", "data-state")) === "error") throw new Error(await page.locator("#status").innerText());
+    // While the page follows: into the set, out of it, changed in it,
+    // deleted, a transaction, one more change.
+    curl("POST", docs, { _id: "o4", status: "open", amount: 40 });
+    curl("PATCH", `${docs}/o3`, { set: { status: "open" } });
+    curl("PATCH", `${docs}/o1`, { set: { status: "paid" } });
+    curl("PATCH", `${docs}/o2`, { set: { amount: 25 } });
+    curl("DELETE", `${docs}/o4`);
+    curl("POST", "/v1/transactions", {
+      actions: [
+        { op: "update", collection, id: "o1", set: { status: "open", amount: 5 } },
+        { op: "insert", collection, id: "o5", data: { status: "open", amount: 50 } },
+        { op: "delete", collection, id: "o6" },
+      ],
+    });
+    curl("PATCH", `${docs}/o5`, { inc: { amount: 1 } });
+    // What a fresh query answers now.
+    const fresh = await (
+      await fetch(`${base}/query`, { method: "POST", headers, body: JSON.stringify({ filter: { status: "open" }, sort: ["-amount"], limit: 100 }) })
+    ).json();
+    expected = fresh.items.map((d) => `${d.id} v${d.version} ${d.data.amount}`);
+    await page
+      .waitForFunction((want) => JSON.stringify([...document.querySelectorAll("#live li")].map((li) => li.textContent)) === JSON.stringify(want), expected, {
+        timeout: TIMEOUT,
+      })
+      .catch(() => {});
+    shown = await page.locator("#live li").allInnerTexts();
+  } catch (e) {
+    failures.push(`the page did not go live: ${e.message.split("\n")[0]}`);
+  }
+  await screenshot(page, join(artifacts, "live.png"), failures);
+  await context.close();
+  await new Promise((ok) => server.close(ok));
+  if (JSON.stringify(shown) !== JSON.stringify(expected)) {
+    failures.push(`the live list shows:\n      ${shown.join("\n      ") || "(nothing)"}\n    a fresh query:\n      ${expected.join("\n      ")}`);
+  }
+  if (expected.length !== 4) failures.push(`a fresh query holds ${expected.length} documents, not the 4 the writes leave`);
+  if (apiKey && urls.some((u) => u.includes(apiKey))) failures.push("the page put the API key in a URL");
+  console.log(`live: ${collection}, the page shows:\n    ${shown.join("\n    ")}`);
+  return failures;
+}
+
 async function main() {
   const argv = process.argv.slice(2);
   if (argv[0] === "free-port") {
@@ -302,11 +482,11 @@ async function main() {
   const artifacts = resolve(artifactArg);
   mkdirSync(artifacts, { recursive: true });
   const apiKey = apiKeyArg || undefined;
-  const checks = (process.env.BROWSER_CHECKS || "cors,docs").split(",").map((s) => s.trim()).filter(Boolean);
-  for (const c of checks) if (!["cors", "docs"].includes(c)) usage(`unknown check in BROWSER_CHECKS: ${c}`);
+  const checks = (process.env.BROWSER_CHECKS || "cors,docs,live").split(",").map((s) => s.trim()).filter(Boolean);
+  for (const c of checks) if (!["cors", "docs", "live"].includes(c)) usage(`unknown check in BROWSER_CHECKS: ${c}`);
   let pagePort = Number(portArg || process.env.PAGE_ORIGIN_PORT || 0);
   if (!Number.isInteger(pagePort) || pagePort < 0 || pagePort > 65535) usage(`bad page port: ${portArg}`);
-  if (pagePort === 0 && checks.includes("cors")) {
+  if (pagePort === 0 && (checks.includes("cors") || checks.includes("live"))) {
     pagePort = await freePort();
     console.log(`browser: no page port given; serving the page on 127.0.0.1:${pagePort} (the gateway must allow that origin)`);
   }
@@ -334,7 +514,7 @@ async function main() {
     for (const check of checks) {
       let failures;
       try {
-        failures = await (check === "cors" ? checkCors : checkDocs)(browser, opts);
+        failures = await { cors: checkCors, docs: checkDocs, live: checkLive }[check](browser, opts);
       } catch (e) {
         failures = [`crashed: ${e.stack || e}`];
       }
