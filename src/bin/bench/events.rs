@@ -34,14 +34,14 @@ pub struct EventArgs {
 }
 
 /// The gateway process.
-struct Child {
-    process: std::process::Child,
-    base: String,
+pub(super) struct Child {
+    pub process: std::process::Child,
+    pub base: String,
     dir: std::path::PathBuf,
 }
 
 impl Child {
-    async fn start(mongodb_uri: Option<&str>) -> Self {
+    pub async fn start(mongodb_uri: Option<&str>) -> Self {
         let exe = std::env::current_exe().expect("own path");
         let bin = exe.with_file_name("txgate");
         assert!(bin.exists(), "{} not found: build it (cargo build --release --bins)", bin.display());
@@ -95,27 +95,27 @@ impl Drop for Child {
 /// Lags of every event on every stream, in whole milliseconds (a bounded
 /// histogram: 100 streams at 1,000 events/s for minutes would otherwise
 /// make this process the memory figure's noise).
-struct Lags {
+pub(super) struct Lags {
     buckets: Vec<AtomicU64>,
 }
 
 impl Lags {
-    fn new() -> Self {
+    pub fn new() -> Self {
         Self { buckets: (0..10_001).map(|_| AtomicU64::new(0)).collect() }
     }
-    fn add(&self, lag_ms: u64) {
+    pub fn add(&self, lag_ms: u64) {
         self.buckets[(lag_ms as usize).min(10_000)].fetch_add(1, Ordering::Relaxed);
     }
-    fn reset(&self) {
+    pub fn reset(&self) {
         for b in &self.buckets {
             b.store(0, Ordering::Relaxed);
         }
     }
-    fn count(&self) -> u64 {
+    pub fn count(&self) -> u64 {
         self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
     }
     /// The lag below which `p` of them lie, in ms (at most 1 ms coarse).
-    fn percentile(&self, p: f64) -> u64 {
+    pub fn percentile(&self, p: f64) -> u64 {
         let total = self.count();
         let want = ((total as f64) * p).ceil() as u64;
         let mut seen = 0;
@@ -129,12 +129,12 @@ impl Lags {
     }
 }
 
-fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
 }
 
 /// The `at` of one event's JSON, in Unix ms, without parsing the rest.
-fn event_at(data: &[u8]) -> Option<i64> {
+pub(super) fn event_at(data: &[u8]) -> Option<i64> {
     let data = std::str::from_utf8(data).ok()?;
     let start = data.find("\"at\":\"")? + 6;
     let end = start + data[start..].find('"')?;

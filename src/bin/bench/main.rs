@@ -29,6 +29,7 @@
 mod durability;
 mod events;
 mod hooks;
+mod live;
 mod peer;
 #[cfg(feature = "peer")]
 mod peer_pg;
@@ -165,6 +166,21 @@ enum Command {
         #[arg(long, default_value_t = 32)]
         clients: usize,
     },
+    /// Filtered live views under load: VIEWS clients each following the
+    /// changes of a filtered set while PATCHes move documents in and out
+    /// of it; commit -> view update lag and the gateway's CPU per change
+    /// per view. Runs the `txgate` binary beside this one as the gateway.
+    Live {
+        /// Clients each keeping a live view.
+        #[arg(long, default_value_t = 100)]
+        views: usize,
+        /// Writes per second.
+        #[arg(long, default_value_t = 1000.0)]
+        rate: f64,
+        /// Seconds the writes last.
+        #[arg(long, default_value_t = 60.0)]
+        seconds: f64,
+    },
     /// TTL under load: expiry lag by age, the live count under
     /// `max_count`, the sweeper's CPU at rest over many documents.
     Ttl {
@@ -258,6 +274,10 @@ async fn main() {
             let args =
                 events::EventArgs { mongodb_uri, streams, rate, seconds, pause: pause_secs, clients, deliveries };
             events::run(args).await;
+        }
+        Command::Live { views, rate, seconds } => {
+            let mongodb_uri = cli.mongodb_uri.clone();
+            live::run(live::LiveArgs { mongodb_uri, views, rate, seconds }).await;
         }
         Command::Ttl { rate, seconds, max_age, max_count, docs, idle_secs } => {
             let docs = docs.unwrap_or(if mongo { 20_000 } else { 1_000_000 });
