@@ -151,8 +151,11 @@ impl Queries {
             let next = next.map(|id| encode_cursor(&[Bson::String(id)]));
             return Ok(QueryPage { items, next, position });
         }
-        let ready = self.indexes.ready(coll).await?;
-        let plan = plan::plan(&query.filter, &query.sort, &ready).map_err(QueryError::Unserved)?;
+        let plan = self
+            .indexes
+            .plan(coll, |ready| plan::plan(&query.filter, &query.sort, ready))
+            .await?
+            .map_err(QueryError::Unserved)?;
         let mut store_query = store_query(&query.filter, &plan);
         let order = store_query.sort.clone();
         let mut after = query.after.as_deref().map(decode_cursor).transpose()?;
@@ -204,8 +207,11 @@ impl Queries {
         let query = if filter.paths.is_empty() {
             IndexQuery::live()
         } else {
-            let ready = self.indexes.ready(coll).await?;
-            let plan = plan::plan_count(filter, &ready).map_err(QueryError::Unserved)?;
+            let plan = self
+                .indexes
+                .plan(coll, |ready| plan::plan_count(filter, ready))
+                .await?
+                .map_err(QueryError::Unserved)?;
             store_query(filter, &plan)
         };
         let store = self.documents.store();

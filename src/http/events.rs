@@ -123,8 +123,11 @@ async fn set_filter(state: &AppState, query: &EventsQuery) -> Result<Option<Arc<
             .with("errors", serde_json::json!([{"pointer": "/query/collections", "detail": detail}])));
     };
     let filter = super::queries::filter_param(text)?;
-    let ready = state.indexes.ready(collection).await?;
-    crate::query::plan::plan_count(&filter, &ready).map_err(|why| super::queries::unserved(collection, why))?;
+    state
+        .indexes
+        .plan(collection, |ready| crate::query::plan::plan_count(&filter, ready))
+        .await?
+        .map_err(|why| super::queries::unserved(collection, why))?;
     Ok(Some(Arc::new(SetFilter { collection: (*collection).to_owned(), filter })))
 }
 

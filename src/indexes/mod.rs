@@ -186,6 +186,10 @@ pub struct Indexes {
     clock: Clock,
     /// Collection → (when read, its declarations but dropped ones).
     cache: Mutex<HashMap<String, Known>>,
+    /// Bumped by every [`Indexes::forget`]: a read that began before one
+    /// is not cached, so a change this instance made is never hidden by
+    /// a read of the state before it that ended after it.
+    generation: std::sync::atomic::AtomicU64,
     /// Who holds a build's lease.
     instance: String,
     /// Wakes the builder: a declaration or a deletion to act on.
@@ -198,6 +202,7 @@ impl Indexes {
             store,
             clock,
             cache: Mutex::new(HashMap::new()),
+            generation: std::sync::atomic::AtomicU64::new(0),
             instance: uuid::Uuid::new_v4().to_string(),
             wake: tokio::sync::Notify::new(),
         })
@@ -211,30 +216,55 @@ impl Indexes {
                 return Ok(Arc::clone(known));
             }
         }
+        self.load(coll).await
+    }
+
+    /// The declarations of `coll` as the store holds them now; cached
+    /// unless a change was forgotten meanwhile.
+    async fn load(&self, coll: &str) -> StoreResult<Arc<Vec<Declaration>>> {
+        use std::sync::atomic::Ordering;
+        let generation = self.generation.load(Ordering::SeqCst);
         let read = Instant::now();
-        let all = self.list(coll).await?;
-        let known = Arc::new(all);
+        let known = Arc::new(self.list(coll).await?);
         let mut cache = self.cache.lock().expect("index cache");
-        if cache.len() > 10_000 {
-            cache.clear();
+        if self.generation.load(Ordering::SeqCst) == generation {
+            if cache.len() > 10_000 {
+                cache.clear();
+            }
+            cache.insert(coll.to_owned(), (read, Arc::clone(&known)));
         }
-        cache.insert(coll.to_owned(), (read, Arc::clone(&known)));
         Ok(known)
     }
 
     fn forget(&self, coll: &str) {
-        self.cache.lock().expect("index cache").remove(coll);
+        let mut cache = self.cache.lock().expect("index cache");
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        cache.remove(coll);
     }
 
     /// The ready indexes of `coll`, as the planner takes them.
-    pub(crate) async fn ready(&self, coll: &str) -> StoreResult<Vec<Declared>> {
-        Ok(self
-            .declared(coll)
-            .await?
+    fn ready_of(known: &[Declaration]) -> Vec<Declared> {
+        known
             .iter()
             .filter(|d| d.state == State::Ready)
             .map(|d| Declared { name: d.physical.clone(), fields: d.fields.clone() })
-            .collect())
+            .collect()
+    }
+
+    /// `plan` over the ready indexes of `coll`. A plan the cached
+    /// declarations refuse is tried again on those the store holds now, so
+    /// an index any instance has reported `ready` is never refused for a
+    /// cache that has not seen it yet.
+    pub(crate) async fn plan<T, E>(
+        &self,
+        coll: &str,
+        plan: impl Fn(&[Declared]) -> Result<T, E>,
+    ) -> StoreResult<Result<T, E>> {
+        let cached = Self::ready_of(&self.declared(coll).await?);
+        match plan(&cached) {
+            Ok(done) => Ok(Ok(done)),
+            Err(_) => Ok(plan(&Self::ready_of(&self.load(coll).await?))),
+        }
     }
 
     /// The paths of the indexes of each of `colls` that writes must keep
@@ -531,4 +561,86 @@ fn check_fields(fields: &[String]) -> Result<(), DeclareError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use tokio::sync::Notify;
+
+    use super::*;
+    use crate::store::Store;
+    use crate::store::layer::{Layer, Layered, Op};
+    use crate::store::memory::MemoryStore;
+
+    /// Holds an armed scan of the declarations after it has read them,
+    /// until released: a read that ends after what follows it.
+    #[derive(Default)]
+    struct Gate {
+        armed: AtomicBool,
+        read: Notify,
+        release: Notify,
+    }
+
+    impl Layer for Gate {
+        async fn around<T: Send>(
+            &self,
+            _below: &dyn Store,
+            op: &Op<'_>,
+            run: impl Future<Output = StoreResult<T>> + Send,
+        ) -> StoreResult<T> {
+            let out = run.await;
+            if op.name == "scan" && op.coll == INDEXES && self.armed.swap(false, Ordering::SeqCst) {
+                self.read.notify_one();
+                self.release.notified().await;
+            }
+            out
+        }
+    }
+
+    fn setup() -> (Arc<Layered<Gate>>, Arc<Indexes>) {
+        let store = Arc::new(Layered::new(Arc::new(MemoryStore::default()), Gate::default()));
+        let indexes = Indexes::new(Arc::clone(&store) as DynStore, Clock::System);
+        (store, indexes)
+    }
+
+    /// What another instance's build does when it ends: the declaration
+    /// becomes ready in the store, and this instance's cache is not told.
+    async fn made_ready_elsewhere(store: &dyn Store, d: &Declaration) {
+        let ready = Declaration { state: State::Ready, ..d.clone() };
+        assert!(store.replace(INDEXES, &d.key, Document::new(), ready.record()).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_read_that_began_before_a_declaration_is_not_cached() {
+        let (store, indexes) = setup();
+        store.layer().armed.store(true, Ordering::SeqCst);
+        let reader = tokio::spawn({
+            let indexes = Arc::clone(&indexes);
+            async move { indexes.declared("c").await.unwrap().len() }
+        });
+        store.layer().read.notified().await;
+        indexes.declare("c", "a", vec!["a".into()], false).await.unwrap();
+        store.layer().release.notify_one();
+        assert_eq!(reader.await.unwrap(), 0, "the read saw the state before");
+        // The state before is not what this instance knows now.
+        assert_eq!(indexes.declared("c").await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_query_is_planned_on_an_index_ready_anywhere() {
+        let (store, indexes) = setup();
+        let (d, _) = indexes.declare("c", "a", vec!["a".into()], false).await.unwrap();
+        // Cached while building: nothing serves a filter on `a`.
+        assert_eq!(indexes.declared("c").await.unwrap()[0].state, State::Building);
+        let filter = crate::query::filter::Filter::parse(&serde_json::json!({"a": 1})).unwrap();
+        made_ready_elsewhere(store.as_ref(), &d).await;
+        let planned = indexes.plan("c", |ready| crate::query::plan::plan_count(&filter, ready)).await.unwrap();
+        assert!(planned.is_ok(), "an index the store holds ready is not refused");
+        // A plan that no index serves is still refused.
+        let other = crate::query::filter::Filter::parse(&serde_json::json!({"b": 1})).unwrap();
+        let refused = indexes.plan("c", |ready| crate::query::plan::plan_count(&other, ready)).await.unwrap();
+        assert!(refused.is_err());
+    }
 }
