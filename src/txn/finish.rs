@@ -100,7 +100,8 @@ impl Finish {
         }
         self.for_each_held_member(
             rec,
-            |m, doc| async move { self.roll_forward_member(rec, &m.collection, &doc).await },
+            // The outputs were made above, once for every member.
+            |m, doc| async move { self.forward_member(rec, &m.collection, &doc).await },
         )
         .await?;
         let finish = Transition::Finish { from: Status::Committed, at: self.now() };
@@ -190,6 +191,12 @@ impl Finish {
         if rec.status == Status::Committed {
             self.ensure_outputs(rec).await?;
         }
+        self.forward_member(rec, coll, doc).await
+    }
+
+    /// Apply the staged change of committed `rec` to `doc` and release it,
+    /// its outputs made already.
+    async fn forward_member(&self, rec: &TxnRecord, coll: &str, doc: &StoredDoc) -> StoreResult<bool> {
         let at = rec.committed_at.unwrap_or_else(|| self.now());
         let next = doc.rolled_forward(at);
         let filter = doc.unchanged_filter(Some(&rec.id));
