@@ -176,6 +176,11 @@ impl Documents {
         }
     }
 
+    /// Finish committed transaction `rec` now (see [`Locks::finish_committed`]).
+    pub(crate) async fn finish_committed(&self, rec: &crate::txn::TxnRecord) -> Result<(), StoreError> {
+        self.locks.finish_committed(rec).await
+    }
+
     /// Wait for the lock on `doc` to clear; `Ok(())` means read again.
     async fn wait_lock(
         &self,
@@ -268,7 +273,7 @@ impl Documents {
             events::publish_outbox(store, coll, cur, self.now()).await?;
         }
         let at = next.meta.updated_at.unwrap_or_else(|| self.now());
-        let event = events::model::document_event(kind, coll, &next, None, at);
+        let event = events::model::document_event(kind, coll, &next, None, crate::keys::acting().as_deref(), at);
         let write_of = |next: &StoredDoc| match current {
             None => Write::Insert(next.to_record()),
             Some(cur) => Write::Replace { id: &cur.id, filter: cur.unchanged_filter(None), record: next.to_record() },

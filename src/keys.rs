@@ -70,11 +70,19 @@ impl Grant {
 pub struct ApiKey {
     pub key: String,
     pub grants: Vec<Grant>,
+    /// A label that is not secret: what change events record as the key
+    /// that made a change, and what conflicts show (`key-<n>` by default,
+    /// its place in the setting).
+    pub name: String,
 }
 
 impl std::fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiKey").field("key", &REDACTED).field("grants", &self.grants).finish()
+        f.debug_struct("ApiKey")
+            .field("name", &self.name)
+            .field("key", &REDACTED)
+            .field("grants", &self.grants)
+            .finish()
     }
 }
 
@@ -91,17 +99,24 @@ impl ApiKey {
     }
 }
 
-/// One key as the TOML file may give it: `{ key = "...", scopes = ["read@orders"] }`.
+/// One key as the TOML file may give it:
+/// `{ key = "...", scopes = ["read@orders"], name = "billing" }`.
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeyEntry {
     pub key: String,
     pub scopes: Vec<String>,
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 impl std::fmt::Debug for KeyEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyEntry").field("key", &REDACTED).field("scopes", &self.scopes).finish()
+        f.debug_struct("KeyEntry")
+            .field("name", &self.name)
+            .field("key", &REDACTED)
+            .field("scopes", &self.scopes)
+            .finish()
     }
 }
 
@@ -138,27 +153,67 @@ impl KeysSetting {
             KeysSetting::Spec(spec) if spec.trim().is_empty() => Ok(None),
             KeysSetting::Spec(spec) => parse_keys(spec).map(Some),
             KeysSetting::Table(entries) if entries.is_empty() => Err("api_keys is set but names no key".into()),
-            KeysSetting::Table(entries) => entries
-                .iter()
-                .enumerate()
-                .map(|(n, e)| key(n + 1, &e.key, &e.scopes.iter().map(String::as_str).collect::<Vec<_>>()))
-                .collect::<Result<Vec<_>, _>>()
-                .map(Some),
+            KeysSetting::Table(entries) => {
+                let keys = entries
+                    .iter()
+                    .enumerate()
+                    .map(|(n, e)| {
+                        let mut scopes: Vec<&str> = e.scopes.iter().map(String::as_str).collect();
+                        let named = e.name.as_ref().map(|name| format!("name={name}"));
+                        scopes.extend(named.as_deref());
+                        key(n + 1, &e.key, &scopes)
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                distinct_names(&keys)?;
+                Ok(Some(keys))
+            }
         }
     }
 }
 
+/// Whether `name` may name a key: 1 to 64 letters, digits, `_`, `-`, `.`
+/// and `@`, starting with a letter or digit.
+fn is_key_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '@'))
+}
+
+fn distinct_names(keys: &[ApiKey]) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::new();
+    for k in keys {
+        if !seen.insert(k.name.as_str()) {
+            return Err(format!("two API keys are named {:?}: names tell keys apart in events", k.name));
+        }
+    }
+    Ok(())
+}
+
 /// Key number `n` (from 1) of the setting; errors name it by its place,
 /// never by any part of the key.
+/// A `name=<label>` item among the scopes names the key.
 fn key(n: usize, key: &str, scopes: &[&str]) -> Result<ApiKey, String> {
     if key.len() < 16 {
         return Err(format!("API key #{n} is too short: use at least 16 characters"));
     }
-    if scopes.is_empty() {
+    let mut name = None;
+    let mut grants = Vec::new();
+    for item in scopes.iter().map(|s| s.trim()) {
+        match item.strip_prefix("name=") {
+            Some(label) if !is_key_name(label) => {
+                return Err(format!(
+                    "API key #{n}: {label:?} is not a key name (1 to 64 letters, digits, _ - . @; first a letter or digit)"
+                ));
+            }
+            Some(_) if name.is_some() => return Err(format!("API key #{n} is named twice")),
+            Some(label) => name = Some(label.to_owned()),
+            None => grants.push(Grant::parse(item)?),
+        }
+    }
+    if grants.is_empty() {
         return Err(format!("API key #{n} has no scope"));
     }
-    let grants = scopes.iter().map(|s| Grant::parse(s.trim())).collect::<Result<Vec<_>, _>>()?;
-    Ok(ApiKey { key: key.to_owned(), grants })
+    Ok(ApiKey { key: key.to_owned(), grants, name: name.unwrap_or_else(|| format!("key-{n}")) })
 }
 
 /// Parse `key:grant[+grant],...` where a grant is `scope` or
@@ -173,5 +228,25 @@ pub fn parse_keys(spec: &str) -> Result<Vec<ApiKey>, String> {
     if keys.is_empty() {
         return Err("TXGATE_API_KEYS is set but names no key".into());
     }
+    distinct_names(&keys)?;
     Ok(keys)
+}
+
+tokio::task_local! {
+    /// The name of the API key a request is served for.
+    static ACTING: String;
+}
+
+/// Serve `work` as made by the key named `name` ([`acting`] inside it).
+pub(crate) async fn acting_as<F: std::future::Future>(name: Option<String>, work: F) -> F::Output {
+    match name {
+        Some(name) => ACTING.scope(name, work).await,
+        None => work.await,
+    }
+}
+
+/// The name of the API key the current request is served for; `None`
+/// without keys, or outside a request.
+pub(crate) fn acting() -> Option<String> {
+    ACTING.try_with(String::clone).ok()
 }

@@ -14,6 +14,7 @@
 mod clock;
 mod collections;
 pub mod config;
+mod conflicts;
 mod document;
 mod documents;
 mod events;
@@ -113,6 +114,7 @@ pub struct App {
     pub indexes: Arc<indexes::Indexes>,
     pub queries: Arc<queries::Queries>,
     pub reads: Arc<reads::Reads>,
+    pub(crate) conflicts: Arc<conflicts::Conflicts>,
     /// Cancelled at shutdown: open event streams end.
     pub stop: CancellationToken,
 }
@@ -170,6 +172,7 @@ impl App {
             txns.follow_ups().clone(),
         ));
         let reads = Arc::new(reads::Reads::new(Arc::clone(&documents), Arc::clone(&events), config.txn.lock_wait));
+        let conflicts = Arc::new(conflicts::Conflicts::new(Arc::clone(&documents), Arc::clone(&events)));
         let subscriptions =
             subscriptions::Subscriptions::new(Arc::clone(&store), Arc::clone(&events), Arc::clone(&hooks));
         let collections =
@@ -187,6 +190,7 @@ impl App {
             indexes,
             queries,
             reads,
+            conflicts,
             stop,
         }
     }
@@ -215,6 +219,7 @@ impl App {
             indexes: Arc::clone(&self.indexes),
             queries: Arc::clone(&self.queries),
             reads: Arc::clone(&self.reads),
+            conflicts: Arc::clone(&self.conflicts),
             metrics: Arc::clone(&self.metrics),
             stop: self.stop.clone(),
             streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),

@@ -90,9 +90,10 @@ impl Queries {
         Self { documents, indexes, log, follow_ups }
     }
 
-    /// Wait (bounded) for this instance's answered work to be in place,
-    /// then learn the position a read of `coll` made now is at: the log's
-    /// last position, capped below the first event of any committed
+    /// Wait (bounded) for this instance's answered work to be in place and
+    /// finish (bounded) any committed transaction over `coll` still not
+    /// rolled forward, then learn the position a read of `coll` made now is
+    /// at: the log's last position, capped below the first event of any committed
     /// transaction over `coll` not rolled forward yet (its documents' index
     /// entries may not have moved: a page read now could miss a document
     /// that newly matches though its event is in the log). Every change at
@@ -100,18 +101,31 @@ impl Queries {
     async fn settled_position(&self, coll: &str) -> Result<u64, QueryError> {
         self.follow_ups.settle(SETTLE_WAIT).await;
         self.log.settle().await;
-        let head = self.log.head().await?;
-        let store = self.documents.store();
-        let scan = TXNS_BY_COMMIT.scan(vec![Status::Committed.to_bson()]).limit(UNAPPLIED_SCAN);
-        let mut wanted = Vec::new();
-        for rec in store.scan(TXNS, scan).await? {
-            let rec = match TxnRecord::from_record(rec) {
-                Ok(rec) => rec,
-                Err(err) => {
-                    tracing::warn!(error = %err, "a transaction record that cannot be read was left out of a query's position");
-                    continue;
+        // The log's last position first, then the committed transactions
+        // over `coll` not rolled forward yet (a transaction missed that way
+        // committed after `head`: its events are past it).
+        let mut head = self.log.head().await?;
+        let mut unapplied = self.unapplied(coll).await?;
+        if !unapplied.is_empty() {
+            // Another instance's, or a roll-forward slower than the wait
+            // above: finished here, bounded, so a query sees a
+            // transaction's writes once its 200 is sent, whoever sent it.
+            let finishing = futures::future::join_all(unapplied.iter().map(|r| self.documents.finish_committed(r)));
+            match tokio::time::timeout(SETTLE_WAIT, finishing).await {
+                Ok(done) => {
+                    if let Some(Err(err)) = done.into_iter().find(Result::is_err) {
+                        tracing::warn!(collection = %coll, error = %err, "a query could not finish a committed transaction; its position is capped below it");
+                    }
                 }
-            };
+                Err(_) => {
+                    tracing::warn!(collection = %coll, "a query could not finish committed transactions in time; its position is capped below them")
+                }
+            }
+            head = self.log.head().await?;
+            unapplied = self.unapplied(coll).await?;
+        }
+        let mut wanted = Vec::new();
+        for rec in unapplied {
             let Some(results) = &rec.results else { continue };
             for (member, result) in rec.members.iter().zip(results) {
                 if member.collection == coll && member.op != StagedOp::Check {
@@ -133,6 +147,23 @@ impl Queries {
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
+    }
+
+    /// Committed transactions not rolled forward yet that changed `coll`
+    /// (up to [`UNAPPLIED_SCAN`] of all such transactions are looked at).
+    async fn unapplied(&self, coll: &str) -> Result<Vec<TxnRecord>, QueryError> {
+        let scan = TXNS_BY_COMMIT.scan(vec![Status::Committed.to_bson()]).limit(UNAPPLIED_SCAN);
+        let mut out = Vec::new();
+        for rec in self.documents.store().scan(TXNS, scan).await? {
+            match TxnRecord::from_record(rec) {
+                Ok(rec) if rec.members.iter().any(|m| m.collection == coll && m.op != StagedOp::Check) => out.push(rec),
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, "a transaction record that cannot be read was left out of a query's position");
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// One page of `query` over collection `coll`.

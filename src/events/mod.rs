@@ -307,6 +307,23 @@ impl Log {
         Ok(found)
     }
 
+    /// Of the events `ids` (event ids), those the log holds; a record that
+    /// cannot be decoded is left out, and reported.
+    pub(crate) async fn events_by_id(&self, ids: &[String]) -> StoreResult<Vec<model::Event>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::with_capacity(ids.len());
+        for rec in self.store.get_many(EVENTS, ids).await? {
+            match model::Logged::from_record(rec) {
+                Ok(model::Logged { entry: model::Entry::Event(event), .. }) => out.push(*event),
+                Ok(_) => {}
+                Err(err) => tracing::warn!(error = %err, "an event record that cannot be read was left out"),
+            }
+        }
+        Ok(out)
+    }
+
     /// Up to `max` positions after `after`, stopping before a gap that
     /// may still fill; what is returned is durable.
     pub async fn read(&self, after: u64, max: usize) -> Result<Batch, ReadError> {
@@ -428,6 +445,7 @@ mod tests {
             document: Some("d".into()),
             version: Some(seq as i64),
             transaction: None,
+            key: None,
             at: "2026-01-01T00:00:00.000Z".into(),
             data: None,
             members: None,

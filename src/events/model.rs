@@ -84,6 +84,10 @@ pub struct Event {
     /// The transaction that made the change; null for a single-document
     /// write.
     pub transaction: Option<String>,
+    /// The name of the API key that made the change (absent without API
+    /// keys, for an expiry, and in events logged before keys had names).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     /// When the change was committed (RFC 3339).
     #[schema(value_type = String)]
     pub at: String,
@@ -137,7 +141,14 @@ pub(crate) fn transaction_event_id(txn: &str) -> String {
 /// The log record (without its position; its `_id` is the event id) of
 /// the change that left `doc` as
 /// it is, made at `at` by `txn` (none: a single-document write).
-pub fn document_event(kind: EventType, coll: &str, doc: &StoredDoc, txn: Option<&str>, at: DateTime) -> Record {
+pub fn document_event(
+    kind: EventType,
+    coll: &str,
+    doc: &StoredDoc,
+    txn: Option<&str>,
+    key: Option<&str>,
+    at: DateTime,
+) -> Record {
     let data = matches!(kind, EventType::Created | EventType::Updated).then_some(&doc.data);
     let event = shapes::Event {
         id: document_event_id(coll, &doc.id, doc.meta.v),
@@ -146,6 +157,7 @@ pub fn document_event(kind: EventType, coll: &str, doc: &StoredDoc, txn: Option<
         document: Some(&doc.id),
         version: Some(doc.meta.v),
         transaction: txn,
+        key,
         at,
         data,
         members: None,
@@ -155,7 +167,12 @@ pub fn document_event(kind: EventType, coll: &str, doc: &StoredDoc, txn: Option<
 
 /// The log record (without its position) of transaction `txn`'s
 /// `transaction.committed` event: committed at `at`, with its members.
-pub(crate) fn transaction_event(txn: &str, at: DateTime, members: Vec<CommittedMember<'_>>) -> Record {
+pub(crate) fn transaction_event(
+    txn: &str,
+    key: Option<&str>,
+    at: DateTime,
+    members: Vec<CommittedMember<'_>>,
+) -> Record {
     let event = shapes::Event {
         id: transaction_event_id(txn),
         kind: EventType::TransactionCommitted.as_str(),
@@ -163,6 +180,7 @@ pub(crate) fn transaction_event(txn: &str, at: DateTime, members: Vec<CommittedM
         document: None,
         version: None,
         transaction: Some(txn),
+        key,
         at,
         data: None,
         members: Some(members),
@@ -197,6 +215,8 @@ mod shapes {
         pub document: Option<&'a str>,
         pub version: Option<i64>,
         pub transaction: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub key: Option<&'a str>,
         pub at: DateTime,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub data: Option<&'a Document>,
@@ -257,6 +277,7 @@ impl Logged {
             document: text("document"),
             version: rec.get_i64("version").ok(),
             transaction: text("transaction"),
+            key: text("key"),
             at: rec.get_datetime("at").map(|d| crate::clock::rfc3339(*d)).unwrap_or_default(),
             data: rec.get_document("data").ok().map(crate::store::convert::document_to_object),
             members,
@@ -273,7 +294,7 @@ mod tests {
     #[test]
     fn a_document_event_reads_back() {
         let d = StoredDoc::new_live("a".into(), doc! {"x": 1_i64}, 1, 3, DateTime::from_millis(5));
-        let mut rec = document_event(EventType::Updated, "c", &d, Some("T"), DateTime::from_millis(7));
+        let mut rec = document_event(EventType::Updated, "c", &d, Some("T"), None, DateTime::from_millis(7));
         rec.insert(LOG_SEQ, 9_i64);
         let logged = Logged::from_record(rec).unwrap();
         let Entry::Event(e) = logged.entry else { panic!("an event") };
@@ -289,7 +310,7 @@ mod tests {
     #[test]
     fn a_deleted_event_has_no_data() {
         let d = StoredDoc::new_live("a".into(), doc! {"x": 1_i64}, 1, 3, DateTime::from_millis(5));
-        let rec = document_event(EventType::Deleted, "c", &d, None, DateTime::from_millis(7));
+        let rec = document_event(EventType::Deleted, "c", &d, None, None, DateTime::from_millis(7));
         assert!(rec.get("data").is_none());
     }
 }

@@ -106,7 +106,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 const OPERATOR_ROUTES: &[&str] = &["/v1/transactions/{id}/abort", "/v1/deliveries/{id}/retry", "/v1/admin/backup"];
 
 /// Reads sent as `POST` (a query's body): `read` is enough.
-const READ_ROUTES: &[&str] = &["/v1/collections/{collection}/query", "/v1/reads"];
+const READ_ROUTES: &[&str] =
+    &["/v1/collections/{collection}/query", "/v1/collections/{collection}/documents/{id}/merge", "/v1/reads"];
 
 /// The scope a request needs, decided by its matched route (a document
 /// whose id is `abort` is a document).
@@ -228,7 +229,8 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
     };
     parts.extensions.insert(Caller { scope: scope.clone() });
     parts.extensions.insert(access);
-    next.run(Request::from_parts(parts, body)).await
+    // What the request changes is recorded as made by the key's name.
+    crate::keys::acting_as(Some(key.name.clone()), next.run(Request::from_parts(parts, body))).await
 }
 
 fn unauthorized(detail: &str) -> Response {
@@ -274,6 +276,7 @@ mod tests {
         assert_eq!(needed_scope(&Method::GET, "/healthz"), None);
         assert_eq!(needed_scope(&Method::GET, "/v1/collections/a/documents"), Some(Scope::Read));
         assert_eq!(needed_scope(&Method::POST, "/v1/collections/{collection}/query"), Some(Scope::Read));
+        assert_eq!(needed_scope(&Method::POST, "/v1/collections/{collection}/documents/{id}/merge"), Some(Scope::Read));
         assert_eq!(needed_scope(&Method::PUT, "/v1/collections/{collection}/indexes/{name}"), Some(Scope::Write));
         assert_eq!(needed_scope(&Method::POST, "/v1/transactions"), Some(Scope::Write));
         assert_eq!(needed_scope(&Method::POST, "/v1/transactions/{id}/abort"), Some(Scope::Admin));

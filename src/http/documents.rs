@@ -12,6 +12,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
+use super::auth::Access;
+use super::conflicts::explained;
 use super::contract::{
     Collection, DocumentId, Fields, IfMatch, IfNoneMatch, IncFields, MergePatch, NewDocument, SetFields, UnsetFields,
 };
@@ -120,7 +122,7 @@ impl CollectionPath {
 }
 
 impl DocumentPath {
-    fn check(&self) -> Result<(&str, &str), ApiError> {
+    pub(crate) fn check(&self) -> Result<(&str, &str), ApiError> {
         rules::check_collection(&self.collection, "/path/collection")?;
         rules::check_id(&self.id, "/path/id")?;
         Ok((&self.collection, &self.id))
@@ -301,6 +303,7 @@ problems!(
 )]
 pub(crate) async fn replace_document(
     State(state): State<AppState>,
+    access: Access,
     ApiPath(path): ApiPath<DocumentPath>,
     ApiQuery(query): ApiQuery<WriteQuery>,
     headers: HeaderMap,
@@ -318,7 +321,10 @@ pub(crate) async fn replace_document(
         Some(_) => return Err(Invalid::new("/_id", "_id, when given, must equal the id in the URL").into()),
     }
     let data = rules::user_data(&fields, "")?;
-    let result = state.documents.change(collection, id, expected, &Change::Replace { data, sv }).await?;
+    let result = match state.documents.change(collection, id, expected, &Change::Replace { data, sv }).await {
+        Ok(result) => result,
+        Err(err) => return Err(explained(&state, &access, &headers, Some((collection, id)), err.into()).await),
+    };
     Ok(written(collection, result))
 }
 
@@ -344,6 +350,7 @@ pub(crate) async fn replace_document(
 )]
 pub(crate) async fn patch_document(
     State(state): State<AppState>,
+    access: Access,
     ApiPath(path): ApiPath<DocumentPath>,
     ApiQuery(query): ApiQuery<WriteQuery>,
     headers: HeaderMap,
@@ -374,7 +381,10 @@ pub(crate) async fn patch_document(
         }
         _ => return Err(unsupported_media("application/json or application/merge-patch+json")),
     };
-    let result = state.documents.change(collection, id, expected, &change).await?;
+    let result = match state.documents.change(collection, id, expected, &change).await {
+        Ok(result) => result,
+        Err(err) => return Err(explained(&state, &access, &headers, Some((collection, id)), err.into()).await),
+    };
     Ok(written(collection, result))
 }
 
@@ -408,11 +418,15 @@ problems!(
 )]
 pub(crate) async fn delete_document(
     State(state): State<AppState>,
+    access: Access,
     ApiPath(path): ApiPath<DocumentPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (collection, id) = path.check()?;
     let expected = if_match(&headers)?;
-    let result = state.documents.change(collection, id, expected, &Change::Delete).await?;
+    let result = match state.documents.change(collection, id, expected, &Change::Delete).await {
+        Ok(result) => result,
+        Err(err) => return Err(explained(&state, &access, &headers, Some((collection, id)), err.into()).await),
+    };
     Ok(written(collection, result))
 }

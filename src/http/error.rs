@@ -88,6 +88,7 @@ problem_codes! {
     BackupInProgress => "backup_in_progress", 409, Problem, "a backup is being written already; send the request again once it has finished";
     Deleted => "deleted", 410, Deleted, "the document is deleted (a tombstone)";
     CursorExpired => "cursor_expired", 410, Problem, "the events after this cursor are past their retention; start again without one";
+    BaseUnavailable => "base_unavailable", 410, Problem, "the change-event log no longer holds the version a merge starts from (past the event retention)";
     RequestTimeout => "request_timeout", 408, Problem, "the request body did not arrive within the body timeout (`TXGATE_BODY_TIMEOUT_MS`)";
     PayloadTooLarge => "payload_too_large", 413, Problem, "the body is larger than the limit";
     UnsupportedMediaType => "unsupported_media_type", 415, Problem, "the body's `Content-Type` is not one this operation takes";

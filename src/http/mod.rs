@@ -4,6 +4,8 @@
 pub(crate) mod admin;
 pub(crate) mod auth;
 pub(crate) mod collections;
+mod conflicts;
+mod console;
 pub(crate) mod contract;
 pub(crate) mod deliveries;
 pub(crate) mod documents;
@@ -55,6 +57,7 @@ pub(crate) struct AppState {
     pub indexes: Arc<crate::indexes::Indexes>,
     pub queries: Arc<crate::queries::Queries>,
     pub reads: Arc<crate::reads::Reads>,
+    pub conflicts: Arc<crate::conflicts::Conflicts>,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Cancelled when the gateway shuts down: open event streams end.
     pub stop: tokio_util::sync::CancellationToken,
@@ -81,7 +84,8 @@ pub(crate) struct AppState {
         (name = "events", description = "Change events: a resumable stream and pages"),
         (name = "subscriptions", description = "Change events as webhooks"),
         (name = "operations", description = "Health, readiness and backups"),
-    )
+    ),
+    components(schemas(conflicts::ChangeOut))
 )]
 struct ApiDoc;
 
@@ -90,6 +94,7 @@ pub(crate) fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(collections::router())
         .merge(documents::router())
+        .merge(conflicts::router())
         .merge(queries::router())
         .merge(reads::router())
         .merge(indexes::router())
@@ -134,7 +139,7 @@ pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router 
         let keys = auth::Keys::new(config.api_keys.clone(), config.max_concurrency_per_key);
         routes.route_layer(axum::middleware::from_fn_with_state(Arc::new(keys), auth::require_key))
     };
-    routes
+    console::routes(routes)
         .route(
             "/openapi.json",
             axum::routing::get(move || {

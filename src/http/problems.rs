@@ -47,7 +47,19 @@ pub(super) fn problem_schema(family: Family) -> Value {
                 },
             },
         }),
-        Family::VersionConflict => json!({}),
+        Family::VersionConflict => json!({
+            "current": {
+                "description": "The document as it is now (null: deleted), for a key that may read it; absent with `Prefer: return=minimal`.",
+                "anyOf": [{"$ref": "#/components/schemas/DocumentOut"}, {"type": "null"}],
+            },
+            "changes": {
+                "type": "array",
+                "maxItems": crate::conflicts::MAX_CHANGES,
+                "description": "One entry per version after `expected`, oldest first, from the change-event log while it holds them (the latest 50 at most); absent with `Prefer: return=minimal`.",
+                "items": {"$ref": "#/components/schemas/ChangeOut"},
+            },
+            "changes_truncated": {"type": "boolean", "description": "`true` when `changes` does not hold every version after `expected` (the log no longer holds some, or there were more than 50)."},
+        }),
         Family::Locked => json!({
             "holder": {"type": "string", "description": "For a transaction's failure: the transaction holding the document."},
         }),
@@ -106,7 +118,15 @@ fn problem_example(code: ProblemCode) -> Value {
         "code": code.as_str(),
     });
     let extra = match code {
-        ProblemCode::VersionConflict => json!({"expected": 3, "actual": 4}),
+        ProblemCode::VersionConflict => json!({
+            "expected": 3, "actual": 4, "collection": "orders", "id": "o-1",
+            "current": {"collection": "orders", "id": "o-1", "version": 4, "schema_version": 1,
+                "created_at": "2026-01-02T03:04:05.678Z", "updated_at": "2026-01-02T03:09:00.000Z",
+                "data": {"status": "shipped", "total": 45}},
+            "changes": [{"version": 4, "type": "document.updated", "at": "2026-01-02T03:09:00.000Z",
+                "transaction": null, "key": "warehouse", "added": [], "removed": [], "changed": ["status"]}],
+            "changes_truncated": false,
+        }),
         ProblemCode::Locked => json!({"transaction": "0193f3c4-7d2e-7c1a-9b4e-3f5d2a1c0b9e"}),
         ProblemCode::Deleted => json!({"version": 5, "deleted_at": "2026-01-02T03:04:05.678Z"}),
         ProblemCode::AlreadyExists => json!({"version": 2}),

@@ -111,6 +111,12 @@ impl Locks {
         }
     }
 
+    /// Finish committed `rec` now, on the caller's path (a query that must
+    /// see its writes): its outputs, then every member still held.
+    pub async fn finish_committed(&self, rec: &TxnRecord) -> StoreResult<()> {
+        self.finish.roll_forward(rec).await
+    }
+
     /// How long a live holder's lock may last before it can be judged
     /// expired: what a 423 tells a client to wait.
     pub fn lease(&self) -> Duration {

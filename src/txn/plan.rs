@@ -56,4 +56,6 @@ pub struct Plan {
     /// transaction ran: a member staged with another value fails before
     /// the commit point.
     pub claimed: std::collections::HashMap<(String, String), Vec<Option<Vec<u8>>>>,
+    /// The name of the API key that sent it.
+    pub key: Option<String>,
 }

@@ -232,6 +232,10 @@ pub struct TxnRecord {
     /// written by an earlier version has none here: see [`TxnRecord::hooks`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hooks: Vec<Hook>,
+    /// The name of the API key that sent it (none without API keys, and
+    /// in records written before keys had names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 impl TxnRecord {
@@ -274,6 +278,7 @@ impl TxnRecord {
             failure: None,
             hook_count: 0,
             hooks: Vec::new(),
+            key: None,
         }
     }
 

@@ -33,8 +33,10 @@
 //   TXGATE_CORS_ORIGINS=http://127.0.0.1:$port TXGATE_API_KEYS=$key:read+write ... txgate serve &
 //   node tests/clients/browser.mjs http://127.0.0.1:8080 target/browser "$key" "$port"
 //
+// 4. console: see checkConsole below.
+//
 // Environment: CHROMIUM (default /usr/bin/chromium); BROWSER_CHECKS, a
-// comma-separated subset of `cors,docs,live` (default all); BROWSER_TIMEOUT_MS
+// comma-separated subset of `cors,docs,live,console` (default all); BROWSER_TIMEOUT_MS
 // (default 15000) for each wait. Exits 0 when every check passes, 1 when one
 // fails (each failure is printed), 2 on bad usage.
 
@@ -465,6 +467,158 @@ async function checkLive(browser, { gateway, artifacts, apiKey, pagePort }) {
   return failures;
 }
 
+// Check 4, console: the gateway's own UI at /console, in two browser
+// contexts (two tabs, each with its own session), signed in with the key.
+// Both open one document; the first saves; the second's save answers 409 and
+// the conflict view shows base, mine and current field by field with the
+// changes since (the key's name); keeping one field of its own and taking
+// the rest gives version base + 2 with the chosen values. A document field
+// holding markup is shown as text and runs nothing (CSP script-src 'self').
+// The live tail shows a change made by curl. Each view passes axe-core with
+// no serious or critical violation. Screenshots: console-*.png.
+async function signIn(page, gateway, apiKey) {
+  await page.goto(`${gateway}/console`);
+  await page.waitForSelector("#api-key", { state: "visible", timeout: TIMEOUT });
+  await page.fill("#api-key", apiKey ?? "");
+  await page.click("#sign-in-form button[type=submit]");
+  await page.waitForSelector("#nav:not([hidden])", { timeout: TIMEOUT });
+}
+
+async function axeCheck(browser, { gateway, apiKey }, views, failures) {
+  const { readFileSync } = await import("node:fs");
+  const { createRequire } = await import("node:module");
+  const axeSource = readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
+  // Only for axe's own script: the console's CSP would refuse it.
+  const context = await browser.newContext({ bypassCSP: true, viewport: { width: 1280, height: 800 } });
+  const page = await context.newPage();
+  await signIn(page, gateway, apiKey);
+  for (const [name, hash, ready] of views) {
+    await page.evaluate((h) => { location.hash = h; }, hash);
+    await page.waitForSelector(ready, { timeout: TIMEOUT }).catch(() => failures.push(`axe: ${name} never showed ${ready}`));
+    await page.evaluate(axeSource);
+    const result = await page.evaluate(async () => await window.axe.run(document, { resultTypes: ["violations"] }));
+    for (const v of result.violations) {
+      if (v.impact === "serious" || v.impact === "critical") {
+        failures.push(`axe: ${name}: ${v.impact} ${v.id}: ${v.help} (${v.nodes.slice(0, 3).map((n) => n.target.join(" ")).join("; ")})`);
+      }
+    }
+    console.log(`console: axe on ${name}: ${result.violations.length} violation(s), none serious: ${!result.violations.some((v) => ["serious", "critical"].includes(v.impact))}`);
+  }
+  await context.close();
+}
+
+async function checkConsole(browser, opts) {
+  const { gateway, artifacts, apiKey } = opts;
+  const failures = [];
+  const collection = `console_${Date.now().toString(36)}`;
+  const docs = `${gateway}/v1/collections/${collection}/documents`;
+  const headers = { "content-type": "application/json", ...(apiKey ? { authorization: `Bearer ${apiKey}` } : {}) };
+  const markup = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>';
+  let r = await fetch(docs, { method: "POST", headers, body: JSON.stringify({ _id: "shared", title: "draft", qty: 1, note: markup }) });
+  if (r.status !== 201) return [`create answered ${r.status}: ${await r.text()}`];
+
+  const pageOf = async (name) => {
+    const context = await browser.newContext({ viewport: { width: 1100, height: 760 } });
+    const page = await context.newPage();
+    let allowed409 = name === "second" ? 1 : 0;
+    page.on("console", (m) => {
+      if (m.type() !== "error") return;
+      if (m.text().includes("status of 409") && allowed409-- > 0) return;
+      failures.push(`${name}: console error: ${m.text()}`);
+    });
+    page.on("pageerror", (e) => failures.push(`${name}: uncaught page error: ${e.message}`));
+    page.on("dialog", (d) => { failures.push(`${name}: a dialog opened: ${d.message()}`); d.dismiss(); });
+    const urls = [];
+    page.on("request", (req) => urls.push(req.url()));
+    await signIn(page, gateway, apiKey);
+    return { context, page, urls };
+  };
+  const first = await pageOf("first");
+  const second = await pageOf("second");
+  try {
+    const open = async (page) => {
+      await page.evaluate((h) => { location.hash = h; }, `#/doc/${collection}/shared`);
+      await page.waitForSelector("#editor", { timeout: TIMEOUT });
+      return JSON.parse(await page.inputValue("#editor"));
+    };
+    const a = await open(first.page);
+    const b = await open(second.page);
+    if (a.note !== markup) failures.push(`the editor shows the note as ${JSON.stringify(a.note)}`);
+    // The first tab saves.
+    await first.page.fill("#editor", JSON.stringify({ ...a, title: "A's title", qty: 2 }, null, 2));
+    await first.page.click("#save");
+    await first.page.waitForFunction(() => document.getElementById("status").textContent.includes("saved: version 2"), null, { timeout: TIMEOUT });
+    // The second tab saves its own edit, made from version 1.
+    await second.page.fill("#editor", JSON.stringify({ ...b, qty: 5, note: "B's note" }, null, 2));
+    await second.page.click("#save");
+    await second.page.waitForSelector("#conflict", { timeout: TIMEOUT });
+    const rows = await second.page.$$eval("#conflict tbody tr", (trs) =>
+      trs.map((tr) => [tr.dataset.path, ...[...tr.querySelectorAll("td")].slice(0, 3).map((td) => td.textContent)]));
+    const want = [
+      ["note", JSON.stringify(markup), JSON.stringify("B's note"), JSON.stringify(markup)],
+      ["qty", "1", "5", "2"],
+      ["title", '"draft"', '"draft"', `"A's title"`],
+    ];
+    if (JSON.stringify(rows) !== JSON.stringify(want)) failures.push(`the conflict view shows ${JSON.stringify(rows)}, not ${JSON.stringify(want)}`);
+    const changes = await second.page.locator("#changes li").allInnerTexts();
+    if (changes.length !== 1 || !changes[0].includes("version 2") || !changes[0].includes("key browser") || !changes[0].includes("changed qty, title")) {
+      failures.push(`the changes since: ${JSON.stringify(changes)}`);
+    }
+    await screenshot(second.page, join(artifacts, "console-conflict.png"), failures);
+    // Keep mine for qty (the conflict), take theirs for everything else.
+    await second.page.check("#conflict tr[data-path=qty] input[value=mine]");
+    await second.page.check("#conflict tr[data-path=note] input[value=theirs]");
+    await second.page.click("#save-merge");
+    await second.page.waitForFunction(() => document.getElementById("status").textContent.includes("saved the merge: version 3"), null, { timeout: TIMEOUT });
+    const saved = await (await fetch(`${docs}/shared`, { headers })).json();
+    const wantData = { title: "A's title", qty: 5, note: markup };
+    const canonical = (o) => JSON.stringify(Object.fromEntries(Object.entries(o).sort()));
+    if (saved.version !== 3 || canonical(saved.data) !== canonical(wantData)) {
+      failures.push(`after the merge: version ${saved.version}, data ${JSON.stringify(saved.data)}; wanted 3, ${JSON.stringify(wantData)}`);
+    }
+    await screenshot(second.page, join(artifacts, "console-merged.png"), failures);
+    // The list renders the markup as text.
+    await first.page.evaluate((h) => { location.hash = h; }, `#/documents/${collection}`);
+    await first.page.waitForSelector("#documents tbody tr[data-id=shared]", { timeout: TIMEOUT });
+    const cell = await first.page.locator("#documents tbody tr[data-id=shared] td .value").innerText();
+    if (!cell.includes("<img src=x onerror=")) failures.push(`the list shows the markup as ${JSON.stringify(cell)}`);
+    if ((await first.page.locator("#documents img, #documents script").count()) !== 0) failures.push("the markup became elements");
+    // Live: a document created with curl appears in the list, then in the tail.
+    execFileSync("curl", ["-sS", "-o", "/dev/null", "-X", "POST", docs, "-H", "content-type: application/json",
+      ...(apiKey ? ["-H", `authorization: Bearer ${apiKey}`] : []), "--data-binary", JSON.stringify({ _id: "by-curl", n: 1 })]);
+    await first.page.waitForSelector("#documents tbody tr[data-id=by-curl]", { timeout: TIMEOUT })
+      .catch(() => failures.push("the list did not show the document made by curl"));
+    await screenshot(first.page, join(artifacts, "console-documents.png"), failures);
+    await first.page.evaluate(() => { location.hash = "#/events"; });
+    await first.page.waitForSelector("#tail-count", { timeout: TIMEOUT });
+    await new Promise((ok) => setTimeout(ok, 300));
+    execFileSync("curl", ["-sS", "-o", "/dev/null", "-X", "PATCH", `${docs}/by-curl`, "-H", "content-type: application/json",
+      ...(apiKey ? ["-H", `authorization: Bearer ${apiKey}`] : []), "--data-binary", JSON.stringify({ set: { n: 2 } })]);
+    await first.page.waitForFunction((c) => [...document.querySelectorAll("#tail li")].some((li) => li.textContent.includes(`${c}/by-curl v2`)),
+      collection, { timeout: TIMEOUT }).catch(() => failures.push("the live tail did not show the change made by curl"));
+    await screenshot(first.page, join(artifacts, "console-events.png"), failures);
+    for (const { page } of [first, second]) {
+      if (await page.evaluate(() => window.__pwned !== undefined)) failures.push("the document's markup ran a script");
+    }
+    for (const { urls } of [first, second]) {
+      if (apiKey && urls.some((u) => u.includes(apiKey))) failures.push("the console put the API key in a URL");
+    }
+  } catch (e) {
+    failures.push(`the console check stopped: ${e.message.split("\n")[0]}`);
+  }
+  await first.context.close();
+  await second.context.close();
+  await axeCheck(browser, opts, [
+    ["collections", "#/collections", "tbody tr"],
+    ["documents", `#/documents/${collection}`, "#documents tbody tr"],
+    ["document", `#/doc/${collection}/shared`, "#editor"],
+    ["transactions", "#/transactions?status=done", "#transactions"],
+    ["deliveries", "#/deliveries", "#deliveries"],
+    ["events", "#/events", "#tail-count"],
+  ], failures);
+  return failures;
+}
+
 async function main() {
   const argv = process.argv.slice(2);
   if (argv[0] === "free-port") {
@@ -482,8 +636,8 @@ async function main() {
   const artifacts = resolve(artifactArg);
   mkdirSync(artifacts, { recursive: true });
   const apiKey = apiKeyArg || undefined;
-  const checks = (process.env.BROWSER_CHECKS || "cors,docs,live").split(",").map((s) => s.trim()).filter(Boolean);
-  for (const c of checks) if (!["cors", "docs", "live"].includes(c)) usage(`unknown check in BROWSER_CHECKS: ${c}`);
+  const checks = (process.env.BROWSER_CHECKS || "cors,docs,live,console").split(",").map((s) => s.trim()).filter(Boolean);
+  for (const c of checks) if (!["cors", "docs", "live", "console"].includes(c)) usage(`unknown check in BROWSER_CHECKS: ${c}`);
   let pagePort = Number(portArg || process.env.PAGE_ORIGIN_PORT || 0);
   if (!Number.isInteger(pagePort) || pagePort < 0 || pagePort > 65535) usage(`bad page port: ${portArg}`);
   if (pagePort === 0 && (checks.includes("cors") || checks.includes("live"))) {
@@ -514,7 +668,7 @@ async function main() {
     for (const check of checks) {
       let failures;
       try {
-        failures = await { cors: checkCors, docs: checkDocs, live: checkLive }[check](browser, opts);
+        failures = await { cors: checkCors, docs: checkDocs, live: checkLive, console: checkConsole }[check](browser, opts);
       } catch (e) {
         failures = [`crashed: ${e.stack || e}`];
       }

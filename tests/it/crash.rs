@@ -84,6 +84,7 @@ impl Scenario {
             indexed: Default::default(),
             unique: Default::default(),
             claimed: Default::default(),
+            key: None,
         }
     }
 

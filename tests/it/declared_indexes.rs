@@ -199,7 +199,10 @@ async fn an_index_built_while_writes_go_on_holds_every_document(backend: Backend
         let want: Vec<String> = want.into_iter().map(|(id, _)| id.clone()).collect();
         let missing: Vec<&String> = want.iter().filter(|w| !got.contains(w)).collect();
         let extra: Vec<&String> = got.iter().filter(|w| !want.contains(w)).collect();
-        assert!(missing.is_empty() && extra.is_empty(), "group {g}: missing {missing:?} extra {extra:?} (written {written})");
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "group {g}: missing {missing:?} extra {extra:?} (written {written})"
+        );
         assert_eq!(got, want, "group {g}");
     }
     let all = expect(app.get("/v1/collections/w/count").await, 200).await;

@@ -6,6 +6,8 @@ mod support;
 mod auth;
 mod backup;
 mod collections;
+mod conflicts;
+mod console;
 mod crash;
 mod declared_indexes;
 mod docs;

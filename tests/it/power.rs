@@ -320,6 +320,7 @@ mod writer {
                 indexed: Default::default(),
                 unique: Default::default(),
                 claimed: Default::default(),
+                key: None,
             };
             let txn = "01900000-0000-7000-8000-000000000001".to_owned();
             let outcome = txns.execute(&plan, Some(txn.clone())).await;
@@ -382,6 +383,7 @@ mod writer {
                 indexed: Default::default(),
                 unique: Default::default(),
                 claimed: Default::default(),
+                key: None,
             }
         };
         let stats = embedded.stats();

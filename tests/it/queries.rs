@@ -28,6 +28,7 @@ crate::on_both_backends!(
     what_is_outside_the_language_is_refused,
     counts_come_from_index_entries,
     a_transactions_writes_are_queried_once_it_answers,
+    another_instances_transaction_is_queried_once_it_answers,
 );
 
 pub(crate) const WAIT: Duration = Duration::from_secs(30);
@@ -580,4 +581,61 @@ async fn a_transactions_writes_are_queried_once_it_answers(backend: Backend) {
         let ids: BTreeSet<&str> = page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
         assert!(!ids.contains("a") && !ids.contains("b"), "round {round}: {ids:?}");
     }
+}
+
+/// One instance answers a transaction whose roll-forward is slow (each of
+/// its document writes takes 400 ms); another instance, which never waits
+/// for the first one's work, queries at once and sees the transaction's
+/// writes, and its count agrees.
+async fn another_instances_transaction_is_queried_once_it_answers(backend: Backend) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+
+    use crate::faulty::{Act, Op, rigged};
+    use crate::support::{TestStore, test_config};
+
+    let slow = Arc::new(AtomicBool::new(false));
+    let rule = {
+        let slow = Arc::clone(&slow);
+        move |op: &Op| {
+            let write = matches!(op.kind, "replace" | "update");
+            if write && op.coll == "y" && slow.load(AtomicOrdering::SeqCst) {
+                Act::Delay(Duration::from_millis(400))
+            } else {
+                Act::Pass
+            }
+        }
+    };
+    let Some(ts) = TestStore::new(backend).await else { return };
+    let (config, raw) = (test_config(ts.config.clone()), Arc::clone(&ts.store));
+    let writer = TestApp::on_store(config.clone(), rigged(Arc::clone(&raw), rule), Some(ts)).await;
+    let reader = TestApp::on_store(config, raw, None).await;
+    for id in ["a", "b"] {
+        create(&writer, "y", id, &json!({"s": "old"})).await;
+    }
+    ready_index(&reader, "y", "s", &["s"]).await;
+    writer.settled().await;
+    slow.store(true, AtomicOrdering::SeqCst);
+    for round in 0..3 {
+        let (from, to) = if round % 2 == 0 { ("old", "new") } else { ("new", "old") };
+        let body = json!({"actions": [
+            {"op": "update", "collection": "y", "id": "a", "set": {"s": to}},
+            {"op": "insert", "collection": "y", "id": format!("n{round}"), "data": {"s": to}},
+        ]});
+        expect(writer.post("/v1/transactions", &body).await, 200).await;
+        let page = expect(query(&reader, "y", &json!({"filter": {"s": to}})).await, 200).await;
+        let ids: BTreeSet<&str> = page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+        assert!(ids.contains("a") && ids.contains(format!("n{round}").as_str()), "round {round}: {ids:?}");
+        let page = expect(query(&reader, "y", &json!({"filter": {"s": from}})).await, 200).await;
+        let ids: BTreeSet<&str> = page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+        assert!(!ids.contains("a"), "round {round}: {ids:?}");
+        // a and the inserts of rounds of the same parity; b is "old".
+        let want = [2, 3, 3][round];
+        let filter = json!({"s": to}).to_string();
+        let count = reader.request(Method::GET, "/v1/collections/y/count").query(&[("filter", &filter)]);
+        let count = expect(count.send().await.unwrap(), 200).await;
+        assert_eq!(count["count"].as_u64().unwrap() as usize, want, "round {round}");
+        writer.settled().await;
+    }
+    slow.store(false, AtomicOrdering::SeqCst);
 }

@@ -231,6 +231,7 @@ pub fn txn_record(
         failure: None,
         hook_count: 0,
         hooks: Vec::new(),
+        key: None,
     }
 }
 

@@ -137,6 +137,7 @@ pub fn plan(coll: &str, ids: &[String]) -> Plan {
         indexed: Default::default(),
         unique: Default::default(),
         claimed: Default::default(),
+        key: None,
     }
 }
 

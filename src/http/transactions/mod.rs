@@ -176,7 +176,7 @@ pub(crate) async fn create_transaction(
     match submitted {
         Submitted::Ran(ran) => match *ran {
             Ok(committed) => Ok(axum::Json(CommittedOut::from(summary(&committed.record))).into_response()),
-            Err(err) => Err(ApiError::from(err)),
+            Err(err) => Err(super::conflicts::explained(&state, &access, &headers, None, ApiError::from(err)).await),
         },
         Submitted::Replay { status, body } => {
             let mut response = answer(StatusCode::from_u16(status).unwrap_or(StatusCode::OK), body);

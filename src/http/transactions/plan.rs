@@ -103,5 +103,6 @@ pub(super) fn plan(
         indexed: Default::default(),
         unique: Default::default(),
         claimed: Default::default(),
+        key: crate::keys::acting(),
     })
 }

@@ -172,6 +172,7 @@ impl Commit {
             committed_at: None,
             finished_at: None,
             request: plan.request.clone(),
+            key: plan.key.clone(),
             members: plan
                 .actions
                 .iter()

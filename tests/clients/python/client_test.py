@@ -23,12 +23,14 @@ try:
         v1_documents_create,
         v1_documents_delete,
         v1_documents_get,
+        v1_documents_merge,
         v1_documents_replace,
     )
     from txgate_client.api.documents import v1_documents_count, v1_documents_list, v1_documents_query, v1_reads_create
     from txgate_client.api.indexes import v1_indexes_get, v1_indexes_put
     from txgate_client.api.transactions import v1_transactions_create
     from txgate_client.models import (
+        ChangeOut,
         CommittedOut,
         CountOut,
         Deleted,
@@ -39,6 +41,8 @@ try:
         IndexOut,
         InsertAction,
         InsertActionOp,
+        MergeIn,
+        MergeOut,
         NewDocument,
         QueryIn,
         QueryPageOut,
@@ -106,6 +110,31 @@ def run(client):
     conflict = answer(stale, 409, VersionConflict, "stale replace")
     expect_equal(conflict.expected, 1, "stale replace: expected")
     expect_equal(conflict.actual, 2, "stale replace: actual")
+    # The conflict explains itself: the document now and what changed since.
+    expect(isinstance(conflict.current, DocumentOut), f"stale replace: current is {conflict.current!r}")
+    expect_equal(conflict.current.version, 2, "stale replace: current.version")
+    expect_equal(conflict.current.data["total"], 45, "stale replace: current.data.total")
+    expect_equal(len(conflict.changes), 1, "stale replace: changes")
+    change = conflict.changes[0]
+    expect(isinstance(change, ChangeOut), f"stale replace: a change is {type(change).__name__}")
+    expect_equal((change.version, change.changed), (2, ["total"]), "stale replace: the change")
+    expect(isinstance(change.key, str), "stale replace: the change names its key")
+    expect_equal(conflict.changes_truncated, False, "stale replace: changes_truncated")
+
+    # 4b. the merge helper: the user's edit from version 1 against version 2
+    step("4b. merge an edit made from version 1")
+    mine = Fields.from_dict({"customer": "ada lovelace", "total": 0})
+    merged = answer(
+        v1_documents_merge.sync_detailed(collection, doc.id, client=client, body=MergeIn(base_version=1, mine=mine)),
+        200,
+        MergeOut,
+        "merge",
+    )
+    expect_equal((merged.version, merged.mine), (2, ["customer"]), "merge: version, mine")
+    expect_equal(len(merged.conflicts), 1, "merge: conflicts")
+    clash = merged.conflicts[0]
+    expect_equal((clash.path, clash.base, clash.mine, clash.theirs), ("total", 42, 0, 45), "merge: the conflict")
+    expect_equal(merged.merged["customer"], "ada lovelace", "merge: merged.customer")
 
     # 5. delete, then read: 410 deleted
     step("5. delete, read -> 410")

@@ -94,6 +94,37 @@ async function main(baseUrl: string, apiKey: string): Promise<void> {
   const conflict: Schemas["VersionConflict"] = stale;
   expectEqual(conflict.expected, 1, "stale replace: expected");
   expectEqual(conflict.actual, 2, "stale replace: actual");
+  // The conflict explains itself: the document now and what changed since.
+  expectEqual(conflict.current?.version, 2, "stale replace: current.version");
+  expectEqual(conflict.current?.data["total"], 45, "stale replace: current.data.total");
+  const changes: Schemas["ChangeOut"][] = conflict.changes ?? [];
+  expectEqual(changes.length, 1, "stale replace: changes");
+  const change = changes[0];
+  if (change === undefined) throw new Error("stale replace: no change listed");
+  expectEqual(change.version, 2, "stale replace: changes[0].version");
+  expectEqual(JSON.stringify(change.changed), '["total"]', "stale replace: changes[0].changed");
+  expect(typeof change.key === "string", "stale replace: changes[0].key names the key");
+  expectEqual(conflict.changes_truncated, false, "stale replace: changes_truncated");
+
+  // 4b. the merge helper: the user's edit from version 1 against version 2
+  step("4b. merge an edit made from version 1");
+  const merged: Schemas["MergeOut"] = success(
+    await client.POST("/v1/collections/{collection}/documents/{id}/merge", {
+      params: { path },
+      body: { base_version: 1, mine: { customer: "ada lovelace", total: 0 } },
+    }),
+    200,
+    "merge",
+  );
+  expectEqual(merged.version, 2, "merge: version");
+  expectEqual(JSON.stringify(merged.mine), '["customer"]', "merge: mine");
+  const clashes: Schemas["MergeConflictOut"][] = merged.conflicts;
+  expectEqual(clashes.length, 1, "merge: conflicts");
+  const clash = clashes[0];
+  if (clash === undefined) throw new Error("merge: no conflict listed");
+  expectEqual(clash.path, "total", "merge: conflict path");
+  expectEqual(JSON.stringify([clash.base, clash.mine, clash.theirs]), "[42,0,45]", "merge: values");
+  expectEqual(merged.merged["customer"], "ada lovelace", "merge: merged.customer");
 
   // 5. delete, then read: 410 deleted
   step("5. delete, read -> 410");

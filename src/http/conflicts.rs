@@ -1,0 +1,263 @@
+//! Conflicts that explain themselves (docs/design.md §7): a
+//! `version_conflict` answer gains `current`, `changes` and
+//! `changes_truncated`; `POST /v1/collections/{collection}/documents/{id}/merge`
+//! answers a three-way merge and writes nothing.
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::auth::Access;
+use super::contract::{AnyValue, Fields};
+use super::documents::{DocumentOut, DocumentPath};
+use super::error::{ApiError, ProblemCode};
+use super::extract::{ApiPath, JsonBody, from_body};
+use crate::conflicts::{Change, MergeConflict, MergeError};
+use crate::document::rules::{self, Invalid, MAX_DATA_BYTES};
+use crate::events::model::EventType;
+use crate::http::problems::{Problems, problems};
+use crate::keys::Scope;
+
+pub(crate) fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(merge_document))
+}
+
+/// Whether the request says `Prefer: return=minimal` (RFC 7240).
+fn minimal(headers: &HeaderMap) -> bool {
+    headers.get_all("prefer").iter().filter_map(|v| v.to_str().ok()).any(|v| {
+        v.split(',').any(|p| p.split(';').next().is_some_and(|p| p.trim().eq_ignore_ascii_case("return=minimal")))
+    })
+}
+
+/// `err` as answered: a `version_conflict` on `target` (collection and id;
+/// else the ones the problem names) with `current`, `changes` and
+/// `changes_truncated` added, for a key that may read the collection and
+/// unless the request prefers a minimal answer. Anything else as it is.
+pub(crate) async fn explained(
+    state: &AppState,
+    access: &Access,
+    headers: &HeaderMap,
+    target: Option<(&str, &str)>,
+    mut err: ApiError,
+) -> ApiError {
+    if err.code != ProblemCode::VersionConflict || minimal(headers) {
+        return err;
+    }
+    let named = |k: &str| err.extra.get(k).and_then(Value::as_str).map(str::to_owned);
+    let (coll, id) = match target {
+        Some((c, i)) => (c.to_owned(), i.to_owned()),
+        None => match (named("collection"), named("id")) {
+            (Some(c), Some(i)) => (c, i),
+            _ => return err,
+        },
+    };
+    // An insert over a tombstone expected a version too; without one
+    // (a plain write met a document changed meanwhile) from version 0.
+    let expected = err.extra.get("expected").and_then(Value::as_i64).unwrap_or(0);
+    if !access.allows(Scope::Read, &coll) {
+        return err;
+    }
+    match state.conflicts.explain(&coll, &id, expected, MAX_DATA_BYTES).await {
+        Ok(explained) => {
+            let current = explained.current.map(|live| DocumentOut::new(&coll, live));
+            let changes: Vec<ChangeOut> = explained.changes.into_iter().map(ChangeOut::from).collect();
+            let changes = serde_json::to_value(changes).expect("changes serialize");
+            err.extra.insert("current".into(), serde_json::to_value(current).expect("a document serializes"));
+            err.extra.insert("changes".into(), changes);
+            err.extra.insert("changes_truncated".into(), Value::Bool(explained.truncated));
+            err
+        }
+        Err(e) => {
+            tracing::warn!(collection = %coll, id = %id, error = %e, "a version conflict is answered without its explanation");
+            err
+        }
+    }
+}
+
+/// One change after the version a `version_conflict` expected.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct ChangeOut {
+    /// The version the change made.
+    pub version: i64,
+    /// `document.created`, `document.updated`, `document.deleted` or
+    /// `document.expired`.
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    /// When it was committed (RFC 3339).
+    #[schema(format = DateTime)]
+    pub at: String,
+    /// The transaction that made it; null for a single-document write.
+    pub transaction: Option<String>,
+    /// The name of the API key that made it; null without API keys, for an
+    /// expiry, and for changes logged before keys had names.
+    pub key: Option<String>,
+    /// Field paths (dotted) it added; null (as `removed` and `changed`)
+    /// when the log no longer holds the version before it.
+    pub added: Option<Vec<String>>,
+    pub removed: Option<Vec<String>>,
+    pub changed: Option<Vec<String>>,
+}
+
+impl From<Change> for ChangeOut {
+    fn from(c: Change) -> Self {
+        let (added, removed, changed) = match c.paths {
+            Some(p) => (Some(p.added), Some(p.removed), Some(p.changed)),
+            None => (None, None, None),
+        };
+        Self {
+            version: c.version,
+            kind: c.kind,
+            at: c.at,
+            transaction: c.transaction,
+            key: c.key,
+            added,
+            removed,
+            changed,
+        }
+    }
+}
+
+/// A path both sides of a merge changed to different values, with the
+/// three values; a side where the field is absent leaves its member out.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct MergeConflictOut {
+    /// The dotted path.
+    pub path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<AnyValue>)]
+    pub base: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<AnyValue>)]
+    pub mine: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<AnyValue>)]
+    pub theirs: Option<Value>,
+}
+
+impl From<MergeConflict> for MergeConflictOut {
+    fn from(c: MergeConflict) -> Self {
+        Self { path: c.path, base: c.base, mine: c.mine, theirs: c.theirs }
+    }
+}
+
+/// A client's change to merge.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"base_version": 3, "mine": {"status": "paid", "total": 45}}))]
+pub(crate) struct MergeIn {
+    /// The version the client's change started from (0: the document did
+    /// not exist).
+    #[schema(minimum = 0)]
+    pub base_version: i64,
+    /// The document's data as the client changed it.
+    #[schema(value_type = Fields)]
+    pub mine: Map<String, Value>,
+}
+
+/// A three-way merge.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct MergeOut {
+    pub base_version: i64,
+    /// The version to send in `If-Match` with the merged data.
+    pub version: i64,
+    /// Whether the document is deleted now (its tombstone is at `version`).
+    pub deleted: bool,
+    /// The document now (null when deleted).
+    pub current: Option<DocumentOut>,
+    /// The merge: the client's changes and everyone else's; where both
+    /// changed a path to different values, the current value (see
+    /// `conflicts`).
+    #[schema(value_type = Fields)]
+    pub merged: Map<String, Value>,
+    /// Paths only the client changed.
+    pub mine: Vec<String>,
+    /// Paths only others changed since `base_version`.
+    pub theirs: Vec<String>,
+    /// Paths both changed to different values, with the three values (a
+    /// side's value is absent where the field is).
+    pub conflicts: Vec<MergeConflictOut>,
+}
+
+problems!(
+    /// What `v1.documents.merge` can answer besides its success.
+    MergeProblems =
+        Problems::of(&[InvalidPath, ValidationFailed, NotFound, VersionConflict, BaseUnavailable, RecordUnreadable])
+            .with_body()
+);
+
+/// Merge a change with everything since
+///
+/// A three-way merge of `mine` (the data a client changed, starting from
+/// the document at `base_version`, which the change-event log must still
+/// hold: 410 `base_unavailable` otherwise; a version after the current one
+/// is 409 `version_conflict`) with the document as it is now: objects per field, recursively;
+/// arrays and scalars as whole values. Writes nothing: send `merged` (after
+/// settling `conflicts`) with `If-Match` on `version`.
+#[utoipa::path(
+    post,
+    path = "/v1/collections/{collection}/documents/{id}/merge",
+    operation_id = "v1.documents.merge",
+    tag = "documents",
+    params(DocumentPath),
+    request_body(content = MergeIn, content_type = "application/json"),
+    responses(MergeProblems,
+        (status = 200, description = "The merge", body = MergeOut),
+    )
+)]
+pub(crate) async fn merge_document(
+    State(state): State<AppState>,
+    ApiPath(path): ApiPath<DocumentPath>,
+    JsonBody { value, .. }: JsonBody<Value>,
+) -> Result<axum::Json<MergeOut>, ApiError> {
+    let (collection, id) = path.check()?;
+    let input: MergeIn = from_body(value, &[""])?;
+    if input.base_version < 0 {
+        return Err(Invalid::new("/base_version", "a version is 0 or more").into());
+    }
+    rules::user_data(&input.mine, "/mine")?;
+    let merged = state.conflicts.merge(collection, id, input.base_version, &input.mine).await;
+    let (merged, current, version) = match merged {
+        Ok(m) => m,
+        Err(MergeError::Doc(e)) => return Err(e.into()),
+        Err(e @ MergeError::BaseGone(_)) => return Err(ApiError::new(ProblemCode::BaseUnavailable, e.to_string())),
+        Err(MergeError::BaseAhead { base, current }) => {
+            return Err(ApiError::from(crate::documents::DocError::VersionConflict {
+                expected: base,
+                actual: current,
+            }));
+        }
+    };
+    Ok(axum::Json(MergeOut {
+        base_version: input.base_version,
+        version,
+        deleted: current.is_none(),
+        current: current.map(|live| DocumentOut::new(collection, live)),
+        merged: merged.data,
+        mine: merged.mine,
+        theirs: merged.theirs,
+        conflicts: merged.conflicts.into_iter().map(MergeConflictOut::from).collect(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefer_return_minimal_is_found_among_preferences() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("prefer", v.parse().unwrap());
+            minimal(&h)
+        };
+        assert!(with("return=minimal"));
+        assert!(with("respond-async, Return=Minimal; x=1"));
+        assert!(!with("return=representation"));
+        assert!(!minimal(&HeaderMap::new()));
+    }
+}
