@@ -507,6 +507,45 @@ async function axeCheck(browser, { gateway, apiKey }, views, failures) {
   await context.close();
 }
 
+// A transaction's hook to a receiver that is down dies (the gateway runs
+// with TXGATE_HOOK_MAX_AGE_SECS=2); the deliveries view lists it with its
+// last error; the receiver comes up; "Replay" delivers it.
+async function replayDeadDelivery(page, { gateway, artifacts }, collection, headers, failures) {
+  const port = await freePort();
+  const url = `http://127.0.0.1:${port}/hook`;
+  let r = await fetch(`${gateway}/v1/transactions`, { method: "POST", headers, body: JSON.stringify({
+    actions: [{ op: "insert", collection, id: "hooked", data: { n: 1 } }], hooks: [{ url }] }) });
+  if (r.status !== 200) { failures.push(`the hooked transaction answered ${r.status}: ${await r.text()}`); return; }
+  const txn = (await r.json()).id;
+  let dead;
+  for (let i = 0; i < 200 && !dead; i++) {
+    const page = await (await fetch(`${gateway}/v1/deliveries?status=dead&limit=100`, { headers })).json();
+    dead = page.items.find((d) => d.transaction === txn);
+    if (!dead) await new Promise((ok) => setTimeout(ok, 100));
+  }
+  if (!dead) { failures.push("the delivery to a receiver that is down never died"); return; }
+  const received = [];
+  const receiver = createServer((req, res) => { received.push(`${req.method} ${req.url}`); req.resume(); res.writeHead(204); res.end(); });
+  await new Promise((ok) => receiver.listen(port, "127.0.0.1", ok));
+  try {
+    await page.evaluate(() => { location.hash = "#/deliveries?status=dead"; });
+    const row = page.locator(`#deliveries tbody tr[data-id="${dead.id}"]`);
+    await row.waitFor({ timeout: TIMEOUT });
+    const cells = await row.locator("td").allInnerTexts();
+    if (!cells[3] || cells[3].trim() === "") failures.push(`the dead delivery shows no last error: ${JSON.stringify(cells)}`);
+    await row.locator("button").click();
+    let state;
+    for (let i = 0; i < 200 && state !== "delivered"; i++) {
+      state = (await (await fetch(`${gateway}/v1/deliveries/${dead.id}`, { headers })).json()).status;
+      if (state !== "delivered") await new Promise((ok) => setTimeout(ok, 100));
+    }
+    if (state !== "delivered" || received.length !== 1) failures.push(`after the replay: ${state}, the receiver got ${JSON.stringify(received)}`);
+    await screenshot(page, join(artifacts, "console-deliveries.png"), failures);
+  } finally {
+    await new Promise((ok) => receiver.close(ok));
+  }
+}
+
 async function checkConsole(browser, opts) {
   const { gateway, artifacts, apiKey } = opts;
   const failures = [];
@@ -597,6 +636,8 @@ async function checkConsole(browser, opts) {
     await first.page.waitForFunction((c) => [...document.querySelectorAll("#tail li")].some((li) => li.textContent.includes(`${c}/by-curl v2`)),
       collection, { timeout: TIMEOUT }).catch(() => failures.push("the live tail did not show the change made by curl"));
     await screenshot(first.page, join(artifacts, "console-events.png"), failures);
+    // A dead delivery, replayed from the deliveries view once its receiver is up.
+    await replayDeadDelivery(first.page, opts, collection, headers, failures);
     for (const { page } of [first, second]) {
       if (await page.evaluate(() => window.__pwned !== undefined)) failures.push("the document's markup ran a script");
     }
