@@ -546,6 +546,40 @@ async function replayDeadDelivery(page, { gateway, artifacts }, collection, head
   }
 }
 
+// A transaction left pending by a gateway killed mid-commit (browser-test
+// makes one on its own gateway, STUCK_GATEWAY) is listed by the
+// transactions view and aborted from it with the admin key.
+async function abortStuck(browser, { apiKey, artifacts }, failures) {
+  const gateway = process.env.STUCK_GATEWAY;
+  if (!gateway) {
+    failures.push("no STUCK_GATEWAY: tests/clients/browser-test makes one for the console check");
+    return;
+  }
+  const headers = apiKey ? { authorization: `Bearer ${apiKey}` } : {};
+  const pending = (await (await fetch(`${gateway}/v1/transactions?status=pending`, { headers })).json()).items;
+  if (!pending.length) { failures.push("the stuck gateway has no pending transaction"); return; }
+  const context = await browser.newContext({ viewport: { width: 1100, height: 600 } });
+  const page = await context.newPage();
+  page.on("pageerror", (e) => failures.push(`stuck: uncaught page error: ${e.message}`));
+  try {
+    await signIn(page, gateway, apiKey);
+    await page.evaluate(() => { location.hash = "#/transactions?status=pending"; });
+    for (const txn of pending) {
+      const row = page.locator(`#transactions tbody tr[data-id="${txn.id}"]`);
+      await row.waitFor({ timeout: TIMEOUT });
+      await screenshot(page, join(artifacts, "console-stuck.png"), failures);
+      await row.locator("button").click();
+      await page.waitForFunction((id) => document.getElementById("status").textContent.includes(`aborted ${id}`), txn.id, { timeout: TIMEOUT });
+      const now = await (await fetch(`${gateway}/v1/transactions/${txn.id}`, { headers })).json();
+      if (!["aborted", "rolled_back"].includes(now.status)) failures.push(`after the console's abort, ${txn.id} is ${now.status}`);
+    }
+    console.log(`console: aborted ${pending.length} stuck transaction(s) from the transactions view`);
+  } catch (e) {
+    failures.push(`aborting the stuck transaction: ${e.message.split("\n")[0]}`);
+  }
+  await context.close();
+}
+
 async function checkConsole(browser, opts) {
   const { gateway, artifacts, apiKey } = opts;
   const failures = [];
@@ -649,6 +683,7 @@ async function checkConsole(browser, opts) {
   }
   await first.context.close();
   await second.context.close();
+  await abortStuck(browser, opts, failures);
   await axeCheck(browser, opts, [
     ["collections", "#/collections", "tbody tr"],
     ["documents", `#/documents/${collection}`, "#documents tbody tr"],
