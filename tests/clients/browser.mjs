@@ -638,6 +638,12 @@ async function checkConsole(browser, opts) {
       failures.push(`the changes since: ${JSON.stringify(changes)}`);
     }
     await screenshot(second.page, join(artifacts, "console-conflict.png"), failures);
+    // Readable on a phone: nothing but a table's own scroller is wider than the screen.
+    await second.page.setViewportSize({ width: 390, height: 844 });
+    const wide = await second.page.evaluate(() => document.documentElement.scrollWidth);
+    if (wide > 392) failures.push(`at a phone's width (390 px) the page is ${wide} px wide`);
+    await screenshot(second.page, join(artifacts, "console-conflict-phone.png"), failures);
+    await second.page.setViewportSize({ width: 1100, height: 760 });
     // Keep mine for qty (the conflict), take theirs for everything else.
     await second.page.check("#conflict tr[data-path=qty] input[value=mine]");
     await second.page.check("#conflict tr[data-path=note] input[value=theirs]");
