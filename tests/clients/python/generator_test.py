@@ -33,6 +33,8 @@ try:
         Deleted,
         DocumentOut,
         InsertAction,
+        MergeIn,
+        MergeOut,
         NewDocument,
         TransactionIn,
         UpdateAction,
@@ -134,6 +136,30 @@ def run(docs, transactions, indexes):
     conflict = member(stale, VersionConflict, "stale replace")
     expect_equal(conflict.expected, 1, "stale replace: expected")
     expect_equal(conflict.actual, 2, "stale replace: actual")
+    # The conflict explains itself: the document now and what changed since.
+    current = getattr(conflict.current, "actual_instance", conflict.current)
+    expect(isinstance(current, DocumentOut), f"stale replace: current is {current!r}")
+    expect_equal((current.version, current.data["total"]), (2, 45), "stale replace: current")
+    expect_equal(len(conflict.changes), 1, "stale replace: changes")
+    expect_equal((conflict.changes[0].version, conflict.changes[0].changed), (2, ["total"]), "stale replace: the change")
+    expect_equal(conflict.changes_truncated, False, "stale replace: changes_truncated")
+
+    # 4b. the merge helper: the user's edit from version 1 against version 2
+    step("4b. merge an edit made from version 1")
+    merged = success(
+        lambda: docs.v1_documents_merge_with_http_info(
+            collection, doc_id, MergeIn(base_version=1, mine={"customer": "ada lovelace", "total": 0})
+        ),
+        200,
+        MergeOut,
+        "merge",
+    )
+    expect_equal((merged.data.version, merged.data.mine), (2, ["customer"]), "merge: version, mine")
+    expect_equal(len(merged.data.conflicts), 1, "merge: conflicts")
+    clash = merged.data.conflicts[0]
+    expect_equal(clash.path, "total", "merge: the conflict's path")
+    values = [getattr(v, "actual_instance", v) for v in (clash.base, clash.mine, clash.theirs)]
+    expect_equal(values, [42, 0, 45], "merge: the conflict's values")
 
     # 5. delete, then read: 410 deleted
     step("5. delete, read -> 410")
