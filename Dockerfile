@@ -19,6 +19,7 @@ RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && rm -rf src
 COPY src ./src
 COPY openapi ./openapi
+COPY console ./console
 RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked --bin txgate \
     && ./target/release/txgate --version

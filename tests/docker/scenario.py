@@ -173,6 +173,9 @@ def main():
     check(docker("exec", a.name, "id", "-u").stdout.strip() == "10001", "the process runs as uid 10001")
     status, _, body = a.call("GET", DOCS + "/nope", key=None)
     check(status == 401, f"a request without a key: {status}")
+    with urllib.request.urlopen(a.base + "/console/app.js", timeout=30) as res:
+        csp = res.headers.get("content-security-policy", "")
+        check(res.status == 200 and "script-src 'self'" in csp, f"the console is in the image: {res.status}, CSP {csp!r}")
 
     print("== documents, a transaction with a hook, a conflict")
     status, headers, body = a.call("POST", DOCS, {"_id": "o-1", "total": 5})

@@ -26,6 +26,7 @@ crate::on_both_backends!(
     a_live_view_equals_a_fresh_query,
     a_live_view_holds_while_writes_are_slow,
     a_page_read_while_a_transaction_rolls_forward_hands_over_exactly,
+    a_client_that_hangs_up_mid_filtered_stream_frees_its_slot_and_resumes_exactly,
 );
 
 /// Documents per run.
@@ -300,4 +301,59 @@ async fn a_page_read_while_a_transaction_rolls_forward_hands_over_exactly(backen
         }
     }
     assert_eq!(view, BTreeSet::from(["in".to_owned(), "x".to_owned()]), "page {page}");
+}
+
+/// A client reads part of a filtered stream and hangs up while changes go
+/// on (the gateway allows one stream at a time); its slot comes back, and a
+/// stream resumed from the last id it saw brings exactly the filtered
+/// changes after it, as a JSON page of the same filter says.
+async fn a_client_that_hangs_up_mid_filtered_stream_frees_its_slot_and_resumes_exactly(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, |c| c.max_streams = 1).await else { return };
+    let docs = "/v1/collections/hang/documents";
+    expect(app.post(docs, &json!({"_id": "seed", "g": 0})).await, 201).await;
+    ready_index(&app, "hang", "g", &["g"]).await;
+    let position = events_page(&app, "after=0&limit=1000").await["next"].as_u64().unwrap();
+    let path = |q: &str| format!("/v1/events?collections=hang&filter=%7B%22g%22%3A1%7D{q}");
+    let write = async |i: u32| {
+        // Into the set, changed in it, out of it, and a change outside it.
+        let id = format!("d{i}");
+        expect(app.post(docs, &json!({"_id": id, "g": 1, "n": 0})).await, 201).await;
+        expect(app.send_json(Method::PATCH, &format!("{docs}/{id}"), &json!({"set": {"n": 1}})).await, 200).await;
+        expect(app.send_json(Method::PATCH, &format!("{docs}/{id}"), &json!({"set": {"g": 2}})).await, 200).await;
+        expect(app.send_json(Method::PATCH, &format!("{docs}/{id}"), &json!({"set": {"n": 2}})).await, 200).await;
+    };
+    let mut stream = SseStream::open(&app, &path(&format!("&after={position}")), None).await;
+    write(0).await;
+    let seen = stream.take(2, Duration::from_secs(10)).await;
+    assert_eq!(seen.len(), 2, "the first two changes of the set come");
+    let last = seen[1].id.clone().expect("an event id");
+    // Hang up in the middle (one more change of the set is on its way).
+    drop(stream);
+    for i in 1..4 {
+        write(i).await;
+    }
+    let (want, _) = all_events(&app, last.parse().unwrap(), "&collections=hang&filter=%7B%22g%22%3A1%7D").await;
+    let want: Vec<(String, bool)> =
+        want.iter().map(|e| (e["id"].as_str().unwrap().to_owned(), e["left"] == true)).collect();
+    assert_eq!(want.len(), 1 + 3 * 3, "the rest of d0 (it left), and d1..d3 each entering, changing and leaving");
+    // The one slot comes back (429 until then), and the stream resumes
+    // after the last id seen.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut resumed = loop {
+        let url = format!("{}{}", app.base, path(""));
+        match SseStream::try_open_url(&url, Some(&last)).await {
+            Ok(stream) => break stream,
+            Err(status) => assert_eq!(status, 429, "a stream refused for want of a slot"),
+        }
+        assert!(std::time::Instant::now() < deadline, "the slot of a stream whose client hung up never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let got: Vec<(String, bool)> = resumed
+        .take(want.len(), Duration::from_secs(10))
+        .await
+        .into_iter()
+        .map(|e| (e.data["id"].as_str().unwrap().to_owned(), e.data["left"] == true))
+        .collect();
+    assert_eq!(got, want, "the resumed stream is not exactly the set's changes after the last id seen");
+    assert!(resumed.next(Duration::from_millis(300)).await.is_none(), "the resumed stream has more");
 }

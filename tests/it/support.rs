@@ -433,17 +433,26 @@ impl SseStream {
 
     /// Open `url` as a stream, with `Last-Event-ID` when given.
     pub async fn open_url(url: &str, last_event_id: Option<&str>) -> Self {
+        match Self::try_open_url(url, last_event_id).await {
+            Ok(stream) => stream,
+            Err(status) => panic!("stream {url}: {status}"),
+        }
+    }
+
+    /// [`SseStream::open_url`], or the status it was refused with.
+    pub async fn try_open_url(url: &str, last_event_id: Option<&str>) -> Result<Self, u16> {
         let client = reqwest::Client::new();
-        let path = url;
         let mut req = client.get(url).header("accept", "text/event-stream");
         if let Some(id) = last_event_id {
             req = req.header("last-event-id", id);
         }
         let response = req.send().await.expect("stream opens");
-        assert_eq!(response.status(), 200, "stream {path}");
+        if response.status() != 200 {
+            return Err(response.status().as_u16());
+        }
         let kind = response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
         assert!(kind.starts_with("text/event-stream"), "{kind}");
-        Self { response, buffer: String::new() }
+        Ok(Self { response, buffer: String::new() })
     }
 
     /// The next event within `within` (comments skipped); `None` on
