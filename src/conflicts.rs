@@ -131,6 +131,19 @@ impl Conflicts {
         Ok(out)
     }
 
+    /// The document now (`None` when deleted) and its version (the
+    /// tombstone's when deleted); `None` when it never existed.
+    async fn now(&self, coll: &str, id: &str) -> Result<Option<(Option<Live>, i64)>, DocError> {
+        Ok(match self.documents.get(coll, id).await? {
+            View::Live(live) => {
+                let v = live.version;
+                Some((Some(live), v))
+            }
+            View::Deleted { version, .. } => Some((None, version)),
+            View::NotFound => None,
+        })
+    }
+
     /// The conflict of a write to `coll`/`id` that expected version
     /// `expected`: the document now and the changes since, their field
     /// paths bounded by `max_bytes`.
@@ -144,14 +157,7 @@ impl Conflicts {
         // The events of the writes this instance answered are in the log
         // first (a single write's goes there just after its answer).
         self.log.settle().await;
-        let (current, actual) = match self.documents.get(coll, id).await? {
-            View::Live(live) => {
-                let v = live.version;
-                (Some(live), v)
-            }
-            View::Deleted { version, .. } => (None, version),
-            View::NotFound => return Ok(Explained::default()),
-        };
+        let Some((current, actual)) = self.now(coll, id).await? else { return Ok(Explained::default()) };
         if actual <= expected {
             return Ok(Explained { current, ..Explained::default() });
         }
@@ -194,14 +200,7 @@ impl Conflicts {
         mine: &Map<String, Value>,
     ) -> Result<(Merged, Option<Live>, i64), MergeError> {
         self.log.settle().await;
-        let (current, actual) = match self.documents.get(coll, id).await? {
-            View::Live(live) => {
-                let v = live.version;
-                (Some(live), v)
-            }
-            View::Deleted { version, .. } => (None, version),
-            View::NotFound => return Err(DocError::NotFound.into()),
-        };
+        let (current, actual) = self.now(coll, id).await?.ok_or(DocError::NotFound)?;
         if base_version > actual {
             return Err(MergeError::BaseAhead { base: base_version, current: actual });
         }
