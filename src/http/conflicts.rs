@@ -152,6 +152,7 @@ impl From<MergeConflict> for MergeConflictOut {
 pub(crate) struct MergeIn {
     /// The version the client's change started from (0: the document did
     /// not exist).
+    #[serde(deserialize_with = "super::extract::required_integer")]
     #[schema(minimum = 0)]
     pub base_version: i64,
     /// The document's data as the client changed it.

@@ -311,6 +311,12 @@ pub(crate) fn integer<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Resu
     }
 }
 
+/// A required integer member of a JSON body, read as [`integer`] reads one.
+pub(crate) fn required_integer<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+    use serde::de::Error;
+    integer(deserializer)?.ok_or_else(|| D::Error::custom("expected an integer, got null"))
+}
+
 /// Path parameters; a parameter that cannot be decoded is a 400.
 pub(crate) struct ApiPath<T>(pub T);
 

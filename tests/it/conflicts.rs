@@ -287,9 +287,15 @@ async fn the_merge_helper_merges_and_writes_nothing(backend: Backend) {
     let saved = send(&app, ALICE, Method::PUT, doc_url("m"), Some(data.clone()), &[("if-match", "\"2\"")]);
     let saved = expect(saved.await, 200).await;
     assert_eq!((&saved["version"], &saved["data"]), (&json!(3), &data));
+    // JSON has one number type: an integral 1.0 is the version 1.
+    let body = json!({"base_version": 1.0, "mine": {"title": "t", "qty": 7}});
+    let same = expect(send(&app, ALICE, Method::POST, format!("{}/merge", doc_url("m")), Some(body), &[]).await, 200);
+    assert_eq!(same.await["base_version"], 1);
     // Bad requests.
     for body in [
         json!({"base_version": -1, "mine": {}}),
+        json!({"base_version": 1.5, "mine": {}}),
+        json!({"base_version": null, "mine": {}}),
         json!({"base_version": 1}),
         json!({"base_version": 1, "mine": {"_x": 1}}),
     ] {
