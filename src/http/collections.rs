@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::Access;
 use super::contract::Collection as CollectionName;
-use super::documents::CollectionPath;
+use super::envelope::CollectionPath;
 use super::error::ApiError;
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body, integer};
 use super::paging::{ListQuery, Listed, Page};

@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::Access;
 use super::contract::{AnyValue, Fields};
-use super::documents::{DocumentOut, DocumentPath};
+use super::envelope::{DocumentOut, DocumentPath};
 use super::error::{ApiError, ProblemCode};
 use super::extract::{ApiPath, JsonBody, from_body};
 use crate::conflicts::{Change, MergeConflict, MergeError};

@@ -5,7 +5,7 @@ use crate::http::problems::{Problems, problems};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -14,17 +14,15 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::Access;
 use super::conflicts::explained;
-use super::contract::{
-    Collection, DocumentId, Fields, IfMatch, IfNoneMatch, IncFields, MergePatch, NewDocument, SetFields, UnsetFields,
-};
+use super::contract::{Fields, IfMatch, IfNoneMatch, IncFields, MergePatch, NewDocument, SetFields, UnsetFields};
+use super::envelope::{CollectionPath, DocumentOut, DocumentPath};
 use super::error::ApiError;
 use super::extract::{
     ApiPath, ApiQuery, JsonBody, body_bytes, etag, if_match, if_none_match, media_type, parse_json, present,
     unsupported_media,
 };
-use crate::clock::rfc3339;
+use crate::document::View;
 use crate::document::rules::{self, Invalid, Patch};
-use crate::document::{Live, View};
 use crate::documents::{Change, DocError, Written};
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
@@ -34,43 +32,6 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         patch_document,
         delete_document
     ))
-}
-
-/// A document as the API shows it.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct DocumentOut {
-    #[schema(value_type = Collection)]
-    pub collection: String,
-    #[schema(value_type = DocumentId)]
-    pub id: String,
-    /// Increases by exactly 1 with every committed change; the `ETag`.
-    #[schema(minimum = 1, example = 3)]
-    pub version: i64,
-    /// The schema version its last writer declared.
-    #[schema(minimum = 1, example = 1)]
-    pub schema_version: i64,
-    #[schema(format = DateTime, example = "2026-01-02T03:04:05.678Z")]
-    pub created_at: String,
-    #[schema(format = DateTime, example = "2026-01-02T03:04:05.678Z")]
-    pub updated_at: String,
-    /// The user's fields.
-    #[schema(value_type = Fields)]
-    pub data: Map<String, Value>,
-}
-
-impl DocumentOut {
-    pub(crate) fn new(collection: &str, live: Live) -> Self {
-        let data = live.data_json();
-        Self {
-            collection: collection.to_owned(),
-            id: live.id,
-            version: live.version,
-            schema_version: live.schema_version,
-            created_at: rfc3339(live.created_at),
-            updated_at: rfc3339(live.updated_at),
-            data,
-        }
-    }
 }
 
 /// A `set` / `unset` / `inc` patch. Keys may be dotted paths into nested
@@ -92,41 +53,12 @@ pub(crate) struct DocumentPatch {
 }
 
 #[derive(Deserialize, IntoParams)]
-pub(crate) struct CollectionPath {
-    #[param(value_type = Collection)]
-    pub collection: String,
-}
-
-#[derive(Deserialize, IntoParams)]
-pub(crate) struct DocumentPath {
-    #[param(value_type = Collection)]
-    pub collection: String,
-    #[param(value_type = DocumentId)]
-    pub id: String,
-}
-
-#[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct WriteQuery {
     /// Schema version the writer declares (default: unchanged, 1 for new documents).
     #[param(minimum = 1, maximum = 9223372036854775807_i64)]
     pub schema_version: Option<i64>,
-}
-
-impl CollectionPath {
-    fn check(&self) -> Result<&str, ApiError> {
-        rules::check_collection(&self.collection, "/path/collection")?;
-        Ok(&self.collection)
-    }
-}
-
-impl DocumentPath {
-    pub(crate) fn check(&self) -> Result<(&str, &str), ApiError> {
-        rules::check_collection(&self.collection, "/path/collection")?;
-        rules::check_id(&self.id, "/path/id")?;
-        Ok((&self.collection, &self.id))
-    }
 }
 
 fn schema_version(query: &WriteQuery) -> Result<Option<i64>, ApiError> {

@@ -12,7 +12,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::contract::Collection as CollectionName;
-use super::documents::CollectionPath;
+use super::envelope::CollectionPath;
 use super::error::{ApiError, ProblemCode};
 use super::extract::{ApiPath, JsonBody, from_body};
 use crate::clock::rfc3339;

@@ -9,6 +9,7 @@ mod console;
 pub(crate) mod contract;
 pub(crate) mod deliveries;
 pub(crate) mod documents;
+mod envelope;
 pub(crate) mod error;
 pub(crate) mod events;
 pub(crate) mod extract;

@@ -11,7 +11,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::contract::Cursor;
-use super::documents::{CollectionPath, DocumentOut};
+use super::envelope::{CollectionPath, DocumentOut};
 use super::error::{ApiError, ProblemCode};
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body, integer};
 use super::paging::{DEFAULT_PAGE, MAX_PAGE};

@@ -10,7 +10,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::Access;
 use super::contract::{Collection, DocumentId};
-use super::documents::DocumentOut;
+use super::envelope::DocumentOut;
 use super::error::{ApiError, ProblemCode};
 use super::extract::{JsonBody, from_body};
 use crate::document::View;
