@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::SeedableRng;
@@ -14,7 +14,7 @@ use rand::rngs::StdRng;
 use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::testing::store::layer::{Layer, Layered, Op as StoreOp};
-use txgate::testing::store::{DynStore, Store, StoreResult};
+use txgate::testing::store::{Bson, DateTime, DynStore, Store, StoreError, StoreResult, Update, doc};
 
 use crate::queries::{WAIT, all_pages, create, docs_path, put_index, query, ready_index, settled_index};
 use crate::support::{Backend, TestApp, TestStore, expect, expect_problem, test_config};
@@ -26,6 +26,7 @@ crate::on_both_backends!(
     unique_indexes_refuse_duplicates_in_single_writes,
     two_transactions_staging_one_unique_value_at_once_commit_one,
     a_unique_build_over_duplicates_fails_naming_them,
+    a_build_whose_instance_died_is_taken_over_and_ends_exact,
 );
 
 async fn indexed_paths_never_hold_arrays_or_objects(backend: Backend) {
@@ -340,4 +341,114 @@ async fn a_unique_build_over_duplicates_fails_naming_them(backend: Backend) {
     .await;
     unique_email(&app, "y").await;
     expect_problem(app.post(&docs_path("y"), &json!({"email": "same"})).await, 409, "duplicate").await;
+}
+
+/// Once armed, lets an index build take its lease and fails every later
+/// write of a declaration (the lease's renewal after the build's first
+/// batch, and every take after): the builder's instance is dead
+/// mid-build, its claims for that batch made, its lease held.
+struct DieMidBuild {
+    armed: AtomicBool,
+    leases: AtomicUsize,
+}
+
+impl Layer for DieMidBuild {
+    async fn around<T: Send>(
+        &self,
+        _below: &dyn Store,
+        op: &StoreOp<'_>,
+        run: impl Future<Output = StoreResult<T>> + Send,
+    ) -> StoreResult<T> {
+        let lease = op.coll == "_indexes" && op.name == "update";
+        if lease && self.armed.load(Ordering::SeqCst) && self.leases.fetch_add(1, Ordering::SeqCst) >= 1 {
+            return Err(StoreError::Unavailable("the builder's instance is gone".into()));
+        }
+        run.await
+    }
+}
+
+/// A unique index's build dies after its first batch (its claims for
+/// those documents made, its lease held); writes go on through another
+/// instance, moving, freeing and taking values; once the lease runs out,
+/// that instance takes the build over from the start and the index ends
+/// ready and exact: every value found by query, every duplicate refused,
+/// every freed value free.
+async fn a_build_whose_instance_died_is_taken_over_and_ends_exact(backend: Backend) {
+    let Some(ts) = TestStore::new(backend).await else { return };
+    let layer = DieMidBuild { armed: AtomicBool::new(false), leases: AtomicUsize::new(0) };
+    let dying = Arc::new(Layered::new(Arc::clone(&ts.store), layer));
+    let a = TestApp::on_store(test_config(ts.config.clone()), dying.clone(), None).await;
+    // Several batches on the embedded store; fewer documents on a
+    // MongoDB-wire server (FerretDB scans whole collections), where the
+    // build dies after checking them all, before its index is made.
+    let n = if backend == Backend::Embedded { 2500 } else { 300 };
+    for chunk in 0..n / 50 {
+        let actions: Vec<Value> = (0..50)
+            .map(|i| {
+                let k = chunk * 50 + i;
+                json!({"op": "insert", "collection": "t", "id": format!("t{k:05}"), "data": {"u": format!("u{k}")}})
+            })
+            .collect();
+        expect(a.post("/v1/transactions", &json!({ "actions": actions })).await, 200).await;
+    }
+    dying.layer().armed.store(true, Ordering::SeqCst);
+    let resp = a.send_json(Method::PUT, "/v1/collections/t/indexes/u", &json!({"fields": ["u"], "unique": true})).await;
+    assert!(resp.status().is_success(), "{}", resp.status());
+    // The build took its lease and met the failure after its first batch.
+    let started = Instant::now();
+    while dying.layer().leases.load(Ordering::SeqCst) < 2 {
+        assert!(started.elapsed() < WAIT, "the build never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    a.stop().await;
+    let b = TestApp::on_store(test_config(ts.config.clone()), Arc::clone(&ts.store), Some(ts)).await;
+    let index = expect(b.get("/v1/collections/t/indexes/u").await, 200).await;
+    assert_eq!(index["state"], "building", "{index}");
+    // Writes go on meanwhile: t00000 (claimed by the dead build) moves to a
+    // new value and t00001 takes its old one; t00002 is deleted and its
+    // value taken by a new document; a duplicate of a value the build
+    // claimed is refused. (A duplicate of one it has not reached yet would
+    // be accepted and end the build failed, naming both, as MongoDB's
+    // builds do.)
+    let path = |id: &str| format!("{}/{id}", docs_path("t"));
+    expect(b.send_json(Method::PATCH, &path("t00000"), &json!({"set": {"u": "moved"}})).await, 200).await;
+    expect(b.send_json(Method::PATCH, &path("t00001"), &json!({"set": {"u": "u0"}})).await, 200).await;
+    expect(b.request(Method::DELETE, &path("t00002")).send().await.unwrap(), 204).await;
+    create(&b, "t", "fresh", &json!({"u": "u2"})).await;
+    create(&b, "t", "late", &json!({"u": "u1"})).await;
+    let dup = expect_problem(b.post(&docs_path("t"), &json!({"u": "u150"})).await, 409, "duplicate").await;
+    assert_eq!(dup["existing"], "t00150", "{dup}");
+    // The dead instance's lease runs out (set in the past here, rather
+    // than waiting its 30 s).
+    let past = DateTime::from_millis(DateTime::now().timestamp_millis() - 1000);
+    let expired = b
+        .store
+        .update("_indexes", "t/u", doc! {"state": "building"}, Update::set(doc! {"lease_until": Bson::DateTime(past)}))
+        .await
+        .expect("the lease is set");
+    assert!(expired, "the declaration was building");
+    let index = settled_index(&b, "t", "u").await;
+    assert_eq!(index["state"], "ready", "{index}");
+    // Exact: the values written meanwhile and a spread of the others each
+    // found once, at its document; the count of them all.
+    let mut model: BTreeMap<String, String> = (3..n).map(|k| (format!("u{k}"), format!("t{k:05}"))).collect();
+    let moved = [("moved", "t00000"), ("u0", "t00001"), ("u2", "fresh"), ("u1", "late")];
+    for (u, id) in moved {
+        model.insert(u.into(), id.into());
+    }
+    let spread = (3..n).step_by(97).map(|k| format!("u{k}"));
+    for u in moved.iter().map(|(u, _)| (*u).to_owned()).chain(spread) {
+        let id = &model[&u];
+        let page = expect(query(&b, "t", &json!({"filter": {"u": &u}})).await, 200).await;
+        let ids: Vec<&str> = page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+        assert_eq!(ids, [id.as_str()], "{u}");
+    }
+    let count = expect(b.get("/v1/collections/t/count").await, 200).await;
+    assert_eq!(count["count"].as_u64().unwrap() as usize, model.len());
+    // Every held value refused, every freed value free.
+    for u in ["u0", "u1", "u2", "moved", &format!("u{}", n - 1)] {
+        expect_problem(b.post(&docs_path("t"), &json!({"u": u})).await, 409, "duplicate").await;
+    }
+    create(&b, "t", "again", &json!({"u": "nobody"})).await;
+    b.stop().await;
 }

@@ -1,0 +1,78 @@
+//! The wire shapes every document endpoint shares: a document as the API
+//! shows it, and the paths that name a collection or a document.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use utoipa::{IntoParams, ToSchema};
+
+use super::contract::{Collection, DocumentId, Fields};
+use super::error::ApiError;
+use crate::clock::rfc3339;
+use crate::document::Live;
+use crate::document::rules;
+
+/// A document as the API shows it.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct DocumentOut {
+    #[schema(value_type = Collection)]
+    pub collection: String,
+    #[schema(value_type = DocumentId)]
+    pub id: String,
+    /// Increases by exactly 1 with every committed change; the `ETag`.
+    #[schema(minimum = 1, example = 3)]
+    pub version: i64,
+    /// The schema version its last writer declared.
+    #[schema(minimum = 1, example = 1)]
+    pub schema_version: i64,
+    #[schema(format = DateTime, example = "2026-01-02T03:04:05.678Z")]
+    pub created_at: String,
+    #[schema(format = DateTime, example = "2026-01-02T03:04:05.678Z")]
+    pub updated_at: String,
+    /// The user's fields.
+    #[schema(value_type = Fields)]
+    pub data: Map<String, Value>,
+}
+
+impl DocumentOut {
+    pub(crate) fn new(collection: &str, live: Live) -> Self {
+        let data = live.data_json();
+        Self {
+            collection: collection.to_owned(),
+            id: live.id,
+            version: live.version,
+            schema_version: live.schema_version,
+            created_at: rfc3339(live.created_at),
+            updated_at: rfc3339(live.updated_at),
+            data,
+        }
+    }
+}
+
+#[derive(Deserialize, IntoParams)]
+pub(crate) struct CollectionPath {
+    #[param(value_type = Collection)]
+    pub collection: String,
+}
+
+#[derive(Deserialize, IntoParams)]
+pub(crate) struct DocumentPath {
+    #[param(value_type = Collection)]
+    pub collection: String,
+    #[param(value_type = DocumentId)]
+    pub id: String,
+}
+
+impl CollectionPath {
+    pub(crate) fn check(&self) -> Result<&str, ApiError> {
+        rules::check_collection(&self.collection, "/path/collection")?;
+        Ok(&self.collection)
+    }
+}
+
+impl DocumentPath {
+    pub(crate) fn check(&self) -> Result<(&str, &str), ApiError> {
+        rules::check_collection(&self.collection, "/path/collection")?;
+        rules::check_id(&self.id, "/path/id")?;
+        Ok((&self.collection, &self.id))
+    }
+}
