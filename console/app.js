@@ -108,6 +108,8 @@ function follow(pathOf, onEvent, after) {
             for (const line of block.split("\n")) {
               if (line.startsWith("id:")) id = line.slice(3).trim();
               else if (line.startsWith("data:")) data += line.slice(5).trim();
+              // Where the stream starts: a resume point before any event.
+              else if (line.startsWith(": position ") && (last === undefined || last === null)) last = Number(line.slice(11));
             }
             if (data) {
               const event = JSON.parse(data);

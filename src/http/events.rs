@@ -274,6 +274,7 @@ pub(crate) async fn events(
         .retry(std::time::Duration::from_secs(5)));
     };
     let reader = Reader {
+        opened: Some(start),
         _slot: slot,
         log,
         filter,
@@ -340,6 +341,9 @@ async fn page(
 
 /// A stream's state between the events it hands out.
 struct Reader {
+    /// The position the stream starts after, sent first as a comment
+    /// (`: position <seq>`) and then taken.
+    opened: Option<u64>,
     log: Arc<Log>,
     filter: Filter,
     /// The filtered set the stream follows, if any.
@@ -382,11 +386,18 @@ impl Reader {
     /// The next piece of the stream: every event one read found, as
     /// Server-Sent Events in one chunk (`id: <seq>`, `data: <JSON>`; the
     /// JSON of an event is one line), or a comment line after
-    /// [`KEEP_ALIVE`] without one.
+    /// [`KEEP_ALIVE`] without one. The first piece is the comment
+    /// `: position <seq>`, the position the stream starts after.
     async fn next(mut self) -> Option<(Result<Bytes, Infallible>, Self)> {
         loop {
             if self.stop.is_cancelled() {
                 return None;
+            }
+            if let Some(start) = self.opened.take() {
+                // Every parser skips a comment; a client that has seen no
+                // event yet resumes from here (`Last-Event-ID: <seq>`)
+                // without missing one.
+                return Some((Ok(Bytes::from(format!(": position {start}\n\n"))), self));
             }
             if !self.pending.is_empty() {
                 let size: usize = self.pending.iter().map(|r| r.json.len() + 32).sum();

@@ -22,6 +22,7 @@ crate::on_both_backends!(
     an_outbox_left_by_a_crash_reaches_the_log_in_version_order,
     shutdown_with_open_streams_is_prompt,
     tombstones_go_after_their_retention,
+    a_stream_names_where_it_starts_so_a_client_resumes_before_any_event,
 );
 
 async fn create(app: &TestApp, coll: &str, id: &str, body: Value) -> Value {
@@ -213,6 +214,36 @@ async fn a_stream_filters_and_resumes_without_loss(backend: Backend) {
     // `after=` does the same.
     let mut again = SseStream::open(&app, &format!("/v1/events?after={last}"), None).await;
     assert_eq!(again.take(5, Duration::from_secs(5)).await.len(), 5);
+    app.stop().await;
+}
+
+/// A stream opens with `: position <seq>` (a comment, skipped by every
+/// parser): where it starts. A client that lost the connection before any
+/// event came resumes from there and misses nothing written meanwhile.
+async fn a_stream_names_where_it_starts_so_a_client_resumes_before_any_event(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "p", "a", json!({})).await;
+    create(&app, "p", "b", json!({})).await;
+    let first_piece = |url: String, last: Option<&'static str>| async move {
+        let mut req = reqwest::Client::new().get(url).header("accept", "text/event-stream");
+        if let Some(id) = last {
+            req = req.header("last-event-id", id);
+        }
+        let mut res = req.send().await.unwrap();
+        assert_eq!(res.status(), 200);
+        let chunk = tokio::time::timeout(Duration::from_secs(5), res.chunk()).await.expect("a first piece in time");
+        String::from_utf8(chunk.unwrap().unwrap().to_vec()).unwrap()
+    };
+    assert_eq!(first_piece(format!("{}/v1/events", app.base), None).await, ": position 2\n\n");
+    assert_eq!(first_piece(format!("{}/v1/events", app.base), Some("1")).await, ": position 1\n\n");
+    let filtered = format!("{}/v1/events?collections=p&types=document.updated", app.base);
+    assert_eq!(first_piece(filtered, None).await, ": position 2\n\n");
+    // The connection drops before any event; a change is made; the client
+    // resumes from the position it was told.
+    create(&app, "p", "c", json!({})).await;
+    let mut resumed = SseStream::open(&app, "/v1/events", Some("2")).await;
+    let got = resumed.take(1, Duration::from_secs(5)).await;
+    assert_eq!(got[0].data["id"], "p/c/1");
     app.stop().await;
 }
 
