@@ -170,7 +170,9 @@ problems!(
 /// Server-Sent Events by default: each event as `id: <seq>` and `data:
 /// <the event as JSON>`, every matching event after the cursor, in `seq`
 /// order, none lost; reconnect with `Last-Event-ID` (or `after=`) to go
-/// on. An idle stream gets a comment line every 15 s.
+/// on. A stream opens with the comment `: position <seq>`, the position
+/// it starts after (a resume point before any event); an idle stream gets
+/// a comment line every 15 s.
 ///
 /// With `Accept: application/json`: one page, `{"items", "next"}`; pass
 /// `next` as `after` for the following page.
