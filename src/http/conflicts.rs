@@ -29,8 +29,15 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 
 /// Whether the request says `Prefer: return=minimal` (RFC 7240).
 fn minimal(headers: &HeaderMap) -> bool {
+    // preference = token [ BWS "=" BWS word ] *( OWS ";" ... ); a word may
+    // be a quoted string.
     headers.get_all("prefer").iter().filter_map(|v| v.to_str().ok()).any(|v| {
-        v.split(',').any(|p| p.split(';').next().is_some_and(|p| p.trim().eq_ignore_ascii_case("return=minimal")))
+        v.split(',').filter_map(|p| p.split(';').next()).any(|p| {
+            let Some((name, value)) = p.split_once('=') else { return false };
+            let value = value.trim();
+            let value = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(value);
+            name.trim().eq_ignore_ascii_case("return") && value.eq_ignore_ascii_case("minimal")
+        })
     })
 }
 
@@ -258,6 +265,10 @@ mod tests {
         };
         assert!(with("return=minimal"));
         assert!(with("respond-async, Return=Minimal; x=1"));
+        assert!(with("return = minimal"));
+        assert!(with("return=\"minimal\""));
+        assert!(!with("return"));
+        assert!(!with("return=minimalist"));
         assert!(!with("return=representation"));
         assert!(!minimal(&HeaderMap::new()));
     }
