@@ -68,6 +68,66 @@ fn one() -> i64 {
     1
 }
 
+impl Meta {
+    /// `_meta` as stored. The shapes this release writes are read field by
+    /// field (every read of a document passes here); anything else goes
+    /// through serde, which reads it the same way or says what is wrong.
+    pub fn from_document(meta: Document) -> Result<Self, mongodb::bson::de::Error> {
+        match Self::plain(&meta) {
+            Some(m) => Ok(m),
+            None => mongodb::bson::from_document(meta),
+        }
+    }
+
+    /// `meta` read directly, or `None` when it holds something only serde
+    /// reads (a staged change) or refuses.
+    fn plain(meta: &Document) -> Option<Self> {
+        let int = |b: &Bson| match b {
+            Bson::Int64(i) => Some(*i),
+            Bson::Int32(i) => Some(i64::from(*i)),
+            _ => None,
+        };
+        let mut m = Meta {
+            v: 0,
+            sv: 1,
+            txn: None,
+            pending: None,
+            deleted: false,
+            deleting: false,
+            created_at: None,
+            updated_at: None,
+            deleted_at: None,
+            outbox: None,
+        };
+        let mut v = None;
+        for (key, value) in meta {
+            match (key.as_str(), value) {
+                ("v", b) => v = Some(int(b)?),
+                ("sv", b) => m.sv = int(b)?,
+                ("txn", Bson::String(t)) => m.txn = Some(t.clone()),
+                ("deleted", Bson::Boolean(b)) => m.deleted = *b,
+                ("deleting", Bson::Boolean(b)) => m.deleting = *b,
+                ("created_at", Bson::DateTime(d)) => m.created_at = Some(*d),
+                ("updated_at", Bson::DateTime(d)) => m.updated_at = Some(*d),
+                ("deleted_at", Bson::DateTime(d)) => m.deleted_at = Some(*d),
+                ("outbox", Bson::Document(d)) => m.outbox = Some(d.clone()),
+                ("txn" | "pending" | "created_at" | "updated_at" | "deleted_at" | "outbox", Bson::Null) => {}
+                // A staged change, or a type serde must judge.
+                (
+                    "pending" | "txn" | "deleted" | "deleting" | "created_at" | "updated_at" | "deleted_at" | "outbox",
+                    _,
+                ) => {
+                    return None;
+                }
+                // A field this release does not know: ignored, as serde does.
+                _ => {}
+            }
+        }
+        m.v = v?;
+        Some(m)
+    }
+}
+
 /// A user document as stored.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoredDoc {
@@ -198,8 +258,9 @@ impl StoredDoc {
             other => return Err(StoreError::Internal(format!("document with non-string _id {other:?}"))),
         };
         let meta = match record.remove("_meta") {
-            Some(Bson::Document(meta)) => mongodb::bson::from_document(meta)
-                .map_err(|e| StoreError::Internal(format!("document {id}: bad _meta: {e}")))?,
+            Some(Bson::Document(meta)) => {
+                Meta::from_document(meta).map_err(|e| StoreError::Internal(format!("document {id}: bad _meta: {e}")))?
+            }
             _ => return Err(StoreError::Internal(format!("document {id} has no _meta"))),
         };
         Ok(Self { id, data: record, meta })
@@ -284,6 +345,39 @@ impl StoredDoc {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn meta_is_read_as_serde_reads_it() {
+        use mongodb::bson::doc;
+        let at = DateTime::from_millis(1_700_000_000_123);
+        let outbox = doc! {"seq": 0_i64, "type": "document.created"};
+        let cases = [
+            doc! {"v": 1_i64},
+            doc! {"v": 3_i32, "sv": 2_i32, "deleted": false, "deleting": false, "created_at": at, "updated_at": at},
+            doc! {"v": 4_i64, "sv": 1_i64, "txn": "t1", "deleted": true, "deleted_at": at, "outbox": outbox.clone()},
+            doc! {"v": 2_i64, "txn": Bson::Null, "pending": Bson::Null, "outbox": Bson::Null, "created_at": Bson::Null},
+            doc! {"v": 2_i64, "txn": "t2", "pending": {"op": "update", "data": {"a": 1}, "sv": 1_i64}},
+            doc! {"v": 5_i64, "later": "a field a newer release wrote"},
+            doc! {"v": 2.0},
+            doc! {"sv": 1_i64},
+            doc! {"v": 1_i64, "deleted": "yes"},
+            doc! {"v": 1_i64, "created_at": "2026-01-01"},
+            doc! {"v": 1_i64, "sv": Bson::Null},
+        ];
+        for meta in cases {
+            let by_serde: Result<Meta, _> = mongodb::bson::from_document(meta.clone());
+            let read = Meta::from_document(meta.clone());
+            match (by_serde, read) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{meta}"),
+                (Err(_), Err(_)) => {}
+                (a, b) => panic!("{meta}: serde {a:?}, read {b:?}"),
+            }
+        }
+        assert!(
+            Meta::plain(&doc! {"v": 1_i64, "pending": {"op": "delete", "sv": 1_i64}}).is_none(),
+            "serde reads a staged change"
+        );
+    }
+
     use super::*;
     use crate::store::doc;
 
