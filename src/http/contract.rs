@@ -33,6 +33,9 @@ const TOP_NAME: &str = "[^_$.\\u0000][^.\\u0000]*";
 /// not `-` first, which says descending).
 const QUERY_TOP: &str = "[^-_$.\\u0000-\\u001f\\u007f-\\u009f][^.\\u0000-\\u001f\\u007f-\\u009f]*";
 const QUERY_NESTED: &str = "[^$.\\u0000-\\u001f\\u007f-\\u009f][^.\\u0000-\\u001f\\u007f-\\u009f]*";
+/// The first segment of a filter's path: not `_`, `$` or `.`, no control
+/// character.
+const FILTER_TOP: &str = "[^_$.\\u0000-\\u001f\\u007f-\\u009f][^.\\u0000-\\u001f\\u007f-\\u009f]*";
 /// A nested field name: not empty, no leading `$`, no `.`, no NUL.
 const NESTED_NAME: &str = "[^$.\\u0000][^.\\u0000]*";
 /// A page cursor: unpadded base64url (a length of 4n+1 cannot be one).
@@ -256,7 +259,11 @@ fn schema_here(name: &str) -> Value {
             "properties": {
                 "$and": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/Filter"}},
             },
-            "propertyNames": {"pattern": format!("^(?:\\$and|{field_path})$")},
+            "propertyNames": {
+                "pattern": format!("^(?:\\$and|{FILTER_TOP}(?:\\.{QUERY_NESTED}){{0,15}})$"),
+                "maxLength": crate::query::filter::MAX_PATH_LEN,
+            },
+            "maxProperties": crate::query::filter::MAX_CONDITIONS,
             "additionalProperties": {"$ref": "#/components/schemas/Condition"},
             "examples": [{"status": "open", "amount": {"$gte": 100}}],
         }),
@@ -283,8 +290,9 @@ fn schema_here(name: &str) -> Value {
             ],
         }),
         "Scalar" => json!({
-            "description": "A value a filter compares with: an indexed field holds only these.",
+            "description": "A value a filter compares with: an indexed field holds only these. A string is at most 1024 characters.",
             "type": ["string", "number", "boolean", "null"],
+            "maxLength": crate::query::filter::MAX_STRING,
         }),
         "Cursor" => json!({
             "type": "string",

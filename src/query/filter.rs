@@ -27,6 +27,9 @@ use crate::store::{Bson, Document, Edge, Interval};
 /// Bounds on a filter, whoever sends it.
 pub(crate) const MAX_CONDITIONS: usize = 64;
 pub(crate) const MAX_IN: usize = 256;
+/// Values in all of a filter's `$in` and `$nin` lists together: what a
+/// plan combines and a page matches stays small whatever the nesting.
+pub(crate) const MAX_LISTED: usize = 1024;
 pub(crate) const MAX_AND_DEPTH: usize = 8;
 pub(crate) const MAX_PATH_LEN: usize = 256;
 pub(crate) const MAX_PATH_DEPTH: usize = 16;
@@ -97,12 +100,19 @@ impl Filter {
     /// language and anything past its bounds.
     pub(crate) fn parse(value: &Value) -> Result<Self, FilterError> {
         let mut filter = Filter::default();
-        let mut count = 0;
-        filter.add(value, "", 0, &mut count)?;
+        let (mut count, mut listed) = (0, 0);
+        filter.add(value, "", 0, &mut count, &mut listed)?;
         Ok(filter)
     }
 
-    fn add(&mut self, value: &Value, at: &str, depth: usize, count: &mut usize) -> Result<(), FilterError> {
+    fn add(
+        &mut self,
+        value: &Value,
+        at: &str,
+        depth: usize,
+        count: &mut usize,
+        listed: &mut usize,
+    ) -> Result<(), FilterError> {
         let Value::Object(map) = value else {
             return Err(FilterError::new(at, "a filter is a JSON object"));
         };
@@ -119,7 +129,7 @@ impl Filter {
                     return Err(FilterError::new(&here, "$and takes at least one filter"));
                 }
                 for (i, item) in items.iter().enumerate() {
-                    self.add(item, &format!("{here}/{i}"), depth + 1, count)?;
+                    self.add(item, &format!("{here}/{i}"), depth + 1, count, listed)?;
                 }
                 continue;
             }
@@ -134,6 +144,14 @@ impl Filter {
             *count += conds.len();
             if *count > MAX_CONDITIONS {
                 return Err(FilterError::new(&here, format!("a filter holds at most {MAX_CONDITIONS} conditions")));
+            }
+            *listed +=
+                conds.iter().map(|c| if let Cond::In(vs) | Cond::Nin(vs) = c { vs.len() } else { 0 }).sum::<usize>();
+            if *listed > MAX_LISTED {
+                return Err(FilterError::new(
+                    &here,
+                    format!("a filter's $in and $nin lists hold at most {MAX_LISTED} values together"),
+                ));
             }
             self.paths.entry(key.clone()).or_default().extend(conds);
         }
@@ -219,8 +237,9 @@ fn scalar(value: &Value, at: &str) -> Result<Bson, FilterError> {
                 n.as_f64().map(Bson::Double).ok_or_else(|| FilterError::new(at, "a number out of range"))
             }
         }
-        Value::String(s) if s.len() > MAX_STRING => {
-            Err(FilterError::new(at, format!("a string in a filter is at most {MAX_STRING} bytes")))
+        // Characters, as the API description's `maxLength` counts them.
+        Value::String(s) if s.len() > MAX_STRING && s.chars().count() > MAX_STRING => {
+            Err(FilterError::new(at, format!("a string in a filter is at most {MAX_STRING} characters")))
         }
         Value::String(s) => Ok(Bson::String(s.clone())),
         Value::Array(_) | Value::Object(_) => Err(FilterError::new(
@@ -448,6 +467,21 @@ mod tests {
         ] {
             assert!(Filter::parse(&bad).is_err(), "{bad} was accepted");
         }
+    }
+
+    #[test]
+    fn bounds_hold_whatever_the_nesting() {
+        let list = |n: usize| Value::Array((0..n).map(|i| json!(i)).collect());
+        // 4 lists of 256 fill the bound; one more value passes it.
+        let four: Vec<Value> = (0..4).map(|_| json!({"a": {"$nin": list(256)}})).collect();
+        assert!(Filter::parse(&json!({ "$and": four })).is_ok());
+        let mut five: Vec<Value> = (0..4).map(|_| json!({"a": {"$nin": list(256)}})).collect();
+        five.push(json!({"b": {"$in": [1]}}));
+        let err = Filter::parse(&json!({ "$and": five })).unwrap_err();
+        assert!(err.message.contains("1024"), "{err:?}");
+        // Strings are measured in characters, as the description counts them.
+        assert!(Filter::parse(&json!({"a": "é".repeat(MAX_STRING)})).is_ok());
+        assert!(Filter::parse(&json!({"a": "é".repeat(MAX_STRING + 1)})).is_err());
     }
 
     #[test]
