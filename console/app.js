@@ -348,24 +348,32 @@ async function documentView(coll, id) {
     h("p", {}, h("a", { href: `#/documents/${enc(coll)}` }, `Back to ${coll}`)));
 }
 
+// Fields are own properties only: a field named `constructor` or
+// `__proto__` is a field like any other, never the object's prototype.
 function at(obj, path) {
   let v = obj;
   for (const p of path.split(".")) {
-    if (v === null || typeof v !== "object" || !(p in v)) return undefined;
+    if (v === null || typeof v !== "object" || !Object.hasOwn(v, p)) return undefined;
     v = v[p];
   }
   return v;
+}
+
+function setOwn(o, key, value) {
+  Object.defineProperty(o, key, { value, writable: true, enumerable: true, configurable: true });
 }
 
 function put(obj, path, value) {
   const parts = path.split(".");
   let o = obj;
   for (const p of parts.slice(0, -1)) {
-    if (o[p] === null || typeof o[p] !== "object" || Array.isArray(o[p])) o[p] = {};
+    const next = Object.hasOwn(o, p) ? o[p] : undefined;
+    if (next === null || typeof next !== "object" || Array.isArray(next)) setOwn(o, p, {});
     o = o[p];
   }
-  if (value === undefined) delete o[parts.at(-1)];
-  else o[parts.at(-1)] = value;
+  const last = parts.at(-1);
+  if (value === undefined) delete o[last];
+  else setOwn(o, last, value);
 }
 
 const shown = (v) => (v === undefined ? "(absent)" : JSON.stringify(v));
@@ -543,7 +551,8 @@ function route() {
   document.getElementById("sign-in").hidden = true;
   document.getElementById("nav").hidden = false;
   const [path] = location.hash.replace(/^#/, "").split("?");
-  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  const decode = (p) => { try { return decodeURIComponent(p); } catch { return p; } };
+  const parts = path.split("/").filter(Boolean).map(decode);
   for (const a of document.querySelectorAll("nav a")) {
     if (a.getAttribute("href") === `#/${parts[0] || "collections"}`) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");

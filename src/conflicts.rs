@@ -171,8 +171,9 @@ impl Conflicts {
                 truncated = true;
                 continue;
             };
-            let before = if v == 1 { Some(State::Absent) } else { events.get(&(v - 1)).map(state_of) };
-            let paths = before.map(|before| diff_states(&before, &state_of(event)));
+            let empty = Map::new();
+            let before = if v == 1 { Some(&empty) } else { events.get(&(v - 1)).map(|e| data_of(e, &empty)) };
+            let paths = before.map(|before| diff(before, data_of(event, &empty)));
             bytes += paths.as_ref().map_or(0, Paths::bytes);
             if bytes > max_bytes {
                 truncated = true;
@@ -227,13 +228,13 @@ fn state_of(event: &Event) -> State {
     }
 }
 
-fn diff_states(before: &State, after: &State) -> Paths {
-    let empty = Map::new();
-    let data = |s: &State| match s {
-        State::Data(d) => d.clone(),
-        State::Absent => empty.clone(),
-    };
-    diff(&data(before), &data(after))
+/// The data an event left (`empty` when it left none: a delete, an
+/// expiry), borrowed: diffs of many large versions copy nothing.
+fn data_of<'a>(event: &'a Event, empty: &'a Map<String, Value>) -> &'a Map<String, Value> {
+    match (event.kind, &event.data) {
+        (EventType::Created | EventType::Updated, Some(data)) => data,
+        _ => empty,
+    }
 }
 
 impl Paths {

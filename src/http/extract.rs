@@ -154,7 +154,7 @@ fn pointer_past_depth(bytes: &[u8], depth: usize) -> String {
 /// The JSON pointer of the first member name that appears twice in one
 /// object of `bytes`, if any (`None` too for malformed JSON, which the real
 /// parse then reports).
-fn duplicate_member(bytes: &[u8]) -> Option<String> {
+pub(crate) fn duplicate_member(bytes: &[u8]) -> Option<String> {
     use std::cell::RefCell;
 
     use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};

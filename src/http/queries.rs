@@ -131,8 +131,13 @@ fn filter_error(from: From, err: FilterError) -> ApiError {
 
 /// A `filter` parameter's JSON.
 fn filter_json(from: From, text: &str) -> Result<Value, ApiError> {
-    serde_json::from_str::<Value>(text)
-        .map_err(|e| filter_error(from, FilterError { pointer: String::new(), message: format!("not JSON: {e}") }))
+    let refused = |message: String| filter_error(from, FilterError { pointer: String::new(), message });
+    let value = serde_json::from_str::<Value>(text).map_err(|e| refused(format!("not JSON: {e}")))?;
+    // As in a body: a member named twice is refused, not read as its last.
+    if let Some(pointer) = super::extract::duplicate_member(text.as_bytes()) {
+        return Err(refused(format!("{pointer} is given twice")));
+    }
+    Ok(value)
 }
 
 fn parse_filter(from: From, filter: Option<&Value>) -> Result<Filter, ApiError> {

@@ -507,6 +507,12 @@ async fn what_is_outside_the_language_is_refused(backend: Backend) {
     }
     let resp = app.request(Method::GET, &docs_path("r")).query(&[("filter", "{not json")]).send().await.unwrap();
     expect_problem(resp, 400, "invalid_filter").await;
+    // A member named twice is refused in a parameter, as in a body.
+    let twice = r#"{"a": 1, "a": 2}"#;
+    let resp = app.request(Method::GET, &docs_path("r")).query(&[("filter", twice)]).send().await.unwrap();
+    expect_problem(resp, 400, "invalid_filter").await;
+    let resp = app.request(Method::GET, "/v1/collections/r/count").query(&[("filter", twice)]).send().await.unwrap();
+    expect_problem(resp, 400, "invalid_filter").await;
     // A cursor that is not one.
     ready_index(&app, "r", "a", &["a"]).await;
     let body = json!({"filter": {"a": {"$gt": 0}}, "after": "bm90IGEgY3Vyc29y"});

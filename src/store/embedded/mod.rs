@@ -304,7 +304,7 @@ impl EmbeddedStore {
     /// The spec of index `name` of `coll`, which a query names: `None`
     /// for a collection without records (its indexes come with its first
     /// record), an error for another (the planner names only declared
-    /// indexes).
+    /// indexes, so the index was dropped since).
     async fn queried_spec(&self, coll: &str, name: &str) -> StoreResult<Option<IndexSpec>> {
         if let Some(spec) = self.spec(coll, name) {
             return Ok(Some(spec));
@@ -318,7 +318,14 @@ impl EmbeddedStore {
                 Ok(any.next().is_none())
             })
             .await?;
-        if empty { Ok(None) } else { Err(StoreError::Internal(format!("no index {name} to query"))) }
+        // Dropped since the query was planned (a drop waits out every
+        // instance's cache first, so only a query that ran that long meets
+        // it): a retry plans again.
+        if empty {
+            Ok(None)
+        } else {
+            Err(StoreError::Unavailable(format!("index {name} was dropped during the query")))
+        }
     }
 
     /// The committed spec of index `name` of `coll`.
