@@ -355,7 +355,12 @@ fn decode_cursor(cursor: &str) -> Result<Vec<Bson>, QueryError> {
         return Err(bad());
     }
     let key = body.k;
-    if key.iter().any(|v| matches!(v, Bson::Document(_) | Bson::Array(_))) {
+    // A page's last values are what JSON data holds at an indexed path
+    // (scalars) and its id: nothing else is a cursor's.
+    let scalar = |v: &Bson| {
+        matches!(v, Bson::Null | Bson::Boolean(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::String(_))
+    };
+    if !key.iter().all(scalar) {
         return Err(bad());
     }
     Ok(key)
@@ -375,6 +380,12 @@ mod tests {
         assert_eq!(decode_cursor(&encode_cursor(&key)).unwrap(), key);
         assert!(decode_cursor("bm90IGEgY3Vyc29y").is_err());
         assert!(decode_cursor("!!").is_err());
+        // Well formed, but holding what no page ends at: refused before
+        // it reaches a store.
+        let regex = Bson::RegularExpression(mongodb::bson::Regex { pattern: "(".into(), options: String::new() });
+        for strange in [regex, Bson::Document(Document::new()), Bson::Array(vec![]), Bson::MinKey] {
+            assert!(decode_cursor(&encode_cursor(std::slice::from_ref(&strange))).is_err(), "{strange}");
+        }
     }
 
     #[test]

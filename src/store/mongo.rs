@@ -68,6 +68,19 @@ fn map_err(err: MongoError) -> StoreError {
     }
 }
 
+/// `err` of a read hinted to `index`: the server's refusal of a hint that
+/// names no index means the index was dropped since the read was planned
+/// (a drop waits out every instance's cache first, so only a read that ran
+/// that long meets it), which a retry plans again.
+fn hinted(err: MongoError, index: &str) -> StoreError {
+    if let ErrorKind::Command(e) = err.kind.as_ref() {
+        if e.code == 2 && e.message.to_ascii_lowercase().contains("hint") {
+            return StoreError::Unavailable(format!("index {index} was dropped during the query: {}", e.message));
+        }
+    }
+    map_err(err)
+}
+
 /// A write error refusing the document, found in a server reply the driver
 /// could not read as a whole (a server that omits fields of a write reply
 /// still says which write it refused and why).
@@ -461,7 +474,7 @@ impl Store for MongoStore {
             .hint(mongodb::options::Hint::Name(query.index.clone()))
             .limit(limit)
             .await
-            .map_err(map_err)?;
+            .map_err(|err| hinted(err, &query.index))?;
         self.decode_all(coll, cursor).await
     }
 
@@ -470,7 +483,7 @@ impl Store for MongoStore {
             .count_documents(query.filter.clone())
             .hint(mongodb::options::Hint::Name(query.index.clone()))
             .await
-            .map_err(map_err)
+            .map_err(|err| hinted(err, &query.index))
     }
 
     async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
