@@ -94,15 +94,6 @@ pub(crate) enum MergeError {
     Doc(#[from] DocError),
 }
 
-/// The document's state after a version, as the log tells it.
-#[derive(Clone, Debug, PartialEq)]
-enum State {
-    /// Live with this data.
-    Data(Map<String, Value>),
-    /// Deleted or expired (or not created yet: version 0).
-    Absent,
-}
-
 /// Conflict explanations and merges over the documents and the log.
 pub(crate) struct Conflicts {
     documents: Arc<Documents>,
@@ -166,12 +157,12 @@ impl Conflicts {
         let events = self.events(coll, id, first - 1..=actual).await?;
         let mut changes = Vec::new();
         let mut bytes = 0usize;
+        let empty = Map::new();
         for v in first..=actual {
             let Some(event) = events.get(&v) else {
                 truncated = true;
                 continue;
             };
-            let empty = Map::new();
             let before = if v == 1 { Some(&empty) } else { events.get(&(v - 1)).map(|e| data_of(e, &empty)) };
             let paths = before.map(|before| diff(before, data_of(event, &empty)));
             bytes += paths.as_ref().map_or(0, Paths::bytes);
@@ -205,26 +196,15 @@ impl Conflicts {
         if base_version > actual {
             return Err(MergeError::BaseAhead { base: base_version, current: actual });
         }
+        let empty = Map::new();
         let base = if base_version == 0 {
-            State::Absent
+            Map::new()
         } else {
             let events = self.events(coll, id, base_version..=base_version).await?;
-            events.get(&base_version).map(state_of).ok_or(MergeError::BaseGone(base_version))?
-        };
-        let base = match base {
-            State::Data(data) => data,
-            State::Absent => Map::new(),
+            events.get(&base_version).map(|e| data_of(e, &empty).clone()).ok_or(MergeError::BaseGone(base_version))?
         };
         let theirs = current.as_ref().map(Live::data_json).unwrap_or_default();
         Ok((merge(&base, mine, &theirs), current, actual))
-    }
-}
-
-fn state_of(event: &Event) -> State {
-    match (event.kind, &event.data) {
-        (EventType::Created | EventType::Updated, Some(data)) => State::Data(data.clone()),
-        (EventType::Created | EventType::Updated, None) => State::Data(Map::new()),
-        _ => State::Absent,
     }
 }
 
