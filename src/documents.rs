@@ -165,14 +165,14 @@ impl Documents {
     }
 
     async fn view(&self, doc: StoredDoc, holders: &mut HashMap<String, Option<DateTime>>) -> Result<View, DocError> {
-        let Some(holder) = doc.meta.txn.clone() else { return Ok(doc.committed_view()) };
+        let Some(holder) = doc.meta.txn.clone() else { return Ok(doc.into_committed_view()) };
         if !holders.contains_key(&holder) {
             let committed_at = self.locks.committed_at(&holder).await?;
             holders.insert(holder.clone(), committed_at);
         }
         match holders.get(&holder).copied().flatten() {
-            Some(at) => Ok(doc.rolled_forward(at).committed_view()),
-            None => Ok(doc.committed_view()),
+            Some(at) => Ok(doc.rolled_forward(at).into_committed_view()),
+            None => Ok(doc.into_committed_view()),
         }
     }
 

@@ -152,9 +152,14 @@ impl Queries {
     /// Committed transactions not rolled forward yet that changed `coll`
     /// (up to [`UNAPPLIED_SCAN`] of all such transactions are looked at).
     async fn unapplied(&self, coll: &str) -> Result<Vec<TxnRecord>, QueryError> {
-        let scan = TXNS_BY_COMMIT.scan(vec![Status::Committed.to_bson()]).limit(UNAPPLIED_SCAN);
+        let store = self.documents.store();
+        let committed = || TXNS_BY_COMMIT.scan(vec![Status::Committed.to_bson()]);
+        // Usually there is none: one entry looked for first, a point read.
+        if store.scan(TXNS, committed().limit(1)).await?.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut out = Vec::new();
-        for rec in self.documents.store().scan(TXNS, scan).await? {
+        for rec in store.scan(TXNS, committed().limit(UNAPPLIED_SCAN)).await? {
             match TxnRecord::from_record(rec) {
                 Ok(rec) if rec.members.iter().any(|m| m.collection == coll && m.op != StagedOp::Check) => out.push(rec),
                 Ok(_) => {}

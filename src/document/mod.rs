@@ -279,6 +279,12 @@ impl StoredDoc {
 
     /// The committed state, ignoring whatever is staged.
     pub fn committed_view(&self) -> View {
+        self.clone().into_committed_view()
+    }
+
+    /// [`Self::committed_view`] of a document no longer needed (its data
+    /// moves into the view instead of being copied).
+    pub fn into_committed_view(self) -> View {
         if self.meta.v == 0 {
             View::NotFound
         } else if self.meta.deleted {
@@ -286,12 +292,12 @@ impl StoredDoc {
         } else {
             let at = self.meta.updated_at.unwrap_or_else(|| DateTime::from_millis(0));
             View::Live(Live {
-                id: self.id.clone(),
+                id: self.id,
                 version: self.meta.v,
                 schema_version: self.meta.sv,
                 created_at: self.meta.created_at.unwrap_or(at),
                 updated_at: at,
-                data: self.data.clone(),
+                data: self.data,
             })
         }
     }

@@ -2,7 +2,6 @@
 //! shows it, and the paths that name a collection or a document.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
 
 use super::contract::{Collection, DocumentId, Fields};
@@ -30,12 +29,12 @@ pub(crate) struct DocumentOut {
     pub updated_at: String,
     /// The user's fields.
     #[schema(value_type = Fields)]
-    pub data: Map<String, Value>,
+    #[serde(serialize_with = "crate::store::convert::serialize_document")]
+    pub data: crate::store::Document,
 }
 
 impl DocumentOut {
     pub(crate) fn new(collection: &str, live: Live) -> Self {
-        let data = live.data_json();
         Self {
             collection: collection.to_owned(),
             id: live.id,
@@ -43,7 +42,7 @@ impl DocumentOut {
             schema_version: live.schema_version,
             created_at: rfc3339(live.created_at),
             updated_at: rfc3339(live.updated_at),
-            data,
+            data: live.data,
         }
     }
 }

@@ -52,34 +52,53 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Document, Undecodable> {
     decode_raw(raw)
 }
 
-/// [`decode`] for a record already framed as a raw document.
+/// [`decode`] for a record already framed as a raw document: one pass
+/// that parses every element and refuses an object or array deeper than
+/// [`MAX_DECODE_DEPTH`] levels (the record is level 1) before descending
+/// into it, so the recursion is bounded whatever the bytes claim.
 pub(crate) fn decode_raw(raw: &RawDocument) -> Result<Document, Undecodable> {
-    check_raw_depth(raw, MAX_DECODE_DEPTH)?;
-    Document::try_from(raw).map_err(|e| Undecodable(format!("not a BSON document: {e}")))
+    document_at(raw, 1)
 }
 
-/// Walk `raw` with an explicit stack: every element must parse and no
-/// object or array may sit deeper than `max` levels (the record is level 1).
-fn check_raw_depth(raw: &RawDocument, max: usize) -> Result<(), Undecodable> {
-    let bad = |e: mongodb::bson::raw::Error| Undecodable(format!("not a BSON document: {e}"));
-    let mut stack: Vec<(&RawDocument, usize)> = vec![(raw, 1)];
-    while let Some((doc, level)) = stack.pop() {
-        if level > max {
-            return Err(Undecodable(format!("nested deeper than {max} levels")));
-        }
-        for element in doc {
-            let (_, value) = element.map_err(bad)?;
-            match value {
-                RawBsonRef::Document(inner) => stack.push((inner, level + 1)),
-                RawBsonRef::Array(inner) => {
-                    stack.push((RawDocument::from_bytes(inner.as_bytes()).map_err(bad)?, level + 1))
-                }
-                RawBsonRef::JavaScriptCodeWithScope(code) => stack.push((code.scope, level + 1)),
-                _ => {}
-            }
-        }
+fn malformed(e: mongodb::bson::raw::Error) -> Undecodable {
+    Undecodable(format!("not a BSON document: {e}"))
+}
+
+fn document_at(raw: &RawDocument, level: usize) -> Result<Document, Undecodable> {
+    if level > MAX_DECODE_DEPTH {
+        return Err(Undecodable(format!("nested deeper than {MAX_DECODE_DEPTH} levels")));
     }
-    Ok(())
+    let mut doc = Document::new();
+    for element in raw {
+        let (key, value) = element.map_err(malformed)?;
+        doc.insert(key.to_owned(), value_at(value, level)?);
+    }
+    Ok(doc)
+}
+
+/// An element of a level-`level` object or array.
+fn value_at(value: RawBsonRef<'_>, level: usize) -> Result<Bson, Undecodable> {
+    Ok(match value {
+        RawBsonRef::Document(inner) => Bson::Document(document_at(inner, level + 1)?),
+        RawBsonRef::Array(inner) => {
+            if level + 1 > MAX_DECODE_DEPTH {
+                return Err(Undecodable(format!("nested deeper than {MAX_DECODE_DEPTH} levels")));
+            }
+            let mut items = Vec::new();
+            for item in inner {
+                items.push(value_at(item.map_err(malformed)?, level + 1)?);
+            }
+            Bson::Array(items)
+        }
+        RawBsonRef::JavaScriptCodeWithScope(code) => {
+            Bson::JavaScriptCodeWithScope(mongodb::bson::JavaScriptCodeWithScope {
+                code: code.code.to_owned(),
+                scope: document_at(code.scope, level + 1)?,
+            })
+        }
+        // A scalar: no nesting, nothing copied twice.
+        scalar => Bson::try_from(scalar).map_err(malformed)?,
+    })
 }
 
 /// The `_id` of a raw record, for reporting one that cannot be decoded.
@@ -135,6 +154,34 @@ pub(crate) fn bson_to_json(value: &Bson) -> Value {
 
 pub(crate) fn document_to_object(doc: &Document) -> Map<String, Value> {
     doc.iter().map(|(k, v)| (k.clone(), bson_to_json(v))).collect()
+}
+
+/// A value written as [`bson_to_json`] shows it, straight to the
+/// serializer: a response of many documents builds no JSON value first.
+pub(crate) struct AsJson<'a>(pub &'a Bson);
+
+impl serde::Serialize for AsJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Bson::Null | Bson::Undefined => s.serialize_unit(),
+            Bson::Boolean(b) => s.serialize_bool(*b),
+            Bson::Int32(n) => s.serialize_i32(*n),
+            Bson::Int64(n) => s.serialize_i64(*n),
+            Bson::Double(n) if n.is_finite() => s.serialize_f64(*n),
+            Bson::Double(_) => s.serialize_unit(),
+            Bson::String(text) => s.serialize_str(text),
+            Bson::Array(items) => s.collect_seq(items.iter().map(AsJson)),
+            Bson::Document(doc) => serialize_document(doc, s),
+            Bson::DateTime(dt) => s.serialize_str(&rfc3339(*dt)),
+            Bson::ObjectId(oid) => s.serialize_str(&oid.to_hex()),
+            other => other.clone().into_relaxed_extjson().serialize(s),
+        }
+    }
+}
+
+/// `doc` as [`document_to_object`] shows it (for `serialize_with`).
+pub(crate) fn serialize_document<S: serde::Serializer>(doc: &Document, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(doc.iter().map(|(k, v)| (k, AsJson(v))))
 }
 
 #[cfg(test)]
@@ -196,6 +243,42 @@ mod tests {
     #[test]
     fn timestamps_have_fixed_width() {
         assert_eq!(rfc3339(DateTime::from_millis(1_700_000_000_400)), "2023-11-14T22:13:20.400Z");
+    }
+
+    /// A record of every BSON type, nested in objects and arrays.
+    fn every_type() -> Document {
+        use mongodb::bson::{
+            Binary, DateTime, Decimal128, JavaScriptCodeWithScope, Regex, Timestamp, doc, oid::ObjectId,
+        };
+        let scalars = doc! {
+            "double": 1.5, "whole": 2.0, "nan": f64::NAN, "string": "t\u{e9}xt \"q\"", "int32": 7_i32, "int64": i64::MAX,
+            "bool": true, "null": Bson::Null, "undefined": Bson::Undefined, "date": DateTime::from_millis(1_700_000_000_400),
+            "oid": ObjectId::from_bytes([1; 12]), "binary": Binary { subtype: mongodb::bson::spec::BinarySubtype::Generic, bytes: vec![1, 2, 3] },
+            "regex": Regex { pattern: "^a".into(), options: "i".into() }, "ts": Timestamp { time: 1, increment: 2 },
+            "decimal": Decimal128::from_bytes([0; 16]), "code": Bson::JavaScriptCode("f()".into()),
+            "scoped": Bson::JavaScriptCodeWithScope(JavaScriptCodeWithScope { code: "g()".into(), scope: doc! {"x": 1} }),
+            "min": Bson::MinKey, "max": Bson::MaxKey, "symbol": Bson::Symbol("s".into()),
+        };
+        doc! {"_id": "a", "z": 1, "a": scalars.clone(), "list": [scalars.clone(), [1, [2, {"b": []}]], "x"], "empty": {}}
+    }
+
+    #[test]
+    fn decoding_agrees_with_the_bson_crate() {
+        let record = every_type();
+        let bytes = mongodb::bson::to_vec(&record).unwrap();
+        let ours = decode(&bytes).unwrap();
+        let theirs = Document::try_from(RawDocument::from_bytes(&bytes).unwrap()).unwrap();
+        // NaN is not equal to itself: compare the bytes each encodes to.
+        assert_eq!(mongodb::bson::to_vec(&ours).unwrap(), mongodb::bson::to_vec(&theirs).unwrap());
+        assert_eq!(ours.keys().collect::<Vec<_>>(), record.keys().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn writing_json_directly_matches_the_json_value() {
+        let record = every_type();
+        let direct = serde_json::to_string(&AsJson(&Bson::Document(record.clone()))).unwrap();
+        let built = serde_json::to_string(&bson_to_json(&Bson::Document(record))).unwrap();
+        assert_eq!(direct, built);
     }
 
     #[test]

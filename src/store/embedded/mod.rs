@@ -95,6 +95,11 @@ pub const MAX_BATCH_BYTES: usize = 32 << 20;
 /// journal starts over; it bounds what opening the store replays.
 pub(crate) const CHECKPOINT_BYTES: u64 = 16 << 20;
 
+/// The most records a read runs on the calling thread rather than in the
+/// blocking pool (see [`EmbeddedStore::read_sized`]): a page of a query
+/// at the default limit and a little over.
+const SMALL_READ: usize = 128;
+
 /// The embedded store's default page cache, in MiB.
 pub const DEFAULT_CACHE_MB: u64 = 256;
 
@@ -301,6 +306,19 @@ impl EmbeddedStore {
         f(&txn, &self.reads)
     }
 
+    /// A read of at most `records` records: on the calling thread when
+    /// that is a few point reads' worth ([`SMALL_READ`], a page of a
+    /// query, the last event), in the blocking pool otherwise. Each hop
+    /// to the pool and back costs two thread wake-ups, more than reading
+    /// a few dozen cached records does.
+    async fn read_sized<T: Send + 'static>(
+        &self,
+        records: usize,
+        f: impl FnOnce(&redb::ReadTransaction, &Reads) -> StoreResult<T> + Send + 'static,
+    ) -> StoreResult<T> {
+        if records <= SMALL_READ { self.read_now(f) } else { self.read(f).await }
+    }
+
     /// The spec of index `name` of `coll`, which a query names: `None`
     /// for a collection without records (its indexes come with its first
     /// record), an error for another (the planner names only declared
@@ -443,7 +461,8 @@ impl Store for EmbeddedStore {
         // The catalog is read before the snapshot: an index it names was
         // committed before the snapshot begins.
         let spec = if scan.index() == super::scans::PRIMARY { None } else { Some(self.spec(&coll, scan.index())) };
-        self.read(move |txn, reads| {
+        let most = scan.skipped().saturating_add(scan.max());
+        self.read_sized(most, move |txn, reads| {
             let records = txn.open_table(RECORDS).map_err(internal)?;
             let Some(spec) = spec else { return scan_primary(&records, &coll, &scan, reads) };
             let Some(spec) = spec else {
@@ -554,7 +573,7 @@ impl Store for EmbeddedStore {
         let Some(spec) = self.queried_spec(coll, &query.index).await? else { return Ok(Vec::new()) };
         let ranges = query_ranges(&spec, query)?;
         let (coll, limit, reverse) = (coll.to_owned(), query.limit, query.reverse);
-        self.read(move |txn, reads| {
+        self.read_sized(limit, move |txn, reads| {
             let records = txn.open_table(RECORDS).map_err(internal)?;
             let entries = txn.open_table(ENTRIES).map_err(internal)?;
             let name = entries_name(&coll, &spec.name);
