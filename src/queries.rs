@@ -11,6 +11,31 @@
 //! (bounded) for the roll-forwards of the transactions this instance
 //! answered, so it sees every write whose 200 was sent.
 //!
+//! A page's (and a count's) `position` is exact: every change to the
+//! collection logged at or before it is reflected, and none after it.
+//! The read is bracketed:
+//!
+//! 1. the log's last position `H` is read once this instance's answered
+//!    work is in place and every committed transaction over the
+//!    collection is rolled forward (else `H` is capped below the first
+//!    event of one still not rolled forward, and the page is only a lower
+//!    bound: see [`Queries::settled_position`]);
+//! 2. the page is read;
+//! 3. no document of the collection holds an unlogged event (an outbox),
+//!    no committed transaction over it is still not rolled forward, and
+//!    then no event of the collection is logged after `H`.
+//!
+//! Why 3 proves that no change after `H` is reflected: a change is made
+//! before its event is logged. A single write's document keeps its event
+//! in its outbox until the event is logged; a transaction's events are
+//! logged before any of its locks is released, and it is rolled forward
+//! (no longer "committed") only after. So a change the read reflected is,
+//! at step 3, either still an outbox or an unapplied transaction, or
+//! logged before the log's position is read again, hence after `H` only
+//! if step 3 sees it. When step 3 fails the read is made again (a few
+//! times: writes to the collection landing during each of them), and the
+//! last one's `H` is then a lower bound only.
+//!
 //! Cursors are opaque: the values of the page's last entry in the
 //! index's order fields, and its id. The next page starts strictly after
 //! that entry, so a document present for the whole listing whose sort
@@ -31,8 +56,8 @@ use crate::indexes::Indexes;
 use crate::query::filter::Filter;
 use crate::query::plan::{self, Plan, SortKey, Unserved};
 use crate::store::filter::lookup;
-use crate::store::scans::{DOCS_STAGED, TXNS_BY_COMMIT};
-use crate::store::{Bson, Document, IndexQuery, Record, StoreError, doc, record_id};
+use crate::store::scans::{DOCS_OUTBOX, DOCS_STAGED, TXNS_BY_COMMIT};
+use crate::store::{Bound, Bson, Document, IndexQuery, Record, StoreError, doc, record_id};
 use crate::txn::record::{Status, TXNS, TxnRecord};
 
 /// How many times a page reads on when the documents it read are not
@@ -41,6 +66,13 @@ const MAX_REFILLS: usize = 8;
 /// Committed transactions not rolled forward a position considers at
 /// most (they are rolled forward within moments of their commit).
 const UNAPPLIED_SCAN: usize = 1000;
+/// Reads a page or count makes, at most, for an exact position (each
+/// one after the first follows writes to the collection during the one
+/// before).
+const EXACT_READS: usize = 3;
+/// Events after a read's position looked at for one of its collection;
+/// more means the collection changed.
+const CHANGES_SCAN: usize = 128;
 /// Longest cursor taken.
 pub(crate) const MAX_CURSOR: usize = 4096;
 
@@ -98,7 +130,10 @@ impl Queries {
     /// entries may not have moved: a page read now could miss a document
     /// that newly matches though its event is in the log). Every change at
     /// or before the position is reflected in what is read after.
-    async fn settled_position(&self, coll: &str) -> Result<u64, QueryError> {
+    ///
+    /// Also whether the position is the log's last one (not capped): only
+    /// then can the read made after it be exact.
+    async fn settled_position(&self, coll: &str) -> Result<(u64, bool), QueryError> {
         self.follow_ups.settle(SETTLE_WAIT).await;
         self.log.settle().await;
         // The log's last position first, then the committed transactions
@@ -134,7 +169,7 @@ impl Queries {
             }
         }
         if wanted.is_empty() {
-            return Ok(head);
+            return Ok((head, true));
         }
         // Their events are appended right after the commit: wait (bounded)
         // for those on their way.
@@ -143,7 +178,7 @@ impl Queries {
             let found = self.log.positions_of(&wanted).await?;
             if found.len() == wanted.len() || tokio::time::Instant::now() >= deadline {
                 let first = found.values().map(|(seq, _)| *seq).min();
-                return Ok(first.map_or(head, |s| head.min(s.saturating_sub(1))));
+                return Ok((first.map_or(head, |s| head.min(s.saturating_sub(1))), false));
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
@@ -171,9 +206,46 @@ impl Queries {
         Ok(out)
     }
 
+    /// Step 3 of the bracket (module docs): nothing the read after
+    /// position `head` may have reflected is logged after `head`.
+    async fn unchanged_since(&self, coll: &str, head: u64) -> Result<bool, QueryError> {
+        let store = self.documents.store();
+        let outbox = DOCS_OUTBOX.scan(Vec::new()).from(Bound::Included(Bson::String(String::new()))).limit(1);
+        if !store.scan(coll, outbox).await?.is_empty() || !self.unapplied(coll).await?.is_empty() {
+            return Ok(false);
+        }
+        let now = self.log.head().await?;
+        Ok(now == head || !self.log.changed(coll, head, now, CHANGES_SCAN).await?)
+    }
+
+    /// Read with `read` at a settled position until the read is exact
+    /// (or [`EXACT_READS`] reads were made): its answer and position.
+    async fn bracketed<T, F, Fut>(&self, coll: &str, mut read: F) -> Result<(T, u64), QueryError>
+    where
+        F: FnMut(u64) -> Fut,
+        Fut: std::future::Future<Output = Result<T, QueryError>>,
+    {
+        for attempt in 1.. {
+            let (position, settled) = self.settled_position(coll).await?;
+            let answer = read(position).await?;
+            if !settled || attempt >= EXACT_READS || self.unchanged_since(coll, position).await? {
+                if attempt >= EXACT_READS {
+                    tracing::debug!(collection = %coll, "writes kept landing during a query's reads: its position is a lower bound");
+                }
+                return Ok((answer, position));
+            }
+        }
+        unreachable!("the loop returns by its last attempt")
+    }
+
     /// One page of `query` over collection `coll`.
     pub(crate) async fn page(&self, coll: &str, query: &Query) -> Result<QueryPage, QueryError> {
-        let position = self.settled_position(coll).await?;
+        let (page, _) = self.bracketed(coll, |position| self.read_page(coll, query, position)).await?;
+        Ok(page)
+    }
+
+    /// [`Self::page`], read once, named `position`.
+    async fn read_page(&self, coll: &str, query: &Query, position: u64) -> Result<QueryPage, QueryError> {
         if query.filter.paths.is_empty() && query.sort.is_empty() {
             // The id order: every collection has it.
             let after = query.after.as_deref().map(decode_cursor).transpose()?;
@@ -239,7 +311,11 @@ impl Queries {
     /// How many live documents match `filter`, from index entries, and the
     /// log position it was counted at.
     pub(crate) async fn count(&self, coll: &str, filter: &Filter) -> Result<(u64, u64), QueryError> {
-        let position = self.settled_position(coll).await?;
+        self.bracketed(coll, |_| self.read_count(coll, filter)).await
+    }
+
+    /// [`Self::count`], read once.
+    async fn read_count(&self, coll: &str, filter: &Filter) -> Result<u64, QueryError> {
         let query = if filter.paths.is_empty() {
             IndexQuery::live()
         } else {
@@ -263,7 +339,7 @@ impl Queries {
                 .count() as u64;
             n = n.saturating_sub(hidden);
         }
-        Ok((n, position))
+        Ok(n)
     }
 }
 

@@ -289,6 +289,28 @@ impl Log {
         Ok(last.first().and_then(|r| r.get_i64(LOG_SEQ).ok()).and_then(|n| u64::try_from(n).ok()).unwrap_or(0))
     }
 
+    /// Whether an event of collection `coll` is logged after position
+    /// `after`, up to `upto`: looked for among at most `most` positions,
+    /// and past them taken as yes (so is a record that cannot be read).
+    pub(crate) async fn changed(&self, coll: &str, after: u64, upto: u64, most: usize) -> StoreResult<bool> {
+        let scan = crate::store::scans::EVENTS_BY_SEQ
+            .scan(Vec::new())
+            .from(Bound::Excluded(position(after)))
+            .to(Bound::Included(position(upto)))
+            .limit(most);
+        let records = self.store.scan(EVENTS, scan).await?;
+        if records.len() == most {
+            return Ok(true);
+        }
+        Ok(records.into_iter().any(|rec| match model::Logged::from_record(rec) {
+            Ok(logged) => match logged.entry {
+                Entry::Event(event) => event.collection.as_deref() == Some(coll),
+                _ => false,
+            },
+            Err(_) => true,
+        }))
+    }
+
     /// Of the events `ids` (event ids), those in the log: each one's
     /// position and the transaction that made its change, if any.
     pub(crate) async fn positions_of(

@@ -27,6 +27,7 @@ crate::on_both_backends!(
     a_live_view_holds_while_writes_are_slow,
     a_page_read_while_a_transaction_rolls_forward_hands_over_exactly,
     a_client_that_hangs_up_mid_filtered_stream_frees_its_slot_and_resumes_exactly,
+    a_page_reflects_exactly_the_changes_up_to_its_position,
 );
 
 /// Documents per run.
@@ -81,6 +82,11 @@ async fn list(
 /// Random writes to `coll` until `stop`: single patches, transactions of
 /// two or three documents, deletes and re-creations.
 async fn write(app: &TestApp, coll: &str, rng: &mut StdRng, stop: &AtomicBool) -> usize {
+    paced_write(app, coll, rng, stop, Duration::ZERO).await
+}
+
+/// [`write`], pausing `pause` after each write.
+async fn paced_write(app: &TestApp, coll: &str, rng: &mut StdRng, stop: &AtomicBool, pause: Duration) -> usize {
     let docs = format!("/v1/collections/{coll}/documents");
     let mut n = 0;
     while !stop.load(Ordering::SeqCst) {
@@ -113,6 +119,7 @@ async fn write(app: &TestApp, coll: &str, rng: &mut StdRng, stop: &AtomicBool) -
             resp.text().await.unwrap()
         );
         n += 1;
+        tokio::time::sleep(pause).await;
     }
     n
 }
@@ -356,4 +363,91 @@ async fn a_client_that_hangs_up_mid_filtered_stream_frees_its_slot_and_resumes_e
         .collect();
     assert_eq!(got, want, "the resumed stream is not exactly the set's changes after the last id seen");
     assert!(resumed.next(Duration::from_millis(300)).await.is_none(), "the resumed stream has more");
+}
+
+/// The live documents of a collection as of position `position`, from
+/// its log (in order): id -> (version, data).
+fn state_at(log: &[Value], position: u64) -> BTreeMap<String, (i64, Value)> {
+    let mut state = BTreeMap::new();
+    for e in log.iter().take_while(|e| e["seq"].as_u64().unwrap() <= position) {
+        let Some(id) = e["document"].as_str() else { continue };
+        match e["type"].as_str().unwrap() {
+            "document.deleted" | "document.expired" => state.remove(id),
+            _ => state.insert(id.to_owned(), (e["version"].as_i64().unwrap(), e["data"].clone())),
+        };
+    }
+    state
+}
+
+/// Pages (filtered and sorted, and in id order) read while single writes
+/// and transactions land: each is exactly the query over the log up to
+/// its `position`, no change after it shown and none before it missing.
+async fn a_page_reflects_exactly_the_changes_up_to_its_position(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    let seed = seed();
+    eprintln!("exact page seed: {seed} (TXGATE_TEST_SEED={seed} repeats it)");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let coll = "exact";
+    for i in 0..DOCS {
+        let mut body = data(&mut rng);
+        body["_id"] = json!(format!("d{i:02}"));
+        expect(app.post(&format!("/v1/collections/{coll}/documents"), &body).await, 201).await;
+    }
+    ready_index(&app, coll, "g_v", &["g", "-v"]).await;
+    let stop = AtomicBool::new(false);
+    let reader = async {
+        let mut pages = Vec::new();
+        for i in 0..40 {
+            let filtered = i % 2 == 0;
+            let body = if filtered {
+                json!({"filter": filter(), "sort": ["-v"], "limit": 100})
+            } else {
+                json!({"limit": 100})
+            };
+            let page = expect(app.post(&format!("/v1/collections/{coll}/query"), &body).await, 200).await;
+            pages.push((filtered, page));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.store(true, Ordering::SeqCst);
+        pages
+    };
+    // Writes a few reads apart (FerretDB reads slowly): some land during
+    // a read, and a page then reads again for an exact position.
+    let pause = Duration::from_millis(if matches!(backend, Backend::Mongodb) { 250 } else { 10 });
+    let mut writer_rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    let (pages, writes) = tokio::join!(reader, paced_write(&app, coll, &mut writer_rng, &stop, pause));
+    assert!(writes > 0, "no write ran while the pages were read");
+    let (log, _) = all_events(&app, 0, &format!("&collections={coll}")).await;
+    for (filtered, page) in pages {
+        let position = page["position"].as_u64().unwrap();
+        let mut expected: Vec<(String, i64, Value)> = state_at(&log, position)
+            .into_iter()
+            .filter(|(_, (_, data))| !filtered || data["g"] == 1)
+            .map(|(id, (version, data))| (id, version, data))
+            .collect();
+        if filtered {
+            // By -v, ties by id (the index's order).
+            expected.sort_by(|a, b| b.2["v"].as_i64().cmp(&a.2["v"].as_i64()).then_with(|| a.0.cmp(&b.0)));
+        }
+        let shown: Vec<(String, i64, Value)> = page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| {
+                (item["id"].as_str().unwrap().to_owned(), item["version"].as_i64().unwrap(), item["data"].clone())
+            })
+            .collect();
+        if shown != expected {
+            let near: Vec<String> = log
+                .iter()
+                .filter(|e| e["seq"].as_u64().unwrap() + 8 >= position && e["seq"].as_u64().unwrap() <= position + 8)
+                .map(|e| format!("{} {} {} {}", e["seq"], e["id"], e["transaction"], e["data"]))
+                .collect();
+            eprintln!("the log near {position}:\n{}", near.join("\n"));
+        }
+        assert_eq!(
+            shown, expected,
+            "a page (seed {seed}, filtered: {filtered}) is not the query at its position {position}"
+        );
+    }
 }
