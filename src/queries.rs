@@ -229,8 +229,8 @@ impl Queries {
             let (position, settled) = self.settled_position(coll).await?;
             let answer = read(position).await?;
             if !settled || attempt >= EXACT_READS || self.unchanged_since(coll, position).await? {
-                if attempt >= EXACT_READS {
-                    tracing::debug!(collection = %coll, "writes kept landing during a query's reads: its position is a lower bound");
+                if settled && attempt >= EXACT_READS {
+                    tracing::debug!(collection = %coll, "writes landed during a query's earlier reads: its last read's position is taken unchecked, a lower bound");
                 }
                 return Ok((answer, position));
             }

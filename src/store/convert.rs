@@ -64,10 +64,16 @@ fn malformed(e: mongodb::bson::raw::Error) -> Undecodable {
     Undecodable(format!("not a BSON document: {e}"))
 }
 
-fn document_at(raw: &RawDocument, level: usize) -> Result<Document, Undecodable> {
+/// Refuses an object or array at `level` past [`MAX_DECODE_DEPTH`].
+fn within_depth(level: usize) -> Result<(), Undecodable> {
     if level > MAX_DECODE_DEPTH {
         return Err(Undecodable(format!("nested deeper than {MAX_DECODE_DEPTH} levels")));
     }
+    Ok(())
+}
+
+fn document_at(raw: &RawDocument, level: usize) -> Result<Document, Undecodable> {
+    within_depth(level)?;
     let mut doc = Document::new();
     for element in raw {
         let (key, value) = element.map_err(malformed)?;
@@ -81,9 +87,7 @@ fn value_at(value: RawBsonRef<'_>, level: usize) -> Result<Bson, Undecodable> {
     Ok(match value {
         RawBsonRef::Document(inner) => Bson::Document(document_at(inner, level + 1)?),
         RawBsonRef::Array(inner) => {
-            if level + 1 > MAX_DECODE_DEPTH {
-                return Err(Undecodable(format!("nested deeper than {MAX_DECODE_DEPTH} levels")));
-            }
+            within_depth(level + 1)?;
             let mut items = Vec::new();
             for item in inner {
                 items.push(value_at(item.map_err(malformed)?, level + 1)?);
