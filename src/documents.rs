@@ -63,6 +63,30 @@ pub enum Written {
     Deleted { version: i64 },
 }
 
+/// Where a read of documents is made, and how it shows a document a
+/// transaction holds.
+#[derive(Clone, Copy)]
+pub(crate) enum ReadAt<'a> {
+    /// The store as it is: a held document shows its holder's outcome as
+    /// known now (a committed holder's change, rolled forward or not).
+    Now,
+    /// A snapshot of the store ([`crate::store::Store::snapshot`]) in
+    /// which no holder's change is logged yet, as the caller has checked
+    /// (docs/design.md §7): a held document shows its committed data, as
+    /// it was before its holder.
+    Pinned(&'a dyn crate::store::Store),
+}
+
+impl<'a> ReadAt<'a> {
+    /// The store to read: the snapshot, or `now`.
+    pub(crate) fn store(self, now: &'a dyn crate::store::Store) -> &'a dyn crate::store::Store {
+        match self {
+            ReadAt::Now => now,
+            ReadAt::Pinned(snapshot) => snapshot,
+        }
+    }
+}
+
 /// Single-document reads and writes. Of the transaction protocol they
 /// need only what to do about a lock they meet ([`Locks`]).
 pub struct Documents {
@@ -162,6 +186,19 @@ impl Documents {
         holders: &mut HashMap<String, Option<DateTime>>,
     ) -> Result<View, DocError> {
         self.view(doc, holders).await
+    }
+
+    /// [`Self::view_of`], read `at`.
+    pub(crate) async fn view_at(
+        &self,
+        at: ReadAt<'_>,
+        doc: StoredDoc,
+        holders: &mut HashMap<String, Option<DateTime>>,
+    ) -> Result<View, DocError> {
+        match at {
+            ReadAt::Now => self.view(doc, holders).await,
+            ReadAt::Pinned(_) => Ok(doc.into_committed_view()),
+        }
     }
 
     async fn view(&self, doc: StoredDoc, holders: &mut HashMap<String, Option<DateTime>>) -> Result<View, DocError> {
@@ -379,6 +416,18 @@ impl Documents {
         after: Option<&str>,
         limit: usize,
     ) -> Result<(Vec<Live>, Option<String>), DocError> {
+        self.list_at(ReadAt::Now, coll, after, limit).await
+    }
+
+    /// [`Self::list`], read `at`.
+    pub(crate) async fn list_at(
+        &self,
+        at: ReadAt<'_>,
+        coll: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<Live>, Option<String>), DocError> {
+        let store = at.store(self.store());
         let mut items = Vec::with_capacity(limit);
         let mut holders = HashMap::new();
         let mut cursor = after.map(str::to_owned);
@@ -386,7 +435,7 @@ impl Documents {
         loop {
             let live = DOCS_LIVE.scan(vec![Bson::Boolean(false)]).after(cursor.as_deref()).limit(batch);
             let staged = DOCS_STAGED.scan(vec![StagedOp::Insert.to_bson()]).after(cursor.as_deref()).limit(batch);
-            let (live, staged) = (self.store().scan(coll, live).await?, self.store().scan(coll, staged).await?);
+            let (live, staged) = (store.scan(coll, live).await?, store.scan(coll, staged).await?);
             // Both lists are complete up to the last id of a full one.
             let horizon = [&live, &staged]
                 .into_iter()
@@ -402,7 +451,7 @@ impl Documents {
                 }
                 let doc = StoredDoc::from_record(rec)?;
                 cursor = Some(doc.id.clone());
-                if let View::Live(l) = self.view(doc, &mut holders).await? {
+                if let View::Live(l) = self.view_at(at, doc, &mut holders).await? {
                     if items.len() == limit {
                         // One more live document exists: there is a next page.
                         let last = items.last().map(|l: &Live| l.id.clone());

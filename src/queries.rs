@@ -13,7 +13,25 @@
 //!
 //! A page's (and a count's) `position` is exact: every change to the
 //! collection logged at or before it is reflected, and none after it.
-//! The read is bracketed:
+//!
+//! Where the store has snapshots (the embedded store), the page and the
+//! log's last position `H` are read in one snapshot ([`Queries::snapshot`]),
+//! once this instance's answered work is in place and every committed
+//! transaction over the collection found is rolled forward, and the
+//! snapshot is checked to hold no outbox in the collection and no logged
+//! event of a committed transaction over it that still holds its
+//! documents. Why the page is then exactly the log up to `H`: the
+//! snapshot's index entries and records are those of one commit. A change
+//! logged at or before `H` is in the snapshot's records: a single write and
+//! its event land in one commit (outboxes exist only where they cannot,
+//! and none is in the snapshot), and a transaction's member is rolled
+//! forward, or else its event is in the snapshot while it holds the
+//! document, which the check refuses. No change logged after `H` is
+//! reflected: every record's data was written in the same commit as its
+//! event or after it (a transaction logs its events before it releases a
+//! lock), and a document a transaction holds is shown as it was before
+//! its holder ([`ReadAt::Pinned`]). When the check fails, the read is
+//! bracketed instead:
 //!
 //! 1. the log's last position `H` is read once this instance's answered
 //!    work is in place and every committed transaction over the
@@ -48,7 +66,7 @@ use std::sync::Arc;
 use base64::Engine as _;
 
 use crate::document::{Live, StagedOp, StoredDoc, View};
-use crate::documents::{DocError, Documents};
+use crate::documents::{DocError, Documents, ReadAt};
 use crate::events::Log;
 use crate::events::model::document_event_id;
 use crate::follow_ups::{FollowUps, SETTLE_WAIT};
@@ -57,7 +75,7 @@ use crate::query::filter::Filter;
 use crate::query::plan::{self, Plan, SortKey, Unserved};
 use crate::store::filter::lookup;
 use crate::store::scans::{DOCS_OUTBOX, DOCS_STAGED, TXNS_BY_COMMIT};
-use crate::store::{Bound, Bson, Document, IndexQuery, Record, StoreError, doc, record_id};
+use crate::store::{Bound, Bson, Document, DynStore, IndexQuery, Record, Store, StoreError, doc, record_id};
 use crate::txn::record::{Status, TXNS, TxnRecord};
 
 /// How many times a page reads on when the documents it read are not
@@ -122,52 +140,92 @@ impl Queries {
         Self { documents, indexes, log, follow_ups }
     }
 
-    /// Wait (bounded) for this instance's answered work to be in place and
-    /// finish (bounded) any committed transaction over `coll` still not
-    /// rolled forward, then learn the position a read of `coll` made now is
-    /// at: the log's last position, capped below the first event of any committed
-    /// transaction over `coll` not rolled forward yet (its documents' index
-    /// entries may not have moved: a page read now could miss a document
-    /// that newly matches though its event is in the log). Every change at
-    /// or before the position is reflected in what is read after.
+    /// Wait (bounded) for this instance's answered work to be in place,
+    /// then finish (bounded) every committed transaction over `coll` still
+    /// not rolled forward: another instance's, or a roll-forward slower
+    /// than the wait, so that a query sees a transaction's writes once its
+    /// 200 is sent, whoever sent it. Whether every one found was finished.
+    async fn finish_unapplied(&self, coll: &str) -> Result<bool, QueryError> {
+        self.follow_ups.settle(SETTLE_WAIT).await;
+        self.log.settle().await;
+        let (unapplied, complete) = self.unapplied(self.documents.store(), coll).await?;
+        if unapplied.is_empty() {
+            return Ok(complete);
+        }
+        let finishing = futures::future::join_all(unapplied.iter().map(|r| self.documents.finish_committed(r)));
+        match tokio::time::timeout(SETTLE_WAIT, finishing).await {
+            Ok(done) => match done.into_iter().find_map(Result::err) {
+                None => Ok(complete),
+                Some(err) => {
+                    tracing::warn!(collection = %coll, error = %err, "a query could not finish a committed transaction; its position is capped below it");
+                    Ok(false)
+                }
+            },
+            Err(_) => {
+                tracing::warn!(collection = %coll, "a query could not finish committed transactions in time; its position is capped below them");
+                Ok(false)
+            }
+        }
+    }
+
+    /// A snapshot of the store in which a read of `coll` is exact at the
+    /// snapshot's last log position, and that position (docs/design.md
+    /// §7): every committed transaction over `coll` found was finished
+    /// first, and in the snapshot no document of `coll` holds an outbox
+    /// and no committed transaction over `coll` not rolled forward has an
+    /// event logged. Then each document read shows its stored data, which
+    /// is exactly the changes logged up to the position: a single write
+    /// and its event land in one commit (outboxes are for stores that
+    /// cannot chain them), and a held document shows its data from before
+    /// its holder, whose change is logged after the position if ever.
+    ///
+    /// `None` where the store has no snapshots (MongoDB), or where this
+    /// one does not pass: the read is then bracketed.
+    async fn snapshot(&self, coll: &str) -> Result<Option<(DynStore, u64)>, QueryError> {
+        if !self.documents.store().snapshots() || !self.finish_unapplied(coll).await? {
+            return Ok(None);
+        }
+        let Some(snapshot) = self.documents.store().snapshot().await? else { return Ok(None) };
+        let at = snapshot.as_ref();
+        let outbox = DOCS_OUTBOX.scan(Vec::new()).from(Bound::Included(Bson::String(String::new()))).limit(1);
+        if !at.scan(coll, outbox).await?.is_empty() {
+            return Ok(None);
+        }
+        let (unapplied, complete) = self.unapplied(at, coll).await?;
+        if !complete {
+            return Ok(None);
+        }
+        let mut events = Vec::new();
+        for rec in &unapplied {
+            let Some(wanted) = member_events(rec, coll) else { return Ok(None) };
+            events.extend(wanted);
+        }
+        if !Log::positions_in(at, &events).await?.is_empty() {
+            return Ok(None);
+        }
+        let head = Log::head_in(at).await?;
+        Ok(Some((snapshot, head)))
+    }
+
+    /// Finish the committed transactions over `coll` not rolled forward
+    /// ([`Self::finish_unapplied`]), then learn the position a read of
+    /// `coll` made now is at: the log's last position, capped below the
+    /// first event of any committed transaction over `coll` still not
+    /// rolled forward (its documents' index entries may not have moved: a
+    /// page read now could miss a document that newly matches though its
+    /// event is in the log). Every change at or before the position is
+    /// reflected in what is read after.
     ///
     /// Also whether the position is the log's last one (not capped): only
     /// then can the read made after it be exact.
     async fn settled_position(&self, coll: &str) -> Result<(u64, bool), QueryError> {
-        self.follow_ups.settle(SETTLE_WAIT).await;
-        self.log.settle().await;
+        self.finish_unapplied(coll).await?;
         // The log's last position first, then the committed transactions
         // over `coll` not rolled forward yet (a transaction missed that way
         // committed after `head`: its events are past it).
-        let mut head = self.log.head().await?;
-        let mut unapplied = self.unapplied(coll).await?;
-        if !unapplied.is_empty() {
-            // Another instance's, or a roll-forward slower than the wait
-            // above: finished here, bounded, so a query sees a
-            // transaction's writes once its 200 is sent, whoever sent it.
-            let finishing = futures::future::join_all(unapplied.iter().map(|r| self.documents.finish_committed(r)));
-            match tokio::time::timeout(SETTLE_WAIT, finishing).await {
-                Ok(done) => {
-                    if let Some(Err(err)) = done.into_iter().find(Result::is_err) {
-                        tracing::warn!(collection = %coll, error = %err, "a query could not finish a committed transaction; its position is capped below it");
-                    }
-                }
-                Err(_) => {
-                    tracing::warn!(collection = %coll, "a query could not finish committed transactions in time; its position is capped below them")
-                }
-            }
-            head = self.log.head().await?;
-            unapplied = self.unapplied(coll).await?;
-        }
-        let mut wanted = Vec::new();
-        for rec in unapplied {
-            let Some(results) = &rec.results else { continue };
-            for (member, result) in rec.members.iter().zip(results) {
-                if member.collection == coll && member.op != StagedOp::Check {
-                    wanted.push(document_event_id(coll, &result.id, result.version));
-                }
-            }
-        }
+        let head = self.log.head().await?;
+        let (unapplied, _) = self.unapplied(self.documents.store(), coll).await?;
+        let wanted: Vec<String> = unapplied.iter().filter_map(|rec| member_events(rec, coll)).flatten().collect();
         if wanted.is_empty() {
             return Ok((head, true));
         }
@@ -184,26 +242,30 @@ impl Queries {
         }
     }
 
-    /// Committed transactions not rolled forward yet that changed `coll`
-    /// (up to [`UNAPPLIED_SCAN`] of all such transactions are looked at).
-    async fn unapplied(&self, coll: &str) -> Result<Vec<TxnRecord>, QueryError> {
-        let store = self.documents.store();
+    /// Committed transactions not rolled forward yet that changed `coll`,
+    /// read in `store`, and whether that is all of them: up to
+    /// [`UNAPPLIED_SCAN`] of all such transactions are looked at, and a
+    /// record that cannot be read is left out.
+    async fn unapplied(&self, store: &dyn Store, coll: &str) -> Result<(Vec<TxnRecord>, bool), QueryError> {
         let committed = || TXNS_BY_COMMIT.scan(vec![Status::Committed.to_bson()]);
         // Usually there is none: one entry looked for first, a point read.
         if store.scan(TXNS, committed().limit(1)).await?.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), true));
         }
+        let found = store.scan(TXNS, committed().limit(UNAPPLIED_SCAN)).await?;
+        let mut complete = found.len() < UNAPPLIED_SCAN;
         let mut out = Vec::new();
-        for rec in store.scan(TXNS, committed().limit(UNAPPLIED_SCAN)).await? {
+        for rec in found {
             match TxnRecord::from_record(rec) {
                 Ok(rec) if rec.members.iter().any(|m| m.collection == coll && m.op != StagedOp::Check) => out.push(rec),
                 Ok(_) => {}
                 Err(err) => {
+                    complete = false;
                     tracing::warn!(error = %err, "a transaction record that cannot be read was left out of a query's position");
                 }
             }
         }
-        Ok(out)
+        Ok((out, complete))
     }
 
     /// Step 3 of the bracket (module docs): nothing the read after
@@ -211,7 +273,7 @@ impl Queries {
     async fn unchanged_since(&self, coll: &str, head: u64) -> Result<bool, QueryError> {
         let store = self.documents.store();
         let outbox = DOCS_OUTBOX.scan(Vec::new()).from(Bound::Included(Bson::String(String::new()))).limit(1);
-        if !store.scan(coll, outbox).await?.is_empty() || !self.unapplied(coll).await?.is_empty() {
+        if !store.scan(coll, outbox).await?.is_empty() || !self.unapplied(store, coll).await?.0.is_empty() {
             return Ok(false);
         }
         let now = self.log.head().await?;
@@ -240,13 +302,34 @@ impl Queries {
 
     /// One page of `query` over collection `coll`.
     pub(crate) async fn page(&self, coll: &str, query: &Query) -> Result<QueryPage, QueryError> {
-        let (page, _) = self.bracketed(coll, |position| self.read_page(coll, query, position)).await?;
+        // Planned before any snapshot is taken: an index ready now has all
+        // its entries in it.
+        let plan = if query.filter.paths.is_empty() && query.sort.is_empty() {
+            None
+        } else {
+            let ready = self.indexes.plan(coll, |ready| plan::plan(&query.filter, &query.sort, ready)).await?;
+            Some(ready.map_err(QueryError::Unserved)?)
+        };
+        if let Some((snapshot, position)) = self.snapshot(coll).await? {
+            let at = ReadAt::Pinned(snapshot.as_ref());
+            return self.read_page(coll, query, plan.as_ref(), at, position).await;
+        }
+        let read = |position| self.read_page(coll, query, plan.as_ref(), ReadAt::Now, position);
+        let (page, _) = self.bracketed(coll, read).await?;
         Ok(page)
     }
 
-    /// [`Self::page`], read once, named `position`.
-    async fn read_page(&self, coll: &str, query: &Query, position: u64) -> Result<QueryPage, QueryError> {
-        if query.filter.paths.is_empty() && query.sort.is_empty() {
+    /// [`Self::page`] along `plan` (`None`: the id order), read once `at`,
+    /// named `position`.
+    async fn read_page(
+        &self,
+        coll: &str,
+        query: &Query,
+        plan: Option<&Plan>,
+        at: ReadAt<'_>,
+        position: u64,
+    ) -> Result<QueryPage, QueryError> {
+        let Some(plan) = plan else {
             // The id order: every collection has it.
             let after = query.after.as_deref().map(decode_cursor).transpose()?;
             let after = match after.as_deref() {
@@ -254,17 +337,13 @@ impl Queries {
                 Some([Bson::String(id)]) => Some(id.clone()),
                 Some(_) => return Err(QueryError::Cursor("not a cursor of this query".into())),
             };
-            let (mut items, next) = self.documents.list(coll, after.as_deref(), query.limit).await?;
+            let (mut items, next) = self.documents.list_at(at, coll, after.as_deref(), query.limit).await?;
             trim(&mut items, query.fields.as_deref());
             let next = next.map(|id| encode_cursor(&[Bson::String(id)]));
             return Ok(QueryPage { items, next, position });
-        }
-        let plan = self
-            .indexes
-            .plan(coll, |ready| plan::plan(&query.filter, &query.sort, ready))
-            .await?
-            .map_err(QueryError::Unserved)?;
-        let mut store_query = store_query(&query.filter, &plan);
+        };
+        let store = at.store(self.documents.store());
+        let mut store_query = store_query(&query.filter, plan);
         let order = store_query.sort.clone();
         let mut after = query.after.as_deref().map(decode_cursor).transpose()?;
         if after.as_ref().is_some_and(|a| a.len() != order.len()) {
@@ -276,7 +355,7 @@ impl Queries {
         for _ in 0..MAX_REFILLS {
             store_query.after = after.clone();
             store_query.limit = query.limit - items.len() + 1;
-            let records = self.documents.store().query(coll, &store_query).await?;
+            let records = store.query(coll, &store_query).await?;
             let full = records.len() == store_query.limit;
             for record in records {
                 if items.len() == query.limit {
@@ -289,7 +368,7 @@ impl Queries {
                 after = Some(key.clone());
                 last_key = Some(key);
                 let doc = StoredDoc::from_record(record).map_err(DocError::Store)?;
-                if let View::Live(live) = self.documents.view_of(doc, &mut holders).await? {
+                if let View::Live(live) = self.documents.view_at(at, doc, &mut holders).await? {
                     // A committed transaction's change not rolled forward
                     // yet may have taken the document out of the set.
                     if query.filter.matches(&live.data) {
@@ -311,23 +390,30 @@ impl Queries {
     /// How many live documents match `filter`, from index entries, and the
     /// log position it was counted at.
     pub(crate) async fn count(&self, coll: &str, filter: &Filter) -> Result<(u64, u64), QueryError> {
-        self.bracketed(coll, |_| self.read_count(coll, filter)).await
-    }
-
-    /// [`Self::count`], read once.
-    async fn read_count(&self, coll: &str, filter: &Filter) -> Result<u64, QueryError> {
+        // Planned before any snapshot is taken (see [`Self::page`]).
         let query = if filter.paths.is_empty() {
             IndexQuery::live()
         } else {
-            let plan = self
-                .indexes
-                .plan(coll, |ready| plan::plan_count(filter, ready))
-                .await?
-                .map_err(QueryError::Unserved)?;
-            store_query(filter, &plan)
+            let ready = self.indexes.plan(coll, |ready| plan::plan_count(filter, ready)).await?;
+            store_query(filter, &ready.map_err(QueryError::Unserved)?)
         };
-        let store = self.documents.store();
-        let mut n = store.count(coll, &query).await?;
+        if let Some((snapshot, position)) = self.snapshot(coll).await? {
+            let n = self.read_count(coll, filter, &query, ReadAt::Pinned(snapshot.as_ref())).await?;
+            return Ok((n, position));
+        }
+        self.bracketed(coll, |_| self.read_count(coll, filter, &query, ReadAt::Now)).await
+    }
+
+    /// [`Self::count`] along `query`, read once `at`.
+    async fn read_count(
+        &self,
+        coll: &str,
+        filter: &Filter,
+        query: &IndexQuery,
+        at: ReadAt<'_>,
+    ) -> Result<u64, QueryError> {
+        let store = at.store(self.documents.store());
+        let mut n = store.count(coll, query).await?;
         // Inserts staged by transactions have entries (of empty data) that
         // readers do not see: take away those the filter matches.
         if filter.matches(&Document::new()) {
@@ -343,8 +429,20 @@ impl Queries {
     }
 }
 
-/// The store's query for `plan` of `filter`: the index's physical fields
-/// are `_meta.deleted`, the declared ones, then `_id`.
+/// The event ids of the changes committed transaction `rec` made to
+/// `coll`; `None` when the record does not say (no results).
+fn member_events(rec: &TxnRecord, coll: &str) -> Option<Vec<String>> {
+    let results = rec.results.as_ref()?;
+    Some(
+        rec.members
+            .iter()
+            .zip(results)
+            .filter(|(member, _)| member.collection == coll && member.op != StagedOp::Check)
+            .map(|(_, result)| document_event_id(coll, &result.id, result.version))
+            .collect(),
+    )
+}
+
 fn store_query(filter: &Filter, plan: &Plan) -> IndexQuery {
     let mut eq = vec![Bson::Boolean(false)];
     eq.extend(plan.eq.iter().cloned());

@@ -34,7 +34,7 @@ use tokio::sync::watch;
 
 use crate::clock::Clock;
 use crate::follow_ups::{FollowUps, SETTLE_WAIT};
-use crate::store::{Bound, Bson, DynStore, LOG_SEQ, StoreError, StoreResult, void_entry};
+use crate::store::{Bound, Bson, DynStore, LOG_SEQ, Store, StoreError, StoreResult, void_entry};
 pub(crate) use model::{Entry, Event, EventType, Logged};
 
 /// The log collection.
@@ -284,8 +284,13 @@ impl Log {
     /// The last position in the log (0 when empty): where a stream without
     /// a cursor starts.
     pub async fn head(&self) -> StoreResult<u64> {
+        Self::head_in(self.store.as_ref()).await
+    }
+
+    /// [`Self::head`], read in `store` (a snapshot of the log's store).
+    pub(crate) async fn head_in(store: &dyn Store) -> StoreResult<u64> {
         let scan = crate::store::scans::EVENTS_BY_SEQ.scan(Vec::new()).desc().limit(1);
-        let last = self.store.scan(EVENTS, scan).await?;
+        let last = store.scan(EVENTS, scan).await?;
         Ok(last.first().and_then(|r| r.get_i64(LOG_SEQ).ok()).and_then(|n| u64::try_from(n).ok()).unwrap_or(0))
     }
 
@@ -317,11 +322,20 @@ impl Log {
         &self,
         ids: &[String],
     ) -> StoreResult<std::collections::HashMap<String, (u64, Option<String>)>> {
+        Self::positions_in(self.store.as_ref(), ids).await
+    }
+
+    /// [`Self::positions_of`], read in `store` (a snapshot of the log's
+    /// store).
+    pub(crate) async fn positions_in(
+        store: &dyn Store,
+        ids: &[String],
+    ) -> StoreResult<std::collections::HashMap<String, (u64, Option<String>)>> {
         if ids.is_empty() {
             return Ok(Default::default());
         }
         let mut found = std::collections::HashMap::with_capacity(ids.len());
-        for rec in self.store.get_many(EVENTS, ids).await? {
+        for rec in store.get_many(EVENTS, ids).await? {
             let Some(id) = crate::store::record_id(&rec).map(str::to_owned) else { continue };
             let Some(seq) = rec.get_i64(LOG_SEQ).ok().and_then(|s| u64::try_from(s).ok()) else { continue };
             found.insert(id, (seq, rec.get_str("transaction").ok().map(str::to_owned)));

@@ -6,6 +6,7 @@
 
 use std::future::Future;
 use std::path::Path;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
@@ -112,7 +113,8 @@ fn kinds_of<'w>(writes: &[(&'w str, Write<'_>)]) -> Vec<(&'w str, &'static str)>
 /// `layer` over the store `inner`.
 pub struct Layered<L> {
     inner: DynStore,
-    layer: L,
+    /// Shared with the layer over a snapshot of the store below.
+    layer: Arc<L>,
 }
 
 impl<L: Layer> Layered<L> {
@@ -139,7 +141,7 @@ impl<L: Layer> Layered<L> {
     }
 
     pub fn new(inner: DynStore, layer: L) -> Self {
-        Self { inner, layer }
+        Self { inner, layer: Arc::new(layer) }
     }
 
     pub fn layer(&self) -> &L {
@@ -216,6 +218,17 @@ impl<L: Layer> Store for Layered<L> {
 
     fn chains_cheaply(&self) -> bool {
         self.inner.chains_cheaply()
+    }
+
+    fn snapshots(&self) -> bool {
+        self.inner.snapshots()
+    }
+
+    /// The snapshot below, through this same layer: its reads are timed,
+    /// bounded, counted and failed as every other read.
+    async fn snapshot(&self) -> StoreResult<Option<DynStore>> {
+        let below = self.layer.around(self.inner.as_ref(), &Op::read("snapshot", ""), self.inner.snapshot()).await?;
+        Ok(below.map(|inner| Arc::new(Self { inner, layer: Arc::clone(&self.layer) }) as DynStore))
     }
 
     /// Not through a layer that takes chains apart.

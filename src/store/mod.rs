@@ -472,6 +472,20 @@ pub trait Store: Send + Sync + 'static {
     /// Make every write so far durable (at shutdown).
     async fn sync(&self) -> StoreResult<()>;
 
+    /// The store as it is now, for reads only, where a store can give
+    /// one: every read made through it sees the same state, whatever is
+    /// written meanwhile, and a write through it is refused. The embedded
+    /// store gives one (a redb read transaction); `None` elsewhere (on
+    /// MongoDB a snapshot read needs a replica set's read concern).
+    async fn snapshot(&self) -> StoreResult<Option<DynStore>> {
+        Ok(None)
+    }
+
+    /// Whether [`Store::snapshot`] gives snapshots.
+    fn snapshots(&self) -> bool {
+        false
+    }
+
     /// Close the store at shutdown: every write so far durable, and (for
     /// the embedded store) a checkpoint, so the next start replays
     /// nothing, and its writer thread joined. No write is taken after.

@@ -379,11 +379,39 @@ fn state_at(log: &[Value], position: u64) -> BTreeMap<String, (i64, Value)> {
     state
 }
 
-/// Pages (filtered and sorted, and in id order) read while single writes
-/// and transactions land: each is exactly the query over the log up to
-/// its `position`, no change after it shown and none before it missing.
+/// Pages (filtered and sorted, and in id order) and counts read while
+/// single writes and transactions land: each is exactly the query over
+/// the log up to its `position`, no change after it shown and none before
+/// it missing.
 async fn a_page_reflects_exactly_the_changes_up_to_its_position(backend: Backend) {
     let Some(app) = TestApp::spawn(backend).await else { return };
+    // Writes a few reads apart (FerretDB reads slowly): some land during
+    // a read, and a page then reads again for an exact position.
+    let pause = Duration::from_millis(if matches!(backend, Backend::Mongodb) { 250 } else { 10 });
+    exact_reads(&app, pause, 1).await;
+}
+
+/// The same under writes that never pause, from eight writers at once: on
+/// the embedded store a page and a count read one snapshot, so they are
+/// exact whatever lands meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_pages_are_exact_under_sustained_writes() {
+    let app = TestApp::spawn(Backend::Embedded).await.unwrap();
+    exact_reads(&app, Duration::ZERO, 8).await;
+}
+
+/// What a read shows, to compare: documents by id (version, data), or a
+/// count.
+#[derive(Debug, PartialEq)]
+enum Shown {
+    Page(Vec<(String, i64, Value)>),
+    Count(u64),
+}
+
+/// 60 reads (a filtered page, a page in id order, a filtered count, in
+/// turn) while `writers` write, each pausing `pause` between writes; every
+/// read compared with the query over the log up to its position.
+async fn exact_reads(app: &TestApp, pause: Duration, writers: u64) {
     let seed = seed();
     eprintln!("exact page seed: {seed} (TXGATE_TEST_SEED={seed} repeats it)");
     let mut rng = StdRng::seed_from_u64(seed);
@@ -393,50 +421,58 @@ async fn a_page_reflects_exactly_the_changes_up_to_its_position(backend: Backend
         body["_id"] = json!(format!("d{i:02}"));
         expect(app.post(&format!("/v1/collections/{coll}/documents"), &body).await, 201).await;
     }
-    ready_index(&app, coll, "g_v", &["g", "-v"]).await;
+    ready_index(app, coll, "g_v", &["g", "-v"]).await;
     let stop = AtomicBool::new(false);
     let reader = async {
-        let mut pages = Vec::new();
-        for i in 0..40 {
-            let filtered = i % 2 == 0;
-            let body = if filtered {
-                json!({"filter": filter(), "sort": ["-v"], "limit": 100})
-            } else {
-                json!({"limit": 100})
+        let mut reads = Vec::new();
+        for i in 0..60 {
+            let (kind, answer) = match i % 3 {
+                0 => {
+                    let body = json!({"filter": filter(), "sort": ["-v"], "limit": 100});
+                    ("filtered", app.post(&format!("/v1/collections/{coll}/query"), &body).await)
+                }
+                1 => ("all", app.post(&format!("/v1/collections/{coll}/query"), &json!({"limit": 100})).await),
+                _ => {
+                    let url = format!("/v1/collections/{coll}/count");
+                    let query = [("filter", filter().to_string())];
+                    ("count", app.request(Method::GET, &url).query(&query).send().await.unwrap())
+                }
             };
-            let page = expect(app.post(&format!("/v1/collections/{coll}/query"), &body).await, 200).await;
-            pages.push((filtered, page));
+            reads.push((kind, expect(answer, 200).await));
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         stop.store(true, Ordering::SeqCst);
-        pages
+        reads
     };
-    // Writes a few reads apart (FerretDB reads slowly): some land during
-    // a read, and a page then reads again for an exact position.
-    let pause = Duration::from_millis(if matches!(backend, Backend::Mongodb) { 250 } else { 10 });
-    let mut writer_rng = StdRng::seed_from_u64(seed ^ 0x5eed);
-    let (pages, writes) = tokio::join!(reader, paced_write(&app, coll, &mut writer_rng, &stop, pause));
-    assert!(writes > 0, "no write ran while the pages were read");
-    let (log, _) = all_events(&app, 0, &format!("&collections={coll}")).await;
-    for (filtered, page) in pages {
-        let position = page["position"].as_u64().unwrap();
+    let writing = futures::future::join_all((0..writers).map(|w| {
+        let stop = &stop;
+        async move {
+            let mut writer_rng = StdRng::seed_from_u64(seed ^ 0x5eed ^ w);
+            paced_write(app, coll, &mut writer_rng, stop, pause).await
+        }
+    }));
+    let (reads, writes) = tokio::join!(reader, writing);
+    assert!(writes.iter().all(|n| *n > 0), "a writer ran no write while the pages were read: {writes:?}");
+    let (log, _) = all_events(app, 0, &format!("&collections={coll}")).await;
+    for (kind, answer) in reads {
+        let position = answer["position"].as_u64().unwrap();
         let mut expected: Vec<(String, i64, Value)> = state_at(&log, position)
             .into_iter()
-            .filter(|(_, (_, data))| !filtered || data["g"] == 1)
+            .filter(|(_, (_, data))| kind == "all" || data["g"] == 1)
             .map(|(id, (version, data))| (id, version, data))
             .collect();
-        if filtered {
+        if kind == "filtered" {
             // By -v, ties by id (the index's order).
             expected.sort_by(|a, b| b.2["v"].as_i64().cmp(&a.2["v"].as_i64()).then_with(|| a.0.cmp(&b.0)));
         }
-        let shown: Vec<(String, i64, Value)> = page["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|item| {
+        let (shown, expected) = if kind == "count" {
+            (Shown::Count(answer["count"].as_u64().unwrap()), Shown::Count(expected.len() as u64))
+        } else {
+            let items = answer["items"].as_array().unwrap().iter().map(|item| {
                 (item["id"].as_str().unwrap().to_owned(), item["version"].as_i64().unwrap(), item["data"].clone())
-            })
-            .collect();
+            });
+            (Shown::Page(items.collect()), Shown::Page(expected))
+        };
         if shown != expected {
             let near: Vec<String> = log
                 .iter()
@@ -445,9 +481,6 @@ async fn a_page_reflects_exactly_the_changes_up_to_its_position(backend: Backend
                 .collect();
             eprintln!("the log near {position}:\n{}", near.join("\n"));
         }
-        assert_eq!(
-            shown, expected,
-            "a page (seed {seed}, filtered: {filtered}) is not the query at its position {position}"
-        );
+        assert_eq!(shown, expected, "a read (seed {seed}, {kind}) is not the query at its position {position}");
     }
 }

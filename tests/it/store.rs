@@ -59,6 +59,7 @@ on_every_store!(
     every_migration_is_applied,
     appends_take_increasing_positions_once_per_key,
     writes_all_or_nothing_land_whole_or_not_at_all,
+    a_snapshot_reads_one_point_and_writes_nothing,
 );
 
 /// Where a store applies writes all or nothing, a chain of them lands
@@ -333,6 +334,41 @@ async fn get_many_and_collections(backend: Backend) {
     assert_eq!(got, ["1", "2"]);
     let names = s.collections().await.unwrap();
     assert!(names.contains(&"a".to_owned()) && names.contains(&"b".to_owned()), "{names:?}");
+}
+
+/// A store that gives snapshots (the embedded one) gives one whose every
+/// read, gets, scans of declared indexes and counts alike, sees the store
+/// as it was when it was taken, whatever lands after; a write through it
+/// is refused and changes nothing. A store that does not says so.
+async fn a_snapshot_reads_one_point_and_writes_nothing(backend: Backend) {
+    let Some(ts) = store(backend).await else { return };
+    let s = &ts.store;
+    s.insert("c", doc! {"_id": "a", "n": 1, "_meta": {"deleted": false}}).await.unwrap();
+    let Some(snapshot) = s.snapshot().await.unwrap() else {
+        assert!(!s.snapshots(), "{backend:?} says it gives snapshots but gave none");
+        return;
+    };
+    assert!(s.snapshots());
+    s.insert("c", doc! {"_id": "b", "n": 2, "_meta": {"deleted": false}}).await.unwrap();
+    s.update("c", "a", doc! {}, Update { set: doc! {"n": 10}, unset: vec![] }).await.unwrap();
+    assert_eq!(snapshot.get("c", "a").await.unwrap().unwrap().get_i32("n").unwrap(), 1);
+    assert_eq!(snapshot.get("c", "b").await.unwrap(), None);
+    let live = |store: &txgate::testing::store::DynStore| {
+        let store = std::sync::Arc::clone(store);
+        async move {
+            let found = store.scan("c", DOCS_LIVE.scan(vec![Bson::Boolean(false)])).await.unwrap();
+            found.iter().map(|r| r.get_str("_id").unwrap().to_owned()).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(live(&snapshot).await, ["a"]);
+    assert_eq!(live(s).await, ["a", "b"]);
+    assert_eq!(snapshot.get_many("c", &["a".into(), "b".into()]).await.unwrap().len(), 1);
+    assert!(snapshot.insert("c", doc! {"_id": "z"}).await.is_err(), "a snapshot took a write");
+    assert_eq!(s.get("c", "z").await.unwrap(), None);
+    // A snapshot taken now sees it all.
+    let now = s.snapshot().await.unwrap().unwrap();
+    assert_eq!(live(&now).await, ["a", "b"]);
+    assert_eq!(now.get("c", "a").await.unwrap().unwrap().get_i32("n").unwrap(), 10);
 }
 
 async fn int64_values_keep_type_and_precision(backend: Backend) {

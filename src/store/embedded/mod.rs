@@ -35,6 +35,7 @@ mod backup;
 mod index;
 pub(crate) mod journal;
 pub(crate) mod keys;
+mod reader;
 mod recover;
 mod scan;
 mod writer;
@@ -46,7 +47,7 @@ use std::sync::{Arc, Mutex, RwLock, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
 use super::disk::DirDisk;
@@ -54,7 +55,7 @@ use super::{Durability, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, 
 use apply::WriteOp;
 use backup::write_backup;
 use index::{entries_name, entry_key};
-use scan::{Reads, after_collection, entries_in, entry_range, excludes_null, in_order, query_ranges, scan_primary};
+use reader::Reader;
 use writer::Queued;
 
 pub(crate) use writer::WriterStats;
@@ -138,16 +139,14 @@ type Catalog = Arc<RwLock<HashMap<String, Vec<IndexSpec>>>>;
 
 /// A store in one redb file under the data directory.
 pub struct EmbeddedStore {
-    db: Arc<Database>,
+    /// Reads, with the database, the index catalog and the read counters.
+    reader: Reader,
     /// Whether redb had to repair the whole file when the store opened.
     repaired: bool,
     writer: mpsc::Sender<Queued>,
     /// The writer thread, joined when the store closes.
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     path: PathBuf,
-    catalog: Catalog,
-    /// What reads (gets and scans) decoded and skipped since the store opened.
-    reads: Arc<Reads>,
     /// What the writer has done since the store opened.
     stats: Arc<WriterStats>,
 }
@@ -187,12 +186,12 @@ impl EmbeddedStore {
 
     /// Records decoded by reads since the store opened.
     pub fn decoded(&self) -> u64 {
-        self.reads.decoded.load(Ordering::Relaxed)
+        self.reader.reads.decoded.load(Ordering::Relaxed)
     }
 
     /// Records decoded by queries ([`Store::query`]) since the store opened.
     pub fn queried(&self) -> u64 {
-        self.reads.queried.load(Ordering::Relaxed)
+        self.reader.reads.queried.load(Ordering::Relaxed)
     }
 
     /// What the writer thread has done since the store opened.
@@ -204,7 +203,7 @@ impl EmbeddedStore {
     /// tests that compare an index with its records).
     pub async fn index_ids(&self, coll: &str, name: &str) -> StoreResult<Vec<String>> {
         let table_name = entries_name(coll, name);
-        let db = Arc::clone(&self.db);
+        let db = Arc::clone(&self.reader.db);
         tokio::task::spawn_blocking(move || {
             let txn = db.begin_read().map_err(internal)?;
             let table = txn.open_table(ENTRIES).map_err(internal)?;
@@ -220,7 +219,7 @@ impl EmbeddedStore {
     /// Every record as stored, `(collection, id) -> BSON`, from one
     /// snapshot (for the power-loss harness and tests).
     pub fn dump(&self) -> StoreResult<std::collections::BTreeMap<(String, String), Vec<u8>>> {
-        let txn = self.db.begin_read().map_err(internal)?;
+        let txn = self.reader.db.begin_read().map_err(internal)?;
         let table = txn.open_table(RECORDS).map_err(internal)?;
         let mut out = std::collections::BTreeMap::new();
         for row in table.iter().map_err(internal)? {
@@ -235,10 +234,10 @@ impl EmbeddedStore {
     /// record it should hold, under the key that record gives it, and
     /// nothing else. Returns the first difference found.
     pub fn verify_indexes(&self) -> Result<(), String> {
-        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+        let txn = self.reader.db.begin_read().map_err(|e| e.to_string())?;
         let records = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
         let entries = txn.open_table(ENTRIES).map_err(|e| e.to_string())?;
-        let catalog = self.catalog.read().expect("index catalog").clone();
+        let catalog = self.reader.catalog.read().expect("index catalog").clone();
         let mut expected: std::collections::BTreeSet<(String, Vec<u8>, String)> = std::collections::BTreeSet::new();
         for row in records.iter().map_err(|e| e.to_string())? {
             let (k, v) = row.map_err(|e| e.to_string())?;
@@ -281,76 +280,6 @@ impl EmbeddedStore {
             .map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?;
         rx.await.map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?
     }
-
-    async fn read<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&redb::ReadTransaction, &Reads) -> StoreResult<T> + Send + 'static,
-    ) -> StoreResult<T> {
-        let db = Arc::clone(&self.db);
-        let reads = Arc::clone(&self.reads);
-        tokio::task::spawn_blocking(move || {
-            let txn = db.begin_read().map_err(internal)?;
-            f(&txn, &reads)
-        })
-        .await
-        .map_err(internal)?
-    }
-
-    /// A point read (one record, or a few by id), on the calling thread:
-    /// redb serves it from its page cache in microseconds, less than
-    /// handing it to the blocking pool costs (a page not in the cache is
-    /// read from disk on this thread). Scans, which may read many pages,
-    /// go to the blocking pool.
-    fn read_now<T>(&self, f: impl FnOnce(&redb::ReadTransaction, &Reads) -> StoreResult<T>) -> StoreResult<T> {
-        let txn = self.db.begin_read().map_err(internal)?;
-        f(&txn, &self.reads)
-    }
-
-    /// A read of at most `records` records: on the calling thread when
-    /// that is a few point reads' worth ([`SMALL_READ`], a page of a
-    /// query, the last event), in the blocking pool otherwise. Each hop
-    /// to the pool and back costs two thread wake-ups, more than reading
-    /// a few dozen cached records does.
-    async fn read_sized<T: Send + 'static>(
-        &self,
-        records: usize,
-        f: impl FnOnce(&redb::ReadTransaction, &Reads) -> StoreResult<T> + Send + 'static,
-    ) -> StoreResult<T> {
-        if records <= SMALL_READ { self.read_now(f) } else { self.read(f).await }
-    }
-
-    /// The spec of index `name` of `coll`, which a query names: `None`
-    /// for a collection without records (its indexes come with its first
-    /// record), an error for another (the planner names only declared
-    /// indexes, so the index was dropped since).
-    async fn queried_spec(&self, coll: &str, name: &str) -> StoreResult<Option<IndexSpec>> {
-        if let Some(spec) = self.spec(coll, name) {
-            return Ok(Some(spec));
-        }
-        let coll = coll.to_owned();
-        let empty = self
-            .read(move |txn, _| {
-                let records = txn.open_table(RECORDS).map_err(internal)?;
-                let end = after_collection(&coll);
-                let mut any = records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)?;
-                Ok(any.next().is_none())
-            })
-            .await?;
-        // Dropped since the query was planned (a drop waits out every
-        // instance's cache first, so only a query that ran that long meets
-        // it): a retry plans again.
-        if empty {
-            Ok(None)
-        } else {
-            Err(StoreError::Unavailable(format!("index {name} was dropped during the query")))
-        }
-    }
-
-    /// The committed spec of index `name` of `coll`.
-    fn spec(&self, coll: &str, name: &str) -> Option<IndexSpec> {
-        let catalog = self.catalog.read().expect("index catalog");
-        catalog.get(coll)?.iter().find(|s| s.name == name).cloned()
-    }
 }
 
 #[async_trait]
@@ -360,30 +289,44 @@ impl Store for EmbeddedStore {
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        self.read(|_, _| Ok(())).await
+        self.reader.read(|_, _| Ok(())).await
     }
 
     async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
-        self.read_now(|txn, reads| {
-            let table = txn.open_table(RECORDS).map_err(internal)?;
-            match table.get((coll, id)).map_err(internal)? {
-                Some(v) => reads.get(coll, id, v.value()).map(Some),
-                None => Ok(None),
-            }
-        })
+        self.reader.get(coll, id).await
     }
 
     async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
-        self.read_now(|txn, reads| {
-            let table = txn.open_table(RECORDS).map_err(internal)?;
-            let mut out = Vec::with_capacity(ids.len());
-            for id in ids {
-                if let Some(v) = table.get((coll, id.as_str())).map_err(internal)? {
-                    reads.scanned(coll, id, v.value(), &mut out);
-                }
-            }
-            Ok(out)
-        })
+        self.reader.get_many(coll, ids).await
+    }
+
+    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+        self.reader.scan(coll, scan).await
+    }
+
+    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
+        self.reader.query(coll, query).await
+    }
+
+    async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {
+        self.reader.count(coll, query).await
+    }
+
+    async fn collections(&self) -> StoreResult<Vec<String>> {
+        self.reader.collections().await
+    }
+
+    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
+        Ok(self.reader.indexes(coll))
+    }
+
+    fn snapshots(&self) -> bool {
+        true
+    }
+
+    /// A pinned reader: one redb read transaction for every read.
+    async fn snapshot(&self) -> StoreResult<Option<super::DynStore>> {
+        Ok(Some(Arc::new(reader::Pinned(self.reader.pin()?))))
     }
 
     async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
@@ -406,7 +349,7 @@ impl Store for EmbeddedStore {
         Some(self.stats().syncs.load(Ordering::Relaxed))
     }
     fn unreadable(&self) -> u64 {
-        self.reads.unreadable.load(Ordering::Relaxed)
+        self.reader.reads.unreadable.load(Ordering::Relaxed)
     }
 
     /// One queued chain: one group commit for all of it.
@@ -456,84 +399,8 @@ impl Store for EmbeddedStore {
         tokio::task::spawn_blocking(move || write_backup(&snapshot, &dest).map(Some)).await.map_err(internal)?
     }
 
-    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
-        let coll = coll.to_owned();
-        // The catalog is read before the snapshot: an index it names was
-        // committed before the snapshot begins.
-        let spec = if scan.index() == super::scans::PRIMARY { None } else { Some(self.spec(&coll, scan.index())) };
-        let most = scan.skipped().saturating_add(scan.max());
-        self.read_sized(most, move |txn, reads| {
-            let records = txn.open_table(RECORDS).map_err(internal)?;
-            let Some(spec) = spec else { return scan_primary(&records, &coll, &scan, reads) };
-            let Some(spec) = spec else {
-                // A collection without records has no indexes yet.
-                let end = after_collection(&coll);
-                let mut any = records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)?;
-                return match any.next() {
-                    None => Ok(Vec::new()),
-                    Some(_) => Err(StoreError::Internal(format!("{coll} has no index {}", scan.index()))),
-                };
-            };
-            let eq: Vec<&str> = scan.eq().iter().map(|(f, _)| *f).collect();
-            if spec.sparse && !excludes_null(&scan) {
-                return Err(StoreError::Internal(format!(
-                    "sparse index {} of {coll} cannot answer a scan that may match null",
-                    spec.name
-                )));
-            }
-            let n = eq.len();
-            let by_ok = spec.fields.get(n).map_or(scan.by() == "_id", |f| f == scan.by());
-            if spec.fields.len() < n || spec.fields[..n] != eq[..] || !by_ok {
-                return Err(StoreError::Internal(format!(
-                    "index {} of {coll} ({:?}) does not serve equality on {eq:?} ordered by {}",
-                    spec.name,
-                    spec.fields,
-                    scan.by()
-                )));
-            }
-            let prefix = keys::encode(scan.eq().iter().map(|(_, v)| Some(v)));
-            let (lower, upper) = scan.bounds();
-            let (start, end) = entry_range(&prefix, lower, upper);
-            if start >= end {
-                return Ok(Vec::new());
-            }
-            let name = entries_name(&coll, &spec.name);
-            let entries = txn.open_table(ENTRIES).map_err(internal)?;
-            let range =
-                entries.range((name.as_str(), start.as_slice())..(name.as_str(), end.as_slice())).map_err(internal)?;
-            let mut out = Vec::new();
-            in_order(range, &scan, |(_, id)| {
-                let value = records.get((coll.as_str(), id.value())).map_err(internal)?.ok_or_else(|| {
-                    StoreError::Internal(format!("index {name:?} names a missing record {}", id.value()))
-                })?;
-                reads.scanned(&coll, id.value(), value.value(), &mut out);
-                Ok(())
-            })?;
-            Ok(out)
-        })
-        .await
-    }
-
-    async fn collections(&self) -> StoreResult<Vec<String>> {
-        self.read(|txn, _| {
-            let table = txn.open_table(RECORDS).map_err(internal)?;
-            let mut names = Vec::new();
-            let mut from = String::new();
-            loop {
-                let mut range = table.range((from.as_str(), "")..).map_err(internal)?;
-                let Some(entry) = range.next() else { break };
-                let (key, _) = entry.map_err(internal)?;
-                let name = key.value().0.to_owned();
-                from = after_collection(&name);
-                names.push(name);
-            }
-            Ok(names)
-        })
-        .await
-    }
-
     async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
-        if self.spec(coll, &index.name).as_ref() == Some(&index) {
+        if self.reader.spec(coll, &index.name).as_ref() == Some(&index) {
             return Ok(());
         }
         self.queue(WriteOp::EnsureIndex { coll: coll.to_owned(), spec: index, online: false }, Durability::Synced)
@@ -542,7 +409,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn declare_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {
-        if self.spec(coll, &index.name).as_ref() == Some(&index) {
+        if self.reader.spec(coll, &index.name).as_ref() == Some(&index) {
             return Ok(());
         }
         self.queue(WriteOp::EnsureIndex { coll: coll.to_owned(), spec: index, online: true }, Durability::Synced)
@@ -569,62 +436,8 @@ impl Store for EmbeddedStore {
         rx.await.map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))
     }
 
-    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
-        let Some(spec) = self.queried_spec(coll, &query.index).await? else { return Ok(Vec::new()) };
-        let ranges = query_ranges(&spec, query)?;
-        let (coll, limit, reverse) = (coll.to_owned(), query.limit, query.reverse);
-        self.read_sized(limit, move |txn, reads| {
-            let records = txn.open_table(RECORDS).map_err(internal)?;
-            let entries = txn.open_table(ENTRIES).map_err(internal)?;
-            let name = entries_name(&coll, &spec.name);
-            let mut out = Vec::new();
-            if limit == 0 {
-                return Ok(out);
-            }
-            entries_in(&entries, &name, &ranges, reverse, |id| {
-                let value = records
-                    .get((coll.as_str(), id))
-                    .map_err(internal)?
-                    .ok_or_else(|| StoreError::Internal(format!("index {name:?} names a missing record {id}")))?;
-                reads.scanned(&coll, id, value.value(), &mut out);
-                reads.queried.fetch_add(1, Ordering::Relaxed);
-                Ok(out.len() < limit)
-            })?;
-            Ok(out)
-        })
-        .await
-    }
-
-    async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {
-        let Some(spec) = self.queried_spec(coll, &query.index).await? else { return Ok(0) };
-        let query = IndexQuery { after: None, ..query.clone() };
-        let ranges = query_ranges(&spec, &query)?;
-        let coll = coll.to_owned();
-        self.read(move |txn, _| {
-            let entries = txn.open_table(ENTRIES).map_err(internal)?;
-            let name = entries_name(&coll, &spec.name);
-            let mut n = 0u64;
-            // Entries only: neither their ids nor any record is read.
-            for (start, end) in &ranges {
-                let range = entries
-                    .range((name.as_str(), start.as_slice())..(name.as_str(), end.as_slice()))
-                    .map_err(internal)?;
-                for entry in range {
-                    entry.map_err(internal)?;
-                    n += 1;
-                }
-            }
-            Ok(n)
-        })
-        .await
-    }
-
-    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
-        Ok(self.catalog.read().expect("index catalog").get(coll).cloned().unwrap_or_default())
-    }
-
     async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
-        if self.spec(coll, name).is_none() {
+        if self.reader.spec(coll, name).is_none() {
             return Ok(());
         }
         self.queue(WriteOp::DropIndex { coll: coll.to_owned(), name: name.to_owned() }, Durability::Synced)

@@ -12,6 +12,7 @@ use redb::{Database, ReadableDatabase, ReadableTable};
 use super::apply::Recent;
 use super::index::{keys_of, reindex};
 use super::journal::{self, Effect, Journal};
+use super::reader::Reader;
 use super::writer::{Writer, WriterStats, stop};
 use super::{
     APPLIED, CATALOG, Catalog, DATABASE_FILE, ENTRIES, EmbeddedStore, JOURNAL_FILE, JOURNAL_STATE, LAYOUT, LAYOUT_KEY,
@@ -134,13 +135,11 @@ impl EmbeddedStore {
             })
             .map_err(internal)?;
         Ok(Self {
-            db,
+            reader: Reader::new(db, catalog),
             repaired,
             writer: tx,
             thread: Mutex::new(Some(thread)),
             path: PathBuf::from(db_name),
-            catalog,
-            reads: Arc::default(),
             stats,
         })
     }

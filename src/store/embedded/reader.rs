@@ -1,0 +1,333 @@
+//! Reads of the embedded store. Each read runs in a redb read transaction
+//! (an MVCC snapshot) of its own, or, for a pinned reader
+//! ([`Store::snapshot`]), every read in the one transaction taken when it
+//! was pinned: they all see the store as it was then, whatever the writer
+//! commits meanwhile.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use async_trait::async_trait;
+use redb::{Database, ReadTransaction, ReadableDatabase};
+
+use super::index::entries_name;
+use super::keys;
+use super::scan::{
+    Reads, after_collection, entries_in, entry_range, excludes_null, in_order, query_ranges, scan_primary,
+};
+use super::{Catalog, ENTRIES, RECORDS, SMALL_READ, internal};
+use crate::store::{IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
+
+/// What every read of the store needs.
+#[derive(Clone)]
+pub(super) struct Reader {
+    pub(super) db: Arc<Database>,
+    /// The read transaction every read of a pinned reader uses.
+    pinned: Option<Arc<ReadTransaction>>,
+    pub(super) catalog: Catalog,
+    /// What reads (gets and scans) decoded and skipped since the store opened.
+    pub(super) reads: Arc<Reads>,
+}
+
+impl Reader {
+    pub(super) fn new(db: Arc<Database>, catalog: Catalog) -> Self {
+        Self { db, pinned: None, catalog, reads: Arc::default() }
+    }
+
+    /// A reader whose every read sees the store as it is now.
+    pub(super) fn pin(&self) -> StoreResult<Self> {
+        let txn = self.db.begin_read().map_err(internal)?;
+        Ok(Self { pinned: Some(Arc::new(txn)), ..self.clone() })
+    }
+
+    pub(super) async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&redb::ReadTransaction, &Reads) -> StoreResult<T> + Send + 'static,
+    ) -> StoreResult<T> {
+        let (db, pinned, reads) = (Arc::clone(&self.db), self.pinned.clone(), Arc::clone(&self.reads));
+        tokio::task::spawn_blocking(move || match pinned {
+            Some(txn) => f(&txn, &reads),
+            None => f(&db.begin_read().map_err(internal)?, &reads),
+        })
+        .await
+        .map_err(internal)?
+    }
+
+    /// A point read (one record, or a few by id), on the calling thread:
+    /// redb serves it from its page cache in microseconds, less than
+    /// handing it to the blocking pool costs (a page not in the cache is
+    /// read from disk on this thread). Scans, which may read many pages,
+    /// go to the blocking pool.
+    pub(super) fn read_now<T>(
+        &self,
+        f: impl FnOnce(&redb::ReadTransaction, &Reads) -> StoreResult<T>,
+    ) -> StoreResult<T> {
+        match &self.pinned {
+            Some(txn) => f(txn, &self.reads),
+            None => f(&self.db.begin_read().map_err(internal)?, &self.reads),
+        }
+    }
+
+    /// A read of at most `records` records: on the calling thread when
+    /// that is a few point reads' worth ([`SMALL_READ`], a page of a
+    /// query, the last event), in the blocking pool otherwise. Each hop
+    /// to the pool and back costs two thread wake-ups, more than reading
+    /// a few dozen cached records does.
+    pub(super) async fn read_sized<T: Send + 'static>(
+        &self,
+        records: usize,
+        f: impl FnOnce(&redb::ReadTransaction, &Reads) -> StoreResult<T> + Send + 'static,
+    ) -> StoreResult<T> {
+        if records <= SMALL_READ { self.read_now(f) } else { self.read(f).await }
+    }
+
+    /// The spec of index `name` of `coll`, which a query names: `None`
+    /// for a collection without records (its indexes come with its first
+    /// record), an error for another (the planner names only declared
+    /// indexes, so the index was dropped since).
+    pub(super) async fn queried_spec(&self, coll: &str, name: &str) -> StoreResult<Option<IndexSpec>> {
+        if let Some(spec) = self.spec(coll, name) {
+            return Ok(Some(spec));
+        }
+        let coll = coll.to_owned();
+        let empty = self
+            .read(move |txn, _| {
+                let records = txn.open_table(RECORDS).map_err(internal)?;
+                let end = after_collection(&coll);
+                let mut any = records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)?;
+                Ok(any.next().is_none())
+            })
+            .await?;
+        // Dropped since the query was planned (a drop waits out every
+        // instance's cache first, so only a query that ran that long meets
+        // it): a retry plans again.
+        if empty {
+            Ok(None)
+        } else {
+            Err(StoreError::Unavailable(format!("index {name} was dropped during the query")))
+        }
+    }
+
+    /// The committed spec of index `name` of `coll`.
+    pub(super) fn spec(&self, coll: &str, name: &str) -> Option<IndexSpec> {
+        let catalog = self.catalog.read().expect("index catalog");
+        catalog.get(coll)?.iter().find(|s| s.name == name).cloned()
+    }
+
+    pub(super) async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
+        self.read_now(|txn, reads| {
+            let table = txn.open_table(RECORDS).map_err(internal)?;
+            match table.get((coll, id)).map_err(internal)? {
+                Some(v) => reads.get(coll, id, v.value()).map(Some),
+                None => Ok(None),
+            }
+        })
+    }
+
+    pub(super) async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
+        self.read_now(|txn, reads| {
+            let table = txn.open_table(RECORDS).map_err(internal)?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                if let Some(v) = table.get((coll, id.as_str())).map_err(internal)? {
+                    reads.scanned(coll, id, v.value(), &mut out);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    pub(super) async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+        let coll = coll.to_owned();
+        // The catalog is read before the snapshot: an index it names was
+        // committed before the snapshot begins.
+        let spec =
+            if scan.index() == crate::store::scans::PRIMARY { None } else { Some(self.spec(&coll, scan.index())) };
+        let most = scan.skipped().saturating_add(scan.max());
+        self.read_sized(most, move |txn, reads| {
+            let records = txn.open_table(RECORDS).map_err(internal)?;
+            let Some(spec) = spec else { return scan_primary(&records, &coll, &scan, reads) };
+            let Some(spec) = spec else {
+                // A collection without records has no indexes yet.
+                let end = after_collection(&coll);
+                let mut any = records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)?;
+                return match any.next() {
+                    None => Ok(Vec::new()),
+                    Some(_) => Err(StoreError::Internal(format!("{coll} has no index {}", scan.index()))),
+                };
+            };
+            let eq: Vec<&str> = scan.eq().iter().map(|(f, _)| *f).collect();
+            if spec.sparse && !excludes_null(&scan) {
+                return Err(StoreError::Internal(format!(
+                    "sparse index {} of {coll} cannot answer a scan that may match null",
+                    spec.name
+                )));
+            }
+            let n = eq.len();
+            let by_ok = spec.fields.get(n).map_or(scan.by() == "_id", |f| f == scan.by());
+            if spec.fields.len() < n || spec.fields[..n] != eq[..] || !by_ok {
+                return Err(StoreError::Internal(format!(
+                    "index {} of {coll} ({:?}) does not serve equality on {eq:?} ordered by {}",
+                    spec.name,
+                    spec.fields,
+                    scan.by()
+                )));
+            }
+            let prefix = keys::encode(scan.eq().iter().map(|(_, v)| Some(v)));
+            let (lower, upper) = scan.bounds();
+            let (start, end) = entry_range(&prefix, lower, upper);
+            if start >= end {
+                return Ok(Vec::new());
+            }
+            let name = entries_name(&coll, &spec.name);
+            let entries = txn.open_table(ENTRIES).map_err(internal)?;
+            let range =
+                entries.range((name.as_str(), start.as_slice())..(name.as_str(), end.as_slice())).map_err(internal)?;
+            let mut out = Vec::new();
+            in_order(range, &scan, |(_, id)| {
+                let value = records.get((coll.as_str(), id.value())).map_err(internal)?.ok_or_else(|| {
+                    StoreError::Internal(format!("index {name:?} names a missing record {}", id.value()))
+                })?;
+                reads.scanned(&coll, id.value(), value.value(), &mut out);
+                Ok(())
+            })?;
+            Ok(out)
+        })
+        .await
+    }
+
+    pub(super) async fn collections(&self) -> StoreResult<Vec<String>> {
+        self.read(|txn, _| {
+            let table = txn.open_table(RECORDS).map_err(internal)?;
+            let mut names = Vec::new();
+            let mut from = String::new();
+            loop {
+                let mut range = table.range((from.as_str(), "")..).map_err(internal)?;
+                let Some(entry) = range.next() else { break };
+                let (key, _) = entry.map_err(internal)?;
+                let name = key.value().0.to_owned();
+                from = after_collection(&name);
+                names.push(name);
+            }
+            Ok(names)
+        })
+        .await
+    }
+
+    pub(super) async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
+        let Some(spec) = self.queried_spec(coll, &query.index).await? else { return Ok(Vec::new()) };
+        let ranges = query_ranges(&spec, query)?;
+        let (coll, limit, reverse) = (coll.to_owned(), query.limit, query.reverse);
+        self.read_sized(limit, move |txn, reads| {
+            let records = txn.open_table(RECORDS).map_err(internal)?;
+            let entries = txn.open_table(ENTRIES).map_err(internal)?;
+            let name = entries_name(&coll, &spec.name);
+            let mut out = Vec::new();
+            if limit == 0 {
+                return Ok(out);
+            }
+            entries_in(&entries, &name, &ranges, reverse, |id| {
+                let value = records
+                    .get((coll.as_str(), id))
+                    .map_err(internal)?
+                    .ok_or_else(|| StoreError::Internal(format!("index {name:?} names a missing record {id}")))?;
+                reads.scanned(&coll, id, value.value(), &mut out);
+                reads.queried.fetch_add(1, Ordering::Relaxed);
+                Ok(out.len() < limit)
+            })?;
+            Ok(out)
+        })
+        .await
+    }
+
+    pub(super) async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {
+        let Some(spec) = self.queried_spec(coll, &query.index).await? else { return Ok(0) };
+        let query = IndexQuery { after: None, ..query.clone() };
+        let ranges = query_ranges(&spec, &query)?;
+        let coll = coll.to_owned();
+        self.read(move |txn, _| {
+            let entries = txn.open_table(ENTRIES).map_err(internal)?;
+            let name = entries_name(&coll, &spec.name);
+            let mut n = 0u64;
+            // Entries only: neither their ids nor any record is read.
+            for (start, end) in &ranges {
+                let range = entries
+                    .range((name.as_str(), start.as_slice())..(name.as_str(), end.as_slice()))
+                    .map_err(internal)?;
+                for entry in range {
+                    entry.map_err(internal)?;
+                    n += 1;
+                }
+            }
+            Ok(n)
+        })
+        .await
+    }
+
+    pub(super) fn indexes(&self, coll: &str) -> Vec<IndexSpec> {
+        self.catalog.read().expect("index catalog").get(coll).cloned().unwrap_or_default()
+    }
+}
+
+/// The store as one pinned reader sees it ([`Store::snapshot`]): reads
+/// only; a write is refused.
+pub(super) struct Pinned(pub(super) Reader);
+
+fn read_only() -> StoreError {
+    StoreError::Internal("a snapshot of the store is read-only".into())
+}
+
+#[async_trait]
+impl Store for Pinned {
+    fn backend(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        Ok(())
+    }
+
+    async fn get(&self, coll: &str, id: &str) -> StoreResult<Option<Record>> {
+        self.0.get(coll, id).await
+    }
+
+    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
+        self.0.get_many(coll, ids).await
+    }
+
+    async fn write(&self, _: &str, _: Write<'_>, _: crate::store::Durability) -> StoreResult<bool> {
+        Err(read_only())
+    }
+
+    async fn sync(&self) -> StoreResult<()> {
+        Ok(())
+    }
+
+    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+        self.0.scan(coll, scan).await
+    }
+
+    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
+        self.0.query(coll, query).await
+    }
+
+    async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {
+        self.0.count(coll, query).await
+    }
+
+    async fn collections(&self) -> StoreResult<Vec<String>> {
+        self.0.collections().await
+    }
+
+    async fn ensure_index(&self, _: &str, _: IndexSpec) -> StoreResult<()> {
+        Err(read_only())
+    }
+
+    async fn drop_index(&self, _: &str, _: &str) -> StoreResult<()> {
+        Err(read_only())
+    }
+
+    async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
+        Ok(self.0.indexes(coll))
+    }
+}
