@@ -24,6 +24,7 @@ use crate::store::DynStore;
 use crate::store::scans::{DOCS_LIVE, DOCS_STAGED};
 use crate::store::{Bson, DateTime, Document, Durability, StoreError, Write, record_id};
 use crate::txn::locks::{Locks, Settled};
+use crate::txn::record::{TXNS, TxnRecord};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DocError {
@@ -186,6 +187,44 @@ impl Documents {
         holders: &mut HashMap<String, Option<DateTime>>,
     ) -> Result<View, DocError> {
         self.view(doc, holders).await
+    }
+
+    /// `doc`, read in `snapshot` whose last log position is the answer's,
+    /// as a reader sees it at that position: a document a transaction
+    /// holds shows its holder's change when the snapshot holds the
+    /// change's event, and its data from before the holder when the holder
+    /// is not committed in the snapshot. `Err(holder)` when the holder is
+    /// committed there but its change is not logged (a roll-forward on
+    /// its way). `holders`: the holders' records looked up so far.
+    pub(crate) async fn view_in(
+        &self,
+        snapshot: &dyn crate::store::Store,
+        coll: &str,
+        doc: StoredDoc,
+        holders: &mut HashMap<String, Option<TxnRecord>>,
+    ) -> Result<Result<View, TxnRecord>, DocError> {
+        let Some(holder) = doc.meta.txn.clone() else { return Ok(Ok(doc.into_committed_view())) };
+        if !holders.contains_key(&holder) {
+            let rec = match snapshot.get(TXNS, &holder).await? {
+                Some(rec) => Some(TxnRecord::from_record(rec)?),
+                None => None,
+            };
+            holders.insert(holder.clone(), rec);
+        }
+        let Some(rec) = holders.get(&holder).and_then(Option::as_ref).filter(|r| r.status.is_committed()) else {
+            return Ok(Ok(doc.into_committed_view()));
+        };
+        let forwarded = doc.rolled_forward(rec.committed_at.unwrap_or_else(|| self.now()));
+        if forwarded.meta.v == doc.meta.v {
+            // A check: nothing changes.
+            return Ok(Ok(doc.into_committed_view()));
+        }
+        let event = crate::events::model::document_event_id(coll, &doc.id, forwarded.meta.v);
+        if snapshot.get(crate::events::EVENTS, &event).await?.is_some() {
+            Ok(Ok(forwarded.into_committed_view()))
+        } else {
+            Ok(Err(rec.clone()))
+        }
     }
 
     /// [`Self::view_of`], read `at`.

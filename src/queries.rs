@@ -16,22 +16,21 @@
 //!
 //! Where the store has snapshots (the embedded store), the page and the
 //! log's last position `H` are read in one snapshot ([`Queries::snapshot`]),
-//! once this instance's answered work is in place and every committed
-//! transaction over the collection found is rolled forward, and the
-//! snapshot is checked to hold no outbox in the collection and no logged
-//! event of a committed transaction over it that still holds its
-//! documents. Why the page is then exactly the log up to `H`: the
-//! snapshot's index entries and records are those of one commit. A change
-//! logged at or before `H` is in the snapshot's records: a single write and
-//! its event land in one commit (outboxes exist only where they cannot,
-//! and none is in the snapshot), and a transaction's member is rolled
-//! forward, or else its event is in the snapshot while it holds the
-//! document, which the check refuses. No change logged after `H` is
-//! reflected: every record's data was written in the same commit as its
-//! event or after it (a transaction logs its events before it releases a
-//! lock), and a document a transaction holds is shown as it was before
-//! its holder ([`ReadAt::Pinned`]). When the check fails, the read is
-//! bracketed instead:
+//! taken once this instance's answered work is in place, and checked to
+//! hold no outbox in the collection and no transaction over it committed,
+//! with events logged, but not rolled forward (one found is finished, and
+//! another snapshot taken). Why the page is then exactly the log up to
+//! `H`: the snapshot's index entries and records are those of one commit.
+//! A change logged at or before `H` is in its records: a single write and
+//! its event land in one commit (outboxes exist only where they cannot),
+//! and a transaction whose events are logged is rolled forward there, by
+//! the check. No change logged after `H` is reflected: every record's data
+//! was written with its event or after it (a transaction logs its events
+//! at its commit or before it releases a lock), and a document held by a
+//! transaction whose events are not logged shows its data from before its
+//! holder ([`ReadAt::Pinned`]); that holder was not answered before the
+//! query began, or the answered work would not be in place. When no
+//! snapshot passes, the read is bracketed instead:
 //!
 //! 1. the log's last position `H` is read once this instance's answered
 //!    work is in place and every committed transaction over the
@@ -88,6 +87,10 @@ const UNAPPLIED_SCAN: usize = 1000;
 /// one after the first follows writes to the collection during the one
 /// before).
 const EXACT_READS: usize = 3;
+/// Snapshots a page or count takes, at most, for one holding no
+/// transaction over its collection between its events and its
+/// roll-forward (each such one is finished before the next).
+const SNAPSHOTS: usize = 5;
 /// Events after a read's position looked at for one of its collection;
 /// more means the collection changed.
 const CHANGES_SCAN: usize = 128;
@@ -140,91 +143,109 @@ impl Queries {
         Self { documents, indexes, log, follow_ups }
     }
 
-    /// Wait (bounded) for this instance's answered work to be in place,
-    /// then finish (bounded) every committed transaction over `coll` still
-    /// not rolled forward: another instance's, or a roll-forward slower
-    /// than the wait, so that a query sees a transaction's writes once its
-    /// 200 is sent, whoever sent it. Whether every one found was finished.
-    async fn finish_unapplied(&self, coll: &str) -> Result<bool, QueryError> {
-        self.follow_ups.settle(SETTLE_WAIT).await;
-        self.log.settle().await;
-        let (unapplied, complete) = self.unapplied(self.documents.store(), coll).await?;
-        if unapplied.is_empty() {
-            return Ok(complete);
-        }
+    /// Finish committed transactions `unapplied` over `coll` (bounded):
+    /// whether all of them were.
+    async fn finish(&self, coll: &str, unapplied: &[TxnRecord]) -> bool {
         let finishing = futures::future::join_all(unapplied.iter().map(|r| self.documents.finish_committed(r)));
         match tokio::time::timeout(SETTLE_WAIT, finishing).await {
             Ok(done) => match done.into_iter().find_map(Result::err) {
-                None => Ok(complete),
+                None => true,
                 Some(err) => {
                     tracing::warn!(collection = %coll, error = %err, "a query could not finish a committed transaction; its position is capped below it");
-                    Ok(false)
+                    false
                 }
             },
             Err(_) => {
                 tracing::warn!(collection = %coll, "a query could not finish committed transactions in time; its position is capped below them");
-                Ok(false)
+                false
             }
         }
     }
 
     /// A snapshot of the store in which a read of `coll` is exact at the
-    /// snapshot's last log position, and that position (docs/design.md
-    /// §7): every committed transaction over `coll` found was finished
-    /// first, and in the snapshot no document of `coll` holds an outbox
-    /// and no committed transaction over `coll` not rolled forward has an
-    /// event logged. Then each document read shows its stored data, which
-    /// is exactly the changes logged up to the position: a single write
-    /// and its event land in one commit (outboxes are for stores that
-    /// cannot chain them), and a held document shows its data from before
-    /// its holder, whose change is logged after the position if ever.
+    /// snapshot's last log position, and that position (module docs): one
+    /// in which no document of `coll` holds an outbox and no transaction
+    /// over `coll` is committed, with events logged, but not rolled
+    /// forward. Such a transaction found in a snapshot is finished here,
+    /// and a new snapshot taken (up to [`SNAPSHOTS`]).
     ///
-    /// `None` where the store has no snapshots (MongoDB), or where this
-    /// one does not pass: the read is then bracketed.
+    /// `None` where the store has no snapshots (MongoDB), or where none
+    /// passed: the read is then bracketed.
     async fn snapshot(&self, coll: &str) -> Result<Option<(DynStore, u64)>, QueryError> {
-        if !self.documents.store().snapshots() || !self.finish_unapplied(coll).await? {
+        let store = self.documents.store();
+        if !store.snapshots() {
             return Ok(None);
         }
-        let Some(snapshot) = self.documents.store().snapshot().await? else { return Ok(None) };
-        let at = snapshot.as_ref();
-        let outbox = DOCS_OUTBOX.scan(Vec::new()).from(Bound::Included(Bson::String(String::new()))).limit(1);
-        if !at.scan(coll, outbox).await?.is_empty() {
-            return Ok(None);
+        // This instance's answered work in place: a transaction committed
+        // in the snapshot whose events are not logged there was not answered
+        // before the query began, and may be shown as before it.
+        let settled = self.follow_ups.settle(SETTLE_WAIT).await && self.log.settle().await;
+        for _ in 0..SNAPSHOTS {
+            let Some(snapshot) = store.snapshot().await? else { return Ok(None) };
+            let at = snapshot.as_ref();
+            let outbox = DOCS_OUTBOX.scan(Vec::new()).from(Bound::Included(Bson::String(String::new()))).limit(1);
+            if !at.scan(coll, outbox).await?.is_empty() {
+                return Ok(None);
+            }
+            let (mut unapplied, complete) = self.unapplied(at, coll).await?;
+            if !complete {
+                return Ok(None);
+            }
+            if settled && !unapplied.is_empty() {
+                // Those with no event logged yet are shown as before them.
+                let mut logged = Vec::with_capacity(unapplied.len());
+                for rec in unapplied {
+                    let Some(events) = member_events(&rec, coll) else { return Ok(None) };
+                    if !Log::positions_in(at, &events).await?.is_empty() {
+                        logged.push(rec);
+                    }
+                }
+                unapplied = logged;
+            }
+            if unapplied.is_empty() {
+                let head = Log::head_in(at).await?;
+                return Ok(Some((snapshot, head)));
+            }
+            if !self.finish(coll, &unapplied).await {
+                return Ok(None);
+            }
         }
-        let (unapplied, complete) = self.unapplied(at, coll).await?;
-        if !complete {
-            return Ok(None);
-        }
-        let mut events = Vec::new();
-        for rec in &unapplied {
-            let Some(wanted) = member_events(rec, coll) else { return Ok(None) };
-            events.extend(wanted);
-        }
-        if !Log::positions_in(at, &events).await?.is_empty() {
-            return Ok(None);
-        }
-        let head = Log::head_in(at).await?;
-        Ok(Some((snapshot, head)))
+        Ok(None)
     }
 
-    /// Finish the committed transactions over `coll` not rolled forward
-    /// ([`Self::finish_unapplied`]), then learn the position a read of
-    /// `coll` made now is at: the log's last position, capped below the
-    /// first event of any committed transaction over `coll` still not
-    /// rolled forward (its documents' index entries may not have moved: a
-    /// page read now could miss a document that newly matches though its
-    /// event is in the log). Every change at or before the position is
-    /// reflected in what is read after.
+    /// Wait (bounded) for this instance's answered work to be in place and
+    /// finish (bounded) any committed transaction over `coll` still not
+    /// rolled forward (another instance's, or a roll-forward slower than
+    /// the wait: a query sees a transaction's writes once its 200 is sent,
+    /// whoever sent it), then learn the position a read of `coll` made now
+    /// is at: the log's last position, capped below the first event of any
+    /// committed transaction over `coll` still not rolled forward after
+    /// [`EXACT_READS`] such rounds (its documents' index entries may not
+    /// have moved: a page read now could miss a document that newly
+    /// matches though its event is in the log). Every change at or before
+    /// the position is reflected in what is read after.
     ///
     /// Also whether the position is the log's last one (not capped): only
     /// then can the read made after it be exact.
     async fn settled_position(&self, coll: &str) -> Result<(u64, bool), QueryError> {
-        self.finish_unapplied(coll).await?;
+        self.follow_ups.settle(SETTLE_WAIT).await;
+        self.log.settle().await;
+        let store = self.documents.store();
+        let mut round = 1;
         // The log's last position first, then the committed transactions
         // over `coll` not rolled forward yet (a transaction missed that way
         // committed after `head`: its events are past it).
-        let head = self.log.head().await?;
-        let (unapplied, _) = self.unapplied(self.documents.store(), coll).await?;
+        let (head, unapplied) = loop {
+            let head = self.log.head().await?;
+            let (unapplied, _) = self.unapplied(store, coll).await?;
+            if unapplied.is_empty() {
+                return Ok((head, true));
+            }
+            if round == EXACT_READS || !self.finish(coll, &unapplied).await {
+                break (head, unapplied);
+            }
+            round += 1;
+        };
         let wanted: Vec<String> = unapplied.iter().filter_map(|rec| member_events(rec, coll)).flatten().collect();
         if wanted.is_empty() {
             return Ok((head, true));

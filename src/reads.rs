@@ -1,7 +1,10 @@
 //! Batch reads (docs/design.md §7): documents of any collections, every one
 //! as of one point of the change-event log, and that point (`position`).
 //!
-//! The point is found by reading the members twice (a double collect):
+//! Where the store has snapshots (the embedded store), the members are read
+//! in one, at its last log position ([`Reads::in_snapshot`]). Elsewhere,
+//! or when that snapshot holds work on its way to the log, the point is
+//! found by reading the members twice (a double collect):
 //!
 //! 1. the log's last position `H` is read, then every member as a reader
 //!    sees it (a member locked by a committed transaction reads as its
@@ -123,7 +126,10 @@ impl Reads {
     /// `members` as of one point of the log.
     pub(crate) async fn batch(&self, members: &[Member]) -> Result<BatchRead, ReadError> {
         // This instance's answered writes first: a client reads its own.
-        self.log.settle().await;
+        let settled = self.log.settle().await;
+        if settled && let Some(read) = self.in_snapshot(members).await? {
+            return Ok(read);
+        }
         let deadline = tokio::time::Instant::now() + self.wait;
         let mut head = self.log.head().await?;
         let mut seen = self.collect(members).await?;
@@ -168,16 +174,71 @@ impl Reads {
         Err(unsettled(&members[i], &seen[i]))
     }
 
+    /// Where the store has snapshots (the embedded store), `members` read
+    /// in one, at its last log position: every member as of that one
+    /// point, with no double collect. `None` where the store has none, or
+    /// where the snapshot holds a single write's outbox or, twice, a
+    /// member held by a committed transaction whose change is not logged
+    /// there yet (finished here after the first): then the members are
+    /// double-collected.
+    ///
+    /// Exact, as a query's snapshot is ([`crate::queries`]): a record and
+    /// the event of its change land in one commit, so every record of the
+    /// snapshot is logged at or before its last position, and a held
+    /// member shows its holder's change exactly when the snapshot logs it.
+    /// A client reads its own writes: this instance's answered work was in
+    /// place before the snapshot, and a committed holder not rolled
+    /// forward (another's, or one slow to finish) is finished first.
+    async fn in_snapshot(&self, members: &[Member]) -> Result<Option<BatchRead>, ReadError> {
+        let store = self.documents.store();
+        if !store.snapshots() {
+            return Ok(None);
+        }
+        for attempt in 0..2 {
+            let Some(snapshot) = store.snapshot().await? else { return Ok(None) };
+            let snapshot = snapshot.as_ref();
+            let position = Log::head_in(snapshot).await?;
+            let mut docs = HashMap::new();
+            for (coll, ids) in by_collection(members) {
+                for record in snapshot.get_many(coll, &ids).await? {
+                    let Some(id) = record_id(&record).map(str::to_owned) else { continue };
+                    docs.insert((coll, id), StoredDoc::from_record(record).map_err(DocError::Store)?);
+                }
+            }
+            let (mut holders, mut views, mut unfinished) = (HashMap::new(), Vec::new(), Vec::new());
+            for m in members {
+                let Some(doc) = docs.get(&(m.collection.as_str(), m.id.clone())) else {
+                    views.push(View::NotFound);
+                    continue;
+                };
+                if doc.meta.outbox.is_some() {
+                    return Ok(None);
+                }
+                match self.documents.view_in(snapshot, &m.collection, doc.clone(), &mut holders).await? {
+                    Ok(view) => views.push(view),
+                    Err(rec) => unfinished.push(rec),
+                }
+            }
+            if unfinished.is_empty() {
+                return Ok(Some(BatchRead { position, views }));
+            }
+            if attempt > 0 {
+                return Ok(None);
+            }
+            unfinished.dedup_by(|a, b| a.id == b.id);
+            let finishing = futures::future::join_all(unfinished.iter().map(|r| self.documents.finish_committed(r)));
+            match tokio::time::timeout(self.wait, finishing).await {
+                Ok(done) if done.iter().all(Result::is_ok) => {}
+                _ => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
     /// Every member as a reader sees it now (one store read per
     /// collection).
     async fn collect(&self, members: &[Member]) -> Result<Vec<Seen>, DocError> {
-        let mut by_coll: HashMap<&str, Vec<String>> = HashMap::new();
-        for m in members {
-            let ids = by_coll.entry(&m.collection).or_default();
-            if !ids.contains(&m.id) {
-                ids.push(m.id.clone());
-            }
-        }
+        let by_coll = by_collection(members);
         let store = self.documents.store();
         let reads = by_coll.iter().map(|(coll, ids)| async move { (*coll, store.get_many(coll, ids).await) });
         let mut docs: HashMap<(&str, String), StoredDoc> = HashMap::new();
@@ -232,6 +293,18 @@ impl Reads {
             backoff = (backoff * 2).min(Duration::from_millis(100));
         }
     }
+}
+
+/// The ids of `members` by collection, each once.
+fn by_collection(members: &[Member]) -> HashMap<&str, Vec<String>> {
+    let mut by_coll: HashMap<&str, Vec<String>> = HashMap::new();
+    for m in members {
+        let ids = by_coll.entry(&m.collection).or_default();
+        if !ids.contains(&m.id) {
+            ids.push(m.id.clone());
+        }
+    }
+    by_coll
 }
 
 fn unsettled(member: &Member, seen: &Seen) -> ReadError {

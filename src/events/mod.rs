@@ -248,8 +248,10 @@ impl Log {
     /// before are in the log: a client reading events, counts or the
     /// log's head right after an answer sees its own write
     /// ([`crate::follow_ups`]).
-    pub(crate) async fn settle(&self) {
-        self.follow_ups.settle(SETTLE_WAIT).await;
+    /// Wait (bounded) for this instance's answered work to be in place:
+    /// whether all of it is.
+    pub(crate) async fn settle(&self) -> bool {
+        self.follow_ups.settle(SETTLE_WAIT).await
     }
 
     pub fn config(&self) -> &EventsConfig {
