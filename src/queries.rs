@@ -151,12 +151,12 @@ impl Queries {
             Ok(done) => match done.into_iter().find_map(Result::err) {
                 None => true,
                 Some(err) => {
-                    tracing::warn!(collection = %coll, error = %err, "a query could not finish a committed transaction; its position is capped below it");
+                    tracing::warn!(collection = %coll, error = %err, "a query could not finish a committed transaction over its collection");
                     false
                 }
             },
             Err(_) => {
-                tracing::warn!(collection = %coll, "a query could not finish committed transactions in time; its position is capped below them");
+                tracing::warn!(collection = %coll, "a query could not finish committed transactions over its collection in time");
                 false
             }
         }
@@ -179,12 +179,11 @@ impl Queries {
         // This instance's answered work in place: a transaction committed
         // in the snapshot whose events are not logged there was not answered
         // before the query began, and may be shown as before it.
-        let settled = self.follow_ups.settle(SETTLE_WAIT).await && self.log.settle().await;
+        let settled = self.follow_ups.settle(SETTLE_WAIT).await;
         for _ in 0..SNAPSHOTS {
             let Some(snapshot) = store.snapshot().await? else { return Ok(None) };
             let at = snapshot.as_ref();
-            let outbox = DOCS_OUTBOX.scan(Vec::new()).from(Bound::Included(Bson::String(String::new()))).limit(1);
-            if !at.scan(coll, outbox).await?.is_empty() {
+            if holds_outbox(at, coll).await? {
                 return Ok(None);
             }
             let (mut unapplied, complete) = self.unapplied(at, coll).await?;
@@ -229,7 +228,6 @@ impl Queries {
     /// then can the read made after it be exact.
     async fn settled_position(&self, coll: &str) -> Result<(u64, bool), QueryError> {
         self.follow_ups.settle(SETTLE_WAIT).await;
-        self.log.settle().await;
         let store = self.documents.store();
         let mut round = 1;
         // The log's last position first, then the committed transactions
@@ -293,8 +291,7 @@ impl Queries {
     /// position `head` may have reflected is logged after `head`.
     async fn unchanged_since(&self, coll: &str, head: u64) -> Result<bool, QueryError> {
         let store = self.documents.store();
-        let outbox = DOCS_OUTBOX.scan(Vec::new()).from(Bound::Included(Bson::String(String::new()))).limit(1);
-        if !store.scan(coll, outbox).await?.is_empty() || !self.unapplied(store, coll).await?.0.is_empty() {
+        if holds_outbox(store, coll).await? || !self.unapplied(store, coll).await?.0.is_empty() {
             return Ok(false);
         }
         let now = self.log.head().await?;
@@ -448,6 +445,13 @@ impl Queries {
         }
         Ok(n)
     }
+}
+
+/// Whether a document of `coll`, read in `store`, holds an event not
+/// logged yet (an outbox).
+async fn holds_outbox(store: &dyn Store, coll: &str) -> Result<bool, StoreError> {
+    let outbox = DOCS_OUTBOX.scan(Vec::new()).from(Bound::Included(Bson::String(String::new()))).limit(1);
+    Ok(!store.scan(coll, outbox).await?.is_empty())
 }
 
 /// The event ids of the changes committed transaction `rec` made to
