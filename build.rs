@@ -5,7 +5,10 @@ use std::fmt::Write;
 
 fn main() {
     println!("cargo:rerun-if-changed=migrations");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    // Read when the script runs, and named in the generated code relative
+    // to the package as the library sees it: the same target directory
+    // may build the package from another checkout.
+    let dir = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR")).join("migrations");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .expect("migrations/ exists")
         .map(|entry| entry.expect("readable migrations/").path())
@@ -15,7 +18,8 @@ fn main() {
     let mut out = String::from("&[\n");
     for path in files {
         let name = path.file_stem().and_then(|s| s.to_str()).expect("UTF-8 migration name");
-        writeln!(out, "    ({name:?}, include_str!({:?})),", path.display().to_string()).expect("write");
+        let file = format!("/migrations/{name}.json");
+        writeln!(out, "    ({name:?}, include_str!(concat!(env!(\"CARGO_MANIFEST_DIR\"), {file:?}))),").expect("write");
     }
     out.push(']');
     let dest = std::path::Path::new(&std::env::var("OUT_DIR").expect("OUT_DIR")).join("migrations.rs");
