@@ -8,7 +8,8 @@ fn main() {
     // Read when the script runs, and named in the generated code relative
     // to the package as the library sees it: the same target directory
     // may build the package from another checkout.
-    let dir = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR")).join("migrations");
+    let dir =
+        std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR")).join("migrations");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .expect("migrations/ exists")
         .map(|entry| entry.expect("readable migrations/").path())

@@ -291,7 +291,8 @@ impl Log {
 
     /// [`Self::head`], read in `store` (a snapshot of the log's store).
     pub(crate) async fn head_in(store: &dyn Store) -> StoreResult<u64> {
-        let scan = crate::store::scans::EVENTS_BY_SEQ.scan(Vec::new()).desc().limit(1);
+        // The position only: the last record may be a large transaction's.
+        let scan = crate::store::scans::EVENTS_BY_SEQ.scan(Vec::new()).desc().limit(1).fields(&[LOG_SEQ]);
         let last = store.scan(EVENTS, scan).await?;
         Ok(last.first().and_then(|r| r.get_i64(LOG_SEQ).ok()).and_then(|n| u64::try_from(n).ok()).unwrap_or(0))
     }

@@ -69,6 +69,8 @@ pub struct Scan {
     order: Order,
     skip: usize,
     limit: usize,
+    /// The top-level fields the caller reads (empty: all of them).
+    fields: &'static [&'static str],
 }
 
 pub use std::ops::Bound;
@@ -85,7 +87,22 @@ impl Scan {
             order: Order::Asc,
             skip: 0,
             limit: usize::MAX,
+            fields: &[],
         }
+    }
+
+    /// Only these top-level fields of each record are read by the caller:
+    /// a store may leave the others out (and spare decoding them), or
+    /// return them all.
+    #[must_use]
+    pub fn fields(mut self, fields: &'static [&'static str]) -> Self {
+        self.fields = fields;
+        self
+    }
+
+    /// The fields asked for with [`Self::fields`] (empty: all).
+    pub fn wanted(&self) -> &'static [&'static str] {
+        self.fields
     }
 
     /// Only records whose order field is above `lower`.

@@ -450,7 +450,13 @@ impl Store for MongoStore {
         let (filter, sort) = scan.to_query();
         let limit = i64::try_from(scan.max()).unwrap_or(i64::MAX);
         let skip = u64::try_from(scan.skipped()).unwrap_or(u64::MAX);
-        let cursor = self.raw(coll).find(filter).sort(sort).skip(skip).limit(limit).await.map_err(map_err)?;
+        let raw = self.raw(coll);
+        let mut find = raw.find(filter).sort(sort).skip(skip).limit(limit);
+        if !scan.wanted().is_empty() {
+            find =
+                find.projection(scan.wanted().iter().map(|f| ((*f).to_owned(), Bson::Int32(1))).collect::<Document>());
+        }
+        let cursor = find.await.map_err(map_err)?;
         self.decode_all(coll, cursor).await
     }
 

@@ -60,6 +60,7 @@ on_every_store!(
     appends_take_increasing_positions_once_per_key,
     writes_all_or_nothing_land_whole_or_not_at_all,
     a_snapshot_reads_one_point_and_writes_nothing,
+    a_scan_of_some_fields_reads_those,
 );
 
 /// Where a store applies writes all or nothing, a chain of them lands
@@ -369,6 +370,26 @@ async fn a_snapshot_reads_one_point_and_writes_nothing(backend: Backend) {
     let now = s.snapshot().await.unwrap().unwrap();
     assert_eq!(live(&now).await, ["a", "b"]);
     assert_eq!(now.get("c", "a").await.unwrap().unwrap().get_i32("n").unwrap(), 10);
+}
+
+/// A scan that names the fields it reads gets them exactly; the stores
+/// that can leave the others out (embedded, MongoDB) do.
+async fn a_scan_of_some_fields_reads_those(backend: Backend) {
+    let Some(ts) = store(backend).await else { return };
+    let s = &ts.store;
+    let big: Vec<Bson> = (0..1000).map(|i| Bson::Document(doc! {"i": i, "s": "x".repeat(20)})).collect();
+    for id in ["a", "b"] {
+        s.insert("c", doc! {"_id": id, "n": 7_i64, "big": big.clone(), "_meta": {"deleted": false}}).await.unwrap();
+    }
+    let scan = DOCS_LIVE.scan(vec![Bson::Boolean(false)]).desc().limit(1).fields(&["n"]);
+    let found = s.scan("c", scan).await.unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].get("n"), Some(&Bson::Int64(7)));
+    if backend != Backend::Memory {
+        assert_eq!(found[0].get("big"), None, "{backend:?} decoded a field not asked for");
+    }
+    let all = s.scan("c", DOCS_LIVE.scan(vec![Bson::Boolean(false)]).limit(1)).await.unwrap();
+    assert_eq!(all[0].get_array("big").unwrap().len(), 1000);
 }
 
 async fn int64_values_keep_type_and_precision(backend: Backend) {

@@ -188,7 +188,7 @@ impl Reader {
                 let value = records.get((coll.as_str(), id.value())).map_err(internal)?.ok_or_else(|| {
                     StoreError::Internal(format!("index {name:?} names a missing record {}", id.value()))
                 })?;
-                reads.scanned(&coll, id.value(), value.value(), &mut out);
+                reads.scanned_fields(&coll, id.value(), value.value(), scan.wanted(), &mut out);
                 Ok(())
             })?;
             Ok(out)

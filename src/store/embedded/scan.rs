@@ -38,6 +38,21 @@ impl Reads {
             Err(err) => report_unreadable(&err),
         }
     }
+
+    /// [`Self::scanned`] of the top-level `fields` only (all when empty).
+    pub(super) fn scanned_fields(&self, coll: &str, id: &str, bytes: &[u8], fields: &[&str], out: &mut Vec<Record>) {
+        if fields.is_empty() {
+            return self.scanned(coll, id, bytes, out);
+        }
+        self.decoded.fetch_add(1, Ordering::Relaxed);
+        match convert::decode_fields(bytes, fields) {
+            Ok(record) => out.push(record),
+            Err(e) => {
+                self.unreadable.fetch_add(1, Ordering::Relaxed);
+                report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}")));
+            }
+        }
+    }
 }
 
 /// The smallest collection name ordered after `coll` and all its keys.
@@ -147,7 +162,7 @@ pub(super) fn scan_primary(
     let range = table.range::<(&str, &str)>((start, stop)).map_err(internal)?;
     let mut out = Vec::new();
     in_order(range, scan, |(key, value)| {
-        reads.scanned(coll, key.value().1, value.value(), &mut out);
+        reads.scanned_fields(coll, key.value().1, value.value(), scan.wanted(), &mut out);
         Ok(())
     })?;
     Ok(out)
