@@ -341,6 +341,9 @@ impl Documents {
         kind: EventType,
         publish: Publish,
     ) -> Result<bool, DocError> {
+        // A write under way until its event is logged or ticketed
+        // (`FollowUps::quiesce` waits for it).
+        let _writing = self.publisher.writing().await;
         let store = self.store();
         if let Some(cur) = current.filter(|c| c.meta.outbox.is_some()) {
             // Behind the events of writes answered before it, if it is

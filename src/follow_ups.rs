@@ -16,7 +16,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 use tokio_util::task::TaskTracker;
 
 /// The longest a reader waits for follow-ups before it reads anyway (a
@@ -29,7 +29,18 @@ pub(crate) const SETTLE_WAIT: Duration = Duration::from_secs(2);
 pub(crate) struct FollowUps {
     tasks: TaskTracker,
     tickets: Arc<Tickets>,
+    /// Held shared by each of this instance's writes from before it
+    /// changes what a reader sees until its follow-ups are ticketed;
+    /// taken whole by a read that must see none land ([`Self::quiesce`]).
+    gate: Arc<RwLock<()>>,
 }
+
+/// A write of this instance under way ([`FollowUps::writing`]).
+pub(crate) type Writing = OwnedRwLockReadGuard<()>;
+
+/// No write of this instance under way or starting, and every settled
+/// follow-up finished, while held ([`FollowUps::quiesce`]).
+pub(crate) type Quiet = OwnedRwLockWriteGuard<()>;
 
 #[derive(Default)]
 struct Tickets {
@@ -100,6 +111,25 @@ impl FollowUps {
         Ticket { n, tickets: Arc::clone(&self.tickets) }
     }
 
+    /// Hold while writing: from before a write changes what readers see
+    /// until its follow-ups, if any, are ticketed. Never taken twice by
+    /// one task (a read waiting to quiesce queues new writers behind it).
+    pub(crate) async fn writing(&self) -> Writing {
+        Arc::clone(&self.gate).read_owned().await
+    }
+
+    /// Wait (at most `max` in all) until no write of this instance is
+    /// under way and every settled follow-up has finished, and keep new
+    /// writes from starting while the answer is held: a read made then
+    /// sees nothing this instance writes land. `None` when that took
+    /// longer (writers wait meanwhile, so the wait is short).
+    pub(crate) async fn quiesce(&self, max: Duration) -> Option<Quiet> {
+        let deadline = tokio::time::Instant::now() + max;
+        let quiet = tokio::time::timeout_at(deadline, Arc::clone(&self.gate).write_owned()).await.ok()?;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        self.settle(left).await.then_some(quiet)
+    }
+
     /// Wait until every settled follow-up started before this call has
     /// finished, or `max` has passed. `true` when they all finished.
     pub(crate) async fn settle(&self, max: Duration) -> bool {
@@ -125,6 +155,26 @@ impl FollowUps {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn quiet_waits_for_writes_under_way_and_holds_new_ones() {
+        let follow_ups = FollowUps::default();
+        let writing = follow_ups.writing().await;
+        assert!(follow_ups.quiesce(Duration::from_millis(20)).await.is_none(), "a write is under way");
+        drop(writing);
+        let quiet = follow_ups.quiesce(Duration::from_millis(20)).await.expect("nothing under way");
+        let started = follow_ups.clone();
+        let next = tokio::spawn(async move { drop(started.writing().await) });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!next.is_finished(), "a write started while quiet");
+        drop(quiet);
+        next.await.unwrap();
+        // A settled follow-up under way keeps it from being quiet.
+        let ticket = follow_ups.ticket();
+        assert!(follow_ups.quiesce(Duration::from_millis(20)).await.is_none());
+        drop(ticket);
+        assert!(follow_ups.quiesce(Duration::from_millis(20)).await.is_some());
+    }
 
     #[tokio::test]
     async fn settling_waits_for_what_started_before_and_only_that() {

@@ -49,9 +49,12 @@
 //! (no longer "committed") only after. So a change the read reflected is,
 //! at step 3, either still an outbox or an unapplied transaction, or
 //! logged before the log's position is read again, hence after `H` only
-//! if step 3 sees it. When step 3 fails the read is made again (a few
-//! times: writes to the collection landing during each of them), and the
-//! last one's `H` is then a lower bound only.
+//! if step 3 sees it. When step 3 fails (or `H` was capped) the read is
+//! made again, up to [`EXACT_READS`] times. The last is made *quiet*
+//! ([`FollowUps::quiesce`]): no write of this instance is under way or
+//! starts during it, and every follow-up of one is finished, so only
+//! another instance's writes (or an expiry) can land during it; it is not
+//! checked, and its `H` is a lower bound only when they did.
 //!
 //! Cursors are opaque: the values of the page's last entry in the
 //! index's order fields, and its id. The next page starts strictly after
@@ -91,6 +94,10 @@ const EXACT_READS: usize = 3;
 /// transaction over its collection between its events and its
 /// roll-forward (each such one is finished before the next).
 const SNAPSHOTS: usize = 5;
+
+/// The longest a query's last read waits for this instance's writes under
+/// way to finish (new ones wait meanwhile) before it reads anyway.
+const QUIET_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// Events after a read's position looked at for one of its collection;
 /// more means the collection changed.
 const CHANGES_SCAN: usize = 128;
@@ -306,10 +313,19 @@ impl Queries {
         Fut: std::future::Future<Output = Result<T, QueryError>>,
     {
         for attempt in 1.. {
+            // The last read is made with this instance's writes held
+            // back: writes that keep landing here cannot make every read
+            // inexact (another instance's still can).
+            let quiet = if attempt == EXACT_READS { self.follow_ups.quiesce(QUIET_WAIT).await } else { None };
+            if attempt == EXACT_READS && quiet.is_none() {
+                tracing::debug!(collection = %coll, "a query's last read is made with this instance's writes going on");
+            }
             let (position, settled) = self.settled_position(coll).await?;
             let answer = read(position).await?;
-            if !settled || attempt >= EXACT_READS || self.unchanged_since(coll, position).await? {
-                if settled && attempt >= EXACT_READS {
+            // A position capped below a transaction not rolled forward is
+            // read again too, as one a write landed after.
+            if attempt >= EXACT_READS || (settled && self.unchanged_since(coll, position).await?) {
+                if attempt >= EXACT_READS {
                     tracing::debug!(collection = %coll, "writes landed during a query's earlier reads: its last read's position is taken unchecked, a lower bound");
                 }
                 return Ok((answer, position));

@@ -43,6 +43,11 @@ use crate::store::record_id;
 pub(crate) const MAX_MEMBERS: usize = 100;
 /// Double collects tried before the batch is answered `locked`.
 const ATTEMPTS: usize = 12;
+/// The double collect made with this instance's writes held back.
+const QUIET_AFTER: usize = 2;
+/// The longest that one waits for this instance's writes under way to
+/// finish before it reads anyway.
+const QUIET_WAIT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ReadError {
@@ -133,7 +138,16 @@ impl Reads {
         let deadline = tokio::time::Instant::now() + self.wait;
         let mut head = self.log.head().await?;
         let mut seen = self.collect(members).await?;
-        for _ in 0..ATTEMPTS {
+        for attempt in 0..ATTEMPTS {
+            // After two double collects that members changed under, the
+            // next is made with this instance's writes held back (its
+            // first collect again, then): writes that keep landing here
+            // cannot keep the members from being read together.
+            let quiet = if attempt == QUIET_AFTER { self.log.quiesce(QUIET_WAIT).await } else { None };
+            if quiet.is_some() {
+                head = self.log.head().await?;
+                seen = self.collect(members).await?;
+            }
             // Where each version seen was logged; and the transactions
             // that made them, whose `transaction.committed` event follows
             // their members' events.

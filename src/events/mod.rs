@@ -254,6 +254,11 @@ impl Log {
         self.follow_ups.settle(SETTLE_WAIT).await
     }
 
+    /// See [`FollowUps::quiesce`].
+    pub(crate) async fn quiesce(&self, max: std::time::Duration) -> Option<crate::follow_ups::Quiet> {
+        self.follow_ups.quiesce(max).await
+    }
+
     pub fn config(&self) -> &EventsConfig {
         &self.cfg
     }

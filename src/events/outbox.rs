@@ -94,6 +94,11 @@ impl Publisher {
         Arc::new(Self { store, clock, follow_ups, queue: Mutex::default(), done: watch::Sender::new(0) })
     }
 
+    /// See [`FollowUps::writing`].
+    pub(crate) async fn writing(&self) -> crate::follow_ups::Writing {
+        self.follow_ups.writing().await
+    }
+
     /// Queue the event `doc` (as just written to `coll`) holds in its
     /// outbox. `true` when the queue is as long as it may be: the caller
     /// then waits for it ([`Publisher::flush`]) before it answers.

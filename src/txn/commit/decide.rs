@@ -25,6 +25,9 @@ impl Commit {
         bases: Vec<(usize, i64)>,
     ) -> Result<Committed, TxnError> {
         let txn = record.id.clone();
+        // A write under way (for readers that wait for none) until the
+        // roll-forward is ticketed.
+        let _writing = self.follow_ups.writing().await;
         // 4. Commit point.
         let committed_at = self.now();
         let results = member_results(plan, &mut record.members, &bases);

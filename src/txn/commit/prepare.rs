@@ -37,6 +37,8 @@ impl Commit {
         record: &TxnRecord,
         stages: Vec<(usize, PlainStage<'_>)>,
     ) -> Result<Whole, StoreError> {
+        // A write under way until its roll-forward is ticketed.
+        let _writing = self.follow_ups.writing().await;
         let txn = record.id.as_str();
         let chained: Vec<(usize, i64)> = stages.iter().map(|(i, s)| (*i, s.base_v)).collect();
         let mut members = record.members.clone();
@@ -132,6 +134,7 @@ impl Commit {
         record: &TxnRecord,
         stages: &[(usize, PlainStage<'_>)],
     ) -> Result<Option<Whole>, StoreError> {
+        let _writing = self.follow_ups.writing().await;
         let txn = record.id.as_str();
         let chained: Vec<(usize, i64)> = stages.iter().map(|(i, s)| (*i, s.base_v)).collect();
         let mut committed = record.clone();
