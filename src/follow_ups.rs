@@ -23,6 +23,10 @@ use tokio_util::task::TaskTracker;
 /// store that hangs must not hang readers with it).
 pub(crate) const SETTLE_WAIT: Duration = Duration::from_secs(2);
 
+/// The longest a quiet read waits for this instance's writes under way to
+/// finish (new ones wait meanwhile) before it reads anyway.
+pub(crate) const QUIET_WAIT: Duration = Duration::from_secs(1);
+
 /// The follow-ups of one gateway: spawned on one tracker (shutdown waits
 /// for all of it), the settled ones ticketed. Clones share both.
 #[derive(Clone, Default)]

@@ -71,7 +71,7 @@ use crate::document::{Live, StagedOp, StoredDoc, View};
 use crate::documents::{DocError, Documents, ReadAt};
 use crate::events::Log;
 use crate::events::model::document_event_id;
-use crate::follow_ups::{FollowUps, SETTLE_WAIT};
+use crate::follow_ups::{FollowUps, QUIET_WAIT, SETTLE_WAIT};
 use crate::indexes::Indexes;
 use crate::query::filter::Filter;
 use crate::query::plan::{self, Plan, SortKey, Unserved};
@@ -95,9 +95,6 @@ const EXACT_READS: usize = 3;
 /// roll-forward (each such one is finished before the next).
 const SNAPSHOTS: usize = 5;
 
-/// The longest a query's last read waits for this instance's writes under
-/// way to finish (new ones wait meanwhile) before it reads anyway.
-const QUIET_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// Events after a read's position looked at for one of its collection;
 /// more means the collection changed.
 const CHANGES_SCAN: usize = 128;
@@ -317,16 +314,13 @@ impl Queries {
             // back: writes that keep landing here cannot make every read
             // inexact (another instance's still can).
             let quiet = if attempt == EXACT_READS { self.follow_ups.quiesce(QUIET_WAIT).await } else { None };
-            if attempt == EXACT_READS && quiet.is_none() {
-                tracing::debug!(collection = %coll, "a query's last read is made with this instance's writes going on");
-            }
             let (position, settled) = self.settled_position(coll).await?;
             let answer = read(position).await?;
             // A position capped below a transaction not rolled forward is
             // read again too, as one a write landed after.
             if attempt >= EXACT_READS || (settled && self.unchanged_since(coll, position).await?) {
-                if attempt >= EXACT_READS {
-                    tracing::debug!(collection = %coll, "writes landed during a query's earlier reads: its last read's position is taken unchecked, a lower bound");
+                if attempt >= EXACT_READS && quiet.is_none() {
+                    tracing::debug!(collection = %coll, "a query's last read was made with this instance's writes going on: its position is a lower bound");
                 }
                 return Ok((answer, position));
             }

@@ -37,6 +37,7 @@ use crate::document::{StoredDoc, View};
 use crate::documents::{DocError, Documents};
 use crate::events::Log;
 use crate::events::model::{document_event_id, transaction_event_id};
+use crate::follow_ups::QUIET_WAIT;
 use crate::store::record_id;
 
 /// Members one batch read names at most.
@@ -45,9 +46,6 @@ pub(crate) const MAX_MEMBERS: usize = 100;
 const ATTEMPTS: usize = 12;
 /// The double collect made with this instance's writes held back.
 const QUIET_AFTER: usize = 2;
-/// The longest that one waits for this instance's writes under way to
-/// finish before it reads anyway.
-const QUIET_WAIT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ReadError {

@@ -63,7 +63,7 @@ pub(crate) fn decode_raw(raw: &RawDocument) -> Result<Document, Undecodable> {
 /// [`decode`] of the top-level `fields` of a record only (those it has),
 /// each checked as [`decode`] checks it; the others are not parsed.
 pub(crate) fn decode_fields(bytes: &[u8], fields: &[&str]) -> Result<Document, Undecodable> {
-    let raw = RawDocument::from_bytes(bytes).map_err(|e| Undecodable(format!("not a BSON document: {e}")))?;
+    let raw = RawDocument::from_bytes(bytes).map_err(malformed)?;
     let mut doc = Document::new();
     for field in fields {
         if let Some(value) = raw.get(field).map_err(malformed)? {
