@@ -262,8 +262,13 @@ fn diff_into(before: &Map<String, Value>, after: &Map<String, Value>, prefix: &s
 /// The three-way merge of `mine` and `theirs`, both changed from `base`:
 /// objects per field, recursively; arrays and scalars as whole values. A
 /// path both changed to different values is a conflict and keeps
-/// `theirs`' value.
+/// `theirs`' value. `mine`'s numbers are taken as they would be stored
+/// (an integer past the signed 64-bit range is a double, as in `base` and
+/// `theirs`), so one the client sent back unchanged is not a change.
 pub(crate) fn merge(base: &Map<String, Value>, mine: &Map<String, Value>, theirs: &Map<String, Value>) -> Merged {
+    let mut stored = Value::Object(mine.clone());
+    crate::document::rules::storable_numbers(&mut stored);
+    let Value::Object(mine) = &stored else { unreachable!("an object stays an object") };
     let mut out = Merged::default();
     out.data = merge_into(base, mine, theirs, "", &mut out.mine, &mut out.theirs, &mut out.conflicts);
     out.mine.sort();
@@ -324,6 +329,20 @@ mod tests {
             Value::Object(m) => m,
             _ => panic!("an object"),
         }
+    }
+
+    #[test]
+    fn a_large_integer_sent_back_unchanged_is_not_a_change() {
+        // Stored (and so in the base and theirs) as a double.
+        let stored = json!(u64::MAX as f64);
+        let base = obj(json!({"big": stored, "n": 1}));
+        let theirs = obj(json!({"big": stored, "n": 2}));
+        let mine = obj(json!({"big": u64::MAX, "n": 1}));
+        let merged = merge(&base, &mine, &theirs);
+        assert!(merged.conflicts.is_empty(), "{:?}", merged.conflicts);
+        assert!(merged.mine.is_empty(), "{:?}", merged.mine);
+        assert_eq!(merged.theirs, ["n"]);
+        assert_eq!(Value::Object(merged.data), json!({"big": stored, "n": 2}));
     }
 
     #[test]

@@ -252,9 +252,15 @@ impl Documents {
         }
     }
 
-    /// Finish committed transaction `rec` now (see [`Locks::finish_committed`]).
-    pub(crate) async fn finish_committed(&self, rec: &crate::txn::TxnRecord) -> Result<(), StoreError> {
-        self.locks.finish_committed(rec).await
+    /// Finish committed transactions `recs` now (see
+    /// [`Locks::finish_committed`]), side by side, within `wait`: what kept
+    /// one from finishing, if any did.
+    pub(crate) async fn finish_committed(&self, recs: &[TxnRecord], wait: Duration) -> Result<(), StoreError> {
+        let finishing = futures::future::join_all(recs.iter().map(|rec| self.locks.finish_committed(rec)));
+        match tokio::time::timeout(wait, finishing).await {
+            Ok(done) => done.into_iter().find_map(Result::err).map_or(Ok(()), Err),
+            Err(_) => Err(StoreError::Unavailable(format!("finishing took longer than {} ms", wait.as_millis()))),
+        }
     }
 
     /// Wait for the lock on `doc` to clear; `Ok(())` means read again.

@@ -150,17 +150,10 @@ impl Queries {
     /// Finish committed transactions `unapplied` over `coll` (bounded):
     /// whether all of them were.
     async fn finish(&self, coll: &str, unapplied: &[TxnRecord]) -> bool {
-        let finishing = futures::future::join_all(unapplied.iter().map(|r| self.documents.finish_committed(r)));
-        match tokio::time::timeout(SETTLE_WAIT, finishing).await {
-            Ok(done) => match done.into_iter().find_map(Result::err) {
-                None => true,
-                Some(err) => {
-                    tracing::warn!(collection = %coll, error = %err, "a query could not finish a committed transaction over its collection");
-                    false
-                }
-            },
-            Err(_) => {
-                tracing::warn!(collection = %coll, "a query could not finish committed transactions over its collection in time");
+        match self.documents.finish_committed(unapplied, SETTLE_WAIT).await {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!(collection = %coll, error = %err, "a query could not finish the committed transactions over its collection");
                 false
             }
         }

@@ -238,10 +238,9 @@ impl Reads {
                 return Ok(None);
             }
             unfinished.dedup_by(|a, b| a.id == b.id);
-            let finishing = futures::future::join_all(unfinished.iter().map(|r| self.documents.finish_committed(r)));
-            match tokio::time::timeout(self.wait, finishing).await {
-                Ok(done) if done.iter().all(Result::is_ok) => {}
-                _ => return Ok(None),
+            if let Err(err) = self.documents.finish_committed(&unfinished, self.wait).await {
+                tracing::debug!(error = %err, "a batch read could not finish its members' holders: collected twice instead");
+                return Ok(None);
             }
         }
         Ok(None)
