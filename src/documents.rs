@@ -22,7 +22,7 @@ use crate::indexes::Indexes;
 use crate::metrics::Metrics;
 use crate::store::DynStore;
 use crate::store::scans::{DOCS_LIVE, DOCS_STAGED};
-use crate::store::{Bson, DateTime, Document, Durability, StoreError, Write, record_id};
+use crate::store::{Bson, DateTime, Document, Durability, PAGE_BYTES, StoreError, Write, record_id};
 use crate::txn::locks::{Locks, Settled};
 use crate::txn::record::{TXNS, TxnRecord};
 
@@ -480,17 +480,21 @@ impl Documents {
         let mut holders = HashMap::new();
         let mut cursor = after.map(str::to_owned);
         let batch = (limit + 1).clamp(16, 1000);
+        let mut bytes = 0;
         loop {
-            let live = DOCS_LIVE.scan(vec![Bson::Boolean(false)]).after(cursor.as_deref()).limit(batch);
-            let staged = DOCS_STAGED.scan(vec![StagedOp::Insert.to_bson()]).after(cursor.as_deref()).limit(batch);
-            let (live, staged) = (store.scan(coll, live).await?, store.scan(coll, staged).await?);
-            // Both lists are complete up to the last id of a full one.
+            let budget = PAGE_BYTES.saturating_sub(bytes).max(1);
+            let live = DOCS_LIVE.query(Bson::Boolean(false), cursor.as_deref(), batch, budget);
+            let staged = DOCS_STAGED.query(StagedOp::Insert.to_bson(), cursor.as_deref(), batch, budget);
+            let (live, staged) = (store.query(coll, &live).await?, store.query(coll, &staged).await?);
+            bytes += live.bytes + staged.bytes;
+            // Both lists are complete up to the last id of one that is
+            // full or cut short by its bytes.
             let horizon = [&live, &staged]
                 .into_iter()
-                .filter(|l| l.len() == batch)
-                .filter_map(|l| l.last().and_then(record_id).map(str::to_owned))
+                .filter(|f| f.cut || f.records.len() == batch)
+                .filter_map(|f| f.records.last().and_then(record_id).map(str::to_owned))
                 .min();
-            let mut merged: Vec<_> = live.into_iter().chain(staged).collect();
+            let mut merged: Vec<_> = live.records.into_iter().chain(staged.records).collect();
             merged.sort_by(|a, b| record_id(a).cmp(&record_id(b)));
             merged.dedup_by(|a, b| record_id(a) == record_id(b));
             for rec in merged {
@@ -510,6 +514,10 @@ impl Documents {
             }
             if horizon.is_none() {
                 return Ok((items, None));
+            }
+            if bytes >= PAGE_BYTES {
+                // The page holds its bytes: the next goes on after the last read.
+                return Ok((items, cursor));
             }
         }
     }

@@ -77,7 +77,9 @@ use crate::query::filter::Filter;
 use crate::query::plan::{self, Plan, SortKey, Unserved};
 use crate::store::filter::lookup;
 use crate::store::scans::{DOCS_OUTBOX, DOCS_STAGED, TXNS_BY_COMMIT};
-use crate::store::{Bound, Bson, Document, DynStore, IndexQuery, Record, Store, StoreError, doc, record_id};
+use crate::store::{
+    Bound, Bson, Document, DynStore, IndexQuery, PAGE_BYTES, Record, Store, StoreError, doc, record_id,
+};
 use crate::txn::record::{Status, TXNS, TxnRecord};
 
 /// How many times a page reads on when the documents it read are not
@@ -373,12 +375,15 @@ impl Queries {
         let mut items = Vec::with_capacity(query.limit);
         let mut holders = HashMap::new();
         let mut last_key: Option<Vec<Bson>> = None;
+        let mut bytes = 0;
         for _ in 0..MAX_REFILLS {
             store_query.after = after.clone();
             store_query.limit = query.limit - items.len() + 1;
-            let records = store.query(coll, &store_query).await?;
-            let full = records.len() == store_query.limit;
-            for record in records {
+            store_query.budget = PAGE_BYTES.saturating_sub(bytes).max(1);
+            let found = store.query(coll, &store_query).await?;
+            bytes += found.bytes;
+            let full = found.records.len() == store_query.limit;
+            for record in found.records {
                 if items.len() == query.limit {
                     // One more entry exists: a next page follows the last shown.
                     let next = last_key.as_deref().map(encode_cursor);
@@ -396,6 +401,12 @@ impl Queries {
                         items.push(live);
                     }
                 }
+            }
+            if found.cut {
+                // The page holds its bytes: the next goes on after the last read.
+                let next = last_key.as_deref().map(encode_cursor);
+                trim(&mut items, query.fields.as_deref());
+                return Ok(QueryPage { items, next, position });
             }
             if !full {
                 trim(&mut items, query.fields.as_deref());
@@ -484,6 +495,7 @@ fn store_query(filter: &Filter, plan: &Plan) -> IndexQuery {
         reverse: plan.reverse,
         after: None,
         limit: 0,
+        budget: usize::MAX,
         filter: IndexQuery::live_filter(filter.to_mongo()),
         sort,
     }

@@ -34,7 +34,7 @@ use tokio::sync::watch;
 
 use crate::clock::Clock;
 use crate::follow_ups::{FollowUps, SETTLE_WAIT};
-use crate::store::{Bound, Bson, DynStore, LOG_SEQ, Store, StoreError, StoreResult, void_entry};
+use crate::store::{Bound, Bson, DynStore, LOG_SEQ, PAGE_BYTES, Store, StoreError, StoreResult, void_entry};
 pub(crate) use model::{Entry, Event, EventType, Logged};
 
 /// The log collection.
@@ -119,8 +119,12 @@ pub struct Batch {
     pub next: u64,
     /// Whether a gap that may still fill stopped the read.
     pub gap: bool,
-    /// Whether the read stopped at `max` positions with more after.
+    /// Whether the read stopped at `max` positions (or at
+    /// [`PAGE_BYTES`]) with more after.
     pub more: bool,
+    /// The bytes of the records read, as stored (or, for events held in
+    /// memory, as JSON).
+    pub bytes: usize,
 }
 
 /// Which events a reader wants: `None` is any.
@@ -178,10 +182,11 @@ impl Recent {
         let skip = (first - self.from) as usize;
         let taken: Vec<&Option<Arc<Ready>>> = self.entries.iter().skip(skip).take(max).collect();
         let next = after + taken.len() as u64;
+        let bytes = taken.iter().copied().map(json_len).sum();
         let events = taken.into_iter().flatten().cloned().collect();
         // At the end of what is held, the stream waits for a wake-up (or
         // its poll) before it reads the store.
-        Some(Batch { events, next, gap: false, more: next + 1 < self.end() })
+        Some(Batch { events, next, gap: false, more: next + 1 < self.end(), bytes })
     }
 
     /// Positions `after + 1 ..` as read from the store.
@@ -419,10 +424,12 @@ impl Log {
             let scan = crate::store::scans::EVENTS_BY_SEQ
                 .scan(Vec::new())
                 .from(Bound::Excluded(position(batch.next)))
-                .limit(want);
-            let records = self.store.scan(EVENTS, scan).await?;
-            let full = records.len() == want;
-            for rec in records {
+                .limit(want)
+                .within(PAGE_BYTES.saturating_sub(batch.bytes).max(1));
+            let found = self.store.scan_found(EVENTS, scan).await?;
+            let full = found.records.len() == want;
+            batch.bytes += found.bytes;
+            for rec in found.records {
                 let logged = Logged::from_record(rec)?;
                 if logged.seq != batch.next + 1 {
                     if self.close_gap(batch.next + 1, &logged).await? {
@@ -442,6 +449,11 @@ impl Log {
                     }
                     _ => positions.push(None),
                 }
+            }
+            if found.cut {
+                // The batch holds its bytes: the next read goes on.
+                batch.more = true;
+                break;
             }
             if !full {
                 break;

@@ -33,6 +33,7 @@ use crate::document::rules::Invalid;
 use crate::events::set::SetFilter;
 use crate::events::{Event, EventType, Filter, Log, READ_BATCH, ReadError, Ready};
 use crate::keys::Scope;
+use crate::store::PAGE_BYTES;
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(events))
@@ -175,7 +176,8 @@ problems!(
 /// a comment line every 15 s.
 ///
 /// With `Accept: application/json`: one page, `{"items", "next"}`; pass
-/// `next` as `after` for the following page.
+/// `next` as `after` for the following page. A page stops short of
+/// `limit` once the events it read hold 4 MiB as stored.
 ///
 /// With `filter` (and one collection in `collections`): only the changes
 /// that add a document to the filtered set, change one in it, or take
@@ -312,8 +314,10 @@ async fn page(
     let mut items = Vec::new();
     let mut next = after;
     let mut scanned = 0;
+    let mut bytes = 0;
     loop {
         let batch = log.read_fresh(next, READ_BATCH).await?;
+        bytes += batch.bytes;
         let mut read_to = batch.next;
         for ready in batch.events {
             if !filter.wants(&ready.event) {
@@ -335,7 +339,7 @@ async fn page(
         }
         scanned += READ_BATCH;
         next = read_to;
-        if items.len() == limit || !batch.more || scanned >= PAGE_SCAN {
+        if items.len() == limit || !batch.more || scanned >= PAGE_SCAN || bytes >= PAGE_BYTES {
             return Ok(EventPage { items, next });
         }
     }

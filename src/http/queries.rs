@@ -88,7 +88,8 @@ pub(crate) struct QueryIn {
 #[derive(Serialize, ToSchema)]
 pub(crate) struct QueryPageOut {
     pub items: Vec<DocumentOut>,
-    /// Cursor for `after=`; `null` on the last page.
+    /// Cursor for `after=`; `null` on the last page. A page stops short
+    /// of `limit` (with a cursor) once its documents hold 4 MiB as stored.
     #[schema(value_type = Option<Cursor>, required = true)]
     pub next: Option<String>,
     /// The change-event position the page was read at.

@@ -85,7 +85,7 @@ mod tests {
         async fn sync(&self) -> StoreResult<()> {
             std::future::pending().await
         }
-        async fn scan(&self, _: &str, _: Scan) -> StoreResult<Vec<Record>> {
+        async fn scan_found(&self, _: &str, _: Scan) -> StoreResult<crate::store::Found> {
             std::future::pending().await
         }
         async fn get_many(&self, _: &str, _: &[String]) -> StoreResult<Vec<Record>> {
@@ -103,7 +103,7 @@ mod tests {
         async fn ensure_index(&self, _: &str, _: IndexSpec) -> StoreResult<()> {
             std::future::pending().await
         }
-        async fn query(&self, _: &str, _: &IndexQuery) -> StoreResult<Vec<Record>> {
+        async fn query(&self, _: &str, _: &IndexQuery) -> StoreResult<crate::store::Found> {
             std::future::pending().await
         }
         async fn count(&self, _: &str, _: &IndexQuery) -> StoreResult<u64> {

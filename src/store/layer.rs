@@ -304,8 +304,8 @@ impl<L: Layer> Store for Layered<L> {
         self.inner.unreadable()
     }
 
-    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
-        self.layer.around(self.inner.as_ref(), &Op::read("scan", coll), self.inner.scan(coll, scan)).await
+    async fn scan_found(&self, coll: &str, scan: Scan) -> StoreResult<super::Found> {
+        self.layer.around(self.inner.as_ref(), &Op::read("scan", coll), self.inner.scan_found(coll, scan)).await
     }
 
     async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
@@ -330,7 +330,7 @@ impl<L: Layer> Store for Layered<L> {
         self.layer.around(self.inner.as_ref(), &Op::read("indexes", coll), self.inner.indexes(coll)).await
     }
 
-    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
+    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<super::Found> {
         self.layer.around(self.inner.as_ref(), &Op::read("query", coll), self.inner.query(coll, query)).await
     }
 

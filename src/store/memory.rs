@@ -9,7 +9,9 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::filter::{apply_update, comes_after, compare_by, lookup, matches, sort_order};
-use super::{Document, Durability, IndexQuery, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Write};
+use super::{
+    Document, Durability, Found, IndexQuery, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Write,
+};
 
 #[derive(Default)]
 pub struct MemoryStore {
@@ -138,21 +140,20 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
+    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Found> {
         let mut out = self.matching(coll, &query.filter)?;
         out.sort_by(|a, b| compare_by(&query.sort, a, b));
         if let Some(after) = &query.after {
             out.retain(|r| comes_after(&query.sort, r, after));
         }
-        out.truncate(query.limit);
-        Ok(out)
+        taken(out, query.limit, query.budget)
     }
 
     async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {
         Ok(self.matching(coll, &query.filter)?.len() as u64)
     }
 
-    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+    async fn scan_found(&self, coll: &str, scan: Scan) -> StoreResult<Found> {
         let (filter, _) = scan.to_query();
         let mut out = self.with(|records| {
             let mut out = Vec::new();
@@ -173,8 +174,7 @@ impl Store for MemoryStore {
             if scan.order() == Order::Desc { ord.reverse() } else { ord }
         });
         out.drain(..scan.skipped().min(out.len()));
-        out.truncate(scan.max());
-        Ok(out)
+        taken(out, scan.max(), scan.budget())
     }
 
     async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
@@ -206,4 +206,20 @@ impl Store for MemoryStore {
     async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
         Ok(self.indexes.lock().expect("memory store indexes").get(coll).cloned().unwrap_or_default())
     }
+}
+
+/// The first of `records` up to `limit` of them and `budget` bytes (as
+/// encoded), as a store finds them.
+fn taken(records: Vec<Record>, limit: usize, budget: usize) -> StoreResult<Found> {
+    let mut found = Found::default();
+    for record in records {
+        if limit == 0 {
+            break;
+        }
+        let size = mongodb::bson::to_vec(&record).map_err(|e| StoreError::Internal(e.to_string()))?.len();
+        if !found.take(record, size, limit, budget) {
+            break;
+        }
+    }
+    Ok(found)
 }

@@ -71,6 +71,8 @@ pub struct Scan {
     limit: usize,
     /// The top-level fields the caller reads (empty: all of them).
     fields: &'static [&'static str],
+    /// Bytes of records (as stored) after which the scan stops.
+    budget: usize,
 }
 
 pub use std::ops::Bound;
@@ -88,6 +90,7 @@ impl Scan {
             skip: 0,
             limit: usize::MAX,
             fields: &[],
+            budget: usize::MAX,
         }
     }
 
@@ -139,6 +142,20 @@ impl Scan {
     pub fn limit(mut self, limit: usize) -> Self {
         self.limit = limit;
         self
+    }
+
+    /// Stop, short of the limit, at the record that brings the records
+    /// read to `bytes` as stored (so at least one is read): see
+    /// [`Store::scan_found`].
+    #[must_use]
+    pub fn within(mut self, bytes: usize) -> Self {
+        self.budget = bytes;
+        self
+    }
+
+    /// The bytes set with [`Self::within`] (`usize::MAX`: no bound).
+    pub fn budget(&self) -> usize {
+        self.budget
     }
 
     /// Pass over the first `n` records the scan finds (in its order)
@@ -226,9 +243,41 @@ impl IndexQuery {
             reverse: false,
             after: None,
             limit: 0,
+            budget: usize::MAX,
             filter: doc! {"_meta.deleted": false},
             sort: Vec::new(),
         }
+    }
+}
+
+/// Bytes of records (as stored) after which a page of documents or of
+/// events, or a batch of events, stops short of its count, with a cursor
+/// to the rest: the record that reaches it is its last, so a page holds
+/// at least one whatever its size.
+pub(crate) const PAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// What a [`Store::query`] or [`Store::scan_found`] found.
+#[derive(Debug, Default)]
+pub struct Found {
+    pub records: Vec<Record>,
+    /// Their size as stored, in bytes.
+    pub bytes: usize,
+    /// The budget ([`IndexQuery::budget`]) stopped the read before
+    /// `limit` records: more may follow the last.
+    pub cut: bool,
+}
+
+impl Found {
+    /// Take `record`, of `size` bytes as stored, as the read's next; whether
+    /// the read goes on (neither `limit` nor `budget` reached).
+    pub(crate) fn take(&mut self, record: Record, size: usize, limit: usize, budget: usize) -> bool {
+        self.records.push(record);
+        self.bytes = self.bytes.saturating_add(size);
+        if self.records.len() >= limit {
+            return false;
+        }
+        self.cut = self.bytes >= budget;
+        !self.cut
     }
 }
 
@@ -315,6 +364,10 @@ pub struct IndexQuery {
     /// being `_id`) have these values.
     pub after: Option<Vec<Bson>>,
     pub limit: usize,
+    /// Bytes of records (as stored) after which the read stops, short of
+    /// `limit`: the record that reaches it is the last returned, so at
+    /// least one is (`usize::MAX`: no bound).
+    pub budget: usize,
     /// The same records as a MongoDB filter.
     pub filter: Document,
     /// The fields after `eq` (the last being `_id`), each with the
@@ -553,11 +606,17 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Up to `scan.limit` records matching the filter, in the scan's order.
-    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>>;
+    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+        Ok(self.scan_found(coll, scan).await?.records)
+    }
+
+    /// [`Store::scan`], and their size as stored, and whether the scan's
+    /// byte budget ([`Scan::within`]) stopped it before its limit.
+    async fn scan_found(&self, coll: &str, scan: Scan) -> StoreResult<Found>;
 
     /// Up to `query.limit` records along a declared index, in its order
-    /// (see [`IndexQuery`]).
-    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>>;
+    /// (see [`IndexQuery`]), fewer when they reach `query.budget` bytes.
+    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Found>;
 
     /// How many records `query` finds (its `after` and `limit` aside),
     /// counted from index entries.

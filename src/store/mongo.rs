@@ -23,7 +23,8 @@ use mongodb::options::{ClientOptions, IndexOptions, ReadConcern, WriteConcern};
 use mongodb::{Client, Collection, Database, IndexModel};
 
 use super::{
-    Bson, Document, Durability, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update, Write, doc,
+    Bson, Document, Durability, Found, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update,
+    Write, doc,
 };
 
 const DUPLICATE_KEY: i32 = 11000;
@@ -287,6 +288,32 @@ impl MongoStore {
 
     /// The records of a read of many: one that cannot be decoded is
     /// skipped and reported (see [`super::report_unreadable`]).
+    /// The records of `cursor` up to `limit` of them and `budget` bytes
+    /// (see [`Found::take`]); one that cannot be decoded is skipped and
+    /// reported.
+    async fn found(
+        &self,
+        coll: &str,
+        mut cursor: mongodb::Cursor<RawDocumentBuf>,
+        limit: usize,
+        budget: usize,
+    ) -> StoreResult<Found> {
+        let mut found = Found::default();
+        while cursor.advance().await.map_err(map_err)? {
+            let raw = cursor.current();
+            match self.decode(coll, raw) {
+                // Dropping the cursor kills it on the server.
+                Ok(record) => {
+                    if !found.take(record, raw.as_bytes().len(), limit, budget) {
+                        break;
+                    }
+                }
+                Err(err) => super::report_unreadable(&err),
+            }
+        }
+        Ok(found)
+    }
+
     async fn decode_all(&self, coll: &str, mut cursor: mongodb::Cursor<RawDocumentBuf>) -> StoreResult<Vec<Record>> {
         let mut out = Vec::new();
         while cursor.advance().await.map_err(map_err)? {
@@ -446,10 +473,13 @@ impl Store for MongoStore {
         self.unreadable.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+    async fn scan_found(&self, coll: &str, scan: Scan) -> StoreResult<Found> {
         let (filter, sort) = scan.to_query();
         let limit = i64::try_from(scan.max()).unwrap_or(i64::MAX);
         let skip = u64::try_from(scan.skipped()).unwrap_or(u64::MAX);
+        if limit == 0 {
+            return Ok(Found::default());
+        }
         let raw = self.raw(coll);
         let mut find = raw.find(filter).sort(sort).skip(skip).limit(limit);
         if !scan.wanted().is_empty() {
@@ -457,7 +487,7 @@ impl Store for MongoStore {
                 find.projection(scan.wanted().iter().map(|f| ((*f).to_owned(), Bson::Int32(1))).collect::<Document>());
         }
         let cursor = find.await.map_err(map_err)?;
-        self.decode_all(coll, cursor).await
+        self.found(coll, cursor, scan.max(), scan.budget()).await
     }
 
     async fn collections(&self) -> StoreResult<Vec<String>> {
@@ -466,7 +496,10 @@ impl Store for MongoStore {
         Ok(names)
     }
 
-    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
+    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Found> {
+        if query.limit == 0 {
+            return Ok(Found::default());
+        }
         let mut filter = query.filter.clone();
         if let Some(after) = &query.after {
             filter = doc! {"$and": [filter, after_condition(&query.sort, after)]};
@@ -481,7 +514,7 @@ impl Store for MongoStore {
             .limit(limit)
             .await
             .map_err(|err| hinted(err, &query.index))?;
-        self.decode_all(coll, cursor).await
+        self.found(coll, cursor, query.limit, query.budget).await
     }
 
     async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {

@@ -6,7 +6,7 @@
 //! migrations create, so no scan reads a collection without an index: its
 //! cost is the records it returns, not the records stored.
 
-use super::{Bson, Scan};
+use super::{Bson, IndexQuery, Scan, doc};
 
 /// A declared scan: on `coll`, along index `index`, with equality on the
 /// index's first fields (`eq`) and order by the field after them (`by`).
@@ -28,6 +28,24 @@ impl ScanDecl {
     /// This scan, with the values of its equality fields (in order).
     pub fn scan(&'static self, eq: Vec<Bson>) -> Scan {
         Scan::new(self, eq)
+    }
+
+    /// This scan as an [`IndexQuery`] (for a read bounded by bytes as well
+    /// as by count): of a declaration with one equality field, ordered by
+    /// id, the records after id `after`.
+    pub fn query(&'static self, eq: Bson, after: Option<&str>, limit: usize, budget: usize) -> IndexQuery {
+        assert!(self.eq.len() == 1 && self.by == PRIMARY, "scan {} is not one value's records by id", self.index);
+        IndexQuery {
+            index: self.index.to_owned(),
+            eq: vec![eq.clone()],
+            slot: None,
+            reverse: false,
+            after: after.map(|id| vec![Bson::String(id.to_owned())]),
+            limit,
+            budget,
+            filter: doc! { self.eq[0]: eq },
+            sort: vec![(PRIMARY.to_owned(), 1)],
+        }
     }
 }
 

@@ -23,6 +23,7 @@ crate::on_both_backends!(
     shutdown_with_open_streams_is_prompt,
     tombstones_go_after_their_retention,
     a_stream_names_where_it_starts_so_a_client_resumes_before_any_event,
+    pages_and_streams_of_large_events_are_read_in_bounded_batches,
 );
 
 async fn create(app: &TestApp, coll: &str, id: &str, body: Value) -> Value {
@@ -504,4 +505,36 @@ mod single_write {
         }
         app.stop().await;
     }
+}
+
+/// Events of large documents: a page stops once it holds 4 MiB of events
+/// as stored (the one that reaches it is its last), with `next` going on;
+/// a stream reads the same in batches so bounded, and misses none.
+async fn pages_and_streams_of_large_events_are_read_in_bounded_batches(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    // 12 events of 900 KB of data each: 4 MiB is reached by a page's fifth.
+    let pad = "x".repeat(900_000);
+    for i in 0..12 {
+        create(&app, "big", &format!("b{i:02}"), json!({"n": i, "pad": pad})).await;
+    }
+    app.settled().await;
+    let want: Vec<String> = (0..12).map(|i| format!("b{i:02}")).collect();
+    let (mut seen, mut sizes, mut after) = (Vec::new(), Vec::new(), 0);
+    loop {
+        let page = events_page(&app, &format!("after={after}&limit=100&collections=big")).await;
+        let items = page["items"].as_array().unwrap();
+        if items.is_empty() {
+            break;
+        }
+        sizes.push(items.len());
+        seen.extend(items.iter().map(|e| e["document"].as_str().unwrap().to_owned()));
+        after = page["next"].as_u64().unwrap();
+        assert!(sizes.len() < 10, "pages never end: {sizes:?}");
+    }
+    assert_eq!(seen, want);
+    assert_eq!(&sizes[..2], &[5, 5], "pages {sizes:?}");
+    let mut stream = SseStream::open(&app, "/v1/events?after=0&collections=big", None).await;
+    let streamed = stream.take(12, Duration::from_secs(30)).await;
+    let ids: Vec<&str> = streamed.iter().map(|e| e.data["document"].as_str().unwrap()).collect();
+    assert_eq!(ids, want.iter().map(String::as_str).collect::<Vec<_>>());
 }

@@ -29,6 +29,7 @@ crate::on_both_backends!(
     counts_come_from_index_entries,
     a_transactions_writes_are_queried_once_it_answers,
     another_instances_transaction_is_queried_once_it_answers,
+    pages_of_large_documents_stop_at_their_bytes,
 );
 
 pub(crate) const WAIT: Duration = Duration::from_secs(30);
@@ -644,4 +645,48 @@ async fn another_instances_transaction_is_queried_once_it_answers(backend: Backe
         writer.settled().await;
     }
     slow.store(false, AtomicOrdering::SeqCst);
+}
+
+/// A page stops once its documents hold 4 MiB as stored (the one that
+/// reaches it is its last), with a cursor to the rest, whatever its
+/// `limit`: in id order and along an index, each document exactly once.
+async fn pages_of_large_documents_stop_at_their_bytes(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    // 12 documents of 900 KB: 4 MiB is reached by a page's fifth.
+    let pad = "x".repeat(900_000);
+    for i in 0..12 {
+        create(&app, "big", &format!("b{i:02}"), &json!({"status": "open", "n": i, "pad": pad})).await;
+    }
+    ready_index(&app, "big", "s_n", &["status", "n"]).await;
+    let want: Vec<String> = (0..12).map(|i| format!("b{i:02}")).collect();
+    // In id order (GET) and along the index (POST /query), limit 100.
+    for along_index in [false, true] {
+        let (mut seen, mut sizes, mut after) = (Vec::new(), Vec::new(), None::<String>);
+        loop {
+            let page = if along_index {
+                let mut body = json!({"filter": {"status": "open"}, "sort": ["n"], "limit": 100, "fields": ["n"]});
+                if let Some(a) = &after {
+                    body["after"] = json!(a);
+                }
+                expect(query(&app, "big", &body).await, 200).await
+            } else {
+                let mut params = vec![("limit", "100".to_owned()), ("fields", "n".to_owned())];
+                if let Some(a) = &after {
+                    params.push(("after", a.clone()));
+                }
+                let resp = app.request(Method::GET, &docs_path("big")).query(&params).send().await.unwrap();
+                expect(resp, 200).await
+            };
+            let items = page["items"].as_array().unwrap();
+            sizes.push(items.len());
+            seen.extend(items.iter().map(|d| d["id"].as_str().unwrap().to_owned()));
+            match page["next"].as_str() {
+                Some(next) => after = Some(next.to_owned()),
+                None => break,
+            }
+            assert!(sizes.len() < 10, "pages never end: {sizes:?}");
+        }
+        assert_eq!(seen, want, "along the index: {along_index}");
+        assert_eq!(&sizes[..2], &[5, 5], "along the index: {along_index}: pages {sizes:?}");
+    }
 }

@@ -61,6 +61,7 @@ on_every_store!(
     writes_all_or_nothing_land_whole_or_not_at_all,
     a_snapshot_reads_one_point_and_writes_nothing,
     a_scan_of_some_fields_reads_those,
+    a_query_stops_at_its_byte_budget,
 );
 
 /// Where a store applies writes all or nothing, a chain of them lands
@@ -390,6 +391,57 @@ async fn a_scan_of_some_fields_reads_those(backend: Backend) {
     }
     let all = s.scan("c", DOCS_LIVE.scan(vec![Bson::Boolean(false)]).limit(1)).await.unwrap();
     assert_eq!(all[0].get_array("big").unwrap().len(), 1000);
+}
+
+/// A query (or a scan) with a byte budget returns the records up to the
+/// one that reaches it (at least one), says it was cut short, and resumes after
+/// its last; the limit, reached first, is not a cut.
+async fn a_query_stops_at_its_byte_budget(backend: Backend) {
+    let Some(ts) = store(backend).await else { return };
+    let s = &ts.store;
+    for i in 0..10 {
+        let record = doc! {"_id": format!("d{i}"), "s": "x".repeat(1000), "_meta": {"deleted": false}};
+        s.insert("c", record).await.unwrap();
+    }
+    let one = doc! {"_id": "d0", "s": "x".repeat(1000), "_meta": {"deleted": false}};
+    let mut bytes = Vec::new();
+    one.to_writer(&mut bytes).unwrap();
+    let size = |n: usize| n * bytes.len();
+    let live = |after: Option<&str>, limit, budget| DOCS_LIVE.query(Bson::Boolean(false), after, limit, budget);
+    let all = s.query("c", &live(None, 10, usize::MAX)).await.unwrap();
+    assert_eq!((all.records.len(), all.bytes, all.cut), (10, size(10), false));
+    // 2,500 bytes: the third record reaches them.
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    let mut reads = 0;
+    loop {
+        let found = s.query("c", &live(after.as_deref(), 10, 2500)).await.unwrap();
+        reads += 1;
+        assert!(!found.records.is_empty() || !found.cut, "{backend:?}: a cut read returned nothing");
+        assert_eq!(found.bytes, size(found.records.len()));
+        seen.extend(found.records.iter().map(|r| r.get_str("_id").unwrap().to_owned()));
+        after = seen.last().cloned();
+        if !found.cut {
+            break;
+        }
+        assert_eq!(found.records.len(), 3, "{backend:?}");
+    }
+    assert_eq!(seen, (0..10).map(|i| format!("d{i}")).collect::<Vec<_>>());
+    assert_eq!(reads, 4);
+    // The limit reached with the budget: not a cut.
+    let three = s.query("c", &live(None, 3, size(3))).await.unwrap();
+    assert_eq!((three.records.len(), three.cut), (3, false));
+    // A budget smaller than one record: that record.
+    let one = s.query("c", &live(Some("d4"), 10, 1)).await.unwrap();
+    assert_eq!((one.records.len(), one.cut), (1, true));
+    assert_eq!(one.records[0].get_str("_id").unwrap(), "d5");
+    // A scan stops the same way.
+    let scan = |budget| DOCS_LIVE.scan(vec![Bson::Boolean(false)]).after(Some("d1")).limit(5).within(budget);
+    let cut = s.scan_found("c", scan(2500)).await.unwrap();
+    assert_eq!((cut.records.len(), cut.bytes, cut.cut), (3, size(3), true), "{backend:?}");
+    assert_eq!(cut.records[0].get_str("_id").unwrap(), "d2");
+    let whole = s.scan_found("c", scan(usize::MAX)).await.unwrap();
+    assert_eq!((whole.records.len(), whole.cut), (5, false));
 }
 
 async fn int64_values_keep_type_and_precision(backend: Backend) {

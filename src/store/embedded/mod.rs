@@ -300,11 +300,11 @@ impl Store for EmbeddedStore {
         self.reader.get_many(coll, ids).await
     }
 
-    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+    async fn scan_found(&self, coll: &str, scan: Scan) -> StoreResult<super::Found> {
         self.reader.scan(coll, scan).await
     }
 
-    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
+    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<super::Found> {
         self.reader.query(coll, query).await
     }
 

@@ -16,7 +16,9 @@ use super::scan::{
     Reads, after_collection, entries_in, entry_range, excludes_null, in_order, query_ranges, scan_primary,
 };
 use super::{Catalog, ENTRIES, RECORDS, SMALL_READ, internal};
-use crate::store::{IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
+use crate::store::{
+    Found, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write, report_unreadable,
+};
 
 /// What every read of the store needs.
 #[derive(Clone)]
@@ -137,7 +139,7 @@ impl Reader {
         })
     }
 
-    pub(super) async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+    pub(super) async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Found> {
         let coll = coll.to_owned();
         // The catalog is read before the snapshot: an index it names was
         // committed before the snapshot begins.
@@ -152,7 +154,7 @@ impl Reader {
                 let end = after_collection(&coll);
                 let mut any = records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)?;
                 return match any.next() {
-                    None => Ok(Vec::new()),
+                    None => Ok(Found::default()),
                     Some(_) => Err(StoreError::Internal(format!("{coll} has no index {}", scan.index()))),
                 };
             };
@@ -177,21 +179,20 @@ impl Reader {
             let (lower, upper) = scan.bounds();
             let (start, end) = entry_range(&prefix, lower, upper);
             if start >= end {
-                return Ok(Vec::new());
+                return Ok(Found::default());
             }
             let name = entries_name(&coll, &spec.name);
             let entries = txn.open_table(ENTRIES).map_err(internal)?;
             let range =
                 entries.range((name.as_str(), start.as_slice())..(name.as_str(), end.as_slice())).map_err(internal)?;
-            let mut out = Vec::new();
+            let mut found = Found::default();
             in_order(range, &scan, |(_, id)| {
                 let value = records.get((coll.as_str(), id.value())).map_err(internal)?.ok_or_else(|| {
                     StoreError::Internal(format!("index {name:?} names a missing record {}", id.value()))
                 })?;
-                reads.scanned_fields(&coll, id.value(), value.value(), scan.wanted(), &mut out);
-                Ok(())
+                Ok(reads.scanned_into(&coll, id.value(), value.value(), &scan, &mut found))
             })?;
-            Ok(out)
+            Ok(found)
         })
         .await
     }
@@ -214,28 +215,34 @@ impl Reader {
         .await
     }
 
-    pub(super) async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
-        let Some(spec) = self.queried_spec(coll, &query.index).await? else { return Ok(Vec::new()) };
+    pub(super) async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Found> {
+        let Some(spec) = self.queried_spec(coll, &query.index).await? else { return Ok(Found::default()) };
         let ranges = query_ranges(&spec, query)?;
-        let (coll, limit, reverse) = (coll.to_owned(), query.limit, query.reverse);
+        let (coll, limit, budget, reverse) = (coll.to_owned(), query.limit, query.budget, query.reverse);
         self.read_sized(limit, move |txn, reads| {
             let records = txn.open_table(RECORDS).map_err(internal)?;
             let entries = txn.open_table(ENTRIES).map_err(internal)?;
             let name = entries_name(&coll, &spec.name);
-            let mut out = Vec::new();
+            let mut found = Found::default();
             if limit == 0 {
-                return Ok(out);
+                return Ok(found);
             }
             entries_in(&entries, &name, &ranges, reverse, |id| {
                 let value = records
                     .get((coll.as_str(), id))
                     .map_err(internal)?
                     .ok_or_else(|| StoreError::Internal(format!("index {name:?} names a missing record {id}")))?;
-                reads.scanned(&coll, id, value.value(), &mut out);
                 reads.queried.fetch_add(1, Ordering::Relaxed);
-                Ok(out.len() < limit)
+                let bytes = value.value();
+                match reads.get(&coll, id, bytes) {
+                    Ok(record) => Ok(found.take(record, bytes.len(), limit, budget)),
+                    Err(err) => {
+                        report_unreadable(&err);
+                        Ok(true)
+                    }
+                }
             })?;
-            Ok(out)
+            Ok(found)
         })
         .await
     }
@@ -303,11 +310,11 @@ impl Store for Pinned {
         Ok(())
     }
 
-    async fn scan(&self, coll: &str, scan: Scan) -> StoreResult<Vec<Record>> {
+    async fn scan_found(&self, coll: &str, scan: Scan) -> StoreResult<Found> {
         self.0.scan(coll, scan).await
     }
 
-    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
+    async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Found> {
         self.0.query(coll, query).await
     }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{internal, keys};
 use crate::store::{
-    Bson, Edge, IndexQuery, IndexSpec, Interval, Order, Record, Scan, StoreError, StoreResult, convert,
+    Bson, Edge, Found, IndexQuery, IndexSpec, Interval, Order, Record, Scan, StoreError, StoreResult, convert,
     report_unreadable,
 };
 
@@ -39,17 +39,19 @@ impl Reads {
         }
     }
 
-    /// [`Self::scanned`] of the top-level `fields` only (all when empty).
-    pub(super) fn scanned_fields(&self, coll: &str, id: &str, bytes: &[u8], fields: &[&str], out: &mut Vec<Record>) {
-        if fields.is_empty() {
-            return self.scanned(coll, id, bytes, out);
-        }
+    /// [`Self::scanned`] of the top-level `fields` only (all when empty),
+    /// taken into `found` as the next record of `scan`: whether the scan
+    /// goes on (see [`Found::take`]).
+    pub(super) fn scanned_into(&self, coll: &str, id: &str, bytes: &[u8], scan: &Scan, found: &mut Found) -> bool {
+        let fields = scan.wanted();
         self.decoded.fetch_add(1, Ordering::Relaxed);
-        match convert::decode_fields(bytes, fields) {
-            Ok(record) => out.push(record),
+        let decoded = if fields.is_empty() { convert::decode(bytes) } else { convert::decode_fields(bytes, fields) };
+        match decoded {
+            Ok(record) => found.take(record, bytes.len(), scan.max(), scan.budget()),
             Err(e) => {
                 self.unreadable.fetch_add(1, Ordering::Relaxed);
                 report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}")));
+                true
             }
         }
     }
@@ -122,7 +124,7 @@ pub(super) fn excludes_null(scan: &Scan) -> bool {
 pub(super) fn in_order<T>(
     range: impl DoubleEndedIterator<Item = Result<T, redb::StorageError>>,
     scan: &Scan,
-    mut f: impl FnMut(T) -> StoreResult<()>,
+    mut f: impl FnMut(T) -> StoreResult<bool>,
 ) -> StoreResult<()> {
     let mut entries: Box<dyn Iterator<Item = _>> =
         if scan.order() == Order::Desc { Box::new(range.rev()) } else { Box::new(range) };
@@ -133,7 +135,9 @@ pub(super) fn in_order<T>(
         }
     }
     for entry in entries.take(scan.max()) {
-        f(entry.map_err(internal)?)?;
+        if !f(entry.map_err(internal)?)? {
+            break;
+        }
     }
     Ok(())
 }
@@ -144,7 +148,7 @@ pub(super) fn scan_primary(
     coll: &str,
     scan: &Scan,
     reads: &Reads,
-) -> StoreResult<Vec<Record>> {
+) -> StoreResult<Found> {
     let (lower, upper) = scan.bounds();
     let end = after_collection(coll);
     let lo = id_bound(lower, true);
@@ -160,12 +164,9 @@ pub(super) fn scan_primary(
         Bound::Unbounded => Bound::Excluded((end.as_str(), "")),
     };
     let range = table.range::<(&str, &str)>((start, stop)).map_err(internal)?;
-    let mut out = Vec::new();
-    in_order(range, scan, |(key, value)| {
-        reads.scanned_fields(coll, key.value().1, value.value(), scan.wanted(), &mut out);
-        Ok(())
-    })?;
-    Ok(out)
+    let mut found = Found::default();
+    in_order(range, scan, |(key, value)| Ok(reads.scanned_into(coll, key.value().1, value.value(), scan, &mut found)))?;
+    Ok(found)
 }
 
 /// The byte ranges (start included, end excluded, in byte order) of the
