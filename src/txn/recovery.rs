@@ -33,6 +33,12 @@ use super::record::{AbortReason, Status, TXNS, TxnRecord};
 /// the sweep need not cost a scan of every collection on every pass.
 const OUTBOX_SWEEP_EVERY: Duration = Duration::from_secs(5);
 
+/// How old an outbox's change must be before the sweep moves it: a younger
+/// one is on its way to the log through its writer's queue, which appends
+/// that instance's events in the order it answered their writes; the sweep
+/// appending it meanwhile could log it after a later write's.
+const OUTBOX_AGE: Duration = Duration::from_secs(5);
+
 /// Records read per scan; the lock sweep repeats until it has seen every
 /// lock, the other categories take one batch per pass.
 const BATCH: usize = crate::store::BATCH;
@@ -164,8 +170,10 @@ impl Recovery {
 
     /// Move to the event log every outbox a single-document write left
     /// behind (it stopped between its compare-and-set and the log), along
-    /// each user collection's index of documents with an outbox.
+    /// each user collection's index of documents with an outbox; one whose
+    /// change is younger than [`OUTBOX_AGE`] is left to its writer.
     async fn sweep_outboxes(&self, pass: &mut Pass) -> StoreResult<usize> {
+        let young = before(self.now(), OUTBOX_AGE);
         let mut moved = 0;
         for coll in self.store.collections().await? {
             if coll.starts_with('_') {
@@ -180,14 +188,20 @@ impl Recovery {
                     let id = crate::store::record_id(&rec).unwrap_or("?").to_owned();
                     let outcome = async {
                         let doc = StoredDoc::from_record(rec)?;
-                        if let Some(eid) = doc.meta.outbox.as_ref().and_then(|o| o.get_str("_id").ok()) {
+                        let Some(outbox) = &doc.meta.outbox else { return Ok(false) };
+                        if let Ok(eid) = outbox.get_str("_id") {
                             from = Bound::Excluded(Bson::String(eid.to_owned()));
                         }
-                        crate::events::publish_outbox(self.store.as_ref(), &coll, &doc, self.now()).await
+                        if outbox.get_datetime("at").is_ok_and(|at| *at > young) {
+                            return Ok(false);
+                        }
+                        crate::events::publish_outbox(self.store.as_ref(), &coll, &doc, self.now()).await?;
+                        Ok(true)
                     }
                     .await;
                     match outcome {
-                        Ok(()) => {
+                        Ok(false) => {}
+                        Ok(true) => {
                             moved += 1;
                             self.metrics.recovery_action("outbox_published");
                         }
@@ -392,6 +406,31 @@ mod tests {
     async fn doc_state(store: &dyn Store) -> (Option<String>, i64, i64) {
         let d = StoredDoc::from_record(store.get("c", "d").await.unwrap().unwrap()).unwrap();
         (d.meta.txn, d.meta.v, d.data.get_i64("n").unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sweep_leaves_a_young_outbox_to_its_writer() {
+        let store: DynStore = Arc::new(MemoryStore::default());
+        crate::migrate::run(store.as_ref()).await.unwrap();
+        let engine = engine(Arc::clone(&store));
+        let now = engine.config().clock.now();
+        let mut d = StoredDoc::new_live("d".into(), doc! {"n": 1_i64}, 1, 1, now);
+        let event = crate::events::model::document_event(crate::events::EventType::Created, "c", &d, None, None, now);
+        d.meta.outbox = Some(event);
+        assert!(store.insert("c", d.to_record()).await.unwrap());
+        let outbox =
+            || async { StoredDoc::from_record(store.get("c", "d").await.unwrap().unwrap()).unwrap().meta.outbox };
+        let logged = || async {
+            store.scan(crate::events::EVENTS, crate::store::scans::EVENTS_BY_SEQ.scan(Vec::new())).await.unwrap().len()
+        };
+        tokio::time::advance(OUTBOX_AGE - Duration::from_millis(1)).await;
+        assert_eq!(engine.recovery().recover(true).await.unwrap().outboxes, 0);
+        assert!(outbox().await.is_some(), "a young outbox is its writer's");
+        assert_eq!(logged().await, 0);
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert_eq!(engine.recovery().recover(true).await.unwrap().outboxes, 1);
+        assert!(outbox().await.is_none(), "an old one is swept");
+        assert_eq!(logged().await, 1);
     }
 
     #[tokio::test(start_paused = true)]
