@@ -21,6 +21,9 @@ use crate::events::model::{Event, EventType, document_event_id};
 
 /// At most this many changes are listed, the latest ones.
 pub(crate) const MAX_CHANGES: usize = 50;
+/// Events an explanation reads at once (each holds the document's data
+/// after its change, up to its size limit).
+const EVENTS_READ: i64 = 8;
 
 /// One change after the version a client expected.
 #[derive(Clone, Debug, PartialEq)]
@@ -154,30 +157,41 @@ impl Conflicts {
         }
         let first = (expected + 1).max(actual - MAX_CHANGES as i64 + 1);
         let mut truncated = first > expected + 1;
-        let events = self.events(coll, id, first - 1..=actual).await?;
         let mut changes = Vec::new();
         let mut bytes = 0usize;
         let empty = Map::new();
-        for v in first..=actual {
-            let Some(event) = events.get(&v) else {
-                truncated = true;
-                continue;
-            };
-            let before = if v == 1 { Some(&empty) } else { events.get(&(v - 1)).map(|e| data_of(e, &empty)) };
-            let paths = before.map(|before| diff(before, data_of(event, &empty)));
-            bytes += paths.as_ref().map_or(0, Paths::bytes);
-            if bytes > max_bytes {
-                truncated = true;
-                break;
+        // The events are read a few at a time (each may hold a document of
+        // megabytes), keeping the one before the next to compare with.
+        let mut before: Option<Event> =
+            if first > 1 { self.events(coll, id, first - 1..=first - 1).await?.remove(&(first - 1)) } else { None };
+        let mut from = first;
+        'read: while from <= actual {
+            let upto = (from + EVENTS_READ - 1).min(actual);
+            let mut events = self.events(coll, id, from..=upto).await?;
+            for v in from..=upto {
+                let Some(event) = events.remove(&v) else {
+                    truncated = true;
+                    before = None;
+                    continue;
+                };
+                let was = if v == 1 { Some(&empty) } else { before.as_ref().map(|e| data_of(e, &empty)) };
+                let paths = was.map(|was| diff(was, data_of(&event, &empty)));
+                bytes += paths.as_ref().map_or(0, Paths::bytes);
+                if bytes > max_bytes {
+                    truncated = true;
+                    break 'read;
+                }
+                changes.push(Change {
+                    version: v,
+                    kind: event.kind,
+                    at: event.at.clone(),
+                    transaction: event.transaction.clone(),
+                    key: event.key.clone(),
+                    paths,
+                });
+                before = Some(event);
             }
-            changes.push(Change {
-                version: v,
-                kind: event.kind,
-                at: event.at.clone(),
-                transaction: event.transaction.clone(),
-                key: event.key.clone(),
-                paths,
-            });
+            from = upto + 1;
         }
         Ok(Explained { current, changes, truncated })
     }
