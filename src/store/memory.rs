@@ -212,10 +212,10 @@ impl Store for MemoryStore {
 /// encoded), as a store finds them.
 fn taken(records: Vec<Record>, limit: usize, budget: usize) -> StoreResult<Found> {
     let mut found = Found::default();
+    if limit == 0 {
+        return Ok(found);
+    }
     for record in records {
-        if limit == 0 {
-            break;
-        }
         let size = mongodb::bson::to_vec(&record).map_err(|e| StoreError::Internal(e.to_string()))?.len();
         if !found.take(record, size, limit, budget) {
             break;

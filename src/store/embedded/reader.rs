@@ -16,9 +16,7 @@ use super::scan::{
     Reads, after_collection, entries_in, entry_range, excludes_null, in_order, query_ranges, scan_primary,
 };
 use super::{Catalog, ENTRIES, RECORDS, SMALL_READ, internal};
-use crate::store::{
-    Found, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write, report_unreadable,
-};
+use crate::store::{Found, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
 
 /// What every read of the store needs.
 #[derive(Clone)]
@@ -186,11 +184,12 @@ impl Reader {
             let range =
                 entries.range((name.as_str(), start.as_slice())..(name.as_str(), end.as_slice())).map_err(internal)?;
             let mut found = Found::default();
+            let bounds = (scan.max(), scan.budget());
             in_order(range, &scan, |(_, id)| {
                 let value = records.get((coll.as_str(), id.value())).map_err(internal)?.ok_or_else(|| {
                     StoreError::Internal(format!("index {name:?} names a missing record {}", id.value()))
                 })?;
-                Ok(reads.scanned_into(&coll, id.value(), value.value(), &scan, &mut found))
+                Ok(reads.scanned_into((&coll, id.value(), value.value()), scan.wanted(), bounds, &mut found))
             })?;
             Ok(found)
         })
@@ -233,14 +232,7 @@ impl Reader {
                     .map_err(internal)?
                     .ok_or_else(|| StoreError::Internal(format!("index {name:?} names a missing record {id}")))?;
                 reads.queried.fetch_add(1, Ordering::Relaxed);
-                let bytes = value.value();
-                match reads.get(&coll, id, bytes) {
-                    Ok(record) => Ok(found.take(record, bytes.len(), limit, budget)),
-                    Err(err) => {
-                        report_unreadable(&err);
-                        Ok(true)
-                    }
-                }
+                Ok(reads.scanned_into((&coll, id, value.value()), &[], (limit, budget), &mut found))
             })?;
             Ok(found)
         })

@@ -40,14 +40,20 @@ impl Reads {
     }
 
     /// [`Self::scanned`] of the top-level `fields` only (all when empty),
-    /// taken into `found` as the next record of `scan`: whether the scan
-    /// goes on (see [`Found::take`]).
-    pub(super) fn scanned_into(&self, coll: &str, id: &str, bytes: &[u8], scan: &Scan, found: &mut Found) -> bool {
-        let fields = scan.wanted();
+    /// taken into `found` as the next record of a read of at most `limit`
+    /// records and `budget` bytes: whether the read goes on (see
+    /// [`Found::take`]).
+    pub(super) fn scanned_into(
+        &self,
+        (coll, id, bytes): (&str, &str, &[u8]),
+        fields: &[&str],
+        (limit, budget): (usize, usize),
+        found: &mut Found,
+    ) -> bool {
         self.decoded.fetch_add(1, Ordering::Relaxed);
         let decoded = if fields.is_empty() { convert::decode(bytes) } else { convert::decode_fields(bytes, fields) };
         match decoded {
-            Ok(record) => found.take(record, bytes.len(), scan.max(), scan.budget()),
+            Ok(record) => found.take(record, bytes.len(), limit, budget),
             Err(e) => {
                 self.unreadable.fetch_add(1, Ordering::Relaxed);
                 report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}")));
@@ -165,7 +171,10 @@ pub(super) fn scan_primary(
     };
     let range = table.range::<(&str, &str)>((start, stop)).map_err(internal)?;
     let mut found = Found::default();
-    in_order(range, scan, |(key, value)| Ok(reads.scanned_into(coll, key.value().1, value.value(), scan, &mut found)))?;
+    let bounds = (scan.max(), scan.budget());
+    in_order(range, scan, |(key, value)| {
+        Ok(reads.scanned_into((coll, key.value().1, value.value()), scan.wanted(), bounds, &mut found))
+    })?;
     Ok(found)
 }
 
