@@ -38,10 +38,15 @@ use crate::documents::{DocError, Documents};
 use crate::events::Log;
 use crate::events::model::{document_event_id, transaction_event_id};
 use crate::follow_ups::QUIET_WAIT;
-use crate::store::record_id;
+use crate::store::{Store, record_id};
 
 /// Members one batch read names at most.
 pub(crate) const MAX_MEMBERS: usize = 100;
+/// Bytes of members (as stored) one batch read holds at most: the member
+/// that passes it ends the read, and the batch is refused when members
+/// are left ([`ReadError::TooLarge`]). Four documents at the size limit,
+/// or 100 of 160 KiB.
+pub(crate) const BATCH_BYTES: usize = 16 * 1024 * 1024;
 /// Double collects tried before the batch is answered `locked`.
 const ATTEMPTS: usize = 12;
 /// The double collect made with this instance's writes held back.
@@ -54,6 +59,9 @@ pub(crate) enum ReadError {
     /// kept changing between the two reads.
     #[error("{collection}/{id} is changing: it could not be read at one point with the others")]
     Unsettled { collection: String, id: String, holder: Option<String> },
+    /// The members hold more than [`BATCH_BYTES`] as stored.
+    #[error("the documents named hold more than {} MiB as stored: read them in smaller batches", BATCH_BYTES >> 20)]
+    TooLarge,
     #[error(transparent)]
     Doc(#[from] DocError),
 }
@@ -210,13 +218,7 @@ impl Reads {
             let Some(snapshot) = store.snapshot().await? else { return Ok(None) };
             let snapshot = snapshot.as_ref();
             let position = Log::head_in(snapshot).await?;
-            let mut docs = HashMap::new();
-            for (coll, ids) in by_collection(members) {
-                for record in snapshot.get_many(coll, &ids).await? {
-                    let Some(id) = record_id(&record).map(str::to_owned) else { continue };
-                    docs.insert((coll, id), StoredDoc::from_record(record).map_err(DocError::Store)?);
-                }
-            }
+            let docs = read_members(snapshot, members).await?;
             let (mut holders, mut views, mut unfinished) = (HashMap::new(), Vec::new(), Vec::new());
             for m in members {
                 let Some(doc) = docs.get(&(m.collection.as_str(), m.id.clone())) else {
@@ -248,17 +250,8 @@ impl Reads {
 
     /// Every member as a reader sees it now (one store read per
     /// collection).
-    async fn collect(&self, members: &[Member]) -> Result<Vec<Seen>, DocError> {
-        let by_coll = by_collection(members);
-        let store = self.documents.store();
-        let reads = by_coll.iter().map(|(coll, ids)| async move { (*coll, store.get_many(coll, ids).await) });
-        let mut docs: HashMap<(&str, String), StoredDoc> = HashMap::new();
-        for (coll, records) in futures::future::join_all(reads).await {
-            for record in records? {
-                let Some(id) = record_id(&record).map(str::to_owned) else { continue };
-                docs.insert((coll, id), StoredDoc::from_record(record).map_err(DocError::Store)?);
-            }
-        }
+    async fn collect(&self, members: &[Member]) -> Result<Vec<Seen>, ReadError> {
+        let docs = read_members(self.documents.store(), members).await?;
         // A fresh view of every holder: its state as of this read.
         let mut holders = HashMap::new();
         let mut out = Vec::with_capacity(members.len());
@@ -304,6 +297,28 @@ impl Reads {
             backoff = (backoff * 2).min(Duration::from_millis(100));
         }
     }
+}
+
+/// The stored documents of `members` (one store read per collection, in
+/// turn, within [`BATCH_BYTES`] all told).
+async fn read_members<'m>(
+    store: &(impl Store + ?Sized),
+    members: &'m [Member],
+) -> Result<HashMap<(&'m str, String), StoredDoc>, ReadError> {
+    let mut docs = HashMap::new();
+    let mut bytes = 0usize;
+    for (coll, ids) in by_collection(members) {
+        let found = store.get_many_within(coll, &ids, BATCH_BYTES.saturating_sub(bytes).max(1)).await?;
+        bytes = bytes.saturating_add(found.bytes);
+        if found.cut {
+            return Err(ReadError::TooLarge);
+        }
+        for record in found.records {
+            let Some(id) = record_id(&record).map(str::to_owned) else { continue };
+            docs.insert((coll, id), StoredDoc::from_record(record).map_err(DocError::Store)?);
+        }
+    }
+    Ok(docs)
 }
 
 /// The ids of `members` by collection, each once.

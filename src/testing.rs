@@ -73,8 +73,8 @@ pub mod migrate {
 
 pub mod store {
     pub use crate::store::{
-        Bound, Bson, DateTime, Document, Durability, DynStore, Edge, IndexQuery, IndexSpec, Interval, Record, Store,
-        StoreError, StoreResult, Update, Write, doc, void_entry,
+        Bound, Bson, DateTime, Document, Durability, DynStore, Edge, Found, IndexQuery, IndexSpec, Interval, Record,
+        Store, StoreError, StoreResult, Update, Write, doc, void_entry,
     };
     pub mod convert {
         pub use crate::store::convert::object_to_document;

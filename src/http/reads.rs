@@ -89,7 +89,9 @@ problems!(
 /// locked by a transaction that has committed reads as that transaction
 /// left it. 409 `locked` when a document kept changing (or its change
 /// kept finishing) for longer than the lock wait; retry after
-/// `Retry-After`.
+/// `Retry-After`. 422 `validation_failed` (at `/documents`) when the
+/// documents hold more than 16 MiB as stored: read them in smaller
+/// batches.
 #[utoipa::path(
     post,
     path = "/v1/reads",
@@ -153,6 +155,7 @@ fn read_error(err: ReadError) -> ApiError {
             }
             err
         }
+        ReadError::TooLarge => Invalid::new("/documents", ReadError::TooLarge.to_string()).into(),
         ReadError::Doc(err) => err.into(),
     }
 }

@@ -88,7 +88,7 @@ mod tests {
         async fn scan_found(&self, _: &str, _: Scan) -> StoreResult<crate::store::Found> {
             std::future::pending().await
         }
-        async fn get_many(&self, _: &str, _: &[String]) -> StoreResult<Vec<Record>> {
+        async fn get_many_within(&self, _: &str, _: &[String], _: usize) -> StoreResult<crate::store::Found> {
             std::future::pending().await
         }
         async fn collections(&self) -> StoreResult<Vec<String>> {

@@ -308,8 +308,9 @@ impl<L: Layer> Store for Layered<L> {
         self.layer.around(self.inner.as_ref(), &Op::read("scan", coll), self.inner.scan_found(coll, scan)).await
     }
 
-    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
-        self.layer.around(self.inner.as_ref(), &Op::read("get_many", coll), self.inner.get_many(coll, ids)).await
+    async fn get_many_within(&self, coll: &str, ids: &[String], budget: usize) -> StoreResult<super::Found> {
+        let read = self.inner.get_many_within(coll, ids, budget);
+        self.layer.around(self.inner.as_ref(), &Op::read("get_many", coll), read).await
     }
 
     async fn collections(&self) -> StoreResult<Vec<String>> {

@@ -177,8 +177,10 @@ impl Store for MemoryStore {
         taken(out, scan.max(), scan.budget())
     }
 
-    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
-        Ok(self.with(|r| ids.iter().filter_map(|id| r.get(&(coll.to_owned(), id.clone())).cloned()).collect()))
+    async fn get_many_within(&self, coll: &str, ids: &[String], budget: usize) -> StoreResult<Found> {
+        let records: Vec<Record> =
+            self.with(|r| ids.iter().filter_map(|id| r.get(&(coll.to_owned(), id.clone())).cloned()).collect());
+        taken(records, ids.len(), budget)
     }
 
     async fn collections(&self) -> StoreResult<Vec<String>> {

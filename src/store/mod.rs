@@ -648,7 +648,14 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Records with one of `ids` (missing ones are left out).
-    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>>;
+    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
+        Ok(self.get_many_within(coll, ids, usize::MAX).await?.records)
+    }
+
+    /// [`Store::get_many`], read in the order of `ids` and stopped by
+    /// `budget` bytes as stored ([`Found::take`]): `cut` when it stopped
+    /// with ids left to read (which may name no record).
+    async fn get_many_within(&self, coll: &str, ids: &[String], budget: usize) -> StoreResult<Found>;
 
     /// Names of every collection that holds at least one record.
     async fn collections(&self) -> StoreResult<Vec<String>>;

@@ -314,17 +314,6 @@ impl MongoStore {
         Ok(found)
     }
 
-    async fn decode_all(&self, coll: &str, mut cursor: mongodb::Cursor<RawDocumentBuf>) -> StoreResult<Vec<Record>> {
-        let mut out = Vec::new();
-        while cursor.advance().await.map_err(map_err)? {
-            match self.decode(coll, cursor.current()) {
-                Ok(record) => out.push(record),
-                Err(err) => super::report_unreadable(&err),
-            }
-        }
-        Ok(out)
-    }
-
     fn coll(&self, name: &str) -> Collection<Document> {
         self.db.collection(name)
     }
@@ -352,12 +341,13 @@ impl Store for MongoStore {
         }
     }
 
-    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
+    /// In the order `_id` finds them (the server's), not that of `ids`.
+    async fn get_many_within(&self, coll: &str, ids: &[String], budget: usize) -> StoreResult<Found> {
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Found::default());
         }
         let cursor = self.raw(coll).find(doc! {"_id": {"$in": ids}}).await.map_err(map_err)?;
-        self.decode_all(coll, cursor).await
+        self.found(coll, cursor, ids.len(), budget).await
     }
 
     /// Every write is majority-acknowledged, whatever `durability` says.

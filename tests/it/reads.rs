@@ -24,6 +24,7 @@ crate::on_both_backends!(
     a_batch_read_answers_each_member_as_a_single_read_would,
     batch_reads_racing_transactions_hold_one_point,
     batch_reads_hold_one_point_while_every_write_is_slow,
+    a_batch_read_is_bounded_by_its_bytes,
 );
 
 const READS: &str = "/v1/reads";
@@ -70,6 +71,37 @@ async fn a_batch_read_answers_each_member_as_a_single_read_would(backend: Backen
     .await;
     expect_problem(app.post(READS, &json!({"documents": [{"collection": "orders"}]})).await, 422, "validation_failed")
         .await;
+}
+
+/// A batch read stops reading once its members hold 16 MiB as stored
+/// (the member that reaches them is its last): members left then, and the
+/// batch is refused whole, so nothing half-read is answered.
+async fn a_batch_read_is_bounded_by_its_bytes(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    // 20 documents of 900 KB in two collections: 18 hold 16.2 MB, the
+    // 19th reaches 16 MiB (16.8 MB).
+    let pad = "x".repeat(900_000);
+    let mut all = Vec::new();
+    for i in 0..20 {
+        let coll = if i % 2 == 0 { "big" } else { "bigger" };
+        let id = format!("b{i:02}");
+        let body = json!({"_id": id, "pad": pad});
+        expect(app.post(&format!("/v1/collections/{coll}/documents"), &body).await, 201).await;
+        all.push((coll, id));
+    }
+    let named = |n: usize| members(&all[..n].iter().map(|(c, i)| (*c, i.as_str())).collect::<Vec<_>>());
+    let out = expect(app.post(READS, &named(19)).await, 200).await;
+    let docs = out["documents"].as_array().unwrap();
+    assert_eq!(docs.len(), 19);
+    assert!(docs.iter().all(|d| d["status"] == 200 && d["document"]["data"]["pad"].as_str().unwrap().len() == 900_000));
+    let refused = expect_problem(app.post(READS, &named(20)).await, 422, "validation_failed").await;
+    assert_eq!(refused["errors"][0]["pointer"], "/documents", "{refused}");
+    assert!(refused["errors"][0]["detail"].as_str().unwrap().contains("16 MiB"), "{refused}");
+    // Small members alongside are no different: the bound is the bytes.
+    expect(app.post("/v1/collections/small/documents", &json!({"_id": "s", "n": 1})).await, 201).await;
+    let mut mixed = all[..18].iter().map(|(c, i)| (*c, i.as_str())).collect::<Vec<_>>();
+    mixed.push(("small", "s"));
+    expect(app.post(READS, &members(&mixed)).await, 200).await;
 }
 
 /// One member of an answer: its version (0: never existed) and `n`.

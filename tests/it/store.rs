@@ -5,7 +5,7 @@
 use txgate::testing::store::scans::{
     DELIVERIES_BY_DUE, DOCS_LIVE, DOCS_LOCKED, DOCS_STAGED, TXNS, TXNS_BY_LEASE, TXNS_BY_STATUS,
 };
-use txgate::testing::store::{Bound, Bson, DateTime, Document, Durability, Update, Write, doc};
+use txgate::testing::store::{Bound, Bson, DateTime, Document, Durability, Found, Update, Write, doc};
 
 use crate::support::{Backend, TestStore};
 
@@ -442,6 +442,23 @@ async fn a_query_stops_at_its_byte_budget(backend: Backend) {
     assert_eq!(cut.records[0].get_str("_id").unwrap(), "d2");
     let whole = s.scan_found("c", scan(usize::MAX)).await.unwrap();
     assert_eq!((whole.records.len(), whole.cut), (5, false));
+    // Reads by id too: the record that reaches the budget ends the read,
+    // a cut only with ids left; missing ids take nothing.
+    let ids: Vec<String> = ["d3", "nope", "d1", "d7", "d0"].iter().map(|s| s.to_string()).collect();
+    let got = |found: &Found| {
+        let mut ids: Vec<String> = found.records.iter().map(|r| r.get_str("_id").unwrap().to_owned()).collect();
+        ids.sort();
+        ids
+    };
+    let all = s.get_many_within("c", &ids, usize::MAX).await.unwrap();
+    assert_eq!(
+        (got(&all), all.bytes, all.cut),
+        (vec!["d0".into(), "d1".into(), "d3".into(), "d7".into()], size(4), false)
+    );
+    let cut = s.get_many_within("c", &ids, 2 * size(1)).await.unwrap();
+    assert_eq!((cut.records.len(), cut.bytes, cut.cut), (2, size(2), true), "{backend:?}");
+    let fits = s.get_many_within("c", &["d3".into(), "d1".into()], 2 * size(1)).await.unwrap();
+    assert_eq!((fits.records.len(), fits.cut), (2, false), "{backend:?}: the budget reached by the last id");
 }
 
 async fn int64_values_keep_type_and_precision(backend: Backend) {

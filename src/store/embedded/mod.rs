@@ -296,8 +296,8 @@ impl Store for EmbeddedStore {
         self.reader.get(coll, id).await
     }
 
-    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
-        self.reader.get_many(coll, ids).await
+    async fn get_many_within(&self, coll: &str, ids: &[String], budget: usize) -> StoreResult<super::Found> {
+        self.reader.get_many(coll, ids, budget).await
     }
 
     async fn scan_found(&self, coll: &str, scan: Scan) -> StoreResult<super::Found> {

@@ -124,16 +124,20 @@ impl Reader {
         })
     }
 
-    pub(super) async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
+    pub(super) async fn get_many(&self, coll: &str, ids: &[String], budget: usize) -> StoreResult<Found> {
         self.read_now(|txn, reads| {
             let table = txn.open_table(RECORDS).map_err(internal)?;
-            let mut out = Vec::with_capacity(ids.len());
-            for id in ids {
-                if let Some(v) = table.get((coll, id.as_str())).map_err(internal)? {
-                    reads.scanned(coll, id, v.value(), &mut out);
+            let mut found = Found::default();
+            for (i, id) in ids.iter().enumerate() {
+                if let Some(v) = table.get((coll, id.as_str())).map_err(internal)?
+                    && !reads.scanned_into((coll, id, v.value()), &[], (usize::MAX, budget), &mut found)
+                {
+                    // The budget is spent: cut only with ids left to read.
+                    found.cut = i + 1 < ids.len();
+                    break;
                 }
             }
-            Ok(out)
+            Ok(found)
         })
     }
 
@@ -290,8 +294,8 @@ impl Store for Pinned {
         self.0.get(coll, id).await
     }
 
-    async fn get_many(&self, coll: &str, ids: &[String]) -> StoreResult<Vec<Record>> {
-        self.0.get_many(coll, ids).await
+    async fn get_many_within(&self, coll: &str, ids: &[String], budget: usize) -> StoreResult<Found> {
+        self.0.get_many(coll, ids, budget).await
     }
 
     async fn write(&self, _: &str, _: Write<'_>, _: crate::store::Durability) -> StoreResult<bool> {

@@ -30,19 +30,11 @@ impl Reads {
         })
     }
 
-    /// A record met by a scan: one that cannot be decoded is skipped and
-    /// reported, so no pass over a collection stops at it.
-    pub(super) fn scanned(&self, coll: &str, id: &str, bytes: &[u8], out: &mut Vec<Record>) {
-        match self.get(coll, id, bytes) {
-            Ok(record) => out.push(record),
-            Err(err) => report_unreadable(&err),
-        }
-    }
-
-    /// [`Self::scanned`] of the top-level `fields` only (all when empty),
-    /// taken into `found` as the next record of a read of at most `limit`
+    /// A record met by a read (of the top-level `fields` only, all when
+    /// empty), taken into `found` as the next record of a read of at most `limit`
     /// records and `budget` bytes: whether the read goes on (see
-    /// [`Found::take`]).
+    /// [`Found::take`]). One that cannot be decoded is skipped and
+    /// reported, so no pass over a collection stops at it.
     pub(super) fn scanned_into(
         &self,
         (coll, id, bytes): (&str, &str, &[u8]),
