@@ -25,6 +25,7 @@ crate::on_both_backends!(
     a_key_taken_over_from_a_stalled_request_fences_it,
     recovery_skips_records_it_cannot_handle,
     a_hung_store_call_answers_503_and_the_record_serves_again,
+    hung_reads_answer_503_and_pages_counts_and_batches_serve_again,
     a_transaction_past_its_maximum_duration_aborts_itself,
     mixed_writers_apply_every_acknowledged_change_once,
 );
@@ -371,6 +372,61 @@ async fn a_hung_store_call_answers_503_and_the_record_serves_again(backend: Back
     }
     expect(app.post(T, &inc_txn(&["s1"])).await, 200).await;
     assert_eq!(read(&app, "s1").await.0, 2);
+    app.stop().await;
+}
+
+/// Every read a page, a query, a count or a batch read makes (each bounded
+/// by bytes or count) is one store call under the store deadline: while
+/// the collection's reads hang, each answers 503 `store_unavailable` in
+/// time and writes nothing; once they answer again, the same requests
+/// serve without a restart.
+async fn hung_reads_answer_503_and_pages_counts_and_batches_serve_again(backend: Backend) {
+    let hang: Arc<Mutex<bool>> = Arc::default();
+    let hanging = Arc::clone(&hang);
+    let rule = move |op: &Op| {
+        let read = matches!(op.kind, "query" | "scan" | "count" | "get_many" | "get");
+        if *hanging.lock().unwrap() && op.coll == "f" && read { Act::Hang } else { Act::Pass }
+    };
+    let timeout = Duration::from_millis(800);
+    let Some(app) = rigged_app(backend, |c| c.txn.store_timeout = timeout, rule).await else { return };
+    for i in 0..6 {
+        seed(&app, &format!("r{i}"), i).await;
+    }
+    crate::queries::ready_index(&app, "f", "by_n", &["n"]).await;
+    let query = json!({"filter": {"n": {"$gte": 2}}, "sort": ["-n"], "limit": 3});
+    let batch = json!({"documents": [{"collection": "f", "id": "r1"}, {"collection": "f", "id": "r4"}]});
+    let count = "/v1/collections/f/count?filter=%7B%22n%22%3A%7B%22%24gte%22%3A2%7D%7D";
+    let requests = || {
+        [
+            app.request(Method::GET, &format!("{D}?limit=4")),
+            app.request(Method::POST, "/v1/collections/f/query").json(&query),
+            app.request(Method::GET, count),
+            app.request(Method::POST, "/v1/reads").json(&batch),
+        ]
+    };
+    let (_, head) = crate::support::all_events(&app, 0, "").await;
+    *hang.lock().unwrap() = true;
+    for req in requests() {
+        let started = Instant::now();
+        let res = req.send().await.unwrap();
+        let elapsed = started.elapsed();
+        let url = res.url().to_string();
+        assert!(res.headers().contains_key("retry-after"), "{url}: 503 carries Retry-After");
+        expect_problem(res, 503, "store_unavailable").await;
+        assert!(elapsed < 2 * timeout + Duration::from_millis(700), "{url} answered after {elapsed:?}");
+    }
+    *hang.lock().unwrap() = false;
+    let (_, after) = crate::support::all_events(&app, 0, "").await;
+    assert_eq!(head, after, "a hung read wrote an event");
+    let [page, found, counted, read] = requests();
+    let page = expect(page.send().await.unwrap(), 200).await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 4, "{page}");
+    let found = expect(found.send().await.unwrap(), 200).await;
+    let ns: Vec<i64> = found["items"].as_array().unwrap().iter().map(|d| d["data"]["n"].as_i64().unwrap()).collect();
+    assert_eq!(ns, [5, 4, 3]);
+    assert_eq!(expect(counted.send().await.unwrap(), 200).await["count"], 4);
+    let read = expect(read.send().await.unwrap(), 200).await;
+    assert_eq!(read["documents"][1]["document"]["data"]["n"], 4);
     app.stop().await;
 }
 
