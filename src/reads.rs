@@ -38,14 +38,14 @@ use crate::documents::{DocError, Documents};
 use crate::events::Log;
 use crate::events::model::{document_event_id, transaction_event_id};
 use crate::follow_ups::QUIET_WAIT;
-use crate::store::{Store, record_id};
+use crate::store::{Store, get_all_within, record_id};
 
 /// Members one batch read names at most.
 pub(crate) const MAX_MEMBERS: usize = 100;
-/// Bytes of members (as stored) one batch read holds at most: the member
-/// that passes it ends the read, and the batch is refused when members
-/// are left ([`ReadError::TooLarge`]). Four documents at the size limit,
-/// or 100 of 160 KiB.
+/// Bytes of members (as stored) one batch read may hold: one whose
+/// members hold more is refused ([`ReadError::TooLarge`]), its read
+/// stopped once past them. Four documents at the size limit, or 100 of
+/// 160 KiB.
 pub(crate) const BATCH_BYTES: usize = 16 * 1024 * 1024;
 /// Double collects tried before the batch is answered `locked`.
 const ATTEMPTS: usize = 12;
@@ -299,24 +299,19 @@ impl Reads {
     }
 }
 
-/// The stored documents of `members` (one store read per collection, in
-/// turn, within [`BATCH_BYTES`] all told).
+/// The stored documents of `members` (one store read per collection, side
+/// by side, within [`BATCH_BYTES`] all told).
 async fn read_members<'m>(
     store: &(impl Store + ?Sized),
     members: &'m [Member],
 ) -> Result<HashMap<(&'m str, String), StoredDoc>, ReadError> {
+    let Some(records) = get_all_within(store, by_collection(members), BATCH_BYTES).await? else {
+        return Err(ReadError::TooLarge);
+    };
     let mut docs = HashMap::new();
-    let mut bytes = 0usize;
-    for (coll, ids) in by_collection(members) {
-        let found = store.get_many_within(coll, &ids, BATCH_BYTES.saturating_sub(bytes).max(1)).await?;
-        bytes = bytes.saturating_add(found.bytes);
-        if found.cut {
-            return Err(ReadError::TooLarge);
-        }
-        for record in found.records {
-            let Some(id) = record_id(&record).map(str::to_owned) else { continue };
-            docs.insert((coll, id), StoredDoc::from_record(record).map_err(DocError::Store)?);
-        }
+    for (coll, record) in records {
+        let Some(id) = record_id(&record).map(str::to_owned) else { continue };
+        docs.insert((coll, id), StoredDoc::from_record(record).map_err(DocError::Store)?);
     }
     Ok(docs)
 }

@@ -732,6 +732,45 @@ pub(crate) async fn page<T>(
     Ok((records.into_iter().map(decode).collect::<StoreResult<_>>()?, next))
 }
 
+/// Collections [`get_all_within`] reads side by side.
+const READS_AT_ONCE: usize = 8;
+
+/// The records of `wanted` (ids by collection; missing ones are left out),
+/// read [`READS_AT_ONCE`] collections side by side, each within an equal
+/// share of what is left of `budget` bytes as stored; a collection that its
+/// share cut short is read on in a later round. `None` when the records
+/// hold more than `budget` in all: the read stops there, having held at
+/// most `budget` and one record per collection of a round.
+pub(crate) async fn get_all_within<'c>(
+    store: &(impl Store + ?Sized),
+    wanted: impl IntoIterator<Item = (&'c str, Vec<String>)>,
+    budget: usize,
+) -> StoreResult<Option<Vec<(&'c str, Record)>>> {
+    let mut queue: std::collections::VecDeque<(&'c str, Vec<String>)> = wanted.into_iter().collect();
+    let (mut spent, mut out) = (0usize, Vec::new());
+    while !queue.is_empty() {
+        if spent > budget {
+            return Ok(None);
+        }
+        let round: Vec<(&'c str, Vec<String>)> = queue.drain(..queue.len().min(READS_AT_ONCE)).collect();
+        // At least one byte: a budget spent exactly still finds out
+        // whether anything is left.
+        let share = ((budget - spent) / round.len()).max(1);
+        let reads = round.iter().map(|(coll, ids)| store.get_many_within(coll, ids, share));
+        let found = futures::future::try_join_all(reads).await?;
+        for ((coll, ids), found) in round.into_iter().zip(found) {
+            spent = spent.saturating_add(found.bytes);
+            if found.cut {
+                let got: std::collections::HashSet<&str> = found.records.iter().filter_map(record_id).collect();
+                let left: Vec<String> = ids.into_iter().filter(|id| !got.contains(id.as_str())).collect();
+                queue.push_back((coll, left));
+            }
+            out.extend(found.records.into_iter().map(|record| (coll, record)));
+        }
+    }
+    Ok((spent <= budget).then_some(out))
+}
+
 /// Records one background step reads or deletes at a time: recovery's
 /// scans, the lock sweep, purges. Steps repeat batches while there is work.
 pub(crate) const BATCH: usize = 200;
@@ -766,4 +805,56 @@ pub(crate) async fn purge(store: &dyn Store, coll: &str, scan: Scan) -> StoreRes
 /// The `_id` of a record, when it is a string.
 pub(crate) fn record_id(record: &Record) -> Option<&str> {
     record.get_str("_id").ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records of `n` bytes each as stored, `count` of them in `coll`.
+    async fn fill(store: &memory::MemoryStore, coll: &str, count: usize) -> usize {
+        let mut size = 0;
+        for i in 0..count {
+            let record = doc! {"_id": format!("{coll}-{i}"), "pad": "x".repeat(100)};
+            size = mongodb::bson::to_vec(&record).expect("bson").len();
+            store.insert(coll, record).await.expect("insert");
+        }
+        size
+    }
+
+    fn ids(coll: &'static str, count: usize) -> (&'static str, Vec<String>) {
+        (coll, (0..count).map(|i| format!("{coll}-{i}")).collect())
+    }
+
+    #[tokio::test]
+    async fn reads_over_collections_are_refused_exactly_past_their_budget() {
+        let store = memory::MemoryStore::default();
+        let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
+        let mut size = 0;
+        for (i, coll) in names.iter().enumerate() {
+            size = fill(&store, coll, i + 1).await;
+        }
+        // 10 collections (two rounds), 55 records; one asks for a missing id.
+        let mut wanted: Vec<(&str, Vec<String>)> = names.iter().enumerate().map(|(i, c)| ids(c, i + 1)).collect();
+        wanted[0].1.push("nobody".into());
+        let read = |budget| get_all_within(&store, wanted.clone(), budget);
+        let all = read(55 * size).await.unwrap().expect("exactly the budget is within it");
+        assert_eq!(all.len(), 55);
+        let mut got: Vec<String> = all.iter().map(|(c, r)| format!("{c}:{}", record_id(r).unwrap())).collect();
+        got.sort();
+        got.dedup();
+        assert_eq!(got.len(), 55);
+        assert!(read(55 * size - 1).await.unwrap().is_none(), "one byte short");
+        assert!(read(1).await.unwrap().is_none());
+        // One collection whose share is cut (one of 9 records against the
+        // share of two collections) is read on: all within the budget.
+        let uneven = vec![ids("i", 9), ids("a", 1)];
+        let found = get_all_within(&store, uneven.clone(), 10 * size).await.unwrap().expect("within");
+        assert_eq!(found.len(), 10);
+        assert!(get_all_within(&store, uneven, 10 * size - 1).await.unwrap().is_none());
+        assert_eq!(
+            get_all_within(&store, Vec::<(&str, Vec<String>)>::new(), 0).await.unwrap().map(|r| r.len()),
+            Some(0)
+        );
+    }
 }

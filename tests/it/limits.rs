@@ -167,5 +167,38 @@ async fn documents_and_transactions_are_bounded_in_bytes_before_anything_is_writ
         let d = expect(app.get(&format!("/v1/collections/many/documents/m{i:02}")).await, 200).await;
         assert_eq!(d["version"], 1);
     }
+    // What a transaction reads is bounded too, checks and deletes included
+    // (they write no data): 65 documents of 4.1 MB (266.5 MB) are read,
+    // 66 (270.6 MB) pass 256 MiB and are refused before anything is
+    // written, whatever collections they are in.
+    for i in 17..66 {
+        let coll = if i % 2 == 0 { "many" } else { "more" };
+        expect(
+            app.post(&format!("/v1/collections/{coll}/documents"), &json!({"_id": format!("m{i:02}"), "s": fill}))
+                .await,
+            201,
+        )
+        .await;
+    }
+    let checks = |n: usize| {
+        let actions: Vec<_> = (0..n)
+            .map(|i| {
+                let coll = if i < 17 || i % 2 == 0 { "many" } else { "more" };
+                json!({"op": "check", "collection": coll, "id": format!("m{i:02}"), "if_version": 1})
+            })
+            .collect();
+        json!({"actions": actions})
+    };
+    let refused = expect_problem(app.post("/v1/transactions", &checks(66)).await, 422, "document_rejected").await;
+    assert!(refused["detail"].as_str().unwrap().contains("256 MiB"), "{refused}");
+    let (_, head) = crate::support::all_events(&app, 0, "").await;
+    expect(app.post("/v1/transactions", &checks(65)).await, 200).await;
+    let mut deletes = checks(66);
+    for action in deletes["actions"].as_array_mut().unwrap() {
+        action["op"] = json!("delete");
+    }
+    expect_problem(app.post("/v1/transactions", &deletes).await, 422, "document_rejected").await;
+    let (events, _) = crate::support::all_events(&app, head, "").await;
+    assert!(events.iter().all(|e| e["type"] != "document.deleted"), "a refused transaction deleted: {events:?}");
     app.stop().await;
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::document::{StoredDoc, View};
-use crate::store::{DateTime, Durability, StoreError, Write};
+use crate::store::{DateTime, Durability, StoreError, Write, get_all_within};
 use crate::txn::plan::{Action, ActionOp, Plan};
 use crate::txn::record::{AbortReason, Member, MemberResult, Status, TXNS, Transition, TxnRecord};
 
@@ -189,20 +189,23 @@ impl Commit {
     }
 
     /// Every member document of `plan` that exists, by (collection, id):
-    /// one read per collection.
+    /// one read per collection, side by side, refused once they hold more
+    /// than [`MAX_FIRST_READ_BYTES`].
     pub(super) async fn first_reads(&self, plan: &Plan) -> Result<HashMap<(String, String), StoredDoc>, StoreError> {
-        let mut first = HashMap::new();
         let mut by_coll: std::collections::BTreeMap<&str, Vec<String>> = std::collections::BTreeMap::new();
         for a in &plan.actions {
             by_coll.entry(&a.collection).or_default().push(a.id.clone());
         }
-        // One read per collection, side by side.
-        let reads = by_coll.iter().map(|(coll, ids)| async move { Ok((*coll, self.store.get_many(coll, ids).await?)) });
-        for (coll, records) in futures::future::try_join_all(reads).await? {
-            for rec in records {
-                let d = StoredDoc::from_record(rec)?;
-                first.insert((coll.to_owned(), d.id.clone()), d);
-            }
+        let Some(records) = get_all_within(self.store.as_ref(), by_coll, MAX_FIRST_READ_BYTES).await? else {
+            return Err(StoreError::Rejected(format!(
+                "the transaction's documents hold more than {} MiB as stored",
+                MAX_FIRST_READ_BYTES >> 20
+            )));
+        };
+        let mut first = HashMap::new();
+        for (coll, rec) in records {
+            let d = StoredDoc::from_record(rec)?;
+            first.insert((coll.to_owned(), d.id.clone()), d);
         }
         Ok(first)
     }
@@ -269,6 +272,11 @@ pub(super) fn member_results(plan: &Plan, members: &mut [Member], bases: &[(usiz
 /// transaction's writes are applied in one write batch of the embedded
 /// store (and its records on MongoDB), whose memory this bounds.
 pub(super) const MAX_TXN_DATA_BYTES: usize = 64 << 20;
+
+/// What a transaction's members may hold in all, as stored, when they are
+/// first read (deletes and checks read documents they do not write):
+/// memory one transaction may take before it stages anything.
+pub(super) const MAX_FIRST_READ_BYTES: usize = 4 * MAX_TXN_DATA_BYTES;
 
 /// Whether [`within_write_bound`] holds whatever the first reads find:
 /// an update counted at the largest data a document may hold. Then the
