@@ -60,7 +60,9 @@
 //! index's order fields, and its id. The next page starts strictly after
 //! that entry, so a document present for the whole listing whose sort
 //! values do not change is returned exactly once, whatever else is
-//! written meanwhile.
+//! written meanwhile. A cursor also holds a digest of its query (the
+//! filter's conditions and the sort): passed with another query, it is
+//! refused rather than read as a position in an order it was not taken in.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -126,6 +128,29 @@ pub(crate) struct Query {
     pub fields: Option<Vec<String>>,
     pub limit: usize,
     pub after: Option<String>,
+}
+
+impl Query {
+    /// A digest of what the query selects and the order it is read in
+    /// (its filter's conditions, in whatever order they were written, and
+    /// `order`, the fields and directions of the index read with the id
+    /// last), which its cursors hold: the first 8 bytes of a SHA-256.
+    fn digest(&self, order: &[(String, i32)]) -> i64 {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        for cond in self.filter.canonical() {
+            hash.update((cond.len() as u64).to_le_bytes());
+            hash.update(&cond);
+        }
+        hash.update(u64::MAX.to_le_bytes());
+        for (path, direction) in order {
+            hash.update((path.len() as u64).to_le_bytes());
+            hash.update(path.as_bytes());
+            hash.update(direction.to_le_bytes());
+        }
+        let bytes: [u8; 8] = hash.finalize()[..8].try_into().expect("8 bytes");
+        i64::from_le_bytes(bytes)
+    }
 }
 
 /// One page: its documents, the cursor of the next (when more may
@@ -355,23 +380,34 @@ impl Queries {
         let Some(plan) = plan else {
             // The id order: every collection has it.
             let after = query.after.as_deref().map(decode_cursor).transpose()?;
-            let after = match after.as_deref() {
+            let after = match after.as_ref().map(|c| c.key.as_slice()) {
                 None => None,
                 Some([Bson::String(id)]) => Some(id.clone()),
                 Some(_) => return Err(QueryError::Cursor("not a cursor of this query".into())),
             };
             let (mut items, next) = self.documents.list_at(at, coll, after.as_deref(), query.limit).await?;
             trim(&mut items, query.fields.as_deref());
-            let next = next.map(|id| encode_cursor(&[Bson::String(id)]));
+            let next = next.map(|id| encode_cursor(&[Bson::String(id)], None));
             return Ok(QueryPage { items, next, position });
         };
         let store = at.store(self.documents.store());
         let mut store_query = store_query(&query.filter, plan);
         let order = store_query.sort.clone();
-        let mut after = query.after.as_deref().map(decode_cursor).transpose()?;
-        if after.as_ref().is_some_and(|a| a.len() != order.len()) {
-            return Err(QueryError::Cursor("not a cursor of this query".into()));
-        }
+        let digest = query.digest(&order);
+        let mut after = match query.after.as_deref().map(decode_cursor).transpose()? {
+            None => None,
+            Some(Cursor { key, .. }) if key.len() != order.len() => {
+                return Err(QueryError::Cursor("not a cursor of this query".into()));
+            }
+            Some(Cursor { query: Some(of), .. }) if of != digest => {
+                return Err(QueryError::Cursor(
+                    "a cursor of another query (its filter, its sort or the index serving it differ): pass it with \
+                     the query it came from, or start again from the first page"
+                        .into(),
+                ));
+            }
+            Some(Cursor { key, .. }) => Some(key),
+        };
         let mut items = Vec::with_capacity(query.limit);
         let mut holders = HashMap::new();
         let mut last_key: Option<Vec<Bson>> = None;
@@ -386,7 +422,7 @@ impl Queries {
             for record in found.records {
                 if items.len() == query.limit {
                     // One more entry exists: a next page follows the last shown.
-                    let next = last_key.as_deref().map(encode_cursor);
+                    let next = last_key.as_deref().map(|key| encode_cursor(key, Some(digest)));
                     trim(&mut items, query.fields.as_deref());
                     return Ok(QueryPage { items, next, position });
                 }
@@ -404,7 +440,7 @@ impl Queries {
             }
             if found.cut {
                 // The page holds its bytes: the next goes on after the last read.
-                let next = last_key.as_deref().map(encode_cursor);
+                let next = last_key.as_deref().map(|key| encode_cursor(key, Some(digest)));
                 trim(&mut items, query.fields.as_deref());
                 return Ok(QueryPage { items, next, position });
             }
@@ -414,7 +450,7 @@ impl Queries {
             }
         }
         // Entries not shown fill the page: hand the client a cursor past them.
-        let next = last_key.as_deref().map(encode_cursor);
+        let next = last_key.as_deref().map(|key| encode_cursor(key, Some(digest)));
         trim(&mut items, query.fields.as_deref());
         Ok(QueryPage { items, next, position })
     }
@@ -545,24 +581,36 @@ fn put(doc: &mut Document, path: &str, value: Bson) {
 }
 
 const CURSOR: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-/// The version of the cursor's format.
-const CURSOR_FORMAT: i32 = 1;
+/// The version of the cursor's format: 2 holds its query's digest; 1 (an
+/// earlier release's, still taken) does not.
+const CURSOR_FORMAT: i32 = 2;
 
-/// A cursor as encoded: its format and the entry's key.
+/// A cursor as encoded: its format, the entry's key and, along an index,
+/// its query's digest ([`Query::digest`]).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct CursorBody {
     f: i32,
     k: Vec<Bson>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    q: Option<i64>,
 }
 
-fn encode_cursor(key: &[Bson]) -> String {
-    let d = crate::store::shape::fields(&CursorBody { f: CURSOR_FORMAT, k: key.to_vec() });
+/// A cursor as decoded.
+struct Cursor {
+    key: Vec<Bson>,
+    /// The digest of the query it was given with (none in the id order,
+    /// or from a cursor of format 1).
+    query: Option<i64>,
+}
+
+fn encode_cursor(key: &[Bson], query: Option<i64>) -> String {
+    let d = crate::store::shape::fields(&CursorBody { f: CURSOR_FORMAT, k: key.to_vec(), q: query });
     let mut bytes = Vec::new();
     d.to_writer(&mut bytes).expect("a cursor serializes");
     CURSOR.encode(bytes)
 }
 
-fn decode_cursor(cursor: &str) -> Result<Vec<Bson>, QueryError> {
+fn decode_cursor(cursor: &str) -> Result<Cursor, QueryError> {
     let bad = || QueryError::Cursor("not a cursor returned by this API".into());
     if cursor.len() > MAX_CURSOR {
         return Err(QueryError::Cursor("not a cursor returned by this API (too long)".into()));
@@ -570,7 +618,7 @@ fn decode_cursor(cursor: &str) -> Result<Vec<Bson>, QueryError> {
     let bytes = CURSOR.decode(cursor).map_err(|_| bad())?;
     let d = Document::from_reader(bytes.as_slice()).map_err(|_| bad())?;
     let body: CursorBody = mongodb::bson::from_document(d).map_err(|_| bad())?;
-    if body.f != CURSOR_FORMAT {
+    if !(1..=CURSOR_FORMAT).contains(&body.f) {
         return Err(bad());
     }
     let key = body.k;
@@ -582,7 +630,7 @@ fn decode_cursor(cursor: &str) -> Result<Vec<Bson>, QueryError> {
     if !key.iter().all(scalar) {
         return Err(bad());
     }
-    Ok(key)
+    Ok(Cursor { key, query: body.q })
 }
 
 #[cfg(test)]
@@ -596,15 +644,55 @@ mod tests {
     #[test]
     fn cursors_round_trip_and_refuse_strangers() {
         let key = vec![Bson::String("open".into()), Bson::Int64(5), Bson::Null, Bson::String("id-1".into())];
-        assert_eq!(decode_cursor(&encode_cursor(&key)).unwrap(), key);
+        let back = decode_cursor(&encode_cursor(&key, Some(7))).unwrap();
+        assert_eq!((back.key, back.query), (key.clone(), Some(7)));
+        // A cursor of the earlier format (no digest) is still taken.
+        let earlier = {
+            let mut bytes = Vec::new();
+            mongodb::bson::doc! {"f": 1, "k": key.clone()}.to_writer(&mut bytes).unwrap();
+            CURSOR.encode(bytes)
+        };
+        let back = decode_cursor(&earlier).unwrap();
+        assert_eq!((back.key, back.query), (key.clone(), None));
+        let later = {
+            let mut bytes = Vec::new();
+            mongodb::bson::doc! {"f": 3, "k": key.clone()}.to_writer(&mut bytes).unwrap();
+            CURSOR.encode(bytes)
+        };
+        assert!(decode_cursor(&later).is_err());
         assert!(decode_cursor("bm90IGEgY3Vyc29y").is_err());
         assert!(decode_cursor("!!").is_err());
         // Well formed, but holding what no page ends at: refused before
         // it reaches a store.
         let regex = Bson::RegularExpression(mongodb::bson::Regex { pattern: "(".into(), options: String::new() });
         for strange in [regex, Bson::Document(Document::new()), Bson::Array(vec![]), Bson::MinKey] {
-            assert!(decode_cursor(&encode_cursor(std::slice::from_ref(&strange))).is_err(), "{strange}");
+            assert!(decode_cursor(&encode_cursor(std::slice::from_ref(&strange), None)).is_err(), "{strange}");
         }
+    }
+
+    #[test]
+    fn a_querys_digest_is_its_conditions_and_order_whatever_their_writing() {
+        let query =
+            |filter: serde_json::Value| Query { filter: Filter::parse(&filter).expect("a filter"), ..Query::default() };
+        let order = vec![("amount".to_owned(), -1), ("_id".to_owned(), 1)];
+        let a = query(serde_json::json!({"status": "open", "amount": {"$gt": 1, "$lt": 9}}));
+        let b = query(serde_json::json!({"amount": {"$lt": 9, "$gt": 1}, "status": {"$eq": "open"}}));
+        let c = query(serde_json::json!({"$and": [{"amount": {"$lt": 9}}, {"status": "open", "amount": {"$gt": 1}}]}));
+        assert_eq!(a.digest(&order), b.digest(&order));
+        assert_eq!(a.digest(&order), c.digest(&order));
+        // Another bound, another value, another order: another query.
+        let other = [
+            query(serde_json::json!({"status": "open", "amount": {"$gt": 1, "$lt": 8}})),
+            query(serde_json::json!({"status": "paid", "amount": {"$gt": 1, "$lt": 9}})),
+            query(serde_json::json!({"status": "open", "amount": {"$gte": 1, "$lt": 9}})),
+        ];
+        for q in &other {
+            assert_ne!(q.digest(&order), a.digest(&order), "{:?}", q.filter);
+        }
+        let reversed = vec![("amount".to_owned(), 1), ("_id".to_owned(), -1)];
+        assert_ne!(a.digest(&reversed), a.digest(&order));
+        let id_reversed = vec![("amount".to_owned(), -1), ("_id".to_owned(), -1)];
+        assert_ne!(a.digest(&id_reversed), a.digest(&order));
     }
 
     #[test]

@@ -52,7 +52,8 @@ pub(crate) struct QueryParams {
     /// Page size (default 50).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
-    /// The `next` cursor of the previous page of the same query.
+    /// The `next` cursor of the previous page of the same query (with
+    /// another filter or sort it is 422 `validation_failed`).
     #[param(value_type = Option<Cursor>)]
     pub after: Option<String>,
 }
@@ -79,6 +80,8 @@ pub(crate) struct QueryIn {
     #[serde(default, deserialize_with = "integer")]
     #[schema(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
+    /// The `next` cursor of the previous page of the same query (with
+    /// another filter or sort it is 422 `validation_failed`).
     #[serde(default)]
     #[schema(value_type = Option<Cursor>)]
     pub after: Option<String>,

@@ -172,6 +172,23 @@ impl Filter {
         out
     }
 
+    /// The filter's conditions in one order whatever order they were
+    /// written in: each as its BSON bytes (`{path: {op: value}}`),
+    /// sorted. Equal for filters that mean the same conditions.
+    pub(crate) fn canonical(&self) -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = self
+            .to_mongo()
+            .iter()
+            .map(|d| {
+                let mut bytes = Vec::new();
+                d.to_writer(&mut bytes).expect("a condition serializes");
+                bytes
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Whether any condition is `$exists`.
     pub(crate) fn exists_paths(&self) -> Vec<&str> {
         self.paths

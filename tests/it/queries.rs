@@ -6,7 +6,7 @@
 //! sizes, with writes between pages); every kind of query no index serves
 //! is `index_required` with the index that would; what is outside the
 //! language is refused; counts match the model; a transaction's writes are
-//! queried once it answers. Declared indexes themselves (the rule of
+//! queried once it answers; a cursor goes on only with its own query. Declared indexes themselves (the rule of
 //! indexed paths, builds, unique indexes) are `declared_indexes`.
 
 use std::cmp::Ordering;
@@ -30,6 +30,7 @@ crate::on_both_backends!(
     a_transactions_writes_are_queried_once_it_answers,
     another_instances_transaction_is_queried_once_it_answers,
     pages_of_large_documents_stop_at_their_bytes,
+    a_cursor_goes_on_only_with_its_own_query,
 );
 
 pub(crate) const WAIT: Duration = Duration::from_secs(30);
@@ -689,4 +690,51 @@ async fn pages_of_large_documents_stop_at_their_bytes(backend: Backend) {
         assert_eq!(seen, want, "along the index: {along_index}");
         assert_eq!(&sizes[..2], &[5, 5], "along the index: {along_index}: pages {sizes:?}");
     }
+}
+
+/// A cursor holds its query: passed again with the same filter (its
+/// members written in another order) and sort it goes on; with another
+/// filter, another sort, or once another index serves the query, it is
+/// refused (422 at `/after`) rather than read as a position in another
+/// order.
+async fn a_cursor_goes_on_only_with_its_own_query(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    for i in 0..12 {
+        let status = ["open", "paid"][i % 2];
+        create(&app, "k", &format!("k{i:02}"), &json!({"status": status, "amount": i, "day": i % 5})).await;
+    }
+    ready_index(&app, "k", "by_amount", &["status", "-amount"]).await;
+    ready_index(&app, "k", "by_day", &["status", "day"]).await;
+    let filter = json!({"status": "open", "amount": {"$gte": 1, "$lt": 11}});
+    let first = expect(query(&app, "k", &json!({"filter": filter, "sort": ["-amount"], "limit": 2})).await, 200).await;
+    let next = first["next"].as_str().expect("a next page").to_owned();
+    let ids = |page: &Value| page["items"].as_array().unwrap().iter().map(|d| d["id"].clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&first), [json!("k10"), json!("k08")]);
+    // The same query, its members in another order, by GET: it goes on.
+    let same = json!({"amount": {"$lt": 11, "$gte": 1}, "status": {"$eq": "open"}});
+    let params =
+        [("filter", same.to_string()), ("sort", "-amount".into()), ("limit", "2".into()), ("after", next.clone())];
+    let second = expect(app.request(Method::GET, &docs_path("k")).query(&params).send().await.unwrap(), 200).await;
+    assert_eq!(ids(&second), [json!("k06"), json!("k04")]);
+    // Another bound, another status, another direction: refused.
+    for (filter, sort) in [
+        (json!({"status": "open", "amount": {"$gte": 1, "$lt": 9}}), "-amount"),
+        (json!({"status": "paid", "amount": {"$gte": 1, "$lt": 11}}), "-amount"),
+        (json!({"status": "open", "amount": {"$gte": 1, "$lt": 11}}), "amount"),
+    ] {
+        let body = json!({"filter": filter, "sort": [sort], "limit": 2, "after": next});
+        let problem = expect_problem(query(&app, "k", &body).await, 422, "validation_failed").await;
+        assert_eq!(problem["errors"][0]["pointer"], "/after", "{problem}");
+        assert!(problem["detail"].as_str().unwrap().contains("another query"), "{problem}");
+    }
+    // Same length of key, another index's order: refused too.
+    let body = json!({"filter": {"status": "open"}, "sort": ["day"], "limit": 2, "after": next});
+    expect_problem(query(&app, "k", &body).await, 422, "validation_failed").await;
+    // An id-order cursor along an index, and the other way: refused.
+    let listed = expect(app.get(&format!("{}?limit=2", docs_path("k"))).await, 200).await;
+    let by_id = listed["next"].as_str().expect("a next page");
+    let body = json!({"filter": filter, "sort": ["-amount"], "limit": 2, "after": by_id});
+    expect_problem(query(&app, "k", &body).await, 422, "validation_failed").await;
+    let resp = app.request(Method::GET, &docs_path("k")).query(&[("after", next.as_str())]).send().await.unwrap();
+    expect_problem(resp, 422, "validation_failed").await;
 }
