@@ -153,28 +153,28 @@ pub fn object_to_document(map: &Map<String, Value>) -> Document {
     doc
 }
 
-pub(crate) fn bson_to_json(value: &Bson) -> Value {
-    match value {
-        Bson::Null | Bson::Undefined => Value::Null,
-        Bson::Boolean(b) => Value::Bool(*b),
-        Bson::Int32(n) => Value::from(*n),
-        Bson::Int64(n) => Value::from(*n),
-        Bson::Double(n) => Number::from_f64(*n).map_or(Value::Null, Value::Number),
-        Bson::String(s) => Value::String(s.clone()),
-        Bson::Array(items) => Value::Array(items.iter().map(bson_to_json).collect()),
-        Bson::Document(doc) => Value::Object(document_to_object(doc)),
-        Bson::DateTime(dt) => Value::String(rfc3339(*dt)),
-        Bson::ObjectId(oid) => Value::String(oid.to_hex()),
-        other => other.clone().into_relaxed_extjson(),
+/// `doc` as a JSON object, as [`AsJson`] writes it (the one writer of
+/// BSON as JSON: dates as RFC 3339, object ids as hex, non-finite numbers
+/// as `null`, other BSON types as relaxed Extended JSON).
+pub(crate) fn document_to_object(doc: &Document) -> Map<String, Value> {
+    match serde_json::to_value(Object(doc)).expect("a document writes as JSON") {
+        Value::Object(map) => map,
+        _ => unreachable!("a document writes as an object"),
     }
 }
 
-pub(crate) fn document_to_object(doc: &Document) -> Map<String, Value> {
-    doc.iter().map(|(k, v)| (k.clone(), bson_to_json(v))).collect()
+/// A document written as an object (for [`document_to_object`]).
+struct Object<'a>(&'a Document);
+
+impl serde::Serialize for Object<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serialize_document(self.0, s)
+    }
 }
 
-/// A value written as [`bson_to_json`] shows it, straight to the
-/// serializer: a response of many documents builds no JSON value first.
+/// A value written as JSON straight to the serializer: a response of many
+/// documents builds no JSON value first; [`document_to_object`] is the
+/// same writing into a value.
 pub(crate) struct AsJson<'a>(pub &'a Bson);
 
 impl serde::Serialize for AsJson<'_> {
@@ -239,6 +239,10 @@ mod tests {
     use crate::store::DateTime;
     use serde_json::json;
 
+    fn bson_to_json(value: &Bson) -> Value {
+        serde_json::to_value(AsJson(value)).unwrap()
+    }
+
     #[test]
     fn integers_round_trip_exactly() {
         for n in [0_i64, -1, i64::MAX, i64::MIN, 9_007_199_254_740_993] {
@@ -291,11 +295,23 @@ mod tests {
     }
 
     #[test]
-    fn writing_json_directly_matches_the_json_value() {
+    fn json_values_are_written_as_json_is() {
         let record = every_type();
+        // Written straight out or into a value, the same text: the same
+        // member order, the same numbers.
         let direct = serde_json::to_string(&AsJson(&Bson::Document(record.clone()))).unwrap();
-        let built = serde_json::to_string(&bson_to_json(&Bson::Document(record))).unwrap();
+        let built = serde_json::to_string(&document_to_object(&record)).unwrap();
         assert_eq!(direct, built);
+        // What the types JSON has no word for become.
+        let mut nan = Document::new();
+        nan.insert("n", f64::NAN);
+        nan.insert("i", f64::INFINITY);
+        nan.insert("d", DateTime::from_millis(0));
+        nan.insert("o", mongodb::bson::oid::ObjectId::from_bytes([1; 12]));
+        assert_eq!(
+            Value::Object(document_to_object(&nan)),
+            json!({"n": null, "i": null, "d": "1970-01-01T00:00:00.000Z", "o": "010101010101010101010101"})
+        );
     }
 
     #[test]
