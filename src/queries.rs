@@ -110,6 +110,10 @@ pub(crate) enum QueryError {
     /// No ready index serves the query.
     #[error("index required")]
     Unserved(Unserved),
+    /// No ready index serves the query; this declared one would, once
+    /// ready (building), or would have (failed).
+    #[error("index required: {} is {:?}", .index.name, .index.state)]
+    NotReady { why: Unserved, index: Box<crate::indexes::Declaration> },
     /// The cursor is not one this query gave.
     #[error("{0}")]
     Cursor(String),
@@ -348,6 +352,26 @@ impl Queries {
         unreachable!("the loop returns by its last attempt")
     }
 
+    /// The answer to a query of `coll` no ready index serves (`why`):
+    /// with the declared index `plan` would take once ready, when there
+    /// is one (building, or failed).
+    async fn unserved<T, E>(
+        &self,
+        coll: &str,
+        why: Unserved,
+        plan: impl Fn(&[plan::Declared]) -> Result<T, E>,
+    ) -> QueryError {
+        if matches!(why, Unserved::Needs { .. }) {
+            match self.indexes.pending(coll, plan).await {
+                Ok(Some(index)) => return QueryError::NotReady { why, index: Box::new(index) },
+                Ok(None) => {}
+                // Only a hint: the answer stays what it is without it.
+                Err(err) => tracing::debug!(error = %err, "declared indexes not read for an index_required answer"),
+            }
+        }
+        QueryError::Unserved(why)
+    }
+
     /// One page of `query` over collection `coll`.
     pub(crate) async fn page(&self, coll: &str, query: &Query) -> Result<QueryPage, QueryError> {
         // Planned before any snapshot is taken: an index ready now has all
@@ -355,8 +379,11 @@ impl Queries {
         let plan = if query.filter.paths.is_empty() && query.sort.is_empty() {
             None
         } else {
-            let ready = self.indexes.plan(coll, |ready| plan::plan(&query.filter, &query.sort, ready)).await?;
-            Some(ready.map_err(QueryError::Unserved)?)
+            let plan = |ready: &[plan::Declared]| plan::plan(&query.filter, &query.sort, ready);
+            match self.indexes.plan(coll, plan).await? {
+                Ok(plan) => Some(plan),
+                Err(why) => return Err(self.unserved(coll, why, plan).await),
+            }
         };
         if let Some((snapshot, position)) = self.snapshot(coll).await? {
             let at = ReadAt::Pinned(snapshot.as_ref());
@@ -462,8 +489,11 @@ impl Queries {
         let query = if filter.paths.is_empty() {
             IndexQuery::live()
         } else {
-            let ready = self.indexes.plan(coll, |ready| plan::plan_count(filter, ready)).await?;
-            store_query(filter, &ready.map_err(QueryError::Unserved)?)
+            let plan = |ready: &[plan::Declared]| plan::plan_count(filter, ready);
+            match self.indexes.plan(coll, plan).await? {
+                Ok(plan) => store_query(filter, &plan),
+                Err(why) => return Err(self.unserved(coll, why, plan).await),
+            }
         };
         if let Some((snapshot, position)) = self.snapshot(coll).await? {
             let n = self.read_count(coll, filter, &query, ReadAt::Pinned(snapshot.as_ref())).await?;

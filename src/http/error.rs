@@ -68,7 +68,7 @@ problem_codes! {
     InvalidPath => "invalid_path", 400, Problem, "a path parameter cannot be decoded";
     BadRequest => "bad_request", 400, Problem, "the request could not be understood";
     InvalidFilter => "invalid_filter", 400, ValidationFailed, "a query's `filter` or `sort` is outside the query language (an operator not supported, a path starting with `_` or `$`, a value that is not a scalar)";
-    IndexRequired => "index_required", 400, IndexRequired, "no ready index serves the query exactly; `index` is the one that would (`PUT` it), absent when no index can";
+    IndexRequired => "index_required", 400, IndexRequired, "no ready index serves the query exactly; `index` is the one that would (`PUT` it), absent when no index can; `declared` says when it is declared already but still building, or failed";
     CursorBeyondHead => "cursor_beyond_head", 400, Problem, "the event cursor is past the log's last position: no event has had it yet";
     Unauthorized => "unauthorized", 401, Problem, "no API key, or not a valid one";
     Forbidden => "forbidden", 403, Problem, "the API key lacks the scope (or, with no keys configured, the `Host` is not a loopback name)";

@@ -81,6 +81,24 @@ pub(super) fn problem_schema(family: Family) -> Value {
                     "unique": {"type": "boolean"},
                 },
             },
+            "declared": {
+                "type": "object",
+                "description": "When an index of the collection that would serve the query is declared but not ready: its name and state, `building` (with its `progress`; the query is served once it is `ready`) or `failed` (with the `reason`; delete it and declare it again once the documents are changed). `index` is then that index.",
+                "required": ["name", "state"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "state": {"type": "string", "enum": ["building", "failed"]},
+                    "progress": {
+                        "type": ["object", "null"],
+                        "properties": {
+                            "phase": {"type": "string"},
+                            "done": {"type": "integer", "format": "int64"},
+                            "total": {"type": "integer", "format": "int64"},
+                        },
+                    },
+                    "reason": {"type": ["string", "null"]},
+                },
+            },
         }),
         Family::Duplicate => json!({
             "index": {"type": "string", "description": "The unique index holding the value."},

@@ -17,6 +17,7 @@ use super::extract::{ApiPath, ApiQuery, JsonBody, from_body, integer};
 use super::paging::{DEFAULT_PAGE, MAX_PAGE};
 use crate::document::rules::{Invalid, check_collection};
 use crate::http::problems::{Problems, problems};
+use crate::indexes::State as IndexState;
 use crate::queries::{Query, QueryError};
 use crate::query::filter::{Filter, FilterError, check_path};
 use crate::query::plan::{SortKey, Unserved};
@@ -212,6 +213,39 @@ fn query_error(from: From, collection: &str, err: QueryError) -> ApiError {
             .with("index", json!({"name": name, "fields": fields, "unique": false}))
         }
         QueryError::Unserved(Unserved::Never(detail)) => ApiError::bad_request(ProblemCode::IndexRequired, detail),
+        QueryError::NotReady { why, index } => {
+            let (Unserved::Needs { detail, .. } | Unserved::Never(detail)) = why;
+            // What the planner says without the index it would name: this
+            // answer names the declared one.
+            let detail = detail.split_once("; an index on").map_or(detail.as_str(), |(why, _)| why);
+            let path = format!("/v1/collections/{collection}/indexes/{}", index.name);
+            let (detail, declared) = match index.state {
+                IndexState::Failed => (
+                    format!(
+                        "{detail}: index {:?} on {:?} would, but its build failed: {} (DELETE {path}, then PUT it)",
+                        index.name,
+                        index.fields,
+                        index.reason.as_deref().unwrap_or("no reason kept")
+                    ),
+                    json!({"name": index.name, "state": "failed", "reason": index.reason}),
+                ),
+                _ => (
+                    format!(
+                        "{detail} yet: index {:?} on {:?} will once its build ends ({}; GET {path})",
+                        index.name,
+                        index.fields,
+                        index.progress.as_ref().map_or_else(
+                            || "starting".to_owned(),
+                            |p| format!("{} {} of {} documents", p.phase, p.done, p.total)
+                        )
+                    ),
+                    json!({"name": index.name, "state": "building", "progress": index.progress}),
+                ),
+            };
+            ApiError::bad_request(ProblemCode::IndexRequired, detail)
+                .with("index", json!({"name": index.name, "fields": index.fields, "unique": index.unique}))
+                .with("declared", declared)
+        }
         QueryError::Cursor(detail) => Invalid::new(from.at("after"), detail).into(),
         QueryError::Doc(err) => err.into(),
         QueryError::Store(err) => ApiError::store(&err),

@@ -267,6 +267,23 @@ impl Indexes {
         }
     }
 
+    /// A declared index of `coll` that is not ready (building, or failed)
+    /// and that `plan` would take if it were: what a query no ready index
+    /// serves is waiting for, or would have had.
+    pub(crate) async fn pending<T, E>(
+        &self,
+        coll: &str,
+        plan: impl Fn(&[Declared]) -> Result<T, E>,
+    ) -> StoreResult<Option<Declaration>> {
+        Ok(self
+            .declared(coll)
+            .await?
+            .iter()
+            .filter(|d| matches!(d.state, State::Building | State::Failed))
+            .find(|d| plan(&[Declared { name: d.physical.clone(), fields: d.fields.clone() }]).is_ok())
+            .cloned())
+    }
+
     /// The paths of the indexes of each of `colls` that writes must keep
     /// the rule for (those building or ready).
     pub async fn paths(&self, coll: &str) -> StoreResult<Vec<(String, String)>> {

@@ -31,6 +31,7 @@ crate::on_both_backends!(
     another_instances_transaction_is_queried_once_it_answers,
     pages_of_large_documents_stop_at_their_bytes,
     a_cursor_goes_on_only_with_its_own_query,
+    an_index_declared_but_not_ready_is_named_in_index_required,
 );
 
 pub(crate) const WAIT: Duration = Duration::from_secs(30);
@@ -737,4 +738,42 @@ async fn a_cursor_goes_on_only_with_its_own_query(backend: Backend) {
     expect_problem(query(&app, "k", &body).await, 422, "validation_failed").await;
     let resp = app.request(Method::GET, &docs_path("k")).query(&[("after", next.as_str())]).send().await.unwrap();
     expect_problem(resp, 422, "validation_failed").await;
+}
+
+/// A query (or count) whose index is declared but not ready is still
+/// `index_required`, and says which index it waits for: `declared` holds
+/// its name and state, `building` with its progress, or `failed` with the
+/// reason; `index` is that index. Once ready, the query is served.
+async fn an_index_declared_but_not_ready_is_named_in_index_required(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "w", "one", &json!({"status": "open", "tags": "x"})).await;
+    create(&app, "w", "two", &json!({"status": "paid", "tags": ["a", "b"]})).await;
+    // Declared: a build starts only seconds later, so it is building now.
+    let declared = put_index(&app, "w", "by_status", &["status"]).await;
+    assert_eq!(declared["state"], "building", "{declared}");
+    let body = json!({"filter": {"status": "open"}});
+    let problem = expect_problem(query(&app, "w", &body).await, 400, "index_required").await;
+    assert_eq!(problem["declared"]["name"], "by_status", "{problem}");
+    assert_eq!(problem["declared"]["state"], "building", "{problem}");
+    assert_eq!(problem["index"], json!({"name": "by_status", "fields": ["status"], "unique": false}), "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("by_status"), "{problem}");
+    let count = app.request(Method::GET, "/v1/collections/w/count").query(&[("filter", body["filter"].to_string())]);
+    let problem = expect_problem(count.send().await.unwrap(), 400, "index_required").await;
+    assert_eq!(problem["declared"]["state"], "building", "{problem}");
+    // Another query names no declared index.
+    let other = json!({"filter": {"status": "open"}, "sort": ["tags"]});
+    let problem = expect_problem(query(&app, "w", &other).await, 400, "index_required").await;
+    assert!(problem.get("declared").is_none(), "{problem}");
+    // A build that failed: its reason.
+    put_index(&app, "w", "by_tags", &["tags"]).await;
+    assert_eq!(settled_index(&app, "w", "by_tags").await["state"], "failed");
+    let problem =
+        expect_problem(query(&app, "w", &json!({"filter": {"tags": "x"}})).await, 400, "index_required").await;
+    assert_eq!(problem["declared"]["name"], "by_tags", "{problem}");
+    assert_eq!(problem["declared"]["state"], "failed", "{problem}");
+    assert!(problem["declared"]["reason"].as_str().unwrap().contains("array"), "{problem}");
+    // Ready: served.
+    assert_eq!(settled_index(&app, "w", "by_status").await["state"], "ready");
+    let page = expect(query(&app, "w", &body).await, 200).await;
+    assert_eq!(page["items"][0]["id"], "one");
 }
