@@ -61,8 +61,9 @@
 //! that entry, so a document present for the whole listing whose sort
 //! values do not change is returned exactly once, whatever else is
 //! written meanwhile. A cursor also holds a digest of its query (the
-//! filter's conditions and the sort): passed with another query, it is
-//! refused rather than read as a position in an order it was not taken in.
+//! filter's conditions and the order the index is read in): passed with
+//! another query, it is refused rather than read as a position in an
+//! order it was not taken in.
 
 use std::collections::HashMap;
 use std::sync::Arc;
