@@ -2,13 +2,13 @@
 //! `index_builds` worker's passes (see the module above for the protocol).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    BUILD_BATCH, DURABLE_EVERY, Declaration, GRACE, INDEXES, Indexes, LEASE, MAX_NAMED, Progress, State, breaks_rule,
-    unique,
+    BUILD_BATCH, DURABLE_EVERY, Declaration, GRACE, INDEXES, Indexes, LEASE, MAX_NAMED, MAX_REST, Progress,
+    RENEW_EVERY, State, breaks_rule, unique,
 };
 use crate::document::StoredDoc;
 use crate::store::scans::{DOCS_LIVE, INDEXES_BY_STATE};
@@ -128,10 +128,12 @@ impl Indexes {
         let (mut after, mut done, mut offenders) = (None::<String>, 0u64, Vec::new());
         let unique = d.unique.then(|| unique::Unique::of(&d));
         let mut duplicates: Vec<String> = Vec::new();
+        let mut pace = Pace::new();
         loop {
             if stop.is_cancelled() {
                 return Ok(());
             }
+            pace.start();
             let scan = DOCS_LIVE.scan(vec![Bson::Boolean(false)]).after(after.as_deref()).limit(BUILD_BATCH);
             let batch = self.store.scan(&d.coll, scan).await?;
             let full = batch.len() == BUILD_BATCH;
@@ -156,13 +158,16 @@ impl Indexes {
                     }
                 }
             }
-            let progress = Progress { phase: "checking".into(), done, total };
-            if !self.lease(&mut d, Some(progress)).await? {
-                return Ok(());
-            }
             if !full {
                 break;
             }
+            if pace.renew() {
+                let progress = Progress { phase: "checking".into(), done, total };
+                if !self.lease(&mut d, Some(progress)).await? {
+                    return Ok(());
+                }
+            }
+            pace.rest(stop).await;
         }
         if !offenders.is_empty() {
             let reason = format!(
@@ -181,26 +186,70 @@ impl Indexes {
         }
         self.store.declare_index(&d.coll, d.spec()).await?;
         let (mut after, mut done, mut steps) = (None::<String>, 0u64, 0u64);
-        while let Some(last) = self.store.build_index_step(&d.coll, &d.physical, after.as_deref(), BUILD_BATCH).await? {
+        loop {
             if stop.is_cancelled() {
                 return Ok(());
             }
+            pace.start();
+            let step = self.store.build_index_step(&d.coll, &d.physical, after.as_deref(), BUILD_BATCH).await?;
+            let Some(last) = step else { break };
             after = Some(last);
             done += BUILD_BATCH as u64;
             steps += 1;
             if steps % DURABLE_EVERY == 0 {
-                // Made durable a few steps at a time: each such pause of
-                // the writer stays short.
+                // Made durable every few steps: such a pause of the writer
+                // grows with the steps it makes durable (at a million
+                // documents, about 50 ms for two and 125 ms for ten).
                 self.store.build_index_step(&d.coll, &d.physical, None, 0).await?;
             }
-            let progress = Progress { phase: "indexing".into(), done: done.min(total), total };
-            if !self.lease(&mut d, Some(progress)).await? {
-                return Ok(());
+            if pace.renew() {
+                let progress = Progress { phase: "indexing".into(), done: done.min(total), total };
+                if !self.lease(&mut d, Some(progress)).await? {
+                    return Ok(());
+                }
             }
+            pace.rest(stop).await;
         }
         // Every step durable before the index serves.
         self.store.build_index_step(&d.coll, &d.physical, None, 0).await?;
         self.finish(&d, None).await
+    }
+}
+
+/// A build's pace: after each step it rests as long as the step took (at
+/// most [`MAX_REST`]), so writes, reads and the rest of the gateway keep
+/// at least half of the writer and of the cores; it renews its lease, and
+/// records its progress, every [`RENEW_EVERY`] rather than after each step
+/// (each renewal is a durable write).
+struct Pace {
+    step: Instant,
+    renewed: Instant,
+}
+
+impl Pace {
+    fn new() -> Self {
+        Pace { step: Instant::now(), renewed: Instant::now() }
+    }
+
+    fn start(&mut self) {
+        self.step = Instant::now();
+    }
+
+    /// Whether the lease is due for renewal (it is then taken as renewed).
+    fn renew(&mut self) -> bool {
+        let due = self.renewed.elapsed() >= RENEW_EVERY;
+        if due {
+            self.renewed = Instant::now();
+        }
+        due
+    }
+
+    async fn rest(&self, stop: &CancellationToken) {
+        let rest = self.step.elapsed().min(MAX_REST);
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = tokio::time::sleep(rest) => {}
+        }
     }
 }
 

@@ -59,7 +59,11 @@ const LEASE: Duration = Duration::from_secs(30);
 /// Records one build step checks or indexes.
 pub(crate) const BUILD_BATCH: usize = 1000;
 /// Build steps between two that make the build so far durable.
-const DURABLE_EVERY: u64 = 10;
+const DURABLE_EVERY: u64 = 2;
+/// How often a build renews its lease and records its progress.
+const RENEW_EVERY: Duration = Duration::from_secs(1);
+/// The longest rest a build takes after a step (see `build::Pace`).
+const MAX_REST: Duration = Duration::from_millis(100);
 /// Declared indexes one collection may have.
 pub(crate) const MAX_INDEXES: usize = 32;
 /// Fields one index may have.
