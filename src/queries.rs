@@ -356,7 +356,7 @@ impl Queries {
     /// The answer to a query of `coll` no ready index serves (`why`):
     /// with the declared index `plan` would take once ready, when there
     /// is one (building, or failed).
-    async fn unserved<T, E>(
+    pub(crate) async fn unserved<T, E>(
         &self,
         coll: &str,
         why: Unserved,

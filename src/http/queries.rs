@@ -195,10 +195,11 @@ pub(super) fn filter_param(text: &str) -> Result<Filter, ApiError> {
     parse_filter(From::Params, Some(&filter_json(From::Params, text)?))
 }
 
-/// 400 `index_required` for a filter of `collection` no ready index
-/// serves.
-pub(super) fn unserved(collection: &str, why: Unserved) -> ApiError {
-    query_error(From::Params, collection, QueryError::Unserved(why))
+/// 400 `index_required` for a filter of `collection`, given in the query
+/// string, that no ready index serves (`err`: why, and the declared index
+/// that will once ready, if any).
+pub(super) fn unserved(collection: &str, err: QueryError) -> ApiError {
+    query_error(From::Params, collection, err)
 }
 
 /// The answer for a query's failure.

@@ -760,6 +760,14 @@ async fn an_index_declared_but_not_ready_is_named_in_index_required(backend: Bac
     let count = app.request(Method::GET, "/v1/collections/w/count").query(&[("filter", body["filter"].to_string())]);
     let problem = expect_problem(count.send().await.unwrap(), 400, "index_required").await;
     assert_eq!(problem["declared"]["state"], "building", "{problem}");
+    // So does a filtered event stream.
+    let events = app
+        .request(Method::GET, "/v1/events")
+        .query(&[("collections", "w".to_owned()), ("filter", body["filter"].to_string())]);
+    let problem = expect_problem(events.send().await.unwrap(), 400, "index_required").await;
+    assert_eq!(problem["declared"]["name"], "by_status", "{problem}");
+    assert_eq!(problem["declared"]["state"], "building", "{problem}");
+    assert_eq!(problem["index"]["name"], "by_status", "{problem}");
     // Another query names no declared index.
     let other = json!({"filter": {"status": "open"}, "sort": ["tags"]});
     let problem = expect_problem(query(&app, "w", &other).await, 400, "index_required").await;
