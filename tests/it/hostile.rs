@@ -355,6 +355,17 @@ async fn hook_header_values_are_write_only() {
     assert_eq!(got.header("x-tenant"), "t1");
     let id = committed["id"].as_str().unwrap();
     let delivery = committed["hooks"][0]["id"].as_str().unwrap().to_owned();
+    // The receiver has it; the gateway records the outcome just after.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let res = as_key(&app, Method::GET, &format!("/v1/deliveries/{delivery}"), ADMIN).send().await.unwrap();
+        let view = expect(res, 200).await;
+        if view["status"] == "delivered" {
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "never recorded as delivered: {view}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for (key, path) in [
         (READER, format!("/v1/transactions/{id}")),
         (READER, "/v1/transactions".to_owned()),
@@ -368,6 +379,9 @@ async fn hook_header_values_are_write_only() {
         assert_eq!(res.status(), 200, "{path}");
         let text = res.text().await.unwrap();
         assert!(!text.contains("receiver-credential"), "{path} shows a header value: {text}");
+        if path.starts_with("/v1/deliveries") {
+            assert!(text.contains(&delivery), "{path} lists the delivery: {text}");
+        }
         if path.ends_with(id) {
             let view: Value = serde_json::from_str(&text).unwrap();
             assert_eq!(view["request"]["hooks"][0]["headers"]["Authorization"], "[redacted]", "{view}");
