@@ -152,8 +152,11 @@ impl Indexes {
                 if let Some(key) = unique.as_ref().and_then(|u| u.value(&doc.data)) {
                     let u = unique.as_ref().expect("unique");
                     if let Err(dup) = unique::claim(&self.store, &d.coll, u, &key, &doc.id, self.clock.now()).await? {
-                        if duplicates.len() < MAX_NAMED {
-                            duplicates.extend([dup.existing, doc.id]);
+                        // Each named once, however many share a value.
+                        for id in [dup.existing, doc.id] {
+                            if duplicates.len() < MAX_NAMED && !duplicates.contains(&id) {
+                                duplicates.push(id);
+                            }
                         }
                     }
                 }
@@ -181,7 +184,6 @@ impl Indexes {
                 "documents hold the same value at the paths of this unique index ({}); change them and declare it again",
                 d.paths().collect::<Vec<_>>().join(", ")
             );
-            duplicates.dedup();
             return self.finish(&d, Some((reason, duplicates))).await;
         }
         self.store.declare_index(&d.coll, d.spec()).await?;
