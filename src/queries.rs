@@ -436,6 +436,7 @@ impl Queries {
             }
             Some(Cursor { key, .. }) => Some(key),
         };
+        let matcher = query.filter.matcher();
         let mut items = Vec::with_capacity(query.limit);
         let mut holders = HashMap::new();
         let mut last_key: Option<Vec<Bson>> = None;
@@ -461,7 +462,7 @@ impl Queries {
                 if let View::Live(live) = self.documents.view_at(at, doc, &mut holders).await? {
                     // A committed transaction's change not rolled forward
                     // yet may have taken the document out of the set.
-                    if query.filter.matches(&live.data) {
+                    if matcher.matches(&live.data) {
                         items.push(live);
                     }
                 }

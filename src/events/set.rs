@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use super::model::EventType;
 use super::{EVENTS, Log, Ready};
-use crate::query::filter::Filter;
+use crate::query::filter::Matcher;
 use crate::store::convert::object_to_document;
 use crate::store::{Document, StoreResult};
 
@@ -34,7 +34,7 @@ pub(crate) enum Prior {
 #[derive(Debug)]
 pub(crate) struct SetFilter {
     pub collection: String,
-    pub filter: Filter,
+    pub filter: Matcher,
 }
 
 impl SetFilter {

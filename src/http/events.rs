@@ -129,7 +129,7 @@ async fn set_filter(state: &AppState, query: &EventsQuery) -> Result<Option<Arc<
         let err = state.queries.unserved(collection, why, plan).await;
         return Err(super::queries::unserved(collection, err));
     }
-    Ok(Some(Arc::new(SetFilter { collection: (*collection).to_owned(), filter })))
+    Ok(Some(Arc::new(SetFilter { collection: (*collection).to_owned(), filter: filter.matcher() })))
 }
 
 /// Event type `t`, or why not (at `pointer`).

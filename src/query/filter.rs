@@ -200,14 +200,54 @@ impl Filter {
 
     /// Whether `data` matches, by the same key order the index reads.
     pub(crate) fn matches(&self, data: &Document) -> bool {
-        self.paths.iter().all(|(path, conds)| {
+        self.matcher().matches(data)
+    }
+
+    /// The filter with each condition's ranges worked out once, to match
+    /// many documents.
+    pub(crate) fn matcher(&self) -> Matcher {
+        let paths = self.paths.iter().map(|(path, conds)| {
+            let checks = conds
+                .iter()
+                .map(|cond| match cond {
+                    Cond::Exists(want) => Check::Exists(*want),
+                    cond => Check::Within(Ranges::of(cond)),
+                })
+                .collect();
+            (path.clone(), checks)
+        });
+        Matcher { paths: paths.collect() }
+    }
+}
+
+/// A [`Filter`] ready to match documents ([`Filter::matcher`]).
+#[derive(Debug)]
+pub(crate) struct Matcher {
+    paths: Vec<(String, Vec<Check>)>,
+}
+
+/// One condition of a [`Matcher`].
+#[derive(Debug)]
+enum Check {
+    Exists(bool),
+    /// The value's index key is in these ranges.
+    Within(Ranges),
+}
+
+impl Matcher {
+    /// Whether `data` matches, by the same key order the index reads.
+    pub(crate) fn matches(&self, data: &Document) -> bool {
+        let mut key = Vec::new();
+        self.paths.iter().all(|(path, checks)| {
             let value = crate::store::filter::lookup(data, path);
-            conds.iter().all(|cond| match cond {
-                Cond::Exists(want) => value.is_some() == *want,
-                cond => {
-                    let mut key = Vec::new();
-                    keys::push(&mut key, value);
-                    Ranges::of(cond).contains(&key)
+            key.clear();
+            checks.iter().all(|check| match check {
+                Check::Exists(want) => value.is_some() == *want,
+                Check::Within(ranges) => {
+                    if key.is_empty() {
+                        keys::push(&mut key, value);
+                    }
+                    ranges.contains(&key)
                 }
             })
         })
