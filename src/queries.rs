@@ -70,7 +70,7 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 
-use crate::document::{Live, StagedOp, StoredDoc, View};
+use crate::document::{Live, StagedOp, StoredDoc, StoredLive, StoredView, View};
 use crate::documents::{DocError, Documents, ReadAt};
 use crate::events::Log;
 use crate::events::model::document_event_id;
@@ -80,9 +80,7 @@ use crate::query::filter::Filter;
 use crate::query::plan::{self, Plan, SortKey, Unserved};
 use crate::store::filter::lookup;
 use crate::store::scans::{DOCS_OUTBOX, DOCS_STAGED, TXNS_BY_COMMIT};
-use crate::store::{
-    Bound, Bson, Document, DynStore, IndexQuery, PAGE_BYTES, Record, Store, StoreError, doc, record_id,
-};
+use crate::store::{Bound, Bson, Document, DynStore, IndexQuery, PAGE_BYTES, Store, StoreError, doc};
 use crate::txn::record::{Status, TXNS, TxnRecord};
 
 /// How many times a page reads on when the documents it read are not
@@ -158,11 +156,19 @@ impl Query {
     }
 }
 
+/// A document of a page: built, or as stored (written out without being
+/// built: see [`StoredLive`]).
+#[derive(Debug)]
+pub(crate) enum PageItem {
+    Built(Live),
+    Stored(StoredLive),
+}
+
 /// One page: its documents, the cursor of the next (when more may
 /// follow), and the log position it was read at.
 #[derive(Debug)]
 pub(crate) struct QueryPage {
-    pub items: Vec<Live>,
+    pub items: Vec<PageItem>,
     pub next: Option<String>,
     pub position: u64,
 }
@@ -413,8 +419,8 @@ impl Queries {
                 Some([Bson::String(id)]) => Some(id.clone()),
                 Some(_) => return Err(QueryError::Cursor("not a cursor of this query".into())),
             };
-            let (mut items, next) = self.documents.list_at(at, coll, after.as_deref(), query.limit).await?;
-            trim(&mut items, query.fields.as_deref());
+            let (items, next) = self.documents.list_at(at, coll, after.as_deref(), query.limit).await?;
+            let items = trim(items.into_iter().map(PageItem::Built).collect(), query.fields.as_deref())?;
             let next = next.map(|id| encode_cursor(&[Bson::String(id)], None));
             return Ok(QueryPage { items, next, position });
         };
@@ -441,47 +447,60 @@ impl Queries {
         let mut holders = HashMap::new();
         let mut last_key: Option<Vec<Bson>> = None;
         let mut bytes = 0;
+        let fields = query.fields.as_deref();
+        let next_after = |last_key: &Option<Vec<Bson>>| last_key.as_deref().map(|key| encode_cursor(key, Some(digest)));
         for _ in 0..MAX_REFILLS {
             store_query.after = after.clone();
             store_query.limit = query.limit - items.len() + 1;
             store_query.budget = PAGE_BYTES.saturating_sub(bytes).max(1);
-            let found = store.query(coll, &store_query).await?;
+            // As stored: a record no transaction holds is written out
+            // without being built.
+            let found = store.query_raw(coll, &store_query).await?;
             bytes += found.bytes;
             let full = found.records.len() == store_query.limit;
             for record in found.records {
                 if items.len() == query.limit {
                     // One more entry exists: a next page follows the last shown.
-                    let next = last_key.as_deref().map(|key| encode_cursor(key, Some(digest)));
-                    trim(&mut items, query.fields.as_deref());
-                    return Ok(QueryPage { items, next, position });
+                    let next = next_after(&last_key);
+                    return Ok(QueryPage { items: trim(items, fields)?, next, position });
                 }
-                let key = key_of(&record, &order);
+                let key = key_of_raw(&record, &order);
                 after = Some(key.clone());
                 last_key = Some(key);
-                let doc = StoredDoc::from_record(record).map_err(DocError::Store)?;
-                if let View::Live(live) = self.documents.view_at(at, doc, &mut holders).await? {
-                    // A committed transaction's change not rolled forward
-                    // yet may have taken the document out of the set.
-                    if matcher.matches(&live.data) {
-                        items.push(live);
+                match StoredLive::view(record) {
+                    StoredView::Live(live) => {
+                        if matcher.matches_raw(&live.record) {
+                            items.push(PageItem::Stored(live));
+                        }
+                    }
+                    StoredView::Hidden => {}
+                    StoredView::Built(record) => {
+                        let record = crate::store::convert::decode(record.as_bytes())
+                            .map_err(|e| StoreError::Undecodable(e.0))
+                            .map_err(DocError::Store)?;
+                        let doc = StoredDoc::from_record(record).map_err(DocError::Store)?;
+                        if let View::Live(live) = self.documents.view_at(at, doc, &mut holders).await? {
+                            // A committed transaction's change not rolled forward
+                            // yet may have taken the document out of the set.
+                            if matcher.matches(&live.data) {
+                                items.push(PageItem::Built(live));
+                            }
+                        }
                     }
                 }
             }
             if found.cut {
                 // The page holds its bytes: the next goes on after the last read.
-                let next = last_key.as_deref().map(|key| encode_cursor(key, Some(digest)));
-                trim(&mut items, query.fields.as_deref());
-                return Ok(QueryPage { items, next, position });
+                let next = next_after(&last_key);
+                return Ok(QueryPage { items: trim(items, fields)?, next, position });
             }
             if !full {
-                trim(&mut items, query.fields.as_deref());
-                return Ok(QueryPage { items, next: None, position });
+                return Ok(QueryPage { items: trim(items, fields)?, next: None, position });
             }
         }
         // Entries not shown fill the page: hand the client a cursor past them.
-        let next = last_key.as_deref().map(|key| encode_cursor(key, Some(digest)));
-        trim(&mut items, query.fields.as_deref());
-        Ok(QueryPage { items, next, position })
+        let next = next_after(&last_key);
+        Ok(QueryPage { items: trim(items, fields)?, next, position })
     }
 
     /// How many live documents match `filter`, from index entries, and the
@@ -569,33 +588,42 @@ fn store_query(filter: &Filter, plan: &Plan) -> IndexQuery {
     }
 }
 
-/// The values of `record` in the order fields (missing as null, as the
-/// index keeps them).
-fn key_of(record: &Record, order: &[(String, i32)]) -> Vec<Bson> {
+/// The values of a record as stored in the index's `order` fields: its
+/// place in the index (a missing value is `null`, as the index keeps it).
+fn key_of_raw(record: &mongodb::bson::RawDocument, order: &[(String, i32)]) -> Vec<Bson> {
     order
         .iter()
         .map(|(f, _)| {
-            if f == "_id" {
-                record_id(record).map_or(Bson::Null, |id| Bson::String(id.to_owned()))
-            } else {
-                lookup(record, f).cloned().unwrap_or(Bson::Null)
-            }
+            crate::store::filter::lookup_raw(record, f).and_then(|v| Bson::try_from(v).ok()).unwrap_or(Bson::Null)
         })
         .collect()
 }
 
-/// Keep only `fields` of each document's data (dotted paths reach in).
-fn trim(items: &mut [Live], fields: Option<&[String]>) {
-    let Some(fields) = fields else { return };
-    for item in items {
-        let mut kept = Document::new();
-        for path in fields {
-            if let Some(value) = lookup(&item.data, path) {
-                put(&mut kept, path, value.clone());
-            }
+/// Keep only `fields` of each document's data (dotted paths reach in);
+/// a document kept as stored is built for it.
+fn trim(items: Vec<PageItem>, fields: Option<&[String]>) -> Result<Vec<PageItem>, QueryError> {
+    let Some(fields) = fields else { return Ok(items) };
+    items
+        .into_iter()
+        .map(|item| {
+            let mut live = match item {
+                PageItem::Built(live) => live,
+                PageItem::Stored(stored) => stored.into_live()?,
+            };
+            trim_live(&mut live, fields);
+            Ok(PageItem::Built(live))
+        })
+        .collect()
+}
+
+fn trim_live(item: &mut Live, fields: &[String]) {
+    let mut kept = Document::new();
+    for path in fields {
+        if let Some(value) = lookup(&item.data, path) {
+            put(&mut kept, path, value.clone());
         }
-        item.data = kept;
     }
+    item.data = kept;
 }
 
 fn put(doc: &mut Document, path: &str, value: Bson) {
@@ -729,15 +757,21 @@ mod tests {
 
     #[test]
     fn trimming_keeps_the_named_paths() {
-        let mut items = vec![Live {
-            id: "a".into(),
-            version: 1,
-            schema_version: 1,
-            created_at: crate::store::DateTime::from_millis(0),
-            updated_at: crate::store::DateTime::from_millis(0),
-            data: data(serde_json::json!({"a": 1, "b": {"c": 2, "d": 3}, "e": 4})),
-        }];
-        trim(&mut items, Some(&["a".to_owned(), "b.c".to_owned(), "x".to_owned()]));
-        assert_eq!(items[0].data, data(serde_json::json!({"a": 1, "b": {"c": 2}})));
+        let at = crate::store::DateTime::from_millis(0);
+        let fields = data(serde_json::json!({"a": 1, "b": {"c": 2, "d": 3}, "e": 4}));
+        let live = Live { id: "a".into(), version: 1, schema_version: 1, created_at: at, updated_at: at, data: fields };
+        // The same document built, and as stored.
+        let record = StoredDoc::new_live("a".into(), live.data.clone(), 1, 1, at).to_record();
+        let StoredView::Live(stored) = StoredLive::view(mongodb::bson::RawDocumentBuf::from_document(&record).unwrap())
+        else {
+            panic!("a live record")
+        };
+        let items = vec![PageItem::Built(live), PageItem::Stored(stored)];
+        let trimmed = trim(items, Some(&["a".to_owned(), "b.c".to_owned(), "x".to_owned()])).unwrap();
+        assert_eq!(trimmed.len(), 2);
+        for item in trimmed {
+            let PageItem::Built(item) = item else { panic!("trimmed documents are built") };
+            assert_eq!(item.data, data(serde_json::json!({"a": 1, "b": {"c": 2}})));
+        }
     }
 }

@@ -166,6 +166,105 @@ impl Live {
     }
 }
 
+/// A document read as stored, not built: what a page read along an index
+/// shows of a record whose committed state needs no transaction looked
+/// at. Its data is the record's fields other than [`Self::NOT_DATA`],
+/// written out straight from the bytes.
+#[derive(Clone, Debug)]
+pub(crate) struct StoredLive {
+    pub id: String,
+    pub version: i64,
+    pub schema_version: i64,
+    pub created_at: DateTime,
+    pub updated_at: DateTime,
+    pub record: mongodb::bson::RawDocumentBuf,
+}
+
+/// What [`StoredLive::view`] makes of a record as stored.
+#[derive(Debug)]
+pub(crate) enum StoredView {
+    /// Live, and held by no transaction.
+    Live(StoredLive),
+    /// Not shown: a tombstone, or an insert never committed.
+    Hidden,
+    /// Held by a transaction, or not in the usual shape: the record, to
+    /// be read built ([`StoredDoc::from_record`]), whose view decides.
+    Built(mongodb::bson::RawDocumentBuf),
+}
+
+impl StoredLive {
+    /// The record's top-level fields that are not the user's data.
+    pub(crate) const NOT_DATA: [&'static str; 2] = ["_id", "_meta"];
+
+    /// The committed view of `record` (as [`StoredDoc::into_committed_view`]
+    /// shows it) where it needs neither a transaction nor a decode: a
+    /// record no transaction holds, `_meta` in the shape this gateway
+    /// writes. Anything else is [`StoredView::Built`].
+    pub(crate) fn view(record: mongodb::bson::RawDocumentBuf) -> StoredView {
+        let Some((id, envelope)) = Self::envelope(&record) else { return StoredView::Built(record) };
+        match envelope {
+            None => StoredView::Hidden,
+            Some((version, schema_version, created_at, updated_at)) => {
+                StoredView::Live(StoredLive { id, version, schema_version, created_at, updated_at, record })
+            }
+        }
+    }
+
+    /// The id of `record` and, unless it is hidden (`None`), its version,
+    /// schema version and timestamps; `None` for a record to read built.
+    #[allow(clippy::type_complexity)]
+    fn envelope(record: &mongodb::bson::RawDocument) -> Option<(String, Option<(i64, i64, DateTime, DateTime)>)> {
+        use mongodb::bson::RawBsonRef as R;
+        let (id, meta) = match (record.get("_id"), record.get("_meta")) {
+            (Ok(Some(R::String(id))), Ok(Some(R::Document(meta)))) => (id.to_owned(), meta),
+            _ => return None,
+        };
+        let (mut v, mut sv, mut deleted) = (None, 1, false);
+        let (mut created_at, mut updated_at) = (None, None);
+        for element in meta {
+            let (key, value) = element.ok()?;
+            match (key, value) {
+                ("v", R::Int64(n)) => v = Some(n),
+                ("v", R::Int32(n)) => v = Some(i64::from(n)),
+                ("sv", R::Int64(n)) => sv = n,
+                ("sv", R::Int32(n)) => sv = i64::from(n),
+                ("deleted", R::Boolean(b)) => deleted = b,
+                ("created_at", R::DateTime(at)) => created_at = Some(at),
+                ("updated_at", R::DateTime(at)) => updated_at = Some(at),
+                ("txn" | "pending" | "created_at" | "updated_at" | "deleted_at" | "outbox", R::Null) => {}
+                // A holder (its transaction decides what is shown).
+                ("txn" | "pending", _) => return None,
+                // What a view of the record does not read.
+                ("deleting" | "deleted_at" | "outbox", _) => {}
+                _ => return None,
+            }
+        }
+        let version = v?;
+        if version == 0 || deleted {
+            return Some((id, None));
+        }
+        let updated_at = updated_at.unwrap_or_else(|| DateTime::from_millis(0));
+        Some((id, Some((version, sv, created_at.unwrap_or(updated_at), updated_at))))
+    }
+
+    /// The document built (its data decoded).
+    pub(crate) fn into_live(self) -> Result<Live, StoreError> {
+        let mut data = crate::store::convert::decode(self.record.as_bytes())
+            .map_err(|e| StoreError::Undecodable(format!("{}: {e}", self.id)))?;
+        for field in Self::NOT_DATA {
+            data.remove(field);
+        }
+        Ok(Live {
+            id: self.id,
+            version: self.version,
+            schema_version: self.schema_version,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            data,
+        })
+    }
+}
+
 /// The fields the filters of a stored document match, as stored.
 mod shapes {
     use serde::Serialize;
@@ -382,6 +481,55 @@ mod tests {
             Meta::plain(&doc! {"v": 1_i64, "pending": {"op": "delete", "sv": 1_i64}}).is_none(),
             "serde reads a staged change"
         );
+    }
+
+    /// A record read as stored shows what the built record shows, or is
+    /// left to the built read (held, or in a shape it does not read).
+    #[test]
+    fn a_record_as_stored_shows_its_committed_view() {
+        use mongodb::bson::{RawDocumentBuf, doc};
+        let at = DateTime::from_millis(1_700_000_000_123);
+        let metas = [
+            doc! {"v": 1_i64},
+            doc! {"v": 3_i32, "sv": 2_i32, "deleted": false, "deleting": false, "created_at": at, "updated_at": at},
+            doc! {"v": 4_i64, "sv": 1_i64, "deleted": true, "deleted_at": at, "outbox": {"seq": 0_i64}},
+            doc! {"v": 2_i64, "txn": Bson::Null, "pending": Bson::Null, "outbox": Bson::Null, "created_at": Bson::Null},
+            doc! {"v": 2_i64, "updated_at": at, "outbox": {"seq": 3_i64, "type": "document.updated"}},
+            doc! {"v": 0_i64, "txn": Bson::Null},
+            doc! {"v": 2_i64, "txn": "t2", "pending": {"op": "update", "data": {"a": 1}, "sv": 1_i64}},
+            doc! {"v": 5_i64, "later": "a field a newer release wrote"},
+            doc! {"v": 2.0},
+            doc! {"sv": 1_i64},
+            doc! {"v": 1_i64, "deleted": "yes"},
+            doc! {"v": 1_i64, "sv": Bson::Null},
+        ];
+        let mut seen = [0; 3];
+        for meta in metas {
+            let record = doc! {"_id": "a", "x": 1_i64, "_meta": meta.clone(), "y": {"z": "w"}};
+            let built = StoredDoc::from_record(record.clone()).map(StoredDoc::into_committed_view);
+            match StoredLive::view(RawDocumentBuf::from_document(&record).unwrap()) {
+                StoredView::Live(live) => {
+                    seen[0] += 1;
+                    let live = live.into_live().unwrap();
+                    assert_eq!(built.unwrap(), View::Live(live), "{meta}");
+                }
+                StoredView::Hidden => {
+                    seen[1] += 1;
+                    assert!(matches!(built.unwrap(), View::NotFound | View::Deleted { .. }), "{meta}");
+                }
+                StoredView::Built(raw) => {
+                    seen[2] += 1;
+                    assert_eq!(raw.to_document().unwrap(), record, "{meta}");
+                    let held = meta.get("txn").is_some_and(|t| t != &Bson::Null);
+                    assert!(
+                        held || mongodb::bson::from_document::<Meta>(meta.clone()).is_err()
+                            || meta.contains_key("later"),
+                        "{meta}"
+                    );
+                }
+            }
+        }
+        assert_eq!(seen, [4, 2, 6]);
     }
 
     use super::*;

@@ -7,8 +7,8 @@ use utoipa::{IntoParams, ToSchema};
 use super::contract::{Collection, DocumentId, Fields};
 use super::error::ApiError;
 use crate::clock::rfc3339;
-use crate::document::Live;
 use crate::document::rules;
+use crate::document::{Live, StoredLive};
 
 /// A document as the API shows it.
 #[derive(Serialize, ToSchema)]
@@ -29,8 +29,23 @@ pub(crate) struct DocumentOut {
     pub updated_at: String,
     /// The user's fields.
     #[schema(value_type = Fields)]
-    #[serde(serialize_with = "crate::store::convert::serialize_document")]
-    pub data: crate::store::Document,
+    pub data: DataOut,
+}
+
+/// A document's data: built, or the record as stored, written out from
+/// its bytes without its gateway fields (the same JSON either way).
+pub(crate) enum DataOut {
+    Built(crate::store::Document),
+    Stored(mongodb::bson::RawDocumentBuf),
+}
+
+impl Serialize for DataOut {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            DataOut::Built(doc) => crate::store::convert::serialize_document(doc, s),
+            DataOut::Stored(record) => crate::store::convert::serialize_raw_document(record, &StoredLive::NOT_DATA, s),
+        }
+    }
 }
 
 impl DocumentOut {
@@ -42,7 +57,20 @@ impl DocumentOut {
             schema_version: live.schema_version,
             created_at: rfc3339(live.created_at),
             updated_at: rfc3339(live.updated_at),
-            data: live.data,
+            data: DataOut::Built(live.data),
+        }
+    }
+
+    /// A document read as stored.
+    pub(crate) fn stored(collection: &str, live: StoredLive) -> Self {
+        Self {
+            collection: collection.to_owned(),
+            id: live.id,
+            version: live.version,
+            schema_version: live.schema_version,
+            created_at: rfc3339(live.created_at),
+            updated_at: rfc3339(live.updated_at),
+            data: DataOut::Stored(live.record),
         }
     }
 }

@@ -18,7 +18,7 @@ use super::paging::{DEFAULT_PAGE, MAX_PAGE};
 use crate::document::rules::{Invalid, check_collection};
 use crate::http::problems::{Problems, problems};
 use crate::indexes::State as IndexState;
-use crate::queries::{Query, QueryError};
+use crate::queries::{PageItem, Query, QueryError};
 use crate::query::filter::{Filter, FilterError, check_path};
 use crate::query::plan::{SortKey, Unserved};
 
@@ -277,7 +277,14 @@ fn suggested_name(fields: &[String]) -> String {
 async fn run(state: &AppState, from: From, collection: &str, query: Query) -> Result<QueryPageOut, ApiError> {
     let page = state.queries.page(collection, &query).await.map_err(|e| query_error(from, collection, e))?;
     Ok(QueryPageOut {
-        items: page.items.into_iter().map(|l| DocumentOut::new(collection, l)).collect(),
+        items: page
+            .items
+            .into_iter()
+            .map(|item| match item {
+                PageItem::Built(live) => DocumentOut::new(collection, live),
+                PageItem::Stored(live) => DocumentOut::stored(collection, live),
+            })
+            .collect(),
         next: page.next,
         position: page.position,
     })

@@ -252,6 +252,25 @@ impl Matcher {
             })
         })
     }
+
+    /// [`Self::matches`] of a record as stored (its data paths: none
+    /// reaches `_id` or `_meta`).
+    pub(crate) fn matches_raw(&self, record: &mongodb::bson::RawDocument) -> bool {
+        let mut key = Vec::new();
+        self.paths.iter().all(|(path, checks)| {
+            let value = crate::store::filter::lookup_raw(record, path).and_then(|v| Bson::try_from(v).ok());
+            key.clear();
+            checks.iter().all(|check| match check {
+                Check::Exists(want) => value.is_some() == *want,
+                Check::Within(ranges) => {
+                    if key.is_empty() {
+                        keys::push(&mut key, value.as_ref());
+                    }
+                    ranges.contains(&key)
+                }
+            })
+        })
+    }
 }
 
 /// A path's escaping inside a JSON pointer.
@@ -578,6 +597,40 @@ mod tests {
             let f = parse(filter.clone());
             let got: Vec<usize> = docs.iter().enumerate().filter(|(_, d)| f.matches(d)).map(|(i, _)| i).collect();
             assert_eq!(got, want, "{filter}");
+            // The same answer from the records as stored.
+            let matcher = f.matcher();
+            let raw: Vec<usize> = docs
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| matcher.matches_raw(&mongodb::bson::RawDocumentBuf::from_document(d).unwrap()))
+                .map(|(i, _)| i)
+                .collect();
+            assert_eq!(raw, want, "{filter} as stored");
+        }
+    }
+
+    #[test]
+    fn nested_paths_match_as_stored_as_built() {
+        let docs = [
+            data(json!({"a": {"b": 1}})),
+            data(json!({"a": {"b": {"c": "x"}}})),
+            data(json!({"a": 1})),
+            data(json!({"a": {"c": 1}})),
+            data(json!({"a": [{"b": 1}]})),
+        ];
+        for filter in [
+            json!({"a.b": 1}),
+            json!({"a.b": null}),
+            json!({"a.b.c": "x"}),
+            json!({"a.b": {"$exists": true}}),
+            json!({"a.b": {"$gte": 0}}),
+        ] {
+            let f = parse(filter.clone());
+            let matcher = f.matcher();
+            for d in &docs {
+                let raw = mongodb::bson::RawDocumentBuf::from_document(d).unwrap();
+                assert_eq!(matcher.matches_raw(&raw), matcher.matches(d), "{filter} over {d}");
+            }
         }
     }
 }

@@ -118,6 +118,42 @@ fn value_at(value: RawBsonRef<'_>, level: usize) -> Result<Bson, Undecodable> {
     })
 }
 
+/// Check a stored record as [`decode`] does (its structure, every element
+/// and its depth) without building it: a record that passes is written
+/// as JSON by [`serialize_raw_document`] and its values convert to BSON
+/// without error. One pass, nothing allocated.
+pub(crate) fn check(bytes: &[u8]) -> Result<&RawDocument, Undecodable> {
+    let raw = RawDocument::from_bytes(bytes).map_err(malformed)?;
+    check_at(raw, 1)?;
+    Ok(raw)
+}
+
+fn check_at(raw: &RawDocument, level: usize) -> Result<(), Undecodable> {
+    within_depth(level)?;
+    for element in raw {
+        let (_, value) = element.map_err(malformed)?;
+        check_value(value, level)?;
+    }
+    Ok(())
+}
+
+/// An element of a level-`level` object or array, as [`value_at`] reads it.
+fn check_value(value: RawBsonRef<'_>, level: usize) -> Result<(), Undecodable> {
+    match value {
+        RawBsonRef::Document(inner) => check_at(inner, level + 1),
+        RawBsonRef::Array(inner) => {
+            within_depth(level + 1)?;
+            for item in inner {
+                check_value(item.map_err(malformed)?, level + 1)?;
+            }
+            Ok(())
+        }
+        RawBsonRef::JavaScriptCodeWithScope(code) => check_at(code.scope, level + 1),
+        // A scalar the iterator parsed converts to BSON without error.
+        _ => Ok(()),
+    }
+}
+
 /// The `_id` of a raw record, for reporting one that cannot be decoded.
 pub(crate) fn raw_id(raw: &RawDocument) -> String {
     match raw.get("_id") {
@@ -194,6 +230,56 @@ impl serde::Serialize for AsJson<'_> {
             other => other.clone().into_relaxed_extjson().serialize(s),
         }
     }
+}
+
+/// A value of a stored record written as JSON straight from its bytes,
+/// exactly as [`AsJson`] writes the decoded value: a page of documents
+/// read along an index is written without building them. For records
+/// [`check`] passed (an element it cannot read is a serializer error).
+pub(crate) struct RawAsJson<'a>(pub RawBsonRef<'a>);
+
+impl serde::Serialize for RawAsJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error as _, SerializeSeq as _};
+        match self.0 {
+            RawBsonRef::Null | RawBsonRef::Undefined => s.serialize_unit(),
+            RawBsonRef::Boolean(b) => s.serialize_bool(b),
+            RawBsonRef::Int32(n) => s.serialize_i32(n),
+            RawBsonRef::Int64(n) => s.serialize_i64(n),
+            RawBsonRef::Double(n) if n.is_finite() => s.serialize_f64(n),
+            RawBsonRef::Double(_) => s.serialize_unit(),
+            RawBsonRef::String(text) => s.serialize_str(text),
+            RawBsonRef::Array(items) => {
+                let mut seq = s.serialize_seq(None)?;
+                for item in items {
+                    seq.serialize_element(&RawAsJson(item.map_err(S::Error::custom)?))?;
+                }
+                seq.end()
+            }
+            RawBsonRef::Document(doc) => serialize_raw_document(doc, &[], s),
+            RawBsonRef::DateTime(dt) => s.serialize_str(&rfc3339(dt)),
+            RawBsonRef::ObjectId(oid) => s.serialize_str(&oid.to_hex()),
+            other => Bson::try_from(other).map_err(S::Error::custom)?.into_relaxed_extjson().serialize(s),
+        }
+    }
+}
+
+/// Raw document `doc` as [`serialize_document`] writes it decoded,
+/// without its top-level fields named in `skip`.
+pub(crate) fn serialize_raw_document<S: serde::Serializer>(
+    doc: &RawDocument,
+    skip: &[&str],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::{Error as _, SerializeMap as _};
+    let mut map = s.serialize_map(None)?;
+    for element in doc {
+        let (key, value) = element.map_err(S::Error::custom)?;
+        if !skip.contains(&key) {
+            map.serialize_entry(key, &RawAsJson(value))?;
+        }
+    }
+    map.end()
 }
 
 /// `doc` as [`document_to_object`] shows it (for `serialize_with`).
@@ -312,6 +398,40 @@ mod tests {
             Value::Object(document_to_object(&nan)),
             json!({"n": null, "i": null, "d": "1970-01-01T00:00:00.000Z", "o": "010101010101010101010101"})
         );
+    }
+
+    #[test]
+    fn raw_records_are_checked_and_written_as_decoded_ones() {
+        let record = every_type();
+        let bytes = mongodb::bson::to_vec(&record).unwrap();
+        let raw = check(&bytes).unwrap();
+        // The same text as the decoded document, member for member.
+        struct Raw<'a>(&'a RawDocument, &'a [&'a str]);
+        impl serde::Serialize for Raw<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                serialize_raw_document(self.0, self.1, s)
+            }
+        }
+        let decoded = serde_json::to_string(&AsJson(&Bson::Document(record.clone()))).unwrap();
+        assert_eq!(serde_json::to_string(&Raw(raw, &[])).unwrap(), decoded);
+        let mut without = record.clone();
+        without.remove("_id");
+        without.remove("list");
+        let decoded = serde_json::to_string(&AsJson(&Bson::Document(without))).unwrap();
+        assert_eq!(serde_json::to_string(&Raw(raw, &["_id", "list"])).unwrap(), decoded);
+        // Refused where decoding refuses.
+        assert!(check(&deep_bytes(MAX_DECODE_DEPTH)).unwrap_err().0.contains("nested deeper"));
+        assert!(check(&deep_bytes(MAX_DECODE_DEPTH - 1)).is_ok());
+        let mut corrupt = deep_bytes(3);
+        corrupt[9] = 0x7f;
+        assert!(check(&corrupt).is_err());
+        assert!(check(&[1, 2, 3]).is_err());
+        // A string that is not UTF-8.
+        let mut bad = mongodb::bson::to_vec(&mongodb::bson::doc! {"s": "ab"}).unwrap();
+        let at = bad.len() - 3;
+        bad[at] = 0xff;
+        assert!(decode(&bad).is_err());
+        assert!(check(&bad).is_err());
     }
 
     #[test]

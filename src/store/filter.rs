@@ -66,6 +66,22 @@ pub(crate) fn lookup<'a>(record: &'a Document, path: &str) -> Option<&'a Bson> {
     Some(current)
 }
 
+/// [`lookup`] in a record as stored: the value at dotted `path`, through
+/// embedded documents only. An element that cannot be read is missing
+/// (records read are checked first: see [`crate::store::convert::check`]).
+pub(crate) fn lookup_raw<'a>(
+    record: &'a mongodb::bson::RawDocument,
+    path: &str,
+) -> Option<mongodb::bson::RawBsonRef<'a>> {
+    let mut parts = path.split('.');
+    let mut current = record.get(parts.next()?).ok()??;
+    for part in parts {
+        let mongodb::bson::RawBsonRef::Document(inner) = current else { return None };
+        current = inner.get(part).ok()??;
+    }
+    Some(current)
+}
+
 fn is_operator_doc(cond: &Bson) -> bool {
     matches!(cond, Bson::Document(d) if d.keys().next().is_some_and(|k| k.starts_with('$')))
 }

@@ -335,6 +335,10 @@ impl<L: Layer> Store for Layered<L> {
         self.layer.around(self.inner.as_ref(), &Op::read("query", coll), self.inner.query(coll, query)).await
     }
 
+    async fn query_raw(&self, coll: &str, query: &IndexQuery) -> StoreResult<super::FoundRaw> {
+        self.layer.around(self.inner.as_ref(), &Op::read("query", coll), self.inner.query_raw(coll, query)).await
+    }
+
     async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {
         self.layer.around(self.inner.as_ref(), &Op::read("count", coll), self.inner.count(coll, query)).await
     }

@@ -281,6 +281,30 @@ impl Found {
     }
 }
 
+/// What a [`Store::query_raw`] found: records as stored, each checked as
+/// a decode would check it ([`convert::check`]) but not built.
+#[derive(Debug, Default)]
+pub struct FoundRaw {
+    pub records: Vec<mongodb::bson::RawDocumentBuf>,
+    /// Their size as stored, in bytes.
+    pub bytes: usize,
+    /// As [`Found::cut`].
+    pub cut: bool,
+}
+
+impl FoundRaw {
+    /// As [`Found::take`].
+    pub(crate) fn take(&mut self, record: mongodb::bson::RawDocumentBuf, limit: usize, budget: usize) -> bool {
+        self.bytes = self.bytes.saturating_add(record.as_bytes().len());
+        self.records.push(record);
+        if self.records.len() >= limit {
+            return false;
+        }
+        self.cut = self.bytes >= budget;
+        !self.cut
+    }
+}
+
 /// A partial update: `$set` of dotted paths and `$unset` of dotted paths.
 #[derive(Clone, Debug, Default)]
 pub struct Update {
@@ -617,6 +641,20 @@ pub trait Store: Send + Sync + 'static {
     /// Up to `query.limit` records along a declared index, in its order
     /// (see [`IndexQuery`]), fewer when they reach `query.budget` bytes.
     async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Found>;
+
+    /// [`Store::query`] with the records as stored, not built: a reader
+    /// that writes them out (a page of documents) saves building them.
+    /// Where the store reads built documents (MongoDB), they are encoded.
+    async fn query_raw(&self, coll: &str, query: &IndexQuery) -> StoreResult<FoundRaw> {
+        let found = self.query(coll, query).await?;
+        let records = found
+            .records
+            .iter()
+            .map(mongodb::bson::RawDocumentBuf::from_document)
+            .collect::<Result<_, _>>()
+            .map_err(|e| StoreError::Internal(format!("a record read does not encode: {e}")))?;
+        Ok(FoundRaw { records, bytes: found.bytes, cut: found.cut })
+    }
 
     /// How many records `query` finds (its `after` and `limit` aside),
     /// counted from index entries.

@@ -23,8 +23,8 @@ use mongodb::options::{ClientOptions, IndexOptions, ReadConcern, WriteConcern};
 use mongodb::{Client, Collection, Database, IndexModel};
 
 use super::{
-    Bson, Document, Durability, Found, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Update,
-    Write, doc,
+    Bson, Document, Durability, Found, FoundRaw, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult,
+    Update, Write, doc,
 };
 
 const DUPLICATE_KEY: i32 = 11000;
@@ -314,6 +314,23 @@ impl MongoStore {
         Ok(found)
     }
 
+    /// The records of index query `query`, read along its index (hinted).
+    async fn query_cursor(&self, coll: &str, query: &IndexQuery) -> StoreResult<mongodb::Cursor<RawDocumentBuf>> {
+        let mut filter = query.filter.clone();
+        if let Some(after) = &query.after {
+            filter = doc! {"$and": [filter, after_condition(&query.sort, after)]};
+        }
+        let sort: Document = query.sort.iter().map(|(f, d)| (f.clone(), Bson::Int32(*d))).collect();
+        let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
+        self.raw(coll)
+            .find(filter)
+            .sort(sort)
+            .hint(mongodb::options::Hint::Name(query.index.clone()))
+            .limit(limit)
+            .await
+            .map_err(|err| hinted(err, &query.index))
+    }
+
     fn coll(&self, name: &str) -> Collection<Document> {
         self.db.collection(name)
     }
@@ -490,21 +507,33 @@ impl Store for MongoStore {
         if query.limit == 0 {
             return Ok(Found::default());
         }
-        let mut filter = query.filter.clone();
-        if let Some(after) = &query.after {
-            filter = doc! {"$and": [filter, after_condition(&query.sort, after)]};
-        }
-        let sort: Document = query.sort.iter().map(|(f, d)| (f.clone(), Bson::Int32(*d))).collect();
-        let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
-        let cursor = self
-            .raw(coll)
-            .find(filter)
-            .sort(sort)
-            .hint(mongodb::options::Hint::Name(query.index.clone()))
-            .limit(limit)
-            .await
-            .map_err(|err| hinted(err, &query.index))?;
+        let cursor = self.query_cursor(coll, query).await?;
         self.found(coll, cursor, query.limit, query.budget).await
+    }
+
+    async fn query_raw(&self, coll: &str, query: &IndexQuery) -> StoreResult<FoundRaw> {
+        let mut found = FoundRaw::default();
+        if query.limit == 0 {
+            return Ok(found);
+        }
+        let mut cursor = self.query_cursor(coll, query).await?;
+        while cursor.advance().await.map_err(map_err)? {
+            let raw = cursor.current();
+            match super::convert::check(raw.as_bytes()) {
+                // Dropping the cursor kills it on the server.
+                Ok(raw) => {
+                    if !found.take(raw.to_raw_document_buf(), query.limit, query.budget) {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    self.unreadable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let id = super::convert::raw_id(raw);
+                    super::report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}")));
+                }
+            }
+        }
+        Ok(found)
     }
 
     async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {

@@ -308,6 +308,10 @@ impl Store for EmbeddedStore {
         self.reader.query(coll, query).await
     }
 
+    async fn query_raw(&self, coll: &str, query: &IndexQuery) -> StoreResult<super::FoundRaw> {
+        self.reader.query_raw(coll, query).await
+    }
+
     async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {
         self.reader.count(coll, query).await
     }

@@ -16,7 +16,7 @@ use super::scan::{
     Reads, after_collection, entries_in, entry_range, excludes_null, in_order, query_ranges, scan_primary,
 };
 use super::{Catalog, ENTRIES, RECORDS, SMALL_READ, internal};
-use crate::store::{Found, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
+use crate::store::{Found, FoundRaw, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
 
 /// What every read of the store needs.
 #[derive(Clone)]
@@ -219,14 +219,39 @@ impl Reader {
     }
 
     pub(super) async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Found> {
-        let Some(spec) = self.queried_spec(coll, &query.index).await? else { return Ok(Found::default()) };
+        self.query_with(coll, query, |reads, (coll, id, bytes), bounds, found: &mut Found| {
+            reads.scanned_into((coll, id, bytes), &[], bounds, found)
+        })
+        .await
+    }
+
+    /// [`Self::query`] with the records as stored, checked, not built.
+    pub(super) async fn query_raw(&self, coll: &str, query: &IndexQuery) -> StoreResult<FoundRaw> {
+        self.query_with(coll, query, |reads, record, (limit, budget), found: &mut FoundRaw| {
+            match reads.checked(record) {
+                Some(raw) => found.take(raw, limit, budget),
+                None => true,
+            }
+        })
+        .await
+    }
+
+    /// The records along `query`'s index, each taken into `F` by `take`
+    /// (whether the read goes on).
+    async fn query_with<F: Default + Send + 'static>(
+        &self,
+        coll: &str,
+        query: &IndexQuery,
+        take: impl Fn(&Reads, (&str, &str, &[u8]), (usize, usize), &mut F) -> bool + Send + 'static,
+    ) -> StoreResult<F> {
+        let Some(spec) = self.queried_spec(coll, &query.index).await? else { return Ok(F::default()) };
         let ranges = query_ranges(&spec, query)?;
         let (coll, limit, budget, reverse) = (coll.to_owned(), query.limit, query.budget, query.reverse);
         self.read_sized(limit, move |txn, reads| {
             let records = txn.open_table(RECORDS).map_err(internal)?;
             let entries = txn.open_table(ENTRIES).map_err(internal)?;
             let name = entries_name(&coll, &spec.name);
-            let mut found = Found::default();
+            let mut found = F::default();
             if limit == 0 {
                 return Ok(found);
             }
@@ -236,7 +261,7 @@ impl Reader {
                     .map_err(internal)?
                     .ok_or_else(|| StoreError::Internal(format!("index {name:?} names a missing record {id}")))?;
                 reads.queried.fetch_add(1, Ordering::Relaxed);
-                Ok(reads.scanned_into((&coll, id, value.value()), &[], (limit, budget), &mut found))
+                Ok(take(reads, (&coll, id, value.value()), (limit, budget), &mut found))
             })?;
             Ok(found)
         })
@@ -312,6 +337,10 @@ impl Store for Pinned {
 
     async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Found> {
         self.0.query(coll, query).await
+    }
+
+    async fn query_raw(&self, coll: &str, query: &IndexQuery) -> StoreResult<FoundRaw> {
+        self.0.query_raw(coll, query).await
     }
 
     async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {

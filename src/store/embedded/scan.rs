@@ -30,6 +30,21 @@ impl Reads {
         })
     }
 
+    /// A record met by a read, as stored, once checked as a decode would
+    /// check it ([`convert::check`]); one that fails is skipped and
+    /// reported (`None`), as [`Self::scanned_into`] skips it.
+    pub(super) fn checked(&self, (coll, id, bytes): (&str, &str, &[u8])) -> Option<mongodb::bson::RawDocumentBuf> {
+        self.decoded.fetch_add(1, Ordering::Relaxed);
+        match convert::check(bytes) {
+            Ok(raw) => Some(raw.to_raw_document_buf()),
+            Err(e) => {
+                self.unreadable.fetch_add(1, Ordering::Relaxed);
+                report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}")));
+                None
+            }
+        }
+    }
+
     /// A record met by a read (of the top-level `fields` only, all when
     /// empty), taken into `found` as the next record of a read of at most `limit`
     /// records and `budget` bytes: whether the read goes on (see
