@@ -32,6 +32,7 @@ crate::on_both_backends!(
     pages_of_large_documents_stop_at_their_bytes,
     a_cursor_goes_on_only_with_its_own_query,
     an_index_declared_but_not_ready_is_named_in_index_required,
+    a_document_a_transaction_holds_is_queried_as_committed,
 );
 
 pub(crate) const WAIT: Duration = Duration::from_secs(30);
@@ -784,4 +785,68 @@ async fn an_index_declared_but_not_ready_is_named_in_index_required(backend: Bac
     assert_eq!(settled_index(&app, "w", "by_status").await["state"], "ready");
     let page = expect(query(&app, "w", &body).await, 200).await;
     assert_eq!(page["items"][0]["id"], "one");
+}
+
+/// While a transaction holds documents (staged, its commit point held
+/// back), pages show them as committed: the held document with its data
+/// from before, matched by that data, and the staged insert not at all;
+/// once it answers, its writes.
+async fn a_document_a_transaction_holds_is_queried_as_committed(backend: Backend) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+
+    use crate::faulty::{Act, Op, rigged_app};
+
+    let (armed, reached) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let rule = {
+        let (armed, reached) = (Arc::clone(&armed), Arc::clone(&reached));
+        move |op: &Op| {
+            let commit = op.coll == "_txns"
+                && op.kind == "update"
+                && op.set.is_some_and(|set| set.get_str("status") == Ok("committed"));
+            if commit && armed.swap(false, AtomicOrdering::SeqCst) {
+                reached.store(true, AtomicOrdering::SeqCst);
+                return Act::Delay(Duration::from_millis(1500));
+            }
+            Act::Pass
+        }
+    };
+    let Some(app) = rigged_app(backend, |_| {}, rule).await else { return };
+    let app = Arc::new(app);
+    create(&app, "h", "a", &json!({"s": "old", "n": 1})).await;
+    create(&app, "h", "b", &json!({"s": "old", "n": 2})).await;
+    ready_index(&app, "h", "s", &["s"]).await;
+    armed.store(true, AtomicOrdering::SeqCst);
+    let txn = {
+        let app = Arc::clone(&app);
+        tokio::spawn(async move {
+            let body = json!({"actions": [
+                {"op": "update", "collection": "h", "id": "a", "set": {"s": "new", "n": 10}},
+                {"op": "insert", "collection": "h", "id": "c", "data": {"s": "new"}},
+            ]});
+            expect(app.post("/v1/transactions", &body).await, 200).await
+        })
+    };
+    let deadline = Instant::now() + WAIT;
+    while !reached.load(AtomicOrdering::SeqCst) {
+        assert!(Instant::now() < deadline, "the transaction never reached its commit point");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Held, not committed: as before.
+    let page = expect(query(&app, "h", &json!({"filter": {"s": "old"}})).await, 200).await;
+    let items = page["items"].as_array().unwrap();
+    let ids: Vec<&str> = items.iter().map(|i| i["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["a", "b"], "{page}");
+    assert_eq!(items[0]["data"], json!({"s": "old", "n": 1}), "{page}");
+    assert_eq!(items[0]["version"], 1, "{page}");
+    let page = expect(query(&app, "h", &json!({"filter": {"s": "new"}})).await, 200).await;
+    assert_eq!(page["items"], json!([]), "{page}");
+    assert!(!txn.is_finished(), "the transaction answered before the pages were read");
+    txn.await.unwrap();
+    let page = expect(query(&app, "h", &json!({"filter": {"s": "new"}})).await, 200).await;
+    let items = page["items"].as_array().unwrap();
+    let ids: Vec<&str> = items.iter().map(|i| i["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["a", "c"], "{page}");
+    assert_eq!(items[0]["data"], json!({"s": "new", "n": 10}), "{page}");
+    assert_eq!(items[0]["version"], 2, "{page}");
 }
