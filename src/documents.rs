@@ -15,16 +15,17 @@ use serde_json::{Map, Value};
 
 use crate::clock::Clock;
 use crate::document::rules::{self, Invalid, Patch};
-use crate::document::{Live, StagedOp, StoredDoc, View};
+use crate::document::{Live, PageItem, StagedOp, StoredDoc, StoredLive, StoredView, View};
 use crate::events::{self, EventType};
 use crate::follow_ups::SETTLE_WAIT;
 use crate::indexes::Indexes;
 use crate::metrics::Metrics;
 use crate::store::DynStore;
 use crate::store::scans::{DOCS_LIVE, DOCS_STAGED};
-use crate::store::{Bson, DateTime, Document, Durability, PAGE_BYTES, StoreError, Write, record_id};
+use crate::store::{Bson, DateTime, Document, Durability, PAGE_BYTES, StoreError, Write};
 use crate::txn::locks::{Locks, Settled};
 use crate::txn::record::{TXNS, TxnRecord};
+use mongodb::bson::RawDocumentBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DocError {
@@ -464,52 +465,75 @@ impl Documents {
         after: Option<&str>,
         limit: usize,
     ) -> Result<(Vec<Live>, Option<String>), DocError> {
-        self.list_at(ReadAt::Now, coll, after, limit).await
+        let (items, next) = self.list_at(ReadAt::Now, coll, after, limit).await?;
+        let items = items.into_iter().map(PageItem::into_live).collect::<Result<_, _>>()?;
+        Ok((items, next))
     }
 
-    /// [`Self::list`], read `at`.
+    /// [`Self::list`], read `at`, each document no transaction holds as
+    /// stored (see [`StoredLive::view`]).
     pub(crate) async fn list_at(
         &self,
         at: ReadAt<'_>,
         coll: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<(Vec<Live>, Option<String>), DocError> {
+    ) -> Result<(Vec<PageItem>, Option<String>), DocError> {
         let store = at.store(self.store());
         let mut items = Vec::with_capacity(limit);
         let mut holders = HashMap::new();
         let mut cursor = after.map(str::to_owned);
         let batch = (limit + 1).clamp(16, 1000);
         let mut bytes = 0;
+        let id_of = |record: &RawDocumentBuf| record.get_str("_id").ok().map(str::to_owned);
         loop {
             let budget = PAGE_BYTES.saturating_sub(bytes).max(1);
             let live = DOCS_LIVE.query(Bson::Boolean(false), cursor.as_deref(), batch, budget);
             let staged = DOCS_STAGED.query(StagedOp::Insert.to_bson(), cursor.as_deref(), batch, budget);
-            let (live, staged) = (store.query(coll, &live).await?, store.query(coll, &staged).await?);
+            let (live, staged) = (store.query_raw(coll, &live).await?, store.query_raw(coll, &staged).await?);
             bytes += live.bytes + staged.bytes;
             // Both lists are complete up to the last id of one that is
             // full or cut short by its bytes.
             let horizon = [&live, &staged]
                 .into_iter()
                 .filter(|f| f.cut || f.records.len() == batch)
-                .filter_map(|f| f.records.last().and_then(record_id).map(str::to_owned))
+                .filter_map(|f| f.records.last().and_then(id_of))
                 .min();
-            let mut merged: Vec<_> = live.records.into_iter().chain(staged.records).collect();
-            merged.sort_by(|a, b| record_id(a).cmp(&record_id(b)));
-            merged.dedup_by(|a, b| record_id(a) == record_id(b));
-            for rec in merged {
-                if horizon.as_deref().is_some_and(|h| record_id(&rec).is_some_and(|id| id > h)) {
+            let mut merged: Vec<(Option<String>, RawDocumentBuf)> =
+                live.records.into_iter().chain(staged.records).map(|r| (id_of(&r), r)).collect();
+            merged.sort_by(|a, b| a.0.cmp(&b.0));
+            merged.dedup_by(|a, b| a.0 == b.0);
+            for (id, rec) in merged {
+                if horizon.as_deref().is_some_and(|h| id.as_deref().is_some_and(|id| id > h)) {
                     break;
                 }
-                let doc = StoredDoc::from_record(rec)?;
-                cursor = Some(doc.id.clone());
-                if let View::Live(l) = self.view_at(at, doc, &mut holders).await? {
+                let shown = match StoredLive::view(rec) {
+                    StoredView::Live(stored) => {
+                        cursor = Some(stored.id.clone());
+                        Some(PageItem::Stored(stored))
+                    }
+                    StoredView::Hidden => {
+                        cursor = id;
+                        None
+                    }
+                    StoredView::Built(rec) => {
+                        let rec =
+                            crate::store::convert::decode(rec.as_bytes()).map_err(|e| StoreError::Undecodable(e.0))?;
+                        let doc = StoredDoc::from_record(rec)?;
+                        cursor = Some(doc.id.clone());
+                        match self.view_at(at, doc, &mut holders).await? {
+                            View::Live(l) => Some(PageItem::Built(l)),
+                            _ => None,
+                        }
+                    }
+                };
+                if let Some(item) = shown {
                     if items.len() == limit {
                         // One more live document exists: there is a next page.
-                        let last = items.last().map(|l: &Live| l.id.clone());
+                        let last = items.last().map(|l: &PageItem| l.id().to_owned());
                         return Ok((items, last));
                     }
-                    items.push(l);
+                    items.push(item);
                 }
             }
             if horizon.is_none() {

@@ -70,7 +70,7 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 
-use crate::document::{Live, StagedOp, StoredDoc, StoredLive, StoredView, View};
+use crate::document::{Live, PageItem, StagedOp, StoredDoc, StoredLive, StoredView, View};
 use crate::documents::{DocError, Documents, ReadAt};
 use crate::events::Log;
 use crate::events::model::document_event_id;
@@ -154,14 +154,6 @@ impl Query {
         let bytes: [u8; 8] = hash.finalize()[..8].try_into().expect("8 bytes");
         i64::from_le_bytes(bytes)
     }
-}
-
-/// A document of a page: built, or as stored (written out without being
-/// built: see [`StoredLive`]).
-#[derive(Debug)]
-pub(crate) enum PageItem {
-    Built(Live),
-    Stored(StoredLive),
 }
 
 /// One page: its documents, the cursor of the next (when more may
@@ -420,7 +412,7 @@ impl Queries {
                 Some(_) => return Err(QueryError::Cursor("not a cursor of this query".into())),
             };
             let (items, next) = self.documents.list_at(at, coll, after.as_deref(), query.limit).await?;
-            let items = trim(items.into_iter().map(PageItem::Built).collect(), query.fields.as_deref())?;
+            let items = trim(items, query.fields.as_deref())?;
             let next = next.map(|id| encode_cursor(&[Bson::String(id)], None));
             return Ok(QueryPage { items, next, position });
         };
@@ -606,10 +598,7 @@ fn trim(items: Vec<PageItem>, fields: Option<&[String]>) -> Result<Vec<PageItem>
     items
         .into_iter()
         .map(|item| {
-            let mut live = match item {
-                PageItem::Built(live) => live,
-                PageItem::Stored(stored) => stored.into_live()?,
-            };
+            let mut live = item.into_live()?;
             trim_live(&mut live, fields);
             Ok(PageItem::Built(live))
         })

@@ -180,6 +180,31 @@ pub(crate) struct StoredLive {
     pub record: mongodb::bson::RawDocumentBuf,
 }
 
+/// A document as a page shows it: built, or as stored (written out
+/// without being built).
+#[derive(Debug)]
+pub(crate) enum PageItem {
+    Built(Live),
+    Stored(StoredLive),
+}
+
+impl PageItem {
+    /// The document built.
+    pub(crate) fn into_live(self) -> Result<Live, StoreError> {
+        match self {
+            PageItem::Built(live) => Ok(live),
+            PageItem::Stored(stored) => stored.into_live(),
+        }
+    }
+
+    pub(crate) fn id(&self) -> &str {
+        match self {
+            PageItem::Built(live) => &live.id,
+            PageItem::Stored(stored) => &stored.id,
+        }
+    }
+}
+
 /// What [`StoredLive::view`] makes of a record as stored.
 #[derive(Debug)]
 pub(crate) enum StoredView {

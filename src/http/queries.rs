@@ -15,10 +15,11 @@ use super::envelope::{CollectionPath, DocumentOut};
 use super::error::{ApiError, ProblemCode};
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body, integer};
 use super::paging::{DEFAULT_PAGE, MAX_PAGE};
+use crate::document::PageItem;
 use crate::document::rules::{Invalid, check_collection};
 use crate::http::problems::{Problems, problems};
 use crate::indexes::State as IndexState;
-use crate::queries::{PageItem, Query, QueryError};
+use crate::queries::{Query, QueryError};
 use crate::query::filter::{Filter, FilterError, check_path};
 use crate::query::plan::{SortKey, Unserved};
 
