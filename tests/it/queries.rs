@@ -6,7 +6,8 @@
 //! sizes, with writes between pages); every kind of query no index serves
 //! is `index_required` with the index that would; what is outside the
 //! language is refused; counts match the model; a transaction's writes are
-//! queried once it answers; a cursor goes on only with its own query. Declared indexes themselves (the rule of
+//! queried once it answers, and documents it holds before then are shown
+//! as committed; a cursor goes on only with its own query. Declared indexes themselves (the rule of
 //! indexed paths, builds, unique indexes) are `declared_indexes`.
 
 use std::cmp::Ordering;
