@@ -9,6 +9,7 @@ use super::error::ApiError;
 use crate::clock::rfc3339;
 use crate::document::rules;
 use crate::document::{Live, StoredLive};
+use crate::store::DateTime;
 
 /// A document as the API shows it.
 #[derive(Serialize, ToSchema)]
@@ -50,27 +51,32 @@ impl Serialize for DataOut {
 
 impl DocumentOut {
     pub(crate) fn new(collection: &str, live: Live) -> Self {
-        Self {
-            collection: collection.to_owned(),
-            id: live.id,
-            version: live.version,
-            schema_version: live.schema_version,
-            created_at: rfc3339(live.created_at),
-            updated_at: rfc3339(live.updated_at),
-            data: DataOut::Built(live.data),
-        }
+        let Live { id, version, schema_version, created_at, updated_at, data } = live;
+        let stamps = (version, schema_version, created_at, updated_at);
+        Self::of(collection, id, stamps, DataOut::Built(data))
     }
 
     /// A document read as stored.
     pub(crate) fn stored(collection: &str, live: StoredLive) -> Self {
+        let StoredLive { id, version, schema_version, created_at, updated_at, record } = live;
+        let stamps = (version, schema_version, created_at, updated_at);
+        Self::of(collection, id, stamps, DataOut::Stored(record))
+    }
+
+    fn of(
+        collection: &str,
+        id: String,
+        (version, schema_version, created_at, updated_at): (i64, i64, DateTime, DateTime),
+        data: DataOut,
+    ) -> Self {
         Self {
             collection: collection.to_owned(),
-            id: live.id,
-            version: live.version,
-            schema_version: live.schema_version,
-            created_at: rfc3339(live.created_at),
-            updated_at: rfc3339(live.updated_at),
-            data: DataOut::Stored(live.record),
+            id,
+            version,
+            schema_version,
+            created_at: rfc3339(created_at),
+            updated_at: rfc3339(updated_at),
+            data,
         }
     }
 }
