@@ -207,7 +207,7 @@ impl App {
     }
 
     pub fn router(&self, config: &Config) -> axum::Router {
-        let state = http::AppState {
+        let state = http::AppState::new(http::Shared {
             documents: Arc::clone(&self.documents),
             store: Arc::clone(&self.store),
             txns: Arc::clone(&self.txns),
@@ -224,7 +224,7 @@ impl App {
             stop: self.stop.clone(),
             streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),
             backups: http::admin::Backups::new(&config.store),
-        };
+        });
         http::router(state, config)
     }
 }

@@ -44,9 +44,28 @@ use crate::store::DynStore;
 use crate::txn::Transactions;
 use error::{ApiError, PROBLEM_JSON, ProblemCode};
 
-/// What every handler can reach.
+/// What every handler can reach: one shared [`Shared`], so that the
+/// clone each request's extractors and middleware take is one reference
+/// count, not one per part.
 #[derive(Clone)]
-pub(crate) struct AppState {
+pub(crate) struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub(crate) fn new(shared: Shared) -> Self {
+        Self(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The parts of [`AppState`].
+pub(crate) struct Shared {
     pub documents: Arc<Documents>,
     pub store: DynStore,
     pub txns: Arc<Transactions>,
