@@ -449,16 +449,22 @@ impl Queries {
             // without being built.
             let found = store.query_raw(coll, &store_query).await?;
             bytes += found.bytes;
-            let full = found.records.len() == store_query.limit;
-            for record in found.records {
+            let read = found.records.len();
+            let full = read == store_query.limit;
+            for (i, record) in found.records.into_iter().enumerate() {
                 if items.len() == query.limit {
                     // One more entry exists: a next page follows the last shown.
                     let next = next_after(&last_key);
                     return Ok(QueryPage { items: trim(items, fields)?, next, position });
                 }
-                let key = key_of_raw(&record, &order);
-                after = Some(key.clone());
-                last_key = Some(key);
+                // Only two keys are ever asked for: the one of the entry
+                // that may fill the page (the cursor past it) and the one of
+                // the last entry read (where the next read goes on).
+                if i + 1 == read || items.len() + 1 == query.limit {
+                    let key = key_of_raw(&record, &order);
+                    after = Some(key.clone());
+                    last_key = Some(key);
+                }
                 match StoredLive::view(record) {
                     StoredView::Live(live) => {
                         if matcher.matches_raw(&live.record) {
