@@ -110,7 +110,7 @@ pub async fn run(url: &str, seconds: f64) {
 /// same rows, a B-tree index on (status, amount DESC, id) (the order
 /// txgate's index gives the same query), the page of 50 and the count.
 pub async fn queries(url: &str, docs: usize, samples: usize) {
-    use super::queries::STATUSES;
+    use super::queries::{Order, STATUSES};
     let client = connect(url).await;
     let statuses = STATUSES.iter().map(|s| format!("'{s}'")).collect::<Vec<_>>().join(",");
     let t = Instant::now();
@@ -144,8 +144,15 @@ pub async fn queries(url: &str, docs: usize, samples: usize) {
         };
         let t = Instant::now();
         let rows = client.query(&page, &[&status, &below]).await.expect("page");
+        // Each row decoded into the typed row txgate's client decodes.
+        let orders: Vec<Order> = rows
+            .iter()
+            .map(|r| Order { id: r.get(0), status: r.get(1), amount: r.get(2), customer: r.get(3) })
+            .collect();
         lat.push(t.elapsed());
-        assert!(rows.len() <= 50);
+        assert!(
+            orders.len() <= 50 && orders.iter().all(|o| o.status == status && o.amount < below && !o.id.is_empty())
+        );
     }
     lat.sort();
     println!("queries postgres page_p50_ms {:.3}", ms(percentile(&lat, 0.5)));
