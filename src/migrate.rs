@@ -63,6 +63,7 @@ fn spec(name: &str, index: &IndexIn) -> StoreResult<IndexSpec> {
         fields: index.keys.keys().cloned().collect(),
         unique: index.unique,
         sparse: index.sparse,
+        counted: false,
     })
 }
 

@@ -149,7 +149,7 @@ impl Declaration {
         let mut fields = vec!["_meta.deleted".to_owned()];
         fields.extend(self.fields.iter().cloned());
         fields.push("_id".to_owned());
-        IndexSpec { name: self.physical.clone(), fields, unique: false, sparse: false }
+        IndexSpec { name: self.physical.clone(), fields, unique: false, sparse: false, counted: true }
     }
 
     /// The declared paths (without their directions).

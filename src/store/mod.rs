@@ -335,6 +335,13 @@ pub struct IndexSpec {
     /// indexes), which answers the same scans.
     #[serde(default)]
     pub sparse: bool,
+    /// The store keeps, for each value of each leading group of fields
+    /// short of the whole key, how many entries start with it, so a count
+    /// pinning those fields by equality reads one number instead of
+    /// walking the entries (the embedded store; MongoDB has no such
+    /// counts, and ignores it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted: bool,
 }
 
 impl IndexSpec {

@@ -566,7 +566,13 @@ impl Store for MongoStore {
                 continue;
             }
             let unique = model.options.as_ref().and_then(|o| o.unique).unwrap_or(false);
-            out.push(IndexSpec { name, fields: model.keys.keys().cloned().collect(), unique, sparse: false });
+            out.push(IndexSpec {
+                name,
+                fields: model.keys.keys().cloned().collect(),
+                unique,
+                sparse: false,
+                counted: false,
+            });
         }
         Ok(out)
     }

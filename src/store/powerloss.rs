@@ -119,6 +119,9 @@ fn indexes() -> Vec<(&'static str, IndexSpec)> {
         fields: fields.iter().map(|f| (*f).to_owned()).collect(),
         unique,
         sparse,
+        // Counts kept for the non-unique, non-sparse ones (as for a
+        // declared query index), so a crash is checked against them too.
+        counted: !unique && !sparse,
     };
     vec![
         ("docs", spec("by_email", &["email"], true, false)),

@@ -169,6 +169,7 @@ async fn make_log(s: &txgate::testing::store::DynStore) {
         fields: vec!["seq".into()],
         unique: true,
         sparse: false,
+        counted: false,
     };
     s.ensure_index("log", index).await.unwrap();
 }
@@ -497,6 +498,10 @@ async fn index_entries_match_records_under_random_writes(backend: Backend) {
     let Some(ts) = store(backend).await else { return };
     let s = &ts.store;
     txgate::testing::migrate::run(s.as_ref()).await.unwrap();
+    // A counted index beside the declared scans (as a query index is):
+    // its counts follow every write, counted and uncounted alike.
+    s.ensure_index("users", by_holder(true)).await.unwrap();
+    s.ensure_index("users", by_holder(false)).await.unwrap();
     let seed = rand::random::<u64>();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut model: std::collections::BTreeMap<String, Document> = Default::default();
@@ -670,11 +675,86 @@ async fn reopen(config: &txgate::config::StoreConfig) -> txgate::testing::store:
 }
 
 /// Every template scan of `users` against the model.
+/// An index of users by liveness and lock holder: counted, or not (one
+/// without a last `_id`, which the embedded store adds all the same, as
+/// MongoDB refuses two indexes of the same keys).
+fn by_holder(counted: bool) -> txgate::testing::store::IndexSpec {
+    let mut fields: Vec<String> = vec!["_meta.deleted".into(), "_meta.txn".into(), "n".into()];
+    if counted {
+        fields.push("_id".into());
+    }
+    txgate::testing::store::IndexSpec {
+        name: if counted { "holder_counted" } else { "holder" }.into(),
+        fields,
+        unique: false,
+        sparse: false,
+        counted,
+    }
+}
+
+/// Counts of [`by_holder`] pinning its first fields by equality, counted
+/// and walked, against the model.
+async fn check_counts(
+    s: &dyn txgate::testing::store::Store,
+    model: &std::collections::BTreeMap<String, Document>,
+    seed: u64,
+) {
+    use txgate::testing::store::IndexQuery;
+    let meta = |d: &Document| d.get_document("_meta").unwrap().clone();
+    let holders = [Bson::Null, Bson::String("T1".into()), Bson::String("T2".into()), Bson::String("T10".into())];
+    for deleted in [false, true] {
+        let mut pins = vec![vec![Bson::Boolean(deleted)]];
+        pins.extend(holders.iter().map(|h| vec![Bson::Boolean(deleted), h.clone()]));
+        // The first document's `n`, with its holder: all three fields pinned.
+        if let Some(d) = model.values().find(|d| meta(d).get_bool("deleted") == Ok(deleted)) {
+            let holder = meta(d).get("txn").cloned().unwrap_or(Bson::Null);
+            pins.push(vec![Bson::Boolean(deleted), holder, d.get("n").unwrap().clone()]);
+        }
+        for eq in pins {
+            let want = model
+                .values()
+                .filter(|d| {
+                    let m = meta(d);
+                    let values = [
+                        Bson::Boolean(m.get_bool("deleted").unwrap()),
+                        m.get("txn").cloned().unwrap_or(Bson::Null),
+                        d.get("n").unwrap().clone(),
+                    ];
+                    values.iter().zip(&eq).all(|(v, e)| v == e)
+                })
+                .count() as u64;
+            let fields = ["_meta.deleted", "_meta.txn", "n"];
+            let mut filter = Document::new();
+            for (f, v) in fields.iter().zip(&eq) {
+                filter.insert(*f, v.clone());
+            }
+            // The uncounted index has no field after the three (its `_id`
+            // is the store's own), so it is asked fewer.
+            for counted in [true, false].into_iter().filter(|c| *c || eq.len() < 3) {
+                let query = IndexQuery {
+                    index: by_holder(counted).name,
+                    eq: eq.clone(),
+                    slot: None,
+                    reverse: false,
+                    after: None,
+                    limit: 0,
+                    budget: usize::MAX,
+                    filter: filter.clone(),
+                    sort: Vec::new(),
+                };
+                let got = s.count("users", &query).await.unwrap();
+                assert_eq!(got, want, "count {eq:?} along {} (seed {seed})", query.index);
+            }
+        }
+    }
+}
+
 async fn check_user_scans(
     s: &dyn txgate::testing::store::Store,
     model: &std::collections::BTreeMap<String, Document>,
     seed: u64,
 ) {
+    check_counts(s, model, seed).await;
     let ids = |recs: Vec<txgate::testing::store::Record>| {
         recs.iter().map(|r| r.get_str("_id").unwrap().to_owned()).collect::<Vec<_>>()
     };
@@ -745,4 +825,62 @@ async fn every_migration_is_applied(backend: Backend) {
     let deliveries = app.store.indexes("_deliveries").await.unwrap();
     assert!(!deliveries.iter().any(|i| i.name == "status_next"), "a dropped index stays dropped: {deliveries:?}");
     app.stop().await;
+}
+
+/// An index the store holds without counts (made by the release before
+/// them), declared again counted, is made again with its counts: at once,
+/// or online, by build steps while writes go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_an_index_made_without_counts_is_made_again_counted() {
+    use txgate::testing::store::embedded::EmbeddedStore;
+    use txgate::testing::store::{IndexQuery, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let spec = |name: &str, counted: bool| txgate::testing::store::IndexSpec {
+        name: name.into(),
+        fields: vec!["s".into(), "n".into(), "_id".into()],
+        unique: false,
+        sparse: false,
+        counted,
+    };
+    let count = async |index: &str, s: i64| {
+        let query = IndexQuery {
+            index: index.into(),
+            eq: vec![Bson::Int64(s)],
+            slot: None,
+            reverse: false,
+            after: None,
+            limit: 0,
+            budget: usize::MAX,
+            filter: doc! {"s": s},
+            sort: Vec::new(),
+        };
+        store.count("c", &query).await.unwrap()
+    };
+    for i in 0..60_i64 {
+        store.insert("c", doc! {"_id": format!("r{i:02}"), "s": i % 3, "n": i}).await.unwrap();
+    }
+    store.ensure_index("c", spec("whole", false)).await.unwrap();
+    store.ensure_index("c", spec("online", false)).await.unwrap();
+    assert_eq!(count("whole", 1).await, 20);
+    store.ensure_index("c", spec("whole", true)).await.unwrap();
+    store.verify_indexes().unwrap();
+    store.declare_index("c", spec("online", true)).await.unwrap();
+    let mut after: Option<String> = None;
+    let mut i = 60_i64;
+    while let Some(last) = store.build_index_step("c", "online", after.as_deref(), 7).await.unwrap() {
+        after = Some(last);
+        // Writes between steps: before and after the build's place.
+        store.insert("c", doc! {"_id": format!("r{i:02}"), "s": 1_i64, "n": i}).await.unwrap();
+        store.delete("c", &format!("r{:02}", i - 59), doc! {}).await.unwrap();
+        i += 1;
+    }
+    store.build_index_step("c", "online", None, 0).await.unwrap();
+    store.verify_indexes().unwrap();
+    for s in 0..3 {
+        let want = count("whole", s).await;
+        assert_eq!(count("online", s).await, want, "s = {s}");
+    }
+    assert!(count("whole", 1).await > 20);
+    store.close().await.unwrap();
 }

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::restart::start_with;
 use crate::support::expect;
@@ -79,4 +79,70 @@ pub fn stop(child: &mut std::process::Child) {
     assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     let status = child.wait().unwrap();
     assert!(status.success(), "txgate ended with {status}");
+}
+
+/// A data directory of the release before index counts (layout 1,
+/// `tests/fixtures/embedded-layout1`): its ready index still serves
+/// queries and counts (walking its entries, as it has no counts), follows
+/// writes, and an index declared now counts the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_of_layout_1_opens_with_its_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/embedded-layout1");
+    for name in ["txgate.redb", "txgate.journal"] {
+        std::fs::copy(from.join(name), dir.path().join(name)).unwrap();
+    }
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    let (mut child, base) = start_with(dir.path(), &[]);
+    let orders = format!("{base}/v1/collections/orders");
+    let count = async |index_filter: &str| {
+        let url = format!("{orders}/count?filter={}", percent(index_filter));
+        let (status, body) = get(&client, url).await;
+        assert_eq!(status, 200, "{body}");
+        body["count"].as_u64().unwrap()
+    };
+    let (status, index) = get(&client, format!("{orders}/indexes/by_status")).await;
+    assert_eq!((status, index["state"].as_str()), (200, Some("ready")), "{index}");
+    assert_eq!(count(r#"{"status":"open"}"#).await, 10);
+    assert_eq!(count(r#"{"status":"paid"}"#).await, 9);
+    assert_eq!(count(r#"{"status":"void"}"#).await, 10);
+    assert_eq!(count(r#"{"status":"open","amount":{"$gte":30}}"#).await, 4);
+    let page = format!("{orders}/documents?filter={}&sort=-amount&limit=3", percent(r#"{"status":"open"}"#));
+    let (status, body) = get(&client, page).await;
+    assert_eq!(status, 200, "{body}");
+    let ids: Vec<&str> = body["items"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["o21", "o6", "o27"], "{body}");
+    // Writes keep the old index; a new index, counted, agrees with it.
+    let res = client.post(format!("{orders}/documents")).json(&json!({"_id": "o31", "status": "open", "amount": 1}));
+    assert_eq!(res.send().await.unwrap().status(), 201);
+    let res = client.delete(format!("{orders}/documents/o1")).send().await.unwrap();
+    assert_eq!(res.status(), 204);
+    assert_eq!(count(r#"{"status":"open"}"#).await, 11);
+    assert_eq!(count(r#"{"status":"paid"}"#).await, 8);
+    let res = client.put(format!("{orders}/indexes/by_status_again")).json(&json!({"fields": ["status", "amount"]}));
+    assert_eq!(res.send().await.unwrap().status(), 201);
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, index) = get(&client, format!("{orders}/indexes/by_status_again")).await;
+        if index["state"] == "ready" {
+            break;
+        }
+        assert!(Instant::now() < until, "the new index never became ready: {index}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let res = client.delete(format!("{orders}/indexes/by_status")).send().await.unwrap();
+    assert_eq!(res.status(), 204);
+    for (filter, n) in [(r#"{"status":"open"}"#, 11), (r#"{"status":"paid"}"#, 8), (r#"{"status":"void"}"#, 10)] {
+        assert_eq!(count(filter).await, n, "{filter} along the new index");
+    }
+    stop(&mut child);
+    let (mut child, base) = start_with(dir.path(), &[]);
+    let (status, body) =
+        get(&client, format!("{base}/v1/collections/orders/count?filter={}", percent(r#"{"status":"open"}"#))).await;
+    assert_eq!((status, body["count"].as_u64()), (200, Some(11)), "{body}");
+    stop(&mut child);
+}
+
+fn percent(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }

@@ -7,7 +7,7 @@ use redb::{Database, ReadableTable};
 use super::index::{Deferred, Entries, entries_name, keys_of, reindex};
 use super::journal::Effects;
 use super::scan::after_collection;
-use super::{CATALOG, Catalog, ENTRIES, RECORDS, internal, keys};
+use super::{CATALOG, Catalog, RECORDS, internal, keys};
 use crate::store::filter::{apply_update, matches};
 use crate::store::{
     Document, IndexSpec, LOG_SEQ, Record, StoreError, StoreResult, Update, Write, convert, report_unreadable,
@@ -188,7 +188,7 @@ pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick
             let mut done = None;
             {
                 let records = txn.open_table(RECORDS).map_err(internal)?;
-                let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
+                let mut entries = Entries::open(&txn)?;
                 let end = after_collection(&coll);
                 let table = entries_name(&coll, &spec.name);
                 let from = match &after {
@@ -208,9 +208,9 @@ pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick
                         }
                     };
                     // A record written since the index was declared has its
-                    // entry already, under this same key.
+                    // entry already, under this same key (and counted).
                     if let Some(key) = super::index::entry_key(&spec, &record, id) {
-                        entries.insert((table.as_str(), key.as_slice()), id).map_err(internal)?;
+                        entries.put(&table, &key, id)?;
                     }
                 }
             }
@@ -226,6 +226,12 @@ pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick
                 .and_then(|specs| specs.iter().find(|s| s.name == spec.name).cloned());
             match existing {
                 Some(s) if s == spec => return Ok(false),
+                // An index made before it was counted is made again,
+                // counted (its entries are rebuilt below, or by the build
+                // an online declaration is followed by).
+                Some(s) if IndexSpec { counted: true, ..s.clone() } == spec => {
+                    tracing::info!(collection = %coll, index = %spec.name, "index made again, with counts");
+                }
                 Some(s) => {
                     return Err(StoreError::Internal(format!(
                         "index {} of {coll} exists as {s:?}, not {spec:?}",
@@ -239,8 +245,8 @@ pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick
             let mut built = 0usize;
             {
                 let records = txn.open_table(RECORDS).map_err(internal)?;
-                let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
-                clear_entries(&mut entries, &entries_name(&coll, &spec.name))?;
+                let mut entries = Entries::open(&txn)?;
+                entries.clear(&entries_name(&coll, &spec.name))?;
                 let end = after_collection(&coll);
                 let all = records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)?;
                 for entry in all.take(if online { 0 } else { usize::MAX }) {
@@ -267,15 +273,18 @@ pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick
             if built > 0 {
                 tracing::info!(collection = %coll, index = %spec.name, records = built, "index built");
             }
-            catalog.write().expect("index catalog").entry(coll).or_default().push(spec);
+            let mut catalog = catalog.write().expect("index catalog");
+            let specs = catalog.entry(coll).or_default();
+            specs.retain(|s| s.name != spec.name);
+            specs.push(spec);
             Ok(true)
         }
         WriteOp::DropIndex { coll, name } => {
             let mut txn = db.begin_write().map_err(internal)?;
             txn.set_quick_repair(quick_repair);
             {
-                let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
-                clear_entries(&mut entries, &entries_name(&coll, &name))?;
+                let mut entries = Entries::open(&txn)?;
+                entries.clear(&entries_name(&coll, &name))?;
                 let mut cat = txn.open_table(CATALOG).map_err(internal)?;
                 cat.remove((coll.as_str(), name.as_str())).map_err(internal)?;
             }
@@ -287,11 +296,6 @@ pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick
         }
         _ => unreachable!("only index changes commit on their own"),
     }
-}
-
-fn clear_entries(entries: &mut Entries<'_>, table: &str) -> StoreResult<()> {
-    let end = [keys::END];
-    entries.retain_in((table, &[][..])..(table, &end[..]), |_, _| false).map_err(internal)
 }
 
 /// Whether the condition of every one of `ops` holds now, nothing applied:
@@ -358,7 +362,7 @@ fn next_position(
 ) -> StoreResult<u64> {
     let name = entries_name(coll, &spec.name);
     let end = [keys::END];
-    let mut range = entries.range((name.as_str(), &[][..])..(name.as_str(), &end[..])).map_err(internal)?;
+    let mut range = entries.table().range((name.as_str(), &[][..])..(name.as_str(), &end[..])).map_err(internal)?;
     let Some(last) = range.next_back() else { return Ok(1) };
     let (_, id) = last.map_err(internal)?;
     let id = id.value().to_owned();

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use redb::{Database, ReadableTable, TableDefinition};
 
-use super::{APPLIED, CATALOG, DATABASE_FILE, ENTRIES, JOURNAL_STATE, RECORDS, internal};
+use super::{APPLIED, CATALOG, COUNTS, DATABASE_FILE, ENTRIES, JOURNAL_STATE, RECORDS, internal};
 use crate::store::disk::{DirDisk, Disk, Fence};
 use crate::store::{BackupInfo, StoreError, StoreResult};
 
@@ -111,6 +111,7 @@ fn copy_snapshot(
         }
     })?;
     copy(snapshot, &db, ENTRIES, |_| {})?;
+    copy(snapshot, &db, COUNTS, |_| {})?;
     copy(snapshot, &db, CATALOG, |_| {})?;
     copy(snapshot, &db, JOURNAL_STATE, |_| {})?;
     let mut txn = db.begin_write().map_err(internal)?;

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use redb::ReadableTable;
 
-use super::{internal, keys};
+use super::{COUNTS, ENTRIES, internal, keys};
 use crate::store::filter::lookup;
 use crate::store::{Bson, IndexSpec, Record, StoreError, StoreResult};
 
@@ -13,26 +13,125 @@ pub(super) fn entries_name(coll: &str, name: &str) -> String {
     format!("{coll}\0{name}")
 }
 
+/// An index entry's key: the record's values in the index's fields, in
+/// their order-preserving encoding ([`keys`]), then its `_id` (left out by
+/// a unique index, or one that ends with `_id`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Key {
+    pub(super) bytes: Vec<u8>,
+    /// Where each leading group of values a counted index keeps a count
+    /// for ends in `bytes` (empty for other indexes): after the first
+    /// field, the first two, … all but the last.
+    cuts: Vec<usize>,
+}
+
+impl Key {
+    /// The leading groups of values a count is kept for, as key bytes.
+    pub(super) fn counted_prefixes(&self) -> impl Iterator<Item = &[u8]> {
+        self.cuts.iter().map(|&cut| &self.bytes[..cut])
+    }
+}
+
 /// The entry key of `record` (with `_id` `id`) in index `spec`; none in a
 /// sparse index when its first field is null or missing.
-pub(super) fn entry_key(spec: &IndexSpec, record: &Record, id: &str) -> Option<Vec<u8>> {
+pub(super) fn entry_key(spec: &IndexSpec, record: &Record, id: &str) -> Option<Key> {
     if spec.sparse && spec.keys().next().is_some_and(|(f, _)| matches!(lookup(record, f), None | Some(Bson::Null))) {
         return None;
     }
     let mut key = Vec::new();
-    for (path, desc) in spec.keys() {
+    let mut cuts = Vec::new();
+    let fields = spec.fields.len();
+    for (i, (path, desc)) in spec.keys().enumerate() {
         keys::push_dir(&mut key, lookup(record, path), desc);
+        if spec.counted && i + 1 < fields {
+            cuts.push(key.len());
+        }
     }
     if !spec.unique && spec.keys().last().is_none_or(|(f, _)| f != "_id") {
         keys::push(&mut key, Some(&Bson::String(id.to_owned())));
     }
-    Some(key)
+    Some(Key { bytes: key, cuts })
 }
 
-pub(super) type Entries<'t> = redb::Table<'t, (&'static str, &'static [u8]), &'static str>;
+/// `("<collection>\0<index>", key bytes) -> _id`.
+type EntryTable<'t> = redb::Table<'t, (&'static str, &'static [u8]), &'static str>;
+/// `("<collection>\0<index>", key bytes of leading values) -> entries`.
+type CountTable<'t> = redb::Table<'t, (&'static str, &'static [u8]), u64>;
+
+/// The index entries in a write transaction, with the counts of counted
+/// indexes ([`IndexSpec::counted`]): for each value of each leading group
+/// of fields short of the whole key, the number of entries that start
+/// with it. Every entry added or taken away here changes its counts in
+/// the same transaction, so a count read in a snapshot is the number of
+/// that snapshot's entries in the range, read without walking them.
+pub(super) struct Entries<'t> {
+    table: EntryTable<'t>,
+    counts: CountTable<'t>,
+}
+
+impl<'t> Entries<'t> {
+    pub(super) fn open(txn: &'t redb::WriteTransaction) -> StoreResult<Self> {
+        Ok(Self {
+            table: txn.open_table(ENTRIES).map_err(internal)?,
+            counts: txn.open_table(COUNTS).map_err(internal)?,
+        })
+    }
+
+    /// The entry table, to read.
+    pub(super) fn table(&self) -> &EntryTable<'t> {
+        &self.table
+    }
+
+    /// The `_id` the entry `key` of `table` names, if there is one.
+    pub(super) fn holder(&self, table: &str, key: &Key) -> StoreResult<Option<String>> {
+        Ok(self.table.get((table, key.bytes.as_slice())).map_err(internal)?.map(|v| v.value().to_owned()))
+    }
+
+    /// Add the entry `key` → `id` to `table` (one already there is kept,
+    /// and counted once).
+    pub(super) fn put(&mut self, table: &str, key: &Key, id: &str) -> StoreResult<()> {
+        let was = self.table.insert((table, key.bytes.as_slice()), id).map_err(internal)?.is_some();
+        if !was {
+            self.count(table, key, 1)?;
+        }
+        Ok(())
+    }
+
+    /// Take the entry `key` out of `table`, if it is there.
+    pub(super) fn take(&mut self, table: &str, key: &Key) -> StoreResult<()> {
+        let was = self.table.remove((table, key.bytes.as_slice())).map_err(internal)?.is_some();
+        if was {
+            self.count(table, key, -1)?;
+        }
+        Ok(())
+    }
+
+    fn count(&mut self, table: &str, key: &Key, delta: i64) -> StoreResult<()> {
+        for prefix in key.counted_prefixes() {
+            let at = (table, prefix);
+            let n = self.counts.get(at).map_err(internal)?.map_or(0, |v| v.value());
+            let n = n
+                .checked_add_signed(delta)
+                .ok_or_else(|| StoreError::Internal(format!("index {table:?}: a count would go below zero")))?;
+            if n == 0 {
+                self.counts.remove(at).map_err(internal)?;
+            } else {
+                self.counts.insert(at, n).map_err(internal)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Take every entry of `table` out, and its counts.
+    pub(super) fn clear(&mut self, table: &str) -> StoreResult<()> {
+        let end = [keys::END];
+        self.table.retain_in((table, &[][..])..(table, &end[..]), |_, _| false).map_err(internal)?;
+        self.counts.retain_in((table, &[][..])..(table, &end[..]), |_, _| false).map_err(internal)
+    }
+}
 
 /// The entry keys of `record` in each of `specs`.
-pub(super) fn keys_of(specs: &[IndexSpec], record: &Record, id: &str) -> Vec<Option<Vec<u8>>> {
+pub(super) fn keys_of(specs: &[IndexSpec], record: &Record, id: &str) -> Vec<Option<Key>> {
     specs.iter().map(|spec| entry_key(spec, record, id)).collect()
 }
 
@@ -51,10 +150,10 @@ pub(super) struct Deferred {
 }
 
 /// An index entry's key; `None`: the record has no entry in that index.
-type EntryKey = Option<Vec<u8>>;
+type EntryKey = Option<Key>;
 
 impl Deferred {
-    fn change(&mut self, table: String, id: &str, old: Option<Vec<u8>>, new: Option<Vec<u8>>) {
+    fn change(&mut self, table: String, id: &str, old: EntryKey, new: EntryKey) {
         match self.changes.entry((table, id.to_owned())) {
             std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().1 = new,
             std::collections::hash_map::Entry::Vacant(e) => {
@@ -70,10 +169,10 @@ impl Deferred {
                 continue;
             }
             if let Some(key) = old {
-                entries.remove((table.as_str(), key.as_slice())).map_err(internal)?;
+                entries.take(&table, &key)?;
             }
             if let Some(key) = new {
-                entries.insert((table.as_str(), key.as_slice()), id.as_str()).map_err(internal)?;
+                entries.put(&table, &key, &id)?;
             }
         }
         Ok(())
@@ -89,7 +188,7 @@ pub(super) fn reindex(
     specs: &[IndexSpec],
     coll: &str,
     id: &str,
-    old: Option<Vec<Option<Vec<u8>>>>,
+    old: Option<Vec<EntryKey>>,
     new: Option<&Record>,
     mut deferred: Option<&mut Deferred>,
 ) -> StoreResult<()> {
@@ -103,8 +202,8 @@ pub(super) fn reindex(
         }
         let table = entries_name(coll, &spec.name);
         if let (Some(key), true) = (&new_key, spec.unique) {
-            if let Some(holder) = entries.get((table.as_str(), key.as_slice())).map_err(internal)? {
-                if holder.value() != id {
+            if let Some(holder) = entries.holder(&table, key)? {
+                if holder != id {
                     return Err(StoreError::Duplicate(format!("{coll}.{}", spec.name)));
                 }
             }
@@ -117,10 +216,10 @@ pub(super) fn reindex(
             continue;
         }
         if let Some(key) = old_key {
-            entries.remove((table.as_str(), key.as_slice())).map_err(internal)?;
+            entries.take(&table, &key)?;
         }
         if let Some(key) = new_key {
-            entries.insert((table.as_str(), key.as_slice()), id).map_err(internal)?;
+            entries.put(&table, &key, id)?;
         }
     }
     Ok(())

@@ -63,6 +63,9 @@ pub(crate) use writer::WriterStats;
 const RECORDS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("records");
 /// `("<collection>\0<index>", key bytes) -> _id`.
 const ENTRIES: TableDefinition<(&str, &[u8]), &str> = TableDefinition::new("index_entries");
+/// `("<collection>\0<index>", key bytes of the leading values) -> entries`
+/// of counted indexes (layout 2 on).
+const COUNTS: TableDefinition<(&str, &[u8]), u64> = TableDefinition::new("index_counts");
 /// `(collection, index) -> IndexSpec as JSON`.
 const CATALOG: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("index_catalog");
 
@@ -73,10 +76,12 @@ const APPLIED: &str = "applied";
 const LAYOUT_KEY: &str = "layout";
 
 /// The version of the store's layout: its tables and what they hold
-/// (records as BSON, index entries, the catalog as JSON). A store without
-/// the key was written by a release before versions were recorded, in
-/// this same layout.
-pub(crate) const LAYOUT: u64 = 1;
+/// (records as BSON, index entries, the catalog as JSON; from 2, the
+/// counts of counted indexes). A store without the key was written by a
+/// release before versions were recorded, in layout 1. A layout 1 store
+/// opens as layout 2 as it is: it has no counted index (its catalog's
+/// indexes say nothing of counts), so an empty count table is exact.
+pub(crate) const LAYOUT: u64 = 2;
 
 /// The database and journal files in the data directory.
 pub const DATABASE_FILE: &str = "txgate.redb";
@@ -232,13 +237,15 @@ impl EmbeddedStore {
 
     /// Check, in one snapshot, that every index holds exactly one entry per
     /// record it should hold, under the key that record gives it, and
-    /// nothing else. Returns the first difference found.
+    /// nothing else, and that the counts of counted indexes are those of
+    /// their entries. Returns the first difference found.
     pub fn verify_indexes(&self) -> Result<(), String> {
         let txn = self.reader.db.begin_read().map_err(|e| e.to_string())?;
         let records = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
         let entries = txn.open_table(ENTRIES).map_err(|e| e.to_string())?;
         let catalog = self.reader.catalog.read().expect("index catalog").clone();
         let mut expected: std::collections::BTreeSet<(String, Vec<u8>, String)> = std::collections::BTreeSet::new();
+        let mut expected_counts: std::collections::BTreeMap<(String, Vec<u8>), u64> = std::collections::BTreeMap::new();
         for row in records.iter().map_err(|e| e.to_string())? {
             let (k, v) = row.map_err(|e| e.to_string())?;
             let (coll, id) = k.value();
@@ -246,7 +253,10 @@ impl EmbeddedStore {
             let record = super::convert::decode(v.value()).map_err(|e| format!("{coll}/{id}: {e}"))?;
             for spec in specs {
                 if let Some(key) = entry_key(spec, &record, id) {
-                    expected.insert((entries_name(coll, &spec.name), key, id.to_owned()));
+                    for prefix in key.counted_prefixes() {
+                        *expected_counts.entry((entries_name(coll, &spec.name), prefix.to_vec())).or_default() += 1;
+                    }
+                    expected.insert((entries_name(coll, &spec.name), key.bytes, id.to_owned()));
                 }
             }
         }
@@ -261,6 +271,27 @@ impl EmbeddedStore {
         }
         if let Some(extra) = found.difference(&expected).next() {
             return Err(format!("index {:?} has an entry for record {} that no record gives", extra.0, extra.2));
+        }
+        let counts = txn.open_table(COUNTS).map_err(|e| e.to_string())?;
+        let mut found_counts = std::collections::BTreeMap::new();
+        for row in counts.iter().map_err(|e| e.to_string())? {
+            let (k, v) = row.map_err(|e| e.to_string())?;
+            let (table, prefix) = k.value();
+            found_counts.insert((table.to_owned(), prefix.to_vec()), v.value());
+        }
+        if expected_counts != found_counts {
+            let differs = expected_counts
+                .keys()
+                .chain(found_counts.keys())
+                .find(|k| expected_counts.get(*k) != found_counts.get(*k))
+                .expect("the maps differ somewhere");
+            return Err(format!(
+                "index {:?} counts {:?} entries under {:?}, its entries are {:?}",
+                differs.0,
+                found_counts.get(differs),
+                differs.1,
+                expected_counts.get(differs)
+            ));
         }
         Ok(())
     }

@@ -13,9 +13,9 @@ use redb::{Database, ReadTransaction, ReadableDatabase};
 use super::index::entries_name;
 use super::keys;
 use super::scan::{
-    Reads, after_collection, entries_in, entry_range, excludes_null, in_order, query_ranges, scan_primary,
+    Reads, after_collection, entries_in, entry_range, eq_prefix, excludes_null, in_order, query_ranges, scan_primary,
 };
-use super::{Catalog, ENTRIES, RECORDS, SMALL_READ, internal};
+use super::{COUNTS, Catalog, ENTRIES, RECORDS, SMALL_READ, internal};
 use crate::store::{Found, FoundRaw, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
 
 /// What every read of the store needs.
@@ -272,10 +272,18 @@ impl Reader {
         let Some(spec) = self.queried_spec(coll, &query.index).await? else { return Ok(0) };
         let query = IndexQuery { after: None, ..query.clone() };
         let ranges = query_ranges(&spec, &query)?;
+        // A counted index keeps the number of entries of each value of its
+        // leading fields: a count that pins some of them by equality and
+        // bounds nothing after them reads that one number.
+        let kept = (spec.counted && query.slot.is_none() && !query.eq.is_empty()).then(|| eq_prefix(&spec, &query.eq));
         let coll = coll.to_owned();
         self.read(move |txn, _| {
-            let entries = txn.open_table(ENTRIES).map_err(internal)?;
             let name = entries_name(&coll, &spec.name);
+            if let Some(prefix) = kept {
+                let counts = txn.open_table(COUNTS).map_err(internal)?;
+                return Ok(counts.get((name.as_str(), prefix.as_slice())).map_err(internal)?.map_or(0, |v| v.value()));
+            }
+            let entries = txn.open_table(ENTRIES).map_err(internal)?;
             let mut n = 0u64;
             // Entries only: neither their ids nor any record is read.
             for (start, end) in &ranges {

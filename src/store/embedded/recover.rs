@@ -10,13 +10,13 @@ use std::time::Instant;
 use redb::{Database, ReadableDatabase, ReadableTable};
 
 use super::apply::Recent;
-use super::index::{keys_of, reindex};
+use super::index::{Entries, keys_of, reindex};
 use super::journal::{self, Effect, Journal};
 use super::reader::Reader;
 use super::writer::{Writer, WriterStats, stop};
 use super::{
-    APPLIED, CATALOG, Catalog, DATABASE_FILE, ENTRIES, EmbeddedStore, JOURNAL_FILE, JOURNAL_STATE, LAYOUT, LAYOUT_KEY,
-    NEW_DATABASE_FILE, Options, RECORDS, internal,
+    APPLIED, CATALOG, COUNTS, Catalog, DATABASE_FILE, ENTRIES, EmbeddedStore, JOURNAL_FILE, JOURNAL_STATE, LAYOUT,
+    LAYOUT_KEY, NEW_DATABASE_FILE, Options, RECORDS, internal,
 };
 use crate::store::disk::{Disk, Fence};
 use crate::store::{IndexSpec, StoreError, StoreResult, convert, report_unreadable};
@@ -76,6 +76,7 @@ impl EmbeddedStore {
         txn.set_quick_repair(quick_repair);
         txn.open_table(RECORDS).map_err(internal)?;
         txn.open_table(ENTRIES).map_err(internal)?;
+        txn.open_table(COUNTS).map_err(internal)?;
         let mut catalog: HashMap<String, Vec<IndexSpec>> = HashMap::new();
         {
             let table = txn.open_table(CATALOG).map_err(internal)?;
@@ -94,9 +95,15 @@ impl EmbeddedStore {
                         "{db_name} has layout version {v}, newer than this release reads ({LAYOUT})"
                     )));
                 }
-                Some(_) => {}
-                None => {
+                Some(LAYOUT) => {}
+                // Layout 1 (recorded, or a store from before versions were):
+                // it has no counted index, so the new count table is exact
+                // empty (see [`LAYOUT`]).
+                older => {
                     state.insert(LAYOUT_KEY, LAYOUT).map_err(internal)?;
+                    if older.is_some() {
+                        tracing::info!(database = %db_name, from = older, to = LAYOUT, "store layout upgraded");
+                    }
                 }
             }
         }
@@ -187,7 +194,7 @@ fn replay(
     txn.set_quick_repair(quick_repair);
     {
         let mut table = txn.open_table(RECORDS).map_err(internal)?;
-        let mut entries = txn.open_table(ENTRIES).map_err(internal)?;
+        let mut entries = Entries::open(&txn)?;
         let specs = |coll: &str| catalog.get(coll).map_or(&[][..], Vec::as_slice);
         for (_, payload) in &missing {
             for effect in journal::effects(payload).map_err(|e| unavailable(&e))? {

@@ -197,10 +197,7 @@ pub(super) fn query_ranges(spec: &IndexSpec, query: &IndexQuery) -> StoreResult<
             query.eq.len()
         )));
     }
-    let mut prefix = Vec::new();
-    for (value, desc) in query.eq.iter().zip(&dirs) {
-        keys::push_dir(&mut prefix, Some(value), *desc);
-    }
+    let prefix = eq_prefix(spec, &query.eq);
     let desc = dirs[query.eq.len()];
     let mut ranges = match &query.slot {
         None => {
@@ -237,6 +234,16 @@ pub(super) fn query_ranges(spec: &IndexSpec, query: &IndexQuery) -> StoreResult<
     ranges.retain(|(start, end)| start < end);
     ranges.sort();
     Ok(ranges)
+}
+
+/// The key bytes every entry of `spec` whose first fields equal `eq`
+/// starts with.
+pub(super) fn eq_prefix(spec: &IndexSpec, eq: &[Bson]) -> Vec<u8> {
+    let mut prefix = Vec::new();
+    for (value, (_, desc)) in eq.iter().zip(spec.keys()) {
+        keys::push_dir(&mut prefix, Some(value), desc);
+    }
+    prefix
 }
 
 /// The byte range of the entries whose next field (after `prefix`) lies in

@@ -11,9 +11,9 @@ use redb::{Database, ReadableDatabase};
 use tokio::sync::oneshot;
 
 use super::apply::{Applying, Recent, WriteOp, all_hold, apply, schema_change};
-use super::index::Deferred;
+use super::index::{Deferred, Entries};
 use super::journal::{self, Effects, Journal};
-use super::{APPLIED, Catalog, ENTRIES, JOURNAL_STATE, MAX_BATCH, MAX_BATCH_BYTES, RECORDS, internal};
+use super::{APPLIED, Catalog, JOURNAL_STATE, MAX_BATCH, MAX_BATCH_BYTES, RECORDS, internal};
 use crate::store::disk::Fence;
 use crate::store::{Durability, StoreError, StoreResult};
 
@@ -214,7 +214,7 @@ impl Writer {
             {
                 let specs = self.catalog.read().expect("index catalog");
                 let mut table = txn.open_table(RECORDS).map_err(internal)?;
-                let mut index = txn.open_table(ENTRIES).map_err(internal)?;
+                let mut index = Entries::open(&txn)?;
                 let mut deferred = Deferred::default();
                 let mut bytes = 0usize;
                 let mut next = 0;
