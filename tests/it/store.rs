@@ -699,7 +699,7 @@ async fn check_counts(
     model: &std::collections::BTreeMap<String, Document>,
     seed: u64,
 ) {
-    use txgate::testing::store::IndexQuery;
+    use txgate::testing::store::{Edge, IndexQuery, Interval};
     let meta = |d: &Document| d.get_document("_meta").unwrap().clone();
     let holders = [Bson::Null, Bson::String("T1".into()), Bson::String("T2".into()), Bson::String("T10".into())];
     for deleted in [false, true] {
@@ -709,6 +709,30 @@ async fn check_counts(
         if let Some(d) = model.values().find(|d| meta(d).get_bool("deleted") == Ok(deleted)) {
             let holder = meta(d).get("txn").cloned().unwrap_or(Bson::Null);
             pins.push(vec![Bson::Boolean(deleted), holder, d.get("n").unwrap().clone()]);
+        }
+        // Two holders at once (`$in`): points of the field after `deleted`.
+        let point = |v: &str| Interval {
+            lower: Edge::Value { value: Bson::String(v.into()), inclusive: true },
+            upper: Edge::Value { value: Bson::String(v.into()), inclusive: true },
+        };
+        let want = model
+            .values()
+            .filter(|d| meta(d).get_bool("deleted") == Ok(deleted) && matches!(meta(d).get_str("txn"), Ok("T1" | "T2")))
+            .count() as u64;
+        for counted in [true, false] {
+            let query = IndexQuery {
+                index: by_holder(counted).name,
+                eq: vec![Bson::Boolean(deleted)],
+                slot: Some(vec![point("T1"), point("T2")]),
+                reverse: false,
+                after: None,
+                limit: 0,
+                budget: usize::MAX,
+                filter: doc! {"_meta.deleted": deleted, "_meta.txn": {"$in": ["T1", "T2"]}},
+                sort: Vec::new(),
+            };
+            let got = s.count("users", &query).await.unwrap();
+            assert_eq!(got, want, "count of T1 and T2 along {} (seed {seed})", query.index);
         }
         for eq in pins {
             let want = model

@@ -213,6 +213,7 @@ pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick
                         entries.put(&table, &key, id)?;
                     }
                 }
+                entries.finish()?;
             }
             txn.commit().map_err(|e| StoreError::Unavailable(format!("commit failed: {e}")))?;
             let _ = last.send(done);
@@ -265,6 +266,7 @@ pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick
                         tracing::info!(collection = %coll, index = %spec.name, records = built, "building index");
                     }
                 }
+                entries.finish()?;
                 let mut cat = txn.open_table(CATALOG).map_err(internal)?;
                 let json = serde_json::to_vec(&spec).map_err(internal)?;
                 cat.insert((coll.as_str(), spec.name.as_str()), json.as_slice()).map_err(internal)?;
@@ -285,6 +287,7 @@ pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick
             {
                 let mut entries = Entries::open(&txn)?;
                 entries.clear(&entries_name(&coll, &name))?;
+                entries.finish()?;
                 let mut cat = txn.open_table(CATALOG).map_err(internal)?;
                 cat.remove((coll.as_str(), name.as_str())).map_err(internal)?;
             }

@@ -62,18 +62,23 @@ type CountTable<'t> = redb::Table<'t, (&'static str, &'static [u8]), u64>;
 /// indexes ([`IndexSpec::counted`]): for each value of each leading group
 /// of fields short of the whole key, the number of entries that start
 /// with it. Every entry added or taken away here changes its counts in
-/// the same transaction, so a count read in a snapshot is the number of
-/// that snapshot's entries in the range, read without walking them.
+/// the same transaction ([`Entries::finish`] writes them, net, once per
+/// count), so a count read in a snapshot is the number of that snapshot's
+/// entries in the range, read without walking them.
 pub(super) struct Entries<'t> {
     table: EntryTable<'t>,
     counts: CountTable<'t>,
+    /// Net changes to counts not written yet: index table → prefix → change.
+    changes: HashMap<String, HashMap<Vec<u8>, i64>>,
 }
 
 impl<'t> Entries<'t> {
+    /// The entries of `txn`; [`Entries::finish`] before it commits.
     pub(super) fn open(txn: &'t redb::WriteTransaction) -> StoreResult<Self> {
         Ok(Self {
             table: txn.open_table(ENTRIES).map_err(internal)?,
             counts: txn.open_table(COUNTS).map_err(internal)?,
+            changes: HashMap::new(),
         })
     }
 
@@ -92,7 +97,7 @@ impl<'t> Entries<'t> {
     pub(super) fn put(&mut self, table: &str, key: &Key, id: &str) -> StoreResult<()> {
         let was = self.table.insert((table, key.bytes.as_slice()), id).map_err(internal)?.is_some();
         if !was {
-            self.count(table, key, 1)?;
+            self.count(table, key, 1);
         }
         Ok(())
     }
@@ -101,22 +106,46 @@ impl<'t> Entries<'t> {
     pub(super) fn take(&mut self, table: &str, key: &Key) -> StoreResult<()> {
         let was = self.table.remove((table, key.bytes.as_slice())).map_err(internal)?.is_some();
         if was {
-            self.count(table, key, -1)?;
+            self.count(table, key, -1);
         }
         Ok(())
     }
 
-    fn count(&mut self, table: &str, key: &Key, delta: i64) -> StoreResult<()> {
+    fn count(&mut self, table: &str, key: &Key, delta: i64) {
+        if key.cuts.is_empty() {
+            return;
+        }
+        let changes = match self.changes.get_mut(table) {
+            Some(changes) => changes,
+            None => self.changes.entry(table.to_owned()).or_default(),
+        };
         for prefix in key.counted_prefixes() {
-            let at = (table, prefix);
-            let n = self.counts.get(at).map_err(internal)?.map_or(0, |v| v.value());
-            let n = n
-                .checked_add_signed(delta)
-                .ok_or_else(|| StoreError::Internal(format!("index {table:?}: a count would go below zero")))?;
-            if n == 0 {
-                self.counts.remove(at).map_err(internal)?;
-            } else {
-                self.counts.insert(at, n).map_err(internal)?;
+            match changes.get_mut(prefix) {
+                Some(n) => *n += delta,
+                None => {
+                    changes.insert(prefix.to_vec(), delta);
+                }
+            }
+        }
+    }
+
+    /// Write the counts' net changes: due before the transaction commits.
+    pub(super) fn finish(mut self) -> StoreResult<()> {
+        for (table, changes) in std::mem::take(&mut self.changes) {
+            for (prefix, delta) in changes {
+                if delta == 0 {
+                    continue;
+                }
+                let at = (table.as_str(), prefix.as_slice());
+                let n = self.counts.get(at).map_err(internal)?.map_or(0, |v| v.value());
+                let n = n
+                    .checked_add_signed(delta)
+                    .ok_or_else(|| StoreError::Internal(format!("index {table:?}: a count would go below zero")))?;
+                if n == 0 {
+                    self.counts.remove(at).map_err(internal)?;
+                } else {
+                    self.counts.insert(at, n).map_err(internal)?;
+                }
             }
         }
         Ok(())
@@ -124,6 +153,7 @@ impl<'t> Entries<'t> {
 
     /// Take every entry of `table` out, and its counts.
     pub(super) fn clear(&mut self, table: &str) -> StoreResult<()> {
+        self.changes.remove(table);
         let end = [keys::END];
         self.table.retain_in((table, &[][..])..(table, &end[..]), |_, _| false).map_err(internal)?;
         self.counts.retain_in((table, &[][..])..(table, &end[..]), |_, _| false).map_err(internal)

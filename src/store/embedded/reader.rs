@@ -16,7 +16,7 @@ use super::scan::{
     Reads, after_collection, entries_in, entry_range, eq_prefix, excludes_null, in_order, query_ranges, scan_primary,
 };
 use super::{COUNTS, Catalog, ENTRIES, RECORDS, SMALL_READ, internal};
-use crate::store::{Found, FoundRaw, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
+use crate::store::{Edge, Found, FoundRaw, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
 
 /// What every read of the store needs.
 #[derive(Clone)]
@@ -272,16 +272,17 @@ impl Reader {
         let Some(spec) = self.queried_spec(coll, &query.index).await? else { return Ok(0) };
         let query = IndexQuery { after: None, ..query.clone() };
         let ranges = query_ranges(&spec, &query)?;
-        // A counted index keeps the number of entries of each value of its
-        // leading fields: a count that pins some of them by equality and
-        // bounds nothing after them reads that one number.
-        let kept = (spec.counted && query.slot.is_none() && !query.eq.is_empty()).then(|| eq_prefix(&spec, &query.eq));
+        let kept = kept_counts(&spec, &query);
         let coll = coll.to_owned();
         self.read(move |txn, _| {
             let name = entries_name(&coll, &spec.name);
-            if let Some(prefix) = kept {
+            if let Some(prefixes) = kept {
                 let counts = txn.open_table(COUNTS).map_err(internal)?;
-                return Ok(counts.get((name.as_str(), prefix.as_slice())).map_err(internal)?.map_or(0, |v| v.value()));
+                let mut n = 0;
+                for prefix in prefixes {
+                    n += counts.get((name.as_str(), prefix.as_slice())).map_err(internal)?.map_or(0, |v| v.value());
+                }
+                return Ok(n);
             }
             let entries = txn.open_table(ENTRIES).map_err(internal)?;
             let mut n = 0u64;
@@ -303,6 +304,36 @@ impl Reader {
     pub(super) fn indexes(&self, coll: &str) -> Vec<IndexSpec> {
         self.catalog.read().expect("index catalog").get(coll).cloned().unwrap_or_default()
     }
+}
+
+/// The counts a count along `query` is the sum of, where its index keeps
+/// them (`None`: it walks the entries). A counted index keeps the number of
+/// entries of each value of each leading group of its fields short of the
+/// whole key: a count that pins some of them by equality and bounds
+/// nothing after them reads one number; one whose next field is a set of
+/// single values (`$in`) reads one per value (the intervals are disjoint).
+fn kept_counts(spec: &IndexSpec, query: &IndexQuery) -> Option<Vec<Vec<u8>>> {
+    if !spec.counted || query.eq.is_empty() {
+        return None;
+    }
+    let prefix = eq_prefix(spec, &query.eq);
+    let Some(intervals) = &query.slot else { return Some(vec![prefix]) };
+    let (_, desc) = spec.keys().nth(query.eq.len())?;
+    if query.eq.len() + 1 >= spec.fields.len() {
+        return None;
+    }
+    intervals
+        .iter()
+        .map(|i| match (&i.lower, &i.upper) {
+            (Edge::Value { value: low, inclusive: true }, Edge::Value { value: high, inclusive: true }) => {
+                let (mut a, mut b) = (prefix.clone(), prefix.clone());
+                keys::push_dir(&mut a, Some(low), desc);
+                keys::push_dir(&mut b, Some(high), desc);
+                (a == b).then_some(a)
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The store as one pinned reader sees it ([`Store::snapshot`]): reads

@@ -222,6 +222,7 @@ fn replay(
                 };
             }
         }
+        entries.finish()?;
         let mut state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
         state.insert(APPLIED, last).map_err(internal)?;
     }

@@ -275,6 +275,7 @@ impl Writer {
                     }
                 }
                 deferred.flush(&mut index)?;
+                index.finish()?;
             }
             let written = entries.iter().filter(|e| !e.is_empty()).count() as u64;
             if written > 0 {
