@@ -504,15 +504,16 @@ impl Queries {
     /// How many live documents match `filter`, from index entries, and the
     /// log position it was counted at.
     pub(crate) async fn count(&self, coll: &str, filter: &Filter) -> Result<(u64, u64), QueryError> {
-        // Planned before any snapshot is taken (see [`Self::page`]).
-        let query = if filter.paths.is_empty() {
-            IndexQuery::live()
-        } else {
-            let plan = |ready: &[plan::Declared]| plan::plan_count(filter, ready);
-            match self.indexes.plan(coll, plan).await? {
-                Ok(plan) => store_query(filter, &plan),
-                Err(why) => return Err(self.unserved(coll, why, plan).await),
-            }
+        // Planned before any snapshot is taken (see [`Self::page`]). Every
+        // live document has an entry in every declared index, so without a
+        // filter a ready one counts them (from the count it keeps, where it
+        // keeps them), and the gateway's own index of live documents where
+        // none is ready.
+        let plan = |ready: &[plan::Declared]| plan::plan_count(filter, ready);
+        let query = match self.indexes.plan(coll, plan).await? {
+            Ok(plan) => store_query(filter, &plan),
+            Err(_) if filter.paths.is_empty() => IndexQuery::live(),
+            Err(why) => return Err(self.unserved(coll, why, plan).await),
         };
         if let Some((snapshot, position)) = self.snapshot(coll).await? {
             let n = self.read_count(coll, filter, &query, ReadAt::Pinned(snapshot.as_ref())).await?;
