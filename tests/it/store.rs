@@ -710,29 +710,45 @@ async fn check_counts(
             let holder = meta(d).get("txn").cloned().unwrap_or(Bson::Null);
             pins.push(vec![Bson::Boolean(deleted), holder, d.get("n").unwrap().clone()]);
         }
-        // Two holders at once (`$in`): points of the field after `deleted`.
+        // Two holders at once (`$in`): points of the field after `deleted`;
         let point = |v: &str| Interval {
             lower: Edge::Value { value: Bson::String(v.into()), inclusive: true },
             upper: Edge::Value { value: Bson::String(v.into()), inclusive: true },
         };
-        let want = model
-            .values()
-            .filter(|d| meta(d).get_bool("deleted") == Ok(deleted) && matches!(meta(d).get_str("txn"), Ok("T1" | "T2")))
-            .count() as u64;
-        for counted in [true, false] {
-            let query = IndexQuery {
-                index: by_holder(counted).name,
-                eq: vec![Bson::Boolean(deleted)],
-                slot: Some(vec![point("T1"), point("T2")]),
-                reverse: false,
-                after: None,
-                limit: 0,
-                budget: usize::MAX,
-                filter: doc! {"_meta.deleted": deleted, "_meta.txn": {"$in": ["T1", "T2"]}},
-                sort: Vec::new(),
-            };
-            let got = s.count("users", &query).await.unwrap();
-            assert_eq!(got, want, "count of T1 and T2 along {} (seed {seed})", query.index);
+        // Every holder but those (`$nin`), a missing one included: the
+        // ranges between them.
+        let but = |v: &str| Edge::Value { value: Bson::String(v.into()), inclusive: false };
+        let others = vec![
+            Interval { lower: Edge::Unbounded, upper: but("T1") },
+            Interval { lower: but("T1"), upper: but("T2") },
+            Interval { lower: but("T2"), upper: Edge::Unbounded },
+        ];
+        for (slot, filter, within) in [
+            (vec![point("T1"), point("T2")], doc! {"$in": ["T1", "T2"]}, true),
+            (others, doc! {"$nin": ["T1", "T2"]}, false),
+        ] {
+            let want = model
+                .values()
+                .filter(|d| {
+                    meta(d).get_bool("deleted") == Ok(deleted)
+                        && matches!(meta(d).get_str("txn"), Ok("T1" | "T2")) == within
+                })
+                .count() as u64;
+            for counted in [true, false] {
+                let query = IndexQuery {
+                    index: by_holder(counted).name,
+                    eq: vec![Bson::Boolean(deleted)],
+                    slot: Some(slot.clone()),
+                    reverse: false,
+                    after: None,
+                    limit: 0,
+                    budget: usize::MAX,
+                    filter: doc! {"_meta.deleted": deleted, "_meta.txn": filter.clone()},
+                    sort: Vec::new(),
+                };
+                let got = s.count("users", &query).await.unwrap();
+                assert_eq!(got, want, "count of {filter} along {} (seed {seed})", query.index);
+            }
         }
         for eq in pins {
             let want = model

@@ -16,7 +16,9 @@ use super::scan::{
     Reads, after_collection, entries_in, entry_range, eq_prefix, excludes_null, in_order, query_ranges, scan_primary,
 };
 use super::{COUNTS, Catalog, ENTRIES, RECORDS, SMALL_READ, internal};
-use crate::store::{Edge, Found, FoundRaw, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
+use crate::store::{
+    Bson, Edge, Found, FoundRaw, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write,
+};
 
 /// What every read of the store needs.
 #[derive(Clone)]
@@ -276,13 +278,21 @@ impl Reader {
         let coll = coll.to_owned();
         self.read(move |txn, _| {
             let name = entries_name(&coll, &spec.name);
-            if let Some(prefixes) = kept {
+            if let Some(kept) = kept {
                 let counts = txn.open_table(COUNTS).map_err(internal)?;
-                let mut n = 0;
-                for prefix in prefixes {
-                    n += counts.get((name.as_str(), prefix.as_slice())).map_err(internal)?.map_or(0, |v| v.value());
+                let count = |prefix: &Vec<u8>| -> StoreResult<u64> {
+                    Ok(counts.get((name.as_str(), prefix.as_slice())).map_err(internal)?.map_or(0, |v| v.value()))
+                };
+                let (mut plus, mut minus) = (0u64, 0u64);
+                for prefix in &kept.plus {
+                    plus += count(prefix)?;
                 }
-                return Ok(n);
+                for prefix in &kept.minus {
+                    minus += count(prefix)?;
+                }
+                return plus.checked_sub(minus).ok_or_else(|| {
+                    StoreError::Internal(format!("index {name:?} counts fewer entries than some of its values hold"))
+                });
             }
             let entries = txn.open_table(ENTRIES).map_err(internal)?;
             let mut n = 0u64;
@@ -306,34 +316,56 @@ impl Reader {
     }
 }
 
-/// The counts a count along `query` is the sum of, where its index keeps
+/// The kept counts a count is made of: the sum of `plus` less the sum of
+/// `minus`, each a prefix of the index's keys.
+struct Kept {
+    plus: Vec<Vec<u8>>,
+    minus: Vec<Vec<u8>>,
+}
+
+/// The kept counts a count along `query` is made of, where its index keeps
 /// them (`None`: it walks the entries). A counted index keeps the number of
 /// entries of each value of each leading group of its fields short of the
-/// whole key: a count that pins some of them by equality and bounds
-/// nothing after them reads one number; one whose next field is a set of
-/// single values (`$in`) reads one per value (the intervals are disjoint).
-fn kept_counts(spec: &IndexSpec, query: &IndexQuery) -> Option<Vec<Vec<u8>>> {
+/// whole key, so a count that pins some of them by equality and bounds
+/// nothing after them reads one number. When the next field is bounded:
+/// by single values (`$in`), it reads one per value (the intervals are
+/// disjoint); by everything but single values (`$ne`, `$nin`), the pinned
+/// fields' count less one per value. Anything else walks.
+fn kept_counts(spec: &IndexSpec, query: &IndexQuery) -> Option<Kept> {
     if !spec.counted || query.eq.is_empty() {
         return None;
     }
     let prefix = eq_prefix(spec, &query.eq);
-    let Some(intervals) = &query.slot else { return Some(vec![prefix]) };
-    let (_, desc) = spec.keys().nth(query.eq.len())?;
+    let Some(intervals) = &query.slot else { return Some(Kept { plus: vec![prefix], minus: Vec::new() }) };
     if query.eq.len() + 1 >= spec.fields.len() {
         return None;
     }
-    intervals
-        .iter()
-        .map(|i| match (&i.lower, &i.upper) {
-            (Edge::Value { value: low, inclusive: true }, Edge::Value { value: high, inclusive: true }) => {
-                let (mut a, mut b) = (prefix.clone(), prefix.clone());
-                keys::push_dir(&mut a, Some(low), desc);
-                keys::push_dir(&mut b, Some(high), desc);
-                (a == b).then_some(a)
-            }
-            _ => None,
-        })
-        .collect()
+    let (_, desc) = spec.keys().nth(query.eq.len())?;
+    let pinned = |value: &Bson| {
+        let mut key = prefix.clone();
+        keys::push_dir(&mut key, Some(value), desc);
+        key
+    };
+    // The key of one value, where both edges are that value (`inclusive`).
+    let one = |lower: &Edge, upper: &Edge, inclusive: bool| match (lower, upper) {
+        (Edge::Value { value: a, inclusive: i }, Edge::Value { value: b, inclusive: j })
+            if *i == inclusive && *j == inclusive =>
+        {
+            let key = pinned(a);
+            (key == pinned(b)).then_some(key)
+        }
+        _ => None,
+    };
+    let points: Option<Vec<Vec<u8>>> = intervals.iter().map(|i| one(&i.lower, &i.upper, true)).collect();
+    if let Some(plus) = points {
+        return Some(Kept { plus, minus: Vec::new() });
+    }
+    let (first, last) = (intervals.first()?, intervals.last()?);
+    if first.lower != Edge::Unbounded || last.upper != Edge::Unbounded {
+        return None;
+    }
+    let minus: Option<Vec<Vec<u8>>> = intervals.windows(2).map(|w| one(&w[0].upper, &w[1].lower, false)).collect();
+    Some(Kept { plus: vec![prefix], minus: minus? })
 }
 
 /// The store as one pinned reader sees it ([`Store::snapshot`]): reads
