@@ -692,6 +692,27 @@ fn by_holder(counted: bool) -> txgate::testing::store::IndexSpec {
     }
 }
 
+/// A count along `index`: its first fields pinned to `eq`, the next within
+/// `slot`; `filter` says the same to MongoDB.
+fn count_query(
+    index: &str,
+    eq: Vec<Bson>,
+    slot: Option<Vec<txgate::testing::store::Interval>>,
+    filter: Document,
+) -> txgate::testing::store::IndexQuery {
+    txgate::testing::store::IndexQuery {
+        index: index.into(),
+        eq,
+        slot,
+        reverse: false,
+        after: None,
+        limit: 0,
+        budget: usize::MAX,
+        filter,
+        sort: Vec::new(),
+    }
+}
+
 /// Counts of [`by_holder`] pinning its first fields by equality, counted
 /// and walked, against the model.
 async fn check_counts(
@@ -699,7 +720,7 @@ async fn check_counts(
     model: &std::collections::BTreeMap<String, Document>,
     seed: u64,
 ) {
-    use txgate::testing::store::{Edge, IndexQuery, Interval};
+    use txgate::testing::store::{Edge, Interval};
     let meta = |d: &Document| d.get_document("_meta").unwrap().clone();
     let holders = [Bson::Null, Bson::String("T1".into()), Bson::String("T2".into()), Bson::String("T10".into())];
     for deleted in [false, true] {
@@ -735,17 +756,12 @@ async fn check_counts(
                 })
                 .count() as u64;
             for counted in [true, false] {
-                let query = IndexQuery {
-                    index: by_holder(counted).name,
-                    eq: vec![Bson::Boolean(deleted)],
-                    slot: Some(slot.clone()),
-                    reverse: false,
-                    after: None,
-                    limit: 0,
-                    budget: usize::MAX,
-                    filter: doc! {"_meta.deleted": deleted, "_meta.txn": filter.clone()},
-                    sort: Vec::new(),
-                };
+                let query = count_query(
+                    &by_holder(counted).name,
+                    vec![Bson::Boolean(deleted)],
+                    Some(slot.clone()),
+                    doc! {"_meta.deleted": deleted, "_meta.txn": filter.clone()},
+                );
                 let got = s.count("users", &query).await.unwrap();
                 assert_eq!(got, want, "count of {filter} along {} (seed {seed})", query.index);
             }
@@ -771,17 +787,7 @@ async fn check_counts(
             // The uncounted index has no field after the three (its `_id`
             // is the store's own), so it is asked fewer.
             for counted in [true, false].into_iter().filter(|c| *c || eq.len() < 3) {
-                let query = IndexQuery {
-                    index: by_holder(counted).name,
-                    eq: eq.clone(),
-                    slot: None,
-                    reverse: false,
-                    after: None,
-                    limit: 0,
-                    budget: usize::MAX,
-                    filter: filter.clone(),
-                    sort: Vec::new(),
-                };
+                let query = count_query(&by_holder(counted).name, eq.clone(), None, filter.clone());
                 let got = s.count("users", &query).await.unwrap();
                 assert_eq!(got, want, "count {eq:?} along {} (seed {seed})", query.index);
             }
@@ -872,8 +878,8 @@ async fn every_migration_is_applied(backend: Backend) {
 /// or online, by build steps while writes go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_an_index_made_without_counts_is_made_again_counted() {
+    use txgate::testing::store::Store;
     use txgate::testing::store::embedded::EmbeddedStore;
-    use txgate::testing::store::{IndexQuery, Store};
     let dir = tempfile::tempdir().unwrap();
     let store = EmbeddedStore::open(dir.path()).unwrap();
     let spec = |name: &str, counted: bool| txgate::testing::store::IndexSpec {
@@ -884,17 +890,7 @@ async fn embedded_an_index_made_without_counts_is_made_again_counted() {
         counted,
     };
     let count = async |index: &str, s: i64| {
-        let query = IndexQuery {
-            index: index.into(),
-            eq: vec![Bson::Int64(s)],
-            slot: None,
-            reverse: false,
-            after: None,
-            limit: 0,
-            budget: usize::MAX,
-            filter: doc! {"s": s},
-            sort: Vec::new(),
-        };
+        let query = count_query(index, vec![Bson::Int64(s)], None, doc! {"s": s});
         store.count("c", &query).await.unwrap()
     };
     for i in 0..60_i64 {
