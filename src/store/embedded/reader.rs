@@ -274,26 +274,32 @@ impl Reader {
         let Some(spec) = self.queried_spec(coll, &query.index).await? else { return Ok(0) };
         let query = IndexQuery { after: None, ..query.clone() };
         let ranges = query_ranges(&spec, &query)?;
-        let kept = kept_counts(&spec, &query);
-        let coll = coll.to_owned();
+        let name = entries_name(coll, &spec.name);
+        if let Some(kept) = kept_counts(&spec, &query) {
+            // A few point reads: on this thread, as a get is.
+            return self
+                .read_sized(kept.plus.len() + kept.minus.len(), move |txn, _| {
+                    let counts = txn.open_table(COUNTS).map_err(internal)?;
+                    let count = |prefix: &Vec<u8>| -> StoreResult<u64> {
+                        Ok(counts.get((name.as_str(), prefix.as_slice())).map_err(internal)?.map_or(0, |v| v.value()))
+                    };
+                    let (mut plus, mut minus) = (0u64, 0u64);
+                    for prefix in &kept.plus {
+                        plus += count(prefix)?;
+                    }
+                    for prefix in &kept.minus {
+                        minus += count(prefix)?;
+                    }
+                    plus.checked_sub(minus).ok_or_else(|| {
+                        StoreError::Internal(format!(
+                            "index {name:?} counts fewer entries than some of its values hold"
+                        ))
+                    })
+                })
+                .await;
+        }
+        // Walking entries may read many pages: in the blocking pool.
         self.read(move |txn, _| {
-            let name = entries_name(&coll, &spec.name);
-            if let Some(kept) = kept {
-                let counts = txn.open_table(COUNTS).map_err(internal)?;
-                let count = |prefix: &Vec<u8>| -> StoreResult<u64> {
-                    Ok(counts.get((name.as_str(), prefix.as_slice())).map_err(internal)?.map_or(0, |v| v.value()))
-                };
-                let (mut plus, mut minus) = (0u64, 0u64);
-                for prefix in &kept.plus {
-                    plus += count(prefix)?;
-                }
-                for prefix in &kept.minus {
-                    minus += count(prefix)?;
-                }
-                return plus.checked_sub(minus).ok_or_else(|| {
-                    StoreError::Internal(format!("index {name:?} counts fewer entries than some of its values hold"))
-                });
-            }
             let entries = txn.open_table(ENTRIES).map_err(internal)?;
             let mut n = 0u64;
             // Entries only: neither their ids nor any record is read.
