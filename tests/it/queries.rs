@@ -34,6 +34,7 @@ crate::on_both_backends!(
     a_cursor_goes_on_only_with_its_own_query,
     an_index_declared_but_not_ready_is_named_in_index_required,
     a_document_a_transaction_holds_is_queried_as_committed,
+    numbers_are_kept_and_matched_exactly,
 );
 
 pub(crate) const WAIT: Duration = Duration::from_secs(30);
@@ -864,4 +865,50 @@ async fn a_document_a_transaction_holds_is_queried_as_committed(backend: Backend
     assert_eq!(items[0]["version"], 2, "{page}");
     assert_eq!(count(None).await, 3);
     assert_eq!(count(Some(json!({"s": {"$ne": "other"}}))).await, 3);
+}
+
+/// A number is kept as sent, to the last bit of its double: read back, it
+/// is written the same, and an equality matches it and not the double
+/// next to it (each pair below is two adjacent doubles).
+async fn numbers_are_kept_and_matched_exactly(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    let pairs = [
+        ("207840.07719238894", "207840.07719238897"),
+        ("46923.233761902164", "46923.23376190216"),
+        ("0.30000000000000004", "0.3"),
+    ];
+    for (i, (a, b)) in pairs.iter().enumerate() {
+        for (id, text) in [(format!("a{i}"), a), (format!("b{i}"), b)] {
+            let body = format!(r#"{{"_id": "{id}", "v": {text}}}"#);
+            let resp = app
+                .request(Method::POST, &docs_path("n"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            expect(resp, 201).await;
+            let read = app.get(&format!("{}/{id}", docs_path("n"))).await;
+            let text_read = read.text().await.unwrap();
+            assert!(text_read.contains(&format!(r#""v":{text}"#)), "{text} read back as {text_read}");
+        }
+    }
+    ready_index(&app, "n", "v", &["v"]).await;
+    for (i, (a, b)) in pairs.iter().enumerate() {
+        for (id, text) in [(format!("a{i}"), a), (format!("b{i}"), b)] {
+            let filter = format!(r#"{{"v": {text}}}"#);
+            let resp =
+                app.request(Method::GET, &docs_path("n")).query(&[("filter", filter.as_str())]).send().await.unwrap();
+            let page = expect(resp, 200).await;
+            let ids: Vec<&str> = page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+            assert_eq!(ids, [id.as_str()], "{filter}");
+            let resp = app
+                .request(Method::GET, "/v1/collections/n/count")
+                .query(&[("filter", filter.as_str())])
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(expect(resp, 200).await["count"], 1, "{filter}");
+        }
+    }
 }
