@@ -75,6 +75,15 @@ pub(crate) async fn query(app: &TestApp, coll: &str, body: &Value) -> reqwest::R
     app.post(&format!("/v1/collections/{coll}/query"), body).await
 }
 
+/// GET …/count with `filter` (none: every live document); the response.
+async fn count_request(app: &TestApp, coll: &str, filter: Option<&str>) -> reqwest::Response {
+    let mut req = app.request(Method::GET, &format!("/v1/collections/{coll}/count"));
+    if let Some(filter) = filter {
+        req = req.query(&[("filter", filter)]);
+    }
+    req.send().await.unwrap()
+}
+
 // ---- the model: MongoDB's semantics over JSON scalars ------------------
 
 /// MongoDB's type brackets of the values the tests use.
@@ -363,12 +372,7 @@ async fn random_queries_answer_what_the_model_says(backend: Backend) {
             all_pages(&app, "m", &filter, &sort, &mut rng, async |_| {}).await.into_iter().map(|(id, _)| id).collect();
         assert_eq!(got, want, "round {round}: filter {filter} sort {sort:?}");
         // The count of the same filter, where an index counts it.
-        let resp = app
-            .request(Method::GET, "/v1/collections/m/count")
-            .query(&[("filter", filter.to_string())])
-            .send()
-            .await
-            .unwrap();
+        let resp = count_request(&app, "m", Some(&filter.to_string())).await;
         if resp.status() == 200 {
             let body: Value = resp.json().await.unwrap();
             assert_eq!(body["count"].as_u64().unwrap() as usize, want.len(), "count of {filter}");
@@ -536,15 +540,7 @@ async fn counts_come_from_index_entries(backend: Backend) {
         *statuses.entry(status).or_insert(0) += 1;
     }
     ready_index(&app, "c", "s_a", &["status", "amount"]).await;
-    let count = async |filter: Value| {
-        let resp = app
-            .request(Method::GET, "/v1/collections/c/count")
-            .query(&[("filter", filter.to_string())])
-            .send()
-            .await
-            .unwrap();
-        expect(resp, 200).await
-    };
+    let count = async |filter: Value| expect(count_request(&app, "c", Some(&filter.to_string())).await, 200).await;
     for (status, n) in &statuses {
         let body = count(json!({ "status": status })).await;
         assert_eq!(body["count"], *n, "{status}");
@@ -846,11 +842,8 @@ async fn a_document_a_transaction_holds_is_queried_as_committed(backend: Backend
     // Counts too: the staged insert's entry (of empty data) is not counted
     // by a count its empty data would match.
     let count = async |filter: Option<Value>| {
-        let mut req = app.request(Method::GET, "/v1/collections/h/count");
-        if let Some(filter) = filter {
-            req = req.query(&[("filter", filter.to_string())]);
-        }
-        expect(req.send().await.unwrap(), 200).await["count"].clone()
+        let filter = filter.map(|f| f.to_string());
+        expect(count_request(&app, "h", filter.as_deref()).await, 200).await["count"].clone()
     };
     assert_eq!(count(None).await, 2);
     assert_eq!(count(Some(json!({"s": {"$ne": "other"}}))).await, 2);
@@ -902,13 +895,7 @@ async fn numbers_are_kept_and_matched_exactly(backend: Backend) {
             let page = expect(resp, 200).await;
             let ids: Vec<&str> = page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
             assert_eq!(ids, [id.as_str()], "{filter}");
-            let resp = app
-                .request(Method::GET, "/v1/collections/n/count")
-                .query(&[("filter", filter.as_str())])
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(expect(resp, 200).await["count"], 1, "{filter}");
+            assert_eq!(expect(count_request(&app, "n", Some(&filter)).await, 200).await["count"], 1, "{filter}");
         }
     }
 }
