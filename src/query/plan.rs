@@ -138,9 +138,20 @@ fn pinned(shape: &Shape<'_>, head: &[(&str, bool)]) -> Vec<crate::store::Bson> {
 }
 
 /// The fields of the index that would serve a query of this shape.
+///
+/// A path that starts with `-`, written ascending, reads as another path
+/// descending; such a path is asked for descending (`--path`) wherever
+/// its direction is free: an equality path, and an order field that is
+/// the query's only one (the index is read backwards). Every other order
+/// field comes from `sort`, where an ascending path cannot start with
+/// `-`.
 fn wanted(shape: &Shape<'_>) -> Vec<String> {
-    let mut fields: Vec<String> = shape.eq.iter().map(|(p, _)| (*p).to_owned()).collect();
-    fields.extend(shape.order.iter().map(SortKey::written));
+    let free = |p: &str| if p.starts_with('-') { format!("-{p}") } else { p.to_owned() };
+    let mut fields: Vec<String> = shape.eq.iter().map(|(p, _)| free(p)).collect();
+    match shape.order.as_slice() {
+        [only] if !only.desc => fields.push(free(&only.path)),
+        order => fields.extend(order.iter().map(SortKey::written)),
+    }
     fields
 }
 
@@ -270,6 +281,35 @@ mod tests {
         // Mixed directions against the index's.
         let ready = [index("i", &["a", "b"])];
         assert!(matches!(plan(&filter(json!({})), &sort(&["a", "-b"]), &ready), Err(Unserved::Needs { .. })));
+    }
+
+    #[test]
+    fn a_path_starting_with_a_dash_is_asked_for_as_declarations_read_it() {
+        let needs = |f, s: &[&str]| match plan(&filter(f), &sort(s), &[]) {
+            Err(Unserved::Needs { fields, .. }) => fields,
+            other => panic!("{other:?}"),
+        };
+        // `-a` would be `a` descending: `--a` is `-a` descending.
+        assert_eq!(needs(json!({"-a": 1}), &[]), ["--a"]);
+        assert_eq!(needs(json!({"-a": 1}), &["b"]), ["--a", "b"]);
+        assert_eq!(needs(json!({"s": 1, "-a": {"$gt": 1}}), &[]), ["s", "--a"]);
+        assert_eq!(needs(json!({"s": 1}), &["--a"]), ["s", "--a"]);
+        assert_eq!(needs(json!({"s": 1}), &["--a", "b"]), ["s", "--a", "b"]);
+        // And each is served by what it asked for.
+        for (f, s) in [
+            (json!({"-a": 1}), vec![]),
+            (json!({"-a": 1}), vec!["b"]),
+            (json!({"s": 1, "-a": {"$gt": 1}}), vec![]),
+            (json!({"s": 1, "-a": {"$gt": 1}}), vec!["--a"]),
+        ] {
+            let fields = needs(f.clone(), &s);
+            let ready = [Declared { name: "i".into(), fields }];
+            assert!(plan(&filter(f.clone()), &sort(&s), &ready).is_ok(), "{f} {s:?}");
+        }
+        match plan_count(&filter(json!({"-a": {"$lt": 3}})), &[]) {
+            Err(Unserved::Needs { fields, .. }) => assert_eq!(fields, ["--a"]),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
