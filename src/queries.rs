@@ -60,10 +60,11 @@
 //! index's order fields, and its id. The next page starts strictly after
 //! that entry, so a document present for the whole listing whose sort
 //! values do not change is returned exactly once, whatever else is
-//! written meanwhile. A cursor also holds a digest of its query (the
-//! filter's conditions and the order the index is read in): passed with
-//! another query, it is refused rather than read as a position in an
-//! order it was not taken in.
+//! written meanwhile. A cursor also holds a digest of its query (its
+//! collection, the filter's conditions and the order the index is read
+//! in): passed with another query, or to another collection, it is
+//! refused rather than read as a position in an order it was not taken
+//! in.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -135,12 +136,18 @@ pub(crate) struct Query {
 
 impl Query {
     /// A digest of what the query selects and the order it is read in
-    /// (its filter's conditions, in whatever order they were written, and
-    /// `order`, the fields and directions of the index read with the id
-    /// last), which its cursors hold: the first 8 bytes of a SHA-256.
-    fn digest(&self, order: &[(String, i32)]) -> i64 {
+    /// (collection `coll`, its filter's conditions, in whatever order they
+    /// were written, and `order`, the fields and directions of the index
+    /// read with the id last), which its cursors hold: the first 8 bytes
+    /// of a SHA-256. Without `coll`: the digest cursors of format 2 hold.
+    fn digest(&self, coll: Option<&str>, order: &[(String, i32)]) -> i64 {
         use sha2::{Digest, Sha256};
         let mut hash = Sha256::new();
+        if let Some(coll) = coll {
+            hash.update(b"collection");
+            hash.update((coll.len() as u64).to_le_bytes());
+            hash.update(coll.as_bytes());
+        }
         for cond in self.filter.canonical() {
             hash.update((cond.len() as u64).to_le_bytes());
             hash.update(&cond);
@@ -405,32 +412,32 @@ impl Queries {
     ) -> Result<QueryPage, QueryError> {
         let Some(plan) = plan else {
             // The id order: every collection has it.
+            let digest = query.digest(Some(coll), &ID_ORDER.map(|(p, d)| (p.to_owned(), d)));
             let after = query.after.as_deref().map(decode_cursor).transpose()?;
-            let after = match after.as_ref().map(|c| c.key.as_slice()) {
+            let after = match after {
                 None => None,
-                Some([Bson::String(id)]) => Some(id.clone()),
-                Some(_) => return Err(QueryError::Cursor("not a cursor of this query".into())),
+                Some(cursor) if cursor.of_another(digest, None) => return Err(another_query()),
+                Some(Cursor { key, .. }) => match key.as_slice() {
+                    [Bson::String(id)] => Some(id.clone()),
+                    _ => return Err(QueryError::Cursor("not a cursor of this query".into())),
+                },
             };
             let (items, next) = self.documents.list_at(at, coll, after.as_deref(), query.limit).await?;
             let items = trim(items, query.fields.as_deref())?;
-            let next = next.map(|id| encode_cursor(&[Bson::String(id)], None));
+            let next = next.map(|id| encode_cursor(&[Bson::String(id)], Some(digest)));
             return Ok(QueryPage { items, next, position });
         };
         let store = at.store(self.documents.store());
         let mut store_query = store_query(&query.filter, plan);
         let order = store_query.sort.clone();
-        let digest = query.digest(&order);
+        let digest = query.digest(Some(coll), &order);
         let mut after = match query.after.as_deref().map(decode_cursor).transpose()? {
             None => None,
             Some(Cursor { key, .. }) if key.len() != order.len() => {
                 return Err(QueryError::Cursor("not a cursor of this query".into()));
             }
-            Some(Cursor { query: Some(of), .. }) if of != digest => {
-                return Err(QueryError::Cursor(
-                    "a cursor of another query (its filter, its sort or the index serving it differ): pass it with \
-                     the query it came from, or start again from the first page"
-                        .into(),
-                ));
+            Some(cursor) if cursor.of_another(digest, Some(query.digest(None, &order))) => {
+                return Err(another_query());
             }
             Some(Cursor { key, .. }) => Some(key),
         };
@@ -639,9 +646,22 @@ fn put(doc: &mut Document, path: &str, value: Bson) {
 }
 
 const CURSOR: base64::engine::GeneralPurpose = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-/// The version of the cursor's format: 2 holds its query's digest; 1 (an
-/// earlier release's, still taken) does not.
-const CURSOR_FORMAT: i32 = 2;
+/// The version of the cursor's format: 3 holds its query's digest with its
+/// collection, in the id order too. Earlier releases' are still taken: 2
+/// holds the digest without the collection (along an index only), 1 none.
+const CURSOR_FORMAT: i32 = 3;
+
+/// The order of a query that neither filters nor sorts, as its digest
+/// names it.
+const ID_ORDER: [(&str, i32); 1] = [("_id", 1)];
+
+fn another_query() -> QueryError {
+    QueryError::Cursor(
+        "a cursor of another query (its collection, its filter, its sort or the index serving it differ): pass it \
+         with the query it came from, or start again from the first page"
+            .into(),
+    )
+}
 
 /// A cursor as encoded: its format, the entry's key and, along an index,
 /// its query's digest ([`Query::digest`]).
@@ -656,9 +676,23 @@ struct CursorBody {
 /// A cursor as decoded.
 struct Cursor {
     key: Vec<Bson>,
-    /// The digest of the query it was given with (none in the id order,
-    /// or from a cursor of format 1).
+    /// The digest of the query it was given with (none from a cursor of
+    /// format 1, nor from one of format 2 in the id order).
     query: Option<i64>,
+    format: i32,
+}
+
+impl Cursor {
+    /// Whether the cursor was given with another query than the one of
+    /// digest `digest` (`earlier`: the same query's digest as format 2
+    /// held it, without its collection, where such cursors had one).
+    fn of_another(&self, digest: i64, earlier: Option<i64>) -> bool {
+        match (self.query, self.format) {
+            (None, _) => false,
+            (Some(of), 3..) => of != digest,
+            (Some(of), _) => earlier.is_none_or(|earlier| of != earlier),
+        }
+    }
 }
 
 fn encode_cursor(key: &[Bson], query: Option<i64>) -> String {
@@ -688,7 +722,7 @@ fn decode_cursor(cursor: &str) -> Result<Cursor, QueryError> {
     if !key.iter().all(scalar) {
         return Err(bad());
     }
-    Ok(Cursor { key, query: body.q })
+    Ok(Cursor { key, query: body.q, format: body.f })
 }
 
 #[cfg(test)]
@@ -711,10 +745,25 @@ mod tests {
             CURSOR.encode(bytes)
         };
         let back = decode_cursor(&earlier).unwrap();
-        assert_eq!((back.key, back.query), (key.clone(), None));
+        assert_eq!((back.key.clone(), back.query), (key.clone(), None));
+        assert!(!back.of_another(7, Some(8)));
+        // Format 2 held the digest without the collection: compared with
+        // that one; format 3's with the collection's.
+        let format2 = {
+            let mut bytes = Vec::new();
+            mongodb::bson::doc! {"f": 2, "k": key.clone(), "q": 8_i64}.to_writer(&mut bytes).unwrap();
+            CURSOR.encode(bytes)
+        };
+        let back = decode_cursor(&format2).unwrap();
+        assert!(!back.of_another(7, Some(8)));
+        assert!(back.of_another(8, Some(7)));
+        assert!(back.of_another(8, None), "format 2 had no digest in the id order");
+        let back = decode_cursor(&encode_cursor(&key, Some(7))).unwrap();
+        assert!(!back.of_another(7, Some(8)));
+        assert!(back.of_another(8, Some(7)));
         let later = {
             let mut bytes = Vec::new();
-            mongodb::bson::doc! {"f": 3, "k": key.clone()}.to_writer(&mut bytes).unwrap();
+            mongodb::bson::doc! {"f": 4, "k": key.clone()}.to_writer(&mut bytes).unwrap();
             CURSOR.encode(bytes)
         };
         assert!(decode_cursor(&later).is_err());
@@ -736,8 +785,8 @@ mod tests {
         let a = query(serde_json::json!({"status": "open", "amount": {"$gt": 1, "$lt": 9}}));
         let b = query(serde_json::json!({"amount": {"$lt": 9, "$gt": 1}, "status": {"$eq": "open"}}));
         let c = query(serde_json::json!({"$and": [{"amount": {"$lt": 9}}, {"status": "open", "amount": {"$gt": 1}}]}));
-        assert_eq!(a.digest(&order), b.digest(&order));
-        assert_eq!(a.digest(&order), c.digest(&order));
+        assert_eq!(a.digest(Some("c"), &order), b.digest(Some("c"), &order));
+        assert_eq!(a.digest(Some("c"), &order), c.digest(Some("c"), &order));
         // Another bound, another value, another order: another query.
         let other = [
             query(serde_json::json!({"status": "open", "amount": {"$gt": 1, "$lt": 8}})),
@@ -745,12 +794,16 @@ mod tests {
             query(serde_json::json!({"status": "open", "amount": {"$gte": 1, "$lt": 9}})),
         ];
         for q in &other {
-            assert_ne!(q.digest(&order), a.digest(&order), "{:?}", q.filter);
+            assert_ne!(q.digest(Some("c"), &order), a.digest(Some("c"), &order), "{:?}", q.filter);
         }
         let reversed = vec![("amount".to_owned(), 1), ("_id".to_owned(), -1)];
-        assert_ne!(a.digest(&reversed), a.digest(&order));
+        assert_ne!(a.digest(Some("c"), &reversed), a.digest(Some("c"), &order));
         let id_reversed = vec![("amount".to_owned(), -1), ("_id".to_owned(), -1)];
-        assert_ne!(a.digest(&id_reversed), a.digest(&order));
+        assert_ne!(a.digest(Some("c"), &id_reversed), a.digest(Some("c"), &order));
+        // Another collection: another query; without one, format 2's.
+        assert_ne!(a.digest(Some("d"), &order), a.digest(Some("c"), &order));
+        assert_ne!(a.digest(None, &order), a.digest(Some("c"), &order));
+        assert_eq!(a.digest(None, &order), b.digest(None, &order));
     }
 
     #[test]

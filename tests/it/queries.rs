@@ -703,9 +703,9 @@ async fn pages_of_large_documents_stop_at_their_bytes(backend: Backend) {
 
 /// A cursor holds its query: passed again with the same filter (its
 /// members written in another order) and sort it goes on; with another
-/// filter, another sort, or once another index serves the query, it is
-/// refused (422 at `/after`) rather than read as a position in another
-/// order.
+/// filter, another sort, once another index serves the query, or on
+/// another collection, it is refused (422 at `/after`) rather than read as
+/// a position in another order.
 async fn a_cursor_goes_on_only_with_its_own_query(backend: Backend) {
     let Some(app) = TestApp::spawn(backend).await else { return };
     for i in 0..12 {
@@ -746,6 +746,23 @@ async fn a_cursor_goes_on_only_with_its_own_query(backend: Backend) {
     expect_problem(query(&app, "k", &body).await, 422, "validation_failed").await;
     let resp = app.request(Method::GET, &docs_path("k")).query(&[("after", next.as_str())]).send().await.unwrap();
     expect_problem(resp, 422, "validation_failed").await;
+    // The same query on another collection with the same index, and an
+    // id-order cursor there: refused too, not read as a position there.
+    for i in 0..4 {
+        create(&app, "k2", &format!("k{i:02}"), &json!({"status": "open", "amount": i, "day": i})).await;
+    }
+    ready_index(&app, "k2", "by_amount", &["status", "-amount"]).await;
+    let body = json!({"filter": filter, "sort": ["-amount"], "limit": 2, "after": next});
+    let problem = expect_problem(query(&app, "k2", &body).await, 422, "validation_failed").await;
+    assert!(problem["detail"].as_str().unwrap().contains("another query"), "{problem}");
+    let resp = app.request(Method::GET, &docs_path("k2")).query(&[("after", by_id)]).send().await.unwrap();
+    let problem = expect_problem(resp, 422, "validation_failed").await;
+    assert!(problem["detail"].as_str().unwrap().contains("another query"), "{problem}");
+    // Each still goes on in its own collection.
+    let body = json!({"filter": filter, "sort": ["-amount"], "limit": 2, "after": next});
+    assert_eq!(ids(&expect(query(&app, "k", &body).await, 200).await), [json!("k06"), json!("k04")]);
+    let resp = app.request(Method::GET, &docs_path("k")).query(&[("after", by_id), ("limit", "2")]).send().await;
+    assert_eq!(ids(&expect(resp.unwrap(), 200).await), [json!("k02"), json!("k03")]);
 }
 
 /// A query (or count) whose index is declared but not ready is still
