@@ -766,6 +766,79 @@ async fn check_counts(
                 assert_eq!(got, want, "count of {filter} along {} (seed {seed})", query.index);
             }
         }
+        // Ranges (as MongoDB brackets them by type): of the holder after
+        // `deleted`, and of `n` after both; the counted index walks the
+        // smaller of the range and the rest of its prefix, the other walks
+        // the range.
+        let value = |v: &str, inclusive: bool| Edge::Value { value: Bson::String(v.into()), inclusive };
+        let strings = || Edge::Bracket(Bson::String(String::new()));
+        type Within = fn(&str) -> bool;
+        let txn_ranges: [(Interval, Document, Within); 3] = [
+            (Interval { lower: value("T1", false), upper: strings() }, doc! {"$gt": "T1"}, |t| t > "T1"),
+            (Interval { lower: strings(), upper: value("T10", true) }, doc! {"$lte": "T10"}, |t| t <= "T10"),
+            (
+                Interval { lower: value("T10", true), upper: value("T2", false) },
+                doc! {"$gte": "T10", "$lt": "T2"},
+                |t| ("T10".."T2").contains(&t),
+            ),
+        ];
+        for (interval, filter, within) in txn_ranges {
+            let want = model
+                .values()
+                .filter(|d| meta(d).get_bool("deleted") == Ok(deleted) && meta(d).get_str("txn").is_ok_and(within))
+                .count() as u64;
+            for counted in [true, false] {
+                let query = count_query(
+                    &by_holder(counted).name,
+                    vec![Bson::Boolean(deleted)],
+                    Some(vec![interval.clone()]),
+                    doc! {"_meta.deleted": deleted, "_meta.txn": filter.clone()},
+                );
+                let got = s.count("users", &query).await.unwrap();
+                assert_eq!(got, want, "count of txn {filter} along {} (seed {seed})", query.index);
+            }
+        }
+        let numbers = || Edge::Bracket(Bson::Int64(0));
+        for holder in &holders {
+            for (lower, upper) in [(Some(30), None), (None, Some(120)), (Some(0), Some(1000)), (Some(55), Some(56))] {
+                let interval = Interval {
+                    lower: lower.map_or_else(numbers, |n: i64| Edge::Value { value: Bson::Int64(n), inclusive: true }),
+                    upper: upper.map_or_else(numbers, |n: i64| Edge::Value { value: Bson::Int64(n), inclusive: false }),
+                };
+                let mut filter = Document::new();
+                if let Some(l) = lower {
+                    filter.insert("$gte", l);
+                }
+                if let Some(u) = upper {
+                    filter.insert("$lt", u);
+                }
+                let want = model
+                    .values()
+                    .filter(|d| {
+                        let m = meta(d);
+                        let n = match d.get("n") {
+                            Some(Bson::Int32(n)) => i64::from(*n),
+                            Some(Bson::Int64(n)) => *n,
+                            other => panic!("n is {other:?}"),
+                        };
+                        m.get_bool("deleted") == Ok(deleted)
+                            && m.get("txn").cloned().unwrap_or(Bson::Null) == *holder
+                            && lower.is_none_or(|l| n >= l)
+                            && upper.is_none_or(|u| n < u)
+                    })
+                    .count() as u64;
+                for counted in [true, false] {
+                    let query = count_query(
+                        &by_holder(counted).name,
+                        vec![Bson::Boolean(deleted), holder.clone()],
+                        Some(vec![interval.clone()]),
+                        doc! {"_meta.deleted": deleted, "_meta.txn": holder.clone(), "n": filter.clone()},
+                    );
+                    let got = s.count("users", &query).await.unwrap();
+                    assert_eq!(got, want, "count of n {filter} along {} (seed {seed})", query.index);
+                }
+            }
+        }
         for eq in pins {
             let want = model
                 .values()
