@@ -177,4 +177,18 @@ pub async fn queries(url: &str, docs: usize, samples: usize) {
     lat.sort();
     println!("queries postgres count_p50_ms {:.3}", ms(percentile(&lat, 0.5)));
     println!("queries postgres count_p99_ms {:.3}", ms(percentile(&lat, 0.99)));
+    // The same documents counted through a range on the next field, then
+    // about half of them.
+    let count = client.prepare("SELECT count(*) FROM docs WHERE status = $1 AND amount >= $2").await.expect("prepare");
+    for (name, from) in [("count_range", 0_i64), ("count_half", 500_000)] {
+        let mut lat = Vec::new();
+        for i in 0..(samples / 10).max(20) {
+            let t = Instant::now();
+            let n: i64 = client.query_one(&count, &[&STATUSES[i % 10], &from]).await.expect("count").get(0);
+            lat.push(t.elapsed());
+            assert!(n > 0);
+        }
+        lat.sort();
+        println!("queries postgres {name}_p50_ms {:.3}", ms(percentile(&lat, 0.5)));
+    }
 }

@@ -10,7 +10,9 @@
 //! - a page of 50 of one status below a random amount, newest amount
 //!   first: p50/p99, and the records the store decoded per page (at most
 //!   52: the page, the one after it, and nothing else);
-//! - the count of one status (a tenth of the documents): p50/p99.
+//! - the count of one status (a tenth of the documents): p50/p99; the same
+//!   documents counted through a range on the next field (`amount >= 0`),
+//!   and about half of them (`amount >= 500000`): p50.
 //!
 //! Each figure is also printed as a `queries txgate <name> <value>` line
 //! for the script to put beside PostgreSQL's.
@@ -365,5 +367,33 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
     println!("count of one status ({counted} documents): p50 {c50:.2} ms, p99 {c99:.2} ms");
     println!("queries txgate count_p50_ms {c50:.3}");
     println!("queries txgate count_p99_ms {c99:.3}");
+
+    // The same documents counted through a range on the index's next
+    // field (every amount is at least 0), then about half of them (the
+    // range's entries and the rest of the status's are walked together
+    // until one side ends: half is the most walked).
+    for (name, from) in [("count_range", 0_i64), ("count_half", 500_000)] {
+        let mut lat = Vec::new();
+        for i in 0..(samples / 10).max(20) {
+            let status = STATUSES[i % 10];
+            let t = Instant::now();
+            let body: Value = client
+                .get(format!("{base}/v1/collections/{COLL}/count"))
+                .query(&[("filter", json!({ "status": status, "amount": {"$gte": from} }).to_string())])
+                .send()
+                .await
+                .expect("count")
+                .json()
+                .await
+                .expect("count");
+            lat.push(t.elapsed());
+            counted = body["count"].as_u64().expect("a count");
+        }
+        let (r50, r99) = p50_p99(&mut lat);
+        println!(
+            "count of one status through a range (amount >= {from}, {counted} documents): p50 {r50:.2} ms, p99 {r99:.2} ms"
+        );
+        println!("queries txgate {name}_p50_ms {r50:.3}");
+    }
     gateway.stop().await;
 }
