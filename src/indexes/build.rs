@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     BUILD_BATCH, DURABLE_EVERY, Declaration, GRACE, INDEXES, Indexes, LEASE, MAX_NAMED, MAX_REST, Progress,
-    RENEW_EVERY, State, breaks_rule, unique,
+    RENEW_EVERY, State, breaks_rule, same_fields, unique,
 };
 use crate::document::StoredDoc;
 use crate::store::scans::{DOCS_LIVE, INDEXES_BY_STATE};
@@ -35,9 +35,15 @@ impl Indexes {
                 if waited < GRACE.as_millis() as i64 {
                     continue;
                 }
-                match state {
-                    State::Dropping => self.drop_now(&d).await?,
-                    _ => self.build(d, stop).await?,
+                // One that fails is tried again on the next pass; the others
+                // go on meanwhile.
+                let (coll, name) = (d.coll.clone(), d.name.clone());
+                let done = match state {
+                    State::Dropping => self.drop_now(&d).await,
+                    _ => self.build(d, stop).await,
+                };
+                if let Err(err) = done {
+                    tracing::warn!(collection = %coll, index = %name, error = %err, "index build or drop failed; retrying");
                 }
             }
         }
@@ -120,6 +126,15 @@ impl Indexes {
     async fn build(&self, mut d: Declaration, stop: &CancellationToken) -> StoreResult<()> {
         if !self.lease(&mut d, None).await? {
             return Ok(());
+        }
+        // Declared on the same fields as another at the same moment (on
+        // another instance): the one declared first builds.
+        let declared = self.list(&d.coll).await?;
+        let first = same_fields(&declared, &d.name, &d.fields)
+            .find(|o| o.state == State::Ready || (o.created_at, &o.name) < (d.created_at, &d.name));
+        if let Some(other) = first {
+            let reason = format!("index {} is declared on the same fields; delete one of them", other.name);
+            return self.finish(&d, Some((reason, Vec::new()))).await;
         }
         let live = crate::store::IndexQuery::live();
         let total = self.store.count(&d.coll, &live).await?;

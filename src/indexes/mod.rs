@@ -481,9 +481,20 @@ impl Indexes {
                 existing.fields
             )));
         }
-        if self.list(coll).await?.len() >= MAX_INDEXES {
+        let declared = self.list(coll).await?;
+        if declared.len() >= MAX_INDEXES {
             return Err(DeclareError::Limit(format!(
                 "collection {coll} has {MAX_INDEXES} indexes, the most it may have; delete one first"
+            )));
+        }
+        // One index per list of fields: a second would serve nothing the
+        // first does not, and MongoDB holds one index per key pattern.
+        if let Some(other) = same_fields(&declared, name, &fields).next() {
+            return Err(DeclareError::Exists(format!(
+                "index {} of {coll} is on the same fields {fields:?}; delete it first to declare them under \
+                 another name{}",
+                other.name,
+                if unique && !other.unique { " or as unique" } else { "" }
             )));
         }
         let now = self.clock.now();
@@ -543,6 +554,18 @@ impl Indexes {
         }
         Ok(done)
     }
+}
+
+/// The declarations among `declared` other than `name` that hold an index
+/// on exactly `fields` (building or ready; a failed one holds none).
+fn same_fields<'d>(
+    declared: &'d [Declaration],
+    name: &'d str,
+    fields: &'d [String],
+) -> impl Iterator<Item = &'d Declaration> {
+    declared
+        .iter()
+        .filter(move |d| d.name != name && d.fields == fields && matches!(d.state, State::Building | State::Ready))
 }
 
 /// The unique values a transaction's members claimed, settled once its

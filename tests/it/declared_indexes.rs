@@ -27,6 +27,7 @@ crate::on_both_backends!(
     two_transactions_staging_one_unique_value_at_once_commit_one,
     a_unique_build_over_duplicates_fails_naming_them,
     a_build_whose_instance_died_is_taken_over_and_ends_exact,
+    one_index_per_list_of_fields,
 );
 
 async fn indexed_paths_never_hold_arrays_or_objects(backend: Backend) {
@@ -453,4 +454,33 @@ async fn a_build_whose_instance_died_is_taken_over_and_ends_exact(backend: Backe
     }
     create(&b, "t", "again", &json!({"u": "nobody"})).await;
     b.stop().await;
+}
+
+/// A second index on the fields of a building or ready one, under another
+/// name, unique or not, is refused (409 `index_exists` naming the first);
+/// other fields (another direction) are not, and other collections' builds
+/// go on. Once the first is deleted the fields may be declared again.
+async fn one_index_per_list_of_fields(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "same", "a", &json!({"f": 1, "g": 1})).await;
+    create(&app, "other", "a", &json!({"f": 1})).await;
+    let first = put_index(&app, "same", "one", &["f", "g"]).await;
+    assert_eq!(first["state"], "building", "{first}");
+    for unique in [false, true] {
+        let body = json!({"fields": ["f", "g"], "unique": unique});
+        let resp = app.send_json(Method::PUT, "/v1/collections/same/indexes/two", &body).await;
+        let problem = expect_problem(resp, 409, "index_exists").await;
+        assert!(problem["detail"].as_str().unwrap().contains("index one"), "{problem}");
+    }
+    expect_problem(app.get("/v1/collections/same/indexes/two").await, 404, "not_found").await;
+    ready_index(&app, "same", "desc", &["f", "-g"]).await;
+    ready_index(&app, "other", "one", &["f", "g"]).await;
+    assert_eq!(settled_index(&app, "same", "one").await["state"], "ready");
+    // Deleted, its fields are free (on MongoDB the new store index is made
+    // once the old one is dropped).
+    expect(app.request(Method::DELETE, "/v1/collections/same/indexes/one").send().await.unwrap(), 204).await;
+    put_index(&app, "same", "two", &["f", "g"]).await;
+    assert_eq!(settled_index(&app, "same", "two").await["state"], "ready");
+    let page = expect(query(&app, "same", &json!({"filter": {"f": 1}, "sort": ["g"]})).await, 200).await;
+    assert_eq!(page["items"][0]["id"], "a", "{page}");
 }
