@@ -715,9 +715,10 @@ fn decode_cursor(cursor: &str) -> Result<Cursor, QueryError> {
     }
     let key = body.k;
     // A page's last values are what JSON data holds at an indexed path
-    // (scalars) and its id: nothing else is a cursor's.
-    let scalar = |v: &Bson| {
-        matches!(v, Bson::Null | Bson::Boolean(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::String(_))
+    // (scalars, no NaN or infinity) and its id: nothing else is a cursor's.
+    let scalar = |v: &Bson| match v {
+        Bson::Double(d) => d.is_finite(),
+        v => matches!(v, Bson::Null | Bson::Boolean(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::String(_)),
     };
     if !key.iter().all(scalar) {
         return Err(bad());
@@ -772,7 +773,15 @@ mod tests {
         // Well formed, but holding what no page ends at: refused before
         // it reaches a store.
         let regex = Bson::RegularExpression(mongodb::bson::Regex { pattern: "(".into(), options: String::new() });
-        for strange in [regex, Bson::Document(Document::new()), Bson::Array(vec![]), Bson::MinKey] {
+        let strangers = [
+            regex,
+            Bson::Document(Document::new()),
+            Bson::Array(vec![]),
+            Bson::MinKey,
+            Bson::Double(f64::NAN),
+            Bson::Double(f64::INFINITY),
+        ];
+        for strange in strangers {
             assert!(decode_cursor(&encode_cursor(std::slice::from_ref(&strange), None)).is_err(), "{strange}");
         }
     }

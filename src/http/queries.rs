@@ -159,12 +159,19 @@ fn paths(from: From, name: &str, items: &[String], max: usize) -> Result<(), Api
         return Err(ApiError::bad_request(ProblemCode::InvalidFilter, detail.clone())
             .with("errors", json!([{"pointer": from.at(name), "detail": detail}])));
     }
+    let mut seen = std::collections::HashSet::new();
     for item in items {
         let path = if name == "sort" { item.strip_prefix('-').unwrap_or(item) } else { item };
         check_path(path, "").map_err(|e| {
             ApiError::bad_request(ProblemCode::InvalidFilter, format!("{name}: {}", e.message))
                 .with("errors", json!([{"pointer": from.at(name), "detail": e.message}]))
         })?;
+        // A sort names each path once: a second mention orders nothing.
+        if name == "sort" && !seen.insert(path) {
+            let detail = format!("sort names {path:?} twice");
+            return Err(ApiError::bad_request(ProblemCode::InvalidFilter, detail.clone())
+                .with("errors", json!([{"pointer": from.at(name), "detail": detail}])));
+        }
     }
     Ok(())
 }

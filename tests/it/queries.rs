@@ -20,6 +20,8 @@ use rand::{Rng, SeedableRng};
 use reqwest::Method;
 use serde_json::{Map, Value, json};
 
+use txgate::testing::store::Bson;
+
 use crate::support::{Backend, TestApp, expect, expect_problem};
 
 crate::on_both_backends!(
@@ -524,6 +526,12 @@ async fn what_is_outside_the_language_is_refused(backend: Backend) {
     for sort in ["_meta.v", "$natural", "a..b"] {
         expect_problem(query(&app, "r", &json!({"sort": [sort]})).await, 400, "invalid_filter").await;
     }
+    // A path sorted by twice, in either direction.
+    for sort in [["a", "-a"], ["a", "a"]] {
+        expect_problem(query(&app, "r", &json!({"sort": sort})).await, 400, "invalid_filter").await;
+        let resp = app.request(Method::GET, &docs_path("r")).query(&[("sort", sort.join(","))]).send().await.unwrap();
+        expect_problem(resp, 400, "invalid_filter").await;
+    }
     let resp = app.request(Method::GET, &docs_path("r")).query(&[("filter", "{not json")]).send().await.unwrap();
     expect_problem(resp, 400, "invalid_filter").await;
     // A member named twice is refused in a parameter, as in a body.
@@ -532,10 +540,28 @@ async fn what_is_outside_the_language_is_refused(backend: Backend) {
     expect_problem(resp, 400, "invalid_filter").await;
     let resp = app.request(Method::GET, "/v1/collections/r/count").query(&[("filter", twice)]).send().await.unwrap();
     expect_problem(resp, 400, "invalid_filter").await;
-    // A cursor that is not one.
+    // A cursor that is not one, or holds what no page ends at (NaN).
     ready_index(&app, "r", "a", &["a"]).await;
     let body = json!({"filter": {"a": {"$gt": 0}}, "after": "bm90IGEgY3Vyc29y"});
     expect_problem(query(&app, "r", &body).await, 422, "validation_failed").await;
+    create(&app, "r", "two", &json!({"a": 2.5})).await;
+    let body = json!({"filter": {"a": {"$gt": 0}}, "limit": 1});
+    let next = expect(query(&app, "r", &body).await, 200).await["next"].as_str().expect("a next page").to_owned();
+    let nan = {
+        use base64::Engine as _;
+        let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let mut cursor =
+            txgate::testing::store::Document::from_reader(engine.decode(&next).unwrap().as_slice()).unwrap();
+        let mut key = cursor.get_array("k").unwrap().clone();
+        key[0] = Bson::Double(f64::NAN);
+        cursor.insert("k", key);
+        let mut bytes = Vec::new();
+        cursor.to_writer(&mut bytes).unwrap();
+        engine.encode(bytes)
+    };
+    let body = json!({"filter": {"a": {"$gt": 0}}, "limit": 1, "after": nan});
+    let problem = expect_problem(query(&app, "r", &body).await, 422, "validation_failed").await;
+    assert_eq!(problem["errors"][0]["pointer"], "/after", "{problem}");
     // Unknown members of the body are refused.
     expect_problem(query(&app, "r", &json!({"filter": {}, "hint": "x"})).await, 422, "validation_failed").await;
 }
