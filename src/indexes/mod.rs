@@ -491,10 +491,10 @@ impl Indexes {
         // first does not, and MongoDB holds one index per key pattern.
         if let Some(other) = same_fields(&declared, name, &fields).next() {
             return Err(DeclareError::Exists(format!(
-                "index {} of {coll} is on the same fields {fields:?}; delete it first to declare them under \
-                 another name{}",
+                "index {} of {coll} is on the same fields {fields:?}; delete it first to declare them{} under \
+                 another name",
                 other.name,
-                if unique && !other.unique { " or as unique" } else { "" }
+                if unique && !other.unique { " as unique" } else { "" }
             )));
         }
         let now = self.clock.now();
