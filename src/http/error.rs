@@ -83,7 +83,7 @@ problem_codes! {
     DeliveryPending => "delivery_pending", 409, Problem, "the delivery is queued or in flight already";
     Duplicate => "duplicate", 409, Duplicate, "a unique index holds the value for another document: `index` names the index, `existing` the document";
     IndexLimit => "index_limit", 409, Problem, "the collection has as many indexes as it may (32); delete one first";
-    IndexExists => "index_exists", 409, Problem, "an index of this name exists with another definition (or is being dropped); delete it first";
+    IndexExists => "index_exists", 409, Problem, "an index of this name exists with another definition (or is being dropped), or another index is on the same fields; delete it first";
     BackupUnsupported => "backup_unsupported", 409, Problem, "this store has no online backup; use the database's own tools";
     BackupInProgress => "backup_in_progress", 409, Problem, "a backup is being written already; send the request again once it has finished";
     Deleted => "deleted", 410, Deleted, "the document is deleted (a tombstone)";
