@@ -80,6 +80,34 @@ impl Page {
     }
 }
 
+/// A tenth of `samples` counts (at least 20) over HTTP, of the filter
+/// `filter` gives for each status in turn: their latencies and the last
+/// count.
+async fn counts(
+    client: &reqwest::Client,
+    base: &str,
+    samples: usize,
+    filter: impl Fn(&str) -> Value,
+) -> (Vec<Duration>, u64) {
+    let mut lat = Vec::new();
+    let mut counted = 0;
+    for i in 0..(samples / 10).max(20) {
+        let t = Instant::now();
+        let body: Value = client
+            .get(format!("{base}/v1/collections/{COLL}/count"))
+            .query(&[("filter", filter(STATUSES[i % 10]).to_string())])
+            .send()
+            .await
+            .expect("count")
+            .json()
+            .await
+            .expect("count");
+        lat.push(t.elapsed());
+        counted = body["count"].as_u64().expect("a count");
+    }
+    (lat, counted)
+}
+
 /// Sorted latencies, as `p50/p99` in ms.
 fn p50_p99(lat: &mut [Duration]) -> (f64, f64) {
     lat.sort();
@@ -346,23 +374,7 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
     println!("for reference, one document by id: p50 {g50:.3} ms, p99 {g99:.3} ms");
     println!("queries txgate get_p50_ms {g50:.3}");
 
-    let mut lat = Vec::new();
-    let mut counted = 0;
-    for i in 0..(samples / 10).max(20) {
-        let status = STATUSES[i % 10];
-        let t = Instant::now();
-        let body: Value = client
-            .get(format!("{base}/v1/collections/{COLL}/count"))
-            .query(&[("filter", json!({ "status": status }).to_string())])
-            .send()
-            .await
-            .expect("count")
-            .json()
-            .await
-            .expect("count");
-        lat.push(t.elapsed());
-        counted = body["count"].as_u64().expect("a count");
-    }
+    let (mut lat, counted) = counts(&client, &base, samples, |status: &str| json!({ "status": status })).await;
     let (c50, c99) = p50_p99(&mut lat);
     println!("count of one status ({counted} documents): p50 {c50:.2} ms, p99 {c99:.2} ms");
     println!("queries txgate count_p50_ms {c50:.3}");
@@ -370,25 +382,11 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
 
     // The same documents counted through a range on the index's next
     // field (every amount is at least 0), then about half of them (the
-    // range's entries and the rest of the status's are walked together
-    // until one side ends: half is the most walked).
+    // range's entries and the rest of the status's are walked together,
+    // four to one, until one side ends).
     for (name, from) in [("count_range", 0_i64), ("count_half", 500_000)] {
-        let mut lat = Vec::new();
-        for i in 0..(samples / 10).max(20) {
-            let status = STATUSES[i % 10];
-            let t = Instant::now();
-            let body: Value = client
-                .get(format!("{base}/v1/collections/{COLL}/count"))
-                .query(&[("filter", json!({ "status": status, "amount": {"$gte": from} }).to_string())])
-                .send()
-                .await
-                .expect("count")
-                .json()
-                .await
-                .expect("count");
-            lat.push(t.elapsed());
-            counted = body["count"].as_u64().expect("a count");
-        }
+        let filter = |status: &str| json!({ "status": status, "amount": {"$gte": from} });
+        let (mut lat, counted) = counts(&client, &base, samples, filter).await;
         let (r50, r99) = p50_p99(&mut lat);
         println!(
             "count of one status through a range (amount >= {from}, {counted} documents): p50 {r50:.2} ms, p99 {r99:.2} ms"
