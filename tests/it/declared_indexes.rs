@@ -28,6 +28,7 @@ crate::on_both_backends!(
     a_unique_build_over_duplicates_fails_naming_them,
     a_build_whose_instance_died_is_taken_over_and_ends_exact,
     one_index_per_list_of_fields,
+    a_build_the_store_keeps_failing_holds_up_no_other,
 );
 
 async fn indexed_paths_never_hold_arrays_or_objects(backend: Backend) {
@@ -483,4 +484,41 @@ async fn one_index_per_list_of_fields(backend: Backend) {
     assert_eq!(settled_index(&app, "same", "two").await["state"], "ready");
     let page = expect(query(&app, "same", &json!({"filter": {"f": 1}, "sort": ["g"]})).await, 200).await;
     assert_eq!(page["items"][0]["id"], "a", "{page}");
+}
+
+/// Fails every count of collection `a_stuck` while armed: a build of an
+/// index there meets the error at its start, every pass.
+struct FailStuckCounts(AtomicBool);
+
+impl Layer for FailStuckCounts {
+    async fn around<T: Send>(
+        &self,
+        _below: &dyn Store,
+        op: &StoreOp<'_>,
+        run: impl Future<Output = StoreResult<T>> + Send,
+    ) -> StoreResult<T> {
+        if op.coll == "a_stuck" && op.name == "count" && self.0.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("the store refuses this collection's counts".into()));
+        }
+        run.await
+    }
+}
+
+/// A build the store keeps failing stays `building` and is tried again,
+/// while builds of other collections, declared after it, go on and end
+/// ready; once the store answers again it ends ready too.
+async fn a_build_the_store_keeps_failing_holds_up_no_other(backend: Backend) {
+    let Some(ts) = TestStore::new(backend).await else { return };
+    let failing = Arc::new(Layered::new(Arc::clone(&ts.store), FailStuckCounts(AtomicBool::new(true))));
+    let app = TestApp::on_store(test_config(ts.config.clone()), failing.clone(), Some(ts)).await;
+    create(&app, "a_stuck", "one", &json!({"f": 1})).await;
+    create(&app, "b_other", "one", &json!({"f": 1})).await;
+    put_index(&app, "a_stuck", "f", &["f"]).await;
+    ready_index(&app, "b_other", "f", &["f"]).await;
+    let stuck = expect(app.get("/v1/collections/a_stuck/indexes/f").await, 200).await;
+    assert_eq!(stuck["state"], "building", "{stuck}");
+    failing.layer().0.store(false, Ordering::SeqCst);
+    assert_eq!(settled_index(&app, "a_stuck", "f").await["state"], "ready");
+    let page = expect(query(&app, "a_stuck", &json!({"filter": {"f": 1}})).await, 200).await;
+    assert_eq!(page["items"][0]["id"], "one", "{page}");
 }
