@@ -166,7 +166,9 @@ impl Indexes {
                 // value claimed already is a duplicate.
                 if let Some(key) = unique.as_ref().and_then(|u| u.value(&doc.data)) {
                     let u = unique.as_ref().expect("unique");
-                    if let Err(dup) = unique::claim(&self.store, &d.coll, u, &key, &doc.id, self.clock.now()).await? {
+                    if let Err(dup) =
+                        unique::claim(&self.store, &d.coll, u, &key, &doc.id, &[], self.clock.now()).await?
+                    {
                         // Each named once, however many share a value.
                         for id in [dup.existing, doc.id] {
                             if duplicates.len() < MAX_NAMED && !duplicates.contains(&id) {

@@ -323,13 +323,30 @@ impl Indexes {
         new: &Document,
     ) -> StoreResult<Result<Vec<unique::Claim>, unique::Duplicate>> {
         let uniques = self.uniques(coll).await?;
+        self.claim_in(coll, id, &uniques, (old, new), &Giving::new()).await
+    }
+
+    /// [`Self::claim`] over `uniques`, in a transaction whose other members
+    /// give up the values `giving` names.
+    async fn claim_in(
+        &self,
+        coll: &str,
+        id: &str,
+        uniques: &[unique::Unique],
+        (old, new): (Option<&Document>, &Document),
+        giving: &Giving,
+    ) -> StoreResult<Result<Vec<unique::Claim>, unique::Duplicate>> {
         let mut claims = Vec::new();
-        for index in &uniques {
+        for index in uniques {
             let Some(key) = index.value(new) else { continue };
             if old.and_then(|o| index.value(o)).as_deref() == Some(key.as_slice()) {
                 continue;
             }
-            match unique::claim(&self.store, coll, index, &key, id, self.clock.now()).await {
+            let givers: Vec<&str> = giving
+                .get(&(coll.to_owned(), index.physical.clone(), key.clone()))
+                .map(|ids| ids.iter().map(String::as_str).filter(|g| *g != id).collect())
+                .unwrap_or_default();
+            match unique::claim(&self.store, coll, index, &key, id, &givers, self.clock.now()).await {
                 Ok(Ok(claim)) => claims.push(claim),
                 Ok(Err(duplicate)) => {
                     unique::release(&self.store, &claims).await;
@@ -385,6 +402,8 @@ impl Indexes {
     ) -> StoreResult<Result<MemberClaims, (usize, unique::Duplicate)>> {
         use crate::txn::plan::ActionOp;
         let mut made = MemberClaims { indexes: Arc::clone(self), claims: Vec::new(), held: Vec::new() };
+        // Each member's document as read now and as it would become.
+        let mut members = Vec::new();
         for (i, action) in plan.actions.iter().enumerate() {
             let (coll, id) = (&action.collection, &action.id);
             let uniques = self.uniques(coll).await?;
@@ -411,17 +430,32 @@ impl Indexes {
                 None => vec![None; uniques.len()],
             };
             plan.claimed.insert((coll.clone(), id.clone()), values);
-            if let Some(data) = &new {
-                match self.claim(coll, id, old.as_ref(), data).await? {
+            let check = matches!(action.op, ActionOp::Check);
+            members.push((i, coll, id, uniques, old, new, check));
+        }
+        // The values members give up, which the others may take.
+        let mut giving = Giving::new();
+        for (_, coll, id, uniques, old, new, check) in &members {
+            let Some(old) = old.as_ref().filter(|_| !*check) else { continue };
+            for index in uniques {
+                let Some(key) = index.value(old) else { continue };
+                if new.as_ref().and_then(|n| index.value(n)).as_deref() != Some(key.as_slice()) {
+                    giving.entry(((*coll).clone(), index.physical.clone(), key)).or_default().push((*id).clone());
+                }
+            }
+        }
+        for (i, coll, id, uniques, old, new, check) in &members {
+            if let Some(data) = new {
+                match self.claim_in(coll, id, uniques, (old.as_ref(), data), &giving).await? {
                     Ok(claims) => made.claims.extend(claims),
                     Err(dup) => {
                         made.settle(false).await;
-                        return Ok(Err((i, dup)));
+                        return Ok(Err((*i, dup)));
                     }
                 }
             }
-            if !matches!(action.op, ActionOp::Check) {
-                if let Some(old) = &old {
+            if !check {
+                if let Some(old) = old {
                     made.held.extend(self.held(coll, id, old, new.as_ref()).await);
                 }
             }
@@ -567,6 +601,10 @@ fn same_fields<'d>(
         .iter()
         .filter(move |d| d.name != name && d.fields == fields && matches!(d.state, State::Building | State::Ready))
 }
+
+/// The documents of a transaction's members giving up each unique value
+/// (collection, index in the store, value's key) another member may take.
+type Giving = HashMap<(String, String, Vec<u8>), Vec<String>>;
 
 /// The unique values a transaction's members claimed, settled once its
 /// outcome is known.

@@ -21,6 +21,17 @@
 //! write has landed (a claim of it since, by another write of the same
 //! document, renewed it and keeps it); a release that did not happen
 //! leaves a stale reservation the next claim takes over.
+//!
+//! A transaction may hand a value from one of its members' documents to
+//! another (delete or change it in one, give it to another; or swap two
+//! documents' values). The taker's claim takes the giver's reservation
+//! over, naming the giver as `from`: until the transaction commits, the
+//! giver still holds the value, so a reservation is stale only when
+//! neither its owner nor its `from` holds it, and its owner's own claim
+//! of it is refused while its `from` holds it outside such a transaction.
+//! A transaction that does not commit gives the reservation back to the
+//! giver; where that did not happen (a crash), `from` keeps the value the
+//! giver's.
 
 use std::time::Duration;
 
@@ -35,8 +46,9 @@ use crate::store::{Bson, DateTime, Document, DynStore, StoreResult};
 /// The collection of reservations.
 pub(crate) const UNIQUE: &str = "_unique";
 
-/// The version of a reservation record's format.
-const FORMAT: i32 = 1;
+/// The version of a reservation record's format: 2 added `from` (a
+/// reservation of format 1 has none).
+const FORMAT: i32 = 2;
 
 /// How long a claim holds its value whatever its owner shows: longer than
 /// any write takes from its claim to its landing.
@@ -78,6 +90,10 @@ pub(crate) struct Claim {
     /// The document's own reservation, renewed: never released (the
     /// document may hold the value already).
     pub renewed: bool,
+    /// Taken over from another document of the same transaction that
+    /// gives the value up: its owner and time, given back to it if the
+    /// transaction does not commit.
+    pub handed: Option<(String, DateTime)>,
 }
 
 /// A value another document holds.
@@ -98,18 +114,35 @@ fn holds(index: &Unique, doc: &StoredDoc, key: &[u8]) -> bool {
     committed || staged
 }
 
+/// Whether document `id` of `coll` holds `key` in `index` (see [`holds`]);
+/// a record that cannot be read holds nothing (it is never shown).
+async fn holder_holds(store: &DynStore, coll: &str, index: &Unique, id: &str, key: &[u8]) -> StoreResult<bool> {
+    Ok(match store.get(coll, id).await? {
+        Some(record) => StoredDoc::from_record(record).is_ok_and(|doc| holds(index, &doc, key)),
+        None => false,
+    })
+}
+
 /// Claim `key` of `index` for document `owner` of `coll`, at `now`.
+/// `giving` names the other documents of `coll` whose change in the same
+/// transaction gives `key` up: a reservation one of them owns is taken
+/// over (module docs).
 pub(crate) async fn claim(
     store: &DynStore,
     coll: &str,
     index: &Unique,
     key: &[u8],
     owner: &str,
+    giving: &[&str],
     now: DateTime,
 ) -> StoreResult<Result<Claim, Duplicate>> {
     let id = index.id(key);
-    let mine = fields(&shapes::Reservation { id: &id, v: FORMAT, index: &index.physical, owner, at: now });
-    let taken = Claim { reservation: id.clone(), at: now, renewed: false };
+    let record = |from: Option<&str>| {
+        fields(&shapes::Reservation { id: &id, v: FORMAT, index: &index.physical, owner, at: now, from })
+    };
+    let mine = record(None);
+    let taken = Claim { reservation: id.clone(), at: now, renewed: false, handed: None };
+    let duplicate = |existing: &str| Duplicate { index: index.name.clone(), existing: existing.to_owned() };
     for _ in 0..MAX_TRIES {
         if store.insert(UNIQUE, mine.clone()).await? {
             return Ok(Ok(taken));
@@ -122,24 +155,38 @@ pub(crate) async fn claim(
             }
             continue;
         };
+        let from = found.get_str("from").ok().filter(|f| *f != holder);
         let read = fields(&shapes::Held { owner: holder, at: *at });
         if holder == owner {
-            // Its own: renewed, so a claim of it as read before fails.
-            if store.replace(UNIQUE, &id, read, mine.clone()).await? {
+            // Its own, unless handed to it by a transaction that did not
+            // commit, from a document still holding the value.
+            let handing = from.filter(|f| giving.contains(f));
+            if let Some(from) = from.filter(|f| !giving.contains(f)) {
+                if holder_holds(store, coll, index, from, key).await? {
+                    return Ok(Err(duplicate(from)));
+                }
+            }
+            // Renewed, so a claim of it as read before fails.
+            if store.replace(UNIQUE, &id, read, record(handing)).await? {
                 return Ok(Ok(Claim { renewed: true, ..taken }));
             }
             continue;
         }
-        let young = now.timestamp_millis() - at.timestamp_millis() < GRACE.as_millis() as i64;
-        let duplicate = Duplicate { index: index.name.clone(), existing: holder.to_owned() };
-        if young {
-            return Ok(Err(duplicate));
+        if giving.contains(&holder) {
+            // Handed over within the transaction: the giver keeps it until
+            // the transaction commits.
+            if store.replace(UNIQUE, &id, read, record(Some(holder))).await? {
+                return Ok(Ok(Claim { handed: Some((holder.to_owned(), *at)), ..taken }));
+            }
+            continue;
         }
-        if let Some(record) = store.get(coll, holder).await? {
-            if let Ok(doc) = StoredDoc::from_record(record) {
-                if holds(index, &doc, key) {
-                    return Ok(Err(duplicate));
-                }
+        let young = now.timestamp_millis() - at.timestamp_millis() < GRACE.as_millis() as i64;
+        if young || holder_holds(store, coll, index, holder, key).await? {
+            return Ok(Err(duplicate(holder)));
+        }
+        if let Some(from) = from {
+            if holder_holds(store, coll, index, from, key).await? {
+                return Ok(Err(duplicate(from)));
             }
         }
         // Stale: its owner gave the value up.
@@ -154,11 +201,22 @@ pub(crate) async fn claim(
 }
 
 /// Give up `claims` a write made and did not use: each only as claimed
-/// (a claim of the same document since keeps it).
+/// (a claim of the same document since keeps it); one handed over within
+/// a transaction goes back to the document it was taken from.
 pub(crate) async fn release(store: &DynStore, claims: &[Claim]) {
     for c in claims.iter().filter(|c| !c.renewed) {
         let filter = fields(&shapes::At { at: c.at });
-        if let Err(err) = store.unsynced().delete(UNIQUE, &c.reservation, filter).await {
+        let unsynced = store.unsynced();
+        let released = match &c.handed {
+            None => unsynced.delete(UNIQUE, &c.reservation, filter).await,
+            Some((giver, at)) => {
+                let index = c.reservation.rsplit_once('/').map_or("", |(index, _)| index);
+                let back =
+                    shapes::Reservation { id: &c.reservation, v: FORMAT, index, owner: giver, at: *at, from: None };
+                unsynced.replace(UNIQUE, &c.reservation, filter, fields(&back)).await
+            }
+        };
+        if let Err(err) = released {
             tracing::debug!(error = %err, reservation = %c.reservation, "a reservation stays until it is stale");
         }
     }
@@ -169,7 +227,9 @@ pub(crate) async fn held(store: &DynStore, index: &Unique, key: &[u8], owner: &s
     let id = index.id(key);
     let Some(found) = store.get(UNIQUE, &id).await? else { return Ok(None) };
     match (found.get_str("owner"), found.get_datetime("at")) {
-        (Ok(holder), Ok(at)) if holder == owner => Ok(Some(Claim { reservation: id, at: *at, renewed: false })),
+        (Ok(holder), Ok(at)) if holder == owner => {
+            Ok(Some(Claim { reservation: id, at: *at, renewed: false, handed: None }))
+        }
         _ => Ok(None),
     }
 }
@@ -193,6 +253,9 @@ mod shapes {
         pub index: &'a str,
         pub owner: &'a str,
         pub at: DateTime,
+        /// The document of a transaction it was handed over from.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub from: Option<&'a str>,
     }
 
     /// Held by `owner` since `at`: the reservation as read.
@@ -217,6 +280,62 @@ mod tests {
 
     fn data(value: serde_json::Value) -> Document {
         crate::store::convert::object_to_document(value.as_object().expect("an object"))
+    }
+
+    /// A value handed from one document to another within a transaction
+    /// stays the giver's until the transaction commits: for others' claims,
+    /// for the taker's own later claims, and once given back.
+    #[tokio::test]
+    async fn a_value_handed_over_stays_the_givers_until_it_commits() {
+        let store: DynStore = std::sync::Arc::new(crate::store::memory::MemoryStore::default());
+        let u = Unique { physical: "u.e.1".into(), name: "e".into(), paths: vec!["email".into()] };
+        let key = u.value(&data(json!({"email": "x"}))).unwrap();
+        let t0 = DateTime::from_millis(1_000_000);
+        let later = |t: DateTime, secs: u64| DateTime::from_millis(t.timestamp_millis() + 1000 * secs as i64);
+        let put = async |id: &str, value: serde_json::Value| {
+            let doc = StoredDoc::new_live(id.into(), data(value), 1, 1, t0);
+            if !store.insert("c", doc.to_record()).await.unwrap() {
+                assert!(store.replace("c", id, any(), doc.to_record()).await.unwrap());
+            }
+        };
+        put("a", json!({"email": "x"})).await;
+        claim(&store, "c", &u, &key, "a", &[], t0).await.unwrap().unwrap();
+        let existing = async |owner: &str, giving: &[&str], at: DateTime| {
+            claim(&store, "c", &u, &key, owner, giving, at).await.unwrap().err().map(|d| d.existing)
+        };
+        let reservation = async || {
+            let found = store.get(UNIQUE, &u.id(&key)).await.unwrap().unwrap();
+            (found.get_str("owner").unwrap().to_owned(), found.get_str("from").ok().map(str::to_owned))
+        };
+        // Another document of the transaction takes it over from "a"; the
+        // transaction does not commit and gives it back.
+        let t1 = later(t0, 1);
+        let handed = claim(&store, "c", &u, &key, "b", &["a"], t1).await.unwrap().unwrap();
+        assert_eq!(handed.handed, Some(("a".to_owned(), t0)));
+        assert_eq!(reservation().await, ("b".to_owned(), Some("a".to_owned())));
+        release(&store, &[handed]).await;
+        assert_eq!(reservation().await, ("a".to_owned(), None));
+        assert_eq!(existing("z", &[], later(t1, GRACE.as_secs() + 1)).await.as_deref(), Some("a"));
+        // Taken over again, and never given back (a crash): the value stays
+        // "a"'s, for others and for "b" itself, long after the grace.
+        let t2 = later(t1, 1);
+        claim(&store, "c", &u, &key, "b", &["a"], t2).await.unwrap().unwrap();
+        let stale = later(t2, GRACE.as_secs() + 1);
+        assert_eq!(existing("z", &[], t2).await.as_deref(), Some("b"));
+        assert_eq!(existing("z", &[], stale).await.as_deref(), Some("a"));
+        assert_eq!(existing("b", &[], stale).await.as_deref(), Some("a"));
+        // The transaction sent again: "b"'s own, renewed, "a" still named.
+        let again = claim(&store, "c", &u, &key, "b", &["a"], stale).await.unwrap().unwrap();
+        assert!(again.renewed);
+        assert_eq!(reservation().await, ("b".to_owned(), Some("a".to_owned())));
+        // Committed: "a" gave the value up and "b" holds it.
+        put("a", json!({"email": "y"})).await;
+        put("b", json!({"email": "x"})).await;
+        let t3 = later(stale, GRACE.as_secs() + 10);
+        assert_eq!(existing("z", &[], t3).await.as_deref(), Some("b"));
+        // "b"'s own claim renews it, and the giver is forgotten.
+        assert!(claim(&store, "c", &u, &key, "b", &[], t3).await.unwrap().unwrap().renewed);
+        assert_eq!(reservation().await, ("b".to_owned(), None));
     }
 
     #[test]

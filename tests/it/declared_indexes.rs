@@ -25,6 +25,7 @@ crate::on_both_backends!(
     an_index_built_while_writes_go_on_holds_every_document,
     unique_indexes_refuse_duplicates_in_single_writes,
     two_transactions_staging_one_unique_value_at_once_commit_one,
+    a_transaction_hands_unique_values_between_its_members,
     a_unique_build_over_duplicates_fails_naming_them,
     a_build_whose_instance_died_is_taken_over_and_ends_exact,
     one_index_per_list_of_fields,
@@ -317,6 +318,63 @@ async fn two_transactions_staging_one_unique_value_at_once_commit_one(backend: B
             .await
             .unwrap();
         assert_eq!(expect(count, 200).await["count"], 1, "round {round}");
+    }
+}
+
+async fn a_transaction_hands_unique_values_between_its_members(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    create(&app, "h", "a", &json!({"email": "x"})).await;
+    create(&app, "h", "b", &json!({"email": "y"})).await;
+    unique_email(&app, "h").await;
+    let email =
+        async |id: &str| expect(app.get(&format!("{}/{id}", docs_path("h"))).await, 200).await["data"]["email"].clone();
+    let taken = async |value: &str, existing: &str| {
+        let dup = expect_problem(app.post(&docs_path("h"), &json!({"email": value})).await, 409, "duplicate").await;
+        assert_eq!((&dup["index"], &dup["existing"]), (&json!("email"), &json!(existing)), "{value}: {dup}");
+    };
+    // Two documents swap their values.
+    let swap = json!({"actions": [
+        {"op": "update", "collection": "h", "id": "a", "set": {"email": "y"}},
+        {"op": "update", "collection": "h", "id": "b", "set": {"email": "x"}},
+    ]});
+    expect(app.post("/v1/transactions", &swap).await, 200).await;
+    assert_eq!((email("a").await, email("b").await), (json!("y"), json!("x")));
+    taken("x", "b").await;
+    taken("y", "a").await;
+    // A deleted document's value goes to a new one, the taker first.
+    let moved = json!({"actions": [
+        {"op": "insert", "collection": "h", "id": "c", "data": {"email": "y"}},
+        {"op": "delete", "collection": "h", "id": "a"},
+    ]});
+    expect(app.post("/v1/transactions", &moved).await, 200).await;
+    taken("y", "c").await;
+    // A transaction that does not commit leaves the value where it was:
+    // "b" keeps "x", and no one else may take it.
+    let failed = json!({"actions": [
+        {"op": "update", "collection": "h", "id": "b", "unset": ["email"]},
+        {"op": "insert", "collection": "h", "id": "d", "data": {"email": "x"}},
+        {"op": "check", "collection": "h", "id": "c", "if_version": 9},
+    ]});
+    expect_problem(app.post("/v1/transactions", &failed).await, 409, "version_conflict").await;
+    expect_problem(app.get(&format!("{}/d", docs_path("h"))).await, 404, "not_found").await;
+    assert_eq!(email("b").await, json!("x"));
+    taken("x", "b").await;
+    let update = json!({"set": {"email": "x"}});
+    let c = format!("{}/c", docs_path("h"));
+    expect_problem(app.send_json(Method::PATCH, &c, &update).await, 409, "duplicate").await;
+    // A value no member gives up is still refused.
+    let body = json!({"actions": [
+        {"op": "update", "collection": "h", "id": "b", "set": {"n": 1}},
+        {"op": "insert", "collection": "h", "id": "e", "data": {"email": "x"}},
+    ]});
+    let dup = expect_problem(app.post("/v1/transactions", &body).await, 409, "duplicate").await;
+    assert_eq!((&dup["action"], &dup["existing"]), (&json!(1), &json!("b")), "{dup}");
+    // Each value held once, by the documents the committed transactions
+    // gave them to.
+    for (value, holder) in [("x", "b"), ("y", "c")] {
+        let page = expect(query(&app, "h", &json!({"filter": {"email": value}})).await, 200).await;
+        let ids: Vec<&str> = page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+        assert_eq!(ids, [holder], "{value}");
     }
 }
 
