@@ -104,6 +104,7 @@ impl Indexes {
                 updated_at: now,
                 owner: None,
                 lease_until: None,
+                progress: None,
                 reason,
                 documents: ids,
             }),
@@ -156,9 +157,9 @@ impl Indexes {
                 after = crate::store::record_id(&record).map(str::to_owned);
                 done += 1;
                 let Ok(doc) = StoredDoc::from_record(record) else { continue };
-                if breaks_rule(&paths, &doc.data).is_some() {
+                if let Some(detail) = breaks_rule(&paths, &doc.data) {
                     if offenders.len() < MAX_NAMED {
-                        offenders.push(doc.id);
+                        offenders.push((doc.id, detail));
                     }
                     continue;
                 }
@@ -190,11 +191,21 @@ impl Indexes {
             pace.rest(stop).await;
         }
         if !offenders.is_empty() {
+            // The first documents' own breaks of the rule (an array, an
+            // object, or strings over the index's bytes); `documents` names
+            // them all.
+            let mut broken: Vec<String> =
+                offenders.iter().take(3).map(|(id, detail)| format!("{id}: {detail}")).collect();
+            if offenders.len() > 3 {
+                broken.push(format!("and {} more", offenders.len() - 3));
+            }
             let reason = format!(
-                "documents hold an array or an object at an indexed path ({}); change them and declare the index again",
-                d.paths().collect::<Vec<_>>().join(", ")
+                "documents break the rule of indexed paths ({}): {}; change them and declare the index again",
+                d.paths().collect::<Vec<_>>().join(", "),
+                broken.join("; ")
             );
-            return self.finish(&d, Some((reason, offenders))).await;
+            let ids = offenders.into_iter().map(|(id, _)| id).collect();
+            return self.finish(&d, Some((reason, ids))).await;
         }
         if !duplicates.is_empty() {
             let reason = format!(
@@ -358,6 +369,7 @@ mod shapes {
         pub updated_at: DateTime,
         pub owner: Option<String>,
         pub lease_until: Option<DateTime>,
+        pub progress: Option<Progress>,
         pub reason: &'a str,
         pub documents: &'a [String],
     }

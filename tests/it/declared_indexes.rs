@@ -77,11 +77,21 @@ async fn a_build_over_documents_that_break_the_rule_fails_naming_them(backend: B
     create(&app, "f", "ok", &json!({"tags": "x"})).await;
     create(&app, "f", "bad1", &json!({"tags": ["x", "y"]})).await;
     create(&app, "f", "bad2", &json!({"tags": {"x": 1}})).await;
+    create(&app, "f", "bad3", &json!({"tags": "é".repeat(513)})).await;
     put_index(&app, "f", "tags", &["tags"]).await;
     let index = settled_index(&app, "f", "tags").await;
     assert_eq!(index["state"], "failed", "{index}");
-    assert_eq!(index["documents"], json!(["bad1", "bad2"]));
-    assert!(index["reason"].as_str().unwrap().contains("array"), "{index}");
+    assert_eq!(index["documents"], json!(["bad1", "bad2", "bad3"]));
+    assert_eq!(index["progress"], Value::Null, "{index}");
+    // The reason says what each named document breaks.
+    let reason = index["reason"].as_str().unwrap();
+    for said in [
+        "bad1: tags is indexed (index tags): it cannot hold or pass through an array",
+        "bad2: tags is indexed (index tags): it cannot hold an object",
+        "bad3: the strings at the paths of index tags take more than 1024 bytes together",
+    ] {
+        assert!(reason.contains(said), "{said:?} in {index}");
+    }
     // A failed index serves nothing; deleted, it can be declared again.
     let problem =
         expect_problem(query(&app, "f", &json!({"filter": {"tags": "x"}})).await, 400, "index_required").await;
