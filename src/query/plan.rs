@@ -15,6 +15,7 @@
 //! missing field and a `null` share an index key.
 
 use super::filter::{Cond, Filter, Ranges};
+use crate::indexes::MAX_FIELDS;
 use crate::store::Interval;
 
 /// A user index as the planner sees it: its name and its fields, each
@@ -156,9 +157,14 @@ fn wanted(shape: &Shape<'_>) -> Vec<String> {
 }
 
 /// The plan of a page of `filter` in `sort` order over one of `ready`.
+///
+/// Of several ready indexes that serve it, one read forwards is taken
+/// (ties by id ascending), whatever the others: the order of a page does
+/// not depend on which other indexes exist.
 pub(crate) fn plan(filter: &Filter, sort: &[SortKey], ready: &[Declared]) -> Result<Plan, Unserved> {
     let shape = shape(filter, sort, false)?;
     let n = shape.eq.len();
+    let mut backwards = None;
     for index in ready {
         let keys = index.keys();
         if keys.len() != n + shape.order.len() {
@@ -176,14 +182,21 @@ pub(crate) fn plan(filter: &Filter, sort: &[SortKey], ready: &[Declared]) -> Res
         if !(same || opposite) {
             continue;
         }
-        return Ok(Plan {
+        let plan = Plan {
             index: index.name.clone(),
             eq: pinned(&shape, head),
             slot: shape.range.as_ref().map(|(_, r)| r.intervals()),
             // With no order field, the index is read forwards (by id).
             reverse: !same,
             order: shape.order.clone(),
-        });
+        };
+        if same {
+            return Ok(plan);
+        }
+        backwards.get_or_insert(plan);
+    }
+    if let Some(plan) = backwards {
+        return Ok(plan);
     }
     let fields = wanted(&shape);
     let detail = if fields.is_empty() {
@@ -191,6 +204,19 @@ pub(crate) fn plan(filter: &Filter, sort: &[SortKey], ready: &[Declared]) -> Res
     } else {
         format!("no ready index serves this query exactly; an index on {fields:?} would")
     };
+    needs(fields, detail)
+}
+
+/// The answer to a query no ready index serves: the index on `fields`
+/// would, unless it has more fields than an index may have.
+fn needs<T>(fields: Vec<String>, detail: String) -> Result<T, Unserved> {
+    if fields.len() > MAX_FIELDS {
+        return Err(Unserved::Never(format!(
+            "no index can serve this query: it would need the {} paths the filter pins and the query \
+             orders by, and an index has at most {MAX_FIELDS} fields",
+            fields.len()
+        )));
+    }
     Err(Unserved::Needs { fields, detail })
 }
 
@@ -222,10 +248,8 @@ pub(crate) fn plan_count(filter: &Filter, ready: &[Declared]) -> Result<Plan, Un
         });
     }
     let fields = wanted(&shape);
-    Err(Unserved::Needs {
-        detail: format!("no ready index counts this filter from its entries; an index on {fields:?} would"),
-        fields,
-    })
+    let detail = format!("no ready index counts this filter from its entries; an index on {fields:?} would");
+    needs(fields, detail)
 }
 
 #[cfg(test)]
@@ -260,6 +284,35 @@ mod tests {
         assert!(p.reverse);
         let p = plan(&filter(json!({"status": "open", "amount": {"$gt": 5}})), &[], &ready);
         assert!(p.unwrap().reverse, "a range orders by its path ascending: the index read backwards");
+    }
+
+    #[test]
+    fn an_index_read_forwards_is_taken_before_one_read_backwards() {
+        let f = filter(json!({"g": 1}));
+        for ready in [
+            [index("a_back", &["g", "-n"]), index("b_fwd", &["g", "n"])],
+            [index("b_fwd", &["g", "n"]), index("a_back", &["g", "-n"])],
+        ] {
+            let p = plan(&f, &sort(&["n"]), &ready).unwrap();
+            assert_eq!((p.index.as_str(), p.reverse), ("b_fwd", false));
+            let p = plan(&f, &sort(&["-n"]), &ready).unwrap();
+            assert_eq!((p.index.as_str(), p.reverse), ("a_back", false));
+        }
+        // Alone, an index read backwards serves.
+        let p = plan(&f, &sort(&["n"]), &[index("a_back", &["g", "-n"])]).unwrap();
+        assert!(p.reverse);
+    }
+
+    #[test]
+    fn a_query_needing_more_fields_than_an_index_holds_names_none() {
+        let nine: serde_json::Map<String, serde_json::Value> = (0..9).map(|i| (format!("f{i}"), json!(1))).collect();
+        let eight: serde_json::Map<String, serde_json::Value> = (0..8).map(|i| (format!("f{i}"), json!(1))).collect();
+        assert!(matches!(plan(&filter(json!(nine)), &[], &[]), Err(Unserved::Never(why)) if why.contains("at most 8")));
+        assert!(matches!(plan_count(&filter(json!(nine)), &[]), Err(Unserved::Never(_))));
+        assert!(
+            matches!(plan(&filter(json!(eight)), &[], &[]), Err(Unserved::Needs { fields, .. }) if fields.len() == 8)
+        );
+        assert!(matches!(plan(&filter(json!(eight)), &sort(&["x"]), &[]), Err(Unserved::Never(_))));
     }
 
     #[test]
