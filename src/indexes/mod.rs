@@ -38,7 +38,6 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Clock;
-use crate::document::StoredDoc;
 use crate::query::plan::Declared;
 pub(crate) use crate::query::rule::breaks_rule;
 use crate::store::scans::INDEXES_BY_COLL;
@@ -396,9 +395,14 @@ impl Indexes {
     /// `plan.unique` and `plan.claimed` (an update's value from the
     /// document as read now). On a duplicate: the member's index and the
     /// claims made so far given back.
+    ///
+    /// Each member's document is read from `documents` as a reader sees
+    /// it now: with a committed transaction's change in place even where
+    /// it is not rolled forward yet (its 200 may have been sent).
     pub(crate) async fn claim_members(
         self: &Arc<Self>,
         plan: &mut crate::txn::plan::Plan,
+        documents: &crate::documents::Documents,
     ) -> StoreResult<Result<MemberClaims, (usize, unique::Duplicate)>> {
         use crate::txn::plan::ActionOp;
         let mut made = MemberClaims { indexes: Arc::clone(self), claims: Vec::new(), held: Vec::new() };
@@ -413,12 +417,11 @@ impl Indexes {
             plan.unique
                 .entry(coll.clone())
                 .or_insert_with(|| uniques.iter().map(|u| (u.physical.clone(), u.paths.clone())).collect());
-            let old = match self.store.get(coll, id).await? {
-                Some(record) => match StoredDoc::from_record(record)?.committed_view() {
-                    crate::document::View::Live(live) => Some(live.data),
-                    _ => None,
-                },
-                None => None,
+            let old = match documents.get(coll, id).await {
+                Ok(crate::document::View::Live(live)) => Some(live.data),
+                Ok(_) => None,
+                Err(crate::documents::DocError::Store(err)) => return Err(err),
+                Err(err) => return Err(StoreError::Internal(format!("{coll}/{id} could not be read: {err}"))),
             };
             let new = match &action.op {
                 ActionOp::Insert(data) | ActionOp::Replace(data) => Some(data.clone()),
