@@ -54,11 +54,13 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
         .with("errors", serde_json::json!([{"pointer": pointer, "detail": "duplicate member name"}])));
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let read = super::strict::deserialize(&mut de).and_then(|value| de.end().map(|()| value));
+    let mut track = serde_path_to_error::Track::new();
+    let read = super::strict::deserialize(serde_path_to_error::Deserializer::new(&mut de, &mut track))
+        .and_then(|value| de.end().map(|()| value));
     read.map_err(|err| {
         use serde_json::error::Category;
         match err.classify() {
-            Category::Data => ApiError::new(ProblemCode::ValidationFailed, err.to_string()),
+            Category::Data => shape_error("", &track.path(), &err),
             // Well-formed but deeper than the parser goes: a body nested
             // past every limit on data, refused as such.
             Category::Syntax if err.to_string().starts_with("recursion limit exceeded") => {
@@ -292,7 +294,34 @@ pub(crate) fn from_body<T: DeserializeOwned>(value: serde_json::Value, objects: 
             return Err(invalid.into());
         }
     }
-    super::strict::deserialize(value).map_err(|e| ApiError::new(ProblemCode::ValidationFailed, e.to_string()))
+    let mut track = serde_path_to_error::Track::new();
+    super::strict::deserialize(serde_path_to_error::Deserializer::new(value, &mut track))
+        .map_err(|err| shape_error("", &track.path(), &err))
+}
+
+/// A 422 for input of the wrong shape (a wrong type, a missing or unknown
+/// member), naming where: `path` leads from `base` (a JSON pointer) to the
+/// value refused. At the top, with nothing to point at, the detail alone.
+fn shape_error(base: &str, path: &serde_path_to_error::Path, err: &impl std::fmt::Display) -> ApiError {
+    use serde_path_to_error::Segment;
+    let mut pointer = base.to_owned();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => pointer.push_str(&format!("/{index}")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                pointer.push('/');
+                pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
+            }
+            // Past a value read whole first (a tagged enum): the pointer
+            // stops where the path is still known.
+            Segment::Unknown => break,
+        }
+    }
+    if pointer.is_empty() {
+        ApiError::new(ProblemCode::ValidationFailed, err.to_string())
+    } else {
+        crate::document::rules::Invalid::new(pointer, err.to_string()).into()
+    }
 }
 
 /// An optional integer member of a JSON body. JSON has one number type, so
@@ -337,16 +366,35 @@ pub(crate) struct ApiQuery<T>(pub T);
 impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuery<T> {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         // A parameter without a name (`?=x`, `?a=1&=2`) is malformed, not
         // one to ignore.
         if parts.uri.query().is_some_and(|q| q.split('&').any(|pair| pair.starts_with('='))) {
             return Err(ApiError::new(ProblemCode::ValidationFailed, "a query parameter has no name"));
         }
-        axum::extract::Query::<T>::from_request_parts(parts, state)
-            .await
-            .map(|q| Self(q.0))
-            .map_err(|e| ApiError::new(ProblemCode::ValidationFailed, e.body_text()))
+        let query = parts.uri.query().unwrap_or_default();
+        let mut track = serde_path_to_error::Track::new();
+        let de = serde_urlencoded::Deserializer::new(url::form_urlencoded::parse(query.as_bytes()));
+        T::deserialize(serde_path_to_error::Deserializer::new(de, &mut track)).map(Self).map_err(|err| {
+            let path = track.path();
+            if path.iter().next().is_some() {
+                return shape_error("/query", &path, &err);
+            }
+            // Refused as a whole (a parameter given twice): the first
+            // name given twice is the one to point at.
+            let mut seen = std::collections::HashSet::new();
+            match url::form_urlencoded::parse(query.as_bytes())
+                .map(|(name, _)| name)
+                .find(|name| !seen.insert(name.clone()))
+            {
+                Some(name) => crate::document::rules::Invalid::new(
+                    format!("/query/{}", name.replace('~', "~0").replace('/', "~1")),
+                    "given more than once",
+                )
+                .into(),
+                None => shape_error("/query", &path, &err),
+            }
+        })
     }
 }
 

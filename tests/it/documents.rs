@@ -300,6 +300,18 @@ async fn list_pages_live_documents_in_id_order(backend: Backend) {
     for bad in ["?limit=0", "?limit=1001", "?limit=x", "?after=%%%", "?after=!!"] {
         expect_problem(app.get(&format!("{C}{bad}")).await, 422, "validation_failed").await;
     }
+    // Each parameter refused is named by a pointer into the query string:
+    // a value of the wrong type, a name not taken, a name given twice.
+    for (bad, pointer) in [
+        ("?limit=x", "/query/limit"),
+        ("?limit=2&limit=3", "/query/limit"),
+        ("?sort=n&bogus=1", "/query/bogus"),
+        ("?after=d1&after=d2", "/query/after"),
+    ] {
+        let problem = expect_problem(app.get(&format!("{C}{bad}")).await, 422, "validation_failed").await;
+        assert_eq!(problem["errors"][0]["pointer"], pointer, "{bad}: {problem}");
+        assert!(problem["detail"].as_str().unwrap().starts_with(pointer), "{bad}: {problem}");
+    }
     app.stop().await;
 }
 
@@ -308,6 +320,12 @@ async fn malformed_requests_are_4xx_and_write_nothing(backend: Backend) {
     let post =
         |ct: &'static str, body: Vec<u8>| app.request(Method::POST, C).header("content-type", ct).body(body).send();
     expect_problem(post("application/json", b"{\"_id\": \"a\",".to_vec()).await.unwrap(), 400, "invalid_json").await;
+    // Well-formed JSON of the wrong shape: the problem points at the member.
+    for (body, pointer) in [(r#"{"unset": ["a", 5]}"#, "/unset/1"), (r#"{"set": {}, "sett": {}}"#, "/sett")] {
+        let res = app.request(Method::PATCH, &at("a")).header("content-type", "application/json").body(body).send();
+        let problem = expect_problem(res.await.unwrap(), 422, "validation_failed").await;
+        assert_eq!(problem["errors"][0]["pointer"], pointer, "{body}: {problem}");
+    }
     expect_problem(post("text/plain", b"{}".to_vec()).await.unwrap(), 415, "unsupported_media_type").await;
     let res = app.request(Method::POST, C).body("{}").send().await.unwrap();
     expect_problem(res, 415, "unsupported_media_type").await;
