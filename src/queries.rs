@@ -141,6 +141,22 @@ impl Query {
     /// read with the id last), which its cursors hold: the first 8 bytes
     /// of a SHA-256. Without `coll`: the digest cursors of format 2 hold.
     fn digest(&self, coll: Option<&str>, order: &[(String, i32)]) -> i64 {
+        self.digest_of(&self.filter.canonical(), coll, order)
+    }
+
+    /// The digests a cursor of this query may hold: [`Self::digest`], and
+    /// the one of its values as written where that differs (cursors made
+    /// before values took one form hold it).
+    fn digests(&self, coll: Option<&str>, order: &[(String, i32)]) -> Vec<i64> {
+        let (normal, written) = (self.filter.canonical(), self.filter.canonical_as_written());
+        let mut digests = vec![self.digest_of(&normal, coll, order)];
+        if written != normal {
+            digests.push(self.digest_of(&written, coll, order));
+        }
+        digests
+    }
+
+    fn digest_of(&self, conds: &[Vec<u8>], coll: Option<&str>, order: &[(String, i32)]) -> i64 {
         use sha2::{Digest, Sha256};
         let mut hash = Sha256::new();
         if let Some(coll) = coll {
@@ -148,9 +164,9 @@ impl Query {
             hash.update((coll.len() as u64).to_le_bytes());
             hash.update(coll.as_bytes());
         }
-        for cond in self.filter.canonical() {
+        for cond in conds {
             hash.update((cond.len() as u64).to_le_bytes());
-            hash.update(&cond);
+            hash.update(cond);
         }
         hash.update(u64::MAX.to_le_bytes());
         for (path, direction) in order {
@@ -412,11 +428,14 @@ impl Queries {
     ) -> Result<QueryPage, QueryError> {
         let Some(plan) = plan else {
             // The id order: every collection has it.
-            let digest = query.digest(Some(coll), &ID_ORDER.map(|(p, d)| (p.to_owned(), d)));
+            let id_order = ID_ORDER.map(|(p, d)| (p.to_owned(), d));
+            let digest = query.digest(Some(coll), &id_order);
             let after = query.after.as_deref().map(decode_cursor).transpose()?;
             let after = match after {
                 None => None,
-                Some(cursor) if cursor.of_another(digest, None) => return Err(another_query()),
+                Some(cursor) if cursor.of_another(&query.digests(Some(coll), &id_order), &[]) => {
+                    return Err(another_query());
+                }
                 Some(Cursor { key, .. }) => match key.as_slice() {
                     [Bson::String(id)] => Some(id.clone()),
                     _ => return Err(QueryError::Cursor("not a cursor of this query".into())),
@@ -436,7 +455,7 @@ impl Queries {
             Some(Cursor { key, .. }) if key.len() != order.len() => {
                 return Err(QueryError::Cursor("not a cursor of this query".into()));
             }
-            Some(cursor) if cursor.of_another(digest, Some(query.digest(None, &order))) => {
+            Some(cursor) if cursor.of_another(&query.digests(Some(coll), &order), &query.digests(None, &order)) => {
                 return Err(another_query());
             }
             Some(Cursor { key, .. }) => Some(key),
@@ -684,13 +703,13 @@ struct Cursor {
 
 impl Cursor {
     /// Whether the cursor was given with another query than the one of
-    /// digest `digest` (`earlier`: the same query's digest as format 2
-    /// held it, without its collection, where such cursors had one).
-    fn of_another(&self, digest: i64, earlier: Option<i64>) -> bool {
+    /// `digests` (`earlier`: the same query's as format 2 held them,
+    /// without its collection, where such cursors had one).
+    fn of_another(&self, digests: &[i64], earlier: &[i64]) -> bool {
         match (self.query, self.format) {
             (None, _) => false,
-            (Some(of), 3..) => of != digest,
-            (Some(of), _) => earlier.is_none_or(|earlier| of != earlier),
+            (Some(of), 3..) => !digests.contains(&of),
+            (Some(of), _) => !earlier.contains(&of),
         }
     }
 }
@@ -747,7 +766,7 @@ mod tests {
         };
         let back = decode_cursor(&earlier).unwrap();
         assert_eq!((back.key.clone(), back.query), (key.clone(), None));
-        assert!(!back.of_another(7, Some(8)));
+        assert!(!back.of_another(&[7], &[8]));
         // Format 2 held the digest without the collection: compared with
         // that one; format 3's with the collection's.
         let format2 = {
@@ -756,12 +775,12 @@ mod tests {
             CURSOR.encode(bytes)
         };
         let back = decode_cursor(&format2).unwrap();
-        assert!(!back.of_another(7, Some(8)));
-        assert!(back.of_another(8, Some(7)));
-        assert!(back.of_another(8, None), "format 2 had no digest in the id order");
+        assert!(!back.of_another(&[7], &[8]));
+        assert!(back.of_another(&[8], &[7]));
+        assert!(back.of_another(&[8], &[]), "format 2 had no digest in the id order");
         let back = decode_cursor(&encode_cursor(&key, Some(7))).unwrap();
-        assert!(!back.of_another(7, Some(8)));
-        assert!(back.of_another(8, Some(7)));
+        assert!(!back.of_another(&[7], &[8]));
+        assert!(back.of_another(&[8], &[7]));
         let later = {
             let mut bytes = Vec::new();
             mongodb::bson::doc! {"f": 4, "k": key.clone()}.to_writer(&mut bytes).unwrap();
@@ -813,6 +832,41 @@ mod tests {
         assert_ne!(a.digest(Some("d"), &order), a.digest(Some("c"), &order));
         assert_ne!(a.digest(None, &order), a.digest(Some("c"), &order));
         assert_eq!(a.digest(None, &order), b.digest(None, &order));
+        // Numbers equal as numbers, and lists as sets: one query.
+        let n = query(serde_json::json!({"amount": {"$gt": 0}, "status": {"$in": ["b", "a", "a"]}}));
+        let same = [
+            query(serde_json::json!({"amount": {"$gt": 0.0}, "status": {"$in": ["a", "b"]}})),
+            query(serde_json::json!({"amount": {"$gt": -0.0}, "status": {"$in": ["b", "a"]}})),
+            query(serde_json::json!({"amount": {"$gt": 0e3}, "status": {"$in": ["a", "b", "b"]}})),
+        ];
+        for q in &same {
+            assert_eq!(q.digest(Some("c"), &order), n.digest(Some("c"), &order), "{:?}", q.filter);
+        }
+        let apart = [
+            query(serde_json::json!({"amount": {"$gt": 0.5}, "status": {"$in": ["a", "b"]}})),
+            query(serde_json::json!({"amount": {"$gt": 0}, "status": {"$in": ["a"]}})),
+            query(serde_json::json!({"amount": {"$gt": "0"}, "status": {"$in": ["a", "b"]}})),
+        ];
+        for q in &apart {
+            assert_ne!(q.digest(Some("c"), &order), n.digest(Some("c"), &order), "{:?}", q.filter);
+        }
+        // Past 2^53 a double is not every integer: 2^53 + 1 is not 2^53.
+        let big = query(serde_json::json!({"amount": 9_007_199_254_740_993_i64}));
+        let big_double = query(serde_json::json!({"amount": 9_007_199_254_740_992.0}));
+        let big_int = query(serde_json::json!({"amount": 9_007_199_254_740_992_i64}));
+        assert_ne!(big.digest(Some("c"), &order), big_double.digest(Some("c"), &order));
+        assert_eq!(big_int.digest(Some("c"), &order), big_double.digest(Some("c"), &order));
+        // A cursor made before values took one form holds the digest of
+        // its values as written: still this query's.
+        let written = &same[0];
+        let before = written.digest_of(&written.filter.canonical_as_written(), Some("c"), &order);
+        assert_ne!(before, written.digest(Some("c"), &order));
+        let key = vec![Bson::Int64(5), Bson::String("a".into())];
+        let cursor = decode_cursor(&encode_cursor(&key, Some(before))).unwrap();
+        assert!(!cursor.of_another(&written.digests(Some("c"), &order), &[]));
+        assert!(cursor.of_another(&apart[0].digests(Some("c"), &order), &[]));
+        // Integers as written are their one form: nothing else to accept.
+        assert_eq!(a.digests(Some("c"), &order), vec![a.digest(Some("c"), &order)]);
     }
 
     #[test]

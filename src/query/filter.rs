@@ -87,6 +87,49 @@ impl Cond {
         d.insert(self.op(), arg);
         Bson::Document(d)
     }
+
+    /// The condition in one form for every way of writing it: numbers
+    /// equal as numbers are one value (`0`, `0.0` and `-0.0`; an integral
+    /// double within 64 bits is that integer), and a list of values is a
+    /// set (sorted, each once).
+    fn normal(&self) -> Cond {
+        let set = |vs: &[Bson]| {
+            let mut keyed: Vec<(Vec<u8>, Bson)> = vs
+                .iter()
+                .map(|v| {
+                    let v = normal_value(v);
+                    let mut key = Vec::new();
+                    mongodb::bson::doc! {"": v.clone()}.to_writer(&mut key).expect("a value serializes");
+                    (key, v)
+                })
+                .collect();
+            keyed.sort_by(|a, b| a.0.cmp(&b.0));
+            keyed.dedup_by(|a, b| a.0 == b.0);
+            keyed.into_iter().map(|(_, v)| v).collect()
+        };
+        match self {
+            Cond::Eq(v) => Cond::Eq(normal_value(v)),
+            Cond::Ne(v) => Cond::Ne(normal_value(v)),
+            Cond::Gt(v) => Cond::Gt(normal_value(v)),
+            Cond::Gte(v) => Cond::Gte(normal_value(v)),
+            Cond::Lt(v) => Cond::Lt(normal_value(v)),
+            Cond::Lte(v) => Cond::Lte(normal_value(v)),
+            Cond::In(vs) => Cond::In(set(vs)),
+            Cond::Nin(vs) => Cond::Nin(set(vs)),
+            Cond::Exists(b) => Cond::Exists(*b),
+        }
+    }
+}
+
+/// See [`Cond::normal`].
+fn normal_value(value: &Bson) -> Bson {
+    // 2^63: the first double past the 64-bit integers.
+    const TOP: f64 = 9_223_372_036_854_775_808.0;
+    match value {
+        Bson::Int32(i) => Bson::Int64(i64::from(*i)),
+        Bson::Double(f) if f.fract() == 0.0 && *f >= -TOP && *f < TOP => Bson::Int64(*f as i64),
+        other => other.clone(),
+    }
 }
 
 /// A parsed filter: the conditions on each path, all of which must hold.
@@ -173,18 +216,31 @@ impl Filter {
     }
 
     /// The filter's conditions in one order whatever order they were
-    /// written in: each as its BSON bytes (`{path: {op: value}}`),
-    /// sorted. Equal for filters that mean the same conditions.
+    /// written in, each in its one form ([`Cond::normal`]): each as its
+    /// BSON bytes (`{path: {op: value}}`), sorted. Equal for filters that
+    /// mean the same conditions.
     pub(crate) fn canonical(&self) -> Vec<Vec<u8>> {
-        let mut out: Vec<Vec<u8>> = self
-            .to_mongo()
-            .iter()
-            .map(|d| {
+        self.canonical_by(Cond::normal)
+    }
+
+    /// [`Self::canonical`] with the values as written (`0` apart from
+    /// `0.0`, lists in their order), as cursors made before the one form
+    /// hold it.
+    pub(crate) fn canonical_as_written(&self) -> Vec<Vec<u8>> {
+        self.canonical_by(Cond::clone)
+    }
+
+    fn canonical_by(&self, form: impl Fn(&Cond) -> Cond) -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        for (path, conds) in &self.paths {
+            for cond in conds {
+                let mut d = Document::new();
+                d.insert(path.clone(), form(cond).to_bson());
                 let mut bytes = Vec::new();
                 d.to_writer(&mut bytes).expect("a condition serializes");
-                bytes
-            })
-            .collect();
+                out.push(bytes);
+            }
+        }
         out.sort();
         out
     }

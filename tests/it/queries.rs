@@ -730,7 +730,8 @@ async fn pages_of_large_documents_stop_at_their_bytes(backend: Backend) {
 }
 
 /// A cursor holds its query: passed again with the same filter (its
-/// members written in another order) and sort it goes on; with another
+/// members written in another order, its numbers as decimals) and sort it
+/// goes on; with another
 /// filter, another sort, once another index serves the query, or on
 /// another collection, it is refused (422 at `/after`) rather than read as
 /// a position in another order.
@@ -753,6 +754,11 @@ async fn a_cursor_goes_on_only_with_its_own_query(backend: Backend) {
         [("filter", same.to_string()), ("sort", "-amount".into()), ("limit", "2".into()), ("after", next.clone())];
     let second = expect(app.request(Method::GET, &docs_path("k")).query(&params).send().await.unwrap(), 200).await;
     assert_eq!(ids(&second), [json!("k06"), json!("k04")]);
+    // Its numbers written as decimals (what a client whose numbers are
+    // all doubles sends): the same query, it goes on.
+    let decimals = json!({"status": "open", "amount": {"$gte": 1.0, "$lt": 11e0}});
+    let body = json!({"filter": decimals, "sort": ["-amount"], "limit": 2, "after": next});
+    assert_eq!(ids(&expect(query(&app, "k", &body).await, 200).await), [json!("k06"), json!("k04")]);
     // Another bound, another status, another direction: refused.
     for (filter, sort) in [
         (json!({"status": "open", "amount": {"$gte": 1, "$lt": 9}}), "-amount"),
