@@ -110,6 +110,10 @@ pub(crate) enum QueryError {
     /// No ready index serves the query.
     #[error("index required")]
     Unserved(Unserved),
+    /// No ready index serves the query; none is declared that would, and
+    /// `name` is free in the collection for the one that would.
+    #[error("index required: {name} on {fields:?}")]
+    Suggested { name: String, fields: Vec<String>, detail: String },
     /// No ready index serves the query; this declared one would, once
     /// ready (building), or would have (failed).
     #[error("index required: {} is {:?}", .index.name, .index.state)]
@@ -383,15 +387,24 @@ impl Queries {
         why: Unserved,
         plan: impl Fn(&[plan::Declared]) -> Result<T, E>,
     ) -> QueryError {
-        if matches!(why, Unserved::Needs { .. }) {
-            match self.indexes.pending(coll, plan).await {
-                Ok(Some(index)) => return QueryError::NotReady { why, index: Box::new(index) },
-                Ok(None) => {}
-                // Only a hint: the answer stays what it is without it.
-                Err(err) => tracing::debug!(error = %err, "declared indexes not read for an index_required answer"),
+        let Unserved::Needs { fields, detail } = why else { return QueryError::Unserved(why) };
+        match self.indexes.declared(coll).await {
+            Ok(declared) => {
+                if let Some(index) = crate::indexes::pending(&declared, plan) {
+                    let why = Unserved::Needs { fields, detail };
+                    return QueryError::NotReady { why, index: Box::new(index.clone()) };
+                }
+                // A name no declaration of the collection has (whatever its
+                // state), so the suggestion can be PUT as it is.
+                let name = crate::indexes::free_name(&fields, |name| declared.iter().any(|d| d.name == name));
+                QueryError::Suggested { name, fields, detail }
+            }
+            // Only a hint: the answer stays what it is without it.
+            Err(err) => {
+                tracing::debug!(error = %err, "declared indexes not read for an index_required answer");
+                QueryError::Unserved(Unserved::Needs { fields, detail })
             }
         }
-        QueryError::Unserved(why)
     }
 
     /// One page of `query` over collection `coll`.

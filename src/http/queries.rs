@@ -214,13 +214,14 @@ pub(super) fn unserved(collection: &str, err: QueryError) -> ApiError {
 fn query_error(from: From, collection: &str, err: QueryError) -> ApiError {
     match err {
         QueryError::Unserved(Unserved::Needs { fields, detail }) => {
-            let name = suggested_name(&fields);
-            ApiError::bad_request(
-                ProblemCode::IndexRequired,
-                format!("{detail}: PUT /v1/collections/{collection}/indexes/{name}"),
-            )
-            .with("index", json!({"name": name, "fields": fields, "unique": false}))
+            let name = crate::indexes::free_name(&fields, |_| false);
+            query_error(from, collection, QueryError::Suggested { name, fields, detail })
         }
+        QueryError::Suggested { name, fields, detail } => ApiError::bad_request(
+            ProblemCode::IndexRequired,
+            format!("{detail}: PUT /v1/collections/{collection}/indexes/{name}"),
+        )
+        .with("index", json!({"name": name, "fields": fields, "unique": false})),
         QueryError::Unserved(Unserved::Never(detail)) => ApiError::bad_request(ProblemCode::IndexRequired, detail),
         QueryError::NotReady { why, index } => {
             let (Unserved::Needs { detail, .. } | Unserved::Never(detail)) = why;
@@ -259,27 +260,6 @@ fn query_error(from: From, collection: &str, err: QueryError) -> ApiError {
         QueryError::Doc(err) => err.into(),
         QueryError::Store(err) => ApiError::store(&err),
     }
-}
-
-/// A name for the index on `fields`: the paths joined, `_desc` after a
-/// descending one, within the name rules.
-fn suggested_name(fields: &[String]) -> String {
-    let mut name: String = fields
-        .iter()
-        .map(|f| match f.strip_prefix('-') {
-            Some(p) => format!("{p}_desc"),
-            None => f.clone(),
-        })
-        .collect::<Vec<_>>()
-        .join("_")
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
-        .collect();
-    if !name.starts_with(|c: char| c.is_ascii_alphabetic()) {
-        name.insert_str(0, "by_");
-    }
-    name.truncate(64);
-    name
 }
 
 async fn run(state: &AppState, from: From, collection: &str, query: Query) -> Result<QueryPageOut, ApiError> {
@@ -428,16 +408,4 @@ pub(crate) async fn count_documents(
     let (count, position) =
         state.queries.count(&path.collection, &filter).await.map_err(|e| query_error(from, &path.collection, e))?;
     Ok(axum::Json(CountOut { count, position }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn suggested_names_follow_the_name_rules() {
-        assert_eq!(suggested_name(&["status".into(), "-amount".into()]), "status_amount_desc");
-        assert_eq!(suggested_name(&["a.b".into()]), "a_b");
-        assert!(crate::document::rules::is_collection_name(&suggested_name(&["9x".into()])));
-    }
 }

@@ -199,6 +199,52 @@ pub struct Indexes {
     wake: tokio::sync::Notify,
 }
 
+/// Of `declared`, an index that is not ready (building, or failed) and
+/// that `plan` would take if it were: what a query no ready index serves
+/// is waiting for, or would have had.
+pub(crate) fn pending<T, E>(
+    declared: &[Declaration],
+    plan: impl Fn(&[Declared]) -> Result<T, E>,
+) -> Option<&Declaration> {
+    declared
+        .iter()
+        .filter(|d| matches!(d.state, State::Building | State::Failed))
+        .find(|d| plan(&[Declared { name: d.physical.clone(), fields: d.fields.clone() }]).is_ok())
+}
+
+/// A name for an index on `fields` (as `PUT` takes them) that follows the
+/// name rules and that `taken` says no index has: the fields joined by
+/// `_` (`-amount` as `amount_desc`), then `_2`, `_3`, … until one is free.
+pub(crate) fn free_name(fields: &[String], taken: impl Fn(&str) -> bool) -> String {
+    let mut base: String = fields
+        .iter()
+        .map(|f| match f.strip_prefix('-') {
+            Some(p) => format!("{p}_desc"),
+            None => f.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join("_")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .collect();
+    if !base.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        base.insert_str(0, "by_");
+    }
+    (1..)
+        .map(|n| {
+            let suffix = if n == 1 { String::new() } else { format!("_{n}") };
+            // The characters are ASCII: any byte count is a boundary.
+            let mut name = base.clone();
+            name.truncate(MAX_NAME - suffix.len());
+            name + &suffix
+        })
+        .find(|name| !taken(name))
+        .expect("a collection holds fewer indexes than names")
+}
+
+/// The longest index name (the rule collection names follow).
+const MAX_NAME: usize = 64;
+
 impl Indexes {
     pub fn new(store: DynStore, clock: Clock) -> Arc<Self> {
         Arc::new(Self {
@@ -268,23 +314,6 @@ impl Indexes {
             Ok(done) => Ok(Ok(done)),
             Err(_) => Ok(plan(&Self::ready_of(&self.load(coll).await?))),
         }
-    }
-
-    /// A declared index of `coll` that is not ready (building, or failed)
-    /// and that `plan` would take if it were: what a query no ready index
-    /// serves is waiting for, or would have had.
-    pub(crate) async fn pending<T, E>(
-        &self,
-        coll: &str,
-        plan: impl Fn(&[Declared]) -> Result<T, E>,
-    ) -> StoreResult<Option<Declaration>> {
-        Ok(self
-            .declared(coll)
-            .await?
-            .iter()
-            .filter(|d| matches!(d.state, State::Building | State::Failed))
-            .find(|d| plan(&[Declared { name: d.physical.clone(), fields: d.fields.clone() }]).is_ok())
-            .cloned())
     }
 
     /// The paths of the indexes of each of `colls` that writes must keep
@@ -650,6 +679,26 @@ fn check_fields(fields: &[String]) -> Result<(), DeclareError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn suggested_names_follow_the_name_rules_and_avoid_taken_ones() {
+        use super::free_name;
+        let fields = |f: &[&str]| f.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(free_name(&fields(&["status", "-amount"]), |_| false), "status_amount_desc");
+        assert_eq!(free_name(&fields(&["a.b"]), |_| false), "a_b");
+        assert!(crate::document::rules::is_collection_name(&free_name(&fields(&["9x"]), |_| false)));
+        // Taken (by an index on other fields, or one being dropped): the
+        // next free one.
+        assert_eq!(free_name(&fields(&["a.b"]), |n| n == "a_b"), "a_b_2");
+        assert_eq!(free_name(&fields(&["a.b"]), |n| ["a_b", "a_b_2"].contains(&n)), "a_b_3");
+        // A long name keeps to 64 characters, its suffix included.
+        let long = "x".repeat(100);
+        let first = free_name(&fields(&[&long]), |_| false);
+        assert_eq!(first.len(), 64);
+        let next = free_name(&fields(&[&long]), |n| n == first);
+        assert_eq!(next.len(), 64);
+        assert!(next.ends_with("_2") && crate::document::rules::is_collection_name(&next), "{next}");
+    }
+
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use tokio::sync::Notify;

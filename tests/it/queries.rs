@@ -485,6 +485,15 @@ async fn queries_no_index_serves_name_the_index_that_would(backend: Backend) {
             .await;
         expect_problem(query(&app, "q", &body).await, 400, "index_required").await;
     }
+    // A name another index has (on other fields) is not suggested: the
+    // next free one is, and it can be PUT as it is.
+    ready_index(&app, "q", "day", &["amount", "day"]).await;
+    let body = json!({"filter": {"day": 1}});
+    let problem = expect_problem(query(&app, "q", &body).await, 400, "index_required").await;
+    assert_eq!(problem["index"]["name"], "day_2", "{problem}");
+    assert!(problem["detail"].as_str().unwrap().ends_with("/indexes/day_2"), "{problem}");
+    ready_index(&app, "q", "day_2", &["day"]).await;
+    expect(query(&app, "q", &body).await, 200).await;
     // What no index can serve says why, and names none.
     for body in [
         json!({"filter": {"status": {"$exists": true}}}),
