@@ -317,10 +317,22 @@ fn shape_error(base: &str, path: &serde_path_to_error::Path, err: &impl std::fmt
             Segment::Unknown => break,
         }
     }
+    let mut detail = err.to_string();
+    // A member missing is pointed at where it belongs.
+    if let Some(name) = detail.strip_prefix("missing field `").and_then(|rest| rest.split('`').next()) {
+        pointer.push('/');
+        pointer.push_str(&name.replace('~', "~0").replace('/', "~1"));
+    }
+    // The name of a type of this code means nothing to a client.
+    if let Some((head, rest)) = detail.split_once("expected struct ") {
+        let tail = rest.trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '_');
+        detail = format!("{head}expected a JSON object{tail}");
+    }
     if pointer.is_empty() {
-        ApiError::new(ProblemCode::ValidationFailed, err.to_string())
+        ApiError::new(ProblemCode::ValidationFailed, detail.clone())
+            .with("errors", serde_json::json!([{"pointer": "", "detail": detail}]))
     } else {
-        crate::document::rules::Invalid::new(pointer, err.to_string()).into()
+        crate::document::rules::Invalid::new(pointer, detail).into()
     }
 }
 
@@ -370,7 +382,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuer
         // A parameter without a name (`?=x`, `?a=1&=2`) is malformed, not
         // one to ignore.
         if parts.uri.query().is_some_and(|q| q.split('&').any(|pair| pair.starts_with('='))) {
-            return Err(ApiError::new(ProblemCode::ValidationFailed, "a query parameter has no name"));
+            return Err(crate::document::rules::Invalid::new("/query", "a query parameter has no name").into());
         }
         let query = parts.uri.query().unwrap_or_default();
         let mut track = serde_path_to_error::Track::new();

@@ -17,6 +17,7 @@ pub(crate) mod indexes;
 pub(crate) mod limits;
 pub(crate) mod observe;
 pub(crate) mod paging;
+mod params;
 pub(crate) mod problems;
 pub(crate) mod queries;
 mod reads;
@@ -134,7 +135,11 @@ pub fn openapi_json() -> String {
 }
 
 fn document_text(derived: utoipa::openapi::OpenApi) -> String {
-    let mut text = serde_json::to_string_pretty(&contract::document(derived)).expect("the document serializes");
+    text_of(&contract::document(derived))
+}
+
+fn text_of(document: &serde_json::Value) -> String {
+    let mut text = serde_json::to_string_pretty(document).expect("the document serializes");
     text.push('\n');
     text
 }
@@ -142,14 +147,22 @@ fn document_text(derived: utoipa::openapi::OpenApi) -> String {
 /// The complete application router for `config`.
 pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router {
     let (routes, derived) = api();
-    let spec = Arc::new(document_text(derived));
+    let document = contract::document(derived);
+    let params = Arc::new(params::Params::of(&document));
+    let spec = Arc::new(text_of(&document));
     let keyless = config.api_keys.is_empty();
     let metrics = Arc::clone(&state.metrics);
     // Behind the keys when there are any (a key with `read` on every
     // collection scrapes it).
-    let routes = routes.route("/metrics", axum::routing::get(observe::metrics)).route_layer(
-        axum::middleware::from_fn_with_state((config.max_body_bytes, config.body_timeout), limits::read_body),
-    );
+    // Parameters are checked once the body is read (a refusal before it
+    // would leave it unread on the connection).
+    let routes = routes
+        .route("/metrics", axum::routing::get(observe::metrics))
+        .route_layer(axum::middleware::from_fn_with_state(params, params::known_only))
+        .route_layer(axum::middleware::from_fn_with_state(
+            (config.max_body_bytes, config.body_timeout),
+            limits::read_body,
+        ));
     let routes = if keyless {
         routes
     } else {

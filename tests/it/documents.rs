@@ -312,6 +312,32 @@ async fn list_pages_live_documents_in_id_order(backend: Backend) {
         assert_eq!(problem["errors"][0]["pointer"], pointer, "{bad}: {problem}");
         assert!(problem["detail"].as_str().unwrap().starts_with(pointer), "{bad}: {problem}");
     }
+    // A parameter an operation does not take is refused on every
+    // operation (a misspelled filter lists nothing), and nothing is done.
+    let d1 = at("d1");
+    let cases = [
+        (Method::GET, "/v1/transactions?stauts=pending".to_owned(), None, "/query/stauts"),
+        (
+            Method::PUT,
+            "/v1/collections/qp/indexes/ix?bogus=1".to_owned(),
+            Some(json!({"fields": ["a"]})),
+            "/query/bogus",
+        ),
+        (Method::POST, "/v1/collections/accounts/query?limit=2".to_owned(), Some(json!({})), "/query/limit"),
+        (Method::GET, format!("{d1}?fields=a"), None, "/query/fields"),
+        (Method::DELETE, format!("{d1}?force=1"), None, "/query/force"),
+        (Method::GET, format!("{C}?=1"), None, "/query"),
+    ];
+    for (method, path, body, pointer) in cases {
+        let mut req = app.request(method.clone(), &path);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let problem = expect_problem(req.send().await.unwrap(), 422, "validation_failed").await;
+        assert_eq!(problem["errors"][0]["pointer"], pointer, "{method} {path}: {problem}");
+    }
+    expect_problem(app.get("/v1/collections/qp/indexes/ix").await, 404, "not_found").await;
+    expect(app.get(&d1).await, 200).await;
     app.stop().await;
 }
 
