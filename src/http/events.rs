@@ -108,6 +108,11 @@ fn filter(query: &EventsQuery, access: &Access) -> Result<Filter, ApiError> {
         // Strict, as the description's pattern: no empty or padded parts.
         Some(s) => Some(s.split(',').map(|t| event_type(t, "/query/types")).collect::<Result<Vec<_>, _>>()?),
     };
+    // A name no collection can have matches nothing: refused, as a
+    // misspelling would be.
+    for name in collections.iter().flatten() {
+        crate::document::rules::check_collection(name, "/query/collections")?;
+    }
     access.check_all(Scope::Read, collections.iter().flatten().map(String::as_str))?;
     Ok(Filter { collections, types, within: access.collections(Scope::Read) })
 }
@@ -244,11 +249,13 @@ pub(crate) async fn events(
             ));
         }
     }
+    // Checked for a stream too, which has no pages: a value out of range
+    // is refused the same whichever the client asked for.
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(Invalid::new("/query/limit", format!("limit must be between 1 and {MAX_PAGE}")).into());
+    }
     if wants_json(&headers) {
-        let limit = query.limit.unwrap_or(DEFAULT_PAGE);
-        if !(1..=MAX_PAGE).contains(&limit) {
-            return Err(Invalid::new("/query/limit", format!("limit must be between 1 and {MAX_PAGE}")).into());
-        }
         let after = match after {
             Some(after) => after,
             None => log.floor().await?,

@@ -168,13 +168,20 @@ async fn pages_resume_with_next_and_filter(backend: Backend) {
     let (both, _) = all_events(&app, 0, "&types=document.created,document.updated").await;
     assert_eq!(both.len(), 16);
     // Bad input.
-    for q in ["after=-1", "after=x", "limit=0", "limit=1001", "types=document.nope"] {
+    for q in
+        ["after=-1", "after=x", "limit=0", "limit=1001", "types=document.nope", "collections=a,b!", "collections=_txns"]
+    {
         let res = app
             .request(reqwest::Method::GET, &format!("/v1/events?{q}"))
             .header("accept", "application/json")
             .send()
             .await
             .unwrap();
+        expect_problem(res, 422, "validation_failed").await;
+    }
+    // The same values are refused for a stream, before it starts.
+    for q in ["limit=0", "collections=b!"] {
+        let res = app.request(reqwest::Method::GET, &format!("/v1/events?{q}")).send().await.unwrap();
         expect_problem(res, 422, "validation_failed").await;
     }
     let res = app.request(reqwest::Method::GET, "/v1/events").header("last-event-id", "soon").send().await.unwrap();
