@@ -186,8 +186,14 @@ fn sort_keys(items: &[String]) -> Vec<SortKey> {
         .collect()
 }
 
+/// A comma-separated list of a query parameter: none when the parameter
+/// is empty; an empty item (`a,,b`, `a,`) is kept, to be refused as the
+/// body's empty string is.
 fn split(list: Option<&str>) -> Option<Vec<String>> {
-    list.map(|l| l.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect())
+    list.map(|l| match l.trim() {
+        "" => Vec::new(),
+        l => l.split(',').map(str::trim).map(str::to_owned).collect(),
+    })
 }
 
 fn limit(from: From, limit: Option<i64>) -> Result<usize, ApiError> {

@@ -196,7 +196,14 @@ impl Filter {
                     format!("a filter's $in and $nin lists hold at most {MAX_LISTED} values together"),
                 ));
             }
-            self.paths.entry(key.clone()).or_default().extend(conds);
+            // A condition given twice (`$and` of two equal filters) is one:
+            // an equality stays an equality the planner serves.
+            let known = self.paths.entry(key.clone()).or_default();
+            for cond in conds {
+                if !known.iter().any(|k| k.normal() == cond.normal()) {
+                    known.push(cond);
+                }
+            }
         }
         Ok(())
     }
@@ -599,6 +606,17 @@ mod tests {
         ] {
             assert!(Filter::parse(&bad).is_err(), "{bad} was accepted");
         }
+    }
+
+    #[test]
+    fn a_condition_given_twice_is_one() {
+        let f = parse(json!({"$and": [{"g": "x"}, {"g": {"$eq": "x"}}], "n": {"$gte": 0}}));
+        assert_eq!(f.paths["g"], [Cond::Eq(Bson::String("x".into()))]);
+        let f = parse(json!({"$and": [{"n": 1}, {"n": 1.0}, {"n": {"$gt": 0}}]}));
+        assert_eq!(f.paths["n"].len(), 2, "{f:?}");
+        // Two values: both kept (nothing matches both).
+        let f = parse(json!({"$and": [{"g": "x"}, {"g": "y"}]}));
+        assert_eq!(f.paths["g"].len(), 2);
     }
 
     #[test]

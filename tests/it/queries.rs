@@ -534,9 +534,18 @@ async fn what_is_outside_the_language_is_refused(backend: Backend) {
             app.request(Method::GET, &docs_path("r")).query(&[("filter", filter.to_string())]).send().await.unwrap();
         expect_problem(resp, 400, "invalid_filter").await;
     }
-    for sort in ["_meta.v", "$natural", "a..b"] {
+    for sort in ["_meta.v", "$natural", "a..b", ""] {
         expect_problem(query(&app, "r", &json!({"sort": [sort]})).await, 400, "invalid_filter").await;
     }
+    // An empty item in a parameter's list is refused as the body's "" is;
+    // an empty parameter is an empty list.
+    for (name, list) in [("sort", "a,"), ("sort", ",a"), ("fields", "a,,b")] {
+        let resp = app.request(Method::GET, &docs_path("r")).query(&[(name, list)]).send().await.unwrap();
+        let problem = expect_problem(resp, 400, "invalid_filter").await;
+        assert_eq!(problem["errors"][0]["pointer"], format!("/query/{name}"), "{name}={list}: {problem}");
+    }
+    let resp = app.request(Method::GET, &docs_path("r")).query(&[("sort", "")]).send().await.unwrap();
+    assert_eq!(expect(resp, 200).await["items"][0]["id"], "one");
     // A path sorted by twice, in either direction.
     for sort in [["a", "-a"], ["a", "a"]] {
         expect_problem(query(&app, "r", &json!({"sort": sort})).await, 400, "invalid_filter").await;
