@@ -89,7 +89,9 @@ fn check_key(key: &str, pointer: &str, top_level: bool) -> Result<(), Invalid> {
     }
 }
 
-fn escape(key: &str) -> String {
+/// `key` as one segment of a JSON pointer (RFC 6901: `~` as `~0`, `/`
+/// as `~1`).
+pub(crate) fn escape(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 

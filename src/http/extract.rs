@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::error::{ApiError, ProblemCode};
+use crate::document::rules::escape;
 
 /// The media type of the request body, lower-cased, without parameters.
 pub(crate) fn media_type(headers: &HeaderMap) -> Option<String> {
@@ -146,7 +147,7 @@ fn pointer_past_depth(bytes: &[u8], depth: usize) -> String {
         .iter()
         .map(|f| match f {
             Frame::Object { key, .. } => {
-                format!("/{}", String::from_utf8_lossy(key).replace('~', "~0").replace('/', "~1"))
+                format!("/{}", escape(&String::from_utf8_lossy(key)))
             }
             Frame::Array { index } => format!("/{index}"),
         })
@@ -207,7 +208,7 @@ pub(crate) fn duplicate_member(bytes: &[u8]) -> Option<String> {
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
             let mut seen = std::collections::HashSet::new();
             while let Some(key) = map.next_key::<String>()? {
-                let path = format!("{}/{}", self.path, key.replace('~', "~0").replace('/', "~1"));
+                let path = format!("{}/{}", self.path, escape(&key));
                 if !seen.insert(key) {
                     *self.found.borrow_mut() = Some(path);
                     return Err(de::Error::custom("duplicate member"));
@@ -310,7 +311,7 @@ fn shape_error(base: &str, path: &serde_path_to_error::Path, err: &impl std::fmt
             Segment::Seq { index } => pointer.push_str(&format!("/{index}")),
             Segment::Map { key } | Segment::Enum { variant: key } => {
                 pointer.push('/');
-                pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
+                pointer.push_str(&escape(key));
             }
             // Past a value read whole first (a tagged enum): the pointer
             // stops where the path is still known.
@@ -321,7 +322,7 @@ fn shape_error(base: &str, path: &serde_path_to_error::Path, err: &impl std::fmt
     // A member missing is pointed at where it belongs.
     if let Some(name) = detail.strip_prefix("missing field `").and_then(|rest| rest.split('`').next()) {
         pointer.push('/');
-        pointer.push_str(&name.replace('~', "~0").replace('/', "~1"));
+        pointer.push_str(&escape(name));
     }
     // The name of a type of this code means nothing to a client.
     if let Some((head, rest)) = detail.split_once("expected struct ") {
@@ -399,11 +400,10 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuer
                 .map(|(name, _)| name)
                 .find(|name| !seen.insert(name.clone()))
             {
-                Some(name) => crate::document::rules::Invalid::new(
-                    format!("/query/{}", name.replace('~', "~0").replace('/', "~1")),
-                    "given more than once",
-                )
-                .into(),
+                Some(name) => {
+                    crate::document::rules::Invalid::new(format!("/query/{}", escape(&name)), "given more than once")
+                        .into()
+                }
                 None => shape_error("/query", &path, &err),
             }
         })

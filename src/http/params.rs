@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use super::error::ApiError;
-use crate::document::rules::Invalid;
+use crate::document::rules::{Invalid, escape};
 
 /// The query parameters of each operation: by method and route as the
 /// router matches it (`/v1/collections/{collection}/documents`).
@@ -68,7 +68,7 @@ impl Params {
                 } else {
                     format!("it takes {}", names.join(", "))
                 };
-                let pointer = format!("/query/{}", name.replace('~', "~0").replace('/', "~1"));
+                let pointer = format!("/query/{}", escape(&name));
                 return Some(Invalid::new(pointer, format!("not a parameter of this operation ({takes})")));
             }
         }

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::document::rules::escape;
 use crate::store::embedded::keys;
 use crate::store::{Bson, Document, Edge, Interval};
 
@@ -334,11 +335,6 @@ impl Matcher {
             })
         })
     }
-}
-
-/// A path's escaping inside a JSON pointer.
-fn escape(key: &str) -> String {
-    key.replace('~', "~0").replace('/', "~1")
 }
 
 /// Refuse a path that reaches the gateway's fields or is malformed.
