@@ -140,47 +140,72 @@ pub(crate) struct Query {
 
 impl Query {
     /// A digest of what the query selects and the order it is read in
-    /// (collection `coll`, its filter's conditions, in whatever order they
-    /// were written, and `order`, the fields and directions of the index
-    /// read with the id last), which its cursors hold: the first 8 bytes
-    /// of a SHA-256. Without `coll`: the digest cursors of format 2 hold.
+    /// (see [`digest_of`]), which its cursors hold.
+    #[cfg(test)]
     fn digest(&self, coll: Option<&str>, order: &[(String, i32)]) -> i64 {
-        self.digest_of(&self.filter.canonical(), coll, order)
+        Forms::of(&self.filter, false).digest(coll, order)
+    }
+
+    /// The digests a cursor of this query may hold (see [`Forms::digests`]).
+    #[cfg(test)]
+    fn digests(&self, coll: Option<&str>, order: &[(String, i32)]) -> Vec<i64> {
+        Forms::of(&self.filter, true).digests(coll, order)
+    }
+}
+
+/// A filter in the forms its cursors' digests are taken of, worked out
+/// once per page: the one form ([`Filter::canonical`]) and, when a cursor
+/// is to be checked and they differ, the values as written (cursors made
+/// before values took one form hold that).
+struct Forms {
+    normal: Vec<Vec<u8>>,
+    written: Option<Vec<Vec<u8>>>,
+}
+
+impl Forms {
+    fn of(filter: &Filter, checking: bool) -> Self {
+        let normal = filter.canonical();
+        let written = checking.then(|| filter.canonical_as_written()).filter(|written| *written != normal);
+        Forms { normal, written }
+    }
+
+    /// The digest this query's cursors are given.
+    fn digest(&self, coll: Option<&str>, order: &[(String, i32)]) -> i64 {
+        digest_of(&self.normal, coll, order)
     }
 
     /// The digests a cursor of this query may hold: [`Self::digest`], and
-    /// the one of its values as written where that differs (cursors made
-    /// before values took one form hold it).
+    /// the one of the values as written where that differs.
     fn digests(&self, coll: Option<&str>, order: &[(String, i32)]) -> Vec<i64> {
-        let (normal, written) = (self.filter.canonical(), self.filter.canonical_as_written());
-        let mut digests = vec![self.digest_of(&normal, coll, order)];
-        if written != normal {
-            digests.push(self.digest_of(&written, coll, order));
-        }
-        digests
+        std::iter::once(&self.normal).chain(&self.written).map(|conds| digest_of(conds, coll, order)).collect()
     }
+}
 
-    fn digest_of(&self, conds: &[Vec<u8>], coll: Option<&str>, order: &[(String, i32)]) -> i64 {
-        use sha2::{Digest, Sha256};
-        let mut hash = Sha256::new();
-        if let Some(coll) = coll {
-            hash.update(b"collection");
-            hash.update((coll.len() as u64).to_le_bytes());
-            hash.update(coll.as_bytes());
-        }
-        for cond in conds {
-            hash.update((cond.len() as u64).to_le_bytes());
-            hash.update(cond);
-        }
-        hash.update(u64::MAX.to_le_bytes());
-        for (path, direction) in order {
-            hash.update((path.len() as u64).to_le_bytes());
-            hash.update(path.as_bytes());
-            hash.update(direction.to_le_bytes());
-        }
-        let bytes: [u8; 8] = hash.finalize()[..8].try_into().expect("8 bytes");
-        i64::from_le_bytes(bytes)
+/// A digest of what a query selects and the order it is read in
+/// (collection `coll`, its filter's conditions `conds`, in whatever order
+/// they were written, and `order`, the fields and directions of the index
+/// read with the id last), which its cursors hold: the first 8 bytes of a
+/// SHA-256. Without `coll`: the digest cursors of format 2 hold.
+fn digest_of(conds: &[Vec<u8>], coll: Option<&str>, order: &[(String, i32)]) -> i64 {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    if let Some(coll) = coll {
+        hash.update(b"collection");
+        hash.update((coll.len() as u64).to_le_bytes());
+        hash.update(coll.as_bytes());
     }
+    for cond in conds {
+        hash.update((cond.len() as u64).to_le_bytes());
+        hash.update(cond);
+    }
+    hash.update(u64::MAX.to_le_bytes());
+    for (path, direction) in order {
+        hash.update((path.len() as u64).to_le_bytes());
+        hash.update(path.as_bytes());
+        hash.update(direction.to_le_bytes());
+    }
+    let bytes: [u8; 8] = hash.finalize()[..8].try_into().expect("8 bytes");
+    i64::from_le_bytes(bytes)
 }
 
 /// One page: its documents, the cursor of the next (when more may
@@ -439,14 +464,15 @@ impl Queries {
         at: ReadAt<'_>,
         position: u64,
     ) -> Result<QueryPage, QueryError> {
+        let forms = Forms::of(&query.filter, query.after.is_some());
         let Some(plan) = plan else {
             // The id order: every collection has it.
             let id_order = ID_ORDER.map(|(p, d)| (p.to_owned(), d));
-            let digest = query.digest(Some(coll), &id_order);
+            let digest = forms.digest(Some(coll), &id_order);
             let after = query.after.as_deref().map(decode_cursor).transpose()?;
             let after = match after {
                 None => None,
-                Some(cursor) if cursor.of_another(&query.digests(Some(coll), &id_order), &[]) => {
+                Some(cursor) if cursor.of_another(&forms.digests(Some(coll), &id_order), &[]) => {
                     return Err(another_query());
                 }
                 Some(Cursor { key, .. }) => match key.as_slice() {
@@ -462,13 +488,13 @@ impl Queries {
         let store = at.store(self.documents.store());
         let mut store_query = store_query(&query.filter, plan);
         let order = store_query.sort.clone();
-        let digest = query.digest(Some(coll), &order);
+        let digest = forms.digest(Some(coll), &order);
         let mut after = match query.after.as_deref().map(decode_cursor).transpose()? {
             None => None,
             Some(Cursor { key, .. }) if key.len() != order.len() => {
                 return Err(QueryError::Cursor("not a cursor of this query".into()));
             }
-            Some(cursor) if cursor.of_another(&query.digests(Some(coll), &order), &query.digests(None, &order)) => {
+            Some(cursor) if cursor.of_another(&forms.digests(Some(coll), &order), &forms.digests(None, &order)) => {
                 return Err(another_query());
             }
             Some(Cursor { key, .. }) => Some(key),
@@ -872,7 +898,7 @@ mod tests {
         // A cursor made before values took one form holds the digest of
         // its values as written: still this query's.
         let written = &same[0];
-        let before = written.digest_of(&written.filter.canonical_as_written(), Some("c"), &order);
+        let before = digest_of(&written.filter.canonical_as_written(), Some("c"), &order);
         assert_ne!(before, written.digest(Some("c"), &order));
         let key = vec![Bson::Int64(5), Bson::String("a".into())];
         let cursor = decode_cursor(&encode_cursor(&key, Some(before))).unwrap();
