@@ -304,21 +304,13 @@ pub(crate) fn from_body<T: DeserializeOwned>(value: serde_json::Value, objects: 
 /// member), naming where: `path` leads from `base` (a JSON pointer) to the
 /// value refused. At the top, with nothing to point at, the detail alone.
 fn shape_error(base: &str, path: &serde_path_to_error::Path, err: &impl std::fmt::Display) -> ApiError {
-    use serde_path_to_error::Segment;
-    let mut pointer = base.to_owned();
-    for segment in path.iter() {
-        match segment {
-            Segment::Seq { index } => pointer.push_str(&format!("/{index}")),
-            Segment::Map { key } | Segment::Enum { variant: key } => {
-                pointer.push('/');
-                pointer.push_str(&escape(key));
-            }
-            // Past a value read whole first (a tagged enum): the pointer
-            // stops where the path is still known.
-            Segment::Unknown => break,
-        }
-    }
+    let mut pointer = format!("{base}{}", pointer_of(path));
     let mut detail = err.to_string();
+    // An error inside a value read whole first carries where in it.
+    if let Some((below, rest)) = split_nested(&detail) {
+        pointer.push_str(below);
+        detail = rest.to_owned();
+    }
     // A member missing is pointed at where it belongs.
     if let Some(name) = detail.strip_prefix("missing field `").and_then(|rest| rest.split('`').next()) {
         pointer.push('/');
@@ -335,6 +327,53 @@ fn shape_error(base: &str, path: &serde_path_to_error::Path, err: &impl std::fmt
     } else {
         crate::document::rules::Invalid::new(pointer, detail).into()
     }
+}
+
+/// The JSON pointer `path` leads to. Past a value read whole first (a
+/// tagged enum), the path is not known: the pointer stops where it still is
+/// (see [`read_nested`] for how such a value tells where in it).
+fn pointer_of(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut pointer = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => pointer.push_str(&format!("/{index}")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                pointer.push('/');
+                pointer.push_str(&escape(key));
+            }
+            Segment::Unknown => break,
+        }
+    }
+    pointer
+}
+
+/// What leads an error's message that says where in a value read whole
+/// first the error lies.
+const NESTED: char = '\u{1e}';
+
+/// `value`, read whole first (a transaction's action, read by its `op`),
+/// read as `T` (strictly, as a body is). serde's errors carry only a
+/// message, so an error's message is led by the pointer below `value`
+/// (after [`NESTED`] and its length), which [`shape_error`] adds to the
+/// pointer of `value` itself.
+pub(crate) fn read_nested<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, String> {
+    let mut track = serde_path_to_error::Track::new();
+    super::strict::deserialize(serde_path_to_error::Deserializer::new(value, &mut track))
+        .map_err(|err| nested(&pointer_of(&track.path()), err))
+}
+
+/// The message of an error at `below` (a JSON pointer) inside a value read
+/// whole first: see [`read_nested`].
+pub(crate) fn nested(below: &str, detail: impl std::fmt::Display) -> String {
+    format!("{NESTED}{}:{below}{detail}", below.len())
+}
+
+/// The pointer a [`read_nested`] message carries, and the rest of it.
+fn split_nested(message: &str) -> Option<(&str, &str)> {
+    let (len, rest) = message.strip_prefix(NESTED)?.split_once(':')?;
+    let len: usize = len.parse().ok()?;
+    Some((rest.get(..len)?, rest.get(len..)?))
 }
 
 /// An optional integer member of a JSON body. JSON has one number type, so
@@ -515,6 +554,27 @@ mod depth_tests {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+
+    #[test]
+    fn a_nested_error_carries_its_pointer_whatever_the_names() {
+        // Names may hold the marker, `:` and digits: the length decides.
+        for below in ["", "/op", "/set/a\u{1e}3:b", "/12:/x~1y"] {
+            let message = nested(below, "invalid type: 3:x");
+            assert_eq!(split_nested(&message), Some((below, "invalid type: 3:x")));
+        }
+        assert_eq!(split_nested("missing field `id`"), None);
+        assert_eq!(split_nested("\u{1e}9:/op"), None, "shorter than its length");
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Action {
+            #[allow(dead_code, reason = "read to be checked")]
+            unset: Vec<String>,
+        }
+        let err = read_nested::<Action>(serde_json::json!({"unset": ["a", 3]})).unwrap_err();
+        assert_eq!(split_nested(&err).map(|(at, _)| at), Some("/unset/1"));
+        let err = read_nested::<Action>(serde_json::json!({"a/b": 1})).unwrap_err();
+        assert_eq!(split_nested(&err).map(|(at, _)| at), Some("/a~1b"), "an unknown member, escaped");
+    }
 
     fn headers(name: header::HeaderName, value: &str) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -203,6 +203,26 @@ async fn malformed_transactions_are_refused_before_anything_is_written(backend: 
     for (body, code) in cases {
         expect_problem(app.post(T, &body).await, 422, code).await;
     }
+    // Each refusal points at the member of the action refused.
+    let pointed = [
+        (json!({"op": "upsert", "collection": "acc", "id": "a"}), "/actions/1/op"),
+        (json!({"op": 5, "collection": "acc", "id": "a"}), "/actions/1/op"),
+        (json!({"collection": "acc", "id": "a"}), "/actions/1/op"),
+        (json!({"op": "update", "collection": 5, "id": "a", "inc": {"n": 1}}), "/actions/1/collection"),
+        (json!({"op": "update", "collection": "acc", "inc": {"n": 1}}), "/actions/1/id"),
+        (json!({"op": "update", "collection": "acc", "id": "a", "unset": ["n", 3]}), "/actions/1/unset/1"),
+        (json!({"op": "delete", "collection": "acc", "id": "a", "bogus": 1}), "/actions/1/bogus"),
+        (json!({"op": "insert", "collection": "acc", "data": [1]}), "/actions/1/data"),
+        (json!({"op": "check", "collection": "acc", "id": "a", "if_version": "1"}), "/actions/1/if_version"),
+    ];
+    for (action, pointer) in pointed {
+        let body = json!({"actions": [u("a"), action]});
+        let p = expect_problem(app.post(T, &body).await, 422, "validation_failed").await;
+        assert_eq!(p["errors"][0]["pointer"], pointer, "{body}: {p}");
+        let detail = p["detail"].as_str().unwrap();
+        assert!(detail.starts_with(&format!("{pointer}: ")), "{detail}");
+        assert!(!detail.contains('\u{1e}'), "{detail}");
+    }
     let res = app
         .request(Method::POST, T)
         .header("content-type", "application/json")

@@ -13,7 +13,7 @@ use crate::hooks::{Delivery, Hook, delivery_id};
 use crate::http::contract::{
     AnyObject, AnyValue, Collection, DocumentId, Fields, HookHeaders, HookUrl, IncFields, SetFields, UnsetFields,
 };
-use crate::http::extract::{integer, present};
+use crate::http::extract::{integer, nested, present, read_nested};
 use crate::http::paging::{Listed, Page};
 use crate::txn::record::{Status, TxnRecord};
 
@@ -66,9 +66,11 @@ macro_rules! actions {
             /// Every action's `op` and schema name.
             const KINDS: &[(&str, &str)] = &[$(($op, stringify!($action)),)*];
 
-            fn parse(op: &str, value: Value) -> Option<Result<Self, serde_json::Error>> {
+            /// The action `value` is, read as `op`'s (errors as
+            /// [`read_nested`] gives them).
+            fn parse(op: &str, value: Value) -> Option<Result<Self, String>> {
                 match op {
-                    $($op => Some($action::deserialize(value).map(ActionIn::$variant)),)*
+                    $($op => Some(read_nested::<$action>(value).map(ActionIn::$variant)),)*
                     _ => None,
                 }
             }
@@ -98,16 +100,18 @@ impl<'de> Deserialize<'de> for ActionIn {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         use serde::de::Error;
         let map = Map::<String, Value>::deserialize(deserializer)?;
+        // Errors about `op` point at it, as `read_nested` gives them.
+        let at_op = |detail: String| D::Error::custom(nested("/op", detail));
         let op = match map.get("op") {
             Some(Value::String(op)) => op.clone(),
-            Some(_) => return Err(D::Error::custom("`op` must be a string")),
+            Some(_) => return Err(at_op("must be a string".into())),
             None => return Err(D::Error::missing_field("op")),
         };
         match ActionIn::parse(&op, Value::Object(map)) {
-            Some(parsed) => parsed.map_err(|e| D::Error::custom(format!("{op}: {e}"))),
+            Some(parsed) => parsed.map_err(D::Error::custom),
             None => {
                 let ops: Vec<&str> = ActionIn::KINDS.iter().map(|(op, _)| *op).collect();
-                Err(D::Error::custom(format!("unknown op {op:?}, expected one of {}", ops.join(", "))))
+                Err(at_op(format!("unknown op {op:?}, expected one of {}", ops.join(", "))))
             }
         }
     }
