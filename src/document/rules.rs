@@ -230,14 +230,18 @@ impl Patch {
             }
             patch.inc.push((parts, json_to_bson(v)));
         }
-        let mut all: Vec<&Vec<String>> =
-            patch.set.iter().map(|(p, _)| p).chain(&patch.unset).chain(patch.inc.iter().map(|(p, _)| p)).collect();
+        // Each path with where it was given: a conflict points at the
+        // second of the two.
+        let set = patch.set.iter().map(|(p, _)| (p, format!("{pointer}/set/{}", escape(&p.join(".")))));
+        let unset = (unset.into_iter().flatten().enumerate()).map(|(i, _)| format!("{pointer}/unset/{i}"));
+        let inc = patch.inc.iter().map(|(p, _)| (p, format!("{pointer}/inc/{}", escape(&p.join(".")))));
+        let mut all: Vec<(&Vec<String>, String)> = set.chain(patch.unset.iter().zip(unset)).chain(inc).collect();
         all.sort();
         for pair in all.windows(2) {
-            if pair[1].starts_with(pair[0]) {
+            if pair[1].0.starts_with(pair[0].0) {
                 return Err(Invalid::new(
-                    pointer.to_owned(),
-                    format!("paths {:?} and {:?} conflict", pair[0].join("."), pair[1].join(".")),
+                    pair[1].1.clone(),
+                    format!("paths {:?} and {:?} conflict", pair[0].0.join("."), pair[1].0.join(".")),
                 ));
             }
         }

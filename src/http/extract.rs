@@ -48,11 +48,9 @@ pub(crate) fn too_large() -> ApiError {
 /// [`super::strict`]).
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if let Some(pointer) = duplicate_member(bytes) {
-        return Err(ApiError::new(
-            ProblemCode::ValidationFailed,
-            format!("the member {pointer} appears more than once"),
-        )
-        .with("errors", serde_json::json!([{"pointer": pointer, "detail": "duplicate member name"}])));
+        let detail = "the member appears more than once";
+        return Err(ApiError::new(ProblemCode::ValidationFailed, format!("{pointer}: {detail}"))
+            .with("errors", serde_json::json!([{"pointer": pointer, "detail": detail}])));
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let mut track = serde_path_to_error::Track::new();

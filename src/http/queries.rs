@@ -141,7 +141,7 @@ fn filter_json(from: From, text: &str) -> Result<Value, ApiError> {
     let value = serde_json::from_str::<Value>(text).map_err(|e| refused(format!("not JSON: {e}")))?;
     // As in a body: a member named twice is refused, not read as its last.
     if let Some(pointer) = super::extract::duplicate_member(text.as_bytes()) {
-        return Err(refused(format!("{pointer} is given twice")));
+        return Err(filter_error(from, FilterError { pointer, message: "the member is given twice".into() }));
     }
     Ok(value)
 }
@@ -159,18 +159,22 @@ fn paths(from: From, name: &str, items: &[String], max: usize) -> Result<(), Api
         return Err(ApiError::bad_request(ProblemCode::InvalidFilter, detail.clone())
             .with("errors", json!([{"pointer": from.at(name), "detail": detail}])));
     }
+    // A body's list item by its place; a parameter is one string.
+    let at = |i: usize| match from {
+        From::Params => from.at(name),
+        From::Body => format!("{}/{i}", from.at(name)),
+    };
+    let refused = |pointer: String, detail: String| {
+        ApiError::bad_request(ProblemCode::InvalidFilter, format!("{pointer}: {detail}"))
+            .with("errors", json!([{"pointer": pointer, "detail": detail}]))
+    };
     let mut seen = std::collections::HashSet::new();
-    for item in items {
+    for (i, item) in items.iter().enumerate() {
         let path = if name == "sort" { item.strip_prefix('-').unwrap_or(item) } else { item };
-        check_path(path, "").map_err(|e| {
-            ApiError::bad_request(ProblemCode::InvalidFilter, format!("{name}: {}", e.message))
-                .with("errors", json!([{"pointer": from.at(name), "detail": e.message}]))
-        })?;
+        check_path(path, "").map_err(|e| refused(at(i), e.message))?;
         // A sort names each path once: a second mention orders nothing.
         if name == "sort" && !seen.insert(path) {
-            let detail = format!("sort names {path:?} twice");
-            return Err(ApiError::bad_request(ProblemCode::InvalidFilter, detail.clone())
-                .with("errors", json!([{"pointer": from.at(name), "detail": detail}])));
+            return Err(refused(at(i), format!("sort names {path:?} twice")));
         }
     }
     Ok(())

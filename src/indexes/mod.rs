@@ -168,7 +168,7 @@ struct Physical<'a> {
 pub enum DeclareError {
     /// 422 at the pointer.
     #[error("{1}")]
-    Invalid(&'static str, String),
+    Invalid(String, String),
     /// An index of that name exists with another definition, or is being
     /// dropped.
     #[error("{0}")]
@@ -663,15 +663,15 @@ impl MemberClaims {
 /// once, each optionally `-` (descending).
 fn check_fields(fields: &[String]) -> Result<(), DeclareError> {
     if fields.is_empty() || fields.len() > MAX_FIELDS {
-        return Err(DeclareError::Invalid("/fields", format!("an index has 1 to {MAX_FIELDS} fields")));
+        return Err(DeclareError::Invalid("/fields".into(), format!("an index has 1 to {MAX_FIELDS} fields")));
     }
     let mut seen = std::collections::HashSet::new();
     for (i, field) in fields.iter().enumerate() {
         let path = field.strip_prefix('-').unwrap_or(field);
         crate::query::filter::check_path(path, "")
-            .map_err(|e| DeclareError::Invalid("/fields", format!("fields[{i}]: {}", e.message)))?;
+            .map_err(|e| DeclareError::Invalid(format!("/fields/{i}"), e.message))?;
         if !seen.insert(path) {
-            return Err(DeclareError::Invalid("/fields", format!("fields[{i}]: {path:?} appears twice")));
+            return Err(DeclareError::Invalid(format!("/fields/{i}"), format!("{path:?} appears twice")));
         }
     }
     Ok(())

@@ -106,18 +106,19 @@ async fn a_build_over_documents_that_break_the_rule_fails_naming_them(backend: B
     let resp = app.send_json(Method::PUT, "/v1/collections/f/indexes/other", &json!({"fields": ["x"]})).await;
     assert_eq!(resp.status(), 200);
     // Bad declarations.
-    for body in [
-        json!({"fields": []}),
-        json!({"fields": ["_meta.v"]}),
-        json!({"fields": ["a", "-a"]}),
-        json!({"fields": ["a"], "x": 1}),
+    for (body, pointer) in [
+        (json!({"fields": []}), "/fields"),
+        (json!({"fields": ["_meta.v"]}), "/fields/0"),
+        (json!({"fields": ["a", "-a"]}), "/fields/1"),
+        (json!({"fields": ["a"], "x": 1}), "/x"),
     ] {
-        expect_problem(
+        let problem = expect_problem(
             app.send_json(Method::PUT, "/v1/collections/f/indexes/bad", &body).await,
             422,
             "validation_failed",
         )
         .await;
+        assert_eq!(problem["errors"][0]["pointer"], pointer, "{body}: {problem}");
     }
     let list = expect(app.get("/v1/collections/f/indexes").await, 200).await;
     let names: Vec<&str> = list["items"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();

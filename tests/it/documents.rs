@@ -176,6 +176,14 @@ async fn patch_set_unset_inc_and_merge_patch(backend: Backend) {
     )
     .await;
     expect_problem(app.send_json(Method::PATCH, &at("a"), &json!({"bogus": {}})).await, 422, "validation_failed").await;
+    // Two parts on one path: the second of them is pointed at.
+    for (patch, pointer) in [
+        (json!({"set": {"addr.city": "Z"}, "inc": {"addr": 1}}), "/set/addr.city"),
+        (json!({"unset": ["tmp", "visits"], "inc": {"visits": 1}}), "/unset/1"),
+    ] {
+        let p = expect_problem(app.send_json(Method::PATCH, &at("a"), &patch).await, 422, "validation_failed").await;
+        assert_eq!(p["errors"][0]["pointer"], pointer, "{patch}: {p}");
+    }
     // An empty patch changes no field but is a write, as an empty merge patch is.
     let before = expect(app.get(&at("a")).await, 200).await;
     let after = expect(app.send_json(Method::PATCH, &at("a"), &json!({})).await, 200).await;

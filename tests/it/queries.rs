@@ -535,7 +535,13 @@ async fn what_is_outside_the_language_is_refused(backend: Backend) {
         expect_problem(resp, 400, "invalid_filter").await;
     }
     for sort in ["_meta.v", "$natural", "a..b", ""] {
-        expect_problem(query(&app, "r", &json!({"sort": [sort]})).await, 400, "invalid_filter").await;
+        // The item refused is pointed at by its place.
+        let problem =
+            expect_problem(query(&app, "r", &json!({"sort": ["a", sort]})).await, 400, "invalid_filter").await;
+        assert_eq!(problem["errors"][0]["pointer"], "/sort/1", "{sort}: {problem}");
+        let problem =
+            expect_problem(query(&app, "r", &json!({"fields": ["a", sort]})).await, 400, "invalid_filter").await;
+        assert_eq!(problem["errors"][0]["pointer"], "/fields/1", "{sort}: {problem}");
     }
     // An empty item in a parameter's list is refused as the body's "" is;
     // an empty parameter is an empty list.
@@ -548,16 +554,18 @@ async fn what_is_outside_the_language_is_refused(backend: Backend) {
     assert_eq!(expect(resp, 200).await["items"][0]["id"], "one");
     // A path sorted by twice, in either direction.
     for sort in [["a", "-a"], ["a", "a"]] {
-        expect_problem(query(&app, "r", &json!({"sort": sort})).await, 400, "invalid_filter").await;
+        let problem = expect_problem(query(&app, "r", &json!({"sort": sort})).await, 400, "invalid_filter").await;
+        assert_eq!(problem["errors"][0]["pointer"], "/sort/1", "{problem}");
         let resp = app.request(Method::GET, &docs_path("r")).query(&[("sort", sort.join(","))]).send().await.unwrap();
         expect_problem(resp, 400, "invalid_filter").await;
     }
     let resp = app.request(Method::GET, &docs_path("r")).query(&[("filter", "{not json")]).send().await.unwrap();
     expect_problem(resp, 400, "invalid_filter").await;
     // A member named twice is refused in a parameter, as in a body.
-    let twice = r#"{"a": 1, "a": 2}"#;
+    let twice = r#"{"b": 0, "a": {"$gt": 1, "$gt": 2}}"#;
     let resp = app.request(Method::GET, &docs_path("r")).query(&[("filter", twice)]).send().await.unwrap();
-    expect_problem(resp, 400, "invalid_filter").await;
+    let problem = expect_problem(resp, 400, "invalid_filter").await;
+    assert_eq!(problem["errors"][0]["pointer"], "/query/filter/a/$gt", "{problem}");
     let resp = app.request(Method::GET, "/v1/collections/r/count").query(&[("filter", twice)]).send().await.unwrap();
     expect_problem(resp, 400, "invalid_filter").await;
     // A cursor that is not one, or holds what no page ends at (NaN).
