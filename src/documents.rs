@@ -451,7 +451,14 @@ impl Documents {
             return Ok(false);
         }
         let next = apply_change(doc, &Change::Delete, self.now())?;
-        self.write_with_event(coll, Some(doc), next, EventType::Expired, Publish::Now).await
+        // As a delete: the values it held in unique indexes are given up
+        // once the tombstone has landed.
+        let held = self.indexes.held(coll, &doc.id, &doc.data, None).await;
+        let went = self.write_with_event(coll, Some(doc), next, EventType::Expired, Publish::Now).await?;
+        if went {
+            self.indexes.release(&held).await;
+        }
+        Ok(went)
     }
 
     /// Live documents in id order after `after`, and the cursor of the next

@@ -27,6 +27,7 @@ crate::on_both_backends!(
     two_transactions_staging_one_unique_value_at_once_commit_one,
     a_transaction_hands_unique_values_between_its_members,
     a_unique_build_over_duplicates_fails_naming_them,
+    an_expired_document_gives_its_unique_values_up,
     a_build_whose_instance_died_is_taken_over_and_ends_exact,
     one_index_per_list_of_fields,
     a_build_the_store_keeps_failing_holds_up_no_other,
@@ -297,6 +298,28 @@ async fn unique_indexes_refuse_duplicates_in_single_writes(backend: Backend) {
     let page = expect(query(&app, "u", &json!({"filter": {"email": "x@example.com"}})).await, 200).await;
     let ids: Vec<&str> = page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["i"]);
+}
+
+/// TTL expiry leaves a tombstone, as a delete does, and frees the values
+/// the document held at once (not after a claim's grace).
+async fn an_expired_document_gives_its_unique_values_up(backend: Backend) {
+    let tweak = |c: &mut txgate::config::Config| c.ttl_interval = Duration::from_millis(100);
+    let Some(app) = TestApp::spawn_with(backend, tweak).await else { return };
+    create(&app, "tu", "a", &json!({"email": "v@example.com"})).await;
+    unique_email(&app, "tu").await;
+    let ttl = app.send_json(Method::PUT, "/v1/collections/tu", &json!({"ttl": {"max_count": 1}})).await;
+    expect(ttl, 200).await;
+    create(&app, "tu", "b", &json!({"email": "w@example.com"})).await;
+    let a = format!("{}/a", docs_path("tu"));
+    let started = Instant::now();
+    while app.get(&a).await.status() != 410 {
+        assert!(started.elapsed() < WAIT, "a never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Well within the grace a fresh claim has (30 s).
+    create(&app, "tu", "c", &json!({"email": "v@example.com"})).await;
+    let page = expect(query(&app, "tu", &json!({"filter": {"email": "v@example.com"}})).await, 200).await;
+    assert_eq!(page["items"][0]["id"], "c", "{page}");
 }
 
 async fn two_transactions_staging_one_unique_value_at_once_commit_one(backend: Backend) {
