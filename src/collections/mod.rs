@@ -179,6 +179,32 @@ impl Collections {
         .await
     }
 
+    /// [`Self::list`] among `names` (sorted, each once): those that exist,
+    /// read one by one, so the name to continue after is always one of
+    /// them. A key limited to some collections pages through its own this
+    /// way: a page of all collections, filtered, would hand it a cursor
+    /// naming another's.
+    pub async fn list_among(
+        &self,
+        names: &[String],
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<(Vec<Collection>, Option<String>)> {
+        self.log.settle().await;
+        self.count_changes().await?;
+        let mut items: Vec<Collection> = Vec::new();
+        for name in names.iter().filter(|n| after.is_none_or(|a| n.as_str() > a)) {
+            if items.len() == limit {
+                let last = items.last().map(|c| c.name.clone());
+                return Ok((items, last));
+            }
+            if let Some(rec) = self.store.get(COLLECTIONS, name).await? {
+                items.push(Collection::from_record(&rec));
+            }
+        }
+        Ok((items, None))
+    }
+
     /// Set (or with `None`, remove) `name`'s TTL policy; synced
     /// (docs/design.md §1). Every instance's sweeper applies it from its next pass.
     pub async fn set_policy(&self, name: &str, policy: Option<Policy>) -> StoreResult<Collection> {

@@ -208,8 +208,12 @@ pub(crate) async fn list_collections(
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<CollectionListOut>, ApiError> {
     let (limit, after) = query.page()?;
-    let (items, next) = state.collections.list(after.as_deref(), limit).await?;
-    // A key limited to some collections lists those.
-    let items = items.into_iter().filter(|c| access.allows(Scope::Read, &c.name)).map(CollectionOut::from).collect();
+    // A key limited to some collections lists those, and its cursors name
+    // only them.
+    let (items, next) = match access.collections(Scope::Read) {
+        None => state.collections.list(after.as_deref(), limit).await?,
+        Some(names) => state.collections.list_among(&names, after.as_deref(), limit).await?,
+    };
+    let items = items.into_iter().map(CollectionOut::from).collect();
     Ok(axum::Json(Page::new(items, next.as_deref())))
 }

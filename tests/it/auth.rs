@@ -1,5 +1,6 @@
 //! API keys and scopes over HTTP.
 
+use base64::Engine as _;
 use reqwest::Method;
 use serde_json::json;
 use txgate::testing::keys::parse_keys;
@@ -189,6 +190,32 @@ async fn keys_limited_to_collections_reach_only_those(backend: Backend) {
     let listed = expect(as_key(ORDERS, Method::GET, "/v1/collections", None).await, 200).await;
     let names: Vec<&str> = listed["items"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["orders"], "a limited key lists its collections only");
+    // Paged one at a time, its cursors name only its own collections: a
+    // cursor is a name, and the others' names are not its to learn.
+    expect(as_key(ADMIN, Method::POST, "/v1/collections/a-secret/documents", Some(json!({}))).await, 201).await;
+    expect(as_key(ADMIN, Method::POST, "/v1/collections/zz-secret/documents", Some(json!({}))).await, 201).await;
+    let (mut after, mut seen, mut pages) = (None::<String>, Vec::new(), 0);
+    for key in [AUDIT, ORDERS] {
+        loop {
+            let path = match &after {
+                Some(a) => format!("/v1/collections?limit=1&after={a}"),
+                None => "/v1/collections?limit=1".to_owned(),
+            };
+            let page = expect(as_key(key, Method::GET, &path, None).await, 200).await;
+            seen.extend(page["items"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap().to_owned()));
+            let text = page.to_string();
+            assert!(!text.contains("secret") && !text.contains("c2VjcmV0"), "{page}");
+            pages += 1;
+            assert!(pages < 10, "paging ends");
+            let Some(next) = page["next"].as_str() else { break };
+            let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(next).unwrap();
+            let name = String::from_utf8(decoded).unwrap();
+            assert!(["orders", "payments"].contains(&name.as_str()), "a cursor names {name:?}");
+            after = Some(next.to_owned());
+        }
+        after = None;
+    }
+    assert_eq!(seen, ["orders", "payments", "orders"]);
 
     // Indexes, queries and counts: by the path; a query by POST needs read.
     let index = Some(json!({"fields": ["amount"]}));
