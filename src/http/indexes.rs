@@ -60,7 +60,7 @@ pub(crate) struct IndexIn {
 /// Where a build is.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct ProgressOut {
-    /// `checking` the documents, then `indexing` them.
+    /// `waiting` for transactions in flight when the index was declared (`total`: how many), then `checking` the documents, then `indexing` them.
     #[schema(example = "indexing")]
     pub phase: String,
     #[schema(minimum = 0)]

@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    BUILD_BATCH, DURABLE_EVERY, Declaration, GRACE, INDEXES, Indexes, LEASE, MAX_NAMED, MAX_REST, Progress,
+    BUILD_BATCH, CACHE_TTL, DURABLE_EVERY, Declaration, GRACE, INDEXES, Indexes, LEASE, MAX_NAMED, MAX_REST, Progress,
     RENEW_EVERY, State, breaks_rule, same_fields, unique,
 };
-use crate::document::StoredDoc;
-use crate::store::scans::{DOCS_LIVE, INDEXES_BY_STATE};
+use crate::document::{StagedOp, StoredDoc};
+use crate::store::scans::{DOCS_LIVE, INDEXES_BY_STATE, TXNS_BY_STATUS};
 use crate::store::shape::fields;
 use crate::store::{Bson, DateTime, StoreResult, Update};
+use crate::txn::record::{Status, TXNS, TxnRecord};
 
 impl Indexes {
     /// One pass over the builds and drops there are to do.
@@ -137,6 +138,9 @@ impl Indexes {
             let reason = format!("index {} is declared on the same fields; delete one of them", other.name);
             return self.finish(&d, Some((reason, Vec::new()))).await;
         }
+        if !self.after_transactions(&mut d, stop).await? {
+            return Ok(());
+        }
         let live = crate::store::IndexQuery::live();
         let total = self.store.count(&d.coll, &live).await?;
         tracing::info!(collection = %d.coll, index = %d.name, documents = total, "index build started");
@@ -243,6 +247,65 @@ impl Indexes {
         // Every step durable before the index serves.
         self.store.build_index_step(&d.coll, &d.physical, None, 0).await?;
         self.finish(&d, None).await
+    }
+}
+
+impl Indexes {
+    /// Wait until no transaction over `d`'s collection that began before
+    /// every write knew of `d` (its declaration, plus [`CACHE_TTL`] and a
+    /// second of clocks apart) is in flight: pending, or committed and not
+    /// rolled forward. Such a transaction staged its members without the
+    /// index's checks (no unique value claimed, no rule of indexed paths),
+    /// and a build that read its documents before its roll-forward wrote
+    /// them would never meet its values. `false`: the build is no longer
+    /// this instance's, or it stops.
+    async fn after_transactions(&self, d: &mut Declaration, stop: &CancellationToken) -> StoreResult<bool> {
+        let known = DateTime::from_millis(
+            d.created_at.timestamp_millis().saturating_add((CACHE_TTL + Duration::from_secs(1)).as_millis() as i64),
+        );
+        let mut logged = false;
+        loop {
+            if stop.is_cancelled() {
+                return Ok(false);
+            }
+            let mut waiting = 0;
+            for status in [Status::Pending, Status::Committed] {
+                let mut after: Option<String> = None;
+                loop {
+                    let scan = TXNS_BY_STATUS.scan(vec![status.to_bson()]).after(after.as_deref()).limit(BUILD_BATCH);
+                    let found = self.store.scan(TXNS, scan).await?;
+                    let full = found.len() == BUILD_BATCH;
+                    for record in found {
+                        after = crate::store::record_id(&record).map(str::to_owned);
+                        // One that cannot be read is reported where it is
+                        // read for itself (its recovery).
+                        let Ok(txn) = TxnRecord::from_record(record) else { continue };
+                        let over = txn.members.iter().any(|m| m.collection == d.coll && m.op != StagedOp::Check);
+                        if over && txn.started_at < known {
+                            waiting += 1;
+                        }
+                    }
+                    if !full {
+                        break;
+                    }
+                }
+            }
+            if waiting == 0 {
+                return Ok(true);
+            }
+            if !logged {
+                tracing::info!(collection = %d.coll, index = %d.name, transactions = waiting, "index build waits for transactions in flight at its declaration");
+                logged = true;
+            }
+            let progress = Progress { phase: "waiting".into(), done: 0, total: waiting };
+            if !self.lease(d, Some(progress)).await? {
+                return Ok(false);
+            }
+            tokio::select! {
+                () = stop.cancelled() => return Ok(false),
+                () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            }
+        }
     }
 }
 

@@ -91,7 +91,8 @@ impl State {
 /// How far a build is.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Progress {
-    /// `checking` the documents against the rule, then `indexing` them.
+    /// `waiting` for transactions in flight at the declaration, `checking`
+    /// the documents against the rule, then `indexing` them.
     pub phase: String,
     /// Documents done in this phase.
     pub done: u64,

@@ -300,6 +300,109 @@ async fn unique_indexes_refuse_duplicates_in_single_writes(backend: Backend) {
     assert_eq!(ids, ["i"]);
 }
 
+/// Holds back, once armed, every write of document `slow` of collection
+/// `race` until released: a transaction with that member stays in flight.
+struct HoldSlow {
+    armed: AtomicBool,
+    released: tokio::sync::Notify,
+}
+
+impl Layer for HoldSlow {
+    fn inspects(&self) -> bool {
+        true
+    }
+
+    async fn around<T: Send>(
+        &self,
+        _below: &dyn Store,
+        op: &StoreOp<'_>,
+        run: impl Future<Output = StoreResult<T>> + Send,
+    ) -> StoreResult<T> {
+        let slow = op.coll == "race" && op.detail.and_then(|d| d.id.as_deref()) == Some("slow");
+        if slow && op.writes > 0 && self.armed.load(Ordering::SeqCst) {
+            let released = self.released.notified();
+            if self.armed.load(Ordering::SeqCst) {
+                released.await;
+            }
+        }
+        run.await
+    }
+}
+
+/// On MongoDB (where a transaction's members are single writes, which
+/// [`HoldSlow`] holds by id; the embedded store stages and rolls forward in
+/// chains, and the wait is the same code on both).
+mod mongodb_in_flight {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_build_waits_for_transactions_in_flight_at_its_declaration() {
+        super::a_build_waits_for_transactions_in_flight_at_its_declaration(crate::support::Backend::Mongodb).await
+    }
+}
+
+/// A transaction staged before an index was declared claimed none of its
+/// values: the build reads the collection only once it has ended, so a
+/// unique index never ends `ready` over the duplicate it commits.
+async fn a_build_waits_for_transactions_in_flight_at_its_declaration(backend: Backend) {
+    let Some(ts) = TestStore::new(backend).await else { return };
+    let layer = HoldSlow { armed: AtomicBool::new(false), released: tokio::sync::Notify::new() };
+    let hold = Arc::new(Layered::new(Arc::clone(&ts.store), layer));
+    let store: DynStore = hold.clone();
+    let app = Arc::new(TestApp::on_store(test_config(ts.config.clone()), store, Some(ts)).await);
+    create(&app, "race", "x", &json!({"u": 1})).await;
+    hold.layer().armed.store(true, Ordering::SeqCst);
+    let txn = {
+        let app = Arc::clone(&app);
+        tokio::spawn(async move {
+            let body = json!({"actions": [
+                {"op": "insert", "collection": "race", "id": "a", "data": {"u": 1}},
+                {"op": "insert", "collection": "race", "id": "slow", "data": {"v": 1}},
+            ]});
+            app.post("/v1/transactions", &body).await.status().as_u16()
+        })
+    };
+    // The transaction is in flight (its member `a` staged, `slow` held).
+    let started = Instant::now();
+    loop {
+        let listed = expect(app.get("/v1/transactions?status=pending").await, 200).await;
+        if !listed["items"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(started.elapsed() < WAIT, "the transaction never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let resp =
+        app.send_json(Method::PUT, "/v1/collections/race/indexes/u", &json!({"fields": ["u"], "unique": true})).await;
+    assert_eq!(resp.status(), 201);
+    // Past the wait before a build starts: the build waits for it.
+    let started = Instant::now();
+    loop {
+        let index = expect(app.get("/v1/collections/race/indexes/u").await, 200).await;
+        assert_eq!(index["state"], "building", "the build went on over a transaction in flight: {index}");
+        if index["progress"]["phase"] == "waiting" && started.elapsed() > Duration::from_secs(1) {
+            break;
+        }
+        assert!(started.elapsed() < WAIT, "the build never waited: {index}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    hold.layer().armed.store(false, Ordering::SeqCst);
+    hold.layer().released.notify_waiters();
+    let status = txn.await.unwrap();
+    let index = settled_index(&app, "race", "u").await;
+    if status == 200 {
+        // Committed: `a` and `x` share the value, and the build says so.
+        assert_eq!(index["state"], "failed", "{index}");
+        let mut named: Vec<&str> = index["documents"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
+        named.sort_unstable();
+        assert_eq!(named, ["a", "x"], "{index}");
+    } else {
+        // Failed meanwhile (its held write outlasted a deadline): nothing
+        // of it shows, and the index holds the one value.
+        assert_eq!(index["state"], "ready", "{status}: {index}");
+        expect_problem(app.get(&format!("{}/a", docs_path("race"))).await, 404, "not_found").await;
+    }
+}
+
 /// TTL expiry leaves a tombstone, as a delete does, and frees the values
 /// the document held at once (not after a claim's grace).
 async fn an_expired_document_gives_its_unique_values_up(backend: Backend) {
@@ -316,8 +419,18 @@ async fn an_expired_document_gives_its_unique_values_up(backend: Backend) {
         assert!(started.elapsed() < WAIT, "a never expired");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Well within the grace a fresh claim has (30 s).
-    create(&app, "tu", "c", &json!({"email": "v@example.com"})).await;
+    // The value is released just after the tombstone lands: well within
+    // the grace a fresh claim has (30 s).
+    let expired = Instant::now();
+    loop {
+        let resp = app.post(&docs_path("tu"), &json!({"_id": "c", "email": "v@example.com"})).await;
+        if resp.status() == 201 {
+            break;
+        }
+        let problem = expect_problem(resp, 409, "duplicate").await;
+        assert!(expired.elapsed() < Duration::from_secs(5), "still held: {problem}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let page = expect(query(&app, "tu", &json!({"filter": {"email": "v@example.com"}})).await, 200).await;
     assert_eq!(page["items"][0]["id"], "c", "{page}");
 }
