@@ -263,7 +263,7 @@ impl Indexes {
         let known = DateTime::from_millis(
             d.created_at.timestamp_millis().saturating_add((CACHE_TTL + Duration::from_secs(1)).as_millis() as i64),
         );
-        let mut logged = false;
+        let (mut logged, mut renewed) = (false, None::<Instant>);
         loop {
             if stop.is_cancelled() {
                 return Ok(false);
@@ -297,9 +297,14 @@ impl Indexes {
                 tracing::info!(collection = %d.coll, index = %d.name, transactions = waiting, "index build waits for transactions in flight at its declaration");
                 logged = true;
             }
-            let progress = Progress { phase: "waiting".into(), done: 0, total: waiting };
-            if !self.lease(d, Some(progress)).await? {
-                return Ok(false);
+            // Recorded at once, then renewed as a build renews (each is a
+            // durable write).
+            if renewed.is_none_or(|at| at.elapsed() >= RENEW_EVERY) {
+                let progress = Progress { phase: "waiting".into(), done: 0, total: waiting };
+                if !self.lease(d, Some(progress)).await? {
+                    return Ok(false);
+                }
+                renewed = Some(Instant::now());
             }
             tokio::select! {
                 () = stop.cancelled() => return Ok(false),
