@@ -29,6 +29,7 @@ mod purge;
 mod queries;
 mod query;
 mod reads;
+mod seal;
 mod store;
 mod subscriptions;
 #[doc(hidden)]
@@ -224,6 +225,7 @@ impl App {
             stop: self.stop.clone(),
             streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),
             backups: http::admin::Backups::new(&config.store),
+            seal: seal::Seal::new(Arc::clone(&self.store)),
         });
         http::router(state, config)
     }

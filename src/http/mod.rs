@@ -86,6 +86,8 @@ pub(crate) struct Shared {
     pub streams: Arc<tokio::sync::Semaphore>,
     /// Where `POST /v1/admin/backup` writes, one backup at a time.
     pub backups: admin::Backups,
+    /// Seals the cursors of lists a key sees only part of.
+    pub seal: crate::seal::Seal,
 }
 
 #[derive(OpenApi)]

@@ -18,11 +18,12 @@ use super::error::ApiError;
 use super::events::event_type;
 use super::extract::present;
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body};
-use super::paging::{ListQuery, Listed, Page};
+use super::paging::{ListQuery, Listed, Page, kept};
 use crate::clock::rfc3339;
 use crate::document::rules::{Invalid, check_collection};
 use crate::events::{EventType, Filter};
 use crate::keys::Scope;
+use crate::seal::List;
 use crate::subscriptions::Subscription;
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
@@ -221,10 +222,18 @@ pub(crate) async fn list_subscriptions(
     access: Access,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<SubscriptionListOut>, ApiError> {
-    let (limit, after) = query.page()?;
-    let (items, next) = state.subscriptions.list(after.as_deref(), limit).await?;
-    let items = items.into_iter().filter(|s| visible(s, &access, Scope::Read)).map(SubscriptionOut::from).collect();
-    Ok(axum::Json(Page::new(items, next.as_deref())))
+    let (limit, after) = query.sealed_page(&state.seal, List::Subscriptions).await?;
+    let subscriptions = &state.subscriptions;
+    let (items, next) = kept(
+        |after, n| async move { subscriptions.list(after.as_deref(), n).await },
+        after,
+        limit,
+        |s: &Subscription| visible(s, &access, Scope::Read),
+        |s| &s.id,
+    )
+    .await?;
+    let items = items.into_iter().map(SubscriptionOut::from).collect();
+    Ok(axum::Json(Page::sealed(items, next.as_deref(), &state.seal, List::Subscriptions).await?))
 }
 
 problems!(

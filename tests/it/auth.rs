@@ -152,7 +152,10 @@ const ADMIN: &str = "admin-key-0123456789";
 const ORDERS: &str = "orders-key-0123456789";
 const AUDIT: &str = "audit-key-0123456789";
 
-crate::on_both_backends!(keys_limited_to_collections_reach_only_those,);
+crate::on_both_backends!(
+    keys_limited_to_collections_reach_only_those,
+    list_cursors_show_a_limited_key_nothing_of_the_records_it_cannot_see,
+);
 
 /// A key limited to collections (`read@orders+write@orders`): documents,
 /// collections, transactions (every member), batch reads (every member),
@@ -389,4 +392,98 @@ async fn keys_limited_to_collections_reach_only_those(backend: Backend) {
     expect_problem(as_key(AUDIT, Method::GET, "/v1/deliveries", None).await, 403, "forbidden").await;
     expect(as_key(ADMIN, Method::GET, "/v1/deliveries", None).await, 200).await;
     app.stop().await;
+}
+
+/// The transactions and subscriptions lists, paged one record at a time by
+/// a key limited to `orders` among others' records: it gets its own, each
+/// once, and no page or cursor holds another record's id. Cursors are
+/// sealed: one list's is refused by the other, a changed one is refused,
+/// and an earlier release's plain cursor (an id) still works.
+async fn list_cursors_show_a_limited_key_nothing_of_the_records_it_cannot_see(backend: Backend) {
+    let spec = format!("{ADMIN}:admin,{ORDERS}:read@orders+write@orders");
+    let Some(app) = TestApp::spawn_with(backend, |c| c.api_keys = parse_keys(&spec).unwrap()).await else { return };
+    let send = |key: &'static str, method: Method, path: String, body: Option<serde_json::Value>| {
+        let mut req = app.request(method, &path).bearer_auth(key);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        async move { req.send().await.unwrap() }
+    };
+    let rx = crate::support::TestReceiver::start().await;
+    let (mut own_txns, mut own_subs, mut others) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..4 {
+        // Others' first, then between each of its own.
+        for j in 0..2 {
+            let other =
+                json!({"actions": [{"op": "insert", "collection": "payments", "id": format!("p{i}-{j}"), "data": {}}]});
+            let out = expect(send(ADMIN, Method::POST, "/v1/transactions".into(), Some(other)).await, 200).await;
+            others.push(out["id"].as_str().unwrap().to_owned());
+            let sub = json!({"url": rx.url("/p"), "collections": ["payments"]});
+            let out = expect(send(ADMIN, Method::POST, "/v1/subscriptions".into(), Some(sub)).await, 201).await;
+            others.push(out["id"].as_str().unwrap().to_owned());
+        }
+        let own = json!({"actions": [{"op": "insert", "collection": "orders", "id": format!("o{i}"), "data": {}}]});
+        let out = expect(send(ORDERS, Method::POST, "/v1/transactions".into(), Some(own)).await, 200).await;
+        own_txns.push(out["id"].as_str().unwrap().to_owned());
+        let sub = json!({"url": rx.url("/o"), "collections": ["orders"]});
+        let out = expect(send(ORDERS, Method::POST, "/v1/subscriptions".into(), Some(sub)).await, 201).await;
+        own_subs.push(out["id"].as_str().unwrap().to_owned());
+    }
+    let mut cursors = Vec::new();
+    for (list, own) in [("/v1/transactions", &own_txns), ("/v1/subscriptions", &own_subs)] {
+        let (mut after, mut seen, mut pages) = (None::<String>, Vec::new(), 0);
+        loop {
+            let path = match &after {
+                Some(a) => format!("{list}?limit=1&after={a}"),
+                None => format!("{list}?limit=1"),
+            };
+            let page = expect(send(ORDERS, Method::GET, path, None).await, 200).await;
+            seen.extend(page["items"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()));
+            pages += 1;
+            assert!(pages <= own.len() + 1, "one record a page: {page}");
+            let Some(next) = page["next"].as_str() else { break };
+            let text = format!("{page}{}", String::from_utf8_lossy(&base64_url(next)));
+            for other in &others {
+                assert!(!text.contains(other.as_str()), "{list} shows {other}: {page}");
+            }
+            cursors.push((list, next.to_owned()));
+            after = Some(next.to_owned());
+        }
+        assert_eq!(&seen, own, "{list}: its own, each once");
+        // The admin sees all of them, a page of three at a time.
+        let (mut after, mut all) = (None::<String>, 0);
+        loop {
+            let path = after.as_ref().map_or(format!("{list}?limit=3"), |a| format!("{list}?limit=3&after={a}"));
+            let page = expect(send(ADMIN, Method::GET, path, None).await, 200).await;
+            all += page["items"].as_array().unwrap().len();
+            let Some(next) = page["next"].as_str() else { break };
+            after = Some(next.to_owned());
+        }
+        assert_eq!(all, 12, "{list}: the admin's and the limited key's");
+    }
+    // A cursor of one list is not one of the other; a changed one is none.
+    let (txn_cursor, sub_cursor) = (&cursors[0].1, &cursors.last().unwrap().1);
+    let refused = send(ORDERS, Method::GET, format!("/v1/subscriptions?after={txn_cursor}"), None).await;
+    let p = expect_problem(refused, 422, "validation_failed").await;
+    assert_eq!(p["errors"][0]["pointer"], "/query/after", "{p}");
+    let refused = send(ORDERS, Method::GET, format!("/v1/transactions?after={sub_cursor}"), None).await;
+    expect_problem(refused, 422, "validation_failed").await;
+    let mut bent = base64_url(txn_cursor);
+    *bent.last_mut().unwrap() ^= 1;
+    let bent = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bent);
+    expect_problem(
+        send(ORDERS, Method::GET, format!("/v1/transactions?after={bent}"), None).await,
+        422,
+        "validation_failed",
+    )
+    .await;
+    // A plain cursor names its id.
+    let plain = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&own_txns[1]);
+    let page = expect(send(ORDERS, Method::GET, format!("/v1/transactions?after={plain}"), None).await, 200).await;
+    let ids: Vec<&str> = page["items"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [&own_txns[2], &own_txns[3]]);
+}
+
+fn base64_url(cursor: &str) -> Vec<u8> {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(cursor).unwrap()
 }

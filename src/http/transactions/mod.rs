@@ -22,8 +22,9 @@ use super::auth::{Access, Caller};
 use super::contract::IdempotencyKey;
 use super::error::{ApiError, PROBLEM_JSON, ProblemCode};
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body};
-use super::paging::{ListQuery, Page, status_filter};
+use super::paging::{ListQuery, Page, kept, status_filter};
 use crate::keys::Scope;
+use crate::seal::List;
 use crate::txn::plan::ActionOp;
 use crate::txn::record::{Status, TxnRecord};
 use crate::txn::{Aborted, Fingerprint, Keyed, Submitted, TxnError, summary};
@@ -261,15 +262,23 @@ pub(crate) async fn list_transactions(
 ) -> Result<axum::Json<TransactionListOut>, ApiError> {
     let status: Option<Status> =
         status_filter(filter.status.as_deref(), "pending, committed, done, aborted or rolled_back")?;
-    let (limit, after) = query.page()?;
-    let (items, next) = state.txns.list(status, after.as_deref(), limit).await?;
-    let mut out = Vec::with_capacity(items.len());
+    let (limit, after) = query.sealed_page(&state.seal, List::Transactions).await?;
+    let txns = &state.txns;
     // A key limited to some collections sees the transactions within them.
-    for rec in items.iter().filter(|r| r.members.iter().all(|m| access.allows(Scope::Read, &m.collection))) {
+    let (items, next) = kept(
+        |after, n| async move { txns.list(status, after.as_deref(), n).await },
+        after,
+        limit,
+        |r: &TxnRecord| r.members.iter().all(|m| access.allows(Scope::Read, &m.collection)),
+        |r| &r.id,
+    )
+    .await?;
+    let mut out = Vec::with_capacity(items.len());
+    for rec in &items {
         let deliveries = state.hooks.deliveries_of(&rec.id, rec.hook_count).await?;
         out.push(transaction_out(rec, &deliveries));
     }
-    Ok(axum::Json(Page::new(out, next.as_deref())))
+    Ok(axum::Json(Page::sealed(out, next.as_deref(), &state.seal, List::Transactions).await?))
 }
 
 problems!(
