@@ -759,6 +759,7 @@ impl Unsynced<'_> {
 
 /// One page of an `_id`-ordered `scan` of `coll`: up to `limit` records
 /// after id `after`, decoded, and the id to continue after when more exist.
+/// A record `decode` refuses is left out of the page and reported.
 pub(crate) async fn page<T>(
     store: &dyn Store,
     coll: &str,
@@ -774,7 +775,11 @@ pub(crate) async fn page<T>(
     } else {
         None
     };
-    Ok((records.into_iter().map(decode).collect::<StoreResult<_>>()?, next))
+    let decoded = records.into_iter().filter_map(|record| {
+        let id = record_id(&record).unwrap_or_default().to_owned();
+        decode(record).map_err(|e| report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}")))).ok()
+    });
+    Ok((decoded.collect(), next))
 }
 
 /// Collections [`get_all_within`] reads side by side.
@@ -869,6 +874,18 @@ mod tests {
 
     fn ids(coll: &'static str, count: usize) -> (&'static str, Vec<String>) {
         (coll, (0..count).map(|i| format!("{coll}-{i}")).collect())
+    }
+
+    #[tokio::test]
+    async fn a_page_leaves_out_a_record_it_cannot_decode() {
+        let store = memory::MemoryStore::default();
+        fill(&store, "l", 4).await;
+        let decode = |r: Record| match record_id(&r) {
+            Some("l-1") => Err(StoreError::Internal("not a record of this list".into())),
+            id => Ok(id.unwrap_or_default().to_owned()),
+        };
+        let (got, next) = page(&store, "l", scans::SUBSCRIPTIONS.scan(Vec::new()), None, 3, decode).await.unwrap();
+        assert_eq!((got, next.as_deref()), (vec!["l-0".to_owned(), "l-2".into()], Some("l-2")));
     }
 
     #[tokio::test]
