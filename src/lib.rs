@@ -270,9 +270,11 @@ pub(crate) async fn serve(
     let abandon = sender.abandon();
     let workers = tokio_util::task::TaskTracker::new();
     let stop_workers = CancellationToken::new();
+    let mut running = Vec::new();
     for worker in workers_of(&app, &config, sender) {
         let span = tracing::info_span!("worker", name = worker.name());
-        workers.spawn(tracing::Instrument::instrument(worker.run(stop_workers.clone()), span));
+        let name = worker.name();
+        running.push((name, workers.spawn(tracing::Instrument::instrument(worker.run(stop_workers.clone()), span))));
     }
     workers.close();
     tracing::info!(addr = %listener.local_addr()?, store = app.store.backend(), "txgate listening");
@@ -293,14 +295,22 @@ pub(crate) async fn serve(
     tracing::info!("HTTP server stopped; finishing background work");
     // Workers finish the step they are in, and delivery attempts in
     // flight finish, until the deadline; attempts still waiting on a
-    // receiver then are abandoned (sent again later). Then request
-    // follow-ups finish.
+    // receiver then are abandoned (sent again later), and a pass still
+    // under way a moment later is stopped where it is: every step of
+    // every pass is safe to stop at, as a crash would, and the next start
+    // takes its work up again. Then request follow-ups finish.
     stop_workers.cancel();
     let deadline = deadline.get().copied().unwrap_or_else(tokio::time::Instant::now);
     if tokio::time::timeout_at(deadline, workers.wait()).await.is_err() {
         tracing::warn!("background work still running at the shutdown timeout: abandoning delivery attempts in flight");
         abandon.cancel();
-        workers.wait().await;
+        if tokio::time::timeout(ABANDON_GRACE, workers.wait()).await.is_err() {
+            for (name, task) in running.iter().filter(|(_, task)| !task.is_finished()) {
+                tracing::warn!(worker = name, "a background pass still running: stopping it where it is");
+                task.abort();
+            }
+            workers.wait().await;
+        }
     }
     app.txns.tasks().close();
     app.txns.tasks().wait().await;
@@ -314,6 +324,11 @@ pub(crate) async fn serve(
 /// transaction recovery, hook and event deliveries, the subscriptions'
 /// delivery recorder, the TTL sweeper, the purge of finished records and
 /// the purge of the event log and tombstones.
+/// How long a stop waits, past its deadline, for delivery attempts it
+/// abandoned to be put back and for background passes to end, before it
+/// stops the passes still under way.
+const ABANDON_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 fn workers_of(app: &App, config: &Config, sender: Arc<hooks::send::Sender>) -> Vec<Arc<dyn worker::Worker>> {
     vec![
         Arc::clone(app.txns.recovery()) as _,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::{TestReceiver, expect};
+use crate::support::{Backend, TestApp, TestReceiver, TestStore, expect, test_config};
 
 /// The real `txgate` binary on the embedded store in `dir`, on a free port.
 fn start(dir: &std::path::Path) -> (Child, String) {
@@ -220,4 +220,58 @@ async fn embedded_a_stop_waits_no_longer_than_its_timeout() {
     assert_eq!(got.path, "/hook");
     assert!(got.json().to_string().contains("\"o1\""), "{}", got.json());
     crate::upgrade::stop(&mut child);
+}
+
+crate::on_both_backends!(a_background_pass_does_not_hold_a_stop_past_its_timeout,);
+
+/// Holds, once armed, every read of `_subscriptions` until the gateway
+/// ends: a subscriptions pass that never finishes.
+struct HoldPasses {
+    armed: std::sync::atomic::AtomicBool,
+    holding: tokio::sync::Notify,
+}
+
+impl txgate::testing::store::layer::Layer for HoldPasses {
+    fn inspects(&self) -> bool {
+        true
+    }
+
+    async fn around<T: Send>(
+        &self,
+        _below: &dyn txgate::testing::store::Store,
+        op: &txgate::testing::store::layer::Op<'_>,
+        run: impl Future<Output = txgate::testing::store::StoreResult<T>> + Send,
+    ) -> txgate::testing::store::StoreResult<T> {
+        if op.coll == "_subscriptions" && self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+            self.holding.notify_one();
+            std::future::pending::<()>().await;
+        }
+        run.await
+    }
+}
+
+/// A background pass still under way at the stop's timeout is stopped
+/// where it is, shortly after: a pass over a large backlog (or a store
+/// that hangs in the middle of one) does not hold the stop past an
+/// orchestrator's grace period.
+async fn a_background_pass_does_not_hold_a_stop_past_its_timeout(backend: Backend) {
+    use std::sync::Arc;
+    let Some(ts) = TestStore::new(backend).await else { return };
+    let layer = HoldPasses { armed: Default::default(), holding: tokio::sync::Notify::new() };
+    let held = Arc::new(txgate::testing::store::layer::Layered::new(Arc::clone(&ts.store), layer));
+    let store: txgate::testing::store::DynStore = held.clone();
+    let mut config = test_config(ts.config.clone());
+    config.shutdown_timeout = Duration::from_millis(300);
+    // Reads time out long after the stop should have ended.
+    config.txn.store_timeout = Duration::from_secs(60);
+    let app = TestApp::on_store(config, store, Some(ts)).await;
+    let holding = held.layer().holding.notified();
+    held.layer().armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    // An append wakes the subscriptions pass, which then reads on forever.
+    expect(app.post("/v1/collections/orders/documents", &json!({"_id": "o1"})).await, 201).await;
+    tokio::time::timeout(Duration::from_secs(10), holding).await.expect("the pass reads its subscriptions");
+    let started = std::time::Instant::now();
+    app.stop().await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(300 + 500 + 1500), "the stop took {took:?}");
 }
