@@ -261,7 +261,7 @@ pub(crate) async fn get_subscription(
     ApiPath(path): ApiPath<SubscriptionPath>,
 ) -> Result<axum::Json<SubscriptionOut>, ApiError> {
     let sub = state.subscriptions.get(&path.id).await?.ok_or_else(|| not_found(&path.id))?;
-    allowed(&sub, &access, Scope::Read)?;
+    reach(&sub, &access, Scope::Read)?;
     Ok(axum::Json(sub.into()))
 }
 
@@ -291,7 +291,7 @@ pub(crate) async fn delete_subscription(
 ) -> Result<StatusCode, ApiError> {
     if !access.everywhere(Scope::Write) {
         let sub = state.subscriptions.get(&path.id).await?.ok_or_else(|| not_found(&path.id))?;
-        allowed(&sub, &access, Scope::Write)?;
+        reach(&sub, &access, Scope::Write)?;
     }
     if state.subscriptions.delete(&path.id).await? { Ok(StatusCode::NO_CONTENT) } else { Err(not_found(&path.id)) }
 }
@@ -303,6 +303,16 @@ pub(crate) async fn delete_subscription(
 /// members), so it needs `needed` everywhere.
 fn visible(sub: &Subscription, access: &Access, needed: Scope) -> bool {
     allowed(sub, access, needed).is_ok()
+}
+
+/// [`allowed`] for a subscription named by its id: one the caller may not
+/// see is answered as one that does not exist (404), so its existence and
+/// the collections it delivers stay another key's.
+fn reach(sub: &Subscription, access: &Access, needed: Scope) -> Result<(), ApiError> {
+    if !visible(sub, access, Scope::Read) {
+        return Err(not_found(&sub.id));
+    }
+    allowed(sub, access, needed)
 }
 
 fn allowed(sub: &Subscription, access: &Access, needed: Scope) -> Result<(), ApiError> {

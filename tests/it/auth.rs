@@ -298,7 +298,20 @@ async fn keys_limited_to_collections_reach_only_those(backend: Backend) {
     let own_out = expect(as_key(ORDERS, Method::POST, "/v1/transactions", Some(own)).await, 200).await;
     let (mixed_id, own_id) = (mixed_out["id"].as_str().unwrap(), own_out["id"].as_str().unwrap());
     let path = |id: &str| format!("/v1/transactions/{id}");
-    expect_problem(as_key(ORDERS, Method::GET, &path(mixed_id), None).await, 403, "forbidden").await;
+    // One the key may not read is answered as a missing one: its existence
+    // and its collections are not the key's to learn.
+    let hidden = expect_problem(as_key(ORDERS, Method::GET, &path(mixed_id), None).await, 404, "not_found").await;
+    assert!(!hidden.to_string().contains("payments"), "{hidden}");
+    let missing = "01234567-89ab-7def-8123-456789abcdef";
+    let absent = expect_problem(as_key(ORDERS, Method::GET, &path(missing), None).await, 404, "not_found").await;
+    assert_eq!(hidden["detail"].as_str().unwrap().replace(mixed_id, missing), absent["detail"].as_str().unwrap());
+    // An abort needs admin everywhere, whatever the transaction.
+    let abort = |id: &str| format!("{}/abort", path(id));
+    let refused = expect_problem(as_key(ORDERS, Method::POST, &abort(mixed_id), None).await, 403, "forbidden").await;
+    assert_eq!(
+        refused,
+        expect_problem(as_key(ORDERS, Method::POST, &abort(missing), None).await, 403, "forbidden").await
+    );
     expect(as_key(ORDERS, Method::GET, &path(own_id), None).await, 200).await;
     expect(as_key(AUDIT, Method::GET, &path(mixed_id), None).await, 200).await;
     let listed = expect(as_key(ORDERS, Method::GET, "/v1/transactions", None).await, 200).await;
@@ -361,8 +374,8 @@ async fn keys_limited_to_collections_reach_only_those(backend: Backend) {
     let ids: Vec<&str> = listed["items"].as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
     assert_eq!(ids, [mine]);
     let subs = |id: &str| format!("/v1/subscriptions/{id}");
-    expect_problem(as_key(ORDERS, Method::GET, &subs(admins), None).await, 403, "forbidden").await;
-    expect_problem(as_key(ORDERS, Method::DELETE, &subs(admins), None).await, 403, "forbidden").await;
+    expect_problem(as_key(ORDERS, Method::GET, &subs(admins), None).await, 404, "not_found").await;
+    expect_problem(as_key(ORDERS, Method::DELETE, &subs(admins), None).await, 404, "not_found").await;
     expect(as_key(ORDERS, Method::GET, &subs(mine), None).await, 200).await;
     let across = json!({"actions": [
         {"op": "insert", "collection": "orders", "id": "o5", "data": {}},

@@ -199,8 +199,16 @@ pub(crate) async fn create_transaction(
 
 /// Transaction `id`, when the caller has `needed` on all its members'
 /// collections.
+/// Transaction `id` if `access` has `needed` on each of its collections.
+/// One the key may not read (a collection it has no grant on) is answered
+/// as one that does not exist, so its existence and its collections stay
+/// another key's.
 async fn load(state: &AppState, id: &str, access: &Access, needed: Scope) -> Result<TxnRecord, ApiError> {
-    let rec = state.txns.get(id).await?.ok_or_else(|| ApiError::not_found(format!("no transaction {id}")))?;
+    let missing = || ApiError::not_found(format!("no transaction {id}"));
+    let rec = state.txns.get(id).await?.ok_or_else(missing)?;
+    if !rec.members.iter().all(|m| access.allows(Scope::Read, &m.collection)) {
+        return Err(missing());
+    }
     access.check_all(needed, rec.members.iter().map(|m| m.collection.as_str()))?;
     Ok(rec)
 }
