@@ -320,15 +320,15 @@ pub(crate) async fn serve(
     Ok(())
 }
 
-/// Every background worker a gateway runs, listed here and only here:
-/// transaction recovery, hook and event deliveries, the subscriptions'
-/// delivery recorder, the TTL sweeper, the purge of finished records and
-/// the purge of the event log and tombstones.
 /// How long a stop waits, past its deadline, for delivery attempts it
 /// abandoned to be put back and for background passes to end, before it
 /// stops the passes still under way.
 const ABANDON_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// Every background worker a gateway runs, listed here and only here:
+/// transaction recovery, hook and event deliveries, the subscriptions'
+/// delivery recorder, the TTL sweeper, the purge of finished records and
+/// the purge of the event log and tombstones.
 fn workers_of(app: &App, config: &Config, sender: Arc<hooks::send::Sender>) -> Vec<Arc<dyn worker::Worker>> {
     vec![
         Arc::clone(app.txns.recovery()) as _,

@@ -197,8 +197,12 @@ pub(crate) async fn create_transaction(
     }
 }
 
-/// Transaction `id`, when the caller has `needed` on all its members'
-/// collections.
+/// Whether `access` may read every collection of `rec`: what a key limited
+/// to some collections sees of the transactions.
+fn readable(rec: &TxnRecord, access: &Access) -> bool {
+    rec.members.iter().all(|m| access.allows(Scope::Read, &m.collection))
+}
+
 /// Transaction `id` if `access` has `needed` on each of its collections.
 /// One the key may not read (a collection it has no grant on) is answered
 /// as one that does not exist, so its existence and its collections stay
@@ -206,7 +210,7 @@ pub(crate) async fn create_transaction(
 async fn load(state: &AppState, id: &str, access: &Access, needed: Scope) -> Result<TxnRecord, ApiError> {
     let missing = || ApiError::not_found(format!("no transaction {id}"));
     let rec = state.txns.get(id).await?.ok_or_else(missing)?;
-    if !rec.members.iter().all(|m| access.allows(Scope::Read, &m.collection)) {
+    if !readable(&rec, access) {
         return Err(missing());
     }
     access.check_all(needed, rec.members.iter().map(|m| m.collection.as_str()))?;
@@ -277,7 +281,7 @@ pub(crate) async fn list_transactions(
         |after, n| async move { txns.list(status, after.as_deref(), n).await },
         after,
         limit,
-        |r: &TxnRecord| r.members.iter().all(|m| access.allows(Scope::Read, &m.collection)),
+        |r: &TxnRecord| readable(r, &access),
         |r| &r.id,
     )
     .await?;
