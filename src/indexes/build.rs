@@ -226,8 +226,8 @@ impl Indexes {
             }
             pace.start();
             let step = self.store.build_index_step(&d.coll, &d.physical, after.as_deref(), BUILD_BATCH).await?;
-            let Some(last) = step else { break };
-            after = Some(last);
+            let Some(next) = step else { break };
+            after = Some(next);
             done += BUILD_BATCH as u64;
             steps += 1;
             if steps % DURABLE_EVERY == 0 {

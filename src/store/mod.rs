@@ -675,8 +675,10 @@ pub trait Store: Send + Sync + 'static {
         self.ensure_index(coll, index).await
     }
 
-    /// Add the entries of up to `batch` records of `coll` after id `after`
-    /// to declared index `name`, as one commit; returns the last id done,
+    /// Add up to `batch` entries of the records of `coll` to declared
+    /// index `name`, as one commit, going on where the step before left
+    /// off: `after` is what that step returned (`None` for the first).
+    /// Returns where the next step goes on (a token only the store reads),
     /// or `None` once no record is left (or where [`Store::declare_index`]
     /// built it whole). A step may be lost in a crash (the build then
     /// starts over): the builder ends with a step of `batch` 0, which

@@ -81,6 +81,7 @@ fn options() -> Options {
         sync_interval: Duration::from_secs(3600),
         checkpoint_bytes: 6 << 10,
         quick_repair: true,
+        ..Options::default()
     }
 }
 

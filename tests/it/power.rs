@@ -473,6 +473,7 @@ async fn embedded_restored_backup_survives_power_loss() {
         sync_interval: std::time::Duration::from_secs(3600),
         checkpoint_bytes: 6 << 10,
         quick_repair: true,
+        ..Options::default()
     };
     // The copy holds a prefix of the writes.
     let restored = EmbeddedStore::open_on(Arc::new(SimDisk::load(&backup).unwrap()), &options).unwrap();

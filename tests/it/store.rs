@@ -946,6 +946,67 @@ async fn every_migration_is_applied(backend: Backend) {
     app.stop().await;
 }
 
+/// Online builds on the embedded store read runs of records and add
+/// their entries later, in key order: whatever is written between the
+/// read and the steps (values moved, records deleted, inserted before and
+/// after the build's place), each index ends holding exactly the entries
+/// and counts of the records, with two builds going on at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_online_builds_hold_exactly_the_records_whatever_is_written_meanwhile() {
+    use std::sync::Arc;
+    use txgate::testing::store::Store;
+    use txgate::testing::store::embedded::{EmbeddedStore, Options};
+    use txgate::testing::store::simdisk::SimDisk;
+    let options = Options { run_records: 9, ..Options::default() };
+    let store = EmbeddedStore::open_on(Arc::new(SimDisk::new()), &options).unwrap();
+    let spec = |name: &str, fields: [&str; 2]| txgate::testing::store::IndexSpec {
+        name: name.into(),
+        fields: vec![fields[0].into(), fields[1].into(), "_id".into()],
+        unique: false,
+        sparse: false,
+        counted: true,
+    };
+    for i in 0..100_i64 {
+        store.insert("c", doc! {"_id": format!("r{i:03}"), "s": i % 4, "n": i}).await.unwrap();
+    }
+    let (a, b) = (spec("a", ["s", "n"]), spec("b", ["n", "s"]));
+    store.declare_index("c", a.clone()).await.unwrap();
+    store.declare_index("c", b.clone()).await.unwrap();
+    let (mut after_a, mut after_b) = (None::<String>, None::<String>);
+    let (mut done_a, mut done_b) = (false, false);
+    let mut seed = 7_u64;
+    let mut next = |n: u64| {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    let mut steps = 0;
+    while !(done_a && done_b) {
+        steps += 1;
+        assert!(steps < 1000, "the builds go on without end");
+        if !done_a {
+            after_a = store.build_index_step("c", "a", after_a.as_deref(), 4).await.unwrap();
+            done_a = after_a.is_none();
+        }
+        if !done_b {
+            after_b = store.build_index_step("c", "b", after_b.as_deref(), 5).await.unwrap();
+            done_b = after_b.is_none();
+        }
+        // A value moved, a record deleted, one inserted among those read
+        // (`q…` sorts first) and one past them.
+        let moved = format!("r{:03}", next(100));
+        let set = Update::set(doc! {"s": next(7) as i64, "n": next(500) as i64});
+        store.update("c", &moved, doc! {}, set).await.unwrap();
+        store.delete("c", &format!("r{:03}", next(100)), doc! {}).await.unwrap();
+        store.insert("c", doc! {"_id": format!("q{steps:03}"), "s": 1_i64, "n": next(500) as i64}).await.unwrap();
+        store.insert("c", doc! {"_id": format!("z{steps:03}"), "s": 2_i64, "n": 7_i64}).await.unwrap();
+    }
+    store.build_index_step("c", "a", None, 0).await.unwrap();
+    store.build_index_step("c", "b", None, 0).await.unwrap();
+    store.verify_indexes().unwrap();
+    assert!(steps > 20, "the records took several runs: {steps} steps");
+    store.close().await.unwrap();
+}
+
 /// An index the store holds without counts (made by the release before
 /// them), declared again counted, is made again with its counts: at once,
 /// or online, by build steps while writes go on.

@@ -106,16 +106,14 @@ pub(super) enum WriteOp {
         /// [`WriteOp::BuildIndex`] steps add those of the records there.
         online: bool,
     },
-    /// One step of an online build: the entries of up to `batch` records
-    /// after `after`, committed without a sync; `last` learns the last id
-    /// done (`None`: none left). With `batch` 0: make every step so far
+    /// One step of an online build: add the entries of a run, in key
+    /// order, each only if its record still gives it (see [`super::build`]),
+    /// committed without a sync. With no entries: make every step so far
     /// durable (a checkpoint).
     BuildIndex {
         coll: String,
         name: String,
-        after: Option<String>,
-        batch: usize,
-        last: tokio::sync::oneshot::Sender<Option<String>>,
+        entries: Option<Vec<super::build::RunEntry>>,
     },
     DropIndex {
         coll: String,
@@ -170,7 +168,7 @@ fn encode(record: &Record) -> StoreResult<Vec<u8>> {
 /// in-memory catalog changes once it is committed.
 pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick_repair: bool) -> StoreResult<bool> {
     match op {
-        WriteOp::BuildIndex { coll, name, after, batch, last } => {
+        WriteOp::BuildIndex { coll, name, entries } => {
             let spec = catalog
                 .read()
                 .expect("index catalog")
@@ -178,45 +176,17 @@ pub(super) fn schema_change(db: &Database, catalog: &Catalog, op: WriteOp, quick
                 .and_then(|specs| specs.iter().find(|s| s.name == name).cloned())
                 .ok_or_else(|| StoreError::Internal(format!("{coll} has no index {name} to build")))?;
             let mut txn = db.begin_write().map_err(internal)?;
-            if batch > 0 {
+            if entries.is_some() {
                 // Lost in a crash with the build that made it, which then
-                // starts over; the last step (batch 0) is durable.
+                // starts over; the last step (no entries) is durable.
                 txn.set_durability(redb::Durability::None).map_err(internal)?;
             } else {
                 txn.set_quick_repair(quick_repair);
             }
-            let mut done = None;
-            {
-                let records = txn.open_table(RECORDS).map_err(internal)?;
-                let mut entries = Entries::open(&txn)?;
-                let end = after_collection(&coll);
-                let table = entries_name(&coll, &spec.name);
-                let from = match &after {
-                    Some(id) => std::ops::Bound::Excluded((coll.as_str(), id.as_str())),
-                    None => std::ops::Bound::Included((coll.as_str(), "")),
-                };
-                let range = records.range::<(&str, &str)>((from, std::ops::Bound::Excluded((end.as_str(), ""))));
-                for entry in range.map_err(internal)?.take(batch) {
-                    let (key, value) = entry.map_err(internal)?;
-                    let id = key.value().1;
-                    done = Some(id.to_owned());
-                    let record = match convert::decode(value.value()) {
-                        Ok(record) => record,
-                        Err(e) => {
-                            report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}")));
-                            continue;
-                        }
-                    };
-                    // A record written since the index was declared has its
-                    // entry already, under this same key (and counted).
-                    if let Some(key) = super::index::entry_key(&spec, &record, id) {
-                        entries.put(&table, &key, id)?;
-                    }
-                }
-                entries.finish()?;
+            if let Some(entries) = entries {
+                super::build::add_entries(&txn, &coll, &spec, &entries)?;
             }
             txn.commit().map_err(|e| StoreError::Unavailable(format!("commit failed: {e}")))?;
-            let _ = last.send(done);
             Ok(true)
         }
         WriteOp::EnsureIndex { coll, spec, online } => {

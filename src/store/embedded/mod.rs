@@ -32,6 +32,7 @@
 
 mod apply;
 mod backup;
+mod build;
 mod index;
 pub(crate) mod journal;
 pub(crate) mod keys;
@@ -126,6 +127,9 @@ pub struct Options {
     /// after a crash needs no full repair of the file. Off only to measure
     /// what a crash cost without it.
     pub quick_repair: bool,
+    /// The most records an index build reads into one sorted run
+    /// ([`build`]).
+    pub run_records: usize,
 }
 
 impl Default for Options {
@@ -135,6 +139,7 @@ impl Default for Options {
             sync_interval: DEFAULT_SYNC_INTERVAL,
             checkpoint_bytes: CHECKPOINT_BYTES,
             quick_repair: true,
+            run_records: build::RUN_RECORDS,
         }
     }
 }
@@ -154,6 +159,10 @@ pub struct EmbeddedStore {
     path: PathBuf,
     /// What the writer has done since the store opened.
     stats: Arc<WriterStats>,
+    /// The runs of the index builds in progress ([`build`]).
+    runs: build::Runs,
+    /// The most records a run reads.
+    run_records: usize,
 }
 
 fn internal(err: impl std::fmt::Display) -> StoreError {
@@ -452,6 +461,8 @@ impl Store for EmbeddedStore {
             .map(|_| ())
     }
 
+    /// A step of a build in sorted runs ([`build`]): `after` is the token
+    /// the step before handed back.
     async fn build_index_step(
         &self,
         coll: &str,
@@ -459,19 +470,48 @@ impl Store for EmbeddedStore {
         after: Option<&str>,
         batch: usize,
     ) -> StoreResult<Option<String>> {
-        let (last, rx) = oneshot::channel();
-        let op = WriteOp::BuildIndex {
-            coll: coll.to_owned(),
-            name: name.to_owned(),
-            after: after.map(str::to_owned),
-            batch,
-            last,
-        };
-        self.queue(op, Durability::Synced).await?;
-        rx.await.map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))
+        let step = |entries| WriteOp::BuildIndex { coll: coll.to_owned(), name: name.to_owned(), entries };
+        if batch == 0 {
+            self.queue(step(None), Durability::Synced).await?;
+            return Ok(None);
+        }
+        let mut resume = build::Resume::of(after)?;
+        loop {
+            let kept = match &resume {
+                build::Resume::Within(start) => self.runs.take(coll, name, start),
+                build::Resume::After(_) => None,
+            };
+            let mut run = match kept {
+                Some(run) => run,
+                // A new run, or one no longer kept: read (again).
+                None => {
+                    let (build::Resume::After(start) | build::Resume::Within(start)) = resume;
+                    let spec = self
+                        .reader
+                        .spec(coll, name)
+                        .ok_or_else(|| StoreError::Internal(format!("{coll} has no index {name} to build")))?;
+                    let (coll, most) = (coll.to_owned(), self.run_records);
+                    self.reader.read(move |txn, _| build::read_run(txn, &coll, &spec, start, most)).await?
+                }
+            };
+            if run.entries.is_empty() {
+                // No entry in the run (a sparse index's): on to the next.
+                let Some(next) = run.after() else { return Ok(None) };
+                resume = next;
+                continue;
+            }
+            self.queue(step(Some(run.next_batch(batch))), Durability::Synced).await?;
+            if run.entries.is_empty() {
+                return Ok(run.after().map(|next| next.token()));
+            }
+            let within = build::Resume::Within(run.start.clone());
+            self.runs.keep(run);
+            return Ok(Some(within.token()));
+        }
     }
 
     async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
+        self.runs.forget(coll, name);
         if self.reader.spec(coll, name).is_none() {
             return Ok(());
         }

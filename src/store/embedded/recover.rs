@@ -148,6 +148,8 @@ impl EmbeddedStore {
             thread: Mutex::new(Some(thread)),
             path: PathBuf::from(db_name),
             stats,
+            runs: super::build::Runs::default(),
+            run_records: options.run_records.max(1),
         })
     }
 }

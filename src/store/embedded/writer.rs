@@ -160,8 +160,8 @@ impl Writer {
                     // journal (its entries are derived from records and
                     // made durable by the build's last step, a checkpoint):
                     // no checkpoint before it, so writes wait for its batch
-                    // alone.
-                    op @ WriteOp::BuildIndex { batch: 1.., .. } => {
+                    // of entries alone.
+                    op @ WriteOp::BuildIndex { entries: Some(_), .. } => {
                         let done = schema_change(&self.db, &self.catalog, op, self.quick_repair);
                         let _ = first.reply.send(done.map(usize::from));
                     }
