@@ -31,7 +31,7 @@ use std::sync::Mutex;
 use redb::ReadableTable;
 
 use super::index::entry_key;
-use super::scan::after_collection;
+use super::scan::{Reads, after_collection};
 use super::{RECORDS, internal};
 use crate::store::{IndexSpec, StoreError, StoreResult, convert};
 
@@ -142,9 +142,10 @@ impl Runs {
 /// Read the run of `spec`'s entries for the records of `coll` after
 /// `start` (at most `most` records and [`RUN_BYTES`] of entries), in `txn`
 /// (a read transaction), sorted by key. A record that cannot be decoded is
-/// reported and left out.
+/// reported and left out (and counted in `reads`).
 pub(super) fn read_run(
     txn: &redb::ReadTransaction,
+    reads: &Reads,
     coll: &str,
     spec: &IndexSpec,
     start: Option<String>,
@@ -169,13 +170,7 @@ pub(super) fn read_run(
         let id = key.value().1;
         read += 1;
         end = Some(id.to_owned());
-        let record = match convert::decode(value.value()) {
-            Ok(record) => record,
-            Err(e) => {
-                crate::store::report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}")));
-                continue;
-            }
-        };
+        let Some(record) = reads.decoded((coll, id, value.value())) else { continue };
         if let Some(key) = entry_key(spec, &record, id) {
             bytes += key.bytes.len() + id.len();
             entries.push((key.bytes.into_boxed_slice(), Box::from(id)));

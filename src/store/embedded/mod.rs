@@ -491,7 +491,7 @@ impl Store for EmbeddedStore {
                         .spec(coll, name)
                         .ok_or_else(|| StoreError::Internal(format!("{coll} has no index {name} to build")))?;
                     let (coll, most) = (coll.to_owned(), self.run_records);
-                    self.reader.read(move |txn, _| build::read_run(txn, &coll, &spec, start, most)).await?
+                    self.reader.read(move |txn, reads| build::read_run(txn, reads, &coll, &spec, start, most)).await?
                 }
             };
             if run.entries.is_empty() {

@@ -30,6 +30,21 @@ impl Reads {
         })
     }
 
+    /// A record met by a pass over a collection, decoded; one that cannot
+    /// be decoded is skipped and reported (`None`), as
+    /// [`Self::scanned_into`] skips it.
+    pub(super) fn decoded(&self, (coll, id, bytes): (&str, &str, &[u8])) -> Option<Record> {
+        self.decoded.fetch_add(1, Ordering::Relaxed);
+        match convert::decode(bytes) {
+            Ok(record) => Some(record),
+            Err(e) => {
+                self.unreadable.fetch_add(1, Ordering::Relaxed);
+                report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}")));
+                None
+            }
+        }
+    }
+
     /// A record met by a read, as stored, once checked as a decode would
     /// check it ([`convert::check`]); one that fails is skipped and
     /// reported (`None`), as [`Self::scanned_into`] skips it.
