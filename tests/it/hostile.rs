@@ -182,6 +182,22 @@ async fn serves_around_an_unreadable_record(http: &reqwest::Client, base: &str) 
         .and_then(|n| n.trim().parse::<u64>().ok())
         .unwrap_or(0);
     assert!(unreadable > 0, "the skipped record is counted:\n{metrics}");
+    // An index declared over it builds around it, and serves the others.
+    let index = url("/v1/collections/deep/indexes/by_x");
+    expect(http.put(&index).json(&json!({"fields": ["x"]})).send().await.unwrap(), 201).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let state = loop {
+        let got = expect(http.get(&index).send().await.unwrap(), 200).await;
+        if got["state"] != "building" || std::time::Instant::now() > deadline {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(state["state"], "ready", "{state}");
+    let page = http.post(url("/v1/collections/deep/query")).json(&json!({"filter": {"x": 1}})).send().await.unwrap();
+    let page = expect(page, 200).await;
+    let ids: Vec<&str> = page["items"].as_array().unwrap().iter().filter_map(|d| d["id"].as_str()).collect();
+    assert_eq!(ids, ["c"], "{page}");
     expect(http.get(url("/healthz")).send().await.unwrap(), 200).await;
 }
 
