@@ -72,9 +72,15 @@ pub enum RunError {
 /// to bound how long one write may hold its record's write stripe.
 pub async fn open_store(cfg: &StoreConfig, timeout: std::time::Duration) -> Result<DynStore, StoreError> {
     let raw: DynStore = match cfg {
-        StoreConfig::Embedded { data_dir, cache_mb, sync_interval } => Arc::new(
-            store::embedded::EmbeddedStore::open_with(data_dir, cache_mb.saturating_mul(1 << 20), *sync_interval)?,
-        ),
+        StoreConfig::Embedded { data_dir, cache_mb, sync_interval, checkpoint_interval } => {
+            let options = store::embedded::Options {
+                cache_bytes: cache_mb.saturating_mul(1 << 20),
+                sync_interval: *sync_interval,
+                checkpoint_interval: Some(*checkpoint_interval),
+                ..store::embedded::Options::default()
+            };
+            Arc::new(store::embedded::EmbeddedStore::open_dir(data_dir, &options)?)
+        }
         StoreConfig::Mongodb { uri, database } => {
             Arc::new(store::mongo::MongoStore::connect(uri, database, timeout).await?)
         }
@@ -137,6 +143,15 @@ impl App {
             let store = Arc::clone(&store);
             metrics.sampled("txgate_store_syncs_total", "Durable syncs (fsyncs) of the embedded store", move || {
                 store.syncs().unwrap_or(0)
+            });
+        }
+        if store.checkpoints().is_some() {
+            let (count, took) = (Arc::clone(&store), Arc::clone(&store));
+            let help = "Checkpoints of the embedded store (its file made durable; writes wait meanwhile)";
+            metrics.sampled("txgate_store_checkpoints_total", help, move || count.checkpoints().map_or(0, |c| c.0));
+            let help = "Time writes waited for the embedded store's checkpoints, in all";
+            metrics.sampled_seconds("txgate_store_checkpoint_seconds_total", help, move || {
+                took.checkpoints().map_or(std::time::Duration::ZERO, |c| c.1)
             });
         }
         {

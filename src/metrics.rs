@@ -284,6 +284,26 @@ impl Collector for Sampled {
     }
 }
 
+/// A counter of seconds read from elsewhere (as [`Sampled`]).
+struct SampledSeconds {
+    counter: prometheus::Counter,
+    read: Box<dyn Fn() -> Duration + Send + Sync>,
+}
+
+impl Collector for SampledSeconds {
+    fn desc(&self) -> Vec<&Desc> {
+        self.counter.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let (now, seen) = ((self.read)().as_secs_f64(), self.counter.get());
+        if now > seen {
+            self.counter.inc_by(now - seen);
+        }
+        self.counter.collect()
+    }
+}
+
 /// The metric families of one gateway, in their own registry.
 pub struct Metrics {
     registry: Registry,
@@ -404,6 +424,20 @@ impl Metrics {
         }
     }
 
+    /// A counter of seconds whose total `read` gives (as [`Self::sampled`]).
+    pub fn sampled_seconds(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        read: impl Fn() -> Duration + Send + Sync + 'static,
+    ) {
+        let counter = prometheus::Counter::new(name, help).expect("a valid counter");
+        let sampled = SampledSeconds { counter, read: Box::new(read) };
+        if let Err(err) = self.registry.register(Box::new(sampled)) {
+            tracing::warn!(metric = name, error = %err, "metric not registered");
+        }
+    }
+
     /// Every counter with a value: name, labels (`key="value",...`) and
     /// total (the bench's counters).
     pub fn counters(&self) -> Vec<(String, String, u64)> {
@@ -472,8 +506,10 @@ mod tests {
         assert!(text.contains("txgate_store_syncs_total 5"));
         drop(streams);
         total.store(9, std::sync::atomic::Ordering::Relaxed);
+        m.sampled_seconds("txgate_store_checkpoint_seconds_total", "waited", || Duration::from_millis(1500));
         let text = m.render();
         assert!(text.contains("txgate_event_streams_open 0") && text.contains("txgate_store_syncs_total 9"), "{text}");
+        assert!(text.contains("txgate_store_checkpoint_seconds_total 1.5"), "{text}");
         assert!(FAMILIES.iter().all(|f| f.name.starts_with("txgate_")));
     }
 }

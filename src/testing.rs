@@ -80,7 +80,7 @@ pub mod store {
         pub use crate::store::convert::object_to_document;
     }
     pub mod disk {
-        pub use crate::store::disk::DirDisk;
+        pub use crate::store::disk::{DirDisk, Disk};
     }
     pub mod embedded {
         pub use crate::store::embedded::{DATABASE_FILE, EmbeddedStore, JOURNAL_FILE, MAX_BATCH_BYTES, Options};

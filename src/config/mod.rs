@@ -86,22 +86,32 @@ impl Cors {
     }
 }
 
-pub use crate::store::embedded::{DEFAULT_CACHE_MB, DEFAULT_SYNC_INTERVAL};
+pub use crate::store::embedded::{DEFAULT_CACHE_MB, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_SYNC_INTERVAL};
 
 #[derive(Clone)]
 pub enum StoreConfig {
-    Embedded { data_dir: PathBuf, cache_mb: u64, sync_interval: Duration },
-    Mongodb { uri: String, database: String },
+    Embedded {
+        data_dir: PathBuf,
+        cache_mb: u64,
+        sync_interval: Duration,
+        /// The longest a commit waits for a checkpoint.
+        checkpoint_interval: Duration,
+    },
+    Mongodb {
+        uri: String,
+        database: String,
+    },
 }
 
 impl std::fmt::Debug for StoreConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StoreConfig::Embedded { data_dir, cache_mb, sync_interval } => f
+            StoreConfig::Embedded { data_dir, cache_mb, sync_interval, checkpoint_interval } => f
                 .debug_struct("Embedded")
                 .field("data_dir", data_dir)
                 .field("cache_mb", cache_mb)
                 .field("sync_interval", sync_interval)
+                .field("checkpoint_interval", checkpoint_interval)
                 .finish(),
             StoreConfig::Mongodb { uri, database } => {
                 f.debug_struct("Mongodb").field("uri", &redact_uri(uri)).field("database", database).finish()
@@ -118,6 +128,7 @@ impl Default for Config {
                 data_dir: PathBuf::from("./data"),
                 cache_mb: DEFAULT_CACHE_MB,
                 sync_interval: DEFAULT_SYNC_INTERVAL,
+                checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
             },
             log_format: LogFormat::Text,
             txn: TxnConfig::default(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
-use super::{Config, Cors, DEFAULT_CACHE_MB, DEFAULT_SYNC_INTERVAL, StoreConfig};
+use super::{Config, Cors, DEFAULT_CACHE_MB, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_SYNC_INTERVAL, StoreConfig};
 use crate::hooks::HookConfig;
 use crate::hooks::guard::HookGuard;
 use crate::hooks::sign::Signer;
@@ -105,6 +105,12 @@ pub struct Settings {
     /// always synced first).
     #[arg(long, global = true, env = "TXGATE_SYNC_INTERVAL_MS")]
     pub sync_interval_ms: Option<u64>,
+    /// Longest time a commit of the embedded store waits for a checkpoint,
+    /// in milliseconds (besides one every 16 MiB of journal): a checkpoint
+    /// writes every page changed since the last while writes wait, so a
+    /// shorter interval makes those pauses shorter and more frequent.
+    #[arg(long, global = true, env = "TXGATE_CHECKPOINT_INTERVAL_MS")]
+    pub checkpoint_interval_ms: Option<u64>,
     /// Use the mongodb backend at this URI.
     #[arg(long, global = true, env = "TXGATE_MONGODB_URI", hide_env_values = true)]
     pub mongodb_uri: Option<Secret>,
@@ -268,6 +274,7 @@ impl Settings {
             data_dir: self.data_dir.or(file.data_dir),
             cache_mb: self.cache_mb.or(file.cache_mb),
             sync_interval_ms: self.sync_interval_ms.or(file.sync_interval_ms),
+            checkpoint_interval_ms: self.checkpoint_interval_ms.or(file.checkpoint_interval_ms),
             mongodb_uri: self.mongodb_uri.or(file.mongodb_uri),
             mongodb_database: self.mongodb_database.or(file.mongodb_database),
             log_format: self.log_format.or(file.log_format),
@@ -328,6 +335,11 @@ impl Settings {
                 data_dir: settings.data_dir.unwrap_or_else(|| PathBuf::from("./data")),
                 cache_mb: settings.cache_mb.unwrap_or(DEFAULT_CACHE_MB).max(1),
                 sync_interval: positive("sync_interval_ms", settings.sync_interval_ms, DEFAULT_SYNC_INTERVAL)?,
+                checkpoint_interval: positive(
+                    "checkpoint_interval_ms",
+                    settings.checkpoint_interval_ms,
+                    DEFAULT_CHECKPOINT_INTERVAL,
+                )?,
             },
         };
         let d = &defaults.txn;
@@ -506,6 +518,23 @@ scopes = ["admin"]
         std::fs::write(&path, "mongodb_uri = \"mongodb://x\"\nmongodb_cas = \"process\"\n").unwrap();
         let err = Settings { config: Some(path), ..Default::default() }.resolve().unwrap_err();
         assert!(err.contains("mongodb_cas"), "{err}");
+    }
+
+    #[test]
+    fn the_checkpoint_interval_is_a_quarter_second_unless_set_and_then_positive() {
+        let interval = |settings: Settings| match settings.resolve().unwrap().store {
+            StoreConfig::Embedded { checkpoint_interval, .. } => checkpoint_interval,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(interval(Settings::default()), Duration::from_millis(250));
+        let set = Settings { checkpoint_interval_ms: Some(1000), ..Default::default() };
+        assert_eq!(interval(set), Duration::from_secs(1));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("txgate.toml");
+        std::fs::write(&path, "checkpoint_interval_ms = 5000\n").unwrap();
+        assert_eq!(interval(Settings { config: Some(path), ..Default::default() }), Duration::from_secs(5));
+        let err = Settings { checkpoint_interval_ms: Some(0), ..Default::default() }.resolve().unwrap_err();
+        assert!(err.contains("checkpoint_interval_ms"), "{err}");
     }
 
     #[test]

@@ -230,12 +230,14 @@ mod tests {
             data_dir: PathBuf::from("/srv/txgate"),
             cache_mb: 16,
             sync_interval: crate::config::DEFAULT_SYNC_INTERVAL,
+            checkpoint_interval: crate::config::DEFAULT_CHECKPOINT_INTERVAL,
         });
         assert_eq!(embedded.dir.as_deref(), Some(Path::new("/srv/txgate/backups")));
         let relative = Backups::new(&StoreConfig::Embedded {
             data_dir: PathBuf::from("data"),
             cache_mb: 16,
             sync_interval: crate::config::DEFAULT_SYNC_INTERVAL,
+            checkpoint_interval: crate::config::DEFAULT_CHECKPOINT_INTERVAL,
         });
         assert!(relative.dir.as_deref().is_some_and(Path::is_absolute), "{relative:?}");
         let mongodb = Backups::new(&StoreConfig::Mongodb { uri: "mongodb://x".into(), database: "d".into() });

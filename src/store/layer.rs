@@ -300,6 +300,10 @@ impl<L: Layer> Store for Layered<L> {
         self.inner.syncs()
     }
 
+    fn checkpoints(&self) -> Option<(u64, std::time::Duration)> {
+        self.inner.checkpoints()
+    }
+
     fn unreadable(&self) -> u64 {
         self.inner.unreadable()
     }

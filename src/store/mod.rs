@@ -609,6 +609,14 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Checkpoints made so far and the time writes waited for them in all,
+    /// for a store that makes them (the embedded one); exposed as
+    /// `txgate_store_checkpoints_total` and
+    /// `txgate_store_checkpoint_seconds_total`.
+    fn checkpoints(&self) -> Option<(u64, std::time::Duration)> {
+        None
+    }
+
     /// Records reads met that could not be decoded (see
     /// [`convert::decode`]); exposed as
     /// `txgate_store_unreadable_records_total`.

@@ -80,6 +80,8 @@ fn options() -> Options {
         // Syncs come only from the workload (deterministic).
         sync_interval: Duration::from_secs(3600),
         checkpoint_bytes: 6 << 10,
+        // Checkpoints come only from the journal's size (deterministic).
+        checkpoint_interval: None,
         quick_repair: true,
         ..Options::default()
     }

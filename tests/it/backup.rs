@@ -179,6 +179,7 @@ async fn embedded_backup_while_writing_holds_a_prefix_and_restores() {
         data_dir: path.clone(),
         cache_mb: 16,
         sync_interval: txgate::config::DEFAULT_SYNC_INTERVAL,
+        checkpoint_interval: txgate::config::DEFAULT_CHECKPOINT_INTERVAL,
     };
     let store = reopen(&config).await;
     let restored = TestApp::on_store(test_config(config), Arc::clone(&store), None).await;

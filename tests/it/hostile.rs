@@ -230,6 +230,7 @@ async fn plant_a_deep_record() {
         data_dir: dir.into(),
         cache_mb: 16,
         sync_interval: txgate::config::DEFAULT_SYNC_INTERVAL,
+        checkpoint_interval: txgate::config::DEFAULT_CHECKPOINT_INTERVAL,
     };
     let store = txgate::open_store(&config, crate::support::STORE_TIMEOUT).await.expect("store opens");
     assert!(store.insert("deep", deep_record("b", 1000)).await.expect("insert"));

@@ -182,8 +182,16 @@ async fn metrics_count_a_mixed_workload(backend: Backend) {
     assert!(m.observed("txgate_store_operation_duration_seconds", &[("operation", "get")]) > 0);
     let syncs = m.value("txgate_store_syncs_total", &[]);
     match backend {
-        Backend::Embedded => assert!(syncs > 0.0, "the embedded store counts its syncs"),
-        Backend::Mongodb => assert!(!m.text.contains("txgate_store_syncs_total"), "MongoDB has no syncs to count"),
+        Backend::Embedded => {
+            assert!(syncs > 0.0, "the embedded store counts its syncs");
+            for name in ["txgate_store_checkpoints_total", "txgate_store_checkpoint_seconds_total"] {
+                assert!(m.samples().any(|l| l.starts_with(&format!("{name} "))), "{name} not served: {}", m.text);
+            }
+        }
+        Backend::Mongodb => {
+            assert!(!m.text.contains("txgate_store_syncs_total"), "MongoDB has no syncs to count");
+            assert!(!m.text.contains("txgate_store_checkpoint"), "MongoDB has no checkpoints");
+        }
         Backend::Memory => unreachable!("the memory store runs the store suite only"),
     }
 

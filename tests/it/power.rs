@@ -166,7 +166,7 @@ mod writer {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn embedded_batches_are_bounded_in_bytes_and_replay_whole() {
         let disk = SimDisk::new();
-        let options = Options { checkpoint_bytes: u64::MAX, ..Options::default() };
+        let options = Options { checkpoint_bytes: u64::MAX, checkpoint_interval: None, ..Options::default() };
         let store = open(&disk, &options);
         const RECORD: usize = 3 << 20;
         // 42 MiB queued at once, more than one batch may hold.
@@ -259,6 +259,51 @@ mod writer {
         store.close().await.unwrap();
     }
 
+    /// Commits are checkpointed within the checkpoint interval, however
+    /// little journal they wrote: under a steady trickle of writes (a
+    /// checkpoint then writes a few pages, not seconds' worth), and once
+    /// the writes stop (an idle writer checkpoints what is left). What a
+    /// crash then leaves of redb's file alone (the journal lost) holds
+    /// every write.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn embedded_commits_are_checkpointed_within_the_interval() {
+        let disk = SimDisk::new();
+        disk.byte_atomic(txgate::testing::store::embedded::DATABASE_FILE);
+        let options = Options {
+            checkpoint_bytes: u64::MAX,
+            checkpoint_interval: Some(Duration::from_millis(100)),
+            ..Options::default()
+        };
+        let store = open(&disk, &options);
+        let checkpoints = || store.stats().checkpoints.load(Ordering::Relaxed);
+        let at_open = checkpoints();
+        // A write every 5 ms for 0.8 s: the queue is never idle for a
+        // whole interval.
+        let started = std::time::Instant::now();
+        let mut i = 0;
+        while started.elapsed() < Duration::from_millis(800) {
+            let record = doc! {"_id": format!("r{i:05}"), "n": i as i64};
+            assert!(store.write("c", Write::Insert(record), Durability::Synced).await.unwrap());
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let during = checkpoints() - at_open;
+        assert!(during >= 3, "{during} checkpoints in 0.8 s of writes with an interval of 0.1 s");
+        // Idle: what the last interval wrote is checkpointed too.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(checkpoints() > at_open + during, "no checkpoint once the writes stopped");
+        assert!(!store.stats().unsynced.load(Ordering::SeqCst));
+        // Power lost, and the journal with it: redb's file holds them all.
+        disk.crash_now();
+        store.close().await.unwrap();
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(5);
+        let image = disk.crash().unwrap().survivor(txgate::testing::store::simdisk::Keep::Durable, &mut rng);
+        txgate::testing::store::disk::Disk::remove(&image, txgate::testing::store::embedded::JOURNAL_FILE).unwrap();
+        let reopened = open(&image, &options);
+        let held = reopened.dump().unwrap().keys().filter(|(c, _)| c == "c").count();
+        assert_eq!(held, i, "redb's durable file holds {held} of {i} writes");
+        reopened.close().await.unwrap();
+    }
     /// Fails every all-or-nothing chain: before it reaches the store, or
     /// after it landed (the caller hears an error either way).
     struct FailAllOrNothing {
@@ -472,6 +517,7 @@ async fn embedded_restored_backup_survives_power_loss() {
         cache_bytes: 1 << 20,
         sync_interval: std::time::Duration::from_secs(3600),
         checkpoint_bytes: 6 << 10,
+        checkpoint_interval: None,
         quick_repair: true,
         ..Options::default()
     };

@@ -63,6 +63,7 @@ impl TestStore {
                     data_dir: dir.path().to_owned(),
                     cache_mb: 64,
                     sync_interval: txgate::config::DEFAULT_SYNC_INTERVAL,
+                    checkpoint_interval: txgate::config::DEFAULT_CHECKPOINT_INTERVAL,
                 };
                 let store = txgate::open_store(&config, STORE_TIMEOUT).await.expect("embedded store opens");
                 Some(Self { store: templated(store), config, _dir: Some(dir) })

@@ -61,6 +61,10 @@ struct Cli {
     /// Page cache of the embedded store, in MiB.
     #[arg(long, env = "TXGATE_CACHE_MB", global = true, default_value_t = txgate::config::DEFAULT_CACHE_MB)]
     cache_mb: u64,
+    /// The embedded store's checkpoint interval, in milliseconds (the
+    /// gateway's `TXGATE_CHECKPOINT_INTERVAL_MS`).
+    #[arg(long, env = "TXGATE_CHECKPOINT_INTERVAL_MS", global = true, default_value_t = txgate::config::DEFAULT_CHECKPOINT_INTERVAL.as_millis() as u64)]
+    checkpoint_interval_ms: u64,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -251,6 +255,7 @@ async fn main() {
                 data_dir: dir.clone(),
                 cache_mb: cli.cache_mb,
                 sync_interval: txgate::config::DEFAULT_SYNC_INTERVAL,
+                checkpoint_interval: std::time::Duration::from_millis(cli.checkpoint_interval_ms.max(1)),
             },
             "embedded",
         ),
@@ -314,6 +319,21 @@ async fn cleanup(config: &StoreConfig, dir: &std::path::Path) {
 /// A progress line on stderr (the figures go to stdout).
 fn progress(what: &str) {
     eprintln!("  .. {what}");
+}
+
+/// The embedded store `store` names, opened as the gateway opens it (its
+/// page cache, sync and checkpoint intervals), or `None` for another
+/// store.
+fn open_embedded(store: &StoreConfig) -> Option<std::sync::Arc<txgate::testing::store::embedded::EmbeddedStore>> {
+    use txgate::testing::store::embedded::{EmbeddedStore, Options};
+    let StoreConfig::Embedded { data_dir, cache_mb, sync_interval, checkpoint_interval } = store else { return None };
+    let options = Options {
+        cache_bytes: cache_mb << 20,
+        sync_interval: *sync_interval,
+        checkpoint_interval: Some(*checkpoint_interval),
+        ..Options::default()
+    };
+    Some(std::sync::Arc::new(EmbeddedStore::open_dir(data_dir, &options).expect("the store opens")))
 }
 
 fn tempfile_dir() -> std::path::PathBuf {

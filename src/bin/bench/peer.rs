@@ -39,11 +39,7 @@ struct Served {
 }
 
 async fn serve(store: StoreConfig) -> Served {
-    let StoreConfig::Embedded { data_dir, cache_mb, sync_interval } = &store else {
-        panic!("the peer workloads run on the embedded store")
-    };
-    let embedded =
-        Arc::new(EmbeddedStore::open_with(data_dir, cache_mb << 20, *sync_interval).expect("the store opens"));
+    let embedded = super::open_embedded(&store).expect("the peer workloads run on the embedded store");
     // The gateway puts its stack (templates included) over the counter.
     let raw: DynStore = Arc::clone(&embedded) as DynStore;
     let config = Config { store, ..Config::default() };

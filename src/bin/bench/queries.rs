@@ -25,7 +25,6 @@ use rand::Rng;
 use serde_json::{Value, json};
 use txgate::config::{Config, StoreConfig};
 use txgate::testing::document::StoredDoc;
-use txgate::testing::store::embedded::EmbeddedStore;
 use txgate::testing::store::{Bson, DateTime, DynStore, Edge, IndexQuery, Interval, doc};
 
 use super::{ms, percentile, progress};
@@ -179,11 +178,8 @@ async fn writes(
 }
 
 pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
-    let StoreConfig::Embedded { data_dir, cache_mb, sync_interval } = &store else {
-        panic!("bench queries runs on the embedded store (its decoded records are counted)")
-    };
-    let embedded =
-        Arc::new(EmbeddedStore::open_with(data_dir, cache_mb << 20, *sync_interval).expect("the store opens"));
+    let embedded = super::open_embedded(&store)
+        .expect("bench queries runs on the embedded store (its decoded records are counted)");
     let raw: DynStore = Arc::clone(&embedded) as DynStore;
     let gateway = super::scale::Gateway::start_with(Config { store, ..Config::default() }, Arc::clone(&raw)).await;
     let client = reqwest::Client::new();

@@ -107,6 +107,14 @@ pub(crate) const CHECKPOINT_BYTES: u64 = 16 << 20;
 /// at the default limit and a little over.
 const SMALL_READ: usize = 128;
 
+/// The longest a commit waits for a checkpoint by default (see
+/// [`Options::checkpoint_interval`]). At a million documents and 1,000
+/// random writes a second, a quarter of a second's pages take 10 to 25 ms to
+/// write and sync, a second's 50 to 100, and the sixteen seconds or so the
+/// journal's bound alone allows a few hundred; the sustained throughput is
+/// the same (see docs/benchmarks.md, "Checkpoints by time").
+pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_millis(250);
+
 /// The embedded store's default page cache, in MiB.
 pub const DEFAULT_CACHE_MB: u64 = 256;
 
@@ -123,6 +131,11 @@ pub struct Options {
     pub sync_interval: Duration,
     /// Journal bytes after which a checkpoint starts it over.
     pub checkpoint_bytes: u64,
+    /// The longest a commit waits for a checkpoint (`None`: only
+    /// [`Self::checkpoint_bytes`] starts one). A checkpoint writes every
+    /// page changed since the last one while writes wait, so this bounds
+    /// that pause by time as well as by journal bytes.
+    pub checkpoint_interval: Option<Duration>,
     /// Durable commits save redb's allocator state (two-phase), so an open
     /// after a crash needs no full repair of the file. Off only to measure
     /// what a crash cost without it.
@@ -138,6 +151,7 @@ impl Default for Options {
             cache_bytes: DEFAULT_CACHE_MB << 20,
             sync_interval: DEFAULT_SYNC_INTERVAL,
             checkpoint_bytes: CHECKPOINT_BYTES,
+            checkpoint_interval: Some(DEFAULT_CHECKPOINT_INTERVAL),
             quick_repair: true,
             run_records: build::RUN_RECORDS,
         }
@@ -180,10 +194,14 @@ impl EmbeddedStore {
     /// `cache_bytes`; unsynced writes are made durable at least every
     /// `sync_interval`.
     pub fn open_with(dir: &Path, cache_bytes: u64, sync_interval: Duration) -> StoreResult<Self> {
+        Self::open_dir(dir, &Options { cache_bytes, sync_interval, ..Options::default() })
+    }
+
+    /// Open (or create) the store in `dir` with `options`.
+    pub fn open_dir(dir: &Path, options: &Options) -> StoreResult<Self> {
         let disk = DirDisk::create(dir)
             .map_err(|e| StoreError::Unavailable(format!("cannot create data directory {}: {e}", dir.display())))?;
-        let options = Options { cache_bytes, sync_interval, ..Options::default() };
-        let mut store = Self::open_on(Arc::new(disk), &options)?;
+        let mut store = Self::open_on(Arc::new(disk), options)?;
         store.path = dir.join(DATABASE_FILE);
         Ok(store)
     }
@@ -391,6 +409,11 @@ impl Store for EmbeddedStore {
     }
     fn syncs(&self) -> Option<u64> {
         Some(self.stats().syncs.load(Ordering::Relaxed))
+    }
+    fn checkpoints(&self) -> Option<(u64, Duration)> {
+        let stats = self.stats();
+        let took = Duration::from_nanos(stats.checkpoint_nanos.load(Ordering::Relaxed));
+        Some((stats.checkpoints.load(Ordering::Relaxed), took))
     }
     fn unreadable(&self) -> u64 {
         self.reader.reads.unreadable.load(Ordering::Relaxed)

@@ -119,6 +119,8 @@ impl EmbeddedStore {
             stats: Arc::clone(&stats),
             interval: options.sync_interval,
             checkpoint_bytes: options.checkpoint_bytes,
+            checkpoint_interval: options.checkpoint_interval,
+            uncheckpointed_since: None,
             quick_repair,
             fence,
             unsynced_since: None,

@@ -110,6 +110,9 @@ pub(super) struct Writer {
     pub(super) stats: Arc<WriterStats>,
     pub(super) interval: Duration,
     pub(super) checkpoint_bytes: u64,
+    pub(super) checkpoint_interval: Option<Duration>,
+    /// When the oldest commit not checkpointed yet was made.
+    pub(super) uncheckpointed_since: Option<Instant>,
     pub(super) quick_repair: bool,
     /// Raised after the last checkpoint: redb's own close writes nothing.
     pub(super) fence: Fence,
@@ -183,18 +186,36 @@ impl Writer {
     }
 
     /// The next queued write; with unsynced commits outstanding, a sync
-    /// once the interval since the oldest has passed. `None` once every
+    /// once the interval since the oldest has passed, and with commits not
+    /// checkpointed, a checkpoint once theirs has. `None` once every
     /// handle to the store is gone.
     fn next(&mut self, rx: &mpsc::Receiver<Queued>) -> Option<Queued> {
         loop {
-            let Some(since) = self.unsynced_since else { return rx.recv().ok() };
-            let left = self.interval.saturating_sub(since.elapsed());
+            let sync = self.unsynced_since.map(|since| self.interval.saturating_sub(since.elapsed()));
+            let checkpoint = self
+                .uncheckpointed_since
+                .zip(self.checkpoint_interval)
+                .map(|(since, interval)| interval.saturating_sub(since.elapsed()));
+            let left = match (sync, checkpoint) {
+                (None, None) => return rx.recv().ok(),
+                (Some(s), Some(c)) => s.min(c),
+                (Some(left), None) | (None, Some(left)) => left,
+            };
             match rx.recv_timeout(left) {
                 Ok(item) => return Some(item),
+                Err(mpsc::RecvTimeoutError::Timeout) if self.checkpoint_due() => self.checkpoint_or_stop(),
                 Err(mpsc::RecvTimeoutError::Timeout) => self.sync_or_stop(),
                 Err(mpsc::RecvTimeoutError::Disconnected) => return None,
             }
         }
+    }
+
+    /// Whether the oldest commit not checkpointed yet has waited its
+    /// interval.
+    fn checkpoint_due(&self) -> bool {
+        self.uncheckpointed_since
+            .zip(self.checkpoint_interval)
+            .is_some_and(|(since, interval)| since.elapsed() >= interval)
     }
 
     /// Commit a batch: `first` and whatever else is queued, up to
@@ -323,6 +344,7 @@ impl Writer {
                 self.unsynced_since = Some(Instant::now());
                 self.stats.unsynced.store(true, Ordering::SeqCst);
             }
+            self.uncheckpointed_since.get_or_insert_with(Instant::now);
             Some(txn)
         };
         let synced = durable && self.journal.is_unsynced();
@@ -347,7 +369,7 @@ impl Writer {
         for (queued, result) in batch.into_iter().zip(results) {
             let _ = queued.reply.send(result);
         }
-        if self.journal.written() >= self.checkpoint_bytes {
+        if self.journal.written() >= self.checkpoint_bytes || self.checkpoint_due() {
             self.checkpoint_or_stop();
         }
     }
@@ -373,6 +395,7 @@ impl Writer {
     /// over; or stop the process.
     fn checkpoint_or_stop(&mut self) {
         if self.journal.written() == 0 {
+            self.uncheckpointed_since = None;
             return;
         }
         let started = Instant::now();
@@ -391,6 +414,7 @@ impl Writer {
             stop(&StoreError::Unavailable(format!("journal restart failed: {err}")));
         }
         self.unsynced_since = None;
+        self.uncheckpointed_since = None;
         self.stats.unsynced.store(false, Ordering::SeqCst);
         self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         self.stats.syncs.fetch_add(1, Ordering::Relaxed);
