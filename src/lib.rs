@@ -72,14 +72,9 @@ pub enum RunError {
 /// to bound how long one write may hold its record's write stripe.
 pub async fn open_store(cfg: &StoreConfig, timeout: std::time::Duration) -> Result<DynStore, StoreError> {
     let raw: DynStore = match cfg {
-        StoreConfig::Embedded { data_dir, cache_mb, sync_interval, checkpoint_interval } => {
-            let options = store::embedded::Options {
-                cache_bytes: cache_mb.saturating_mul(1 << 20),
-                sync_interval: *sync_interval,
-                checkpoint_interval: Some(*checkpoint_interval),
-                ..store::embedded::Options::default()
-            };
-            Arc::new(store::embedded::EmbeddedStore::open_dir(data_dir, &options)?)
+        StoreConfig::Embedded { .. } => {
+            let (dir, options) = cfg.embedded().expect("an embedded store's configuration");
+            Arc::new(store::embedded::EmbeddedStore::open_dir(dir, &options)?)
         }
         StoreConfig::Mongodb { uri, database } => {
             Arc::new(store::mongo::MongoStore::connect(uri, database, timeout).await?)

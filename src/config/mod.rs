@@ -103,6 +103,23 @@ pub enum StoreConfig {
     },
 }
 
+impl StoreConfig {
+    /// The embedded store's directory and the options it is opened with
+    /// (its page cache, sync and checkpoint intervals); `None` for MongoDB.
+    pub fn embedded(&self) -> Option<(&std::path::Path, crate::store::embedded::Options)> {
+        let StoreConfig::Embedded { data_dir, cache_mb, sync_interval, checkpoint_interval } = self else {
+            return None;
+        };
+        let options = crate::store::embedded::Options {
+            cache_bytes: cache_mb.saturating_mul(1 << 20),
+            sync_interval: *sync_interval,
+            checkpoint_interval: Some(*checkpoint_interval),
+            ..crate::store::embedded::Options::default()
+        };
+        Some((data_dir, options))
+    }
+}
+
 impl std::fmt::Debug for StoreConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

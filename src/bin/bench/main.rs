@@ -321,19 +321,12 @@ fn progress(what: &str) {
     eprintln!("  .. {what}");
 }
 
-/// The embedded store `store` names, opened as the gateway opens it (its
-/// page cache, sync and checkpoint intervals), or `None` for another
-/// store.
+/// The embedded store `store` names, opened as the gateway opens it, or
+/// `None` for another store.
 fn open_embedded(store: &StoreConfig) -> Option<std::sync::Arc<txgate::testing::store::embedded::EmbeddedStore>> {
-    use txgate::testing::store::embedded::{EmbeddedStore, Options};
-    let StoreConfig::Embedded { data_dir, cache_mb, sync_interval, checkpoint_interval } = store else { return None };
-    let options = Options {
-        cache_bytes: cache_mb << 20,
-        sync_interval: *sync_interval,
-        checkpoint_interval: Some(*checkpoint_interval),
-        ..Options::default()
-    };
-    Some(std::sync::Arc::new(EmbeddedStore::open_dir(data_dir, &options).expect("the store opens")))
+    let (dir, options) = store.embedded()?;
+    let store = txgate::testing::store::embedded::EmbeddedStore::open_dir(dir, &options).expect("the store opens");
+    Some(std::sync::Arc::new(store))
 }
 
 fn tempfile_dir() -> std::path::PathBuf {

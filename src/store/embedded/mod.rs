@@ -184,17 +184,9 @@ fn internal(err: impl std::fmt::Display) -> StoreError {
 }
 
 impl EmbeddedStore {
-    /// Open (or create) the store in `dir` with the default page cache and
-    /// sync interval.
+    /// Open (or create) the store in `dir` with the default options.
     pub fn open(dir: &Path) -> StoreResult<Self> {
-        Self::open_with(dir, DEFAULT_CACHE_MB << 20, DEFAULT_SYNC_INTERVAL)
-    }
-
-    /// Open (or create) the store in `dir` with a page cache of
-    /// `cache_bytes`; unsynced writes are made durable at least every
-    /// `sync_interval`.
-    pub fn open_with(dir: &Path, cache_bytes: u64, sync_interval: Duration) -> StoreResult<Self> {
-        Self::open_dir(dir, &Options { cache_bytes, sync_interval, ..Options::default() })
+        Self::open_dir(dir, &Options::default())
     }
 
     /// Open (or create) the store in `dir` with `options`.
