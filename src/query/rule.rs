@@ -52,12 +52,18 @@ pub(crate) fn breaks_rule(paths: &[(String, String)], data: &Document) -> Option
 /// The key of the value `data` holds at `paths` (a unique index's), if it
 /// holds one: a document that lacks every path (or holds null there)
 /// holds none. Numbers of every kind give one key per number.
+///
+/// The key names the value's reservation record in `_unique` on every
+/// store, so it keeps the encoding reservations were first named with
+/// ([`keys::Numbers::Layout2`]): a reservation made by an earlier release
+/// still holds its value. In it the integer 2^63 − 1 and the double 2^63
+/// are one value, on both stores alike.
 pub(crate) fn unique_key(paths: &[String], data: &Document) -> Option<Vec<u8>> {
     let values: Vec<Option<&Bson>> = paths.iter().map(|p| lookup(data, p)).collect();
     if values.iter().all(|v| matches!(v, None | Some(Bson::Null))) {
         return None;
     }
-    Some(keys::encode(values))
+    Some(keys::encode_in(values, keys::Numbers::Layout2))
 }
 
 #[cfg(test)]

@@ -146,10 +146,33 @@ fn as_i64(value: &Bson) -> Option<i64> {
     }
 }
 
+/// The order of an integer and a double, exact as MongoDB's (an `i64`
+/// as `f64` rounds past 2^53); `None` for NaN.
+fn compare_int_double(i: i64, x: f64) -> Option<Ordering> {
+    const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
+    if x.is_nan() {
+        return None;
+    }
+    if x >= TWO_TO_63 {
+        return Some(Ordering::Less);
+    }
+    if x < -TWO_TO_63 {
+        return Some(Ordering::Greater);
+    }
+    // |x| < 2^63 here (or x is -2^63): its integer part is an exact i64.
+    let whole = x.trunc();
+    Some(i.cmp(&(whole as i64)).then_with(|| 0.0_f64.partial_cmp(&(x - whole)).unwrap_or(Ordering::Equal)))
+}
+
 /// Order of two values of the same type bracket; `None` across brackets.
 pub(crate) fn compare_values(a: &Bson, b: &Bson) -> Option<Ordering> {
     if let (Some(x), Some(y)) = (as_i64(a), as_i64(b)) {
         return Some(x.cmp(&y));
+    }
+    match (as_i64(a), as_i64(b), as_f64(a), as_f64(b)) {
+        (Some(i), None, _, Some(y)) => return compare_int_double(i, y),
+        (None, Some(j), Some(x), _) => return compare_int_double(j, x).map(Ordering::reverse),
+        _ => {}
     }
     if let (Some(x), Some(y)) = (as_f64(a), as_f64(b)) {
         return x.partial_cmp(&y);

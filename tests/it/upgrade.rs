@@ -143,6 +143,87 @@ async fn embedded_store_of_layout_1_opens_with_its_indexes() {
     stop(&mut child);
 }
 
+/// A data directory of the release before exact numbers in index keys
+/// (layout 2, `tests/fixtures/embedded-layout2`), whose entries took the
+/// integer 2^63 − 1 and the double 2^63 for one value: once opened, its
+/// indexes tell them apart (as MongoDB does), their entries follow writes
+/// to the renumbered documents, and a restart changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_of_layout_2_opens_with_numbers_told_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/embedded-layout2");
+    for name in ["txgate.redb", "txgate.journal"] {
+        std::fs::copy(from.join(name), dir.path().join(name)).unwrap();
+    }
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    let (mut child, base) = start_with(dir.path(), &[]);
+    let nums = format!("{base}/v1/collections/nums");
+    for index in ["by_n", "by_g_n", "u_m"] {
+        let (status, body) = get(&client, format!("{nums}/indexes/{index}")).await;
+        assert_eq!((status, body["state"].as_str()), (200, Some("ready")), "{body}");
+    }
+    let count = async |base: &str, filter: &str| {
+        let url = format!("{base}/v1/collections/nums/count?filter={}", percent(filter));
+        let (status, body) = get(&client, url).await;
+        assert_eq!(status, 200, "{filter}: {body}");
+        body["count"].as_u64().unwrap()
+    };
+    let ids = async |base: &str, query: &str| {
+        let (status, body) = get(&client, format!("{base}/v1/collections/nums/documents?{query}&limit=100")).await;
+        assert_eq!(status, 200, "{query}: {body}");
+        body["items"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap().to_owned()).collect::<Vec<_>>()
+    };
+    const MAX: &str = "9223372036854775807";
+    const TWO_63: &str = "9223372036854775808";
+    let expected_counts = [
+        (format!(r#"{{"n":{MAX}}}"#), 2),
+        (format!(r#"{{"n":{TWO_63}}}"#), 2),
+        (format!(r#"{{"n":{{"$gt":{MAX}}}}}"#), 3),
+        (format!(r#"{{"n":{{"$gte":9223372036854775708,"$lt":{MAX}}}}}"#), 1),
+        (format!(r#"{{"n":{{"$lte":{MAX}}}}}"#), 4),
+        (r#"{"g":"x"}"#.to_owned(), 6),
+        (format!(r#"{{"g":"x","n":{{"$gte":{TWO_63}}}}}"#), 3),
+        (format!(r#"{{"m":{MAX}}}"#), 1),
+    ];
+    for (filter, n) in &expected_counts {
+        assert_eq!(count(&base, filter).await, *n, "{filter}");
+    }
+    assert_eq!(ids(&base, "sort=n").await, ["f", "c", "a", "d", "b", "h", "e"]);
+    let by_g = format!("filter={}&sort=-n", percent(r#"{"g":"x"}"#));
+    assert_eq!(ids(&base, &by_g).await, ["e", "b", "h", "a", "d", "c"]);
+    // The renumbered entries follow writes.
+    let patch = |id: &str, body: &'static str| {
+        client
+            .patch(format!("{nums}/documents/{id}"))
+            .header("content-type", "application/merge-patch+json")
+            .body(body)
+            .send()
+    };
+    assert_eq!(patch("a", r#"{"n":1}"#).await.unwrap().status(), 200);
+    assert_eq!(client.delete(format!("{nums}/documents/b")).send().await.unwrap().status(), 204);
+    assert_eq!(count(&base, &format!(r#"{{"n":{MAX}}}"#)).await, 1);
+    assert_eq!(count(&base, &format!(r#"{{"n":{TWO_63}}}"#)).await, 1);
+    assert_eq!(ids(&base, "sort=n").await, ["f", "a", "c", "d", "h", "e"]);
+    // The unique index: the renumbered values are still held, and their
+    // neighbours are free.
+    let res =
+        client.post(format!("{nums}/documents")).json(&json!({"_id": "dup", "m": i64::MAX})).send().await.unwrap();
+    let body = expect(res, 409).await;
+    assert_eq!((body["code"].as_str(), body["existing"].as_str()), (Some("duplicate"), Some("a")), "{body}");
+    let res = client.post(format!("{nums}/documents")).json(&json!({"_id": "i", "m": i64::MAX - 1})).send().await;
+    assert_eq!(res.unwrap().status(), 201);
+    assert_eq!(count(&base, r#"{"m":{"$gte":9223372036854775600}}"#).await, 4);
+    stop(&mut child);
+    // Opened again: layout 3 already, nothing moves.
+    let (mut child, base) = start_with(dir.path(), &[]);
+    assert_eq!(count(&base, &format!(r#"{{"n":{MAX}}}"#)).await, 1);
+    assert_eq!(count(&base, &format!(r#"{{"n":{TWO_63}}}"#)).await, 1);
+    assert_eq!(count(&base, r#"{"m":{"$gte":9223372036854775600}}"#).await, 4);
+    // `i` has no `n`: indexed as null, first.
+    assert_eq!(ids(&base, "sort=n").await, ["i", "f", "a", "c", "d", "h", "e"]);
+    stop(&mut child);
+}
+
 fn percent(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }

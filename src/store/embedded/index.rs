@@ -4,9 +4,10 @@ use std::collections::HashMap;
 
 use redb::ReadableTable;
 
-use super::{COUNTS, ENTRIES, internal, keys};
-use crate::store::filter::lookup;
-use crate::store::{Bson, IndexSpec, Record, StoreError, StoreResult};
+use super::keys::Numbers;
+use super::{COUNTS, ENTRIES, RECORDS, internal, keys};
+use crate::store::filter::{lookup, lookup_raw};
+use crate::store::{Bson, IndexSpec, Record, StoreError, StoreResult, convert, report_unreadable};
 
 /// The entry-table name of index `name` of `coll`.
 pub(super) fn entries_name(coll: &str, name: &str) -> String {
@@ -35,6 +36,11 @@ impl Key {
 /// The entry key of `record` (with `_id` `id`) in index `spec`; none in a
 /// sparse index when its first field is null or missing.
 pub(super) fn entry_key(spec: &IndexSpec, record: &Record, id: &str) -> Option<Key> {
+    entry_key_in(spec, record, id, Numbers::Exact)
+}
+
+/// [`entry_key`], numbers encoded as `numbers` says.
+fn entry_key_in(spec: &IndexSpec, record: &Record, id: &str, numbers: Numbers) -> Option<Key> {
     if spec.sparse && spec.keys().next().is_some_and(|(f, _)| matches!(lookup(record, f), None | Some(Bson::Null))) {
         return None;
     }
@@ -42,7 +48,7 @@ pub(super) fn entry_key(spec: &IndexSpec, record: &Record, id: &str) -> Option<K
     let mut cuts = Vec::new();
     let fields = spec.fields.len();
     for (i, (path, desc)) in spec.keys().enumerate() {
-        keys::push_dir(&mut key, lookup(record, path), desc);
+        keys::push_dir_in(&mut key, lookup(record, path), desc, numbers);
         if spec.counted && i + 1 < fields {
             cuts.push(key.len());
         }
@@ -253,4 +259,63 @@ pub(super) fn reindex(
         }
     }
     Ok(())
+}
+
+/// Store layout 3 (numbers encoded exactly, [`Numbers`]) over the entries
+/// of a store of layout 1 or 2, in `txn`: every record that holds, at a
+/// path of one of its collection's indexes (`catalog`), an integer those
+/// layouts encoded otherwise (2^63 − 512 to 2^63 − 1) has its entries
+/// taken out under their old keys, then put under the new ones (their
+/// counts follow). All old keys go before any new one is put: a unique
+/// index's new key may be another renumbered record's old one. A record
+/// that cannot be decoded is reported and keeps its entries (no read shows
+/// it). Returns how many records were renumbered.
+pub(super) fn renumber(txn: &redb::WriteTransaction, catalog: &HashMap<String, Vec<IndexSpec>>) -> StoreResult<usize> {
+    let mut moved = Vec::new();
+    {
+        let records = txn.open_table(RECORDS).map_err(internal)?;
+        for (coll, specs) in catalog {
+            let paths: Vec<&str> = specs.iter().flat_map(|spec| spec.keys().map(|(path, _)| path)).collect();
+            let end = super::scan::after_collection(coll);
+            for row in records.range((coll.as_str(), "")..(end.as_str(), "")).map_err(internal)? {
+                let (key, value) = row.map_err(internal)?;
+                let Ok(raw) = mongodb::bson::RawDocument::from_bytes(value.value()) else { continue };
+                let renumbered = |path: &&str| {
+                    let value = lookup_raw(raw, path).and_then(|v| Bson::try_from(v).ok());
+                    keys::renumbered(value.as_ref())
+                };
+                if !paths.iter().any(renumbered) {
+                    continue;
+                }
+                let id = key.value().1.to_owned();
+                match convert::decode(value.value()) {
+                    Ok(record) => moved.push((coll, id, record)),
+                    Err(e) => report_unreadable(&StoreError::Undecodable(format!("{coll}/{id}: {e}"))),
+                }
+            }
+        }
+    }
+    let mut entries = Entries::open(txn)?;
+    let mut puts = Vec::new();
+    for (coll, id, record) in &moved {
+        for spec in &catalog[*coll] {
+            let old = entry_key_in(spec, record, id, Numbers::Layout2);
+            let new = entry_key(spec, record, id);
+            if old == new {
+                continue;
+            }
+            let table = entries_name(coll, &spec.name);
+            if let Some(key) = old {
+                entries.take(&table, &key)?;
+            }
+            if let Some(key) = new {
+                puts.push((table, key, id));
+            }
+        }
+    }
+    for (table, key, id) in puts {
+        entries.put(&table, &key, id)?;
+    }
+    entries.finish()?;
+    Ok(moved.len())
 }

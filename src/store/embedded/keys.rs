@@ -5,7 +5,8 @@
 //!
 //! Every value starts with a tag byte naming its bracket. Numbers of every
 //! BSON type share one bracket (ordered as `f64`, ties broken by the exact
-//! integer, so `2`, `2_i64` and `2.0` are one key). Strings are their bytes
+//! integer, so `2`, `2_i64` and `2.0` are one key; see [`number`] for the
+//! integers whose nearest double is 2^63). Strings are their bytes
 //! with `0x00` escaped as `0x00 0xFF` and ended by `0x00 0x00`, so a string
 //! sorts before every string it is a prefix of. Documents, arrays and other
 //! rare types are kept by their BSON bytes: equal values give equal keys,
@@ -76,14 +77,35 @@ fn escaped(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(&[0, 0]);
 }
 
+/// How numbers are encoded: exactly (every index key from store layout 3
+/// on), or as store layouts 1 and 2 wrote index entries, and as unique
+/// reservations are still named, where the integer 2^63 − 1 and the double
+/// 2^63 are one key (see [`number`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Numbers {
+    Exact,
+    Layout2,
+}
+
 /// Append the encoding of `value` to `out`.
 pub(crate) fn push(out: &mut Vec<u8>, value: Option<&Bson>) {
+    push_in(out, value, Numbers::Exact);
+}
+
+/// [`push`], numbers encoded as `numbers` says.
+pub(crate) fn push_in(out: &mut Vec<u8>, value: Option<&Bson>, numbers: Numbers) {
     let tag = tag(value);
     out.push(tag);
     let Some(value) = value else { return };
     match value {
         Bson::Int32(n) => number(out, f64::from(*n), i64::from(*n)),
-        Bson::Int64(n) => number(out, *n as f64, *n),
+        Bson::Int64(n) => {
+            let approx = *n as f64;
+            // Below the double 2^63, whose integer part saturates to
+            // 2^63 − 1 (see [`number`]).
+            let exact = if numbers == Numbers::Exact && approx == TWO_TO_63 { n - 1 } else { *n };
+            number(out, approx, exact)
+        }
         Bson::Double(x) => number(out, *x, if x.is_finite() { *x as i64 } else { 0 }),
         Bson::String(s) | Bson::Symbol(s) => escaped(out, s.as_bytes()),
         Bson::Boolean(b) => out.push(u8::from(*b)),
@@ -104,6 +126,18 @@ pub(crate) fn push(out: &mut Vec<u8>, value: Option<&Bson>) {
     }
 }
 
+/// 2^63, the smallest double above every `i64`.
+const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
+
+/// A number as its nearest double, then its integer part as an `i64`
+/// (the tie-break among integers that round to one double, and between an
+/// integer and a double of the same value). A double of 2^63 or more has
+/// the integer part 2^63 − 1 (saturated); above 2^63 its double alone
+/// tells it apart. The integers whose nearest double is 2^63 itself
+/// (2^63 − 512 to 2^63 − 1) are encoded with their integer part less one,
+/// so every one of them stays below the double 2^63, as MongoDB orders
+/// them (store layouts 1 and 2, [`Numbers::Layout2`], took 2^63 − 1 and
+/// the double 2^63 as one key).
 fn number(out: &mut Vec<u8>, approx: f64, exact: i64) {
     out.extend_from_slice(&ordered_f64(approx));
     out.extend_from_slice(&ordered_i64(exact));
@@ -114,8 +148,13 @@ fn number(out: &mut Vec<u8>, approx: f64, exact: i64) {
 /// a prefix of another), so inverting each byte exactly reverses the order
 /// of a field's values while later fields still order the ties.
 pub(crate) fn push_dir(out: &mut Vec<u8>, value: Option<&Bson>, desc: bool) {
+    push_dir_in(out, value, desc, Numbers::Exact);
+}
+
+/// [`push_dir`], numbers encoded as `numbers` says.
+pub(crate) fn push_dir_in(out: &mut Vec<u8>, value: Option<&Bson>, desc: bool, numbers: Numbers) {
     let from = out.len();
-    push(out, value);
+    push_in(out, value, numbers);
     if desc {
         for b in &mut out[from..] {
             *b = !*b;
@@ -130,11 +169,22 @@ pub(crate) fn tag_dir(value: Option<&Bson>, desc: bool) -> u8 {
 
 /// The encoding of a sequence of values.
 pub(crate) fn encode<'a>(values: impl IntoIterator<Item = Option<&'a Bson>>) -> Vec<u8> {
+    encode_in(values, Numbers::Exact)
+}
+
+/// [`encode`], numbers encoded as `numbers` says.
+pub(crate) fn encode_in<'a>(values: impl IntoIterator<Item = Option<&'a Bson>>, numbers: Numbers) -> Vec<u8> {
     let mut out = Vec::new();
     for v in values {
-        push(&mut out, v);
+        push_in(&mut out, v, numbers);
     }
     out
+}
+
+/// Whether `value` is encoded differently by [`Numbers::Exact`] and
+/// [`Numbers::Layout2`]: an integer whose nearest double is 2^63.
+pub(crate) fn renumbered(value: Option<&Bson>) -> bool {
+    matches!(value, Some(Bson::Int64(n)) if *n as f64 == TWO_TO_63)
 }
 
 #[cfg(test)]
@@ -158,6 +208,17 @@ mod tests {
             Bson::Int64(2),
             Bson::Int64(1 << 60),
             Bson::Int64((1 << 60) + 1),
+            Bson::Int64(i64::MAX - 1024),
+            Bson::Double(9_223_372_036_854_774_784.0),
+            Bson::Int64(i64::MAX - 600),
+            Bson::Int64(i64::MAX - 511),
+            Bson::Int64(i64::MAX - 1),
+            Bson::Int64(i64::MAX),
+            Bson::Double(9_223_372_036_854_775_808.0),
+            Bson::Double(1e19),
+            Bson::Int64(i64::MIN),
+            Bson::Double(-9_223_372_036_854_775_808.0),
+            Bson::Double(-1e19),
             Bson::Boolean(false),
             Bson::Boolean(true),
             Bson::DateTime(DateTime::from_millis(-5)),
@@ -217,6 +278,18 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn layout_2_took_the_largest_integer_for_the_double_two_to_the_63() {
+        let (max, two63) = (Bson::Int64(i64::MAX), Bson::Double(9_223_372_036_854_775_808.0));
+        assert!(encode([Some(&max)]) < encode([Some(&two63)]));
+        assert_eq!(encode_in([Some(&max)], Numbers::Layout2), encode_in([Some(&two63)], Numbers::Layout2));
+        for v in values() {
+            let same = encode([Some(&v)]) == encode_in([Some(&v)], Numbers::Layout2);
+            assert_eq!(same, !renumbered(Some(&v)), "{v:?}");
+        }
+        assert!(renumbered(Some(&Bson::Int64(i64::MAX - 511))) && !renumbered(Some(&Bson::Int64(i64::MAX - 512))));
     }
 
     #[test]

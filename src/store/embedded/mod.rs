@@ -78,11 +78,15 @@ const LAYOUT_KEY: &str = "layout";
 
 /// The version of the store's layout: its tables and what they hold
 /// (records as BSON, index entries, the catalog as JSON; from 2, the
-/// counts of counted indexes). A store without the key was written by a
+/// counts of counted indexes; from 3, numbers in index keys encoded
+/// exactly, [`keys::Numbers`]). A store without the key was written by a
 /// release before versions were recorded, in layout 1. A layout 1 store
-/// opens as layout 2 as it is: it has no counted index (its catalog's
-/// indexes say nothing of counts), so an empty count table is exact.
-pub(crate) const LAYOUT: u64 = 2;
+/// has no counted index (its catalog's indexes say nothing of counts), so
+/// an empty count table is exact. A layout 1 or 2 store opens as layout 3
+/// once the entries of records holding an integer from 2^63 − 512 to
+/// 2^63 − 1 at an indexed path are encoded again
+/// ([`index::renumber`], in the same commit as the new version).
+pub(crate) const LAYOUT: u64 = 3;
 
 /// The database and journal files in the data directory.
 pub const DATABASE_FILE: &str = "txgate.redb";

@@ -98,11 +98,21 @@ impl EmbeddedStore {
                 Some(LAYOUT) => {}
                 // Layout 1 (recorded, or a store from before versions were):
                 // it has no counted index, so the new count table is exact
-                // empty (see [`LAYOUT`]).
+                // empty; layouts 1 and 2: the entries of the few integers
+                // they encoded otherwise are encoded again (see [`LAYOUT`]).
                 older => {
+                    let started = Instant::now();
+                    let renumbered = if db_existed { super::index::renumber(&txn, &catalog)? } else { 0 };
                     state.insert(LAYOUT_KEY, LAYOUT).map_err(internal)?;
-                    if older.is_some() {
-                        tracing::info!(database = %db_name, from = older, to = LAYOUT, "store layout upgraded");
+                    if older.is_some() || renumbered > 0 {
+                        tracing::info!(
+                            database = %db_name,
+                            from = older.unwrap_or(1),
+                            to = LAYOUT,
+                            renumbered,
+                            took_ms = started.elapsed().as_millis() as u64,
+                            "store layout upgraded"
+                        );
                     }
                 }
             }
