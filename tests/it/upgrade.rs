@@ -11,8 +11,9 @@ use serde_json::{Value, json};
 use crate::restart::start_with;
 use crate::support::expect;
 
-fn copy_fixture(to: &Path) {
-    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/embedded-v1");
+/// The data directory `tests/fixtures/<name>`, copied into `to`.
+fn copy_fixture(name: &str, to: &Path) {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
     for name in ["txgate.redb", "txgate.journal"] {
         std::fs::copy(from.join(name), to.join(name)).unwrap();
     }
@@ -27,7 +28,7 @@ async fn get(client: &reqwest::Client, url: String) -> (u16, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_data_directory_of_the_previous_release_opens() {
     let dir = tempfile::tempdir().unwrap();
-    copy_fixture(dir.path());
+    copy_fixture("embedded-v1", dir.path());
     let journal = dir.path().join("txgate.journal");
     assert_ne!(&std::fs::read(&journal).unwrap()[..8], b"txgjrnl\0", "the fixture's journal is format 1");
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
@@ -88,10 +89,7 @@ pub fn stop(child: &mut std::process::Child) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_store_of_layout_1_opens_with_its_indexes() {
     let dir = tempfile::tempdir().unwrap();
-    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/embedded-layout1");
-    for name in ["txgate.redb", "txgate.journal"] {
-        std::fs::copy(from.join(name), dir.path().join(name)).unwrap();
-    }
+    copy_fixture("embedded-layout1", dir.path());
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
     let (mut child, base) = start_with(dir.path(), &[]);
     let orders = format!("{base}/v1/collections/orders");
@@ -151,10 +149,7 @@ async fn embedded_store_of_layout_1_opens_with_its_indexes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_store_of_layout_2_opens_with_numbers_told_apart() {
     let dir = tempfile::tempdir().unwrap();
-    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/embedded-layout2");
-    for name in ["txgate.redb", "txgate.journal"] {
-        std::fs::copy(from.join(name), dir.path().join(name)).unwrap();
-    }
+    copy_fixture("embedded-layout2", dir.path());
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
     let (mut child, base) = start_with(dir.path(), &[]);
     let nums = format!("{base}/v1/collections/nums");
