@@ -146,10 +146,12 @@ fn as_i64(value: &Bson) -> Option<i64> {
     }
 }
 
+/// 2^63, the smallest double above every `i64`.
+pub(crate) const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
+
 /// The order of an integer and a double, exact as MongoDB's (an `i64`
 /// as `f64` rounds past 2^53); `None` for NaN.
 fn compare_int_double(i: i64, x: f64) -> Option<Ordering> {
-    const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
     if x.is_nan() {
         return None;
     }
@@ -166,10 +168,8 @@ fn compare_int_double(i: i64, x: f64) -> Option<Ordering> {
 
 /// Order of two values of the same type bracket; `None` across brackets.
 pub(crate) fn compare_values(a: &Bson, b: &Bson) -> Option<Ordering> {
-    if let (Some(x), Some(y)) = (as_i64(a), as_i64(b)) {
-        return Some(x.cmp(&y));
-    }
     match (as_i64(a), as_i64(b), as_f64(a), as_f64(b)) {
+        (Some(x), Some(y), _, _) => return Some(x.cmp(&y)),
         (Some(i), None, _, Some(y)) => return compare_int_double(i, y),
         (None, Some(j), Some(x), _) => return compare_int_double(j, x).map(Ordering::reverse),
         _ => {}

@@ -14,6 +14,7 @@
 //! by them). [`END`] is greater than every encoded value.
 
 use crate::store::Bson;
+use crate::store::filter::TWO_TO_63;
 
 const NULL: u8 = 0x0A;
 const NUMBER: u8 = 0x10;
@@ -125,9 +126,6 @@ pub(crate) fn push_in(out: &mut Vec<u8>, value: Option<&Bson>, numbers: Numbers)
         }
     }
 }
-
-/// 2^63, the smallest double above every `i64`.
-const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
 
 /// A number as its nearest double, then its integer part as an `i64`
 /// (the tie-break among integers that round to one double, and between an
