@@ -458,11 +458,12 @@ impl Indexes {
                 ActionOp::Update(patch) => patch.apply(&old.clone().unwrap_or_default()).ok(),
                 ActionOp::Delete | ActionOp::Check => None,
             };
-            let values: Vec<Option<Vec<u8>>> = match &new {
+            let values = |data: &Option<Document>| match data {
                 Some(data) => uniques.iter().map(|u| u.value(data)).collect(),
                 None => vec![None; uniques.len()],
             };
-            plan.claimed.insert((coll.clone(), id.clone()), values);
+            let claimed = crate::txn::plan::Claimed { taken: values(&new), read: values(&old) };
+            plan.claimed.insert((coll.clone(), id.clone()), claimed);
             let check = matches!(action.op, ActionOp::Check);
             members.push((i, coll, id, uniques, old, new, check));
         }

@@ -51,11 +51,23 @@ pub struct Plan {
     /// The unique indexes of each member collection that has some: (its
     /// name in the store, its paths).
     pub unique: std::collections::HashMap<String, Vec<(String, Vec<String>)>>,
-    /// The value each member's data takes in each unique index of its
-    /// collection (in the order of `unique`), claimed before the
-    /// transaction ran: a member staged with another value fails before
-    /// the commit point.
-    pub claimed: std::collections::HashMap<(String, String), Vec<Option<Vec<u8>>>>,
+    /// Each member's values in the unique indexes of its collection,
+    /// claimed before the transaction ran (see [`Claimed`]).
+    pub claimed: std::collections::HashMap<(String, String), Claimed>,
     /// The name of the API key that sent it.
     pub key: Option<String>,
+}
+
+/// A member's values in the unique indexes of its collection (in the order
+/// of [`Plan::unique`]), as claimed before the transaction ran: a member
+/// staged with other values fails before the commit point.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Claimed {
+    /// The values its data takes.
+    pub taken: Vec<Option<Vec<u8>>>,
+    /// The values its document held as read then. A value the member keeps
+    /// is not claimed again (the document's reservation stands for it), and
+    /// a value it gives up is released as read: both hold only if the
+    /// document still holds these values when the member is staged.
+    pub read: Vec<Option<Vec<u8>>>,
 }

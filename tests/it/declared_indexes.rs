@@ -25,6 +25,7 @@ crate::on_both_backends!(
     an_index_built_while_writes_go_on_holds_every_document,
     unique_indexes_refuse_duplicates_in_single_writes,
     two_transactions_staging_one_unique_value_at_once_commit_one,
+    transactions_changing_unique_values_at_once_never_share_one,
     a_transaction_hands_unique_values_between_its_members,
     a_unique_build_over_duplicates_fails_naming_them,
     an_expired_document_gives_its_unique_values_up,
@@ -465,6 +466,58 @@ async fn two_transactions_staging_one_unique_value_at_once_commit_one(backend: B
             .await
             .unwrap();
         assert_eq!(expect(count, 200).await["count"], 1, "round {round}");
+    }
+}
+
+/// Transactions of two members each, giving random values to random
+/// documents of a few, at once: a value one keeps on a document another
+/// changes meanwhile must not lose its reservation (the document no longer
+/// holding it when the first is staged fails it with 422), so every value
+/// a document holds stays reserved for it and is never held by two.
+async fn transactions_changing_unique_values_at_once_never_share_one(backend: Backend) {
+    use rand::Rng;
+    const DOCS: usize = 6;
+    const VALUES: usize = 8;
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    for i in 0..DOCS {
+        create(&app, "uw", &format!("d{i}"), &json!({"email": format!("e{i}")})).await;
+    }
+    unique_email(&app, "uw").await;
+    let committed = AtomicUsize::new(0);
+    let writer = async |seed: u64| {
+        let mut rng = StdRng::seed_from_u64(seed);
+        for _ in 0..100 {
+            let (a, b) = (rng.random_range(0..DOCS), rng.random_range(0..DOCS - 1));
+            let b = if b >= a { b + 1 } else { b };
+            let (va, vb) = (rng.random_range(0..VALUES), rng.random_range(0..VALUES));
+            let body = json!({"actions": [
+                {"op": "update", "collection": "uw", "id": format!("d{a}"), "set": {"email": format!("e{va}")}},
+                {"op": "update", "collection": "uw", "id": format!("d{b}"), "set": {"email": format!("e{vb}")}},
+            ]});
+            let resp = app.post("/v1/transactions", &body).await;
+            match resp.status().as_u16() {
+                200 => {
+                    committed.fetch_add(1, Ordering::Relaxed);
+                }
+                409 | 422 | 503 => {}
+                status => panic!("{status}: {}", resp.text().await.unwrap()),
+            }
+        }
+    };
+    tokio::join!(writer(1), writer(2), writer(3), writer(4));
+    assert!(committed.load(Ordering::Relaxed) > 0, "some commit");
+    let mut holders: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for i in 0..DOCS {
+        let doc = expect(app.get(&format!("{}/d{i}", docs_path("uw"))).await, 200).await;
+        holders.entry(doc["data"]["email"].as_str().unwrap().to_owned()).or_default().push(format!("d{i}"));
+    }
+    for (value, ids) in &holders {
+        assert_eq!(ids.len(), 1, "{value} is held by {ids:?}");
+        let page = expect(query(&app, "uw", &json!({"filter": {"email": value}})).await, 200).await;
+        assert_eq!(page["items"].as_array().unwrap().len(), 1, "{value}: {page}");
+        // Its reservation is in place: no other document may take it.
+        let dup = expect_problem(app.post(&docs_path("uw"), &json!({"email": value})).await, 409, "duplicate").await;
+        assert_eq!(dup["existing"], json!(ids[0]), "{value}: {dup}");
     }
 }
 

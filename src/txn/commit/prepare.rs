@@ -11,7 +11,7 @@ use crate::store::{DateTime, Durability, StoreError, Write, get_all_within};
 use crate::txn::plan::{Action, ActionOp, Plan};
 use crate::txn::record::{AbortReason, Member, MemberResult, Status, TXNS, Transition, TxnRecord};
 
-use super::stage::{locked_by, placeholder, precondition, staged, staged_checked};
+use super::stage::{locked_by, placeholder, precondition, staged_checked};
 use super::{Commit, TxnError, Whole, aborted};
 
 impl Commit {
@@ -233,10 +233,11 @@ pub(super) fn plain_stage<'p>(
     match doc {
         None => {
             let fresh = matches!(action.op, ActionOp::Insert(_)) && action.if_version.is_none_or(|v| v == 0);
-            fresh.then(|| {
-                let locked = placeholder(&action.id, txn, staged(plan, action, None), at);
-                PlainStage { write: Write::Insert(locked.to_record()), locked, base_v: 0 }
-            })
+            if !fresh {
+                return None;
+            }
+            let locked = placeholder(&action.id, txn, staged_checked(plan, action, None).ok()?, at);
+            Some(PlainStage { write: Write::Insert(locked.to_record()), locked, base_v: 0 })
         }
         // An outbox goes to the event log before the document is locked.
         Some(doc) if doc.meta.txn.is_none() && doc.meta.outbox.is_none() => {

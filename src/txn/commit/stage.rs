@@ -11,9 +11,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::document::{Staged, StagedOp, StoredDoc, View};
-use crate::store::{DateTime, StoreError};
+use crate::store::{DateTime, Document, StoreError};
 use crate::txn::locks::Settled;
-use crate::txn::plan::{Action, ActionOp, Plan};
+use crate::txn::plan::{Action, ActionOp, Claimed, Plan};
 use crate::txn::record::{AbortReason, Failure, FailureCode, Status, TxnRecord};
 
 use super::{Commit, Committed, TxnError, aborted};
@@ -216,7 +216,11 @@ impl Commit {
                         Some(0),
                     ));
                 }
-                let placeholder = placeholder(&action.id, txn, staged(plan, action, None), self.now());
+                let staged = match staged_checked(plan, action, None) {
+                    Ok(s) => s,
+                    Err(detail) => return Ok(invalid_change(detail)),
+                };
+                let placeholder = placeholder(&action.id, txn, staged, self.now());
                 if self.store.unsynced().insert(coll, placeholder.to_record()).await? {
                     return Ok(Step::Locked { base_v: 0 });
                 }
@@ -282,12 +286,7 @@ impl Commit {
             };
             let staged = match staged_checked(plan, action, base) {
                 Ok(s) => s,
-                Err(detail) => {
-                    return Ok(Step::Failed(MemberFailure {
-                        failure: Failure::new(FailureCode::InvalidChange, detail, false),
-                        invalid: true,
-                    }));
-                }
+                Err(detail) => return Ok(invalid_change(detail)),
             };
             if doc.meta.outbox.is_some() {
                 // A write this instance answered may still have the event
@@ -378,6 +377,11 @@ pub(super) fn precondition(action: &Action, current: &View, v: i64) -> Option<St
     }
 }
 
+/// A member whose change cannot be staged: 422 `invalid_change`.
+fn invalid_change(detail: String) -> Step {
+    Step::Failed(MemberFailure { failure: Failure::new(FailureCode::InvalidChange, detail, false), invalid: true })
+}
+
 /// The staged post-image of `action` over `base` (the live document, if any).
 pub(super) fn staged_checked(plan: &Plan, action: &Action, base: Option<&StoredDoc>) -> Result<Staged, String> {
     let sv = plan.schema_version;
@@ -396,10 +400,15 @@ pub(super) fn staged_checked(plan: &Plan, action: &Action, base: Option<&StoredD
         ActionOp::Delete | ActionOp::Check => None,
     };
     if let (Some(data), Some(uniques)) = (&data, plan.unique.get(&action.collection)) {
-        let values: Vec<Option<Vec<u8>>> =
-            uniques.iter().map(|(_, paths)| crate::query::rule::unique_key(paths, data)).collect();
+        let values = |data: Option<&Document>| -> Vec<Option<Vec<u8>>> {
+            uniques.iter().map(|(_, paths)| data.and_then(|d| crate::query::rule::unique_key(paths, d))).collect()
+        };
+        // The values claimed, over the values the document held when they
+        // were: a value kept was not claimed again, and one given up is
+        // released as it was read (crate::indexes::unique).
+        let staged = Claimed { taken: values(Some(data)), read: values(base.map(|d| &d.data)) };
         let key = (action.collection.clone(), action.id.clone());
-        if plan.claimed.get(&key) != Some(&values) {
+        if plan.claimed.get(&key) != Some(&staged) {
             return Err(format!(
                 "a unique value of {}/{} is not the one claimed for it: the document changed since the \
                  transaction read it; send the transaction again",
@@ -409,10 +418,6 @@ pub(super) fn staged_checked(plan: &Plan, action: &Action, base: Option<&StoredD
     }
     let sv = if matches!(action.op, ActionOp::Check | ActionOp::Delete) { base.map_or(sv, |d| d.meta.sv) } else { sv };
     Ok(Staged { op: action.op.staged(), data, sv })
-}
-
-pub(super) fn staged(plan: &Plan, action: &Action, base: Option<&StoredDoc>) -> Staged {
-    staged_checked(plan, action, base).expect("an insert always stages")
 }
 
 /// An invisible document holding an insert's lock. It has no creation
