@@ -5,14 +5,16 @@
 //! its commit point: a roll-forward never meets a duplicate).
 //!
 //! A reservation (`<index in the store>/<value's key>`) names its owner
-//! document and when it was claimed. A claim is a conditional insert, or
-//! a compare-and-set on the reservation as read: it takes a reservation
-//! that is its own document's (and renews it), or a stale one, which is
-//! one older than [`GRACE`] whose owner no longer holds the value (neither
-//! in its committed data nor in a change staged on it). A younger one is
-//! held whatever its owner shows: its owner's write may be on its way.
-//! Every claim renews the reservation's time, so two claims of one
-//! reservation as read never both succeed.
+//! document, when it was claimed, and the claim that wrote it (a token of
+//! its own). A claim is a conditional insert, or a compare-and-set on the
+//! reservation as read: it takes a reservation that is its own document's
+//! (and renews it), or a stale one, which is one older than [`GRACE`] whose
+//! owner no longer holds the value (neither in its committed data nor in a
+//! change staged on it). A younger one is held whatever its owner shows:
+//! its owner's write may be on its way. Every claim writes its own token,
+//! so two claims of one reservation as read never both succeed, and a
+//! release (conditional on the token) removes only what its claim wrote,
+//! even when another claim wrote the reservation in the same millisecond.
 //!
 //! A document holds no value in an index whose paths it all lacks (or
 //! holds null at): as a sparse unique index, such documents never
@@ -47,8 +49,9 @@ use crate::store::{Bson, DateTime, Document, DynStore, StoreResult};
 pub(crate) const UNIQUE: &str = "_unique";
 
 /// The version of a reservation record's format: 2 added `from` (a
-/// reservation of format 1 has none).
-const FORMAT: i32 = 2;
+/// reservation of format 1 has none), 3 added `claim` (one of an earlier
+/// format is named by its owner and time alone).
+const FORMAT: i32 = 3;
 
 /// How long a claim holds its value whatever its owner shows: longer than
 /// any write takes from its claim to its landing.
@@ -82,18 +85,40 @@ impl Unique {
     }
 }
 
-/// A claim made: which reservation, and the time it was claimed at.
+/// A claim made: which reservation, and the reservation as the claim
+/// wrote it (or read it).
 #[derive(Clone, Debug)]
 pub(crate) struct Claim {
     pub reservation: String,
-    pub at: DateTime,
+    pub mark: Mark,
     /// The document's own reservation, renewed: never released (the
     /// document may hold the value already).
     pub renewed: bool,
     /// Taken over from another document of the same transaction that
-    /// gives the value up: its owner and time, given back to it if the
-    /// transaction does not commit.
-    pub handed: Option<(String, DateTime)>,
+    /// gives the value up: the reservation as it was, given back to it if
+    /// the transaction does not commit.
+    pub handed: Option<Mark>,
+}
+
+/// What names one write of a reservation: its owner, its time and its
+/// claim's token (`None` in a reservation of an earlier format).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Mark {
+    pub owner: String,
+    pub at: DateTime,
+    pub claim: Option<String>,
+}
+
+impl Mark {
+    fn of(found: &Document) -> Option<Self> {
+        let (Ok(owner), Ok(at)) = (found.get_str("owner"), found.get_datetime("at")) else { return None };
+        Some(Self { owner: owner.to_owned(), at: *at, claim: found.get_str("claim").ok().map(str::to_owned) })
+    }
+
+    /// The filter a write of the reservation exactly as marked passes.
+    fn filter(&self) -> Document {
+        fields(&shapes::Held { owner: &self.owner, at: self.at, claim: self.claim.as_deref() })
+    }
 }
 
 /// A value another document holds.
@@ -137,26 +162,30 @@ pub(crate) async fn claim(
     now: DateTime,
 ) -> StoreResult<Result<Claim, Duplicate>> {
     let id = index.id(key);
+    let token = uuid::Uuid::now_v7().to_string();
     let record = |from: Option<&str>| {
-        fields(&shapes::Reservation { id: &id, v: FORMAT, index: &index.physical, owner, at: now, from })
+        let claim = &token;
+        fields(&shapes::Reservation { id: &id, v: FORMAT, index: &index.physical, owner, at: now, claim, from })
     };
     let mine = record(None);
-    let taken = Claim { reservation: id.clone(), at: now, renewed: false, handed: None };
+    let written = Mark { owner: owner.to_owned(), at: now, claim: Some(token.clone()) };
+    let taken = Claim { reservation: id.clone(), mark: written, renewed: false, handed: None };
     let duplicate = |existing: &str| Duplicate { index: index.name.clone(), existing: existing.to_owned() };
     for _ in 0..MAX_TRIES {
         if store.insert(UNIQUE, mine.clone()).await? {
             return Ok(Ok(taken));
         }
         let Some(found) = store.get(UNIQUE, &id).await? else { continue };
-        let (Ok(holder), Ok(at)) = (found.get_str("owner"), found.get_datetime("at")) else {
+        let Some(as_read) = Mark::of(&found) else {
             // Not one this gateway wrote: take it over.
             if store.replace(UNIQUE, &id, any(), mine.clone()).await? {
                 return Ok(Ok(taken));
             }
             continue;
         };
+        let holder = as_read.owner.as_str();
         let from = found.get_str("from").ok().filter(|f| *f != holder);
-        let read = fields(&shapes::Held { owner: holder, at: *at });
+        let read = as_read.filter();
         if holder == owner {
             // Its own, unless handed to it by a transaction that did not
             // commit, from a document still holding the value.
@@ -176,11 +205,11 @@ pub(crate) async fn claim(
             // Handed over within the transaction: the giver keeps it until
             // the transaction commits.
             if store.replace(UNIQUE, &id, read, record(Some(holder))).await? {
-                return Ok(Ok(Claim { handed: Some((holder.to_owned(), *at)), ..taken }));
+                return Ok(Ok(Claim { handed: Some(as_read.clone()), ..taken }));
             }
             continue;
         }
-        let young = now.timestamp_millis() - at.timestamp_millis() < GRACE.as_millis() as i64;
+        let young = now.timestamp_millis() - as_read.at.timestamp_millis() < GRACE.as_millis() as i64;
         if young || holder_holds(store, coll, index, holder, key).await? {
             return Ok(Err(duplicate(holder)));
         }
@@ -205,14 +234,23 @@ pub(crate) async fn claim(
 /// a transaction goes back to the document it was taken from.
 pub(crate) async fn release(store: &DynStore, claims: &[Claim]) {
     for c in claims.iter().filter(|c| !c.renewed) {
-        let filter = fields(&shapes::At { at: c.at });
+        let filter = c.mark.filter();
         let unsynced = store.unsynced();
         let released = match &c.handed {
             None => unsynced.delete(UNIQUE, &c.reservation, filter).await,
-            Some((giver, at)) => {
+            Some(giver) => {
                 let index = c.reservation.rsplit_once('/').map_or("", |(index, _)| index);
-                let back =
-                    shapes::Reservation { id: &c.reservation, v: FORMAT, index, owner: giver, at: *at, from: None };
+                // A reservation of an earlier format gets a token of its own.
+                let claim = giver.claim.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+                let back = shapes::Reservation {
+                    id: &c.reservation,
+                    v: FORMAT,
+                    index,
+                    owner: &giver.owner,
+                    at: giver.at,
+                    claim: &claim,
+                    from: None,
+                };
                 unsynced.replace(UNIQUE, &c.reservation, filter, fields(&back)).await
             }
         };
@@ -226,12 +264,12 @@ pub(crate) async fn release(store: &DynStore, claims: &[Claim]) {
 pub(crate) async fn held(store: &DynStore, index: &Unique, key: &[u8], owner: &str) -> StoreResult<Option<Claim>> {
     let id = index.id(key);
     let Some(found) = store.get(UNIQUE, &id).await? else { return Ok(None) };
-    match (found.get_str("owner"), found.get_datetime("at")) {
-        (Ok(holder), Ok(at)) if holder == owner => {
-            Ok(Some(Claim { reservation: id, at: *at, renewed: false, handed: None }))
-        }
-        _ => Ok(None),
-    }
+    Ok(Mark::of(&found).filter(|mark| mark.owner == owner).map(|mark| Claim {
+        reservation: id,
+        mark,
+        renewed: false,
+        handed: None,
+    }))
 }
 
 /// Remove every reservation of a dropped index, a batch at a time.
@@ -253,22 +291,21 @@ mod shapes {
         pub index: &'a str,
         pub owner: &'a str,
         pub at: DateTime,
+        /// The token of the claim that wrote it.
+        pub claim: &'a str,
         /// The document of a transaction it was handed over from.
         #[serde(skip_serializing_if = "Option::is_none")]
         pub from: Option<&'a str>,
     }
 
-    /// Held by `owner` since `at`: the reservation as read.
+    /// Held by `owner` since `at` by claim `claim` (none in a
+    /// reservation of an earlier format): the reservation as read.
     #[derive(Serialize)]
     pub(super) struct Held<'a> {
         pub owner: &'a str,
         pub at: DateTime,
-    }
-
-    /// Claimed at `at`.
-    #[derive(Serialize)]
-    pub(super) struct At {
-        pub at: DateTime,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub claim: Option<&'a str>,
     }
 }
 
@@ -311,7 +348,8 @@ mod tests {
         // transaction does not commit and gives it back.
         let t1 = later(t0, 1);
         let handed = claim(&store, "c", &u, &key, "b", &["a"], t1).await.unwrap().unwrap();
-        assert_eq!(handed.handed, Some(("a".to_owned(), t0)));
+        let given = handed.handed.clone().expect("handed over");
+        assert_eq!((given.owner.as_str(), given.at), ("a", t0));
         assert_eq!(reservation().await, ("b".to_owned(), Some("a".to_owned())));
         release(&store, &[handed]).await;
         assert_eq!(reservation().await, ("a".to_owned(), None));
@@ -336,6 +374,32 @@ mod tests {
         // "b"'s own claim renews it, and the giver is forgotten.
         assert!(claim(&store, "c", &u, &key, "b", &[], t3).await.unwrap().unwrap().renewed);
         assert_eq!(reservation().await, ("b".to_owned(), None));
+    }
+
+    /// A release removes only what its own claim wrote, even when another
+    /// claim of the same document wrote the reservation in the same
+    /// millisecond (which a release by time alone could not tell apart).
+    #[tokio::test]
+    async fn a_release_takes_back_only_its_own_claim_within_one_millisecond() {
+        let store: DynStore = std::sync::Arc::new(crate::store::memory::MemoryStore::default());
+        let u = Unique { physical: "u.e.1".into(), name: "e".into(), paths: vec!["email".into()] };
+        let key = u.value(&data(json!({"email": "x"}))).unwrap();
+        let t = DateTime::from_millis(5_000_000);
+        // A first write claims the value, a second write of the same
+        // document renews it in the same millisecond, and the first, which
+        // did not land, gives its claim back.
+        let first = claim(&store, "c", &u, &key, "a", &[], t).await.unwrap().unwrap();
+        let second = claim(&store, "c", &u, &key, "a", &[], t).await.unwrap().unwrap();
+        assert!(second.renewed && !first.renewed);
+        release(&store, &[first]).await;
+        // The second's claim stands: another document may not take it.
+        let other = claim(&store, "c", &u, &key, "b", &[], t).await.unwrap();
+        assert_eq!(other.err().map(|d| d.existing).as_deref(), Some("a"));
+        // A claim's release does take back what it wrote.
+        let u2 = Unique { physical: "u.e.2".into(), ..u.clone() };
+        let mine = claim(&store, "c", &u2, &key, "a", &[], t).await.unwrap().unwrap();
+        release(&store, &[mine]).await;
+        assert!(store.get(UNIQUE, &u2.id(&key)).await.unwrap().is_none());
     }
 
     #[test]
