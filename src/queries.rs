@@ -79,7 +79,6 @@ use crate::follow_ups::{FollowUps, QUIET_WAIT, SETTLE_WAIT};
 use crate::indexes::Indexes;
 use crate::query::filter::Filter;
 use crate::query::plan::{self, Plan, SortKey, Unserved};
-use crate::store::filter::lookup;
 use crate::store::scans::{DOCS_OUTBOX, DOCS_STAGED, TXNS_BY_COMMIT};
 use crate::store::{Bound, Bson, Document, DynStore, IndexQuery, PAGE_BYTES, Store, StoreError, doc};
 use crate::txn::record::{Status, TXNS, TxnRecord};
@@ -680,25 +679,68 @@ fn trim(items: Vec<PageItem>, fields: Option<&[String]>) -> Result<Vec<PageItem>
 }
 
 fn trim_live(item: &mut Live, fields: &[String]) {
-    let mut kept = Document::new();
+    let mut kept = Kept::default();
     for path in fields {
-        if let Some(value) = lookup(&item.data, path) {
-            put(&mut kept, path, value.clone());
-        }
+        kept.add(path);
     }
-    item.data = kept;
+    item.data = kept.project(&item.data);
 }
 
-fn put(doc: &mut Document, path: &str, value: Bson) {
-    match path.split_once('.') {
-        None => {
-            doc.insert(path, value);
-        }
-        Some((head, rest)) => {
-            let child = doc.entry(head.to_owned()).or_insert_with(|| Bson::Document(Document::new()));
-            if let Bson::Document(inner) = child {
-                put(inner, rest, value);
+/// The paths a projection keeps, as a tree: a field kept whole, or some
+/// paths inside it.
+#[derive(Default)]
+struct Kept(HashMap<String, Option<Kept>>);
+
+impl Kept {
+    fn add(&mut self, path: &str) {
+        let (head, rest) = match path.split_once('.') {
+            None => (path, None),
+            Some((head, rest)) => (head, Some(rest)),
+        };
+        match (self.0.get_mut(head), rest) {
+            // Kept whole already: a path inside it adds nothing.
+            (Some(None), _) => {}
+            (Some(Some(inner)), Some(rest)) => inner.add(rest),
+            (_, None) => {
+                self.0.insert(head.to_owned(), None);
             }
+            (None, Some(rest)) => {
+                let mut inner = Kept::default();
+                inner.add(rest);
+                self.0.insert(head.to_owned(), Some(inner));
+            }
+        }
+    }
+
+    /// `doc` trimmed to these paths, in the document's own field order,
+    /// as MongoDB's inclusion projection trims it: a path reaching into
+    /// an object keeps that object with only the paths' fields (empty
+    /// when it has none of them), one reaching into an array does so for
+    /// each object in it and drops its other elements, and one reaching
+    /// into any other value drops it.
+    fn project(&self, doc: &Document) -> Document {
+        let mut out = Document::new();
+        for (name, value) in doc {
+            match self.0.get(name) {
+                None => {}
+                Some(None) => {
+                    out.insert(name.clone(), value.clone());
+                }
+                Some(Some(inner)) => {
+                    if let Some(value) = inner.project_value(value) {
+                        out.insert(name.clone(), value);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn project_value(&self, value: &Bson) -> Option<Bson> {
+        match value {
+            Bson::Document(doc) => Some(Bson::Document(self.project(doc))),
+            Bson::Array(items) => Some(Bson::Array(items.iter().filter_map(|v| self.project_value(v)).collect())),
+            _ => None,
         }
     }
 }
@@ -925,6 +967,42 @@ mod tests {
         for item in trimmed {
             let PageItem::Built(item) = item else { panic!("trimmed documents are built") };
             assert_eq!(item.data, data(serde_json::json!({"a": 1, "b": {"c": 2}})));
+        }
+    }
+
+    #[test]
+    fn trimming_reaches_into_arrays_as_mongodbs_projection_does() {
+        let at = crate::store::DateTime::from_millis(0);
+        let written = serde_json::json!({
+            "z": 0,
+            "arr": [{"x": 1, "y": 2}, {"y": 3}, 5, [{"x": 4}, 6], {"x": {"deep": true}}],
+            "obj": {"y": 1},
+            "s": "text",
+            "n": {"a": {"b": 1, "c": 2}, "d": 3},
+        });
+        let live = || Live {
+            id: "a".into(),
+            version: 1,
+            schema_version: 1,
+            created_at: at,
+            updated_at: at,
+            data: data(written.clone()),
+        };
+        let cases = [
+            (vec!["arr.x"], serde_json::json!({"arr": [{"x": 1}, {}, [{"x": 4}], {"x": {"deep": true}}]})),
+            // An object without the field stays, empty; a scalar does not.
+            (vec!["obj.x", "s.x"], serde_json::json!({"obj": {}})),
+            // Paths merge, in the document's order; a whole field wins.
+            (vec!["n.d", "n.a.c", "z"], serde_json::json!({"z": 0, "n": {"a": {"c": 2}, "d": 3}})),
+            (vec!["n.a.b", "n"], serde_json::json!({"n": {"a": {"b": 1, "c": 2}, "d": 3}})),
+            (vec!["n", "n.a.b"], serde_json::json!({"n": {"a": {"b": 1, "c": 2}, "d": 3}})),
+            (vec!["missing", "missing.x"], serde_json::json!({})),
+        ];
+        for (fields, want) in cases {
+            let fields: Vec<String> = fields.iter().map(|f| (*f).to_owned()).collect();
+            let trimmed = trim(vec![PageItem::Built(live())], Some(&fields)).unwrap();
+            let [PageItem::Built(item)] = trimmed.as_slice() else { panic!("one built document") };
+            assert_eq!(item.data, data(want), "{fields:?}");
         }
     }
 }

@@ -3,7 +3,8 @@
 //! random query must answer (random documents with mixed types, nulls,
 //! missing fields, nested paths and arrays beside the indexed paths;
 //! random filters and sorts over the declared indexes; pages of random
-//! sizes, with writes between pages); every kind of query no index serves
+//! sizes, with writes between pages; `fields` trimming as MongoDB's
+//! projection does, arrays of objects included); every kind of query no index serves
 //! is `index_required` with the index that would; what is outside the
 //! language is refused; counts match the model; a transaction's writes are
 //! queried once it answers, and documents it holds before then are shown
@@ -203,6 +204,40 @@ fn model_answer(
         if reverse_ids { ib.cmp(ia) } else { ia.cmp(ib) }
     });
     hits.into_iter().map(|(id, _)| id.clone()).collect()
+}
+
+/// Paths `fields` may name in the model test: scalars, objects, arrays
+/// of objects and of other values, paths into scalars, missing ones.
+const FIELDS: &[&str] =
+    &["a", "b", "n", "n.x", "n.x.y", "tags", "tags.k", "other", "other.deep", "other.deep.k", "a.x", "missing"];
+
+/// `data` trimmed to `fields` as MongoDB's inclusion projection trims it:
+/// each field of the document (in its order) named by a path is kept
+/// whole; one that paths reach into is kept trimmed to the rest of those
+/// paths when it is an object, as the trimmed objects it holds (its other
+/// elements dropped) when it is an array, and dropped otherwise.
+fn model_projection(data: &Value, fields: &[&str]) -> Value {
+    fn inner(value: &Value, rests: &[&str]) -> Option<Value> {
+        match value {
+            Value::Object(_) => Some(model_projection(value, rests)),
+            Value::Array(items) => Some(Value::Array(items.iter().filter_map(|v| inner(v, rests)).collect())),
+            _ => None,
+        }
+    }
+    let mut out = Map::new();
+    for (name, value) in data.as_object().unwrap() {
+        if fields.contains(&name.as_str()) {
+            out.insert(name.clone(), value.clone());
+            continue;
+        }
+        let rests: Vec<&str> = fields.iter().filter_map(|f| f.strip_prefix(name.as_str())?.strip_prefix('.')).collect();
+        if !rests.is_empty() {
+            if let Some(kept) = inner(value, &rests) {
+                out.insert(name.clone(), kept);
+            }
+        }
+    }
+    Value::Object(out)
 }
 
 // ---- random documents and queries ---------------------------------------
@@ -409,6 +444,22 @@ async fn random_queries_answer_what_the_model_says(backend: Backend) {
         let got: Vec<String> =
             all_pages(&app, "m", &filter, &sort, &mut rng, async |_| {}).await.into_iter().map(|(id, _)| id).collect();
         assert_eq!(got, want, "round {round}: filter {filter} sort {sort:?}");
+        // The first page again, whole and trimmed to random paths (the
+        // numbers as the gateway writes them).
+        let n = rng.random_range(1..=4);
+        let fields: Vec<&str> = FIELDS.choose_multiple(&mut rng, n).copied().collect();
+        let mut body = json!({"filter": filter, "sort": sort_param(&sort), "limit": 100});
+        let whole = expect(query(&app, "m", &body).await, 200).await;
+        body["fields"] = json!(fields);
+        let trimmed = expect(query(&app, "m", &body).await, 200).await;
+        let (whole, trimmed) = (whole["items"].as_array().unwrap(), trimmed["items"].as_array().unwrap());
+        assert_eq!(whole.len(), trimmed.len(), "round {round}: trimmed to {fields:?}");
+        for (item, trimmed) in whole.iter().zip(trimmed) {
+            assert_eq!(item["id"], trimmed["id"]);
+            assert_eq!(item["version"], trimmed["version"], "the envelope stays");
+            let want = model_projection(&item["data"], &fields);
+            assert_eq!(trimmed["data"], want, "round {round}: {} trimmed to {fields:?}", item["id"]);
+        }
         // The count of the same filter, where an index counts it.
         let resp = count_request(&app, "m", Some(&filter.to_string())).await;
         if resp.status() == 200 {
