@@ -13,7 +13,7 @@ use super::{
 use crate::document::{StagedOp, StoredDoc};
 use crate::store::scans::{DOCS_LIVE, INDEXES_BY_STATE, TXNS_BY_STATUS};
 use crate::store::shape::fields;
-use crate::store::{Bson, DateTime, StoreResult, Update};
+use crate::store::{Bson, DateTime, Durability, StoreResult, Update, Write};
 use crate::txn::record::{Status, TXNS, TxnRecord};
 
 impl Indexes {
@@ -123,6 +123,41 @@ impl Indexes {
         Ok(())
     }
 
+    /// Claim `values` (each a value of `u` and the document of `coll`
+    /// holding it), in order: a value claimed already is a duplicate, and
+    /// both documents are named in `duplicates` (each once, up to
+    /// [`MAX_NAMED`]). Unsynced (the build's end, synced, makes them
+    /// durable), and first as inserts written together; where one is
+    /// refused (its value has a reservation), that value is claimed on its
+    /// own, and the rest go on together.
+    async fn claim_held(
+        &self,
+        coll: &str,
+        u: &unique::Unique,
+        values: &[(Vec<u8>, String)],
+        duplicates: &mut Vec<String>,
+    ) -> StoreResult<()> {
+        let mut left = values;
+        while !left.is_empty() {
+            let now = self.clock.now();
+            let inserts = left
+                .iter()
+                .map(|(key, id)| (unique::UNIQUE, Write::Insert(unique::first_claim(u, key, id, now))))
+                .collect();
+            let applied = self.store.unsynced().in_order(inserts).await?;
+            let Some(((key, id), rest)) = left[applied..].split_first() else { break };
+            left = rest;
+            if let Err(dup) = unique::claim(&self.store, coll, u, key, (id, &[]), now, Durability::Unsynced).await? {
+                for id in [dup.existing, id.clone()] {
+                    if duplicates.len() < MAX_NAMED && !duplicates.contains(&id) {
+                        duplicates.push(id);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Build `d`: check every live document, declare the store index, add
     /// the documents' entries; then ready (or failed).
     async fn build(&self, mut d: Declaration, stop: &CancellationToken) -> StoreResult<()> {
@@ -157,6 +192,8 @@ impl Indexes {
             let scan = DOCS_LIVE.scan(vec![Bson::Boolean(false)]).after(after.as_deref()).limit(BUILD_BATCH);
             let batch = self.store.scan(&d.coll, scan).await?;
             let full = batch.len() == BUILD_BATCH;
+            // A unique index's values, claimed once the batch is checked.
+            let mut values: Vec<(Vec<u8>, String)> = Vec::new();
             for record in batch {
                 after = crate::store::record_id(&record).map(str::to_owned);
                 done += 1;
@@ -167,21 +204,12 @@ impl Indexes {
                     }
                     continue;
                 }
-                // A unique index's values are claimed as they are met: a
-                // value claimed already is a duplicate.
                 if let Some(key) = unique.as_ref().and_then(|u| u.value(&doc.data)) {
-                    let u = unique.as_ref().expect("unique");
-                    if let Err(dup) =
-                        unique::claim(&self.store, &d.coll, u, &key, &doc.id, &[], self.clock.now()).await?
-                    {
-                        // Each named once, however many share a value.
-                        for id in [dup.existing, doc.id] {
-                            if duplicates.len() < MAX_NAMED && !duplicates.contains(&id) {
-                                duplicates.push(id);
-                            }
-                        }
-                    }
+                    values.push((key, doc.id));
                 }
+            }
+            if let Some(u) = &unique {
+                self.claim_held(&d.coll, u, &values, &mut duplicates).await?;
             }
             if !full {
                 break;

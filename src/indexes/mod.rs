@@ -42,7 +42,7 @@ use crate::query::plan::Declared;
 pub(crate) use crate::query::rule::breaks_rule;
 use crate::store::scans::INDEXES_BY_COLL;
 use crate::store::shape::fields;
-use crate::store::{Bson, DateTime, Document, DynStore, IndexSpec, Record, StoreError, StoreResult, doc};
+use crate::store::{Bson, DateTime, Document, Durability, DynStore, IndexSpec, Record, StoreError, StoreResult, doc};
 
 /// The collection of index declarations.
 pub(crate) const INDEXES: &str = "_indexes";
@@ -375,7 +375,9 @@ impl Indexes {
                 .get(&(coll.to_owned(), index.physical.clone(), key.clone()))
                 .map(|ids| ids.iter().map(String::as_str).filter(|g| *g != id).collect())
                 .unwrap_or_default();
-            match unique::claim(&self.store, coll, index, &key, id, &givers, self.clock.now()).await {
+            match unique::claim(&self.store, coll, index, &key, (id, &givers), self.clock.now(), Durability::Synced)
+                .await
+            {
                 Ok(Ok(claim)) => claims.push(claim),
                 Ok(Err(duplicate)) => {
                     unique::release(&self.store, &claims).await;

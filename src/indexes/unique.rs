@@ -43,7 +43,7 @@ use super::Declaration;
 use crate::document::StoredDoc;
 use crate::store::scans::UNIQUE_BY_INDEX;
 use crate::store::shape::{any, fields};
-use crate::store::{Bson, DateTime, Document, DynStore, StoreResult};
+use crate::store::{Bson, DateTime, Document, Durability, DynStore, StoreResult, Write};
 
 /// The collection of reservations.
 pub(crate) const UNIQUE: &str = "_unique";
@@ -151,34 +151,37 @@ async fn holder_holds(store: &DynStore, coll: &str, index: &Unique, id: &str, ke
 /// Claim `key` of `index` for document `owner` of `coll`, at `now`.
 /// `giving` names the other documents of `coll` whose change in the same
 /// transaction gives `key` up: a reservation one of them owns is taken
-/// over (module docs).
+/// over (module docs). The reservation is written `how`: a write's claim
+/// synced (a duplicate it causes may name its owner), a build's claim of
+/// a value its document holds already unsynced (the build's end, synced,
+/// makes every claim before it durable).
 pub(crate) async fn claim(
     store: &DynStore,
     coll: &str,
     index: &Unique,
     key: &[u8],
-    owner: &str,
-    giving: &[&str],
+    (owner, giving): (&str, &[&str]),
     now: DateTime,
+    how: Durability,
 ) -> StoreResult<Result<Claim, Duplicate>> {
     let id = index.id(key);
     let token = uuid::Uuid::now_v7().to_string();
-    let record = |from: Option<&str>| {
-        let claim = &token;
-        fields(&shapes::Reservation { id: &id, v: FORMAT, index: &index.physical, owner, at: now, claim, from })
-    };
+    let insert = |record: Document| store.write(UNIQUE, Write::Insert(record), how);
+    let replace =
+        |filter: Document, record: Document| store.write(UNIQUE, Write::Replace { id: &id, filter, record }, how);
+    let record = |from: Option<&str>| reservation(index, &id, (owner, from), now, &token);
     let mine = record(None);
     let written = Mark { owner: owner.to_owned(), at: now, claim: Some(token.clone()) };
     let taken = Claim { reservation: id.clone(), mark: written, renewed: false, handed: None };
     let duplicate = |existing: &str| Duplicate { index: index.name.clone(), existing: existing.to_owned() };
     for _ in 0..MAX_TRIES {
-        if store.insert(UNIQUE, mine.clone()).await? {
+        if insert(mine.clone()).await? {
             return Ok(Ok(taken));
         }
         let Some(found) = store.get(UNIQUE, &id).await? else { continue };
         let Some(as_read) = Mark::of(&found) else {
             // Not one this gateway wrote: take it over.
-            if store.replace(UNIQUE, &id, any(), mine.clone()).await? {
+            if replace(any(), mine.clone()).await? {
                 return Ok(Ok(taken));
             }
             continue;
@@ -196,7 +199,7 @@ pub(crate) async fn claim(
                 }
             }
             // Renewed, so a claim of it as read before fails.
-            if store.replace(UNIQUE, &id, read, record(handing)).await? {
+            if replace(read, record(handing)).await? {
                 return Ok(Ok(Claim { renewed: true, ..taken }));
             }
             continue;
@@ -204,7 +207,7 @@ pub(crate) async fn claim(
         if giving.contains(&holder) {
             // Handed over within the transaction: the giver keeps it until
             // the transaction commits.
-            if store.replace(UNIQUE, &id, read, record(Some(holder))).await? {
+            if replace(read, record(Some(holder))).await? {
                 return Ok(Ok(Claim { handed: Some(as_read.clone()), ..taken }));
             }
             continue;
@@ -219,7 +222,7 @@ pub(crate) async fn claim(
             }
         }
         // Stale: its owner gave the value up.
-        if store.replace(UNIQUE, &id, read, mine.clone()).await? {
+        if replace(read, mine.clone()).await? {
             return Ok(Ok(taken));
         }
     }
@@ -227,6 +230,19 @@ pub(crate) async fn claim(
         "the reservation of a value of index {} kept changing; retry",
         index.name
     )))
+}
+
+/// The reservation record of value `id` of `index` a claim for `owner`
+/// (taken over `from`) at `now` writes, with its token.
+fn reservation(index: &Unique, id: &str, (owner, from): (&str, Option<&str>), now: DateTime, claim: &str) -> Document {
+    fields(&shapes::Reservation { id, v: FORMAT, index: &index.physical, owner, at: now, claim, from })
+}
+
+/// The reservation a first claim of `key` for `owner` at `now` inserts:
+/// what a build writes, many at once, for documents that hold their
+/// values already; where one is refused, [`claim`] makes the claim.
+pub(crate) fn first_claim(index: &Unique, key: &[u8], owner: &str, now: DateTime) -> Document {
+    reservation(index, &index.id(key), (owner, None), now, &uuid::Uuid::now_v7().to_string())
 }
 
 /// Give up `claims` a write made and did not use: each only as claimed
@@ -336,9 +352,13 @@ mod tests {
             }
         };
         put("a", json!({"email": "x"})).await;
-        claim(&store, "c", &u, &key, "a", &[], t0).await.unwrap().unwrap();
+        claim(&store, "c", &u, &key, ("a", &[]), t0, Durability::Synced).await.unwrap().unwrap();
         let existing = async |owner: &str, giving: &[&str], at: DateTime| {
-            claim(&store, "c", &u, &key, owner, giving, at).await.unwrap().err().map(|d| d.existing)
+            claim(&store, "c", &u, &key, (owner, giving), at, Durability::Synced)
+                .await
+                .unwrap()
+                .err()
+                .map(|d| d.existing)
         };
         let reservation = async || {
             let found = store.get(UNIQUE, &u.id(&key)).await.unwrap().unwrap();
@@ -347,7 +367,7 @@ mod tests {
         // Another document of the transaction takes it over from "a"; the
         // transaction does not commit and gives it back.
         let t1 = later(t0, 1);
-        let handed = claim(&store, "c", &u, &key, "b", &["a"], t1).await.unwrap().unwrap();
+        let handed = claim(&store, "c", &u, &key, ("b", &["a"]), t1, Durability::Synced).await.unwrap().unwrap();
         let given = handed.handed.clone().expect("handed over");
         assert_eq!((given.owner.as_str(), given.at), ("a", t0));
         assert_eq!(reservation().await, ("b".to_owned(), Some("a".to_owned())));
@@ -357,13 +377,13 @@ mod tests {
         // Taken over again, and never given back (a crash): the value stays
         // "a"'s, for others and for "b" itself, long after the grace.
         let t2 = later(t1, 1);
-        claim(&store, "c", &u, &key, "b", &["a"], t2).await.unwrap().unwrap();
+        claim(&store, "c", &u, &key, ("b", &["a"]), t2, Durability::Synced).await.unwrap().unwrap();
         let stale = later(t2, GRACE.as_secs() + 1);
         assert_eq!(existing("z", &[], t2).await.as_deref(), Some("b"));
         assert_eq!(existing("z", &[], stale).await.as_deref(), Some("a"));
         assert_eq!(existing("b", &[], stale).await.as_deref(), Some("a"));
         // The transaction sent again: "b"'s own, renewed, "a" still named.
-        let again = claim(&store, "c", &u, &key, "b", &["a"], stale).await.unwrap().unwrap();
+        let again = claim(&store, "c", &u, &key, ("b", &["a"]), stale, Durability::Synced).await.unwrap().unwrap();
         assert!(again.renewed);
         assert_eq!(reservation().await, ("b".to_owned(), Some("a".to_owned())));
         // Committed: "a" gave the value up and "b" holds it.
@@ -372,7 +392,7 @@ mod tests {
         let t3 = later(stale, GRACE.as_secs() + 10);
         assert_eq!(existing("z", &[], t3).await.as_deref(), Some("b"));
         // "b"'s own claim renews it, and the giver is forgotten.
-        assert!(claim(&store, "c", &u, &key, "b", &[], t3).await.unwrap().unwrap().renewed);
+        assert!(claim(&store, "c", &u, &key, ("b", &[]), t3, Durability::Synced).await.unwrap().unwrap().renewed);
         assert_eq!(reservation().await, ("b".to_owned(), None));
     }
 
@@ -388,16 +408,16 @@ mod tests {
         // A first write claims the value, a second write of the same
         // document renews it in the same millisecond, and the first, which
         // did not land, gives its claim back.
-        let first = claim(&store, "c", &u, &key, "a", &[], t).await.unwrap().unwrap();
-        let second = claim(&store, "c", &u, &key, "a", &[], t).await.unwrap().unwrap();
+        let first = claim(&store, "c", &u, &key, ("a", &[]), t, Durability::Synced).await.unwrap().unwrap();
+        let second = claim(&store, "c", &u, &key, ("a", &[]), t, Durability::Synced).await.unwrap().unwrap();
         assert!(second.renewed && !first.renewed);
         release(&store, &[first]).await;
         // The second's claim stands: another document may not take it.
-        let other = claim(&store, "c", &u, &key, "b", &[], t).await.unwrap();
+        let other = claim(&store, "c", &u, &key, ("b", &[]), t, Durability::Synced).await.unwrap();
         assert_eq!(other.err().map(|d| d.existing).as_deref(), Some("a"));
         // A claim's release does take back what it wrote.
         let u2 = Unique { physical: "u.e.2".into(), ..u.clone() };
-        let mine = claim(&store, "c", &u2, &key, "a", &[], t).await.unwrap().unwrap();
+        let mine = claim(&store, "c", &u2, &key, ("a", &[]), t, Durability::Synced).await.unwrap().unwrap();
         release(&store, &[mine]).await;
         assert!(store.get(UNIQUE, &u2.id(&key)).await.unwrap().is_none());
     }
