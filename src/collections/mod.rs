@@ -250,7 +250,9 @@ impl Collections {
             if from - start >= LOG_PROGRESS_EVERY && (from - start) % LOG_PROGRESS_EVERY < FOLD_BATCH as u64 {
                 tracing::info!(position = from, counted = from - start, "counting collections' changes");
             }
-            let batch = match self.log.read(from, FOLD_BATCH).await {
+            // From the store: what the log's readers read lately ends
+            // where their last read did, and the fold must reach the head.
+            let batch = match self.log.read_fresh(from, FOLD_BATCH).await {
                 Ok(batch) => batch,
                 Err(ReadError::Store(err)) => return Err(err),
                 Err(err @ ReadError::Expired { .. }) => {

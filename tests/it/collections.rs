@@ -222,6 +222,37 @@ async fn counts_follow_creates_deletes_and_transactions(backend: Backend) {
     app.stop().await;
 }
 
+/// A subscription's dispatcher reads the log at its head, a batch at a
+/// time, and what it read is kept for other readers: a count read right
+/// after the client's own writes still holds all of them, however many
+/// the batch held. On the embedded store only: the log's readers are the
+/// gateway's own whatever the store, and FerretDB takes longer than the
+/// store's deadline to roll a transaction of 500 inserts forward while
+/// other reads wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_holds_the_clients_own_writes_while_a_subscription_reads_the_log() {
+    let Some(app) = app(Backend::Embedded).await else { return };
+    let rx = crate::support::TestReceiver::start().await;
+    expect(app.post("/v1/subscriptions", &json!({"url": rx.url("/x"), "collections": ["elsewhere"]})).await, 201).await;
+    let mut want = 0;
+    for (round, n) in [499, 501, 1000, 999].into_iter().enumerate() {
+        let actions: Vec<Value> = (0..n)
+            .map(|i| json!({"op": "insert", "collection": "big", "id": format!("r{round}-{i}"), "data": {"n": i}}))
+            .collect();
+        expect(app.post("/v1/transactions", &json!({ "actions": actions })).await, 200).await;
+        want += n;
+        assert_eq!(count(&app, "big").await, want, "right after a transaction of {n} inserts");
+        let listed = expect(app.get("/v1/collections?limit=1000").await, 200).await;
+        let big = listed["items"].as_array().unwrap().iter().find(|c| c["name"] == "big").cloned();
+        assert_eq!(big.map(|c| c["count"].clone()), Some(json!(want)), "in the list: {listed}");
+        // One more write, alone.
+        create(&app, "big", &format!("one{round}")).await;
+        want += 1;
+        assert_eq!(count(&app, "big").await, want, "right after one more insert");
+    }
+    app.stop().await;
+}
+
 async fn documents_expire_by_age_with_one_event_and_a_tombstone_each(backend: Backend) {
     let Some(app) = app(backend).await else { return };
     let mut stream = SseStream::open(&app, "/v1/events?types=document.expired", None).await;
