@@ -184,8 +184,10 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
     let collection = if route.contains("{collection}") {
         match Path::<HashMap<String, String>>::from_request_parts(&mut parts, &()).await {
             Ok(Path(params)) => params.get("collection").cloned(),
-            // Not decodable: the handler would refuse it too.
-            Err(rejection) => return rejection.into_response(),
+            // Not decodable: refused as the handler refuses it.
+            Err(rejection) => {
+                return ApiError::bad_request(ProblemCode::InvalidPath, rejection.body_text()).into_response();
+            }
         }
     } else {
         None

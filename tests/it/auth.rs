@@ -39,6 +39,14 @@ async fn keys_and_scopes_are_enforced() {
     expect(res, 201).await;
     let res = app.request(Method::GET, &format!("{url}/d")).bearer_auth(READER).send().await.unwrap();
     expect(res, 200).await;
+    // A path parameter that cannot be decoded is refused as the handler
+    // refuses it (once the key is known).
+    for path in ["/v1/collections/%FF/documents", "/v1/collections/%FF", "/v1/collections/a/indexes/%FF"] {
+        let res = app.request(Method::GET, path).bearer_auth(READER).send().await.unwrap();
+        let p = expect_problem(res, 400, "invalid_path").await;
+        assert!(p["detail"].as_str().unwrap().contains("UTF-8"), "{path}: {p}");
+        expect_problem(app.request(Method::GET, path).send().await.unwrap(), 401, "unauthorized").await;
+    }
     // Health, readiness and the API description stay public.
     for open in ["/healthz", "/readyz", "/openapi.json"] {
         assert_eq!(app.get(open).await.status(), 200, "{open}");
