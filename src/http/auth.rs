@@ -199,7 +199,9 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
             if key.grants.iter().any(|g| g.scope >= needed) {
                 Ok(())
             } else {
-                Err(forbidden(needed, None))
+                let scope = needed.as_str();
+                let detail = format!("the API key has the {scope} scope on no collection");
+                Err(ApiError::new(ProblemCode::Forbidden, detail).with("required_scope", scope))
             }
         }
         None if access.everywhere(needed) => Ok(()),

@@ -375,6 +375,11 @@ async fn keys_limited_to_collections_reach_only_those(backend: Backend) {
         expect_problem(sub(ORDERS, json!({"url": rx.url("/x"), "collections": ["payments"]})).await, 403, "forbidden")
             .await;
     assert_eq!(p["collection"], "payments");
+    // A key that may write nowhere is told so.
+    let p = expect_problem(sub(AUDIT, json!({"url": rx.url("/x"), "collections": ["orders"]})).await, 403, "forbidden")
+        .await;
+    assert_eq!(p["required_scope"], "write");
+    assert_eq!(p["detail"], "the API key has the write scope on no collection", "{p}");
     let mine = expect(sub(ORDERS, json!({"url": rx.url("/orders")})).await, 201).await;
     let admins = expect(sub(ADMIN, json!({"url": rx.url("/admin"), "collections": ["orders"]})).await, 201).await;
     let (mine, admins) = (mine["id"].as_str().unwrap(), admins["id"].as_str().unwrap());
