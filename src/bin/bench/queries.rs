@@ -109,6 +109,12 @@ async fn counts(
     (lat, counted)
 }
 
+/// Declared index `name` of `coll`, as `GET …/indexes/{name}` answers.
+async fn index_of(client: &reqwest::Client, base: &str, coll: &str, name: &str) -> Value {
+    let resp = client.get(format!("{base}/v1/collections/{coll}/indexes/{name}")).send().await.expect("get index");
+    resp.json().await.expect("index")
+}
+
 /// Sorted latencies, as `p50/p99` in ms.
 fn p50_p99(lat: &mut [Duration]) -> (f64, f64) {
     lat.sort();
@@ -211,14 +217,7 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
         let (client, base, ready) = (client.clone(), base.clone(), Arc::clone(&ready));
         tokio::spawn(async move {
             loop {
-                let index: Value = client
-                    .get(format!("{base}/v1/collections/{COLL}/indexes/status_amount"))
-                    .send()
-                    .await
-                    .expect("get index")
-                    .json()
-                    .await
-                    .expect("index");
+                let index = index_of(&client, &base, COLL, "status_amount").await;
                 if index["state"] != "building" {
                     assert_eq!(index["state"], "ready", "{index}");
                     ready.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -419,14 +418,7 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
     assert_eq!(put.status(), 201);
     let started = Instant::now();
     loop {
-        let index: Value = client
-            .get(format!("{base}/v1/collections/people/indexes/email"))
-            .send()
-            .await
-            .expect("get index")
-            .json()
-            .await
-            .expect("index");
+        let index = index_of(&client, &base, "people", "email").await;
         if index["state"] != "building" {
             assert_eq!(index["state"], "ready", "{index}");
             break;
