@@ -32,6 +32,7 @@ crate::on_both_backends!(
     a_build_whose_instance_died_is_taken_over_and_ends_exact,
     one_index_per_list_of_fields,
     a_build_the_store_keeps_failing_holds_up_no_other,
+    reservations_the_store_fails_leave_every_value_held_once,
 );
 
 async fn indexed_paths_never_hold_arrays_or_objects(backend: Backend) {
@@ -779,4 +780,108 @@ async fn a_build_the_store_keeps_failing_holds_up_no_other(backend: Backend) {
     assert_eq!(settled_index(&app, "a_stuck", "f").await["state"], "ready");
     let page = expect(query(&app, "a_stuck", &json!({"filter": {"f": 1}})).await, 200).await;
     assert_eq!(page["items"][0]["id"], "one", "{page}");
+}
+
+/// The store fails writes of reservations now and then, before they land
+/// and after: a unique build retries and ends ready, holding every value
+/// once; a single write whose claim failed answers 503 and, tried again,
+/// lands with its value held; a delete and a change whose release failed
+/// still answer, and the values they gave up are held no longer than a
+/// claim's grace (30 s), then free.
+async fn reservations_the_store_fails_leave_every_value_held_once(backend: Backend) {
+    const VALUES: usize = 40;
+    // Writes of reservations numbered here fail (counted once armed).
+    const FAIL_BEFORE: [usize; 3] = [3, 17, 44];
+    const FAIL_AFTER: [usize; 3] = [8, 29, 61];
+    let armed = Arc::new(AtomicBool::new(false));
+    let fail_release = Arc::new(AtomicUsize::new(0));
+    let writes = Arc::new(AtomicUsize::new(0));
+    let rule = {
+        let (armed, fail_release, writes) = (Arc::clone(&armed), Arc::clone(&fail_release), Arc::clone(&writes));
+        move |op: &crate::faulty::Op| {
+            if op.coll != "_unique" || !matches!(op.kind, "insert" | "update" | "replace" | "delete") {
+                return crate::faulty::Act::Pass;
+            }
+            // A release is a delete of a reservation: failed while asked for.
+            if op.kind == "delete"
+                && fail_release.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+            {
+                return crate::faulty::Act::FailBefore;
+            }
+            if !armed.load(Ordering::SeqCst) {
+                return crate::faulty::Act::Pass;
+            }
+            let n = writes.fetch_add(1, Ordering::SeqCst) + 1;
+            if FAIL_BEFORE.contains(&n) {
+                crate::faulty::Act::FailBefore
+            } else if FAIL_AFTER.contains(&n) {
+                crate::faulty::Act::FailAfter
+            } else {
+                crate::faulty::Act::Pass
+            }
+        }
+    };
+    let Some(app) = crate::faulty::rigged_app(backend, |_| {}, rule).await else { return };
+    for i in 0..VALUES {
+        create(&app, "r", &format!("p{i}"), &json!({"email": format!("e{i}")})).await;
+    }
+    create(&app, "r", "none", &json!({"name": "no email"})).await;
+
+    armed.store(true, Ordering::SeqCst);
+    unique_email(&app, "r").await;
+    // New documents while reservations still fail now and then: a 503 is
+    // tried again, with the same id, until the write lands.
+    for i in 0..10 {
+        let body = json!({"_id": format!("n{i}"), "email": format!("new{i}")});
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let resp = app.post(&docs_path("r"), &body).await;
+            match resp.status().as_u16() {
+                201 => break,
+                503 => assert!(Instant::now() < deadline, "n{i} never landed"),
+                other => panic!("n{i}: {other} {}", resp.text().await.unwrap()),
+            }
+        }
+    }
+    armed.store(false, Ordering::SeqCst);
+    assert!(writes.load(Ordering::SeqCst) > *FAIL_AFTER.iter().max().unwrap(), "every fault struck");
+
+    // Every value is held by its document, and found through the index.
+    let holders: Vec<(String, String)> = (0..VALUES)
+        .map(|i| (format!("e{i}"), format!("p{i}")))
+        .chain((0..10).map(|i| (format!("new{i}"), format!("n{i}"))))
+        .collect();
+    for (value, holder) in &holders {
+        let dup = expect_problem(app.post(&docs_path("r"), &json!({"email": value})).await, 409, "duplicate").await;
+        assert_eq!(dup["existing"], json!(holder), "{dup}");
+        let page = expect(query(&app, "r", &json!({"filter": {"email": value}})).await, 200).await;
+        let ids: Vec<&str> = page["items"].as_array().unwrap().iter().map(|i| i["id"].as_str().unwrap()).collect();
+        assert_eq!(ids, [holder.as_str()], "{value}");
+    }
+
+    // A delete and a change whose releases fail still answer.
+    fail_release.store(1, Ordering::SeqCst);
+    expect(app.request(Method::DELETE, &format!("{}/p0", docs_path("r"))).send().await.unwrap(), 204).await;
+    fail_release.store(1, Ordering::SeqCst);
+    let p1 = format!("{}/p1", docs_path("r"));
+    expect(app.send_json(Method::PATCH, &p1, &json!({"set": {"email": "moved"}})).await, 200).await;
+    assert_eq!(fail_release.load(Ordering::SeqCst), 0, "both releases were tried and failed");
+    // What they gave up is held for at most a claim's grace, then free.
+    let deadline = Instant::now() + Duration::from_secs(45);
+    for (i, value) in ["e0", "e1"].into_iter().enumerate() {
+        let body = json!({"_id": format!("taker{i}"), "email": value});
+        loop {
+            let resp = app.post(&docs_path("r"), &body).await;
+            if resp.status() == 201 {
+                break;
+            }
+            let held = expect_problem(resp, 409, "duplicate").await;
+            assert_eq!(held["existing"], json!(format!("p{i}")), "{held}");
+            assert!(Instant::now() < deadline, "{value} is still held");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    // p1 holds what it moved to.
+    expect_problem(app.post(&docs_path("r"), &json!({"email": "moved"})).await, 409, "duplicate").await;
+    app.stop().await;
 }
