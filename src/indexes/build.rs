@@ -126,10 +126,14 @@ impl Indexes {
     /// Claim `values` (each a value of `u` and the document of `coll`
     /// holding it), in order: a value claimed already is a duplicate, and
     /// both documents are named in `duplicates` (each once, up to
-    /// [`MAX_NAMED`]). Unsynced (the build's end, synced, makes them
-    /// durable), and first as inserts written together; where one is
-    /// refused (its value has a reservation), that value is claimed on its
-    /// own, and the rest go on together.
+    /// [`MAX_NAMED`]). The batch's reservations are read first: one its
+    /// document owns already (claimed by an earlier pass of this build that
+    /// did not finish, or by the document's own write) is left as it is.
+    /// The others are claimed unsynced (the build's end, synced, makes them
+    /// durable): the values nobody has reserved as inserts written
+    /// together, and each value someone else has reserved (or that was
+    /// reserved meanwhile, or that an earlier document of the batch
+    /// holds too) on its own, after them.
     async fn claim_held(
         &self,
         coll: &str,
@@ -137,7 +141,24 @@ impl Indexes {
         values: &[(Vec<u8>, String)],
         duplicates: &mut Vec<String>,
     ) -> StoreResult<()> {
-        let mut left = values;
+        let ids: Vec<String> = values.iter().map(|(key, _)| u.id(key)).collect();
+        let found = self.store.get_many(unique::UNIQUE, &ids).await?;
+        let found: std::collections::HashMap<&str, &crate::store::Record> =
+            found.iter().filter_map(|r| Some((crate::store::record_id(r)?, r))).collect();
+        let (mut free, mut reserved) = (Vec::new(), Vec::new());
+        let mut first = std::collections::HashSet::new();
+        for (value, id) in values.iter().zip(&ids) {
+            match found.get(id.as_str()) {
+                // A value an earlier document of the batch holds too: it
+                // will be reserved by then (a duplicate, unless that
+                // document's own write gives it up meanwhile).
+                None if !first.insert(id.as_str()) => reserved.push(value),
+                None => free.push(value),
+                Some(reservation) if unique::owned_by(reservation, &value.1) => {}
+                Some(_) => reserved.push(value),
+            }
+        }
+        let mut left = free.as_slice();
         while !left.is_empty() {
             let now = self.clock.now();
             let inserts = left
@@ -145,8 +166,12 @@ impl Indexes {
                 .map(|(key, id)| (unique::UNIQUE, Write::Insert(unique::first_claim(u, key, id, now))))
                 .collect();
             let applied = self.store.unsynced().in_order(inserts).await?;
-            let Some(((key, id), rest)) = left[applied..].split_first() else { break };
+            let Some((refused, rest)) = left[applied..].split_first() else { break };
             left = rest;
+            reserved.push(refused);
+        }
+        for (key, id) in reserved {
+            let now = self.clock.now();
             if let Err(dup) = unique::claim(&self.store, coll, u, key, (id, &[]), now, Durability::Unsynced).await? {
                 for id in [dup.existing, id.clone()] {
                     if duplicates.len() < MAX_NAMED && !duplicates.contains(&id) {

@@ -80,7 +80,8 @@ impl Unique {
         crate::query::rule::unique_key(&self.paths, data)
     }
 
-    fn id(&self, key: &[u8]) -> String {
+    /// The id of the reservation of value `key`.
+    pub(crate) fn id(&self, key: &[u8]) -> String {
         format!("{}/{}", self.physical, base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key))
     }
 }
@@ -243,6 +244,14 @@ fn reservation(index: &Unique, id: &str, (owner, from): (&str, Option<&str>), no
 /// values already; where one is refused, [`claim`] makes the claim.
 pub(crate) fn first_claim(index: &Unique, key: &[u8], owner: &str, now: DateTime) -> Document {
     reservation(index, &index.id(key), (owner, None), now, &uuid::Uuid::now_v7().to_string())
+}
+
+/// Whether `reservation` is document `owner`'s own, and no other
+/// document's change in a transaction handed it over (a claim of it by
+/// `owner` would renew it and nothing else).
+pub(crate) fn owned_by(reservation: &Document, owner: &str) -> bool {
+    let from = reservation.get_str("from").ok();
+    Mark::of(reservation).is_some_and(|mark| mark.owner == owner) && from.is_none_or(|from| from == owner)
 }
 
 /// Give up `claims` a write made and did not use: each only as claimed

@@ -387,6 +387,58 @@ impl Store for MongoStore {
         }
     }
 
+    /// Inserts into one collection go as one ordered `insertMany`, which
+    /// stops at the first refused insert just as one write after another
+    /// does (a unique build claims a batch of values this way); any other
+    /// chain goes write by write.
+    async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
+        let one_coll = writes.first().map(|(coll, _)| *coll).filter(|first| writes.iter().all(|(c, _)| c == first));
+        let all_inserts = writes.iter().all(|(_, w)| matches!(w, Write::Insert(_)));
+        let (Some(coll), true, 2..) = (one_coll, all_inserts, writes.len()) else {
+            let mut applied = 0;
+            for (coll, write) in writes {
+                if !self.write(coll, write, durability).await? {
+                    break;
+                }
+                applied += 1;
+            }
+            return Ok(applied);
+        };
+        let coll = self.coll(coll);
+        let records: Vec<Record> = writes
+            .into_iter()
+            .filter_map(|(_, write)| match write {
+                Write::Insert(record) => Some(record),
+                _ => None,
+            })
+            .collect();
+        let n = records.len();
+        match coll.insert_many(records).ordered(true).await {
+            Ok(_) => Ok(n),
+            Err(err) => match err.kind.as_ref() {
+                ErrorKind::InsertMany(failure) => {
+                    let first = failure.write_errors.as_ref().and_then(|errs| errs.iter().min_by_key(|e| e.index));
+                    match first {
+                        // The record exists: the inserts before it landed, none after.
+                        Some(e)
+                            if e.code == DUPLICATE_KEY
+                                && (e.message.contains("_id_") || !e.message.contains("index:")) =>
+                        {
+                            Ok(e.index)
+                        }
+                        Some(e) if e.code == DUPLICATE_KEY => Err(StoreError::Duplicate(e.message.clone())),
+                        Some(e) if REJECTED_CODES.contains(&e.code) => Err(StoreError::Rejected(e.message.clone())),
+                        Some(e) => {
+                            Err(StoreError::Internal(format!("insert {} of {n} failed: {}", e.index, e.message)))
+                        }
+                        None => Err(map_err(err)),
+                    }
+                }
+                _ => Err(map_err(err)),
+            },
+        }
+    }
+
     /// One round trip to learn which are there, one to take positions for
     /// the rest, then their inserts at once.
     async fn append_all(&self, coll: &str, records: Vec<Record>) -> StoreResult<Vec<bool>> {

@@ -253,6 +253,19 @@ async fn writes_in_order_stop_at_the_first_not_applied(backend: Backend) {
         let chain = vec![("c", Write::Insert(doc! {"_id": "b"})), ("c", Write::Delete { id: "a", filter: doc! {} })];
         assert_eq!(s.write_in_order(chain, durability).await.unwrap(), 0);
         assert!(s.get("c", "a").await.unwrap().is_some());
+        // Inserts alone into one collection (one request on MongoDB): they
+        // stop at the first record that exists, the rest not attempted.
+        let inserts = |ids: &[&'static str]| ids.iter().map(|id| ("c", Write::Insert(doc! {"_id": *id}))).collect();
+        assert_eq!(s.write_in_order(inserts(&["i1", "i2", "b", "i3"]), durability).await.unwrap(), 2);
+        assert!(s.get("c", "i2").await.unwrap().is_some());
+        assert!(s.get("c", "i3").await.unwrap().is_none());
+        assert_eq!(s.get("c", "b").await.unwrap().unwrap(), doc! {"_id": "b", "v": 5});
+        assert_eq!(s.write_in_order(inserts(&["i3", "i4"]), durability).await.unwrap(), 2);
+        assert_eq!(s.write_in_order(inserts(&["i1", "i5"]), durability).await.unwrap(), 0);
+        assert!(s.get("c", "i5").await.unwrap().is_none());
+        for id in ["i1", "i2", "i3", "i4"] {
+            assert!(s.delete("c", id, doc! {}).await.unwrap());
+        }
         // Reset for the next round.
         assert!(s.delete("c", "a", doc! {}).await.unwrap());
         assert!(s.delete("d", "x", doc! {}).await.unwrap());
