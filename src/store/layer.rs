@@ -199,14 +199,7 @@ impl<L: Layer> Store for Layered<L> {
 
     async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
         if self.layer.splits_chains() {
-            let mut applied = 0;
-            for (coll, write) in writes {
-                if !self.write(coll, write, durability).await? {
-                    break;
-                }
-                applied += 1;
-            }
-            return Ok(applied);
+            return super::write_each(self, writes, durability).await;
         }
         let kinds = kinds_of(&writes);
         let op = self.before_chain("write_in_order", &kinds, durability).await?;

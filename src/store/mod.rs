@@ -512,14 +512,7 @@ pub trait Store: Send + Sync + 'static {
     /// transaction's record before its locks): the embedded store commits
     /// them together, in one group commit.
     async fn write_in_order(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<usize> {
-        let mut applied = 0;
-        for (coll, write) in writes {
-            if !self.write(coll, write, durability).await? {
-                break;
-            }
-            applied += 1;
-        }
-        Ok(applied)
+        write_each(self, writes, durability).await
     }
 
     /// Whether [`Store::write_in_order`] costs one round trip, so that a
@@ -765,6 +758,23 @@ impl Unsynced<'_> {
     pub async fn in_order(&self, writes: Vec<(&str, Write<'_>)>) -> StoreResult<usize> {
         self.0.write_in_order(writes, Durability::Unsynced).await
     }
+}
+
+/// [`Store::write_in_order`] as one write after another: how many were
+/// applied before the first that was not.
+pub(crate) async fn write_each<S: Store + ?Sized>(
+    store: &S,
+    writes: Vec<(&str, Write<'_>)>,
+    durability: Durability,
+) -> StoreResult<usize> {
+    let mut applied = 0;
+    for (coll, write) in writes {
+        if !store.write(coll, write, durability).await? {
+            break;
+        }
+        applied += 1;
+    }
+    Ok(applied)
 }
 
 /// One page of an `_id`-ordered `scan` of `coll`: up to `limit` records

@@ -395,14 +395,7 @@ impl Store for MongoStore {
         let one_coll = writes.first().map(|(coll, _)| *coll).filter(|first| writes.iter().all(|(c, _)| c == first));
         let all_inserts = writes.iter().all(|(_, w)| matches!(w, Write::Insert(_)));
         let (Some(coll), true, 2..) = (one_coll, all_inserts, writes.len()) else {
-            let mut applied = 0;
-            for (coll, write) in writes {
-                if !self.write(coll, write, durability).await? {
-                    break;
-                }
-                applied += 1;
-            }
-            return Ok(applied);
+            return super::write_each(self, writes, durability).await;
         };
         let coll = self.coll(coll);
         let records: Vec<Record> = writes
