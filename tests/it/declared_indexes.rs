@@ -606,13 +606,16 @@ async fn a_unique_build_over_duplicates_fails_naming_them(backend: Backend) {
     expect_problem(app.post(&docs_path("y"), &json!({"email": "same"})).await, 409, "duplicate").await;
 }
 
-/// Once armed, lets an index build take its lease and fails every later
-/// write of a declaration (the lease's renewal after the build's first
-/// batch, and every take after): the builder's instance is dead
-/// mid-build, its claims for that batch made, its lease held.
+/// Once armed, lets an index build take its lease (and renew it while it
+/// waits for transactions in flight) and, once the build has claimed a
+/// value, fails every later write of a declaration (the lease's renewal
+/// after the build's first batch, or its end, and every take after): the
+/// builder's instance is dead mid-build, its claims for that batch made,
+/// its lease held.
 struct DieMidBuild {
     armed: AtomicBool,
-    leases: AtomicUsize,
+    claimed: AtomicBool,
+    failed: AtomicUsize,
 }
 
 impl Layer for DieMidBuild {
@@ -622,11 +625,19 @@ impl Layer for DieMidBuild {
         op: &StoreOp<'_>,
         run: impl Future<Output = StoreResult<T>> + Send,
     ) -> StoreResult<T> {
+        if !self.armed.load(Ordering::SeqCst) {
+            return run.await;
+        }
         let lease = op.coll == "_indexes" && op.name == "update";
-        if lease && self.armed.load(Ordering::SeqCst) && self.leases.fetch_add(1, Ordering::SeqCst) >= 1 {
+        if lease && self.claimed.load(Ordering::SeqCst) {
+            self.failed.fetch_add(1, Ordering::SeqCst);
             return Err(StoreError::Unavailable("the builder's instance is gone".into()));
         }
-        run.await
+        let result = run.await;
+        if op.coll == "_unique" && op.writes > 0 && result.is_ok() {
+            self.claimed.store(true, Ordering::SeqCst);
+        }
+        result
     }
 }
 
@@ -660,7 +671,8 @@ impl Layer for CountReservations {
 /// claimed again: the takeover writes only the reservations it lacks.
 async fn a_build_whose_instance_died_is_taken_over_and_ends_exact(backend: Backend) {
     let Some(ts) = TestStore::new(backend).await else { return };
-    let layer = DieMidBuild { armed: AtomicBool::new(false), leases: AtomicUsize::new(0) };
+    let layer =
+        DieMidBuild { armed: AtomicBool::new(false), claimed: AtomicBool::new(false), failed: AtomicUsize::new(0) };
     let dying = Arc::new(Layered::new(Arc::clone(&ts.store), layer));
     let a = TestApp::on_store(test_config(ts.config.clone()), dying.clone(), None).await;
     // Several batches on the embedded store; fewer documents on a
@@ -679,9 +691,10 @@ async fn a_build_whose_instance_died_is_taken_over_and_ends_exact(backend: Backe
     dying.layer().armed.store(true, Ordering::SeqCst);
     let resp = a.send_json(Method::PUT, "/v1/collections/t/indexes/u", &json!({"fields": ["u"], "unique": true})).await;
     assert!(resp.status().is_success(), "{}", resp.status());
-    // The build took its lease and met the failure after its first batch.
+    // The build took its lease, claimed its first batch and met the
+    // failure after it.
     let started = Instant::now();
-    while dying.layer().leases.load(Ordering::SeqCst) < 2 {
+    while dying.layer().failed.load(Ordering::SeqCst) < 1 {
         assert!(started.elapsed() < WAIT, "the build never started");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
