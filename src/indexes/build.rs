@@ -76,7 +76,7 @@ impl Indexes {
         } else {
             fields(&shapes::Leased { state: State::Building, lease_until: d.lease_until })
         };
-        if !held && d.lease_until.is_some_and(|u| u > now) {
+        if !held && d.lease_until.is_some_and(|u| u > now) && !self.leased_before_opening(d) {
             return Ok(false);
         }
         let set = shapes::Lease { owner: &self.instance, lease_until: until, progress: progress.as_ref() };
@@ -87,6 +87,14 @@ impl Indexes {
             d.progress = progress.or(d.progress.take());
         }
         Ok(ok)
+    }
+
+    /// Whether `d`'s lease was taken under an earlier opening of a store
+    /// one process opens at a time: its holder is dead, whatever the
+    /// lease's time says (a restart takes the build over at once).
+    fn leased_before_opening(&self, d: &Declaration) -> bool {
+        let Some(opening) = self.store.opening() else { return false };
+        d.owner.as_deref().is_some_and(|owner| owner.strip_prefix(opening).is_none_or(|rest| !rest.starts_with('.')))
     }
 
     /// End a build this instance holds: ready, or failed with `reason`.

@@ -217,6 +217,10 @@ impl<L: Layer> Store for Layered<L> {
         self.inner.snapshots()
     }
 
+    fn opening(&self) -> Option<&str> {
+        self.inner.opening()
+    }
+
     /// The snapshot below, through this same layer: its reads are timed,
     /// bounded, counted and failed as every other read.
     async fn snapshot(&self) -> StoreResult<Option<DynStore>> {

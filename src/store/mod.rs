@@ -580,6 +580,14 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// The id of this opening of a store that one process at a time can
+    /// open (the embedded store): whatever another opening leased is
+    /// dead, as the process that held it is. `None` where several
+    /// processes share the store (MongoDB), and a lease runs out.
+    fn opening(&self) -> Option<&str> {
+        None
+    }
+
     /// Close the store at shutdown: every write so far durable, and (for
     /// the embedded store) a checkpoint, so the next start replays
     /// nothing, and its writer thread joined. No write is taken after.

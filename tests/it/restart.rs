@@ -116,6 +116,73 @@ async fn embedded_committed_hook_is_delivered_after_kill_9() {
     child.wait().unwrap();
 }
 
+/// A unique index's build cut short by `kill -9` is taken over by the
+/// restarted gateway at once: the embedded store serves one process, so
+/// the dead build's lease (30 s) is not waited out. The index then holds
+/// every value exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_a_build_cut_short_by_kill_9_is_taken_over_at_restart() {
+    const N: usize = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let (mut child, base) = start(dir.path());
+    for chunk in 0..N / 500 {
+        let actions: Vec<Value> = (chunk * 500..(chunk + 1) * 500)
+            .map(|k| json!({"op": "insert", "collection": "people", "id": format!("p{k:05}"), "data": {"email": format!("u{k}")}}))
+            .collect();
+        let body = json!({ "actions": actions });
+        expect(client.post(format!("{base}/v1/transactions")).json(&body).send().await.unwrap(), 200).await;
+    }
+    let index = format!("{base}/v1/collections/people/indexes/email");
+    let declared = client.put(&index).json(&json!({"fields": ["email"], "unique": true})).send().await.unwrap();
+    expect(declared, 201).await;
+    // Killed once the build has checked a first part of the documents.
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let d = expect(client.get(&index).send().await.unwrap(), 200).await;
+        assert_eq!(d["state"], "building", "the build ended before it could be cut short: {d}");
+        if d["progress"]["done"].as_u64().is_some_and(|done| done > 0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < until, "the build never started: {d}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().unwrap();
+
+    let (mut child, base) = start(dir.path());
+    let restarted = std::time::Instant::now();
+    let index = format!("{base}/v1/collections/people/indexes/email");
+    let d = loop {
+        let d = expect(client.get(&index).send().await.unwrap(), 200).await;
+        if d["state"] != "building" {
+            break d;
+        }
+        // The dead build's lease ran for 30 s after its last renewal.
+        assert!(restarted.elapsed() < Duration::from_secs(25), "the build waited for the dead one's lease: {d}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(d["state"], "ready", "{d}");
+    let docs = format!("{base}/v1/collections/people/documents");
+    for k in [0, N / 2, N - 1] {
+        let dup = client.post(&docs).json(&json!({"email": format!("u{k}")})).send().await.unwrap();
+        let dup = expect(dup, 409).await;
+        assert_eq!(
+            (dup["code"].as_str(), dup["existing"].as_str()),
+            (Some("duplicate"), Some(format!("p{k:05}").as_str()))
+        );
+    }
+    let count = expect(client.get(format!("{base}/v1/collections/people/count")).send().await.unwrap(), 200).await;
+    assert_eq!(count["count"].as_u64(), Some(N as u64));
+    let filter = json!({"email": "u123"}).to_string();
+    let page = client.get(&docs).query(&[("filter", filter.as_str())]).send().await.unwrap();
+    let page = expect(page, 200).await;
+    assert_eq!(page["items"][0]["id"], "p00123", "{page}");
+    assert_eq!(page["items"].as_array().unwrap().len(), 1, "{page}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// Events a stream handed out before a `kill -9` keep their positions
 /// after the restart (only durable positions are served), and a stream
 /// resumed with `Last-Event-ID` gets everything after, none lost.

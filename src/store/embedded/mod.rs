@@ -181,6 +181,8 @@ pub struct EmbeddedStore {
     runs: build::Runs,
     /// The most records a run reads.
     run_records: usize,
+    /// This opening's id ([`Store::opening`]).
+    opening: String,
 }
 
 fn internal(err: impl std::fmt::Display) -> StoreError {
@@ -380,6 +382,11 @@ impl Store for EmbeddedStore {
 
     fn snapshots(&self) -> bool {
         true
+    }
+
+    /// One process opens the store at a time (redb's lock on the file).
+    fn opening(&self) -> Option<&str> {
+        Some(&self.opening)
     }
 
     /// A pinned reader: one redb read transaction for every read.

@@ -162,6 +162,7 @@ impl EmbeddedStore {
             stats,
             runs: super::build::Runs::default(),
             run_records: options.run_records.max(1),
+            opening: uuid::Uuid::new_v4().to_string(),
         })
     }
 }
