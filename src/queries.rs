@@ -813,6 +813,13 @@ fn decode_cursor(cursor: &str) -> Result<Cursor, QueryError> {
     if !(1..=CURSOR_FORMAT).contains(&body.f) {
         return Err(bad());
     }
+    // This format's cursors exactly as `encode_cursor` writes them: with
+    // their query's digest, nothing more, nothing after (one edited by
+    // hand, say without its digest to be taken with any query, is not
+    // one). Earlier formats' are taken as they were.
+    if body.f == CURSOR_FORMAT && (body.q.is_none() || encode_cursor(&body.k, body.q) != cursor) {
+        return Err(bad());
+    }
     let key = body.k;
     // A page's last values are what JSON data holds at an indexed path
     // (scalars, no NaN or infinity) and its id: nothing else is a cursor's.
@@ -868,6 +875,24 @@ mod tests {
             CURSOR.encode(bytes)
         };
         assert!(decode_cursor(&later).is_err());
+        // This format's cursor edited: without its digest, with a member
+        // more, its format as another integer type, bytes after it.
+        let edited = |d: Document, tail: &[u8]| {
+            let mut bytes = Vec::new();
+            d.to_writer(&mut bytes).unwrap();
+            bytes.extend_from_slice(tail);
+            CURSOR.encode(bytes)
+        };
+        use mongodb::bson::doc;
+        for forged in [
+            edited(doc! {"f": 3, "k": key.clone()}, b""),
+            edited(doc! {"f": 3, "k": key.clone(), "q": 7_i64, "x": 1}, b""),
+            edited(doc! {"f": 3_i64, "k": key.clone(), "q": 7_i64}, b""),
+            edited(doc! {"f": 3, "k": key.clone(), "q": 7_i64}, b"\0"),
+        ] {
+            assert!(decode_cursor(&forged).is_err(), "{forged}");
+        }
+        assert!(decode_cursor(&edited(doc! {"f": 3, "k": key.clone(), "q": 7_i64}, b"")).is_ok());
         assert!(decode_cursor("bm90IGEgY3Vyc29y").is_err());
         assert!(decode_cursor("!!").is_err());
         // Well formed, but holding what no page ends at: refused before
@@ -882,7 +907,7 @@ mod tests {
             Bson::Double(f64::INFINITY),
         ];
         for strange in strangers {
-            assert!(decode_cursor(&encode_cursor(std::slice::from_ref(&strange), None)).is_err(), "{strange}");
+            assert!(decode_cursor(&encode_cursor(std::slice::from_ref(&strange), Some(7))).is_err(), "{strange}");
         }
     }
 
