@@ -24,8 +24,11 @@ use tokio_util::task::TaskTracker;
 pub(crate) const SETTLE_WAIT: Duration = Duration::from_secs(2);
 
 /// The longest a quiet read waits for this instance's writes under way to
-/// finish (new ones wait meanwhile) before it reads anyway.
-pub(crate) const QUIET_WAIT: Duration = Duration::from_secs(1);
+/// finish (new ones wait meanwhile) before it reads anyway. A store slowed
+/// down (a loaded server) can take a second or more to land a transaction
+/// and its roll-forward; past this wait the read's position is a lower
+/// bound.
+pub(crate) const QUIET_WAIT: Duration = Duration::from_secs(5);
 
 /// The follow-ups of one gateway: spawned on one tracker (shutdown waits
 /// for all of it), the settled ones ticketed. Clones share both.
