@@ -89,7 +89,7 @@ impl Indexes {
         Ok(ok)
     }
 
-    /// Whether `d`'s lease was taken under an earlier opening of a store
+    /// Whether `d`'s lease was taken (see [`lease_owner`]) under an earlier opening of a store
     /// one process opens at a time: its holder is dead, whatever the
     /// lease's time says (a restart takes the build over at once).
     fn leased_before_opening(&self, d: &Declaration) -> bool {
@@ -409,6 +409,16 @@ impl Pace {
             () = stop.cancelled() => {}
             () = tokio::time::sleep(rest) => {}
         }
+    }
+}
+
+/// A new instance's name as a build's lease owner: under the store's
+/// opening where it has one, so that a build leased under another opening
+/// is taken over at once (`Indexes::leased_before_opening`).
+pub(super) fn lease_owner(store: &dyn crate::store::Store) -> String {
+    match store.opening() {
+        Some(opening) => format!("{opening}.{}", uuid::Uuid::new_v4()),
+        None => uuid::Uuid::new_v4().to_string(),
     }
 }
 

@@ -248,12 +248,7 @@ const MAX_NAME: usize = 64;
 
 impl Indexes {
     pub fn new(store: DynStore, clock: Clock) -> Arc<Self> {
-        // Under the store's opening where it has one: a build leased under
-        // another opening is taken over at once (`leased_before_opening`).
-        let instance = match store.opening() {
-            Some(opening) => format!("{opening}.{}", uuid::Uuid::new_v4()),
-            None => uuid::Uuid::new_v4().to_string(),
-        };
+        let instance = build::lease_owner(store.as_ref());
         Arc::new(Self {
             store,
             clock,
