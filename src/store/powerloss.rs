@@ -7,7 +7,8 @@
 //! time: documents written with their change event and outbox (one chain),
 //! transactions (the record and a member's lock unsynced, the commit CAS
 //! synced, the roll-forward unsynced), refused conditional writes,
-//! deletes, log appends, syncs, index changes, checkpoints (the journal is
+//! deletes, log appends, syncs, index changes, an online index build made
+//! a few records a step (across the clean reopen), checkpoints (the journal is
 //! kept small so they come often), and a clean close and reopen half-way.
 //! After every call the harness keeps the store's whole state: the history
 //! of commits. A crash comes at the n-th write or sync of the device; the
@@ -17,7 +18,10 @@
 //!   the last call acknowledged as synced before the crash (every
 //!   acknowledged synced write is there, and nothing later than a lost
 //!   write is);
-//! - every index entry matches its record, and nothing else is indexed;
+//! - every index entry matches its record, and nothing else is indexed
+//!   (an online build cut short may lack entries, and its counts are
+//!   those of the entries it has; built again from its first record, as a
+//!   restarted gateway builds it, it lacks none);
 //! - it takes writes again.
 //!
 //! A two-crash sequence goes on from there: the recovered store writes a
@@ -135,6 +139,38 @@ fn indexes() -> Vec<(&'static str, IndexSpec)> {
     ]
 }
 
+/// The index the workload declares half-way and builds online, a few
+/// records a step, while its other writes go on (and across its clean
+/// reopen).
+const ONLINE: (&str, &str) = ("docs", "by_n_online");
+
+/// Where the workload records [`ONLINE`] ready.
+const READY: &str = "ready";
+
+/// The workload's turn at which [`ONLINE`] is declared.
+const ONLINE_AT: i64 = 14;
+
+fn online_spec() -> IndexSpec {
+    IndexSpec {
+        name: ONLINE.1.into(),
+        fields: vec!["n".into(), "status".into()],
+        unique: false,
+        sparse: false,
+        counted: true,
+    }
+}
+
+/// A whole build of [`ONLINE`] from its first record, as a gateway
+/// restarted after a crash makes it, made durable at its end.
+async fn build_online(store: &EmbeddedStore) -> super::StoreResult<()> {
+    let mut after = None;
+    while let Some(next) = store.build_index_step(ONLINE.0, ONLINE.1, after.as_deref(), 3).await? {
+        after = Some(next);
+    }
+    store.build_index_step(ONLINE.0, ONLINE.1, None, 0).await?;
+    Ok(())
+}
+
 /// One call of the workload, then the state it left.
 macro_rules! step {
     ($disk:expr, $store:expr, $trace:expr, $synced:expr, $call:expr) => {{
@@ -187,9 +223,35 @@ async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) 
         step!(disk, store, trace, true, store.ensure_index(coll, spec));
     }
     let mut versions: BTreeMap<String, i64> = BTreeMap::new();
+    // Where the online build goes on, while it is under way.
+    let mut building: Option<Option<String>> = None;
+    let mut build_steps = 0;
     for i in 0..36i64 {
         let id = format!("d{:02}", i % 9);
         let v = versions.get(&id).copied().unwrap_or(0) + 1;
+        if i == ONLINE_AT {
+            step!(disk, store, trace, true, store.declare_index(ONLINE.0, online_spec()));
+            building = Some(None);
+        } else if let Some(after) = building.take() {
+            // A step of two records (unsynced), every second one made
+            // durable, and the build's end.
+            let mut next = None;
+            step!(disk, store, trace, false, async {
+                next = store.build_index_step(ONLINE.0, ONLINE.1, after.as_deref(), 2).await?;
+                Ok::<_, super::StoreError>(())
+            });
+            build_steps += 1;
+            if next.is_none() || build_steps % 2 == 0 {
+                step!(disk, store, trace, false, store.build_index_step(ONLINE.0, ONLINE.1, None, 0));
+            }
+            if next.is_none() {
+                // Ready, as the gateway records it (synced) once the
+                // build's end is durable: from then on it is trusted whole.
+                let ready = doc(&[("_id", ONLINE.1.into()), ("state", "ready".into())]);
+                step!(disk, store, trace, true, store.write(READY, Write::Insert(ready), Durability::Synced));
+            }
+            building = next.map(Some);
+        }
         match i % 6 {
             0 | 3 => {
                 step!(disk, store, trace, true, document_write(store, &id, v, "open", i));
@@ -354,7 +416,7 @@ pub(crate) async fn uniform_point(
         let survivor = crash.survivor(keep, rng);
         let context =
             |e: String| format!("uniform workload, crash at op {point} ({}), {keep:?} image {image}: {e}", crash.op);
-        let (recovered, _) = recover(&survivor, &trace).map_err(context)?;
+        let (recovered, _) = recover(&survivor, &trace).await.map_err(context)?;
         crash_again(&survivor, recovered, Again::Uniform, rng).await.map_err(context)?;
         report.images += 1;
         report.two_crash += 1;
@@ -391,13 +453,13 @@ async fn crash_again(
     let crash = survivor.crash().expect("crashed");
     let image = crash.survivor(Keep::Random, rng);
     let (store, _) =
-        recover(&image, &second).map_err(|e| format!("second crash at op {} ({}): {e}", crash.at, crash.op))?;
+        recover(&image, &second).await.map_err(|e| format!("second crash at op {} ({}): {e}", crash.at, crash.op))?;
     store.close().await.map_err(|e| e.to_string())
 }
 
 /// Open the store on `image` and check it against `trace`; the store, and
 /// which state of the history it holds.
-fn recover(image: &SimDisk, trace: &Trace) -> Result<(EmbeddedStore, usize), String> {
+async fn recover(image: &SimDisk, trace: &Trace) -> Result<(EmbeddedStore, usize), String> {
     let store = open(image)?;
     let state = store.dump().map_err(|e| e.to_string())?;
     let at = trace.history.iter().rposition(|h| *h == state);
@@ -417,6 +479,19 @@ fn recover(image: &SimDisk, trace: &Trace) -> Result<(EmbeddedStore, usize), Str
         }
         Some(_) => {}
     }
+    // An online build cut short has only some of its entries; a restarted
+    // gateway builds it again from its first record. One recorded ready
+    // has them all.
+    let declared = store.indexes(ONLINE.0).await.map_err(|e| e.to_string())?.iter().any(|s| s.name == ONLINE.1);
+    let ready = store.get(READY, ONLINE.1).await.map_err(|e| e.to_string())?.is_some();
+    if ready && !declared {
+        return Err(format!("index {} is recorded ready but not declared", ONLINE.1));
+    }
+    let building = declared && !ready;
+    store.verify_indexes_building(if building { &[ONLINE] } else { &[] })?;
+    if building {
+        build_online(&store).await.map_err(|e| format!("the online build does not finish: {e}"))?;
+    }
     store.verify_indexes()?;
     Ok((store, at.unwrap_or(0)))
 }
@@ -426,6 +501,10 @@ pub(crate) async fn workload_ops() -> Result<u64, String> {
     let disk = new_disk();
     let mut store = open(&disk)?;
     workload(&disk, &mut store, &mut Trace::default()).await?;
+    if store.get(READY, ONLINE.1).await.map_err(|e| e.to_string())?.is_none() {
+        return Err(format!("the workload's online build of {} did not end", ONLINE.1));
+    }
+    store.verify_indexes()?;
     store.close().await.map_err(|e| e.to_string())?;
     Ok(disk.ops())
 }
@@ -464,7 +543,7 @@ pub(crate) async fn crash_point(
                 crash.describe()
             )
         };
-        let (recovered, _) = recover(&survivor, &trace).map_err(context)?;
+        let (recovered, _) = recover(&survivor, &trace).await.map_err(context)?;
         report.images += 1;
         if two_crash && image == images - 1 {
             crash_again(&survivor, recovered, Again::More, rng).await.map_err(context)?;
