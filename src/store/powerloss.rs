@@ -21,7 +21,8 @@
 //! - every index entry matches its record, and nothing else is indexed
 //!   (an online build cut short may lack entries, and its counts are
 //!   those of the entries it has; built again from its first record, as a
-//!   restarted gateway builds it, it lacks none);
+//!   restarted gateway builds it, it lacks none; once recorded ready, it
+//!   lacks none without being built again);
 //! - it takes writes again.
 //!
 //! A two-crash sequence goes on from there: the recovered store writes a
