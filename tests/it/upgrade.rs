@@ -11,6 +11,19 @@ use serde_json::{Value, json};
 use crate::restart::start_with;
 use crate::support::expect;
 
+/// Retention windows that keep everything a fixture holds: its records
+/// were written on the day it was made, and the default windows (a day for
+/// transactions, a week for events and deliveries, 30 days for tombstones)
+/// count from today, so a fixture a week old would otherwise lose its
+/// events to the purge before the test reads them.
+const KEEP_FIXTURE: &[(&str, &str)] = &[
+    ("TXGATE_TXN_RETENTION_SECS", "631152000"),
+    ("TXGATE_IDEMPOTENCY_RETENTION_SECS", "631152000"),
+    ("TXGATE_EVENT_RETENTION_SECS", "631152000"),
+    ("TXGATE_TOMBSTONE_RETENTION_SECS", "631152000"),
+    ("TXGATE_DELIVERY_RETENTION_SECS", "631152000"),
+];
+
 /// The data directory `tests/fixtures/<name>`, copied into `to`.
 fn copy_fixture(name: &str, to: &Path) {
     let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name);
@@ -32,7 +45,7 @@ async fn embedded_data_directory_of_the_previous_release_opens() {
     let journal = dir.path().join("txgate.journal");
     assert_ne!(&std::fs::read(&journal).unwrap()[..8], b"txgjrnl\0", "the fixture's journal is format 1");
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
-    let (mut child, base) = start_with(dir.path(), &[]);
+    let (mut child, base) = start_with(dir.path(), KEEP_FIXTURE);
     let docs = format!("{base}/v1/collections/notes/documents");
     let n1 = expect(client.get(format!("{docs}/n1")).send().await.unwrap(), 200).await;
     assert_eq!((n1["version"].as_i64(), n1["data"]["title"].as_str()), (Some(2), Some("first, edited")), "{n1}");
@@ -66,7 +79,7 @@ async fn embedded_data_directory_of_the_previous_release_opens() {
     let res = client.post(&docs).json(&serde_json::json!({"_id": "n5", "after": "upgrade"})).send().await.unwrap();
     assert_eq!(res.status(), 201);
     stop(&mut child);
-    let (mut child, base) = start_with(dir.path(), &[]);
+    let (mut child, base) = start_with(dir.path(), KEEP_FIXTURE);
     let docs = format!("{base}/v1/collections/notes/documents");
     for id in ["n1", "n2", "n4", "n5"] {
         assert_eq!(client.get(format!("{docs}/{id}")).send().await.unwrap().status(), 200, "{id}");
@@ -91,7 +104,7 @@ async fn embedded_store_of_layout_1_opens_with_its_indexes() {
     let dir = tempfile::tempdir().unwrap();
     copy_fixture("embedded-layout1", dir.path());
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
-    let (mut child, base) = start_with(dir.path(), &[]);
+    let (mut child, base) = start_with(dir.path(), KEEP_FIXTURE);
     let orders = format!("{base}/v1/collections/orders");
     let count = async |index_filter: &str| {
         let url = format!("{orders}/count?filter={}", percent(index_filter));
@@ -134,7 +147,7 @@ async fn embedded_store_of_layout_1_opens_with_its_indexes() {
         assert_eq!(count(filter).await, n, "{filter} along the new index");
     }
     stop(&mut child);
-    let (mut child, base) = start_with(dir.path(), &[]);
+    let (mut child, base) = start_with(dir.path(), KEEP_FIXTURE);
     let (status, body) =
         get(&client, format!("{base}/v1/collections/orders/count?filter={}", percent(r#"{"status":"open"}"#))).await;
     assert_eq!((status, body["count"].as_u64()), (200, Some(11)), "{body}");
@@ -151,7 +164,7 @@ async fn embedded_store_of_layout_2_opens_with_numbers_told_apart() {
     let dir = tempfile::tempdir().unwrap();
     copy_fixture("embedded-layout2", dir.path());
     let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
-    let (mut child, base) = start_with(dir.path(), &[]);
+    let (mut child, base) = start_with(dir.path(), KEEP_FIXTURE);
     let nums = format!("{base}/v1/collections/nums");
     for index in ["by_n", "by_g_n", "u_m"] {
         let (status, body) = get(&client, format!("{nums}/indexes/{index}")).await;
@@ -210,7 +223,7 @@ async fn embedded_store_of_layout_2_opens_with_numbers_told_apart() {
     assert_eq!(count(&base, r#"{"m":{"$gte":9223372036854775600}}"#).await, 4);
     stop(&mut child);
     // Opened again: layout 3 already, nothing moves.
-    let (mut child, base) = start_with(dir.path(), &[]);
+    let (mut child, base) = start_with(dir.path(), KEEP_FIXTURE);
     assert_eq!(count(&base, &format!(r#"{{"n":{MAX}}}"#)).await, 1);
     assert_eq!(count(&base, &format!(r#"{{"n":{TWO_63}}}"#)).await, 1);
     assert_eq!(count(&base, r#"{"m":{"$gte":9223372036854775600}}"#).await, 4);
