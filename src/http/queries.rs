@@ -70,12 +70,14 @@ pub(crate) struct QueryIn {
     #[schema(value_type = Option<super::contract::Filter>)]
     pub filter: Option<Value>,
     /// Data paths, each ascending or `-` descending; the document id
-    /// breaks ties.
-    #[serde(default)]
+    /// breaks ties. A comma-separated string, as `GET …/documents` takes
+    /// it, is taken too.
+    #[serde(default, deserialize_with = "path_list")]
     #[schema(value_type = Option<Vec<super::contract::SortPath>>, max_items = 8)]
     pub sort: Option<Vec<String>>,
-    /// The data paths to keep in each document's `data`.
-    #[serde(default)]
+    /// The data paths to keep in each document's `data` (or a
+    /// comma-separated string of them).
+    #[serde(default, deserialize_with = "path_list")]
     #[schema(value_type = Option<Vec<super::contract::DataPath>>, max_items = 64)]
     pub fields: Option<Vec<String>>,
     /// Page size (default 50).
@@ -188,6 +190,22 @@ fn sort_keys(items: &[String]) -> Vec<SortKey> {
             None => SortKey { path: k.clone(), desc: false },
         })
         .collect()
+}
+
+/// A body's `sort` or `fields`: a list of paths, or one string of them
+/// comma-separated as the query parameter is (see [`split`]).
+fn path_list<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Vec<String>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged, expecting = "a list of data paths, or one string of them comma-separated")]
+    enum Paths {
+        List(Vec<String>),
+        Joined(String),
+    }
+    Ok(match Option::<Paths>::deserialize(deserializer)? {
+        None => None,
+        Some(Paths::List(list)) => Some(list),
+        Some(Paths::Joined(joined)) => split(Some(&joined)),
+    })
 }
 
 /// A comma-separated list of a query parameter: none when the parameter

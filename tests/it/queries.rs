@@ -595,6 +595,22 @@ async fn queries_no_index_serves_name_the_index_that_would(backend: Backend) {
     // A served query answers.
     let page = expect(query(&app, "q", &json!({"filter": {"status": "open"}, "sort": ["-amount"]})).await, 200).await;
     assert_eq!(page["items"][0]["id"], "one");
+    // The body takes `sort` and `fields` as the parameters write them too
+    // (one comma-separated string), with the same answer.
+    let listed = json!({"filter": {"status": "open"}, "sort": ["-amount"], "fields": ["status", "amount"]});
+    let joined = json!({"filter": {"status": "open"}, "sort": "-amount", "fields": "status, amount"});
+    let (listed, joined) =
+        (expect(query(&app, "q", &listed).await, 200).await, expect(query(&app, "q", &joined).await, 200).await);
+    assert_eq!(listed["items"], joined["items"], "{joined}");
+    let problem = expect_problem(
+        query(&app, "q", &json!({"filter": {"status": "open"}, "sort": "-amount,-amount"})).await,
+        400,
+        "invalid_filter",
+    )
+    .await;
+    assert_eq!(problem["errors"][0]["pointer"], "/sort/1", "{problem}");
+    let problem = expect_problem(query(&app, "q", &json!({"sort": 5})).await, 422, "validation_failed").await;
+    assert_eq!(problem["errors"][0]["pointer"], "/sort", "{problem}");
 }
 
 async fn what_is_outside_the_language_is_refused(backend: Backend) {
