@@ -295,38 +295,75 @@ impl Documents {
     /// its version continues from the tombstone's.
     pub async fn create(&self, coll: &str, id: Option<String>, data: Document, sv: i64) -> Result<Live, DocError> {
         let id = id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        self.check_indexed(coll, &data).await?;
-        let claims = self.claim(coll, &id, None, &data).await?;
-        let created = self.create_claimed(coll, id, data, sv).await;
-        if created.is_err() {
+        let deadline = self.deadline();
+        let mut backoff = Duration::from_millis(5);
+        // The claims held, and the unique indexes they were made in.
+        let mut held: Option<(Vec<String>, Vec<crate::indexes::unique::Claim>)> = None;
+        let created = loop {
+            // Checked again after each wait for a lock, and claimed again
+            // where the unique indexes changed meanwhile: an index declared
+            // during the wait is then kept (a build checks the documents a
+            // few seconds after its declaration, sooner than a check made
+            // before a wait may be).
+            if let Err(e) = self.check_indexed(coll, &data).await {
+                break Err(e);
+            }
+            let uniques = match self.indexes.uniques(coll).await {
+                Ok(uniques) => uniques.into_iter().map(|u| u.physical).collect::<Vec<_>>(),
+                Err(e) => break Err(e.into()),
+            };
+            if held.as_ref().is_none_or(|(known, _)| *known != uniques) {
+                if let Some((_, claims)) = held.take() {
+                    self.indexes.release(&claims).await;
+                }
+                match self.claim(coll, &id, None, &data).await {
+                    Ok(claims) => held = Some((uniques, claims)),
+                    Err(e) => break Err(e),
+                }
+            }
+            match self.create_claimed(coll, &id, &data, sv, deadline, &mut backoff).await {
+                Ok(Some(live)) => return Ok(live),
+                Ok(None) => {}
+                Err(e) => break Err(e),
+            }
+        };
+        if let Some((_, claims)) = held {
             self.indexes.release(&claims).await;
         }
         created
     }
 
-    async fn create_claimed(&self, coll: &str, id: String, data: Document, sv: i64) -> Result<Live, DocError> {
-        let deadline = self.deadline();
-        let mut backoff = Duration::from_millis(5);
+    /// [`Self::create`] with its values claimed: `None` once it waited for
+    /// a transaction's lock on the document (to be checked again).
+    async fn create_claimed(
+        &self,
+        coll: &str,
+        id: &str,
+        data: &Document,
+        sv: i64,
+        deadline: tokio::time::Instant,
+        backoff: &mut Duration,
+    ) -> Result<Option<Live>, DocError> {
         loop {
             let at = self.now();
-            let fresh = StoredDoc::new_live(id.clone(), data.clone(), sv, 1, at);
+            let fresh = StoredDoc::new_live(id.to_owned(), data.clone(), sv, 1, at);
             if self.write_with_event(coll, None, fresh.clone(), EventType::Created, Publish::AfterAnswer).await? {
-                return Ok(live(fresh));
+                return Ok(Some(live(fresh)));
             }
-            let Some(existing) = self.load(coll, &id).await? else { continue };
+            let Some(existing) = self.load(coll, id).await? else { continue };
             if existing.meta.txn.is_some() {
-                self.wait_lock(coll, &existing, deadline, &mut backoff).await?;
-                continue;
+                self.wait_lock(coll, &existing, deadline, backoff).await?;
+                return Ok(None);
             }
             let version = match existing.committed_view() {
                 View::Live(l) => return Err(DocError::AlreadyExists { version: l.version }),
                 View::Deleted { version, .. } => version,
                 View::NotFound => 0,
             };
-            let next = StoredDoc::new_live(id.clone(), data.clone(), sv, version + 1, at);
+            let next = StoredDoc::new_live(id.to_owned(), data.clone(), sv, version + 1, at);
             let created = EventType::Created;
             if self.write_with_event(coll, Some(&existing), next.clone(), created, Publish::AfterAnswer).await? {
-                return Ok(live(next));
+                return Ok(Some(live(next)));
             }
         }
     }

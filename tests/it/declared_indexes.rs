@@ -33,6 +33,7 @@ crate::on_both_backends!(
     one_index_per_list_of_fields,
     a_build_the_store_keeps_failing_holds_up_no_other,
     reservations_the_store_fails_leave_every_value_held_once,
+    a_create_that_waited_for_a_lock_keeps_an_index_declared_meanwhile,
 );
 
 async fn indexed_paths_never_hold_arrays_or_objects(backend: Backend) {
@@ -928,4 +929,61 @@ async fn reservations_the_store_fails_leave_every_value_held_once(backend: Backe
     // p1 holds what it moved to.
     expect_problem(app.post(&docs_path("r"), &json!({"email": "moved"})).await, 409, "duplicate").await;
     app.stop().await;
+}
+
+/// A create that waits for a transaction's lock on its document checks its
+/// data again after each wait: an index declared during the wait (whose
+/// build checks the documents a few seconds after its declaration)
+/// refuses an array in its path, rather than meet it in the collection.
+async fn a_create_that_waited_for_a_lock_keeps_an_index_declared_meanwhile(backend: Backend) {
+    use txgate::testing::document::{Staged, StagedOp, StoredDoc};
+    use txgate::testing::txn::record::{Status, TXNS};
+    let tweak = |c: &mut txgate::config::Config| c.txn.lock_wait = Duration::from_secs(20);
+    let Some(app) = TestApp::spawn_with(backend, tweak).await else { return };
+    let app = Arc::new(app);
+    // `x` is a tombstone a live transaction holds with a staged insert.
+    create(&app, "held", "x", &json!({"t": 1})).await;
+    let x = format!("{}/x", docs_path("held"));
+    assert_eq!(app.request(Method::DELETE, &x).send().await.unwrap().status(), 204);
+    let holder = crate::support::txn_record("T-hold", Status::Pending, 60_000, "held", &["x"]);
+    app.store.insert(TXNS, holder.to_record()).await.unwrap();
+    let mut d = StoredDoc::from_record(app.store.get("held", "x").await.unwrap().unwrap()).unwrap();
+    d.meta.txn = Some("T-hold".into());
+    d.meta.pending = Some(Staged { op: StagedOp::Insert, data: Some(doc! {"t": 2}), sv: 1 });
+    let v = d.meta.v;
+    assert!(app.store.replace("held", "x", doc! {"_meta.v": v}, d.to_record()).await.unwrap());
+    // A create of `x` with an array, made before any index: it waits.
+    let waiting = {
+        let app = Arc::clone(&app);
+        tokio::spawn(async move {
+            let res = app.post(&docs_path("held"), &json!({"_id": "x", "t": [1, 2]})).await;
+            let status = res.status().as_u16();
+            (status, res.json::<Value>().await.unwrap_or(Value::Null))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "the create did not wait for the lock");
+    let resp = app.send_json(Method::PUT, "/v1/collections/held/indexes/t", &json!({"fields": ["t"]})).await;
+    assert_eq!(resp.status(), 201);
+    // Past the build's grace (it waits for the holder), the holder dies.
+    let started = Instant::now();
+    loop {
+        let index = expect(app.get("/v1/collections/held/indexes/t").await, 200).await;
+        if index["progress"]["phase"] == "waiting" {
+            break;
+        }
+        assert_eq!(index["state"], "building", "{index}");
+        assert!(started.elapsed() < WAIT, "the build never waited for the holder: {index}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let dead = crate::support::txn_record("T-hold", Status::Pending, -60_000, "held", &["x"]);
+    assert!(app.store.replace(TXNS, "T-hold", doc! {}, dead.to_record()).await.unwrap());
+    let (status, body) = waiting.await.unwrap();
+    assert_eq!(status, 422, "the create wrote an array into a path indexed meanwhile: {body}");
+    assert_eq!(body["code"], "invalid_change", "{body}");
+    let index = settled_index(&app, "held", "t").await;
+    assert_eq!(index["state"], "ready", "{index}");
+    expect_problem(app.get(&x).await, 410, "deleted").await;
+    // The data as the rule takes it is created.
+    expect(app.post(&docs_path("held"), &json!({"_id": "x", "t": 3})).await, 201).await;
 }
