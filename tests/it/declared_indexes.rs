@@ -932,37 +932,16 @@ async fn reservations_the_store_fails_leave_every_value_held_once(backend: Backe
 }
 
 /// A create that waits for a transaction's lock on its document checks its
-/// data again after each wait: an index declared during the wait (whose
-/// build checks the documents a few seconds after its declaration)
-/// refuses an array in its path, rather than meet it in the collection.
+/// data, and claims its unique values, again after each wait: an index
+/// declared during the wait (whose build checks the documents a few
+/// seconds after its declaration) refuses an array in its path rather than
+/// meet it in the collection, and a unique one a value taken meanwhile.
 async fn a_create_that_waited_for_a_lock_keeps_an_index_declared_meanwhile(backend: Backend) {
-    use txgate::testing::document::{Staged, StagedOp, StoredDoc};
-    use txgate::testing::txn::record::{Status, TXNS};
     let tweak = |c: &mut txgate::config::Config| c.txn.lock_wait = Duration::from_secs(20);
     let Some(app) = TestApp::spawn_with(backend, tweak).await else { return };
     let app = Arc::new(app);
-    // `x` is a tombstone a live transaction holds with a staged insert.
-    create(&app, "held", "x", &json!({"t": 1})).await;
-    let x = format!("{}/x", docs_path("held"));
-    assert_eq!(app.request(Method::DELETE, &x).send().await.unwrap().status(), 204);
-    let holder = crate::support::txn_record("T-hold", Status::Pending, 60_000, "held", &["x"]);
-    app.store.insert(TXNS, holder.to_record()).await.unwrap();
-    let mut d = StoredDoc::from_record(app.store.get("held", "x").await.unwrap().unwrap()).unwrap();
-    d.meta.txn = Some("T-hold".into());
-    d.meta.pending = Some(Staged { op: StagedOp::Insert, data: Some(doc! {"t": 2}), sv: 1 });
-    let v = d.meta.v;
-    assert!(app.store.replace("held", "x", doc! {"_meta.v": v}, d.to_record()).await.unwrap());
-    // A create of `x` with an array, made before any index: it waits.
-    let waiting = {
-        let app = Arc::clone(&app);
-        tokio::spawn(async move {
-            let res = app.post(&docs_path("held"), &json!({"_id": "x", "t": [1, 2]})).await;
-            let status = res.status().as_u16();
-            (status, res.json::<Value>().await.unwrap_or(Value::Null))
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!waiting.is_finished(), "the create did not wait for the lock");
+    // The rule of indexed paths.
+    let waiting = held_create(&app, "held", json!({"_id": "x", "t": [1, 2]})).await;
     let resp = app.send_json(Method::PUT, "/v1/collections/held/indexes/t", &json!({"fields": ["t"]})).await;
     assert_eq!(resp.status(), 201);
     // Past the build's grace (it waits for the holder), the holder dies.
@@ -976,14 +955,64 @@ async fn a_create_that_waited_for_a_lock_keeps_an_index_declared_meanwhile(backe
         assert!(started.elapsed() < WAIT, "the build never waited for the holder: {index}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let dead = crate::support::txn_record("T-hold", Status::Pending, -60_000, "held", &["x"]);
-    assert!(app.store.replace(TXNS, "T-hold", doc! {}, dead.to_record()).await.unwrap());
+    release_holder(&app, "held").await;
     let (status, body) = waiting.await.unwrap();
     assert_eq!(status, 422, "the create wrote an array into a path indexed meanwhile: {body}");
     assert_eq!(body["code"], "invalid_change", "{body}");
     let index = settled_index(&app, "held", "t").await;
     assert_eq!(index["state"], "ready", "{index}");
+    let x = format!("{}/x", docs_path("held"));
     expect_problem(app.get(&x).await, 410, "deleted").await;
     // The data as the rule takes it is created.
     expect(app.post(&docs_path("held"), &json!({"_id": "x", "t": 3})).await, 201).await;
+    // A unique index, whose value another document takes during the wait.
+    let waiting = held_create(&app, "held_u", json!({"_id": "x", "u": 5})).await;
+    let body = json!({"fields": ["u"], "unique": true});
+    assert_eq!(app.send_json(Method::PUT, "/v1/collections/held_u/indexes/u", &body).await.status(), 201);
+    create(&app, "held_u", "y", &json!({"u": 5})).await;
+    release_holder(&app, "held_u").await;
+    let (status, body) = waiting.await.unwrap();
+    assert_eq!(status, 409, "the create took a unique value another document holds: {body}");
+    assert_eq!((body["code"].as_str(), body["existing"].as_str()), (Some("duplicate"), Some("y")), "{body}");
+    let index = settled_index(&app, "held_u", "u").await;
+    assert_eq!(index["state"], "ready", "{index}");
+}
+
+/// Make `x` in `coll` a tombstone that a live transaction (`T-<coll>`)
+/// holds with a staged insert, then start a create of `body` (with `_id`
+/// `x`): it waits for the lock. Its status and answer, once it ends.
+async fn held_create(app: &Arc<TestApp>, coll: &str, body: Value) -> tokio::task::JoinHandle<(u16, Value)> {
+    use txgate::testing::document::{Staged, StagedOp, StoredDoc};
+    use txgate::testing::txn::record::{Status, TXNS};
+    create(app, coll, "x", &json!({"seed": 1})).await;
+    let x = format!("{}/x", docs_path(coll));
+    assert_eq!(app.request(Method::DELETE, &x).send().await.unwrap().status(), 204);
+    let txn = format!("T-{coll}");
+    let holder = crate::support::txn_record(&txn, Status::Pending, 60_000, coll, &["x"]);
+    app.store.insert(TXNS, holder.to_record()).await.unwrap();
+    let mut d = StoredDoc::from_record(app.store.get(coll, "x").await.unwrap().unwrap()).unwrap();
+    d.meta.txn = Some(txn);
+    d.meta.pending = Some(Staged { op: StagedOp::Insert, data: Some(doc! {"seed": 2}), sv: 1 });
+    let v = d.meta.v;
+    assert!(app.store.replace(coll, "x", doc! {"_meta.v": v}, d.to_record()).await.unwrap());
+    let waiting = {
+        let (app, coll) = (Arc::clone(app), coll.to_owned());
+        tokio::spawn(async move {
+            let res = app.post(&docs_path(&coll), &body).await;
+            let status = res.status().as_u16();
+            (status, res.json::<Value>().await.unwrap_or(Value::Null))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "the create did not wait for the lock");
+    waiting
+}
+
+/// The transaction [`held_create`] made in `coll` dies (its lease runs
+/// out), so its lock is cleaned up.
+async fn release_holder(app: &TestApp, coll: &str) {
+    use txgate::testing::txn::record::{Status, TXNS};
+    let txn = format!("T-{coll}");
+    let dead = crate::support::txn_record(&txn, Status::Pending, -60_000, coll, &["x"]);
+    assert!(app.store.replace(TXNS, &txn, doc! {}, dead.to_record()).await.unwrap());
 }
