@@ -140,7 +140,20 @@ impl Documents {
         old: Option<&Document>,
         new: &Document,
     ) -> Result<Vec<crate::indexes::unique::Claim>, DocError> {
-        match self.indexes.claim(coll, id, old, new).await? {
+        let uniques = self.indexes.uniques(coll).await?;
+        self.claim_over(coll, id, &uniques, old, new).await
+    }
+
+    /// [`Self::claim`] in `uniques`, the unique indexes of `coll`.
+    async fn claim_over(
+        &self,
+        coll: &str,
+        id: &str,
+        uniques: &[crate::indexes::unique::Unique],
+        old: Option<&Document>,
+        new: &Document,
+    ) -> Result<Vec<crate::indexes::unique::Claim>, DocError> {
+        match self.indexes.claim(coll, id, uniques, old, new).await? {
             Ok(claims) => Ok(claims),
             Err(dup) => Err(DocError::Duplicate { index: dup.index, existing: dup.existing }),
         }
@@ -309,15 +322,16 @@ impl Documents {
                 break Err(e);
             }
             let uniques = match self.indexes.uniques(coll).await {
-                Ok(uniques) => uniques.into_iter().map(|u| u.physical).collect::<Vec<_>>(),
+                Ok(uniques) => uniques,
                 Err(e) => break Err(e.into()),
             };
-            if held.as_ref().is_none_or(|(known, _)| *known != uniques) {
+            let names: Vec<String> = uniques.iter().map(|u| u.physical.clone()).collect();
+            if held.as_ref().is_none_or(|(known, _)| *known != names) {
                 if let Some((_, claims)) = held.take() {
                     self.indexes.release(&claims).await;
                 }
-                match self.claim(coll, &id, None, &data).await {
-                    Ok(claims) => held = Some((uniques, claims)),
+                match self.claim_over(coll, &id, &uniques, None, &data).await {
+                    Ok(claims) => held = Some((names, claims)),
                     Err(e) => break Err(e),
                 }
             }

@@ -343,17 +343,18 @@ impl Indexes {
     }
 
     /// Claim, for document `id` of `coll` becoming `new` (from `old`), the
-    /// values it takes in the unique indexes of `coll`; on a duplicate,
-    /// the claims made are given back.
+    /// values it takes in `uniques`, the unique indexes of `coll` as
+    /// [`Self::uniques`] gave them; on a duplicate, the claims made are
+    /// given back.
     pub(crate) async fn claim(
         &self,
         coll: &str,
         id: &str,
+        uniques: &[unique::Unique],
         old: Option<&Document>,
         new: &Document,
     ) -> StoreResult<Result<Vec<unique::Claim>, unique::Duplicate>> {
-        let uniques = self.uniques(coll).await?;
-        self.claim_in(coll, id, &uniques, (old, new), &Giving::new()).await
+        self.claim_in(coll, id, uniques, (old, new), &Giving::new()).await
     }
 
     /// [`Self::claim`] over `uniques`, in a transaction whose other members
