@@ -385,12 +385,26 @@ problems!(
 pub(crate) async fn query_documents(
     State(state): State<AppState>,
     ApiPath(path): ApiPath<CollectionPath>,
-    JsonBody { value, .. }: JsonBody<Value>,
+    body: Result<JsonBody<Value>, ApiError>,
 ) -> Result<axum::Json<QueryPageOut>, ApiError> {
+    let JsonBody { value, .. } = body.map_err(filter_refusal)?;
     check_collection(&path.collection, "/path/collection")?;
     let body: QueryIn = from_body(value, &[""])?;
     let from = From::Body;
     Ok(axum::Json(run(&state, from, &path.collection, query_of(from, body)?).await?))
+}
+
+/// The body's JSON refused where it holds the filter (a member given
+/// twice, nesting past the parser's depth) is a refused filter, 400
+/// `invalid_filter`, as the same filter in the `filter` parameter is.
+fn filter_refusal(err: ApiError) -> ApiError {
+    let pointer = err.extra.get("errors").and_then(|e| e[0]["pointer"].as_str()).unwrap_or_default();
+    if err.code != ProblemCode::ValidationFailed || !(pointer == "/filter" || pointer.starts_with("/filter/")) {
+        return err;
+    }
+    let errors = err.extra.get("errors").cloned().unwrap_or_default();
+    let detail = if err.detail.starts_with(pointer) { err.detail } else { format!("{pointer}: {}", err.detail) };
+    ApiError::bad_request(ProblemCode::InvalidFilter, detail).with("errors", errors)
 }
 
 /// A count's parameters.

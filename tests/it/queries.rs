@@ -671,6 +671,27 @@ async fn what_is_outside_the_language_is_refused(backend: Backend) {
     assert_eq!(problem["errors"][0]["pointer"], "/query/filter/a/$gt", "{problem}");
     let resp = app.request(Method::GET, "/v1/collections/r/count").query(&[("filter", twice)]).send().await.unwrap();
     expect_problem(resp, 400, "invalid_filter").await;
+    let raw = async |body: String| {
+        app.request(Method::POST, "/v1/collections/r/query")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    };
+    let problem = expect_problem(raw(format!(r#"{{"filter": {twice}}}"#)).await, 400, "invalid_filter").await;
+    assert_eq!(problem["errors"][0]["pointer"], "/filter/a/$gt", "{problem}");
+    // So is a filter nested past the JSON parser's depth, in either form;
+    // the body's other members refused that way stay 422.
+    let deep = format!("{}1{}", r#"{"a":"#.repeat(200), "}".repeat(200));
+    let problem = expect_problem(raw(format!(r#"{{"filter": {deep}}}"#)).await, 400, "invalid_filter").await;
+    assert!(problem["errors"][0]["pointer"].as_str().unwrap().starts_with("/filter/a/a/"), "{problem}");
+    let resp = app.request(Method::GET, &docs_path("r")).query(&[("filter", &deep)]).send().await.unwrap();
+    expect_problem(resp, 400, "invalid_filter").await;
+    let problem = expect_problem(raw(r#"{"limit": 1, "limit": 2}"#.into()).await, 422, "validation_failed").await;
+    assert_eq!(problem["errors"][0]["pointer"], "/limit", "{problem}");
+    let problem = expect_problem(raw(format!(r#"{{"sort": {}}}"#, deep)).await, 422, "validation_failed").await;
+    assert!(problem["errors"][0]["pointer"].as_str().unwrap().starts_with("/sort/a/"), "{problem}");
     // A cursor that is not one, or holds what no page ends at (NaN).
     ready_index(&app, "r", "a", &["a"]).await;
     let body = json!({"filter": {"a": {"$gt": 0}}, "after": "bm90IGEgY3Vyc29y"});
