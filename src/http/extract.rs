@@ -62,12 +62,8 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
             Category::Data => shape_error("", &track.path(), &err),
             // Well-formed but deeper than the parser goes: a body nested
             // past every limit on data, refused as such.
-            Category::Syntax if err.to_string().starts_with("recursion limit exceeded") => {
-                let pointer = pointer_past_depth(bytes, JSON_DEPTH);
-                let detail = format!(
-                    "nested deeper than {JSON_DEPTH} levels (document data may nest {} levels)",
-                    crate::document::rules::MAX_DATA_DEPTH
-                );
+            Category::Syntax if too_deep(&err) => {
+                let (pointer, detail) = past_depth(bytes);
                 ApiError::new(ProblemCode::ValidationFailed, detail.clone())
                     .with("errors", serde_json::json!([{"pointer": pointer, "detail": detail}]))
             }
@@ -80,6 +76,21 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
 
 /// The nesting the JSON parser takes (serde_json's recursion limit).
 const JSON_DEPTH: usize = 127;
+
+/// Whether the parser refused well-formed JSON for its nesting alone.
+pub(crate) fn too_deep(err: &serde_json::Error) -> bool {
+    err.classify() == serde_json::error::Category::Syntax && err.to_string().starts_with("recursion limit exceeded")
+}
+
+/// Where JSON the parser refused as [`too_deep`] first nests past its
+/// depth (a JSON pointer), and what to say of it.
+pub(crate) fn past_depth(bytes: &[u8]) -> (String, String) {
+    let detail = format!(
+        "nested deeper than {JSON_DEPTH} levels (document data may nest {} levels)",
+        crate::document::rules::MAX_DATA_DEPTH
+    );
+    (pointer_past_depth(bytes, JSON_DEPTH), detail)
+}
 
 /// The JSON pointer of the first object or array of `bytes` that sits
 /// deeper than `depth` levels; found in one pass without recursion.

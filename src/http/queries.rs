@@ -140,10 +140,18 @@ fn filter_error(from: From, err: FilterError) -> ApiError {
 /// A `filter` parameter's JSON.
 fn filter_json(from: From, text: &str) -> Result<Value, ApiError> {
     let refused = |message: String| filter_error(from, FilterError { pointer: String::new(), message });
-    let value = serde_json::from_str::<Value>(text).map_err(|e| refused(format!("not JSON: {e}")))?;
-    // As in a body: a member named twice is refused, not read as its last.
+    // As in a body: nesting past the parser's depth is pointed at, and a
+    // member named twice is refused, not read as its last.
+    let value = serde_json::from_str::<Value>(text).map_err(|e| {
+        if super::extract::too_deep(&e) {
+            let (pointer, message) = super::extract::past_depth(text.as_bytes());
+            filter_error(from, FilterError { pointer, message })
+        } else {
+            refused(format!("not JSON: {e}"))
+        }
+    })?;
     if let Some(pointer) = super::extract::duplicate_member(text.as_bytes()) {
-        return Err(filter_error(from, FilterError { pointer, message: "the member is given twice".into() }));
+        return Err(filter_error(from, FilterError { pointer, message: "the member appears more than once".into() }));
     }
     Ok(value)
 }

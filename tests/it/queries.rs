@@ -679,15 +679,20 @@ async fn what_is_outside_the_language_is_refused(backend: Backend) {
             .await
             .unwrap()
     };
-    let problem = expect_problem(raw(format!(r#"{{"filter": {twice}}}"#)).await, 400, "invalid_filter").await;
-    assert_eq!(problem["errors"][0]["pointer"], "/filter/a/$gt", "{problem}");
+    let body = expect_problem(raw(format!(r#"{{"filter": {twice}}}"#)).await, 400, "invalid_filter").await;
+    assert_eq!(body["errors"][0]["pointer"], "/filter/a/$gt", "{body}");
+    assert_eq!(body["errors"][0]["detail"], problem["errors"][0]["detail"], "{body}");
     // So is a filter nested past the JSON parser's depth, in either form;
     // the body's other members refused that way stay 422.
     let deep = format!("{}1{}", r#"{"a":"#.repeat(200), "}".repeat(200));
-    let problem = expect_problem(raw(format!(r#"{{"filter": {deep}}}"#)).await, 400, "invalid_filter").await;
-    assert!(problem["errors"][0]["pointer"].as_str().unwrap().starts_with("/filter/a/a/"), "{problem}");
+    let body = expect_problem(raw(format!(r#"{{"filter": {deep}}}"#)).await, 400, "invalid_filter").await;
+    let pointer = body["errors"][0]["pointer"].as_str().unwrap();
+    assert!(pointer.starts_with("/filter/a/a/"), "{body}");
     let resp = app.request(Method::GET, &docs_path("r")).query(&[("filter", &deep)]).send().await.unwrap();
-    expect_problem(resp, 400, "invalid_filter").await;
+    let problem = expect_problem(resp, 400, "invalid_filter").await;
+    // The parameter's JSON is one level shallower than the body's.
+    assert_eq!(problem["errors"][0]["pointer"], format!("/query{pointer}/a"), "{problem}");
+    assert_eq!(problem["errors"][0]["detail"], body["errors"][0]["detail"], "{problem}");
     let problem = expect_problem(raw(r#"{"limit": 1, "limit": 2}"#.into()).await, 422, "validation_failed").await;
     assert_eq!(problem["errors"][0]["pointer"], "/limit", "{problem}");
     let problem = expect_problem(raw(format!(r#"{{"sort": {}}}"#, deep)).await, 422, "validation_failed").await;
