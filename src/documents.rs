@@ -102,6 +102,9 @@ pub struct Documents {
     lock_wait: Duration,
     /// The declared indexes, whose rule every write keeps.
     indexes: Arc<Indexes>,
+    /// Records lists and queries skipped as not documents (see
+    /// [`Self::skip_unreadable`]).
+    unreadable: Arc<std::sync::atomic::AtomicU64>,
 }
 
 const MAX_BACKOFF: Duration = Duration::from_millis(100);
@@ -128,7 +131,27 @@ impl Documents {
         lock_wait: Duration,
         indexes: Arc<Indexes>,
     ) -> Self {
-        Self { store, locks, publisher, clock, metrics, lock_wait, indexes }
+        Self { store, locks, publisher, clock, metrics, lock_wait, indexes, unreadable: Default::default() }
+    }
+
+    /// Skip and report a record a read of many met that cannot be read as
+    /// a document (`err`, [`StoreError::Undecodable`]; other errors are
+    /// handed back): the read goes on with the others.
+    pub(crate) fn skip_unreadable(&self, err: StoreError) -> Result<(), StoreError> {
+        match err {
+            StoreError::Undecodable(_) => {
+                self.unreadable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                crate::store::report_unreadable(&err);
+                Ok(())
+            }
+            other => Err(other),
+        }
+    }
+
+    /// The count of records lists and queries skipped as not documents
+    /// (the store counts those it cannot decode at all).
+    pub(crate) fn unreadable(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        Arc::clone(&self.unreadable)
     }
 
     /// Claim the values `new` takes in the unique indexes of `coll` for
@@ -575,13 +598,26 @@ impl Documents {
                         None
                     }
                     StoredView::Built(rec) => {
-                        let rec =
-                            crate::store::convert::decode(rec.as_bytes()).map_err(|e| StoreError::Undecodable(e.0))?;
-                        let doc = StoredDoc::from_record(rec)?;
-                        cursor = Some(doc.id.clone());
-                        match self.view_at(at, doc, &mut holders).await? {
-                            View::Live(l) => Some(PageItem::Built(l)),
-                            _ => None,
+                        let doc = crate::store::convert::decode(rec.as_bytes())
+                            .map_err(|e| StoreError::Undecodable(e.0))
+                            .and_then(StoredDoc::from_record);
+                        match doc {
+                            Ok(doc) => {
+                                cursor = Some(doc.id.clone());
+                                match self.view_at(at, doc, &mut holders).await? {
+                                    View::Live(l) => Some(PageItem::Built(l)),
+                                    _ => None,
+                                }
+                            }
+                            Err(err) => {
+                                // Not a document (another tool's record):
+                                // skipped, and the list goes on past it.
+                                self.skip_unreadable(err)?;
+                                if id.is_some() {
+                                    cursor = id;
+                                }
+                                None
+                            }
                         }
                     }
                 };

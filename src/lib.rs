@@ -149,14 +149,6 @@ impl App {
                 took.checkpoints().map_or(std::time::Duration::ZERO, |c| c.1)
             });
         }
-        {
-            let store = Arc::clone(&store);
-            metrics.sampled(
-                "txgate_store_unreadable_records_total",
-                "Stored records reads could not decode (skipped by background passes; see the log for which)",
-                move || store.unreadable(),
-            );
-        }
         let mut events_cfg = config.events.clone();
         events_cfg.clock = config.txn.clock.clone();
         let (txns, hooks) = transactions(Arc::clone(&store), config.txn.clone(), Arc::clone(&metrics));
@@ -176,6 +168,15 @@ impl App {
             config.txn.lock_wait,
             Arc::clone(&indexes),
         ));
+        {
+            // The counter, not the documents (which hold the metrics).
+            let (store, skipped) = (Arc::clone(&store), documents.unreadable());
+            metrics.sampled(
+                "txgate_store_unreadable_records_total",
+                "Stored records reads could not decode (skipped by background passes, lists and queries; see the log for which)",
+                move || store.unreadable() + skipped.load(std::sync::atomic::Ordering::Relaxed),
+            );
+        }
         let queries = Arc::new(queries::Queries::new(
             Arc::clone(&documents),
             Arc::clone(&indexes),

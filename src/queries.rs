@@ -537,10 +537,18 @@ impl Queries {
                     }
                     StoredView::Hidden => {}
                     StoredView::Built(record) => {
-                        let record = crate::store::convert::decode(record.as_bytes())
+                        let doc = crate::store::convert::decode(record.as_bytes())
                             .map_err(|e| StoreError::Undecodable(e.0))
-                            .map_err(DocError::Store)?;
-                        let doc = StoredDoc::from_record(record).map_err(DocError::Store)?;
+                            .and_then(StoredDoc::from_record);
+                        let doc = match doc {
+                            Ok(doc) => doc,
+                            Err(err) => {
+                                // Not a document (another tool's record):
+                                // skipped, as a list skips it.
+                                self.documents.skip_unreadable(err).map_err(DocError::Store)?;
+                                continue;
+                            }
+                        };
                         if let View::Live(live) = self.documents.view_at(at, doc, &mut holders).await? {
                             // A committed transaction's change not rolled forward
                             // yet may have taken the document out of the set.

@@ -376,16 +376,19 @@ impl StoredDoc {
         fields(&shapes::Purgeable { deleted: true, deleted_at: Lt(cutoff), txn: None, outbox: None })
     }
 
+    /// The document `record` holds; a record of another shape (an `_id`
+    /// that is not a string, an `_meta` missing or not as written here,
+    /// as another tool could leave) is [`StoreError::Undecodable`]: reads
+    /// of many skip and report it, a read of it alone is a problem.
     pub fn from_record(mut record: Record) -> Result<Self, StoreError> {
         let id = match record.remove("_id") {
             Some(Bson::String(id)) => id,
-            other => return Err(StoreError::Internal(format!("document with non-string _id {other:?}"))),
+            other => return Err(StoreError::Undecodable(format!("document with non-string _id {other:?}"))),
         };
         let meta = match record.remove("_meta") {
-            Some(Bson::Document(meta)) => {
-                Meta::from_document(meta).map_err(|e| StoreError::Internal(format!("document {id}: bad _meta: {e}")))?
-            }
-            _ => return Err(StoreError::Internal(format!("document {id} has no _meta"))),
+            Some(Bson::Document(meta)) => Meta::from_document(meta)
+                .map_err(|e| StoreError::Undecodable(format!("document {id}: bad _meta: {e}")))?,
+            _ => return Err(StoreError::Undecodable(format!("document {id} has no _meta"))),
         };
         Ok(Self { id, data: record, meta })
     }

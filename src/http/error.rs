@@ -101,7 +101,7 @@ problem_codes! {
     HeadersTooLarge => "headers_too_large", 431, Problem, "the request's header fields are larger or more numerous than the limit";
     Overloaded => "overloaded", 429, Problem, "too many requests are being served at once; retry after `Retry-After`";
     Internal => "internal", 500, Problem, "an internal error";
-    RecordUnreadable => "record_unreadable", 500, Problem, "the stored record cannot be decoded (corrupt, or nested beyond the limit by another tool); it is skipped by background work and reported";
+    RecordUnreadable => "record_unreadable", 500, Problem, "the stored record cannot be decoded (corrupt, nested beyond the limit, or not of a document's shape, as another tool could leave it); it is skipped by background work, lists and queries, and reported";
     StoreUnavailable => "store_unavailable", 503, Problem, "the store cannot be reached; retry later";
     OutcomeUnknown => "outcome_unknown", 503, Problem, "the store stopped answering at the commit point; read the transaction to learn its outcome";
     NotReady => "not_ready", 503, Problem, "migrations are not applied yet";

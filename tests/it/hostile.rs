@@ -605,3 +605,59 @@ async fn arrays_in_place_of_objects_are_refused_on_every_operation() {
     expect_problem(app.get("/v1/collections/shape/documents/t1").await, 404, "not_found").await;
     app.stop().await;
 }
+
+/// Records another tool wrote into a collection with the shape of a
+/// document gone wrong: an `_id` that is not a string, an `_meta` whose
+/// version is not a number, timestamps that are not dates. Each is a
+/// record a reader cannot decode as a document: lists and queries skip
+/// and report it and serve the others, a read of it by id is a problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mongodb_records_of_a_wrong_shape_are_skipped_by_lists_and_queries() {
+    use txgate::testing::store::{Bson, DateTime, doc};
+    let Some(app) = TestApp::spawn(Backend::Mongodb).await else { return };
+    const O: &str = "/v1/collections/shapes/documents";
+    for (id, n) in [("a", 1), ("c", 3), ("e", 5)] {
+        expect(app.post(O, &json!({"_id": id, "status": "open", "n": n})).await, 201).await;
+    }
+    crate::queries::ready_index(&app, "shapes", "by_status", &["status", "n"]).await;
+    let now = DateTime::now();
+    let meta = |v: Bson, created: Bson| {
+        doc! {"v": v, "sv": 1_i64, "txn": null, "pending": null, "deleted": false, "deleting": false,
+        "created_at": created, "updated_at": now, "deleted_at": null}
+    };
+    let planted = [
+        doc! {"_id": "b", "status": "open", "n": 2_i64, "_meta": meta(Bson::String("two".into()), Bson::DateTime(now))},
+        doc! {"_id": 4_i64, "status": "open", "n": 4_i64, "_meta": meta(Bson::Int64(1), Bson::DateTime(now))},
+        doc! {"_id": "d", "status": "open", "n": 4_i64, "_meta": meta(Bson::Int64(1), Bson::String("then".into()))},
+        doc! {"_id": "f", "status": "open", "n": 6_i64, "_meta": "none"},
+    ];
+    for record in planted {
+        app.store.insert("shapes", record).await.expect("planted below the API");
+    }
+    let ids = |page: &Value| -> Vec<String> {
+        page["items"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap().to_owned()).collect()
+    };
+    let list = expect(app.get(O).await, 200).await;
+    assert_eq!(ids(&list), ["a", "c", "e"], "{list}");
+    let query = json!({"filter": {"status": "open"}, "sort": ["n"]});
+    let page = expect(app.post("/v1/collections/shapes/query", &query).await, 200).await;
+    assert_eq!(ids(&page), ["a", "c", "e"], "{page}");
+    let page = expect(app.get(&format!("{O}?filter=%7B%22status%22%3A%22open%22%7D&sort=-n&limit=2")).await, 200).await;
+    assert_eq!(ids(&page), ["e", "c"], "{page}");
+    let next = page["next"].as_str().expect("a next page").to_owned();
+    let page =
+        expect(app.get(&format!("{O}?filter=%7B%22status%22%3A%22open%22%7D&sort=-n&limit=2&after={next}")).await, 200)
+            .await;
+    assert_eq!(ids(&page), ["a"], "{page}");
+    for id in ["b", "d"] {
+        expect_problem(app.get(&format!("{O}/{id}")).await, 500, "record_unreadable").await;
+    }
+    let metrics = app.get("/metrics").await.text().await.unwrap();
+    let unreadable = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("txgate_store_unreadable_records_total "))
+        .and_then(|n| n.trim().parse::<u64>().ok());
+    assert!(unreadable >= Some(3), "the skipped records are counted:\n{metrics}");
+    expect(app.get("/healthz").await, 200).await;
+    app.stop().await;
+}
