@@ -40,7 +40,8 @@ impl ScanDecl {
             eq: vec![eq.clone()],
             slot: None,
             reverse: false,
-            after: after.map(|id| vec![Bson::String(id.to_owned())]),
+            // From the first string without `after` (see [`Scan::after`]).
+            after: Some(vec![Bson::String(after.unwrap_or_default().to_owned())]),
             limit,
             budget,
             filter: doc! { self.eq[0]: eq },
