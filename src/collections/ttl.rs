@@ -91,12 +91,17 @@ impl Sweeper {
     async fn sweep(&self, coll: &Collection, policy: Policy) -> Result<usize, DocError> {
         let live = || DOCS_BY_AGE.scan(vec![Bson::Boolean(false)]).from(Bound::Included(Bson::DateTime(DateTime::MIN)));
         let mut by_age = 0;
+        // By age, what a batch read and left (records that are not
+        // documents, ones a transaction holds) is skipped by the pass's next
+        // read, so a batch of them cannot keep it from those behind them.
         if let Some(cutoff) = age_cutoff(&policy, self.clock.now()) {
+            let mut left = 0;
             loop {
-                let (went, full) =
-                    self.expire(&coll.name, live().to(Bound::Excluded(Bson::DateTime(cutoff))), "age").await?;
+                let scan = live().to(Bound::Excluded(Bson::DateTime(cutoff))).skip(left);
+                let (went, read) = self.expire(&coll.name, scan, "age").await?;
                 by_age += went;
-                if !full || went == 0 {
+                left += read - went;
+                if read < BATCH {
                     break;
                 }
             }
@@ -107,10 +112,12 @@ impl Sweeper {
             // by age since: whether anything may lie beyond the limit.
             if coll.count.saturating_sub(by_age as u64) > max {
                 let beyond = usize::try_from(max).unwrap_or(usize::MAX);
+                // Here what a batch left is not skipped: the newest `max`
+                // must stay, and what is left may be among them.
                 loop {
-                    let (went, full) = self.expire(&coll.name, live().desc().skip(beyond), "count").await?;
+                    let (went, read) = self.expire(&coll.name, live().desc().skip(beyond), "count").await?;
                     by_count += went;
-                    if !full || went == 0 {
+                    if read < BATCH || went == 0 {
                         break;
                     }
                 }
@@ -122,11 +129,11 @@ impl Sweeper {
         Ok(by_age + by_count)
     }
 
-    /// Expire the documents of one batch of `scan`: how many went, and
-    /// whether the batch was full.
-    async fn expire(&self, coll: &str, scan: Scan, why: &str) -> Result<(usize, bool), DocError> {
+    /// Expire the documents of one batch of `scan`: how many went, and how
+    /// many records the batch read (a full batch: [`BATCH`]).
+    async fn expire(&self, coll: &str, scan: Scan, why: &str) -> Result<(usize, usize), DocError> {
         let records = self.collections.store().scan(coll, scan.limit(BATCH)).await?;
-        let full = records.len() == BATCH;
+        let read = records.len();
         // A record that is not a document as the gateway writes them
         // (another tool's) is skipped and reported, not a stop of the pass.
         let docs: Vec<StoredDoc> = records
@@ -147,7 +154,7 @@ impl Sweeper {
             went += usize::from(done?);
         }
         self.metrics.add(&crate::metrics::TTL_DELETIONS, why, went as u64);
-        Ok((went, full))
+        Ok((went, read))
     }
 }
 

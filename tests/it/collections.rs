@@ -503,3 +503,34 @@ async fn an_expiry_or_a_count_cut_off_at_any_step_is_finished_once(backend: Back
     assert_eq!(count(&app, "ttl").await, 1);
     app.stop().await;
 }
+
+/// Records another tool left in a collection, older than its documents and
+/// more than a sweep reads at once, that are not documents (their version
+/// is a string): the sweep by age skips them and reaches the documents
+/// behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mongodb_records_of_another_shape_do_not_keep_the_age_sweep_from_the_documents_behind_them() {
+    use txgate::testing::store::{Bson, DateTime};
+    let Some(app) = app(Backend::Mongodb).await else { return };
+    let old = Bson::DateTime(DateTime::from_millis(946_684_800_000));
+    for i in 0..205 {
+        let meta = doc! {"v": "one", "sv": 1_i64, "txn": null, "pending": null, "deleted": false,
+        "deleting": false, "created_at": old.clone(), "updated_at": old.clone(), "deleted_at": null};
+        let record = doc! {"_id": format!("planted{i:03}"), "n": 1_i64, "_meta": meta};
+        app.store.insert("aged", record).await.expect("planted below the API");
+    }
+    for id in ["s0", "s1", "s2"] {
+        create(&app, "aged", id).await;
+    }
+    put_ttl(&app, "aged", json!({"max_age_seconds": 1})).await;
+    let started = Instant::now();
+    while count(&app, "aged").await > 0 {
+        assert!(started.elapsed() < WAIT, "the documents behind the planted records never expired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for id in ["s0", "s1", "s2"] {
+        expect_problem(app.get(&doc_path("aged", id)).await, 410, "deleted").await;
+    }
+    expect(app.get("/healthz").await, 200).await;
+    app.stop().await;
+}
