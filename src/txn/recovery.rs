@@ -264,6 +264,9 @@ impl Recovery {
                 let mut last: Option<(String, bool)> = None;
                 for rec in locked {
                     let id = crate::store::record_id(&rec).unwrap_or("?").to_owned();
+                    // Its holder as stored, for a record that is not a
+                    // document: the sweep still moves past it.
+                    let raw_holder = rec.get_document("_meta").and_then(|m| m.get_str("txn")).map(str::to_owned);
                     match self.sweep_lock(&coll, rec, &mut running).await {
                         Ok((holder, swept)) => {
                             cleared += usize::from(swept == Swept::Cleared);
@@ -271,7 +274,14 @@ impl Recovery {
                                 swept == Swept::Cleared || last.as_ref().is_some_and(|(h, p)| *h == holder && *p);
                             last = Some((holder, progress));
                         }
-                        Err(err) => self.skip(pass, &format!("{coll}/{id}"), err)?,
+                        Err(err) => {
+                            self.skip(pass, &format!("{coll}/{id}"), err)?;
+                            if let Ok(holder) = raw_holder {
+                                if last.as_ref().is_none_or(|(h, _)| *h != holder) {
+                                    last = Some((holder, false));
+                                }
+                            }
+                        }
                     }
                 }
                 from = match last {
@@ -439,6 +449,27 @@ mod tests {
         assert_eq!(engine.recovery().recover(true).await.unwrap().outboxes, 1);
         assert!(outbox().await.is_none(), "an old one is swept");
         assert_eq!(logged().await, 1);
+    }
+
+    /// Records another tool left with a lock but no document's `_meta`,
+    /// a full batch of them and more, ahead of a real document whose holder
+    /// is gone: the lock sweep goes past them and clears its lock.
+    #[tokio::test(start_paused = true)]
+    async fn the_lock_sweep_goes_past_a_full_batch_of_locked_records_that_are_not_documents() {
+        let store: DynStore = Arc::new(MemoryStore::default());
+        crate::migrate::run(store.as_ref()).await.unwrap();
+        let engine = engine(Arc::clone(&store));
+        for i in 0..BATCH + 3 {
+            let rec = doc! {"_id": format!("x{i}"), "_meta": {"txn": format!("0000-{i:05}")}};
+            assert!(store.insert("c", rec).await.unwrap());
+        }
+        let now = engine.config().clock.now();
+        let mut d = StoredDoc::new_live("d".into(), doc! {"n": 1_i64}, 1, 1, now);
+        d.meta.txn = Some(uuid::Uuid::now_v7().to_string());
+        assert!(store.insert("c", d.to_record()).await.unwrap());
+        let pass = engine.recovery().recover(false).await.unwrap();
+        assert_eq!((pass.locks_cleared, pass.skipped), (1, BATCH + 3), "{pass:?}");
+        assert_eq!(doc_state(store.as_ref()).await.0, None, "the real lock is cleared");
     }
 
     /// Run on a thread of its own, so that a sweep that never ends fails
