@@ -213,14 +213,20 @@ pub(crate) async fn claim(
             }
             continue;
         }
-        let young = now.timestamp_millis() - as_read.at.timestamp_millis() < GRACE.as_millis() as i64;
-        if young || holder_holds(store, coll, index, holder, key).await? {
+        // The duplicate names the document that holds the value where one
+        // does: the owner, or the one a transaction that did not commit
+        // (and whose release is not in yet) was handed it from.
+        if holder_holds(store, coll, index, holder, key).await? {
             return Ok(Err(duplicate(holder)));
         }
         if let Some(from) = from {
             if holder_holds(store, coll, index, from, key).await? {
                 return Ok(Err(duplicate(from)));
             }
+        }
+        let young = now.timestamp_millis() - as_read.at.timestamp_millis() < GRACE.as_millis() as i64;
+        if young {
+            return Ok(Err(duplicate(holder)));
         }
         // Stale: its owner gave the value up.
         if replace(read, mine.clone()).await? {
@@ -388,7 +394,9 @@ mod tests {
         let t2 = later(t1, 1);
         claim(&store, "c", &u, &key, ("b", &["a"]), t2, Durability::Synced).await.unwrap().unwrap();
         let stale = later(t2, GRACE.as_secs() + 1);
-        assert_eq!(existing("z", &[], t2).await.as_deref(), Some("b"));
+        // Within the grace too, the duplicate names "a": "b" holds nothing
+        // (no change of it is staged), "a" holds the value.
+        assert_eq!(existing("z", &[], t2).await.as_deref(), Some("a"));
         assert_eq!(existing("z", &[], stale).await.as_deref(), Some("a"));
         assert_eq!(existing("b", &[], stale).await.as_deref(), Some("a"));
         // The transaction sent again: "b"'s own, renewed, "a" still named.
