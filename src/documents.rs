@@ -598,9 +598,7 @@ impl Documents {
                         None
                     }
                     StoredView::Built(rec) => {
-                        let doc = crate::store::convert::decode(rec.as_bytes())
-                            .map_err(|e| StoreError::Undecodable(e.0))
-                            .and_then(StoredDoc::from_record);
+                        let doc = StoredDoc::from_raw(&rec);
                         match doc {
                             Ok(doc) => {
                                 cursor = Some(doc.id.clone());

@@ -537,9 +537,7 @@ impl Queries {
                     }
                     StoredView::Hidden => {}
                     StoredView::Built(record) => {
-                        let doc = crate::store::convert::decode(record.as_bytes())
-                            .map_err(|e| StoreError::Undecodable(e.0))
-                            .and_then(StoredDoc::from_record);
+                        let doc = StoredDoc::from_raw(&record);
                         let doc = match doc {
                             Ok(doc) => doc,
                             Err(err) => {

@@ -376,6 +376,15 @@ impl StoredDoc {
         fields(&shapes::Purgeable { deleted: true, deleted_at: Lt(cutoff), txn: None, outbox: None })
     }
 
+    /// The document a record read as stored holds (see
+    /// [`Self::from_record`]): [`StoreError::Undecodable`] when it is not
+    /// BSON the store can decode, or not of a document's shape.
+    pub(crate) fn from_raw(record: &mongodb::bson::RawDocument) -> Result<Self, StoreError> {
+        crate::store::convert::decode(record.as_bytes())
+            .map_err(|e| StoreError::Undecodable(e.0))
+            .and_then(Self::from_record)
+    }
+
     /// The document `record` holds; a record of another shape (an `_id`
     /// that is not a string, an `_meta` missing or not as written here,
     /// as another tool could leave) is [`StoreError::Undecodable`]: reads
