@@ -9,7 +9,9 @@
 //!   before and during the build, and how long it took;
 //! - a page of 50 of one status below a random amount, newest amount
 //!   first: p50/p99, and the records the store decoded per page (at most
-//!   52: the page, the one after it, and nothing else);
+//!   52: the page, the one after it, and nothing else); beside it, the
+//!   floor under any such answer: one page's bytes from a bare server,
+//!   decoded the same way;
 //! - the count of one status (a tenth of the documents): p50/p99; the same
 //!   documents counted through a range on the next field (`amount >= 0`),
 //!   and about half of them (`amount >= 500000`): p50;
@@ -185,6 +187,64 @@ async fn writes(
     Arc::try_unwrap(lat).unwrap().into_inner().unwrap()
 }
 
+/// The floor under a page: one real page's bytes, answered to every
+/// `POST /q` by a bare axum server in this process (no store, no
+/// middleware, nothing computed), so that a page timed against it costs
+/// only what any HTTP/JSON answer of that size costs this client: the
+/// request written and parsed, the round trip on loopback, the bytes read
+/// and decoded into typed rows.
+struct Floor {
+    url: String,
+    bytes: usize,
+    shutdown: tokio_util::sync::CancellationToken,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Floor {
+    /// Serve a page of 50 of the first status below the largest amount.
+    async fn start(client: &reqwest::Client, base: &str) -> Self {
+        let body =
+            json!({"filter": {"status": STATUSES[0], "amount": {"$lt": 1_000_003}}, "sort": ["-amount"], "limit": 50});
+        let resp = client.post(format!("{base}/v1/collections/{COLL}/query")).json(&body).send().await.expect("query");
+        assert_eq!(resp.status(), 200);
+        let page = resp.bytes().await.expect("page");
+        let bytes = page.len();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/q", listener.local_addr().expect("addr"));
+        let app = axum::Router::new().route(
+            "/q",
+            axum::routing::post(move || {
+                let page = page.clone();
+                async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], page) }
+            }),
+        );
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let server = {
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await.expect("serve");
+            })
+        };
+        Self { url, bytes, shutdown, server }
+    }
+
+    /// One request with `body` (which the server does not read), its
+    /// answer decoded as a page is: how long it took.
+    async fn page(&self, client: &reqwest::Client, body: &Value) -> Duration {
+        let t = Instant::now();
+        let resp = client.post(&self.url).json(body).send().await.expect("floor");
+        let page = resp.json::<Page>().await.expect("floor page").orders();
+        let took = t.elapsed();
+        assert_eq!(page.len(), 50);
+        took
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.server.await;
+    }
+}
+
 pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
     let embedded = super::open_embedded(&store)
         .expect("bench queries runs on the embedded store (its decoded records are counted)");
@@ -253,22 +313,32 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
     println!("queries txgate writes_during_p99_ms {d99:.2}");
 
     // Pages of 50, each decoded into typed rows as PostgreSQL's client
-    // decodes its rows (the figure beside PostgreSQL's) and, for
-    // reference, into a JSON tree (`serde_json::Value`) instead, taking
-    // turns.
-    let (mut lat, mut lat_tree) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    // decodes its rows (the figure beside PostgreSQL's), taking turns with
+    // two references: the same pages decoded into a JSON tree
+    // (`serde_json::Value`) instead, and the floor (one page's bytes
+    // answered by a bare server, decoded the same way).
+    let floor = Floor::start(&client, &base).await;
+    let (mut lat, mut lat_tree, mut lat_floor) =
+        (Vec::with_capacity(samples), Vec::with_capacity(samples), Vec::with_capacity(samples));
     let mut most = 0;
     let mut items = 0;
-    for i in 0..2 * samples {
+    // In turns of 50 requests of each kind, so that the machine's drift
+    // over the run meets every kind alike.
+    let turn = |i: usize| (i / 50) % 3;
+    for i in 0..3 * samples.div_ceil(50) * 50 {
         let (status, below) = {
             let mut rng = rand::rng();
             (STATUSES[rng.random_range(0..10)], rng.random_range(10_000..1_000_003_i64))
         };
         let body = json!({"filter": {"status": status, "amount": {"$lt": below}}, "sort": ["-amount"], "limit": 50});
+        if turn(i) == 1 {
+            lat_floor.push(floor.page(&client, &body).await);
+            continue;
+        }
         let decoded = embedded.queried();
         let t = Instant::now();
         let resp = client.post(format!("{base}/v1/collections/{COLL}/query")).json(&body).send().await.expect("query");
-        if i % 2 == 0 {
+        if turn(i) == 0 {
             let page = resp.json::<Page>().await.expect("page").orders();
             lat.push(t.elapsed());
             assert!(
@@ -283,16 +353,25 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
         }
         most = most.max(embedded.queried() - decoded);
     }
+    let floor_bytes = floor.bytes;
+    floor.stop().await;
     let (q50, q99) = p50_p99(&mut lat);
     let (t50, t99) = p50_p99(&mut lat_tree);
+    let (f50, f99) = p50_p99(&mut lat_floor);
     println!(
         "page of 50 (status = s, amount < x, by -amount), rows decoded typed: p50 {q50:.3} ms, p99 {q99:.3} ms; at most {most} records decoded per page (target <= 52); {:.1} items per page",
-        items as f64 / samples as f64
+        items as f64 / lat.len() as f64
     );
     println!("  the same pages decoded into a JSON tree (serde_json::Value): p50 {t50:.3} ms, p99 {t99:.3} ms");
+    println!(
+        "  the floor, one such page's {} bytes from a bare server (axum, no store, no middleware), decoded typed: p50 {f50:.3} ms, p99 {f99:.3} ms",
+        floor_bytes
+    );
     println!("queries txgate page_p50_ms {q50:.3}");
     println!("queries txgate page_p99_ms {q99:.3}");
     println!("queries txgate page_tree_p50_ms {t50:.3}");
+    println!("queries txgate page_floor_p50_ms {f50:.3}");
+    println!("queries txgate page_floor_p99_ms {f99:.3}");
     println!("queries txgate page_decoded_max {most}");
 
     // For reference: the store's share of a page, in this process (the
