@@ -68,16 +68,30 @@ pub enum RunError {
 }
 
 /// Open the backend the configuration names, as it is: the gateway puts
-/// its layers over it with [`stack`]. The mongodb backend uses `timeout`
-/// to bound how long one write may hold its record's write stripe.
-pub async fn open_store(cfg: &StoreConfig, timeout: std::time::Duration) -> Result<DynStore, StoreError> {
+/// its layers over it with [`stack`]. On MongoDB it logs which server it
+/// is on (`buildInfo`), and warns on a server where several instances lose
+/// updates (docs/operating.md, "Servers").
+pub async fn open_store(cfg: &StoreConfig) -> Result<DynStore, StoreError> {
     let raw: DynStore = match cfg {
         StoreConfig::Embedded { .. } => {
             let (dir, options) = cfg.embedded().expect("an embedded store's configuration");
             Arc::new(store::embedded::EmbeddedStore::open_dir(dir, &options)?)
         }
         StoreConfig::Mongodb { uri, database } => {
-            Arc::new(store::mongo::MongoStore::connect(uri, database, timeout).await?)
+            let mongo = store::mongo::MongoStore::connect(uri, database).await?;
+            match mongo.server().await {
+                Ok(server) if server.supports_several_instances() => {
+                    tracing::info!(server = %server, "mongodb server (buildInfo)");
+                }
+                Ok(server) => tracing::warn!(
+                    server = %server,
+                    "this server runs a filtered write as a read then a separate write: several gateway \
+                     instances on it lose updates; run one instance, or use MongoDB 6+ or FerretDB 2.7 \
+                     with DocumentDB (docs/operating.md, \"Servers\")"
+                ),
+                Err(err) => tracing::warn!(error = %err, "could not read the mongodb server's buildInfo"),
+            }
+            Arc::new(mongo)
         }
     };
     Ok(raw)
@@ -388,7 +402,7 @@ fn purger(app: &App, config: &Config) -> purge::Purger {
 
 /// Open the configured store and serve (see [`run_with_store`]).
 pub async fn run(config: Config, listener: TcpListener, shutdown: CancellationToken) -> Result<(), RunError> {
-    let store = open_store(&config.store, config.txn.store_timeout).await?;
+    let store = open_store(&config.store).await?;
     let served = run_with_store(config, Arc::clone(&store), listener, shutdown).await;
     // The store this gateway opened closes with it: the embedded store
     // checkpoints and joins its writer, so the next start replays nothing.

@@ -79,7 +79,7 @@ async fn serve(config: Config) -> Result<(), String> {
 }
 
 async fn migrate(config: Config) -> Result<(), String> {
-    let store = txgate::open_store(&config.store, config.txn.store_timeout).await.map_err(|e| e.to_string())?;
+    let store = txgate::open_store(&config.store).await.map_err(|e| e.to_string())?;
     let applied = txgate::migrate(store.as_ref()).await.map_err(|e| e.to_string())?;
     // Closed as the gateway closes it (checkpointed, the writer joined).
     store.close().await.map_err(|e| e.to_string())?;

@@ -7,11 +7,14 @@
 //!
 //! - **Maximum age**: the live documents created before `now − max_age`,
 //!   oldest first, along the index of live documents by creation time.
-//! - **Maximum count**: what lies beyond the `max_count` newest live
-//!   documents, found by one descending scan of that index that passes
-//!   over the newest `max_count` entries. A document is expired only when
-//!   `max_count` live documents newer than it existed when it was found,
-//!   so instances sweeping at once never leave fewer than `max_count`.
+//! - **Maximum count**: the live documents created strictly before the
+//!   `max_count`-th newest, found by one read of that index that passes
+//!   over the newest `max_count - 1` entries, then read newest first below
+//!   its creation time. A document is expired only when `max_count` live
+//!   documents created no earlier than it existed when it was found, so
+//!   instances sweeping at once never leave fewer than `max_count`, even
+//!   where documents created in one millisecond tie (those at the cut all
+//!   stay until a newer document moves it).
 //!   The scan is made only when the collection's live count says there
 //!   are more than `max_count`: a collection within its limit costs one
 //!   read per pass, however many documents it holds.
@@ -112,13 +115,29 @@ impl Sweeper {
             // by age since: whether anything may lie beyond the limit.
             if coll.count.saturating_sub(by_age as u64) > max {
                 let beyond = usize::try_from(max).unwrap_or(usize::MAX);
-                // Here what a batch left is not skipped: the newest `max`
-                // must stay, and what is left may be among them.
-                loop {
-                    let (went, read) = self.expire(&coll.name, live().desc().skip(beyond), "count").await?;
-                    by_count += went;
-                    if read < BATCH || went == 0 {
-                        break;
+                // The creation time of the `max`-th newest live document:
+                // only what is strictly older goes. Documents created in
+                // one millisecond tie, and a store need not hand tied
+                // entries out in one order to every scan (DocumentDB does
+                // not), so two sweepers cutting at the `max`-th entry could
+                // each keep a different one of two tied documents and
+                // expire the other; cutting below the time keeps both.
+                let nth = live().desc().skip(beyond.saturating_sub(1)).limit(1);
+                let boundary = self.collections.store().scan(&coll.name, nth).await?;
+                let boundary =
+                    boundary.first().and_then(|r| r.get_document("_meta").ok()?.get_datetime("created_at").ok());
+                if let Some(boundary) = boundary {
+                    // What a batch left (held by a transaction, expired by
+                    // another instance) is skipped by the next read.
+                    let mut left = 0;
+                    loop {
+                        let scan = live().desc().to(Bound::Excluded(Bson::DateTime(*boundary))).skip(left);
+                        let (went, read) = self.expire(&coll.name, scan, "count").await?;
+                        by_count += went;
+                        left += read - went;
+                        if read < BATCH {
+                            break;
+                        }
                     }
                 }
             }

@@ -2,16 +2,31 @@
 //! (`insertOne`, `replaceOne`, `updateOne`, `deleteOne`, `find`), so it
 //! works on a standalone server and never needs a replica set.
 //!
-//! MongoDB applies a filtered single-document write atomically. Some
-//! MongoDB-wire servers do not (FerretDB 1.x runs the filter and the write
-//! as two statements), so this backend also serializes its own conditional
-//! writes per record: within one process a conditional write is atomic on
-//! any such server, and on MongoDB the extra ordering costs nothing but a
-//! little queueing on a hot document. A write holds its record's stripe at
-//! most for the store deadline, so a hung call cannot stop the writes that
-//! share its stripe.
+//! The backend relies on two of MongoDB's guarantees, which hold across
+//! every gateway instance on one server, not only within a process:
+//!
+//! - a filtered single-document write (`updateOne`, `replaceOne`,
+//!   `deleteOne`, `findOneAndUpdate`) checks its filter and writes as one
+//!   atomic step, so a compare-and-set on `_meta.v` or `_meta.txn` never
+//!   loses a concurrent one;
+//! - a unique index (`_id` among them) refuses a second record with one key.
+//!
+//! A server that lacks the first (FerretDB 1.x runs the filter and the
+//! write as two statements) loses updates between instances;
+//! [`MongoStore::server`] tells which server this is and the gateway warns
+//! at start (docs/operating.md, "Servers").
+//!
+//! Two more rules keep the backend correct on DocumentDB (FerretDB 2.x),
+//! which MongoDB does not need but costs it nothing:
+//!
+//! - no upsert: concurrent upserts of one new `_id` on DocumentDB 0.107 can
+//!   lose updates, so a record that may not exist yet is created by an
+//!   insert that tolerates a duplicate key, then updated without upsert
+//!   ([`MongoStore::counter_add`]);
+//! - every read of many records is sorted (or hinted along an index): an
+//!   unsorted multi-batch `find` on DocumentDB can return a record twice
+//!   when it is updated during the read.
 
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,14 +51,8 @@ pub(crate) const COUNTERS: &str = "_counters";
 /// Error codes meaning "this document cannot be stored as it is".
 const REJECTED_CODES: &[i32] = &[2, 14, 52, 55, 56, 57, 10334, 15974, 16755, 17419, 238];
 
-/// Stripes of the per-record write serialization.
-const WRITE_STRIPES: usize = 1024;
-
 pub struct MongoStore {
     db: Database,
-    /// Longest time one write holds its stripe (the store deadline).
-    hold: Duration,
-    stripes: Vec<Arc<tokio::sync::Mutex<()>>>,
     /// Records reads could not decode.
     unreadable: Arc<std::sync::atomic::AtomicU64>,
 }
@@ -104,7 +113,7 @@ fn duplicate(err: &MongoError) -> Option<bool> {
     }
 }
 
-/// A duplicate key, whatever the command (an upsert racing another).
+/// A duplicate key, whatever the command (an insert racing another).
 fn is_duplicate(err: &MongoError) -> bool {
     match err.kind.as_ref() {
         ErrorKind::Write(WriteFailure::WriteError(e)) => e.code == DUPLICATE_KEY,
@@ -113,7 +122,8 @@ fn is_duplicate(err: &MongoError) -> bool {
     }
 }
 
-/// A conditional single-record write, as the stripe holder issues it.
+/// A conditional single-record write: one command, which the server
+/// applies atomically (filter checked and record written as one step).
 enum Guarded {
     Replace(Record),
     Update(Update),
@@ -153,12 +163,43 @@ fn with_id(id: &str, mut filter: Document) -> Document {
     filter
 }
 
+/// What the server says it is (`buildInfo`), logged at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// The MongoDB version it implements (`version`).
+    pub version: String,
+    /// FerretDB's own version, when the server is FerretDB.
+    pub ferretdb: Option<String>,
+}
+
+impl ServerInfo {
+    /// A FerretDB 1.x: a filtered write is a read then a separate write
+    /// there, so several gateway instances on it lose updates.
+    pub fn is_ferretdb_1(&self) -> bool {
+        self.ferretdb.as_deref().is_some_and(|v| v.trim_start_matches('v').starts_with("1."))
+    }
+
+    /// Whether several instances on this server keep every guarantee of one
+    /// (docs/operating.md, "Servers").
+    pub fn supports_several_instances(&self) -> bool {
+        !self.is_ferretdb_1()
+    }
+}
+
+impl std::fmt::Display for ServerInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.ferretdb {
+            Some(ferretdb) => write!(f, "FerretDB {ferretdb} (MongoDB {} wire protocol)", self.version),
+            None => write!(f, "MongoDB {}", self.version),
+        }
+    }
+}
+
 impl MongoStore {
     /// Connect to `uri` and use database `database`. Fails fast (5 s server
-    /// selection) when the server is unreachable. `hold` bounds how long one
-    /// write may hold its record's write stripe.
-    pub async fn connect(uri: &str, database: &str, hold: Duration) -> StoreResult<Self> {
-        Self::connect_monitored(uri, database, hold, None).await
+    /// selection) when the server is unreachable.
+    pub async fn connect(uri: &str, database: &str) -> StoreResult<Self> {
+        Self::connect_monitored(uri, database, None).await
     }
 
     /// [`MongoStore::connect`], with `monitor` told of every command the
@@ -166,7 +207,6 @@ impl MongoStore {
     pub async fn connect_monitored(
         uri: &str,
         database: &str,
-        hold: Duration,
         monitor: Option<mongodb::event::EventHandler<mongodb::event::command::CommandEvent>>,
     ) -> StoreResult<Self> {
         let mut options = ClientOptions::parse(uri).await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
@@ -181,33 +221,52 @@ impl MongoStore {
         options.write_concern = Some(WriteConcern::majority());
         options.read_concern = Some(ReadConcern::majority());
         let client = Client::with_options(options).map_err(map_err)?;
-        Ok(Self {
-            db: client.database(database),
-            hold,
-            stripes: (0..WRITE_STRIPES).map(|_| Arc::new(tokio::sync::Mutex::new(()))).collect(),
-            unreadable: Arc::default(),
+        Ok(Self { db: client.database(database), unreadable: Arc::default() })
+    }
+
+    /// The server's `buildInfo`: which server this is.
+    pub async fn server(&self) -> StoreResult<ServerInfo> {
+        let info = self.db.run_command(doc! {"buildInfo": 1}).await.map_err(map_err)?;
+        Ok(ServerInfo {
+            version: info.get_str("version").unwrap_or("unknown").to_owned(),
+            ferretdb: info.get_document("ferretdb").ok().map(|f| f.get_str("version").unwrap_or("unknown").to_owned()),
         })
     }
 
-    /// Issue a conditional write to record `(coll, id)` while holding its
-    /// stripe. The write runs in its own task, so the stripe stays held until
-    /// the server has answered even when the caller stops waiting (a server
-    /// that checks the filter and writes in two steps must not see a second
-    /// write to the record overlap an abandoned one), but never longer than
-    /// the store deadline: a call that hangs past it gives its stripe up.
+    /// A conditional write to record `(coll, id)`: one command, which the
+    /// server applies atomically.
     async fn guarded(&self, coll: &str, id: &str, filter: Document, write: Guarded) -> StoreResult<bool> {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        (coll, id).hash(&mut hasher);
-        let stripe = Arc::clone(&self.stripes[(hasher.finish() as usize) % WRITE_STRIPES]);
-        let (collection, id, hold) = (self.coll(coll), id.to_owned(), self.hold);
-        tokio::spawn(async move {
-            let _turn = stripe.lock_owned().await;
-            tokio::time::timeout(hold, conditional_write(&collection, &id, filter, write)).await.unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(format!("no answer to a write within {} ms", hold.as_millis())))
-            })
-        })
-        .await
-        .map_err(|e| StoreError::Internal(format!("write task failed: {e}")))?
+        conditional_write(&self.coll(coll), id, filter, write).await
+    }
+
+    /// Add `n` to the counter of log `coll` in [`COUNTERS`] and return its
+    /// new value. Without an upsert: the counter's record is created by an
+    /// insert that tolerates a duplicate key (another instance created it
+    /// first), then the update runs without upsert. On DocumentDB 0.107,
+    /// concurrent upserts of one new `_id` can each create the record, and
+    /// all but one of their increments are lost.
+    async fn counter_add(&self, coll: &str, n: i64) -> StoreResult<i64> {
+        let counters = self.coll(COUNTERS);
+        for _ in 0..2 {
+            let counter = counters
+                .find_one_and_update(doc! {"_id": coll}, doc! {"$inc": {"n": n}})
+                .return_document(mongodb::options::ReturnDocument::After)
+                .await
+                .map_err(map_err)?;
+            if let Some(counter) = counter {
+                return counter
+                    .get_i64("n")
+                    .ok()
+                    .filter(|last| *last >= n && n >= 0)
+                    .ok_or_else(|| StoreError::Internal(format!("counter of {coll} is not a position: {counter:?}")));
+            }
+            match counters.insert_one(doc! {"_id": coll, "n": 0_i64}).await {
+                Ok(_) => {}
+                Err(err) if is_duplicate(&err) => {}
+                Err(err) => return Err(map_err(err)),
+            }
+        }
+        Err(StoreError::Internal(format!("counter of {coll} vanished after it was created")))
     }
 
     /// [`Write::Append`]: unless the record is there already, take the
@@ -223,25 +282,8 @@ impl MongoStore {
         if log.find_one(doc! {"_id": &id}).await.map_err(map_err)?.is_some() {
             return Ok(false);
         }
-        let counters = self.coll(COUNTERS);
         loop {
-            let counter = match counters
-                .find_one_and_update(doc! {"_id": coll}, doc! {"$inc": {"n": 1_i64}})
-                .upsert(true)
-                .return_document(mongodb::options::ReturnDocument::After)
-                .await
-            {
-                Ok(counter) => counter,
-                // Two first appends created the counter at once: the one
-                // that lost goes again.
-                Err(err) if is_duplicate(&err) => continue,
-                Err(err) => return Err(map_err(err)),
-            };
-            let seq = counter
-                .as_ref()
-                .and_then(|c| c.get_i64("n").ok())
-                .filter(|n| *n > 0)
-                .ok_or_else(|| StoreError::Internal(format!("counter of {coll} is not a position: {counter:?}")))?;
+            let seq = self.counter_add(coll, 1).await?;
             record.insert(super::LOG_SEQ, seq);
             match log.insert_one(&record).await {
                 Ok(_) => return Ok(true),
@@ -267,7 +309,10 @@ impl MongoStore {
                         .map_err(map_err)?
                         .and_then(|r| r.get_i64(super::LOG_SEQ).ok())
                         .unwrap_or(0);
-                    counters.update_one(doc! {"_id": coll}, doc! {"$max": {"n": last}}).await.map_err(map_err)?;
+                    self.coll(COUNTERS)
+                        .update_one(doc! {"_id": coll}, doc! {"$max": {"n": last}})
+                        .await
+                        .map_err(map_err)?;
                 }
             }
         }
@@ -358,12 +403,13 @@ impl Store for MongoStore {
         }
     }
 
-    /// In the order `_id` finds them (the server's), not that of `ids`.
+    /// In the order of their ids, not that of `ids`.
     async fn get_many_within(&self, coll: &str, ids: &[String], budget: usize) -> StoreResult<Found> {
         if ids.is_empty() {
             return Ok(Found::default());
         }
-        let cursor = self.raw(coll).find(doc! {"_id": {"$in": ids}}).await.map_err(map_err)?;
+        // Sorted: see the module's doc.
+        let cursor = self.raw(coll).find(doc! {"_id": {"$in": ids}}).sort(doc! {"_id": 1}).await.map_err(map_err)?;
         self.found(coll, cursor, ids.len(), budget).await
     }
 
@@ -463,24 +509,7 @@ impl Store for MongoStore {
             return Ok(vec![false; records.len()]);
         }
         let n = i64::try_from(absent.len()).unwrap_or(i64::MAX);
-        let counter = loop {
-            match self
-                .coll(COUNTERS)
-                .find_one_and_update(doc! {"_id": coll}, doc! {"$inc": {"n": n}})
-                .upsert(true)
-                .return_document(mongodb::options::ReturnDocument::After)
-                .await
-            {
-                Ok(counter) => break counter,
-                Err(err) if is_duplicate(&err) => continue,
-                Err(err) => return Err(map_err(err)),
-            }
-        };
-        let last = counter
-            .as_ref()
-            .and_then(|c| c.get_i64("n").ok())
-            .filter(|last| *last >= n)
-            .ok_or_else(|| StoreError::Internal(format!("counter of {coll} is not a position: {counter:?}")))?;
+        let last = self.counter_add(coll, n).await?;
         let mut records: Vec<Option<Record>> = records.into_iter().map(Some).collect();
         let inserts = absent.iter().enumerate().map(|(k, &i)| {
             let mut record = records[i].take().expect("each record once");

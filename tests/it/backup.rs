@@ -17,7 +17,7 @@ use txgate::testing::keys::parse_keys;
 use txgate::testing::store::Store;
 use txgate::testing::store::embedded::EmbeddedStore;
 
-use crate::support::{Backend, STORE_TIMEOUT, TestApp, expect, expect_problem, test_config};
+use crate::support::{Backend, TestApp, expect, expect_problem, test_config};
 
 const COLL: &str = "things";
 const BACKUP: &str = "/v1/admin/backup";
@@ -139,7 +139,7 @@ async fn held_documents(dir: &Path, answer: &Value) -> Vec<String> {
 async fn reopen(config: &StoreConfig) -> txgate::testing::store::DynStore {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match txgate::open_store(config, STORE_TIMEOUT).await {
+        match txgate::open_store(config).await {
             Ok(store) => return crate::support::templated(store),
             Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
             Err(err) => panic!("the backup does not open as a data directory: {err}"),

@@ -685,7 +685,7 @@ mod mongodb_wire {
         let proxied = format!("mongodb://{}/?directConnection=true&heartbeatFrequencyMS=500", proxy.addr);
         let timeout = Duration::from_millis(1000);
         let store_config = StoreConfig::Mongodb { uri: proxied, database: database.clone() };
-        let store = txgate::open_store(&store_config, timeout).await.unwrap();
+        let store = txgate::open_store(&store_config).await.unwrap();
         let mut config = test_config(store_config);
         fast(&mut config);
         config.txn.store_timeout = timeout;
@@ -720,7 +720,7 @@ mod mongodb_wire {
         expect(app.post(T, &inc_txn(&["s1"])).await, 200).await;
         assert_eq!(read(&app, "s1").await.0, 2);
         app.stop().await;
-        let direct = txgate::testing::store::mongo::MongoStore::connect(&uri, &database, timeout).await.unwrap();
+        let direct = txgate::testing::store::mongo::MongoStore::connect(&uri, &database).await.unwrap();
         direct.drop_database().await.unwrap();
     }
 }

@@ -232,7 +232,7 @@ async fn plant_a_deep_record() {
         sync_interval: txgate::config::DEFAULT_SYNC_INTERVAL,
         checkpoint_interval: txgate::config::DEFAULT_CHECKPOINT_INTERVAL,
     };
-    let store = txgate::open_store(&config, crate::support::STORE_TIMEOUT).await.expect("store opens");
+    let store = txgate::open_store(&config).await.expect("store opens");
     assert!(store.insert("deep", deep_record("b", 1000)).await.expect("insert"));
     store.sync().await.expect("sync");
     std::process::exit(0);

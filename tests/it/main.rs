@@ -18,6 +18,7 @@ mod faulty;
 mod hooks;
 mod hostile;
 mod indexes;
+mod instances;
 mod kill;
 mod limits;
 mod live;

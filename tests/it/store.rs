@@ -679,7 +679,7 @@ async fn index_entries_match_records_under_random_writes(backend: Backend) {
 async fn reopen(config: &txgate::config::StoreConfig) -> txgate::testing::store::DynStore {
     // The writer thread lets go of the file shortly after its last handle.
     for _ in 0..100 {
-        if let Ok(store) = txgate::open_store(config, std::time::Duration::from_secs(5)).await {
+        if let Ok(store) = txgate::open_store(config).await {
             return crate::support::templated(store);
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;

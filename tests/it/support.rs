@@ -37,9 +37,6 @@ pub fn mongodb_uri() -> Option<String> {
     }
 }
 
-/// The store deadline tests open stores with (the gateway's default).
-pub const STORE_TIMEOUT: Duration = Duration::from_millis(5000);
-
 /// A fresh, empty store for one test.
 pub struct TestStore {
     pub store: DynStore,
@@ -65,7 +62,7 @@ impl TestStore {
                     sync_interval: txgate::config::DEFAULT_SYNC_INTERVAL,
                     checkpoint_interval: txgate::config::DEFAULT_CHECKPOINT_INTERVAL,
                 };
-                let store = txgate::open_store(&config, STORE_TIMEOUT).await.expect("embedded store opens");
+                let store = txgate::open_store(&config).await.expect("embedded store opens");
                 Some(Self { store: templated(store), config, _dir: Some(dir) })
             }
             Backend::Memory => {
@@ -79,7 +76,7 @@ impl TestStore {
                 let uri = mongodb_uri()?;
                 let database = format!("it_{}", uuid::Uuid::now_v7().simple());
                 let config = StoreConfig::Mongodb { uri, database };
-                let store = txgate::open_store(&config, STORE_TIMEOUT).await.expect("mongodb store opens");
+                let store = txgate::open_store(&config).await.expect("mongodb store opens");
                 Some(Self { store: templated(store), config, _dir: None })
             }
         }

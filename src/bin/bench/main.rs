@@ -309,7 +309,7 @@ fn ms(d: Duration) -> f64 {
 /// Drop the benchmark's database or data directory.
 async fn cleanup(config: &StoreConfig, dir: &std::path::Path) {
     if let StoreConfig::Mongodb { uri, database } = config
-        && let Ok(store) = txgate::testing::store::mongo::MongoStore::connect(uri, database, STORE_TIMEOUT).await
+        && let Ok(store) = txgate::testing::store::mongo::MongoStore::connect(uri, database).await
     {
         let _ = store.drop_database().await;
     }

@@ -229,7 +229,7 @@ async fn throughput(
 
 /// Run the protocol benchmark on `config` (a store named `label`).
 pub async fn run(args: &ProtocolArgs, config: &StoreConfig, label: &str) {
-    let raw = txgate::open_store(config, STORE_TIMEOUT).await.expect("store opens");
+    let raw = txgate::open_store(config).await.expect("store opens");
     // Counted where the backend is reached, under the gateway's own stack.
     let counting = Arc::new(Counting::over(Arc::clone(&raw)));
     let metrics = Arc::new(Metrics::default());

@@ -41,7 +41,7 @@ pub struct Gateway {
 
 impl Gateway {
     pub async fn start(config: Config) -> Self {
-        let store = txgate::open_store(&config.store, config.txn.store_timeout).await.expect("store opens");
+        let store = txgate::open_store(&config.store).await.expect("store opens");
         Self::start_with(config, store).await
     }
 

@@ -32,7 +32,7 @@ use txgate::config::{Config, StoreConfig};
 use txgate::testing::store::DynStore;
 use txgate::testing::store::mongo::MongoStore;
 
-use super::{STORE_TIMEOUT, ms, percentile, progress};
+use super::{ms, percentile, progress};
 
 /// What `bench wire` measures.
 #[derive(clap::Args)]
@@ -223,7 +223,7 @@ pub async fn run(uri: &str, args: &WireArgs) {
     let proxied = format!("mongodb://{}/?directConnection=true", proxy(upstream_of(uri), delay));
     let database = format!("bench_wire_{}", uuid::Uuid::now_v7().simple());
     let monitor = Arc::new(Monitor::default());
-    let store = MongoStore::connect_monitored(&proxied, &database, STORE_TIMEOUT, Some(monitor.handler()))
+    let store = MongoStore::connect_monitored(&proxied, &database, Some(monitor.handler()))
         .await
         .expect("the store connects through the proxy");
     let store: DynStore = Arc::new(store);
@@ -351,7 +351,7 @@ pub async fn run(uri: &str, args: &WireArgs) {
         }
     }
     gateway.stop().await;
-    if let Ok(store) = MongoStore::connect(uri, &database, STORE_TIMEOUT).await {
+    if let Ok(store) = MongoStore::connect(uri, &database).await {
         let _ = store.drop_database().await;
     }
 }
