@@ -13,7 +13,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::config::Config;
 use txgate::testing::document::{Staged, StagedOp, StoredDoc};
-use txgate::testing::store::{DynStore, StoreError, Update, doc};
+use txgate::testing::store::{DynStore, doc};
 use txgate::testing::txn::record::{Status, TXNS, TxnRecord};
 
 use crate::faulty::{Act, Op, rigged_app};
@@ -672,10 +672,8 @@ mod mongodb_wire {
     use txgate::config::StoreConfig;
 
     /// The MongoDB-wire server stops answering (its connections freeze):
-    /// requests answer 503 within the store deadline, a conditional write
-    /// stuck in the driver gives its record's write stripe up at the
-    /// deadline, and once the server answers again the same record serves
-    /// without a restart.
+    /// requests answer 503 within the store deadline, and once the server
+    /// answers again the same record serves without a restart.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mongodb_only_a_server_that_stops_answering_gives_503_and_serves_again() {
         let Some(uri) = crate::support::mongodb_uri() else { return };
@@ -699,12 +697,6 @@ mod mongodb_wire {
         assert!(res.headers().contains_key("retry-after"));
         expect_problem(res, 503, "store_unavailable").await;
         assert!(elapsed < timeout + Duration::from_millis(700), "answered after {elapsed:?}");
-        // A conditional write hung in the driver holds the record's stripe
-        // only until the deadline.
-        let started = Instant::now();
-        let stuck = store.update("f", "s1", doc! {}, Update::set(doc! {"x": 1_i64})).await;
-        assert!(matches!(stuck, Err(StoreError::Unavailable(_))), "{stuck:?}");
-        assert!(started.elapsed() < timeout + Duration::from_millis(500), "held for {:?}", started.elapsed());
 
         proxy.thaw();
         let deadline = Instant::now() + Duration::from_secs(15);

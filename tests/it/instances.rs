@@ -285,8 +285,8 @@ async fn a_bank_through_three_instances_killed_at_random_stays_exact() {
     }
 
     // Balances and versions are exactly what the committed transfers made.
-    let mut balance = vec![START; ACCOUNTS];
-    let mut version = vec![1_i64; ACCOUNTS];
+    let mut balance = [START; ACCOUNTS];
+    let mut version = [1_i64; ACCOUNTS];
     for t in done.values() {
         balance[t.from] -= t.amount;
         balance[t.to] += t.amount;

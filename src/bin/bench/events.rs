@@ -42,6 +42,13 @@ pub(super) struct Child {
 
 impl Child {
     pub async fn start(mongodb_uri: Option<&str>) -> Self {
+        let database = format!("bench_{}", uuid::Uuid::now_v7().simple());
+        Self::start_on(mongodb_uri.map(|uri| (uri, database.as_str()))).await
+    }
+
+    /// [`Child::start`], on `database` of the MongoDB at the URI (several
+    /// gateways on one database share its work).
+    pub async fn start_on(mongodb: Option<(&str, &str)>) -> Self {
         let exe = std::env::current_exe().expect("own path");
         let bin = exe.with_file_name("txgate");
         assert!(bin.exists(), "{} not found: build it (cargo build --release --bins)", bin.display());
@@ -53,10 +60,9 @@ impl Child {
             .env("TXGATE_HOOK_ALLOW", "127.0.0.1:*")
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::null());
-        match mongodb_uri {
-            Some(uri) => {
-                cmd.env("TXGATE_MONGODB_URI", uri)
-                    .env("TXGATE_MONGODB_DATABASE", format!("bench_{}", uuid::Uuid::now_v7().simple()));
+        match mongodb {
+            Some((uri, database)) => {
+                cmd.env("TXGATE_MONGODB_URI", uri).env("TXGATE_MONGODB_DATABASE", database);
             }
             None => {
                 cmd.env_remove("TXGATE_MONGODB_URI");

@@ -23,9 +23,10 @@
 //! ```sh
 //! cargo run --release --bin bench                        # embedded store in a temp dir
 //! cargo run --release --bin bench -- --mongodb-uri mongodb://127.0.0.1:27017 protocol --k 2
-//! scripts/bench                                          # both stores, FerretDB started for it
+//! scripts/bench                                          # both stores, a MongoDB-wire server started for it
 //! ```
 
+mod bank;
 mod durability;
 mod events;
 mod hooks;
@@ -49,7 +50,8 @@ use txgate::config::StoreConfig;
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Deadline of one store call (FerretDB under the contended runs is slow).
+/// Deadline of one store call (generous: a contended run on a slow server
+/// should measure, not time out).
 const STORE_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Parser)]
@@ -74,6 +76,16 @@ enum Command {
     /// The commit protocol: latency, throughput with and without
     /// conflicts, writes per transaction, hook delivery (the default).
     Protocol(protocol::ProtocolArgs),
+    /// The contended bank through one gateway process and through
+    /// several on one MongoDB database (needs --mongodb-uri).
+    Bank {
+        /// Gateway processes of the second run.
+        #[arg(long, default_value_t = 3)]
+        instances: usize,
+        /// Seconds each run lasts.
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
+    },
     /// Idle CPU, latency and memory as the data grows.
     Scale {
         /// Documents of the large size (default: 1,000,000 on the embedded
@@ -274,6 +286,10 @@ async fn main() {
         Command::Queries { docs, samples, rate } => queries::run(config.clone(), docs, samples, rate).await,
         #[cfg(feature = "peer")]
         Command::QueriesPostgres { url, docs, samples } => peer_pg::queries(&url, docs, samples).await,
+        Command::Bank { instances, seconds } => {
+            let mongodb_uri = cli.mongodb_uri.clone().expect("bench bank needs --mongodb-uri");
+            bank::run(bank::BankArgs { mongodb_uri, instances, seconds }).await;
+        }
         Command::Events { streams, rate, seconds, pause_secs, deliveries, clients } => {
             let mongodb_uri = cli.mongodb_uri.clone();
             let args =
