@@ -133,20 +133,24 @@ struct Transfer {
     amount: i64,
     txn: String,
     hook: String,
+    /// Transactions answered 503 `outcome_unknown` before the commit.
+    unknown: Vec<String>,
 }
 
 /// Sends `body` with `key` to running nodes until it is answered
 /// committed (a dead node, a retryable 409, a 503 or a 429 is tried again,
-/// on any node), and returns the answer; every answer with the key names
-/// one transaction.
+/// on any node), and returns the answer and the transactions answers
+/// named without an outcome (503 `outcome_unknown`): a retry runs the
+/// request anew only when such a one did not commit, which the test
+/// checks at the end.
 async fn transfer_until_committed(
     http: &reqwest::Client,
     bases: &RwLock<Vec<Option<String>>>,
     key: &str,
     body: &Value,
     give_up: Instant,
-) -> Value {
-    let mut seen: Option<String> = None;
+) -> (Value, Vec<String>) {
+    let mut unknown = Vec::new();
     loop {
         assert!(Instant::now() < give_up, "transfer {key} was never answered committed");
         let base = any_base(bases).await;
@@ -169,17 +173,13 @@ async fn transfer_until_committed(
         match status {
             200 => {
                 assert_eq!(answer["status"], "committed", "{key}: {answer}");
-                let txn = answer["id"].as_str().unwrap().to_owned();
-                if let Some(before) = &seen {
-                    assert_eq!(before, &txn, "{key} answered committed as two transactions");
-                }
-                return answer;
+                return (answer, unknown);
             }
             409 | 503 | 429 if answer["retryable"] != false => {
                 if status == 503
                     && let Some(txn) = answer["transaction"].as_str()
                 {
-                    seen.get_or_insert_with(|| txn.to_owned());
+                    unknown.push(txn.to_owned());
                 }
                 let pause = rand::rng().random_range(5..40);
                 tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -244,10 +244,10 @@ async fn a_bank_through_three_instances_killed_at_random_stays_exact() {
                         ],
                         "hooks": [{"url": hook_url, "body": {"key": key}}],
                     });
-                    let answer = transfer_until_committed(&http, &bases, &key, &body, give_up).await;
+                    let (answer, unknown) = transfer_until_committed(&http, &bases, &key, &body, give_up).await;
                     let txn = answer["id"].as_str().unwrap().to_owned();
                     let hook = answer["hooks"][0]["id"].as_str().expect("the hook's id").to_owned();
-                    done.lock().unwrap().insert(key, Transfer { from, to, amount, txn, hook });
+                    done.lock().unwrap().insert(key, Transfer { from, to, amount, txn, hook, unknown });
                 }
             })
         })
@@ -282,6 +282,16 @@ async fn a_bank_through_three_instances_killed_at_random_stays_exact() {
         }
         assert!(Instant::now() < until, "transactions still pending 30 s after the run: {page}");
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A transaction answered without an outcome either is the key's one
+    // commit or never committed.
+    for (key, t) in &done {
+        for txn in t.unknown.iter().filter(|txn| **txn != t.txn) {
+            let record = json_of(http.get(format!("{base}/v1/transactions/{txn}")).send().await.unwrap(), 200).await;
+            let status = record["status"].as_str().unwrap_or_default();
+            assert!(!matches!(status, "committed" | "done"), "{key} committed twice: {txn} ({status}) and {}", t.txn);
+        }
     }
 
     // Balances and versions are exactly what the committed transfers made.
