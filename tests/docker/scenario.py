@@ -1,15 +1,20 @@
 """The container image, run as an operator runs it (docs/operating.md, "Docker"):
 a volume, an API key, a webhook receiver on the host, a kill -9 and a
-graceful stop. Python's standard library only.
+graceful stop; then three containers of it on one MongoDB-wire server
+(TXGATE_TEST_MONGODB_URI, as scripts/test sets it), writing one document
+through all three, then one killed. Python's standard library only.
 
     python3 scenario.py <image> [docker-command]
 
 Exits non-zero on the first broken promise.
 """
 
+import concurrent.futures
 import http.server
 import json
+import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -95,19 +100,28 @@ class Receiver:
 
 
 class Gateway:
-    """One container of the image on the test's volume."""
+    """One container of the image on the test's volume; with `port`, on the
+    host's network instead (to reach a server on the host's loopback),
+    serving on 127.0.0.1:`port` with no volume."""
 
-    def __init__(self, name, env):
+    def __init__(self, name, env, port=None):
         self.name = f"txgate-{RUN_ID}-{name}"
-        args = ["run", "-d", "--name", self.name, "--read-only", "-v", f"{VOLUME}:{DATA}",
-                "-p", "127.0.0.1::8080", "--add-host", "host.docker.internal:host-gateway"]
+        if port is None:
+            args = ["run", "-d", "--name", self.name, "--read-only", "-v", f"{VOLUME}:{DATA}",
+                    "-p", "127.0.0.1::8080", "--add-host", "host.docker.internal:host-gateway"]
+        else:
+            args = ["run", "-d", "--name", self.name, "--read-only", "--network", "host",
+                    "-e", f"TXGATE_LISTEN=127.0.0.1:{port}"]
         for k, v in env.items():
             args += ["-e", f"{k}={v}"]
         self.started = time.monotonic()
         docker(*args, IMAGE)
         made.append(self.name)
-        mapped = docker("port", self.name, "8080/tcp").stdout.splitlines()[0].strip()
-        self.base = "http://" + mapped.replace("0.0.0.0", "127.0.0.1")
+        if port is None:
+            mapped = docker("port", self.name, "8080/tcp").stdout.splitlines()[0].strip()
+            self.base = "http://" + mapped.replace("0.0.0.0", "127.0.0.1")
+        else:
+            self.base = f"http://127.0.0.1:{port}"
 
     def call(self, method, path, body=None, headers=None, key=KEY):
         data = None if body is None else json.dumps(body).encode()
@@ -269,7 +283,57 @@ def main():
                    "--timeout-ms", "500", check_rc=False)
     check(probe.returncode == 1 and "not ready" in probe.stderr,
           f"with nothing serving it exits 1: {probe.stderr.strip()}")
+    several_on_mongodb()
     print("docker image: PASS")
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def several_on_mongodb():
+    """Three containers on one MongoDB: 60 increments of one document sent
+    through all three at once, each with an If-Match, retried on 409, land
+    exactly once each; then one is killed and the others serve on."""
+    print("== three containers on one MongoDB")
+    uri = os.environ.get("TXGATE_TEST_MONGODB_URI")
+    check(bool(uri), "TXGATE_TEST_MONGODB_URI names a MongoDB-wire server (scripts/test starts one)")
+    env = {"TXGATE_MONGODB_URI": uri, "TXGATE_MONGODB_DATABASE": f"docker_{RUN_ID}",
+           "TXGATE_API_KEYS": f"{KEY}:admin"}
+    nodes = [Gateway(f"m{i}", env, port=free_port()) for i in range(3)]
+    for node in nodes:
+        node.wait_ready()
+    started = [e for e in log_events(nodes[0].name) if e.get("message") == "mongodb server (buildInfo)"]
+    check(bool(started), f"the gateway logs the server it is on: {started[0].get('server') if started else None}")
+    status, _, _ = nodes[0].call("POST", "/v1/collections/counters/documents", {"_id": "c", "n": 0})
+    check(status == 201, "a counter is created through the first container")
+
+    def bump(i):
+        node = nodes[i % 3]
+        for _ in range(200):
+            status, _, doc = node.call("GET", "/v1/collections/counters/documents/c")
+            if status != 200:
+                time.sleep(0.05)
+                continue
+            status, _, _ = node.call("PATCH", "/v1/collections/counters/documents/c", {"inc": {"n": 1}},
+                                     headers={"if-match": f'"{doc["version"]}"'})
+            if status == 200:
+                return True
+            if status not in (409, 503):
+                raise AssertionError(f"increment {i}: {status}")
+        raise AssertionError(f"increment {i} never landed")
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=12) as pool:
+        done = list(pool.map(bump, range(60)))
+    check(all(done), "60 compare-and-set increments through three containers were each answered once")
+    docker("kill", nodes[2].name)
+    status, _, doc = nodes[1].call("GET", "/v1/collections/counters/documents/c")
+    check(status == 200 and doc["data"]["n"] == 60 and doc["version"] == 61,
+          f"none lost across containers: n={doc['data']['n']}, version {doc['version']}")
+    for node in nodes[:2]:
+        docker("stop", node.name, timeout=60)
 
 
 if __name__ == "__main__":
