@@ -96,6 +96,7 @@ pub mod store {
     }
     pub mod mongo {
         pub use crate::store::mongo::MongoStore;
+        pub use crate::store::server::ServerInfo;
     }
     pub mod powerloss {
         pub use crate::store::powerloss::{Sweep, sweep};

@@ -18,6 +18,7 @@ pub(crate) mod memory;
 pub(crate) mod mongo;
 pub(crate) mod powerloss;
 pub(crate) mod scans;
+pub(crate) mod server;
 pub(crate) mod shape;
 pub(crate) mod simdisk;
 pub(crate) mod templates;

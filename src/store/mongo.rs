@@ -37,6 +37,7 @@ use mongodb::error::{Error as MongoError, ErrorKind, WriteFailure};
 use mongodb::options::{ClientOptions, IndexOptions, ReadConcern, WriteConcern};
 use mongodb::{Client, Collection, Database, IndexModel};
 
+use super::server::ServerInfo;
 use super::{
     Bson, Document, Durability, Found, FoundRaw, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult,
     Update, Write, doc,
@@ -161,38 +162,6 @@ async fn conditional_write(
 fn with_id(id: &str, mut filter: Document) -> Document {
     filter.insert("_id", id);
     filter
-}
-
-/// What the server says it is (`buildInfo`), logged at start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerInfo {
-    /// The MongoDB version it implements (`version`).
-    pub version: String,
-    /// FerretDB's own version, when the server is FerretDB.
-    pub ferretdb: Option<String>,
-}
-
-impl ServerInfo {
-    /// A FerretDB 1.x: a filtered write is a read then a separate write
-    /// there, so several gateway instances on it lose updates.
-    pub fn is_ferretdb_1(&self) -> bool {
-        self.ferretdb.as_deref().is_some_and(|v| v.trim_start_matches('v').starts_with("1."))
-    }
-
-    /// Whether several instances on this server keep every guarantee of one
-    /// (docs/operating.md, "Servers").
-    pub fn supports_several_instances(&self) -> bool {
-        !self.is_ferretdb_1()
-    }
-}
-
-impl std::fmt::Display for ServerInfo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.ferretdb {
-            Some(ferretdb) => write!(f, "FerretDB {ferretdb} (MongoDB {} wire protocol)", self.version),
-            None => write!(f, "MongoDB {}", self.version),
-        }
-    }
 }
 
 impl MongoStore {

@@ -1,0 +1,54 @@
+//! Which MongoDB-wire server the mongodb backend is on, from its
+//! `buildInfo`: the gateway logs it at start and warns on a server where
+//! several instances lose updates (docs/operating.md, "Servers").
+
+/// What the server says it is (`buildInfo`), logged at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// The MongoDB version it implements (`version`).
+    pub version: String,
+    /// FerretDB's own version, when the server is FerretDB.
+    pub ferretdb: Option<String>,
+}
+
+impl ServerInfo {
+    /// A FerretDB 1.x: a filtered write is a read then a separate write
+    /// there, so several gateway instances on it lose updates.
+    pub fn is_ferretdb_1(&self) -> bool {
+        self.ferretdb.as_deref().is_some_and(|v| v.trim_start_matches('v').starts_with("1."))
+    }
+
+    /// Whether several instances on this server keep every guarantee of one
+    /// (docs/operating.md, "Servers").
+    pub fn supports_several_instances(&self) -> bool {
+        !self.is_ferretdb_1()
+    }
+}
+
+impl std::fmt::Display for ServerInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.ferretdb {
+            Some(ferretdb) => write!(f, "FerretDB {ferretdb} (MongoDB {} wire protocol)", self.version),
+            None => write!(f, "MongoDB {}", self.version),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ServerInfo;
+
+    fn server(version: &str, ferretdb: Option<&str>) -> ServerInfo {
+        ServerInfo { version: version.into(), ferretdb: ferretdb.map(Into::into) }
+    }
+
+    #[test]
+    fn several_instances_are_refused_only_on_ferretdb_1() {
+        assert!(server("7.0.0", None).supports_several_instances());
+        assert!(server("7.0.77", Some("v2.7.0")).supports_several_instances());
+        assert!(!server("7.0.42", Some("v1.24.2")).supports_several_instances());
+        assert!(!server("6.0.42", Some("1.10.0")).supports_several_instances());
+        assert_eq!(server("7.0.77", Some("v2.7.0")).to_string(), "FerretDB v2.7.0 (MongoDB 7.0.77 wire protocol)");
+        assert_eq!(server("8.0.4", None).to_string(), "MongoDB 8.0.4");
+    }
+}
