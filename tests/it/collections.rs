@@ -226,9 +226,8 @@ async fn counts_follow_creates_deletes_and_transactions(backend: Backend) {
 /// time, and what it read is kept for other readers: a count read right
 /// after the client's own writes still holds all of them, however many
 /// the batch held. On the embedded store only: the log's readers are the
-/// gateway's own whatever the store, and FerretDB takes longer than the
-/// store's deadline to roll a transaction of 500 inserts forward while
-/// other reads wait.
+/// gateway's own whatever the store, and a MongoDB-wire server answers
+/// the 500 inserts' roll-forward command by command.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_count_holds_the_clients_own_writes_while_a_subscription_reads_the_log() {
     let Some(app) = app(Backend::Embedded).await else { return };

@@ -353,8 +353,7 @@ async fn second_instance_takes_over(backend: Backend) {
     let mut completed = 0;
     for k in 1..=total {
         // Each fault point on a fresh store, so that what B's recovery
-        // reads does not grow with the sweep (FerretDB decodes a whole
-        // collection for every filtered write, where MongoDB uses an index).
+        // reads does not grow with the sweep.
         let Some(ts) = TestStore::new(backend).await else { return };
         let store = ts.store.clone();
         let mut config = test_config(ts.config.clone());

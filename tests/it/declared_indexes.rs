@@ -677,7 +677,7 @@ async fn a_build_whose_instance_died_is_taken_over_and_ends_exact(backend: Backe
     let dying = Arc::new(Layered::new(Arc::clone(&ts.store), layer));
     let a = TestApp::on_store(test_config(ts.config.clone()), dying.clone(), None).await;
     // Several batches on the embedded store; fewer documents on a
-    // MongoDB-wire server (FerretDB scans whole collections), where the
+    // MongoDB-wire server (each command a round trip), where the
     // build dies after checking them all, before its index is made.
     let n = if backend == Backend::Embedded { 2500 } else { 300 };
     for chunk in 0..n / 50 {

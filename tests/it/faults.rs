@@ -113,9 +113,9 @@ async fn clients_that_hang_up_leave_nothing_pending(backend: Backend) {
     for id in &ids {
         seed(&app, id, 0).await;
     }
-    // FerretDB serializes every operation and scans a whole collection for
-    // each conditional write: fewer, slower clients keep the work they leave
-    // behind within what it can finish while other tests share it.
+    // A MongoDB-wire server shared with the other tests answers each
+    // command in milliseconds: fewer, slower clients keep the work they
+    // leave behind within what it can finish meanwhile.
     let (clients, run_for, pause) = if backend == Backend::Embedded { (24, 1500, 0) } else { (2, 1500, 100) };
     let base = app.base.clone();
     let mut tasks = Vec::new();

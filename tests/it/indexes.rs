@@ -20,8 +20,8 @@ use crate::support::{Backend, TestStore, txn_record};
 crate::on_both_backends!(zombie_behind_a_thousand_live_locks_is_cleared_within_the_bound);
 
 /// Timings whose bound (2.2 s) leaves room for a pass over 1,000 locked
-/// documents on a MongoDB-wire server that filters outside its indexes
-/// (FerretDB: about 0.6 s here).
+/// documents on a MongoDB-wire server, whose commands each cost a round
+/// trip and the server's own time.
 fn config() -> TxnConfig {
     TxnConfig {
         lease: Duration::from_millis(1000),

@@ -402,6 +402,7 @@ async fn hooks_and_subscriptions_are_delivered_exactly_once_across_instances() {
     let sends = (0..N).map(|i| {
         let http = http.clone();
         let base = cluster.base(i % 3).to_owned();
+        let other = cluster.base((i + 1) % 3).to_owned();
         let url = rx.url("/hook");
         async move {
             let body = json!({
@@ -412,7 +413,6 @@ async fn hooks_and_subscriptions_are_delivered_exactly_once_across_instances() {
                 json_of(http.post(format!("{base}/v1/transactions")).json(&body).send().await.unwrap(), 200).await;
             // Then an update through another instance: a second event of
             // the same document, which the subscription sends after the first.
-            let other = base.clone();
             let res = http
                 .patch(format!("{other}/v1/collections/orders/documents/o-{i:03}"))
                 .json(&json!({"set": {"paid": true}}))
@@ -508,8 +508,7 @@ async fn ttl_by_count_with_three_sweepers_expires_exactly_the_oldest() {
         let want: HashSet<String> = by_age.iter().filter(|(at, _)| *at >= boundary).map(|(_, id)| id.clone()).collect();
         let until = Instant::now() + Duration::from_secs(5);
         loop {
-            let live: HashSet<String> =
-                live_ids(&http, cluster.base(round % 3), "sessions").await.into_iter().collect();
+            let live = crate::kill::ids(&http, cluster.base(round % 3), "sessions").await;
             assert!(live.len() >= KEEP, "round {round}: {} live, fewer than the policy's {KEEP}", live.len());
             assert!(want.is_subset(&live), "round {round}: one of the newest {KEEP} expired");
             if live == want {
@@ -543,23 +542,6 @@ async fn ttl_by_count_with_three_sweepers_expires_exactly_the_oldest() {
     assert_eq!(distinct.len(), ids.len(), "a document expired twice");
     assert_eq!(ids.len(), 240 - kept, "expired documents");
     cluster.stop().await;
-}
-
-async fn live_ids(http: &reqwest::Client, base: &str, coll: &str) -> Vec<String> {
-    let mut ids = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let mut url = format!("{base}/v1/collections/{coll}/documents?limit=200");
-        if let Some(a) = &after {
-            url.push_str(&format!("&after={a}"));
-        }
-        let page = json_of(http.get(url).send().await.unwrap(), 200).await;
-        ids.extend(page["items"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap().to_owned()));
-        match page["next"].as_str() {
-            Some(next) => after = Some(next.to_owned()),
-            None => return ids,
-        }
-    }
 }
 
 async fn all_events(http: &reqwest::Client, base: &str, filter: &str) -> Vec<Value> {

@@ -122,8 +122,8 @@ async fn quiesce(http: &reqwest::Client, base: &str) {
     }
 }
 
-/// Every id in collection `coll`.
-async fn ids(http: &reqwest::Client, base: &str, coll: &str) -> HashSet<String> {
+/// Every id in collection `coll` (its live documents).
+pub(crate) async fn ids(http: &reqwest::Client, base: &str, coll: &str) -> HashSet<String> {
     let mut out = HashSet::new();
     let mut after: Option<String> = None;
     loop {

@@ -385,7 +385,7 @@ fn state_at(log: &[Value], position: u64) -> BTreeMap<String, (i64, Value)> {
 /// it missing.
 async fn a_page_reflects_exactly_the_changes_up_to_its_position(backend: Backend) {
     let Some(app) = TestApp::spawn(backend).await else { return };
-    // Writes a few reads apart (FerretDB reads slowly): some land during
+    // Writes a few reads apart (a MongoDB-wire read is slower): some land during
     // a read, and a page then reads again for an exact position.
     let pause = Duration::from_millis(if matches!(backend, Backend::Mongodb) { 250 } else { 10 });
     exact_reads(&app, pause, 1, 60).await;
