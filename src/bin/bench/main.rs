@@ -31,6 +31,7 @@ mod durability;
 mod events;
 mod hooks;
 mod live;
+mod pages;
 mod peer;
 #[cfg(feature = "peer")]
 mod peer_pg;
@@ -85,6 +86,16 @@ enum Command {
         /// Seconds each run lasts.
         #[arg(long, default_value_t = 20.0)]
         seconds: f64,
+    },
+    /// A page of 50 and a count along a declared index on MongoDB, beside
+    /// one raw find and one raw count of the same (needs --mongodb-uri).
+    Pages {
+        /// Documents loaded.
+        #[arg(long, default_value_t = 1_000_000)]
+        docs: usize,
+        /// Pages measured.
+        #[arg(long, default_value_t = 1000)]
+        samples: usize,
     },
     /// Idle CPU, latency and memory as the data grows.
     Scale {
@@ -286,6 +297,10 @@ async fn main() {
         Command::Queries { docs, samples, rate } => queries::run(config.clone(), docs, samples, rate).await,
         #[cfg(feature = "peer")]
         Command::QueriesPostgres { url, docs, samples } => peer_pg::queries(&url, docs, samples).await,
+        Command::Pages { docs, samples } => {
+            let uri = cli.mongodb_uri.clone().expect("bench pages needs --mongodb-uri");
+            pages::run(&uri, docs, samples).await;
+        }
         Command::Bank { instances, seconds } => {
             let mongodb_uri = cli.mongodb_uri.clone().expect("bench bank needs --mongodb-uri");
             bank::run(bank::BankArgs { mongodb_uri, instances, seconds }).await;

@@ -35,7 +35,7 @@ use super::{ms, percentile, progress};
 
 /// The statuses, one document in ten each.
 pub const STATUSES: [&str; 10] = ["open", "paid", "shipped", "void", "held", "new", "late", "lost", "done", "kept"];
-const COLL: &str = "orders";
+pub(super) const COLL: &str = "orders";
 
 /// Document `i` of the data both sides load: its id, status, amount and
 /// customer.
@@ -57,7 +57,7 @@ pub struct Order {
 /// A page of `POST /query` as a typed client reads it (what a generated
 /// SDK does): the envelope's id and the data's fields.
 #[derive(serde::Deserialize)]
-struct Page {
+pub(super) struct Page {
     items: Vec<PageItem>,
 }
 
@@ -75,7 +75,7 @@ struct OrderData {
 }
 
 impl Page {
-    fn orders(self) -> Vec<Order> {
+    pub(super) fn orders(self) -> Vec<Order> {
         self.items
             .into_iter()
             .map(|i| Order { id: i.id, status: i.data.status, amount: i.data.amount, customer: i.data.customer })
@@ -112,18 +112,18 @@ async fn counts(
 }
 
 /// Declared index `name` of `coll`, as `GET …/indexes/{name}` answers.
-async fn index_of(client: &reqwest::Client, base: &str, coll: &str, name: &str) -> Value {
+pub(super) async fn index_of(client: &reqwest::Client, base: &str, coll: &str, name: &str) -> Value {
     let resp = client.get(format!("{base}/v1/collections/{coll}/indexes/{name}")).send().await.expect("get index");
     resp.json().await.expect("index")
 }
 
 /// Sorted latencies, as `p50/p99` in ms.
-fn p50_p99(lat: &mut [Duration]) -> (f64, f64) {
+pub(super) fn p50_p99(lat: &mut [Duration]) -> (f64, f64) {
     lat.sort();
     (ms(percentile(lat, 0.5)), ms(percentile(lat, 0.99)))
 }
 
-async fn load(store: &DynStore, docs: usize) {
+pub(super) async fn load(store: &DynStore, docs: usize) {
     let now = DateTime::now();
     let started = Instant::now();
     let unsynced = store.unsynced();
