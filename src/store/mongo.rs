@@ -196,10 +196,7 @@ impl MongoStore {
     /// The server's `buildInfo`: which server this is.
     pub async fn server(&self) -> StoreResult<ServerInfo> {
         let info = self.db.run_command(doc! {"buildInfo": 1}).await.map_err(map_err)?;
-        Ok(ServerInfo {
-            version: info.get_str("version").unwrap_or("unknown").to_owned(),
-            ferretdb: info.get_document("ferretdb").ok().map(|f| f.get_str("version").unwrap_or("unknown").to_owned()),
-        })
+        Ok(ServerInfo::from_build_info(&info))
     }
 
     /// A conditional write to record `(coll, id)`: one command, which the

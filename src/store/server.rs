@@ -12,6 +12,19 @@ pub struct ServerInfo {
 }
 
 impl ServerInfo {
+    /// From a `buildInfo` reply: FerretDB 2.x says `ferretdb: {version}`,
+    /// FerretDB 1.x `ferretdbVersion`; MongoDB neither.
+    pub fn from_build_info(info: &mongodb::bson::Document) -> Self {
+        Self {
+            version: info.get_str("version").unwrap_or("unknown").to_owned(),
+            ferretdb: info
+                .get_document("ferretdb")
+                .ok()
+                .map(|f| f.get_str("version").unwrap_or("unknown").to_owned())
+                .or_else(|| info.get_str("ferretdbVersion").ok().map(str::to_owned)),
+        }
+    }
+
     /// A FerretDB 1.x: a filtered write is a read then a separate write
     /// there, so several gateway instances on it lose updates.
     pub fn is_ferretdb_1(&self) -> bool {
@@ -50,5 +63,17 @@ mod tests {
         assert!(!server("6.0.42", Some("1.10.0")).supports_several_instances());
         assert_eq!(server("7.0.77", Some("v2.7.0")).to_string(), "FerretDB v2.7.0 (MongoDB 7.0.77 wire protocol)");
         assert_eq!(server("8.0.4", None).to_string(), "MongoDB 8.0.4");
+    }
+
+    #[test]
+    fn build_info_replies_of_each_server_are_read() {
+        use mongodb::bson::doc;
+        let of = |reply| ServerInfo::from_build_info(&reply);
+        assert_eq!(of(doc! {"version": "7.0.14", "ok": 1.0}), server("7.0.14", None));
+        let v2 = doc! {"version": "7.0.77", "ferretdb": {"version": "v2.7.0", "package": ""}, "ok": 1.0};
+        assert_eq!(of(v2), server("7.0.77", Some("v2.7.0")));
+        let v1 = of(doc! {"version": "7.0.42", "ferretdbVersion": "v1.24.2", "ok": 1.0});
+        assert_eq!(v1, server("7.0.42", Some("v1.24.2")));
+        assert!(!v1.supports_several_instances());
     }
 }
