@@ -80,18 +80,24 @@ pub async fn open_store(cfg: &StoreConfig) -> Result<DynStore, StoreError> {
         StoreConfig::Mongodb { uri, database } => {
             let mongo = store::mongo::MongoStore::connect(uri, database).await?;
             match mongo.server().await {
-                Ok(server) if server.supports_several_instances() => {
-                    tracing::info!(server = %server, "mongodb server (buildInfo)");
+                Ok(server) => {
+                    if server.supports_several_instances() {
+                        tracing::info!(server = %server, "mongodb server (buildInfo)");
+                    } else {
+                        tracing::warn!(
+                            server = %server,
+                            "this server runs a filtered write as a read then a separate write: several gateway \
+                             instances on it lose updates; run one instance, or use MongoDB 6+ or FerretDB 2.7 \
+                             with DocumentDB (docs/operating.md, \"Servers\")"
+                        );
+                    }
+                    Arc::new(mongo.for_server(&server))
                 }
-                Ok(server) => tracing::warn!(
-                    server = %server,
-                    "this server runs a filtered write as a read then a separate write: several gateway \
-                     instances on it lose updates; run one instance, or use MongoDB 6+ or FerretDB 2.7 \
-                     with DocumentDB (docs/operating.md, \"Servers\")"
-                ),
-                Err(err) => tracing::warn!(error = %err, "could not read the mongodb server's buildInfo"),
+                Err(err) => {
+                    tracing::warn!(error = %err, "could not read the mongodb server's buildInfo");
+                    Arc::new(mongo)
+                }
             }
-            Arc::new(mongo)
         }
     };
     Ok(raw)

@@ -26,6 +26,14 @@
 //! - every read of many records is sorted (or hinted along an index): an
 //!   unsorted multi-batch `find` on DocumentDB can return a record twice
 //!   when it is updated during the read.
+//!
+//! And one rule only on FerretDB, which serves a sort from an index only on
+//! `_id` (DocumentDB 0.107, with `documentdb.enableIndexOrderbyPushdown`;
+//! other sorts read every record the filter matches, then sort them): the
+//! reads of live documents in `_id` order (a collection's listing, an index
+//! build's and a TTL pass's scans) walk the `_id` index and skip tombstones,
+//! rather than the `live` index they use on MongoDB
+//! ([`MongoStore::for_server`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,7 +64,12 @@ pub struct MongoStore {
     db: Database,
     /// Records reads could not decode.
     unreadable: Arc<std::sync::atomic::AtomicU64>,
+    /// The server serves a sort from an index only on `_id` (FerretDB).
+    orders_by_id_only: bool,
 }
+
+/// The index every user collection has on `{_meta.deleted, _id}`.
+const LIVE: &str = "live";
 
 fn map_err(err: MongoError) -> StoreError {
     match err.kind.as_ref() {
@@ -190,7 +203,29 @@ impl MongoStore {
         options.write_concern = Some(WriteConcern::majority());
         options.read_concern = Some(ReadConcern::majority());
         let client = Client::with_options(options).map_err(map_err)?;
-        Ok(Self { db: client.database(database), unreadable: Arc::default() })
+        Ok(Self { db: client.database(database), unreadable: Arc::default(), orders_by_id_only: false })
+    }
+
+    /// This store, its reads shaped for `server`: on a server that serves a
+    /// sort from an index only on `_id` (FerretDB 2.x over DocumentDB
+    /// 0.107), the reads of live documents in `_id` order walk the `_id`
+    /// index and skip tombstones (cost: the records returned and the
+    /// tombstones between them) rather than read every live document and
+    /// sort them, as the `live` index does there (cost: the whole
+    /// collection, each batch).
+    #[must_use]
+    pub fn for_server(mut self, server: &ServerInfo) -> Self {
+        self.orders_by_id_only = server.orders_by_id_only();
+        self
+    }
+
+    /// The hint of a read along index `index` ordered by `by`.
+    fn hint(&self, index: &str, by: &str) -> mongodb::options::Hint {
+        if self.orders_by_id_only && index == LIVE && by == "_id" {
+            mongodb::options::Hint::Keys(doc! {"_id": 1})
+        } else {
+            mongodb::options::Hint::Name(index.to_owned())
+        }
     }
 
     /// The server's `buildInfo`: which server this is.
@@ -333,10 +368,11 @@ impl MongoStore {
         }
         let sort: Document = query.sort.iter().map(|(f, d)| (f.clone(), Bson::Int32(*d))).collect();
         let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
+        let by = query.sort.first().map_or("", |(f, _)| f.as_str());
         self.raw(coll)
             .find(filter)
             .sort(sort)
-            .hint(mongodb::options::Hint::Name(query.index.clone()))
+            .hint(self.hint(&query.index, by))
             .limit(limit)
             .await
             .map_err(|err| hinted(err, &query.index))
@@ -529,6 +565,9 @@ impl Store for MongoStore {
         }
         let raw = self.raw(coll);
         let mut find = raw.find(filter).sort(sort).skip(skip).limit(limit);
+        if self.orders_by_id_only && scan.index() == LIVE {
+            find = find.hint(self.hint(scan.index(), scan.by()));
+        }
         if !scan.wanted().is_empty() {
             find =
                 find.projection(scan.wanted().iter().map(|f| ((*f).to_owned(), Bson::Int32(1))).collect::<Document>());

@@ -4,7 +4,9 @@
 //! field it is ordered by. A scan can only be built from one of these
 //! ([`ScanDecl::scan`]), and a test checks each against the indexes the
 //! migrations create, so no scan reads a collection without an index: its
-//! cost is the records it returns, not the records stored.
+//! cost is the records it returns, not the records stored (on a server
+//! that walks an index in order; DocumentDB sorts what the filter matches,
+//! docs/limitations.md).
 
 use super::{Bson, IndexQuery, Scan, doc};
 

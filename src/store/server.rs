@@ -31,6 +31,13 @@ impl ServerInfo {
         self.ferretdb.as_deref().is_some_and(|v| v.trim_start_matches('v').starts_with("1."))
     }
 
+    /// Whether the server serves a sort from an index only on `_id`:
+    /// FerretDB (2.x over DocumentDB 0.107 orders only along its primary
+    /// key; 1.x along none).
+    pub fn orders_by_id_only(&self) -> bool {
+        self.ferretdb.is_some()
+    }
+
     /// Whether several instances on this server keep every guarantee of one
     /// (docs/operating.md, "Servers").
     pub fn supports_several_instances(&self) -> bool {
@@ -63,6 +70,12 @@ mod tests {
         assert!(!server("6.0.42", Some("1.10.0")).supports_several_instances());
         assert_eq!(server("7.0.77", Some("v2.7.0")).to_string(), "FerretDB v2.7.0 (MongoDB 7.0.77 wire protocol)");
         assert_eq!(server("8.0.4", None).to_string(), "MongoDB 8.0.4");
+    }
+
+    #[test]
+    fn only_ferretdb_has_live_documents_read_along_id() {
+        assert!(!server("7.0.0", None).orders_by_id_only(), "MongoDB reads them along the live index");
+        assert!(server("7.0.77", Some("v2.7.0")).orders_by_id_only());
     }
 
     #[test]
