@@ -54,6 +54,11 @@ pub(crate) fn position(seq: u64) -> Bson {
     Bson::Int64(i64::try_from(seq).unwrap_or(i64::MAX))
 }
 
+/// The position of the first of `records` (read with [`LOG_SEQ`]).
+fn last_position(records: Vec<crate::store::Record>) -> Option<u64> {
+    records.first().and_then(|r| r.get_i64(LOG_SEQ).ok()).and_then(|n| u64::try_from(n).ok())
+}
+
 /// Positions one read takes at most.
 pub(crate) const READ_BATCH: usize = 500;
 
@@ -224,6 +229,8 @@ pub struct Log {
     filling: tokio::sync::Mutex<()>,
     /// The floor as last read (or moved) here.
     floor_seen: std::sync::atomic::AtomicU64,
+    /// The head as last read here: the next read of the head starts there.
+    head_seen: std::sync::atomic::AtomicU64,
     /// Work of this instance's answers that puts events in the log.
     follow_ups: FollowUps,
 }
@@ -245,6 +252,7 @@ impl Log {
             recent: std::sync::Mutex::default(),
             filling: tokio::sync::Mutex::new(()),
             floor_seen: std::sync::atomic::AtomicU64::new(0),
+            head_seen: std::sync::atomic::AtomicU64::new(0),
             follow_ups,
         })
     }
@@ -295,16 +303,38 @@ impl Log {
 
     /// The last position in the log (0 when empty): where a stream without
     /// a cursor starts.
+    ///
+    /// Read from the head last read here on (positions only grow), so the
+    /// read costs the positions appended since, also on a server that
+    /// sorts every record its filter matches rather than walk the index in
+    /// order (DocumentDB: docs/limitations.md). When none is found from
+    /// there (the purge emptied the log, or it was replaced under this
+    /// process), the whole log is read, as on the first read.
     pub async fn head(&self) -> StoreResult<u64> {
-        Self::head_in(self.store.as_ref()).await
+        use std::sync::atomic::Ordering::Relaxed;
+        let seen = self.head_seen.load(Relaxed);
+        if seen > 0 {
+            let scan = crate::store::scans::EVENTS_BY_SEQ
+                .scan(Vec::new())
+                .from(Bound::Included(position(seen)))
+                .desc()
+                .limit(1)
+                .fields(&[LOG_SEQ]);
+            if let Some(head) = last_position(self.store.scan(EVENTS, scan).await?) {
+                self.head_seen.fetch_max(head, Relaxed);
+                return Ok(head);
+            }
+        }
+        let head = Self::head_in(self.store.as_ref()).await?;
+        self.head_seen.store(head, Relaxed);
+        Ok(head)
     }
 
     /// [`Self::head`], read in `store` (a snapshot of the log's store).
     pub(crate) async fn head_in(store: &dyn Store) -> StoreResult<u64> {
         // The position only: the last record may be a large transaction's.
         let scan = crate::store::scans::EVENTS_BY_SEQ.scan(Vec::new()).desc().limit(1).fields(&[LOG_SEQ]);
-        let last = store.scan(EVENTS, scan).await?;
-        Ok(last.first().and_then(|r| r.get_i64(LOG_SEQ).ok()).and_then(|n| u64::try_from(n).ok()).unwrap_or(0))
+        Ok(last_position(store.scan(EVENTS, scan).await?).unwrap_or(0))
     }
 
     /// Whether an event of collection `coll` is logged after position
@@ -538,5 +568,34 @@ mod tests {
         recent.remember(21, many);
         assert_eq!(recent.entries.len(), RECENT);
         assert_eq!(recent.end(), 22 + RECENT as u64 + 10);
+    }
+
+    #[tokio::test]
+    async fn the_head_follows_the_log_read_from_the_last_one_seen_and_after_it_is_emptied() {
+        use crate::store::doc;
+        let store: DynStore = Arc::new(crate::store::memory::MemoryStore::default());
+        let log = Log::new(Arc::clone(&store), Tap::default(), EventsConfig::default());
+        let put = |seq: i64| {
+            let store = Arc::clone(&store);
+            async move { assert!(store.insert(EVENTS, doc! {"_id": format!("e{seq}"), LOG_SEQ: seq}).await.unwrap()) }
+        };
+        assert_eq!(log.head().await.unwrap(), 0, "an empty log");
+        put(1).await;
+        assert_eq!(log.head().await.unwrap(), 1);
+        // Appended by another instance, out of order: the last counts.
+        put(3).await;
+        put(2).await;
+        assert_eq!(log.head().await.unwrap(), 3);
+        assert_eq!(log.head().await.unwrap(), 3, "read again from the last seen");
+        // The purge empties the log: nothing from the last one seen on, so
+        // the whole log is read.
+        for seq in 1..=3 {
+            assert!(store.delete(EVENTS, &format!("e{seq}"), doc! {}).await.unwrap());
+        }
+        assert_eq!(log.head().await.unwrap(), 0);
+        put(1).await;
+        assert_eq!(log.head().await.unwrap(), 1, "a log started over is followed from its start");
+        put(7).await;
+        assert_eq!(log.head().await.unwrap(), 7);
     }
 }
