@@ -113,10 +113,11 @@ enum Command {
         /// Requests per latency figure (0: idle CPU and memory only).
         #[arg(long, default_value_t = 2000)]
         samples: usize,
-        /// The database server's process id, whose idle CPU is reported
-        /// too (scripts/bench sets FerretDB's).
-        #[arg(long, env = "TXGATE_BENCH_SERVER_PID")]
-        server_pid: Option<u32>,
+        /// The database server's processes, comma-separated: their idle
+        /// CPU, and that of their children, is reported too (scripts/bench
+        /// sets FerretDB's and PostgreSQL's postmaster).
+        #[arg(long = "server-pid", env = "TXGATE_BENCH_SERVER_PID", value_delimiter = ',')]
+        server_pids: Vec<u32>,
     },
     /// Sustained commits for SECS seconds, collection sizes every minute.
     Soak {
@@ -285,10 +286,10 @@ async fn main() {
     };
     match command {
         Command::Protocol(args) => protocol::run(&args, &config, label).await,
-        Command::Scale { docs, txns, idle_secs, samples, server_pid } => {
+        Command::Scale { docs, txns, idle_secs, samples, server_pids } => {
             let docs = docs.unwrap_or(if mongo { 100_000 } else { 1_000_000 });
             let txns = txns.unwrap_or(docs / 10);
-            scale::run(scale::ScaleArgs { store: config.clone(), docs, txns, idle_secs, samples, server_pid }).await;
+            scale::run(scale::ScaleArgs { store: config.clone(), docs, txns, idle_secs, samples, server_pids }).await;
         }
         Command::Soak { secs, clients } => scale::soak(config.clone(), secs, clients).await,
         Command::Peer { seconds } => peer::run(config.clone(), seconds).await,

@@ -97,15 +97,45 @@ fn rss_mib() -> (f64, f64) {
 
 /// Share of one core used while nothing happens for `secs`: by this
 /// process (the gateway) and by process `server` (the database), if given.
-async fn idle_cpu(secs: f64, server: Option<u32>) -> (f64, Option<f64>) {
+async fn idle_cpu(secs: f64, server: &[u32]) -> (f64, Option<f64>) {
     // Let work a load left behind settle first.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let server = server.map(|p| p.to_string());
-    let before = (cpu_time("self"), server.as_deref().map(cpu_time), Instant::now());
+    let before = (cpu_time("self"), tree_cpu_time(server), Instant::now());
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     let wall = before.2.elapsed().as_secs_f64();
     let share = |now: Duration, then: Duration| (now.saturating_sub(then)).as_secs_f64() / wall * 100.0;
-    (share(cpu_time("self"), before.0), server.as_deref().map(cpu_time).zip(before.1).map(|(n, t)| share(n, t)))
+    let server_share = (!server.is_empty()).then(|| share(tree_cpu_time(server), before.1));
+    (share(cpu_time("self"), before.0), server_share)
+}
+
+/// CPU time of processes `roots` and of every process under them (a
+/// PostgreSQL server's backends and workers under its postmaster), as
+/// they are now: a child that ended between two readings takes its time
+/// with it, so the difference of two readings is a lower bound.
+fn tree_cpu_time(roots: &[u32]) -> Duration {
+    if roots.is_empty() {
+        return Duration::ZERO;
+    }
+    let mut parent = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The parent is the second field after the command name.
+        let ppid = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            parent.insert(pid, ppid);
+        }
+    }
+    let under = |mut pid: u32| loop {
+        if roots.contains(&pid) {
+            return true;
+        }
+        match parent.get(&pid) {
+            Some(&p) if p != pid && p > 1 => pid = p,
+            _ => return false,
+        }
+    };
+    parent.keys().filter(|&&pid| under(pid)).map(|pid| cpu_time(&pid.to_string())).sum()
 }
 
 /// Insert documents `from..to` of the scale collection straight into the
@@ -205,15 +235,16 @@ pub struct ScaleArgs {
     pub txns: usize,
     pub idle_secs: f64,
     pub samples: usize,
-    /// The database server's process, to report its idle CPU too.
-    pub server_pid: Option<u32>,
+    /// The database server's processes, to report their idle CPU (with
+    /// their children's) too.
+    pub server_pids: Vec<u32>,
 }
 
 pub async fn run(args: ScaleArgs) {
     let config = Config { store: args.store.clone(), ..Config::default() };
     let gw = Gateway::start(config).await;
     progress("idle, empty");
-    let idle_empty = idle_cpu(args.idle_secs, args.server_pid).await;
+    let idle_empty = idle_cpu(args.idle_secs, &args.server_pids).await;
     let small = 10_000.min(args.docs);
     progress(&format!("loading {small} documents"));
     load_docs(&gw.store, 0, small).await;
@@ -227,7 +258,7 @@ pub async fn run(args: ScaleArgs) {
     progress("latency at the large size");
     let at_large = latencies(&gw.base, args.docs, args.samples).await;
     progress("idle, large");
-    let idle_large = idle_cpu(args.idle_secs, args.server_pid).await;
+    let idle_large = idle_cpu(args.idle_secs, &args.server_pids).await;
     let (rss, peak) = rss_mib();
     gw.stop().await;
 
