@@ -659,6 +659,13 @@ impl Store for MongoStore {
     async fn drop_index(&self, coll: &str, name: &str) -> StoreResult<()> {
         match self.coll(coll).drop_index(name).await {
             Ok(()) => Ok(()),
+            // FerretDB 2.7 answers `ok: true` where MongoDB says `1.0`, a
+            // reply the driver refuses after the server has dropped the
+            // index: the index being gone is the answer.
+            Err(err) if matches!(err.kind.as_ref(), ErrorKind::InvalidResponse { .. }) => {
+                let names = self.coll(coll).list_index_names().await.map_err(map_err)?;
+                if names.iter().any(|n| n == name) { Err(map_err(err)) } else { Ok(()) }
+            }
             // IndexNotFound, NamespaceNotFound: nothing to drop.
             Err(err) if matches!(err.kind.as_ref(), ErrorKind::Command(e) if e.code == 27 || e.code == 26) => Ok(()),
             Err(err) => Err(map_err(err)),

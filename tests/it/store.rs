@@ -62,7 +62,28 @@ on_every_store!(
     a_snapshot_reads_one_point_and_writes_nothing,
     a_scan_of_some_fields_reads_those,
     a_query_stops_at_its_byte_budget,
+    a_dropped_index_is_gone_and_a_missing_one_drops_quietly,
 );
+
+/// `drop_index` removes the index (FerretDB 2.7's reply to it is one the
+/// driver refuses; the backend then checks the index is gone), and
+/// dropping one that is not there, or on a collection that is not, is not
+/// an error.
+async fn a_dropped_index_is_gone_and_a_missing_one_drops_quietly(backend: Backend) {
+    let Some(ts) = store(backend).await else { return };
+    let s = &ts.store;
+    assert!(s.insert("c", doc! {"_id": "a", "n": 1}).await.unwrap());
+    let fields = ["n", "_id"].map(str::to_owned).to_vec();
+    let spec =
+        txgate::testing::store::IndexSpec { name: "by_n".into(), fields, unique: false, sparse: false, counted: false };
+    s.declare_index("c", spec).await.unwrap();
+    let names = |specs: Vec<txgate::testing::store::IndexSpec>| specs.into_iter().map(|i| i.name).collect::<Vec<_>>();
+    assert!(names(s.indexes("c").await.unwrap()).contains(&"by_n".to_owned()));
+    s.drop_index("c", "by_n").await.unwrap();
+    assert!(!names(s.indexes("c").await.unwrap()).contains(&"by_n".to_owned()));
+    s.drop_index("c", "by_n").await.unwrap();
+    s.drop_index("nowhere", "by_n").await.unwrap();
+}
 
 /// Where a store applies writes all or nothing, a chain of them lands
 /// whole when every condition holds, and not at all when one fails,
