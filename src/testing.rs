@@ -104,7 +104,7 @@ pub mod store {
     pub mod scans {
         pub use crate::store::scans::{
             DELIVERIES, DELIVERIES_BY_DUE, DOCS_LIVE, DOCS_LOCKED, DOCS_STAGED, EVENTS_BY_SEQ, IDEM, TXNS,
-            TXNS_BY_LEASE, TXNS_BY_STATUS,
+            TXNS_BY_LEASE, TXNS_BY_STATUS, UNIQUE_BY_INDEX,
         };
     }
     pub mod simdisk {

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    BUILD_BATCH, CACHE_TTL, DURABLE_EVERY, Declaration, GRACE, INDEXES, Indexes, LEASE, MAX_NAMED, MAX_REST, Progress,
-    RENEW_EVERY, State, breaks_rule, same_fields, unique,
+    BUILD_BATCH, CACHE_TTL, DURABLE_EVERY, Declaration, GRACE, INDEXES, Indexes, LEASE, MAX_NAMED, MAX_REST, Physical,
+    Progress, RENEW_EVERY, State, breaks_rule, physical_name, same_fields, unique,
 };
 use crate::document::{StagedOp, StoredDoc};
 use crate::store::scans::{DOCS_LIVE, INDEXES_BY_STATE, TXNS_BY_STATUS};
@@ -55,14 +55,102 @@ impl Indexes {
         let declared = self.get(&d.coll, &d.name).await?;
         if declared.is_none_or(|live| live.physical != d.physical) {
             self.store.drop_index(&d.coll, &d.physical).await?;
-            if d.unique {
-                unique::drop_all(&self.store, &d.physical).await?;
-            }
+            // Whatever this record says: a name an earlier release gave two
+            // declarations may hold the other one's unique values.
+            unique::drop_all(&self.store, &d.physical).await?;
         }
         let filter = fields(&shapes::Dropping { state: State::Dropping, physical: &d.physical });
         self.store.delete(INDEXES, &d.key, filter).await?;
         tracing::info!(collection = %d.coll, index = %d.name, "index dropped");
         Ok(())
+    }
+
+    /// Give each declaration whose store index name another declaration
+    /// shares a name of its own, and build it again; returns how many.
+    ///
+    /// Releases before this one named a store index after its declaration's
+    /// name and millisecond, so two collections declaring one name in one
+    /// millisecond, or a name deleted and declared again within one, shared
+    /// the store index's name and with it the unique values reserved under
+    /// it. Each such declaration leaves the shared name to be dropped (its
+    /// store index on its collection, and every value reserved under it,
+    /// after [`GRACE`], as a delete does) and is built again under a new
+    /// name: its documents are checked and their values reserved anew, and
+    /// a duplicate fails the build naming the documents. A failed one stays
+    /// failed under its new name. Runs when an instance's builder starts:
+    /// every instance of this release names new indexes apart, so once all
+    /// have started no new shared name appears. Each step is a conditional
+    /// write, so instances doing it at once do it once.
+    pub(crate) async fn separate_shared(&self) -> StoreResult<usize> {
+        let mut all: Vec<Declaration> = Vec::new();
+        for state in [State::Building, State::Ready, State::Failed, State::Dropping] {
+            let mut after: Option<String> = None;
+            loop {
+                let scan = INDEXES_BY_STATE.scan(vec![state.to_bson()]).after(after.as_deref()).limit(BUILD_BATCH);
+                let found = self.store.scan(INDEXES, scan).await?;
+                let full = found.len() == BUILD_BATCH;
+                for record in found {
+                    after = crate::store::record_id(&record).map(str::to_owned);
+                    match Declaration::from_record(record) {
+                        Ok(d) => all.push(d),
+                        Err(e) => crate::store::report_unreadable(&e),
+                    }
+                }
+                if !full {
+                    break;
+                }
+            }
+        }
+        let mut by_name: std::collections::HashMap<&str, Vec<&Declaration>> = std::collections::HashMap::new();
+        for d in &all {
+            by_name.entry(d.physical.as_str()).or_default().push(d);
+        }
+        let mut separated = 0;
+        for group in by_name.values().filter(|g| g.len() > 1) {
+            for d in group.iter().filter(|d| d.state != State::Dropping) {
+                if self.separate(d).await? {
+                    separated += 1;
+                }
+            }
+        }
+        Ok(separated)
+    }
+
+    /// [`Self::separate_shared`] for `d`: `false` when it changed meanwhile
+    /// (another instance separated it, or it was deleted).
+    async fn separate(&self, d: &Declaration) -> StoreResult<bool> {
+        let now = self.clock.now();
+        // What is left to drop of the shared name first, under a key of its
+        // own, as a delete leaves it (already there when this name was
+        // deleted and declared again within a millisecond).
+        self.store.insert(INDEXES, d.dropping(now).record()).await?;
+        let state = if d.state == State::Failed { State::Failed } else { State::Building };
+        let renamed = Declaration {
+            physical: physical_name(&d.name),
+            state,
+            progress: None,
+            reason: if state == State::Failed { d.reason.clone() } else { None },
+            documents: if state == State::Failed { d.documents.clone() } else { Vec::new() },
+            // Built as if declared now: writes and transactions learn of
+            // the new name before its build reads their documents.
+            created_at: now,
+            updated_at: now,
+            owner: None,
+            lease_until: None,
+            ..d.clone()
+        };
+        let filter = fields(&Physical { physical: &d.physical });
+        let done = self.store.replace(INDEXES, &d.key, filter, renamed.record()).await?;
+        if done {
+            self.forget(&d.coll);
+            self.wake.notify_one();
+            tracing::warn!(
+                collection = %d.coll,
+                index = %d.name,
+                "index shared its store name with another declaration (named by an earlier release): built again under a name of its own"
+            );
+        }
+        Ok(done)
     }
 
     /// Take the build's lease (`false`: another instance holds it), or
@@ -435,7 +523,17 @@ impl crate::worker::Worker for Builds {
     }
 
     async fn run(self: Arc<Self>, stop: CancellationToken) {
+        // Once, before the first pass (again on each pass until it has run).
+        let mut separated = false;
         loop {
+            if !separated {
+                match self.indexes.separate_shared().await {
+                    Ok(_) => separated = true,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "could not look for index names shared between declarations; retrying")
+                    }
+                }
+            }
             if let Err(err) = self.indexes.pass(&stop).await {
                 tracing::warn!(error = %err, "index build pass failed; retrying");
             }

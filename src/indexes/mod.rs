@@ -152,10 +152,33 @@ impl Declaration {
         IndexSpec { name: self.physical.clone(), fields, unique: false, sparse: false, counted: true }
     }
 
+    /// What is left to drop of this declaration's store index, under a
+    /// key of its own (its store name in it), as of `now`.
+    fn dropping(&self, now: DateTime) -> Self {
+        Declaration {
+            key: format!("{}#{}", self.key, self.physical),
+            state: State::Dropping,
+            updated_at: now,
+            owner: None,
+            lease_until: None,
+            ..self.clone()
+        }
+    }
+
     /// The declared paths (without their directions).
     pub(crate) fn paths(&self) -> impl Iterator<Item = &str> {
         self.fields.iter().map(|f| f.strip_prefix('-').unwrap_or(f))
     }
+}
+
+/// A new store index name for a declaration named `name`: never another
+/// declaration's, of any collection, or an earlier one of this name (a
+/// new index never meets the entries or the unique values of another; the
+/// time keeps names in declaration order). Releases before this one named
+/// it `u.{name}.{milliseconds}`, which two declarations in one millisecond
+/// shared ([`Indexes::separate_shared`] gives each its own).
+pub(crate) fn physical_name(name: &str) -> String {
+    format!("u.{name}.{}", uuid::Uuid::now_v7().simple())
 }
 
 /// A declaration standing for this store index (a delete's filter).
@@ -581,9 +604,7 @@ impl Indexes {
             progress: None,
             reason: None,
             documents: Vec::new(),
-            // Unique across re-declarations of the name: a new index never
-            // meets the entries of one being dropped.
-            physical: format!("u.{name}.{}", now.timestamp_millis()),
+            physical: physical_name(name),
             created_at: now,
             updated_at: now,
             owner: None,
@@ -609,15 +630,7 @@ impl Indexes {
         // What is left to drop, under a key of its own, before the
         // declaration goes: a crash between the two leaves both, and the
         // dropper then leaves the store index to the declaration.
-        let dropping = Declaration {
-            key: format!("{}#{}", d.key, d.physical),
-            state: State::Dropping,
-            updated_at: now,
-            owner: None,
-            lease_until: None,
-            ..d.clone()
-        };
-        self.store.insert(INDEXES, dropping.record()).await?;
+        self.store.insert(INDEXES, d.dropping(now).record()).await?;
         let done = self.store.delete(INDEXES, &d.key, fields(&Physical { physical: &d.physical })).await?;
         self.forget(coll);
         self.wake.notify_one();
@@ -782,5 +795,59 @@ mod tests {
         let other = crate::query::filter::Filter::parse(&serde_json::json!({"b": 1})).unwrap();
         let refused = indexes.plan("c", |ready| crate::query::plan::plan_count(&other, ready)).await.unwrap();
         assert!(refused.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn declarations_in_one_millisecond_never_share_a_store_name() {
+        let store: DynStore = Arc::new(MemoryStore::default());
+        let indexes = Indexes::new(Arc::clone(&store), Clock::following_tokio());
+        let (a, _) = indexes.declare("a", "email", vec!["email".into()], true).await.unwrap();
+        let (b, _) = indexes.declare("b", "email", vec!["email".into()], true).await.unwrap();
+        assert_eq!(a.created_at, b.created_at, "one millisecond");
+        assert_ne!(a.physical, b.physical);
+        assert!(indexes.delete("a", "email").await.unwrap());
+        let (again, _) = indexes.declare("a", "email", vec!["other".into()], true).await.unwrap();
+        assert_eq!(again.created_at, a.created_at);
+        assert_ne!(again.physical, a.physical, "declared again after its delete");
+    }
+
+    #[tokio::test]
+    async fn store_names_an_earlier_release_shared_are_separated_once() {
+        let store: DynStore = Arc::new(MemoryStore::default());
+        let indexes = Indexes::new(Arc::clone(&store), Clock::System);
+        let mut declared = Vec::new();
+        for coll in ["a", "b", "c"] {
+            declared.push(indexes.declare(coll, "email", vec!["email".into()], true).await.unwrap().0);
+        }
+        // a and b under one name, as two declarations in one millisecond
+        // were; c deleted and declared again within one.
+        let shared = declared[0].physical.clone();
+        let b = Declaration { physical: shared.clone(), state: State::Ready, ..declared[1].clone() };
+        assert!(store.replace(INDEXES, &b.key, Document::new(), b.record()).await.unwrap());
+        let c_old = declared[2].physical.clone();
+        assert!(indexes.delete("c", "email").await.unwrap());
+        let (c, _) = indexes.declare("c", "email", vec!["email".into()], true).await.unwrap();
+        let c = Declaration { physical: c_old.clone(), ..c };
+        assert!(store.replace(INDEXES, &c.key, Document::new(), c.record()).await.unwrap());
+
+        assert_eq!(indexes.separate_shared().await.unwrap(), 3);
+        let now = |coll: &'static str| {
+            let indexes = Arc::clone(&indexes);
+            async move { indexes.get(coll, "email").await.unwrap().unwrap() }
+        };
+        let (a2, b2, c2) = (now("a").await, now("b").await, now("c").await);
+        for d in [&a2, &b2] {
+            assert_ne!(d.physical, shared, "{}", d.coll);
+            assert_eq!(d.state, State::Building, "{}", d.coll);
+        }
+        assert_ne!(a2.physical, b2.physical);
+        assert_ne!(c2.physical, c_old);
+        // The shared names are left to be dropped, each on its collection.
+        for (coll, name) in [("a", &shared), ("b", &shared), ("c", &c_old)] {
+            let dropping = store.get(INDEXES, &format!("{coll}/email#{name}")).await.unwrap();
+            let dropping = Declaration::from_record(dropping.expect("a record to drop")).unwrap();
+            assert_eq!((dropping.state, dropping.coll.as_str()), (State::Dropping, coll));
+        }
+        assert_eq!(indexes.separate_shared().await.unwrap(), 0, "nothing is shared any more");
     }
 }

@@ -34,6 +34,8 @@ crate::on_both_backends!(
     a_build_the_store_keeps_failing_holds_up_no_other,
     reservations_the_store_fails_leave_every_value_held_once,
     a_create_that_waited_for_a_lock_keeps_an_index_declared_meanwhile,
+    unique_values_belong_to_one_collections_index,
+    an_index_name_shared_by_an_earlier_release_is_separated_and_rebuilt,
 );
 
 async fn indexed_paths_never_hold_arrays_or_objects(backend: Backend) {
@@ -1015,4 +1017,164 @@ async fn release_holder(app: &TestApp, coll: &str) {
     let txn = format!("T-{coll}");
     let dead = crate::support::txn_record(&txn, Status::Pending, -60_000, coll, &["x"]);
     assert!(app.store.replace(TXNS, &txn, doc! {}, dead.to_record()).await.unwrap());
+}
+
+/// Unique indexes of one name declared at the same moment on several
+/// collections, and one declared again right after its delete, share no
+/// value: each collection's values are its own, a duplicate names only a
+/// document of its own collection, and deleting one collection's index
+/// frees no value of another's.
+async fn unique_values_belong_to_one_collections_index(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    let app = Arc::new(app);
+    let pairs = 6;
+    let body = json!({"fields": ["email"], "unique": true});
+    let mut declared = Vec::new();
+    for i in 0..pairs {
+        for side in ["a", "b"] {
+            let (app, body) = (Arc::clone(&app), body.clone());
+            declared.push(tokio::spawn(async move {
+                app.send_json(Method::PUT, &format!("/v1/collections/u{side}{i}/indexes/email"), &body).await.status()
+            }));
+        }
+    }
+    for d in declared {
+        assert_eq!(d.await.unwrap(), 201);
+    }
+    for i in 0..pairs {
+        for side in ["a", "b"] {
+            assert_eq!(settled_index(&app, &format!("u{side}{i}"), "email").await["state"], "ready");
+        }
+    }
+    for i in 0..pairs {
+        let (a, b) = (format!("ua{i}"), format!("ub{i}"));
+        create(&app, &a, "a1", &json!({"email": "x@example.com"})).await;
+        // The same value in the other collection is its own.
+        create(&app, &b, "b1", &json!({"email": "x@example.com"})).await;
+        let dup =
+            expect_problem(app.post(&docs_path(&b), &json!({"email": "x@example.com"})).await, 409, "duplicate").await;
+        assert_eq!(dup["existing"], "b1", "{dup}");
+        // Deleting b's index frees none of a's values.
+        let resp = app.request(Method::DELETE, &format!("/v1/collections/{b}/indexes/email")).send().await.unwrap();
+        assert_eq!(resp.status(), 204);
+    }
+    // Past the delete's grace, when a shared name's values would be dropped.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for i in 0..pairs {
+        let a = format!("ua{i}");
+        let dup =
+            expect_problem(app.post(&docs_path(&a), &json!({"email": "x@example.com"})).await, 409, "duplicate").await;
+        assert_eq!(dup["existing"], "a1", "{a}: {dup}");
+    }
+    // Deleted and declared again at once, on other fields: none of the
+    // old index's values are held by the new one.
+    let a = "ua0";
+    let resp = app.request(Method::DELETE, &format!("/v1/collections/{a}/indexes/email")).send().await.unwrap();
+    assert_eq!(resp.status(), 204);
+    let again = json!({"fields": ["alt"], "unique": true});
+    assert_eq!(app.send_json(Method::PUT, &format!("/v1/collections/{a}/indexes/email"), &again).await.status(), 201);
+    assert_eq!(settled_index(&app, a, "email").await["state"], "ready");
+    create(&app, a, "a2", &json!({"email": "x@example.com", "alt": "x@example.com"})).await;
+    expect_problem(app.post(&docs_path(a), &json!({"alt": "x@example.com"})).await, 409, "duplicate").await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    expect_problem(app.post(&docs_path(a), &json!({"alt": "x@example.com"})).await, 409, "duplicate").await;
+}
+
+/// A store an earlier release left with two collections' unique indexes
+/// under one store name (two declarations of one name in one millisecond),
+/// their values reserved under it together: at start each declaration gets
+/// a name of its own and is built again, after which each collection's
+/// values are its own and a delete of one frees none of the other's.
+async fn an_index_name_shared_by_an_earlier_release_is_separated_and_rebuilt(backend: Backend) {
+    let Some(ts) = TestStore::new(backend).await else { return };
+    let first = TestApp::on_store(test_config(ts.config.clone()), Arc::clone(&ts.store), None).await;
+    for coll in ["sa", "sb"] {
+        unique_email(&first, coll).await;
+    }
+    create(&first, "sa", "a1", &json!({"email": "x@example.com"})).await;
+    create(&first, "sb", "b1", &json!({"email": "y@example.com"})).await;
+    first.stop().await;
+    // What the earlier release left: sb's declaration under sa's store
+    // name, and its reservations under that name beside sa's.
+    let store = Arc::clone(&ts.store);
+    let physical = |d: Option<txgate::testing::store::Record>| d.unwrap().get_str("physical").unwrap().to_owned();
+    let shared = physical(store.get("_indexes", "sa/email").await.unwrap());
+    let own = physical(store.get("_indexes", "sb/email").await.unwrap());
+    let mut sb = store.get("_indexes", "sb/email").await.unwrap().unwrap();
+    sb.insert("physical", shared.clone());
+    assert!(store.replace("_indexes", "sb/email", doc! {}, sb).await.unwrap());
+    store.drop_index("sb", &own).await.unwrap();
+    let fields = ["_meta.deleted", "email", "_id"].map(str::to_owned).to_vec();
+    let spec =
+        txgate::testing::store::IndexSpec { name: shared.clone(), fields, unique: false, sparse: false, counted: true };
+    store.declare_index("sb", spec).await.unwrap();
+    let mut after: Option<String> = None;
+    while let Some(next) = store.build_index_step("sb", &shared, after.as_deref(), 1000).await.unwrap() {
+        after = Some(next);
+    }
+    store.build_index_step("sb", &shared, None, 0).await.unwrap();
+    let mut moved = 0;
+    for mut r in store
+        .scan("_unique", txgate::testing::store::scans::UNIQUE_BY_INDEX.scan(vec![Bson::String(own.clone())]))
+        .await
+        .unwrap()
+    {
+        let id = r.get_str("_id").unwrap().to_owned();
+        let value = id.strip_prefix(&format!("{own}/")).unwrap().to_owned();
+        r.insert("_id", format!("{shared}/{value}"));
+        r.insert("index", shared.clone());
+        assert!(store.insert("_unique", r).await.unwrap());
+        assert!(store.delete("_unique", &id, doc! {}).await.unwrap());
+        moved += 1;
+    }
+    assert_eq!(moved, 1, "sb's one value");
+    let app = TestApp::on_store(test_config(ts.config.clone()), Arc::clone(&ts.store), Some(ts)).await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let now = physical(app.store.get("_indexes", "sb/email").await.unwrap());
+        if now != shared {
+            break;
+        }
+        assert!(Instant::now() < deadline, "sb's index was never given a name of its own");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for coll in ["sa", "sb"] {
+        assert_eq!(settled_index(&app, coll, "email").await["state"], "ready", "{coll}");
+    }
+    let (a, b) = (
+        physical(app.store.get("_indexes", "sa/email").await.unwrap()),
+        physical(app.store.get("_indexes", "sb/email").await.unwrap()),
+    );
+    assert!(a != shared && b != shared && a != b, "{a} {b} {shared}");
+    // Each collection's values its own: x is a's only, y b's only.
+    create(&app, "sb", "b2", &json!({"email": "x@example.com"})).await;
+    create(&app, "sa", "a2", &json!({"email": "y@example.com"})).await;
+    let dup =
+        expect_problem(app.post(&docs_path("sa"), &json!({"email": "x@example.com"})).await, 409, "duplicate").await;
+    assert_eq!(dup["existing"], "a1", "{dup}");
+    let dup =
+        expect_problem(app.post(&docs_path("sb"), &json!({"email": "y@example.com"})).await, 409, "duplicate").await;
+    assert_eq!(dup["existing"], "b1", "{dup}");
+    // The shared name's reservations are dropped after the grace.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = app
+            .store
+            .scan("_unique", txgate::testing::store::scans::UNIQUE_BY_INDEX.scan(vec![Bson::String(shared.clone())]))
+            .await
+            .unwrap();
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} values still reserved under the shared name", left.len());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Deleting b's index frees none of a's values.
+    let resp = app.request(Method::DELETE, "/v1/collections/sb/indexes/email").send().await.unwrap();
+    assert_eq!(resp.status(), 204);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let dup =
+        expect_problem(app.post(&docs_path("sa"), &json!({"email": "y@example.com"})).await, 409, "duplicate").await;
+    assert_eq!(dup["existing"], "a2", "{dup}");
+    app.stop().await;
 }
