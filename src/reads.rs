@@ -44,7 +44,7 @@ use crate::store::{Store, get_all_within, record_id};
 pub(crate) const MAX_MEMBERS: usize = 100;
 /// Bytes of members (as stored) one batch read may hold: one whose
 /// members hold more is refused ([`ReadError::TooLarge`]), its read
-/// stopped once past them. Four documents at the size limit, or 100 of
+/// stopped once past them. A document named twice counts twice. Four documents at the size limit, or 100 of
 /// 160 KiB.
 pub(crate) const BATCH_BYTES: usize = 16 * 1024 * 1024;
 /// Double collects tried before the batch is answered `locked`.
@@ -300,7 +300,9 @@ impl Reads {
 }
 
 /// The stored documents of `members` (one store read per collection, side
-/// by side, within [`BATCH_BYTES`] all told).
+/// by side, within [`BATCH_BYTES`] all told). A document named by several
+/// members is read once but counted once for each, as the answer holds it
+/// once for each: the bound is on what is answered.
 async fn read_members<'m>(
     store: &(impl Store + ?Sized),
     members: &'m [Member],
@@ -308,9 +310,20 @@ async fn read_members<'m>(
     let Some(records) = get_all_within(store, by_collection(members), BATCH_BYTES).await? else {
         return Err(ReadError::TooLarge);
     };
+    // Named more than once: every document's bytes, times its members.
+    let twice = by_collection(members).values().map(Vec::len).sum::<usize>() < members.len();
+    let mut answered = 0usize;
     let mut docs = HashMap::new();
     for (coll, record) in records {
         let Some(id) = record_id(&record).map(str::to_owned) else { continue };
+        if twice {
+            let times = members.iter().filter(|m| m.collection == coll && m.id == id).count();
+            let size = mongodb::bson::to_vec(&record).map_or(usize::MAX, |b| b.len());
+            answered = answered.saturating_add(size.saturating_mul(times));
+            if answered > BATCH_BYTES {
+                return Err(ReadError::TooLarge);
+            }
+        }
         docs.insert((coll, id), StoredDoc::from_record(record).map_err(DocError::Store)?);
     }
     Ok(docs)

@@ -113,6 +113,21 @@ async fn a_batch_read_is_bounded_by_its_bytes(backend: Backend) {
     assert!(out["documents"].as_array().unwrap().iter().all(|d| d["status"] == 200), "{}", out["position"]);
     mixed.insert(0, ("big", "b17"));
     expect_problem(app.post(READS, &members(&mixed)).await, 422, "validation_failed").await;
+    // A document named several times counts once for each time, as the
+    // answer holds it: 18 times is answered, 19 times is not, 100 times
+    // neither.
+    let out = expect(app.post(READS, &members(&[("big", "b00"); 18])).await, 200).await;
+    assert_eq!(out["documents"].as_array().unwrap().len(), 18);
+    for n in [19, 100] {
+        let refused =
+            expect_problem(app.post(READS, &members(&vec![("big", "b00"); n])).await, 422, "validation_failed").await;
+        assert_eq!(refused["errors"][0]["pointer"], "/documents", "{n}: {refused}");
+    }
+    let mut twice = all[..10].iter().map(|(c, i)| (*c, i.as_str())).collect::<Vec<_>>();
+    twice.extend(all[..9].iter().map(|(c, i)| (*c, i.as_str())));
+    expect_problem(app.post(READS, &members(&twice)).await, 422, "validation_failed").await;
+    twice.pop();
+    expect(app.post(READS, &members(&twice)).await, 200).await;
 }
 
 /// One member of an answer: its version (0: never existed) and `n`.
