@@ -133,7 +133,7 @@ impl Subscriptions {
         if !self.store.insert(SUBSCRIPTIONS, sub.to_record()).await? {
             return Err(StoreError::Internal(format!("subscription id {} taken", sub.id)));
         }
-        tracing::info!(subscription.id = %sub.id, url = %sub.url, position, "subscription created");
+        tracing::info!(subscription.id = %sub.id, url = %crate::hooks::redact_url(&sub.url), position, "subscription created");
         Ok(sub)
     }
 

@@ -70,7 +70,7 @@ impl Default for HookConfig {
     }
 }
 
-pub(crate) use crate::txn::hook::{Headers, Hook, redact_request};
+pub(crate) use crate::txn::hook::{Headers, Hook, redact_request, redact_request_urls, redact_url};
 
 /// One delivery attempt.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]

@@ -10,12 +10,14 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
+use super::auth::Access;
 use super::contract::AnyValue;
 use super::error::{ApiError, ProblemCode};
 use super::extract::{ApiPath, ApiQuery};
 use super::paging::{ListQuery, Listed, Page, status_filter};
 use crate::clock::{DateTime, rfc3339};
 use crate::hooks::{AFTER_PREVIOUS, Delivery, DeliveryStatus, Replay};
+use crate::keys::Scope;
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list_deliveries)).routes(routes!(get_delivery)).routes(routes!(retry_delivery))
@@ -114,7 +116,9 @@ pub(crate) struct DeliveryPath {
     pub id: String,
 }
 
-fn delivery_out(d: Delivery, now: DateTime) -> DeliveryOut {
+/// `d` as shown: its URL whole to a key that may write every collection
+/// (`urls`), with credentials and query string redacted to others.
+fn delivery_out(d: Delivery, now: DateTime, urls: bool) -> DeliveryOut {
     let finished = d.status.is_final();
     DeliveryOut {
         body: serde_json::from_str(&d.body).unwrap_or(Value::String(d.body.clone())),
@@ -125,7 +129,7 @@ fn delivery_out(d: Delivery, now: DateTime) -> DeliveryOut {
         event: d.event,
         status: DeliveryState::from(d.status),
         method: d.method,
-        url: d.url,
+        url: if urls { d.url } else { crate::hooks::redact_url(&d.url) },
         headers: d.headers.redacted(),
         created_at: rfc3339(d.created_at),
         next_attempt_at: (!finished && d.next_at != AFTER_PREVIOUS).then(|| rfc3339(d.next_at)),
@@ -165,6 +169,7 @@ problems!(
 )]
 pub(crate) async fn list_deliveries(
     State(state): State<AppState>,
+    access: Access,
     ApiQuery(filter): ApiQuery<DeliveryFilter>,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<DeliveryListOut>, ApiError> {
@@ -172,7 +177,8 @@ pub(crate) async fn list_deliveries(
     let (limit, after) = query.page()?;
     let (items, next) = state.hooks.list(status, after.as_deref(), limit).await?;
     let now = state.hooks.clock.now();
-    let items = items.into_iter().map(|d| delivery_out(d, now)).collect();
+    let urls = access.everywhere(Scope::Write);
+    let items = items.into_iter().map(|d| delivery_out(d, now, urls)).collect();
     Ok(axum::Json(Page::new(items, next.as_deref())))
 }
 
@@ -196,11 +202,12 @@ problems!(
 )]
 pub(crate) async fn get_delivery(
     State(state): State<AppState>,
+    access: Access,
     ApiPath(path): ApiPath<DeliveryPath>,
 ) -> Result<axum::Json<DeliveryOut>, ApiError> {
     let d =
         state.hooks.delivery(&path.id).await?.ok_or_else(|| ApiError::not_found(format!("no delivery {}", path.id)))?;
-    Ok(axum::Json(delivery_out(d, state.hooks.clock.now())))
+    Ok(axum::Json(delivery_out(d, state.hooks.clock.now(), access.everywhere(Scope::Write))))
 }
 
 problems!(
@@ -226,10 +233,14 @@ problems!(
 )]
 pub(crate) async fn retry_delivery(
     State(state): State<AppState>,
+    access: Access,
     ApiPath(path): ApiPath<DeliveryPath>,
 ) -> Result<(StatusCode, axum::Json<DeliveryOut>), ApiError> {
     match state.hooks.replay(&path.id).await? {
-        Replay::Queued(d) => Ok((StatusCode::ACCEPTED, axum::Json(delivery_out(*d, state.hooks.clock.now())))),
+        Replay::Queued(d) => {
+            let out = delivery_out(*d, state.hooks.clock.now(), access.everywhere(Scope::Write));
+            Ok((StatusCode::ACCEPTED, axum::Json(out)))
+        }
         Replay::AlreadyPending => Err(pending(&path.id)),
         Replay::NotFound => Err(ApiError::not_found(format!("no delivery {}", path.id))),
     }

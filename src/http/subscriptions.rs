@@ -78,6 +78,20 @@ pub(crate) struct SubscriptionOut {
     pub position: i64,
 }
 
+impl SubscriptionOut {
+    /// `s` as `access` is shown it: its URL whole to a key that may delete
+    /// it (write on what it delivers), with credentials and query string
+    /// redacted to others.
+    fn shown(s: Subscription, access: &Access) -> Self {
+        let whole = allowed(&s, access, Scope::Write).is_ok();
+        let mut out = Self::from(s);
+        if !whole {
+            out.url = crate::hooks::redact_url(&out.url);
+        }
+        out
+    }
+}
+
 impl From<Subscription> for SubscriptionOut {
     fn from(s: Subscription) -> Self {
         Self {
@@ -232,7 +246,7 @@ pub(crate) async fn list_subscriptions(
         |s| &s.id,
     )
     .await?;
-    let items = items.into_iter().map(SubscriptionOut::from).collect();
+    let items = items.into_iter().map(|s| SubscriptionOut::shown(s, &access)).collect();
     Ok(axum::Json(Page::sealed(items, next.as_deref(), &state.seal, List::Subscriptions).await?))
 }
 
@@ -262,7 +276,7 @@ pub(crate) async fn get_subscription(
 ) -> Result<axum::Json<SubscriptionOut>, ApiError> {
     let sub = state.subscriptions.get(&path.id).await?.ok_or_else(|| not_found(&path.id))?;
     reach(&sub, &access, Scope::Read)?;
-    Ok(axum::Json(sub.into()))
+    Ok(axum::Json(SubscriptionOut::shown(sub, &access)))
 }
 
 problems!(

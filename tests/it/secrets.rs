@@ -118,6 +118,70 @@ async fn debug_logs_carry_no_secret() {
     assert!(lines.lock().unwrap().iter().any(|l| l.contains("mongodb://user:[redacted]@127.0.0.1:1")));
 }
 
+/// A hook's or a subscription's URL carries credentials (user, password,
+/// a token in its query string): only a key that may write what it belongs
+/// to is shown it whole; others see it redacted, and no log line shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_in_hook_and_subscription_urls_are_shown_only_to_writers() {
+    const PASSWORD: &str = "url-pass-P4ssw0rd";
+    const TOKEN: &str = "url-token-8Hn2q";
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = TestReceiver::start().await;
+    let keys = format!(
+        "{API_KEY}:admin,writer-key-Ln4vQ8xZ2:read@c+write@c,reader-key-Wq7nB3kM1:read@c,everywhere-reader-Jx5:read"
+    );
+    let (mut child, lines) =
+        spawn(dir.path(), &[("RUST_LOG", "debug"), ("TXGATE_API_KEYS", &keys), ("TXGATE_HOOK_ALLOW", "127.0.0.1:*")]);
+    let base = address(&lines);
+    let http = reqwest::Client::new();
+    let secret_url = receiver.url(&format!("/h?token={TOKEN}")).replace("http://", &format!("http://svc:{PASSWORD}@"));
+    let redacted = receiver.url("/h?[redacted]").replace("http://", "http://[redacted]@");
+    let get = async |path: &str, key: &str| {
+        let res = http.get(format!("{base}{path}")).bearer_auth(key).send().await.unwrap();
+        expect(res, 200).await
+    };
+    let (writer, reader, everywhere) = ("writer-key-Ln4vQ8xZ2", "reader-key-Wq7nB3kM1", "everywhere-reader-Jx5");
+
+    let txn = json!({
+        "actions": [{"op": "insert", "collection": "c", "id": "x", "data": {}}],
+        "hooks": [{"url": secret_url}],
+    });
+    let res = http.post(format!("{base}/v1/transactions")).bearer_auth(writer).json(&txn).send().await.unwrap();
+    let id = expect(res, 200).await["id"].as_str().unwrap().to_owned();
+    receiver.next(Duration::from_secs(10)).await;
+    let path = format!("/v1/transactions/{id}");
+    assert_eq!(get(&path, writer).await["request"]["hooks"][0]["url"], secret_url.as_str());
+    assert_eq!(get(&path, reader).await["request"]["hooks"][0]["url"], redacted.as_str());
+    let listed = get("/v1/transactions", reader).await;
+    assert_eq!(listed["items"][0]["request"]["hooks"][0]["url"], redacted.as_str(), "{listed}");
+
+    let sub = json!({"url": secret_url, "collections": ["c"]});
+    let res = http.post(format!("{base}/v1/subscriptions")).bearer_auth(writer).json(&sub).send().await.unwrap();
+    let created = expect(res, 201).await;
+    assert_eq!(created["url"], secret_url.as_str(), "its creator is shown what it sent");
+    let path = format!("/v1/subscriptions/{}", created["id"].as_str().unwrap());
+    assert_eq!(get(&path, writer).await["url"], secret_url.as_str());
+    assert_eq!(get(&path, reader).await["url"], redacted.as_str());
+    assert_eq!(get("/v1/subscriptions", reader).await["items"][0]["url"], redacted.as_str());
+
+    let deliveries = get("/v1/deliveries", everywhere).await;
+    let urls: Vec<&str> = deliveries["items"].as_array().unwrap().iter().map(|d| d["url"].as_str().unwrap()).collect();
+    assert!(!urls.is_empty() && urls.iter().all(|u| *u == redacted), "{urls:?}");
+    let deliveries = get("/v1/deliveries", API_KEY).await;
+    assert!(deliveries["items"].as_array().unwrap().iter().all(|d| d["url"] == secret_url.as_str()), "{deliveries}");
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    child.wait().unwrap();
+    let lines = lines.lock().unwrap();
+    assert!(lines.len() > 10, "debug logging is on");
+    for secret in [PASSWORD, TOKEN] {
+        if let Some(line) = lines.iter().find(|l| l.contains(secret)) {
+            panic!("a log line shows a URL's credential: {line}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhooks_ignore_the_proxy_settings_of_the_environment() {
     // A "proxy" that would relay anything: it must never be asked.

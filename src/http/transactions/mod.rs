@@ -203,6 +203,12 @@ fn readable(rec: &TxnRecord, access: &Access) -> bool {
     rec.members.iter().all(|m| access.allows(Scope::Read, &m.collection))
 }
 
+/// Whether `access` may write every collection of `rec`: who is shown its
+/// hooks' URLs whole (credentials and query strings included).
+fn writable(rec: &TxnRecord, access: &Access) -> bool {
+    rec.members.iter().all(|m| access.allows(Scope::Write, &m.collection))
+}
+
 /// Transaction `id` if `access` has `needed` on each of its collections.
 /// One the key may not read (a collection it has no grant on) is answered
 /// as one that does not exist, so its existence and its collections stay
@@ -242,7 +248,7 @@ pub(crate) async fn get_transaction(
 ) -> Result<axum::Json<TransactionOut>, ApiError> {
     let rec = load(&state, &path.id, &access, Scope::Read).await?;
     let deliveries = state.hooks.deliveries_of(&rec.id, rec.hook_count).await?;
-    Ok(axum::Json(transaction_out(&rec, &deliveries)))
+    Ok(axum::Json(transaction_out(&rec, &deliveries, writable(&rec, &access))))
 }
 
 problems!(
@@ -288,7 +294,7 @@ pub(crate) async fn list_transactions(
     let mut out = Vec::with_capacity(items.len());
     for rec in &items {
         let deliveries = state.hooks.deliveries_of(&rec.id, rec.hook_count).await?;
-        out.push(transaction_out(rec, &deliveries));
+        out.push(transaction_out(rec, &deliveries, writable(rec, &access)));
     }
     Ok(axum::Json(Page::sealed(out, next.as_deref(), &state.seal, List::Transactions).await?))
 }
@@ -319,7 +325,10 @@ pub(crate) async fn abort_transaction(
 ) -> Result<axum::Json<TransactionOut>, ApiError> {
     let rec = load(&state, &path.id, &access, Scope::Admin).await?;
     match state.txns.abort(rec).await? {
-        Aborted::Record(rec) => Ok(axum::Json(transaction_out(&rec, &[]))),
+        Aborted::Record(rec) => {
+            let urls = writable(&rec, &access);
+            Ok(axum::Json(transaction_out(&rec, &[], urls)))
+        }
         Aborted::Committed(rec) => Err(ApiError::new(ProblemCode::AlreadyCommitted, "the transaction has committed")
             .with("transaction", rec.id.clone())),
     }

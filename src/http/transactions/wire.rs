@@ -481,7 +481,10 @@ pub(crate) struct TransactionPath {
     pub id: String,
 }
 
-pub(super) fn transaction_out(rec: &TxnRecord, deliveries: &[Option<Delivery>]) -> TransactionOut {
+/// `rec` as shown; `urls`: whether its hooks' URLs are shown whole (to a
+/// key that may write every collection of it), or with their credentials
+/// and query strings redacted.
+pub(super) fn transaction_out(rec: &TxnRecord, deliveries: &[Option<Delivery>], urls: bool) -> TransactionOut {
     let committed = rec.status.is_committed();
     let failed_action = rec.failure.as_ref().and_then(|f| f.action);
     let actions = rec
@@ -532,7 +535,13 @@ pub(super) fn transaction_out(rec: &TxnRecord, deliveries: &[Option<Delivery>]) 
         // Records written before requests were kept redacted are redacted
         // here.
         request: serde_json::from_str(&rec.request)
-            .map(|r| crate::hooks::redact_request(&r))
+            .map(|r| {
+                let mut r = crate::hooks::redact_request(&r);
+                if !urls {
+                    crate::hooks::redact_request_urls(&mut r);
+                }
+                r
+            })
             .unwrap_or(Value::String(String::new())),
         actions,
         hooks,
