@@ -24,6 +24,12 @@ pub(crate) const MAX_CHANGES: usize = 50;
 /// Events an explanation reads at once (each holds the document's data
 /// after its change, up to its size limit).
 const EVENTS_READ: i64 = 8;
+/// Bytes of events (as stored) one explanation reads at most, across all
+/// the versions it reads, newest first: past them the older changes are
+/// left out (`changes_truncated`), so its work and memory are bounded
+/// whatever the document's size and its number of versions (at the size
+/// limit, the latest three changes).
+pub(crate) const EXPLAIN_BYTES: usize = 16 * 1024 * 1024;
 
 /// One change after the version a client expected.
 #[derive(Clone, Debug, PartialEq)]
@@ -108,6 +114,22 @@ impl Conflicts {
         Self { documents, log }
     }
 
+    /// [`Self::events`] within `left` bytes (as stored), which it lessens:
+    /// the events read, and whether the budget stopped the read.
+    async fn events_within(
+        &self,
+        coll: &str,
+        id: &str,
+        versions: std::ops::RangeInclusive<i64>,
+        left: &mut usize,
+    ) -> Result<(HashMap<i64, Event>, bool), DocError> {
+        let ids: Vec<String> = versions.filter(|v| *v > 0).map(|v| document_event_id(coll, id, v)).collect();
+        let (events, read, cut) = self.log.events_by_id_within(&ids, *left).await?;
+        *left = left.saturating_sub(read);
+        let out = events.into_iter().filter_map(|e| e.version.map(|v| (v, e))).collect();
+        Ok((out, cut))
+    }
+
     /// The events of `coll`/`id` at `versions` that the log holds.
     async fn events(
         &self,
@@ -157,42 +179,59 @@ impl Conflicts {
         }
         let first = (expected + 1).max(actual - MAX_CHANGES as i64 + 1);
         let mut truncated = first > expected + 1;
-        let mut changes = Vec::new();
-        let mut bytes = 0usize;
+        // Newest first, a few events at a time (each may hold a document of
+        // megabytes) within [`EXPLAIN_BYTES`] all told; a change is listed
+        // once the version before it is read (its paths compare the two).
+        let (mut changes, mut bytes, mut left) = (Vec::new(), 0usize, EXPLAIN_BYTES);
         let empty = Map::new();
-        // The events are read a few at a time (each may hold a document of
-        // megabytes), keeping the one before the next to compare with.
-        let mut before: Option<Event> =
-            if first > 1 { self.events(coll, id, first - 1..=first - 1).await?.remove(&(first - 1)) } else { None };
-        let mut from = first;
-        'read: while from <= actual {
-            let upto = (from + EVENTS_READ - 1).min(actual);
-            let mut events = self.events(coll, id, from..=upto).await?;
-            for v in from..=upto {
-                let Some(event) = events.remove(&v) else {
-                    truncated = true;
-                    before = None;
-                    continue;
-                };
-                let was = if v == 1 { Some(&empty) } else { before.as_ref().map(|e| data_of(e, &empty)) };
-                let paths = was.map(|was| diff(was, data_of(&event, &empty)));
-                bytes += paths.as_ref().map_or(0, Paths::bytes);
-                if bytes > max_bytes {
+        // The newest change not listed yet: its version and event.
+        let mut newer: Option<(i64, Event)> = None;
+        let lowest = (first - 1).max(1);
+        let mut upto = actual;
+        'read: while upto >= lowest && left > 0 {
+            let from = (upto - EVENTS_READ + 1).max(lowest);
+            let (mut events, cut) = self.events_within(coll, id, from..=upto, &mut left).await?;
+            for v in (from..=upto).rev() {
+                let event = events.remove(&v);
+                if event.is_none() && cut {
+                    // Not read: the budget ended the read first.
                     truncated = true;
                     break 'read;
                 }
-                changes.push(Change {
-                    version: v,
-                    kind: event.kind,
-                    at: event.at.clone(),
-                    transaction: event.transaction.clone(),
-                    key: event.key.clone(),
-                    paths,
-                });
-                before = Some(event);
+                if let Some((version, after)) = newer.take() {
+                    let paths = event.as_ref().map(|was| diff(data_of(was, &empty), data_of(&after, &empty)));
+                    bytes += paths.as_ref().map_or(0, Paths::bytes);
+                    if bytes > max_bytes {
+                        truncated = true;
+                        break 'read;
+                    }
+                    changes.push(change(version, &after, paths));
+                }
+                match event {
+                    Some(event) if v >= first => newer = Some((v, event)),
+                    Some(_) => {}
+                    // The log no longer holds it.
+                    None => truncated = true,
+                }
             }
-            from = upto + 1;
+            if cut {
+                truncated = true;
+                break;
+            }
+            upto = from - 1;
         }
+        // The first version of all: what it made, from nothing.
+        if let Some((1, after)) = &newer {
+            let paths = diff(&empty, data_of(after, &empty));
+            if bytes + paths.bytes() <= max_bytes {
+                changes.push(change(1, after, Some(paths)));
+            } else {
+                truncated = true;
+            }
+        } else if newer.is_some() {
+            truncated = true;
+        }
+        changes.reverse();
         Ok(Explained { current, changes, truncated })
     }
 
@@ -219,6 +258,18 @@ impl Conflicts {
         };
         let theirs = current.as_ref().map(Live::data_json).unwrap_or_default();
         Ok((merge(&base, mine, &theirs), current, actual))
+    }
+}
+
+/// The change that made `version`, as `event` tells it, with `paths`.
+fn change(version: i64, event: &Event, paths: Option<Paths>) -> Change {
+    Change {
+        version,
+        kind: event.kind,
+        at: event.at.clone(),
+        transaction: event.transaction.clone(),
+        key: event.key.clone(),
+        paths,
     }
 }
 

@@ -403,6 +403,30 @@ impl Log {
         Ok(out)
     }
 
+    /// [`Self::events_by_id`], reading at most `budget` bytes as stored
+    /// (the record that passes it is the last read): the events, the
+    /// bytes read, and whether the budget stopped the read (then some of
+    /// `ids` the log holds may not be among them).
+    pub(crate) async fn events_by_id_within(
+        &self,
+        ids: &[String],
+        budget: usize,
+    ) -> StoreResult<(Vec<model::Event>, usize, bool)> {
+        if ids.is_empty() {
+            return Ok((Vec::new(), 0, false));
+        }
+        let found = self.store.get_many_within(EVENTS, ids, budget).await?;
+        let mut out = Vec::with_capacity(found.records.len());
+        for rec in found.records {
+            match model::Logged::from_record(rec) {
+                Ok(model::Logged { entry: model::Entry::Event(event), .. }) => out.push(*event),
+                Ok(_) => {}
+                Err(err) => tracing::warn!(error = %err, "an event record that cannot be read was left out"),
+            }
+        }
+        Ok((out, found.bytes, found.cut))
+    }
+
     /// Up to `max` positions after `after`, stopping before a gap that
     /// may still fill; what is returned is durable.
     pub async fn read(&self, after: u64, max: usize) -> Result<Batch, ReadError> {

@@ -58,7 +58,7 @@ pub(super) fn problem_schema(family: Family) -> Value {
                 "description": "One entry per version after `expected`, oldest first, from the change-event log while it holds them (the latest 50 at most); absent with `Prefer: return=minimal`.",
                 "items": {"$ref": "#/components/schemas/ChangeOut"},
             },
-            "changes_truncated": {"type": "boolean", "description": "`true` when `changes` does not hold every version after `expected` (the log no longer holds some, or there were more than 50)."},
+            "changes_truncated": {"type": "boolean", "description": "`true` when `changes` does not hold every version after `expected` (the log no longer holds some, there were more than 50, or they took more than 16 MiB to read)."},
         }),
         Family::Locked => json!({
             "holder": {"type": "string", "description": "For a transaction's failure: the transaction holding the document."},

@@ -20,6 +20,7 @@ crate::on_both_backends!(
     a_stale_transaction_member_is_told_what_changed,
     thirty_versions_behind_lists_thirty_changes,
     changes_the_log_no_longer_holds_are_marked_truncated,
+    large_documents_explain_their_latest_changes_within_a_bounded_read,
     the_merge_helper_merges_and_writes_nothing,
     the_merge_helper_answers_for_deleted_and_recreated_documents,
 );
@@ -195,6 +196,48 @@ async fn thirty_versions_behind_lists_thirty_changes(backend: Backend) {
     assert_eq!(problem["changes_truncated"], true);
     assert_eq!(changes[0]["version"], 12);
     assert_eq!(changes[49]["version"], 61);
+}
+
+/// A stale write to a large document with many versions is explained by
+/// its latest changes only, as many as 16 MiB of the log's events hold:
+/// the explanation's work does not grow with size times versions.
+async fn large_documents_explain_their_latest_changes_within_a_bounded_read(backend: Backend) {
+    let Some(app) = TestApp::spawn_with(backend, |c| {
+        keys(c);
+        c.max_body_bytes = 4 << 20;
+    })
+    .await
+    else {
+        return;
+    };
+    let pad = "x".repeat(2_000_000);
+    let body = json!({"_id": "big", "n": 0, "pad": pad});
+    expect(send(&app, ALICE, Method::POST, "/v1/collections/orders/documents", Some(body), &[]).await, 201).await;
+    for i in 1..=12 {
+        patch(&app, BOB, "big", json!({"n": i})).await;
+    }
+    let stale =
+        send(&app, ALICE, Method::PATCH, doc_url("big"), Some(json!({"set": {"n": -1}})), &[("if-match", "\"1\"")]);
+    let problem = expect_problem(stale.await, 409, "version_conflict").await;
+    assert_eq!(problem["changes_truncated"], true, "{}", problem["changes"]);
+    let changes = problem["changes"].as_array().unwrap();
+    // 16 MiB of events of 2 MB each: eight read, the latest seven changes
+    // told (each needs the version before it).
+    assert!(!changes.is_empty() && changes.len() <= 8, "{} changes", changes.len());
+    let versions: Vec<i64> = changes.iter().map(|c| c["version"].as_i64().unwrap()).collect();
+    let latest: Vec<i64> = (14 - versions.len() as i64..=13).collect();
+    assert_eq!(versions, latest, "the latest, in order");
+    for change in changes {
+        assert_eq!(change["changed"], json!(["n"]), "{change}");
+    }
+    // A few versions behind, within the bound: every change, not truncated.
+    let stale =
+        send(&app, ALICE, Method::PATCH, doc_url("big"), Some(json!({"set": {"n": -1}})), &[("if-match", "\"10\"")]);
+    let problem = expect_problem(stale.await, 409, "version_conflict").await;
+    assert_eq!(problem["changes_truncated"], false);
+    let versions: Vec<i64> =
+        problem["changes"].as_array().unwrap().iter().map(|c| c["version"].as_i64().unwrap()).collect();
+    assert_eq!(versions, [11, 12, 13]);
 }
 
 async fn changes_the_log_no_longer_holds_are_marked_truncated(backend: Backend) {
