@@ -30,6 +30,8 @@ pub struct Config {
     pub max_concurrency_per_key: usize,
     /// Event streams open at once.
     pub max_streams: usize,
+    /// Event streams one API key may have open at once on this instance.
+    pub max_streams_per_key: usize,
     /// Time to receive a whole request body.
     pub body_timeout: Duration,
     /// Time to receive a request's headers (and longest idle time of a
@@ -154,6 +156,7 @@ impl Default for Config {
             max_concurrency: 1024,
             max_concurrency_per_key: 256,
             max_streams: 1000,
+            max_streams_per_key: 250,
             body_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
             // Docker's default grace period is 10 s: the store's close

@@ -169,6 +169,10 @@ pub struct Settings {
     /// Event streams (SSE) open at once on this instance; beyond, 429.
     #[arg(long, global = true, env = "TXGATE_MAX_STREAMS")]
     pub max_streams: Option<usize>,
+    /// Event streams one API key may have open at once on this instance
+    /// (default: a quarter of max_streams); beyond, 429 for that key only.
+    #[arg(long, global = true, env = "TXGATE_MAX_STREAMS_PER_KEY")]
+    pub max_streams_per_key: Option<usize>,
     /// Time a client has to send a whole request body, in milliseconds
     /// (408 beyond, and the connection closes).
     #[arg(long, global = true, env = "TXGATE_BODY_TIMEOUT_MS")]
@@ -293,6 +297,7 @@ impl Settings {
             max_concurrency: self.max_concurrency.or(file.max_concurrency),
             max_concurrency_per_key: self.max_concurrency_per_key.or(file.max_concurrency_per_key),
             max_streams: self.max_streams.or(file.max_streams),
+            max_streams_per_key: self.max_streams_per_key.or(file.max_streams_per_key),
             body_timeout_ms: self.body_timeout_ms.or(file.body_timeout_ms),
             header_timeout_ms: self.header_timeout_ms.or(file.header_timeout_ms),
             shutdown_timeout_ms: self.shutdown_timeout_ms.or(file.shutdown_timeout_ms),
@@ -422,6 +427,10 @@ impl Settings {
             Some(0) => return Err("max_concurrency must be greater than 0".into()),
             v => v.unwrap_or(defaults.max_concurrency),
         };
+        let max_streams = match settings.max_streams {
+            Some(0) => return Err("max_streams must be greater than 0".into()),
+            v => v.unwrap_or(defaults.max_streams),
+        };
         Ok(Config {
             events,
             hooks,
@@ -439,9 +448,10 @@ impl Settings {
                 Some(0) => return Err("max_concurrency_per_key must be greater than 0".into()),
                 v => v.unwrap_or((max_concurrency / 4).max(1)),
             },
-            max_streams: match settings.max_streams {
-                Some(0) => return Err("max_streams must be greater than 0".into()),
-                v => v.unwrap_or(defaults.max_streams),
+            max_streams,
+            max_streams_per_key: match settings.max_streams_per_key {
+                Some(0) => return Err("max_streams_per_key must be greater than 0".into()),
+                v => v.unwrap_or((max_streams / 4).max(1)),
             },
             body_timeout: positive("body_timeout_ms", settings.body_timeout_ms, defaults.body_timeout)?,
             header_timeout: positive("header_timeout_ms", settings.header_timeout_ms, defaults.header_timeout)?,
@@ -561,6 +571,11 @@ scopes = ["admin"]
         let limits = Settings { max_concurrency: Some(7), hook_per_destination: Some(3), ..Default::default() };
         let config = limits.resolve().unwrap();
         assert_eq!((config.max_concurrency, config.hooks.per_destination), (7, 3));
+        assert!(Settings { max_streams_per_key: Some(0), ..Default::default() }.resolve().is_err());
+        let streams = Settings { max_streams: Some(10), ..Default::default() }.resolve().unwrap();
+        assert_eq!((streams.max_streams, streams.max_streams_per_key), (10, 2), "a quarter by default");
+        let streams = Settings { max_streams: Some(3), ..Default::default() }.resolve().unwrap();
+        assert_eq!(streams.max_streams_per_key, 1, "at least one");
         // Tombstones outlive the events and deliveries whose ids they keep
         // from being reused.
         let short = |event, delivery| Settings {

@@ -36,9 +36,21 @@ pub(crate) struct Caller {
 pub(crate) struct Access {
     /// `None`: no keys configured.
     grants: Option<Arc<[Grant]>>,
+    /// The key's share of the instance's event streams (`None`: no keys).
+    streams: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Access {
+    /// One of the key's event stream slots, held while the stream is open;
+    /// `Err` when the key holds all of its share. Without keys, `Ok(None)`:
+    /// only the instance's limit applies.
+    pub(crate) fn stream_slot(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ()> {
+        match &self.streams {
+            None => Ok(None),
+            Some(share) => Arc::clone(share).try_acquire_owned().map(Some).map_err(|_| ()),
+        }
+    }
+
     pub(crate) fn allows(&self, needed: Scope, collection: &str) -> bool {
         self.grants.as_ref().is_none_or(|g| g.iter().any(|g| g.covers(needed, Some(collection))))
     }
@@ -137,22 +149,26 @@ const CHECKED_BY_HANDLER: &[&str] = &[
     "/v1/subscriptions/{id}",
 ];
 
-/// The configured keys, each with its share of the concurrency limit.
+/// The configured keys, each with its share of the concurrency limit and
+/// of the event streams.
 pub(crate) struct Keys {
-    /// Each key with its scope (computed once) and its permits.
-    keys: Vec<(ApiKey, String, Arc<tokio::sync::Semaphore>)>,
+    /// Each key with its scope (computed once), its permits and its stream
+    /// slots.
+    keys: Vec<(ApiKey, String, Arc<tokio::sync::Semaphore>, Arc<tokio::sync::Semaphore>)>,
     per_key: usize,
 }
 
 impl Keys {
-    /// `keys`, each allowed `per_key` requests in flight at once.
-    pub(crate) fn new(keys: Vec<ApiKey>, per_key: usize) -> Self {
+    /// `keys`, each allowed `per_key` requests in flight and
+    /// `streams_per_key` event streams open at once.
+    pub(crate) fn new(keys: Vec<ApiKey>, per_key: usize, streams_per_key: usize) -> Self {
         let per_key = per_key.max(1);
         let keys = keys
             .into_iter()
             .map(|k| {
                 let scope = k.scope();
-                (k, scope, Arc::new(tokio::sync::Semaphore::new(per_key)))
+                let streams = Arc::new(tokio::sync::Semaphore::new(streams_per_key.max(1)));
+                (k, scope, Arc::new(tokio::sync::Semaphore::new(per_key)), streams)
             })
             .collect();
         Self { keys, per_key }
@@ -174,12 +190,12 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
     let Some(token) = token else {
         return unauthorized("an API key is required: Authorization: Bearer <key>");
     };
-    let Some((key, scope, permits)) =
-        keys.keys.iter().find(|(k, _, _)| constant_time_eq(k.key.as_bytes(), token.as_bytes()))
+    let Some((key, scope, permits, streams)) =
+        keys.keys.iter().find(|(k, _, _, _)| constant_time_eq(k.key.as_bytes(), token.as_bytes()))
     else {
         return unauthorized("the API key is not valid");
     };
-    let access = Access { grants: Some(key.grants.clone().into()) };
+    let access = Access { grants: Some(key.grants.clone().into()), streams: Some(Arc::clone(streams)) };
     let (mut parts, body) = req.into_parts();
     let collection = if route.contains("{collection}") {
         match Path::<HashMap<String, String>>::from_request_parts(&mut parts, &()).await {
@@ -255,7 +271,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(keys.len(), 3);
-        let access = |k: &ApiKey| Access { grants: Some(k.grants.clone().into()) };
+        let access = |k: &ApiKey| Access { grants: Some(k.grants.clone().into()), streams: None };
         let (reader, admin, orders) = (access(&keys[0]), access(&keys[1]), access(&keys[2]));
         assert!(reader.everywhere(Scope::Read) && !reader.everywhere(Scope::Write));
         assert!(admin.everywhere(Scope::Read) && admin.everywhere(Scope::Admin));

@@ -273,8 +273,18 @@ pub(crate) async fn events(
         }
         None => log.head().await?,
     };
-    // Each open stream holds one of the instance's stream slots until it
-    // ends (TXGATE_MAX_STREAMS).
+    // Each open stream holds one of its key's stream slots and one of the
+    // instance's until it ends (TXGATE_MAX_STREAMS_PER_KEY,
+    // TXGATE_MAX_STREAMS): one key cannot take every slot.
+    let Ok(key_slot) = access.stream_slot() else {
+        tracing::debug!("event stream refused: the API key holds its share of the stream slots");
+        return Err(ApiError::new(
+            ProblemCode::Overloaded,
+            "this API key has as many event streams open on this instance as its share allows \
+             (TXGATE_MAX_STREAMS_PER_KEY); close one, retry later, or read pages (Accept: application/json)",
+        )
+        .retry(std::time::Duration::from_secs(5)));
+    };
     let Ok(slot) = Arc::clone(&state.streams).try_acquire_owned() else {
         tracing::debug!("event stream refused: every stream slot is taken");
         return Err(ApiError::new(
@@ -286,7 +296,7 @@ pub(crate) async fn events(
     };
     let reader = Reader {
         opened: Some(start),
-        _slot: slot,
+        _slot: (slot, key_slot),
         log,
         filter,
         set,
@@ -369,8 +379,8 @@ struct Reader {
     idle_since: tokio::time::Instant,
     /// Counts the stream as open until it is dropped.
     _open: crate::metrics::Held,
-    /// The stream slot it holds.
-    _slot: tokio::sync::OwnedSemaphorePermit,
+    /// The instance's stream slot and the key's (none without keys).
+    _slot: (tokio::sync::OwnedSemaphorePermit, Option<tokio::sync::OwnedSemaphorePermit>),
 }
 
 impl Reader {

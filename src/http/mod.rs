@@ -171,7 +171,7 @@ pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router 
         // On matched routes only: an unknown path or method answers 404/405
         // without a key, as it reveals nothing. Before the body is read: a
         // request without a valid key reads nothing.
-        let keys = auth::Keys::new(config.api_keys.clone(), config.max_concurrency_per_key);
+        let keys = auth::Keys::new(config.api_keys.clone(), config.max_concurrency_per_key, config.max_streams_per_key);
         routes.route_layer(axum::middleware::from_fn_with_state(Arc::new(keys), auth::require_key))
     };
     console::routes(routes)

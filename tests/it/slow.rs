@@ -183,6 +183,56 @@ async fn event_streams_are_capped_per_instance_and_slots_come_back() {
     app.stop().await;
 }
 
+/// One key opens at most its share of the instance's event streams (429
+/// past it, for that key only): the other keys still open theirs, and a
+/// closed stream gives its slot back to its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_holds_at_most_its_share_of_the_event_streams() {
+    const GREEDY: &str = "greedy-key-0123456789abcdef";
+    const OTHER: &str = "other-key-0123456789abcdefg";
+    let keys = parse_keys(&format!("{GREEDY}:read,{OTHER}:read")).unwrap();
+    let app = TestApp::spawn_with(Backend::Embedded, move |c| {
+        c.api_keys = keys;
+        c.max_streams = 10;
+        c.max_streams_per_key = 3;
+    })
+    .await
+    .unwrap();
+    let open = |key: &'static str| {
+        let request = app.request(Method::GET, "/v1/events").bearer_auth(key).header("accept", "text/event-stream");
+        async move { request.send().await.unwrap() }
+    };
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let res = open(GREEDY).await;
+        assert_eq!(res.status(), 200);
+        streams.push(res);
+    }
+    let refused = open(GREEDY).await;
+    assert!(refused.headers().get("retry-after").is_some());
+    let problem = expect_problem(refused, 429, "overloaded").await;
+    assert!(problem["detail"].as_str().unwrap().contains("TXGATE_MAX_STREAMS_PER_KEY"), "{problem}");
+    // Another key is served, and pages are not streams.
+    for _ in 0..3 {
+        let res = open(OTHER).await;
+        assert_eq!(res.status(), 200);
+        streams.push(res);
+    }
+    let page = app.request(Method::GET, "/v1/events").bearer_auth(GREEDY).header("accept", "application/json");
+    expect(page.send().await.unwrap(), 200).await;
+    drop(streams.remove(0));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let res = open(GREEDY).await;
+        if res.status() == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a closed stream's slot comes back to its key");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_key_holds_at_most_its_share_of_the_concurrency_limit() {
     const GREEDY: &str = "greedy-key-0123456789abcdef";
