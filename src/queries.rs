@@ -471,7 +471,7 @@ impl Queries {
             let after = query.after.as_deref().map(decode_cursor).transpose()?;
             let after = match after {
                 None => None,
-                Some(cursor) if cursor.of_another(&forms.digests(Some(coll), &id_order), &[]) => {
+                Some(cursor) if cursor.of_another(&forms.digests(Some(coll), &id_order)) => {
                     return Err(another_query());
                 }
                 Some(Cursor { key, .. }) => match key.as_slice() {
@@ -493,7 +493,7 @@ impl Queries {
             Some(Cursor { key, .. }) if key.len() != order.len() => {
                 return Err(QueryError::Cursor("not a cursor of this query".into()));
             }
-            Some(cursor) if cursor.of_another(&forms.digests(Some(coll), &order), &forms.digests(None, &order)) => {
+            Some(cursor) if cursor.of_another(&forms.digests(Some(coll), &order)) => {
                 return Err(another_query());
             }
             Some(Cursor { key, .. }) => Some(key),
@@ -782,22 +782,15 @@ struct CursorBody {
 /// A cursor as decoded.
 struct Cursor {
     key: Vec<Bson>,
-    /// The digest of the query it was given with (none from a cursor of
-    /// format 1, nor from one of format 2 in the id order).
-    query: Option<i64>,
-    format: i32,
+    /// The digest of the query it was given with.
+    query: i64,
 }
 
 impl Cursor {
     /// Whether the cursor was given with another query than the one of
-    /// `digests` (`earlier`: the same query's as format 2 held them,
-    /// without its collection, where such cursors had one).
-    fn of_another(&self, digests: &[i64], earlier: &[i64]) -> bool {
-        match (self.query, self.format) {
-            (None, _) => false,
-            (Some(of), 3..) => !digests.contains(&of),
-            (Some(of), _) => !earlier.contains(&of),
-        }
+    /// `digests`.
+    fn of_another(&self, digests: &[i64]) -> bool {
+        !digests.contains(&self.query)
     }
 }
 
@@ -816,16 +809,21 @@ fn decode_cursor(cursor: &str) -> Result<Cursor, QueryError> {
     let bytes = CURSOR.decode(cursor).map_err(|_| bad())?;
     let d = Document::from_reader(bytes.as_slice()).map_err(|_| bad())?;
     let body: CursorBody = mongodb::bson::from_document(d).map_err(|_| bad())?;
-    if !(1..=CURSOR_FORMAT).contains(&body.f) {
-        return Err(bad());
+    // Earlier releases' formats (1 without a query, 2 without the
+    // collection in its digest) are refused: a cursor is bound to its
+    // collection and query (docs/operating.md, "Upgrading").
+    if (1..CURSOR_FORMAT).contains(&body.f) {
+        return Err(QueryError::Cursor(
+            "a cursor of an earlier release, which this one no longer takes: start again from the first page".into(),
+        ));
     }
     // This format's cursors exactly as `encode_cursor` writes them: with
     // their query's digest, nothing more, nothing after (one edited by
     // hand, say without its digest to be taken with any query, is not
-    // one). Earlier formats' are taken as they were.
-    if body.f == CURSOR_FORMAT && (body.q.is_none() || encode_cursor(&body.k, body.q) != cursor) {
+    // one).
+    let Some(query) = body.q.filter(|_| body.f == CURSOR_FORMAT && encode_cursor(&body.k, body.q) == cursor) else {
         return Err(bad());
-    }
+    };
     let key = body.k;
     // A page's last values are what JSON data holds at an indexed path
     // (scalars, no NaN or infinity) and its id: nothing else is a cursor's.
@@ -836,7 +834,7 @@ fn decode_cursor(cursor: &str) -> Result<Cursor, QueryError> {
     if !key.iter().all(scalar) {
         return Err(bad());
     }
-    Ok(Cursor { key, query: body.q, format: body.f })
+    Ok(Cursor { key, query })
 }
 
 #[cfg(test)]
@@ -851,30 +849,24 @@ mod tests {
     fn cursors_round_trip_and_refuse_strangers() {
         let key = vec![Bson::String("open".into()), Bson::Int64(5), Bson::Null, Bson::String("id-1".into())];
         let back = decode_cursor(&encode_cursor(&key, Some(7))).unwrap();
-        assert_eq!((back.key, back.query), (key.clone(), Some(7)));
-        // A cursor of the earlier format (no digest) is still taken.
-        let earlier = {
+        assert_eq!((back.key, back.query), (key.clone(), 7));
+        // Earlier releases' formats are refused: 1 (no digest) and 2 (its
+        // digest without the collection).
+        let earlier = |d: Document| {
             let mut bytes = Vec::new();
-            mongodb::bson::doc! {"f": 1, "k": key.clone()}.to_writer(&mut bytes).unwrap();
+            d.to_writer(&mut bytes).unwrap();
             CURSOR.encode(bytes)
         };
-        let back = decode_cursor(&earlier).unwrap();
-        assert_eq!((back.key.clone(), back.query), (key.clone(), None));
-        assert!(!back.of_another(&[7], &[8]));
-        // Format 2 held the digest without the collection: compared with
-        // that one; format 3's with the collection's.
-        let format2 = {
-            let mut bytes = Vec::new();
-            mongodb::bson::doc! {"f": 2, "k": key.clone(), "q": 8_i64}.to_writer(&mut bytes).unwrap();
-            CURSOR.encode(bytes)
-        };
-        let back = decode_cursor(&format2).unwrap();
-        assert!(!back.of_another(&[7], &[8]));
-        assert!(back.of_another(&[8], &[7]));
-        assert!(back.of_another(&[8], &[]), "format 2 had no digest in the id order");
+        for old in [
+            earlier(mongodb::bson::doc! {"f": 1, "k": key.clone()}),
+            earlier(mongodb::bson::doc! {"f": 2, "k": key.clone(), "q": 8_i64}),
+        ] {
+            let Err(QueryError::Cursor(why)) = decode_cursor(&old) else { panic!("{old} taken") };
+            assert!(why.contains("earlier release"), "{why}");
+        }
         let back = decode_cursor(&encode_cursor(&key, Some(7))).unwrap();
-        assert!(!back.of_another(&[7], &[8]));
-        assert!(back.of_another(&[8], &[7]));
+        assert!(!back.of_another(&[7, 8]));
+        assert!(back.of_another(&[8]));
         let later = {
             let mut bytes = Vec::new();
             mongodb::bson::doc! {"f": 4, "k": key.clone()}.to_writer(&mut bytes).unwrap();
@@ -975,8 +967,8 @@ mod tests {
         assert_ne!(before, written.digest(Some("c"), &order));
         let key = vec![Bson::Int64(5), Bson::String("a".into())];
         let cursor = decode_cursor(&encode_cursor(&key, Some(before))).unwrap();
-        assert!(!cursor.of_another(&written.digests(Some("c"), &order), &[]));
-        assert!(cursor.of_another(&apart[0].digests(Some("c"), &order), &[]));
+        assert!(!cursor.of_another(&written.digests(Some("c"), &order)));
+        assert!(cursor.of_another(&apart[0].digests(Some("c"), &order)));
         // Integers as written are their one form: nothing else to accept.
         assert_eq!(a.digests(Some("c"), &order), vec![a.digest(Some("c"), &order)]);
     }

@@ -952,6 +952,23 @@ async fn a_cursor_goes_on_only_with_its_own_query(backend: Backend) {
     assert_eq!(ids(&expect(query(&app, "k", &body).await, 200).await), [json!("k06"), json!("k04")]);
     let resp = app.request(Method::GET, &docs_path("k")).query(&[("after", by_id), ("limit", "2")]).send().await;
     assert_eq!(ids(&expect(resp.unwrap(), 200).await), [json!("k02"), json!("k03")]);
+    // Earlier releases' cursors, bound to no query (format 1) or to none
+    // of one collection (format 2): refused, whatever they name.
+    let old = |d: txgate::testing::store::Document| {
+        use base64::Engine as _;
+        let mut bytes = Vec::new();
+        d.to_writer(&mut bytes).unwrap();
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    };
+    use txgate::testing::store::doc;
+    for cursor in [old(doc! {"f": 1, "k": ["k03"]}), old(doc! {"f": 2, "k": ["open", 6_i64, "k06"], "q": 8_i64})] {
+        let resp = app.request(Method::GET, &docs_path("k")).query(&[("after", cursor.as_str())]).send().await.unwrap();
+        let problem = expect_problem(resp, 422, "validation_failed").await;
+        assert!(problem["detail"].as_str().unwrap().contains("earlier release"), "{problem}");
+        let body = json!({"filter": filter, "sort": ["-amount"], "limit": 2, "after": cursor});
+        let problem = expect_problem(query(&app, "k", &body).await, 422, "validation_failed").await;
+        assert_eq!(problem["errors"][0]["pointer"], "/after", "{problem}");
+    }
 }
 
 /// A query (or count) whose index is declared but not ready is still
