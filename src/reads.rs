@@ -307,11 +307,12 @@ async fn read_members<'m>(
     store: &(impl Store + ?Sized),
     members: &'m [Member],
 ) -> Result<HashMap<(&'m str, String), StoredDoc>, ReadError> {
-    let Some(records) = get_all_within(store, by_collection(members), BATCH_BYTES).await? else {
+    let wanted = by_collection(members);
+    // Named more than once: every document's bytes, times its members.
+    let twice = wanted.values().map(Vec::len).sum::<usize>() < members.len();
+    let Some(records) = get_all_within(store, wanted, BATCH_BYTES).await? else {
         return Err(ReadError::TooLarge);
     };
-    // Named more than once: every document's bytes, times its members.
-    let twice = by_collection(members).values().map(Vec::len).sum::<usize>() < members.len();
     let mut answered = 0usize;
     let mut docs = HashMap::new();
     for (coll, record) in records {

@@ -566,6 +566,7 @@ impl Store for MongoStore {
         let raw = self.raw(coll);
         let mut find = raw.find(filter).sort(sort).skip(skip).limit(limit);
         if self.orders_by_id_only && scan.index() == LIVE {
+            // Other scans are sorted without a hint (see the module's doc).
             find = find.hint(self.hint(scan.index(), scan.by()));
         }
         if !scan.wanted().is_empty() {
