@@ -92,17 +92,15 @@ fn map_err(err: MongoError) -> StoreError {
     }
 }
 
-/// `err` of a read hinted to `index`: the server's refusal of a hint that
-/// names no index means the index was dropped since the read was planned
-/// (a drop waits out every instance's cache first, so only a read that ran
-/// that long meets it), which a retry plans again.
-fn hinted(err: MongoError, index: &str) -> StoreError {
-    if let ErrorKind::Command(e) = err.kind.as_ref() {
-        if e.code == 2 && e.message.to_ascii_lowercase().contains("hint") {
-            return StoreError::Unavailable(format!("index {index} was dropped during the query: {}", e.message));
-        }
-    }
-    map_err(err)
+/// Whether `err` is the server's refusal of a hint that names no index of
+/// the collection: an index a query was planned on and that was dropped
+/// since (a drop waits out every instance's cache first, so only a read
+/// that ran that long meets it), or a template index of a collection
+/// another instance is creating at this moment (its indexes are made one
+/// after another). Either way the same read without the hint returns the
+/// same records (no index is sparse or partial), if more slowly.
+fn missing_hint(err: &MongoError) -> bool {
+    matches!(err.kind.as_ref(), ErrorKind::Command(e) if e.code == 2 && e.message.to_ascii_lowercase().contains("hint"))
 }
 
 /// A write error refusing the document, found in a server reply the driver
@@ -369,13 +367,14 @@ impl MongoStore {
         let sort: Document = query.sort.iter().map(|(f, d)| (f.clone(), Bson::Int32(*d))).collect();
         let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
         let by = query.sort.first().map_or("", |(f, _)| f.as_str());
-        self.raw(coll)
-            .find(filter)
-            .sort(sort)
-            .hint(self.hint(&query.index, by))
-            .limit(limit)
-            .await
-            .map_err(|err| hinted(err, &query.index))
+        let raw = self.raw(coll);
+        match raw.find(filter.clone()).sort(sort.clone()).hint(self.hint(&query.index, by)).limit(limit).await {
+            Err(err) if missing_hint(&err) => {
+                tracing::debug!(collection = coll, index = %query.index, "the hinted index is not there: read without the hint");
+                raw.find(filter).sort(sort).limit(limit).await.map_err(map_err)
+            }
+            read => read.map_err(map_err),
+        }
     }
 
     fn coll(&self, name: &str) -> Collection<Document> {
@@ -617,11 +616,15 @@ impl Store for MongoStore {
     }
 
     async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {
-        self.coll(coll)
-            .count_documents(query.filter.clone())
-            .hint(mongodb::options::Hint::Name(query.index.clone()))
-            .await
-            .map_err(|err| hinted(err, &query.index))
+        let collection = self.coll(coll);
+        let hint = mongodb::options::Hint::Name(query.index.clone());
+        match collection.count_documents(query.filter.clone()).hint(hint).await {
+            Err(err) if missing_hint(&err) => {
+                tracing::debug!(collection = coll, index = %query.index, "the hinted index is not there: count without the hint");
+                collection.count_documents(query.filter.clone()).await.map_err(map_err)
+            }
+            count => count.map_err(map_err),
+        }
     }
 
     async fn ensure_index(&self, coll: &str, index: IndexSpec) -> StoreResult<()> {

@@ -63,6 +63,7 @@ on_every_store!(
     a_scan_of_some_fields_reads_those,
     a_query_stops_at_its_byte_budget,
     a_dropped_index_is_gone_and_a_missing_one_drops_quietly,
+    a_query_along_an_index_not_there_reads_the_same_records,
 );
 
 /// `drop_index` removes the index (FerretDB 2.7's reply to it is one the
@@ -83,6 +84,26 @@ async fn a_dropped_index_is_gone_and_a_missing_one_drops_quietly(backend: Backen
     assert!(!names(s.indexes("c").await.unwrap()).contains(&"by_n".to_owned()));
     s.drop_index("c", "by_n").await.unwrap();
     s.drop_index("nowhere", "by_n").await.unwrap();
+}
+
+/// A query planned along an index the collection does not have (yet: a
+/// collection another instance is creating has its template indexes made
+/// one after another; or any more: dropped since the plan) answers the
+/// records it would have, not an error: on MongoDB the hinted read is
+/// refused, and the same read without the hint returns them.
+async fn a_query_along_an_index_not_there_reads_the_same_records(backend: Backend) {
+    use txgate::testing::store::scans::DOCS_STAGED;
+    let Some(ts) = store(backend).await else { return };
+    let s = &ts.store;
+    // A collection that has its first template index and not the others.
+    let fields = ["_meta.deleted", "_id"].map(str::to_owned).to_vec();
+    let live =
+        txgate::testing::store::IndexSpec { name: "live".into(), fields, unique: false, sparse: false, counted: false };
+    s.ensure_index("half", live).await.unwrap();
+    let staged = DOCS_STAGED.query(Bson::String("insert".into()), None, 10, 1 << 20);
+    let found = s.query("half", &staged).await.expect("a query along an index not there yet");
+    assert!(found.records.is_empty());
+    assert_eq!(s.count("half", &staged).await.expect("a count along it"), 0);
 }
 
 /// Where a store applies writes all or nothing, a chain of them lands
