@@ -17,8 +17,12 @@ use crate::store::{Bson, DateTime, Durability, StoreResult, Update, Write};
 use crate::txn::record::{Status, TXNS, TxnRecord};
 
 impl Indexes {
-    /// One pass over the builds and drops there are to do.
-    pub(crate) async fn pass(&self, stop: &CancellationToken) -> StoreResult<()> {
+    /// One pass over the builds and drops there are to do: drops at once,
+    /// builds each started as a task of its own unless running already.
+    /// A collection's builds run one after another; the collections'
+    /// take steps in turn (`turn`), so that a small collection's build
+    /// never waits for a large one's to end.
+    pub(crate) async fn pass(self: &Arc<Self>, stop: &CancellationToken) -> StoreResult<()> {
         for state in [State::Dropping, State::Building] {
             let found = self.store.scan(INDEXES, INDEXES_BY_STATE.scan(vec![state.to_bson()]).limit(100)).await?;
             for record in found {
@@ -36,19 +40,42 @@ impl Indexes {
                 if waited < GRACE.as_millis() as i64 {
                     continue;
                 }
-                // One that fails is tried again on the next pass; the others
-                // go on meanwhile.
-                let (coll, name) = (d.coll.clone(), d.name.clone());
-                let done = match state {
-                    State::Dropping => self.drop_now(&d).await,
-                    _ => self.build(d, stop).await,
-                };
-                if let Err(err) = done {
-                    tracing::warn!(collection = %coll, index = %name, error = %err, "index build or drop failed; retrying");
+                if state == State::Dropping {
+                    // One that fails is tried again on the next pass; the
+                    // others go on meanwhile.
+                    if let Err(err) = self.drop_now(&d).await {
+                        tracing::warn!(collection = %d.coll, index = %d.name, error = %err, "index drop failed; retrying");
+                    }
+                    continue;
                 }
+                if !self.running.lock().expect("running builds").insert(d.key.clone()) {
+                    continue;
+                }
+                let lane = Arc::clone(self.lanes.lock().expect("build lanes").entry(d.coll.clone()).or_default());
+                let (this, stop) = (Arc::clone(self), stop.clone());
+                self.tasks.spawn(async move {
+                    let key = d.key.clone();
+                    {
+                        let _lane = lane.lock().await;
+                        let (coll, name) = (d.coll.clone(), d.name.clone());
+                        if let Err(err) = this.build(d, &stop).await {
+                            tracing::warn!(collection = %coll, index = %name, error = %err, "index build failed; retrying");
+                        }
+                    }
+                    this.running.lock().expect("running builds").remove(&key);
+                    // A lane no build holds or waits for is let go.
+                    let mut lanes = this.lanes.lock().expect("build lanes");
+                    lanes.retain(|_, lane| Arc::strong_count(lane) > 1);
+                });
             }
         }
         Ok(())
+    }
+
+    /// Wait for the builds running to stop (they stop at `stop`).
+    pub(crate) async fn builds_stopped(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 
     async fn drop_now(&self, d: &Declaration) -> StoreResult<()> {
@@ -309,6 +336,7 @@ impl Indexes {
             if stop.is_cancelled() {
                 return Ok(());
             }
+            let turn = self.turn.lock().await;
             pace.start();
             let scan = DOCS_LIVE.scan(vec![Bson::Boolean(false)]).after(after.as_deref()).limit(BUILD_BATCH);
             let batch = self.store.scan(&d.coll, scan).await?;
@@ -335,13 +363,14 @@ impl Indexes {
             if !full {
                 break;
             }
+            pace.rest(stop).await;
+            drop(turn);
             if pace.renew() {
                 let progress = Progress { phase: "checking".into(), done, total };
                 if !self.lease(&mut d, Some(progress)).await? {
                     return Ok(());
                 }
             }
-            pace.rest(stop).await;
         }
         if !offenders.is_empty() {
             // The first documents' own breaks of the rule (an array, an
@@ -373,6 +402,7 @@ impl Indexes {
             if stop.is_cancelled() {
                 return Ok(());
             }
+            let turn = self.turn.lock().await;
             pace.start();
             let step = self.store.build_index_step(&d.coll, &d.physical, after.as_deref(), BUILD_BATCH).await?;
             let Some(next) = step else { break };
@@ -385,13 +415,14 @@ impl Indexes {
                 // documents, about 50 ms for two and 125 ms for ten).
                 self.store.build_index_step(&d.coll, &d.physical, None, 0).await?;
             }
+            pace.rest(stop).await;
+            drop(turn);
             if pace.renew() {
                 let progress = Progress { phase: "indexing".into(), done: done.min(total), total };
                 if !self.lease(&mut d, Some(progress)).await? {
                     return Ok(());
                 }
             }
-            pace.rest(stop).await;
         }
         // Every step durable before the index serves.
         self.store.build_index_step(&d.coll, &d.physical, None, 0).await?;
@@ -538,11 +569,11 @@ impl crate::worker::Worker for Builds {
                 tracing::warn!(error = %err, "index build pass failed; retrying");
             }
             tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => return self.indexes.builds_stopped().await,
                 () = self.indexes.wake.notified() => {
                     // A new declaration waits out its grace first.
                     tokio::select! {
-                        () = stop.cancelled() => return,
+                        () = stop.cancelled() => return self.indexes.builds_stopped().await,
                         () = tokio::time::sleep(GRACE) => {}
                     }
                 }

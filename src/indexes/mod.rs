@@ -221,6 +221,18 @@ pub struct Indexes {
     instance: String,
     /// Wakes the builder: a declaration or a deletion to act on.
     wake: tokio::sync::Notify,
+    /// The builds this instance runs (by declaration key), each a task of
+    /// its own.
+    running: Mutex<std::collections::HashSet<String>>,
+    /// One lane per collection: its builds run one after another.
+    lanes: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The turn a build holds for one step and its rest: taken in the
+    /// order asked for (tokio's mutex is fair), so every collection
+    /// building gets a step in turn and none waits behind more than one
+    /// step of each other's.
+    turn: tokio::sync::Mutex<()>,
+    /// The build tasks, waited for at shutdown.
+    tasks: tokio_util::task::TaskTracker,
 }
 
 /// Of `declared`, an index that is not ready (building, or failed) and
@@ -279,6 +291,10 @@ impl Indexes {
             generation: std::sync::atomic::AtomicU64::new(0),
             instance,
             wake: tokio::sync::Notify::new(),
+            running: Mutex::default(),
+            lanes: Mutex::default(),
+            turn: tokio::sync::Mutex::new(()),
+            tasks: tokio_util::task::TaskTracker::new(),
         })
     }
 

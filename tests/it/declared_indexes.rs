@@ -36,6 +36,7 @@ crate::on_both_backends!(
     a_create_that_waited_for_a_lock_keeps_an_index_declared_meanwhile,
     unique_values_belong_to_one_collections_index,
     an_index_name_shared_by_an_earlier_release_is_separated_and_rebuilt,
+    one_collections_builds_do_not_starve_anothers,
 );
 
 async fn indexed_paths_never_hold_arrays_or_objects(backend: Backend) {
@@ -1176,5 +1177,58 @@ async fn an_index_name_shared_by_an_earlier_release_is_separated_and_rebuilt(bac
     let dup =
         expect_problem(app.post(&docs_path("sa"), &json!({"email": "y@example.com"})).await, 409, "duplicate").await;
     assert_eq!(dup["existing"], "a2", "{dup}");
+    app.stop().await;
+}
+
+/// Builds are fair across collections: with eight indexes declared on a
+/// large collection whose every read is slow, an index declared at the same
+/// moment on a one-document collection (named to sort after it) is ready
+/// after a step or two of the others, not after all of them.
+async fn one_collections_builds_do_not_starve_anothers(backend: Backend) {
+    use crate::faulty::{Act, Op};
+    const INDEXES: usize = 8;
+    // Each read of the large collection's documents takes a while, so its
+    // builds take seconds each.
+    let rule = |op: &Op| {
+        if op.coll == "big" && op.kind == "scan" { Act::Delay(Duration::from_millis(250)) } else { Act::Pass }
+    };
+    let Some(app) = crate::faulty::rigged_app(backend, |_| {}, rule).await else { return };
+    for chunk in 0..(2_500 / 50) {
+        let actions: Vec<Value> = (0..50)
+            .map(|i| {
+                let k = chunk * 50 + i;
+                let data = json!({"f0": k, "f1": k, "f2": k, "f3": k, "f4": k, "f5": k, "f6": k, "f7": k});
+                json!({"op": "insert", "collection": "big", "id": format!("b{k:05}"), "data": data})
+            })
+            .collect();
+        expect(app.post("/v1/transactions", &json!({ "actions": actions })).await, 200).await;
+    }
+    create(&app, "small", "one", &json!({"g": 1})).await;
+    for i in 0..INDEXES {
+        put_index(&app, "big", &format!("f{i}"), &[&format!("f{i}")]).await;
+    }
+    put_index(&app, "small", "g", &["g"]).await;
+    let small = settled_index(&app, "small", "g").await;
+    assert_eq!(small["state"], "ready", "{small}");
+    let mut ready = 0;
+    for i in 0..INDEXES {
+        let index = expect(app.get(&format!("/v1/collections/big/indexes/f{i}")).await, 200).await;
+        ready += usize::from(index["state"] == "ready");
+    }
+    assert!(ready <= 2, "the small collection's index waited for {ready} of the large one's {INDEXES} builds");
+    for i in 0..INDEXES {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let index = expect(app.get(&format!("/v1/collections/big/indexes/f{i}")).await, 200).await;
+            if index["state"] == "ready" {
+                break;
+            }
+            assert_eq!(index["state"], "building", "{index}");
+            assert!(Instant::now() < deadline, "f{i} never became ready: {index}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let page = expect(query(&app, "big", &json!({"filter": {"f7": 42}})).await, 200).await;
+    assert_eq!(page["items"][0]["id"], "b00042", "{page}");
     app.stop().await;
 }
