@@ -205,8 +205,12 @@ impl App {
         ));
         let reads = Arc::new(reads::Reads::new(Arc::clone(&documents), Arc::clone(&events), config.txn.lock_wait));
         let conflicts = Arc::new(conflicts::Conflicts::new(Arc::clone(&documents), Arc::clone(&events)));
-        let subscriptions =
-            subscriptions::Subscriptions::new(Arc::clone(&store), Arc::clone(&events), Arc::clone(&hooks));
+        let subscriptions = subscriptions::Subscriptions::new(
+            Arc::clone(&store),
+            Arc::clone(&events),
+            Arc::clone(&hooks),
+            config.max_subscriptions_per_key,
+        );
         let collections =
             collections::Collections::new(Arc::clone(&store), Arc::clone(&events), config.txn.clock.clone());
         let stop = CancellationToken::new();
@@ -255,7 +259,7 @@ impl App {
             metrics: Arc::clone(&self.metrics),
             stop: self.stop.clone(),
             streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),
-            backups: http::admin::Backups::new(&config.store),
+            backups: http::admin::Backups::new(&config.store, config.backups.clone()),
             seal: seal::Seal::new(Arc::clone(&self.store)),
         });
         http::router(state, config)

@@ -27,7 +27,7 @@
 use crate::worker::Worker;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
@@ -48,6 +48,14 @@ const GAP_RETRY: Duration = Duration::from_millis(20);
 const PAGE: usize = 200;
 /// Documents whose deliveries are recorded at once.
 const CHAINS_AT_ONCE: usize = 32;
+/// How often the subscriptions are read again (other instances' creates
+/// and deletes; this instance's own at once).
+const RELOAD: Duration = Duration::from_secs(1);
+/// How far a subscription with nothing to deliver moves before its
+/// position is written...
+const PERSIST_LAG: u64 = 10_000;
+/// ...or how long.
+const PERSIST_EVERY: Duration = Duration::from_secs(30);
 
 /// A subscription as stored.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -68,6 +76,11 @@ pub struct Subscription {
     pub created_at: DateTime,
     /// The log position up to which its events are recorded as deliveries.
     pub position: i64,
+    /// The name of the API key that created it (none without keys, and for
+    /// subscriptions of earlier releases): each key may have
+    /// `TXGATE_MAX_SUBSCRIPTIONS_PER_KEY`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 impl Subscription {
@@ -99,21 +112,92 @@ pub struct Pass {
     pub more: bool,
 }
 
+/// Why a subscription was not created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// The key has as many subscriptions as it may.
+    #[error("the API key has {0} subscriptions, as many as it may")]
+    Limit(usize),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A subscription as this instance dispatches it.
+struct Known {
+    /// As stored (`position` as last written or read).
+    sub: Subscription,
+    filter: Filter,
+    /// The position its events are recorded as deliveries up to, as this
+    /// instance knows it: ahead of the stored one while it has had nothing
+    /// to deliver ([`PERSIST_LAG`], [`PERSIST_EVERY`]).
+    at: u64,
+    /// When its position was last written.
+    written: Instant,
+}
+
+/// This instance's copy of the subscriptions, read again every
+/// [`RELOAD`] (other instances' creates and deletes) and at once after its
+/// own.
+#[derive(Default)]
+struct Cache {
+    loaded: Option<Instant>,
+    subs: Vec<Known>,
+}
+
 pub struct Subscriptions {
     store: DynStore,
     log: Arc<Log>,
     hooks: Arc<Hooks>,
+    known: tokio::sync::Mutex<Cache>,
+    /// Set by a create or delete here: read the subscriptions again.
+    changed: std::sync::atomic::AtomicBool,
+    /// One create at a time on this instance, so that a key's count and
+    /// its new subscription are one step.
+    creating: tokio::sync::Mutex<()>,
+    /// Subscriptions one key may have (`TXGATE_MAX_SUBSCRIPTIONS_PER_KEY`).
+    per_key: usize,
 }
 
 impl Subscriptions {
-    pub fn new(store: DynStore, log: Arc<Log>, hooks: Arc<Hooks>) -> Arc<Self> {
-        Arc::new(Self { store, log, hooks })
+    pub fn new(store: DynStore, log: Arc<Log>, hooks: Arc<Hooks>, per_key: usize) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            log,
+            hooks,
+            known: tokio::sync::Mutex::default(),
+            changed: std::sync::atomic::AtomicBool::new(false),
+            creating: tokio::sync::Mutex::new(()),
+            per_key,
+        })
     }
 
-    /// A new subscription to `url`, receiving the events appended from now
-    /// on that `filter` wants. Synced: a subscription the client was told
-    /// about survives.
-    pub async fn create(&self, url: String, filter: Filter) -> StoreResult<Subscription> {
+    /// How many subscriptions the key named `key` (`None`: no keys) has.
+    async fn count_of(&self, key: Option<&str>) -> StoreResult<usize> {
+        let (mut n, mut after) = (0, None::<String>);
+        loop {
+            let scan = scans::SUBSCRIPTIONS.scan(Vec::new()).after(after.as_deref()).limit(PAGE);
+            let records = self.store.scan(SUBSCRIPTIONS, scan).await?;
+            let full = records.len() == PAGE;
+            after = records.last().and_then(crate::store::record_id).map(str::to_owned);
+            n += records.iter().filter(|r| r.get_str("key").ok() == key).count();
+            if !full {
+                return Ok(n);
+            }
+        }
+    }
+
+    /// A new subscription to `url` for the key named `key`, receiving the
+    /// events appended from now on that `filter` wants, unless the key has
+    /// as many as it may already. Synced: a subscription the client was told about
+    /// survives. (Creates on several instances at once can each count
+    /// before the others insert: a key can end up with one more per
+    /// instance creating for it at that moment.)
+    pub async fn create(&self, url: String, filter: Filter, key: Option<String>) -> Result<Subscription, CreateError> {
+        let _one = self.creating.lock().await;
+        let has = self.count_of(key.as_deref()).await?;
+        if has >= self.per_key {
+            return Err(CreateError::Limit(has));
+        }
         let Filter { collections, types, within } = filter;
         // The end of the log (with the events of every answer this
         // instance gave before: those are not "from now on"); after a
@@ -129,10 +213,12 @@ impl Subscriptions {
             within,
             created_at: self.hooks.clock.now(),
             position,
+            key,
         };
         if !self.store.insert(SUBSCRIPTIONS, sub.to_record()).await? {
-            return Err(StoreError::Internal(format!("subscription id {} taken", sub.id)));
+            return Err(StoreError::Internal(format!("subscription id {} taken", sub.id)).into());
         }
+        self.changed.store(true, std::sync::atomic::Ordering::SeqCst);
         tracing::info!(subscription.id = %sub.id, url = %crate::hooks::redact_url(&sub.url), position, "subscription created");
         Ok(sub)
     }
@@ -151,16 +237,17 @@ impl Subscriptions {
     pub async fn delete(&self, id: &str) -> StoreResult<bool> {
         let gone = self.store.delete(SUBSCRIPTIONS, id, crate::store::shape::any()).await?;
         if gone {
+            self.changed.store(true, std::sync::atomic::Ordering::SeqCst);
             tracing::info!(subscription.id = %id, "subscription deleted");
         }
         Ok(gone)
     }
 
-    /// One pass over every subscription. One that fails (a record it
-    /// cannot read, a delivery the store refuses) is logged and passed
-    /// over: the others go on.
-    pub async fn pass(&self) -> StoreResult<Pass> {
-        let mut pass = Pass::default();
+    /// Read the subscriptions again, keeping what this instance knows of
+    /// the positions of those it knew.
+    async fn reload(&self, cache: &mut Cache) -> StoreResult<()> {
+        self.changed.store(false, std::sync::atomic::Ordering::SeqCst);
+        let mut old: HashMap<String, Known> = cache.subs.drain(..).map(|k| (k.sub.id.clone(), k)).collect();
         let mut after: Option<String> = None;
         loop {
             let scan = scans::SUBSCRIPTIONS.scan(Vec::new()).after(after.as_deref()).limit(PAGE);
@@ -169,48 +256,127 @@ impl Subscriptions {
             after = records.last().and_then(crate::store::record_id).map(str::to_owned);
             for record in records {
                 let id = crate::store::record_id(&record).unwrap_or_default().to_owned();
-                let step = match Subscription::from_record(record) {
-                    Ok(sub) => self.dispatch(&sub).await,
-                    Err(err) => Err(err),
-                };
-                match step {
-                    Ok(step) => {
-                        pass.recorded += step.recorded;
-                        pass.gap |= step.gap;
-                        pass.more |= step.more;
-                    }
+                let sub = match Subscription::from_record(record) {
+                    Ok(sub) => sub,
                     Err(err) => {
-                        tracing::warn!(subscription.id = %id, error = %err, "dispatch of a subscription failed; it is tried again next pass");
+                        tracing::warn!(subscription.id = %id, error = %err, "a subscription cannot be read; it is not dispatched");
+                        continue;
                     }
-                }
+                };
+                let known = match old.remove(&sub.id) {
+                    Some(mut k) => {
+                        k.at = k.at.max(sub.position());
+                        k.sub = sub;
+                        k
+                    }
+                    None => Known { filter: sub.filter(), at: sub.position(), written: Instant::now(), sub },
+                };
+                cache.subs.push(known);
             }
             if !full {
-                return Ok(pass);
+                break;
             }
         }
+        cache.loaded = Some(Instant::now());
+        Ok(())
     }
 
-    /// Record the deliveries of `sub`'s events after its position (one
-    /// read's worth), then move its position past them.
-    pub async fn dispatch(&self, sub: &Subscription) -> StoreResult<Pass> {
-        let batch = match self.log.read(sub.position(), READ_BATCH).await {
+    /// One pass: one read of the log after the position of the
+    /// subscription furthest behind, each event handed to the
+    /// subscriptions of its collections (and those of every collection)
+    /// that want it, their deliveries recorded and their positions moved.
+    /// A subscription with nothing to deliver costs no write: its position
+    /// moves here and is written every [`PERSIST_LAG`] positions or
+    /// [`PERSIST_EVERY`]. One that fails (a delivery the store refuses) is
+    /// logged and stays where it was: the others go on.
+    pub async fn pass(&self) -> StoreResult<Pass> {
+        let mut cache = self.known.lock().await;
+        let stale = cache.loaded.is_none_or(|at| at.elapsed() >= RELOAD);
+        if stale || self.changed.load(std::sync::atomic::Ordering::SeqCst) {
+            self.reload(&mut cache).await?;
+        }
+        let Some(from) = cache.subs.iter().map(|k| k.at).min() else { return Ok(Pass::default()) };
+        let batch = match self.log.read(from, READ_BATCH).await {
             Ok(batch) => batch,
-            Err(ReadError::Expired { after, floor }) => {
-                // Its events were purged before they could be recorded (it
-                // was not dispatched for a whole retention): go on from the
+            Err(ReadError::Expired { floor, .. }) => {
+                // Their events were purged before they could be recorded
+                // (not dispatched for a whole retention): go on from the
                 // oldest retained one.
-                tracing::error!(subscription.id = %sub.id, after, floor, "events purged before their deliveries were recorded; they are lost to this subscription");
-                self.advance(sub, floor).await?;
+                for k in cache.subs.iter_mut().filter(|k| k.at < floor) {
+                    tracing::error!(subscription.id = %k.sub.id, after = k.at, floor, "events purged before their deliveries were recorded; they are lost to this subscription");
+                    k.at = floor;
+                    self.write_position(k).await?;
+                }
                 return Ok(Pass { more: true, ..Pass::default() });
             }
             Err(ReadError::Store(err)) => return Err(err),
         };
-        let filter = sub.filter();
-        // The wanted events, by document (a transaction's own event is its
-        // own chain), each chain in position order.
+        // Who may want an event of a collection: those that name it (or,
+        // limited to some collections, may see it), and those of every
+        // collection.
+        let mut by_collection: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut everywhere: Vec<usize> = Vec::new();
+        for (i, k) in cache.subs.iter().enumerate() {
+            match k.filter.collections.as_ref().or(k.filter.within.as_ref()) {
+                Some(colls) => colls.iter().for_each(|c| by_collection.entry(c.as_str()).or_default().push(i)),
+                None => everywhere.push(i),
+            }
+        }
+        let mut wanted: std::collections::BTreeMap<usize, Vec<Arc<Ready>>> = Default::default();
+        for event in &batch.events {
+            let e = &event.event;
+            let mut candidates = everywhere.clone();
+            let colls = e.collection.iter().chain(e.members.iter().flatten().map(|m| &m.collection));
+            for c in colls {
+                candidates.extend(by_collection.get(c.as_str()).into_iter().flatten());
+            }
+            candidates.sort_unstable();
+            candidates.dedup();
+            for i in candidates {
+                let k = &cache.subs[i];
+                if e.seq > k.at && k.filter.wants(e) {
+                    wanted.entry(i).or_default().push(Arc::clone(event));
+                }
+            }
+        }
+        drop(by_collection);
+        let mut pass = Pass { gap: batch.gap, more: batch.more, ..Pass::default() };
+        let mut failed = std::collections::BTreeSet::new();
+        for (i, events) in wanted {
+            let k = &mut cache.subs[i];
+            match self.record(&k.sub, events).await {
+                Ok(recorded) => {
+                    pass.recorded += recorded;
+                    k.at = k.at.max(batch.next);
+                    self.write_position(k).await?;
+                }
+                Err(err) => {
+                    failed.insert(i);
+                    tracing::warn!(subscription.id = %k.sub.id, error = %err, "dispatch of a subscription failed; it is tried again next pass");
+                }
+            }
+        }
+        for (i, k) in cache.subs.iter_mut().enumerate() {
+            if failed.contains(&i) || k.at >= batch.next {
+                continue;
+            }
+            k.at = batch.next;
+            if k.at - k.sub.position() >= PERSIST_LAG || k.written.elapsed() >= PERSIST_EVERY {
+                self.write_position(k).await?;
+            }
+        }
+        // One that failed holds the read back: wait before trying again.
+        pass.more &= failed.is_empty();
+        Ok(pass)
+    }
+
+    /// Record the deliveries of `events` (in position order) for `sub`.
+    async fn record(&self, sub: &Subscription, events: Vec<Arc<Ready>>) -> StoreResult<usize> {
+        // By document (a transaction's own event is its own chain), each
+        // chain in position order.
         let mut chains: Vec<Vec<Arc<Ready>>> = Vec::new();
         let mut by_doc: HashMap<(String, String), usize> = HashMap::new();
-        for event in batch.events.into_iter().filter(|r| filter.wants(&r.event)) {
+        for event in events {
             match (&event.event.collection, &event.event.document) {
                 (Some(c), Some(d)) => {
                     let i = *by_doc.entry((c.clone(), d.clone())).or_insert_with(|| {
@@ -227,16 +393,29 @@ impl Subscriptions {
             .buffer_unordered(CHAINS_AT_ONCE)
             .try_collect()
             .await?;
-        if batch.next > sub.position() {
-            self.advance(sub, batch.next).await?;
+        Ok(recorded.into_iter().sum())
+    }
+
+    /// Write `k`'s position as this instance knows it. Another instance
+    /// that moved it (or a delete) meanwhile wins: the subscriptions are
+    /// read again on the next pass.
+    async fn write_position(&self, k: &mut Known) -> StoreResult<()> {
+        k.written = Instant::now();
+        if k.at <= k.sub.position() {
+            return Ok(());
         }
-        Ok(Pass { recorded: recorded.into_iter().sum(), gap: batch.gap, more: batch.more })
+        if self.advance(&k.sub, k.at).await? {
+            k.sub.position = i64::try_from(k.at).unwrap_or(i64::MAX);
+        } else {
+            self.changed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(())
     }
 
     /// Move `sub`'s position from where it was read to `to` (unless another
     /// instance moved it, or it was deleted, meanwhile). Unsynced: it
     /// follows the deliveries it covers, and a lost move records them again.
-    async fn advance(&self, sub: &Subscription, to: u64) -> StoreResult<()> {
+    async fn advance(&self, sub: &Subscription, to: u64) -> StoreResult<bool> {
         /// The position a subscription has recorded deliveries up to.
         #[derive(serde::Serialize)]
         struct Position {
@@ -244,8 +423,7 @@ impl Subscriptions {
         }
         let to = Update::fields(&Position { position: i64::try_from(to).unwrap_or(i64::MAX) });
         let from = crate::store::shape::fields(&Position { position: sub.position });
-        self.store.unsynced().update(SUBSCRIPTIONS, &sub.id, from, to).await?;
-        Ok(())
+        self.store.unsynced().update(SUBSCRIPTIONS, &sub.id, from, to).await
     }
 
     /// Record the deliveries of one document's events (in position order).

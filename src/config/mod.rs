@@ -32,6 +32,10 @@ pub struct Config {
     pub max_streams: usize,
     /// Event streams one API key may have open at once on this instance.
     pub max_streams_per_key: usize,
+    /// Subscriptions one API key may have.
+    pub max_subscriptions_per_key: usize,
+    /// What backups may take of the data's disk.
+    pub backups: Backups,
     /// Time to receive a whole request body.
     pub body_timeout: Duration,
     /// Time to receive a request's headers (and longest idle time of a
@@ -48,6 +52,21 @@ pub struct Config {
     pub cors: Cors,
 }
 
+/// What backups of the embedded store may take of the data's disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Backups {
+    /// Free space a backup must leave, in bytes.
+    pub reserve_bytes: u64,
+    /// Backups kept; the oldest beyond are removed after a new one.
+    pub kept: usize,
+}
+
+impl Default for Backups {
+    fn default() -> Self {
+        Self { reserve_bytes: 1 << 30, kept: 5 }
+    }
+}
+
 /// Which origins may call from a browser.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Cors {
@@ -60,6 +79,16 @@ pub enum Cors {
 }
 
 impl Cors {
+    /// Whether `origin` (an `Origin` header's value) is one the list
+    /// allows; `*` allows any but `null` (a sandboxed page's).
+    pub fn lists(&self, origin: &str) -> bool {
+        match self {
+            Cors::None => false,
+            Cors::Any => origin != "null",
+            Cors::Origins(list) => list.iter().any(|o| o == origin),
+        }
+    }
+
     /// Parse `TXGATE_CORS_ORIGINS`.
     pub fn parse(spec: &str) -> Result<Self, String> {
         let items: Vec<&str> = spec.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
@@ -157,6 +186,8 @@ impl Default for Config {
             max_concurrency_per_key: 256,
             max_streams: 1000,
             max_streams_per_key: 250,
+            max_subscriptions_per_key: 100,
+            backups: Backups::default(),
             body_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
             // Docker's default grace period is 10 s: the store's close

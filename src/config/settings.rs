@@ -173,6 +173,18 @@ pub struct Settings {
     /// (default: a quarter of max_streams); beyond, 429 for that key only.
     #[arg(long, global = true, env = "TXGATE_MAX_STREAMS_PER_KEY")]
     pub max_streams_per_key: Option<usize>,
+    /// Subscriptions one API key may have (created with it and not
+    /// deleted); beyond, 409 `subscription_limit`.
+    #[arg(long, global = true, env = "TXGATE_MAX_SUBSCRIPTIONS_PER_KEY")]
+    pub max_subscriptions_per_key: Option<usize>,
+    /// Free space, in MiB, a backup must leave on the data's disk: one that
+    /// would leave less is refused (507 `insufficient_storage`).
+    #[arg(long, global = true, env = "TXGATE_BACKUP_RESERVE_MB")]
+    pub backup_reserve_mb: Option<u64>,
+    /// Backups kept in `<data dir>/backups`: once a new one is written, the
+    /// oldest beyond this many are removed.
+    #[arg(long, global = true, env = "TXGATE_BACKUPS_KEPT")]
+    pub backups_kept: Option<usize>,
     /// Time a client has to send a whole request body, in milliseconds
     /// (408 beyond, and the connection closes).
     #[arg(long, global = true, env = "TXGATE_BODY_TIMEOUT_MS")]
@@ -298,6 +310,9 @@ impl Settings {
             max_concurrency_per_key: self.max_concurrency_per_key.or(file.max_concurrency_per_key),
             max_streams: self.max_streams.or(file.max_streams),
             max_streams_per_key: self.max_streams_per_key.or(file.max_streams_per_key),
+            max_subscriptions_per_key: self.max_subscriptions_per_key.or(file.max_subscriptions_per_key),
+            backup_reserve_mb: self.backup_reserve_mb.or(file.backup_reserve_mb),
+            backups_kept: self.backups_kept.or(file.backups_kept),
             body_timeout_ms: self.body_timeout_ms.or(file.body_timeout_ms),
             header_timeout_ms: self.header_timeout_ms.or(file.header_timeout_ms),
             shutdown_timeout_ms: self.shutdown_timeout_ms.or(file.shutdown_timeout_ms),
@@ -452,6 +467,17 @@ impl Settings {
             max_streams_per_key: match settings.max_streams_per_key {
                 Some(0) => return Err("max_streams_per_key must be greater than 0".into()),
                 v => v.unwrap_or((max_streams / 4).max(1)),
+            },
+            max_subscriptions_per_key: match settings.max_subscriptions_per_key {
+                Some(0) => return Err("max_subscriptions_per_key must be greater than 0".into()),
+                v => v.unwrap_or(defaults.max_subscriptions_per_key),
+            },
+            backups: crate::config::Backups {
+                reserve_bytes: settings.backup_reserve_mb.map_or(defaults.backups.reserve_bytes, |mb| mb << 20),
+                kept: match settings.backups_kept {
+                    Some(0) => return Err("backups_kept must be greater than 0".into()),
+                    v => v.unwrap_or(defaults.backups.kept),
+                },
             },
             body_timeout: positive("body_timeout_ms", settings.body_timeout_ms, defaults.body_timeout)?,
             header_timeout: positive("header_timeout_ms", settings.header_timeout_ms, defaults.header_timeout)?,

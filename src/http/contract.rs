@@ -392,11 +392,18 @@ pub(crate) fn document(derived: utoipa::openapi::OpenApi) -> Value {
     }
     let paths = doc["paths"].as_object_mut().expect("paths");
     for item in paths.values_mut() {
-        for operation in item.as_object_mut().expect("a path item").values_mut() {
+        for (method, operation) in item.as_object_mut().expect("a path item").iter_mut() {
             let Some(id) = operation.get("operationId").and_then(Value::as_str).map(str::to_owned) else { continue };
             let responses = operation["responses"].as_object_mut().expect("responses");
             assert!(responses.contains_key("431"), "{id} declares no problems (`problems!`)");
             let public = !responses.contains_key("401");
+            // Without API keys, what changes something is refused from
+            // another origin (`limits::same_origin`).
+            if !matches!(method.as_str(), "get" | "head" | "options") {
+                use super::error::ProblemCode::{CrossOrigin, Forbidden};
+                let codes: &[_] = if public { &[CrossOrigin] } else { &[Forbidden, CrossOrigin] };
+                responses.insert("403".into(), super::problems::problem_response(codes));
+            }
             for response in responses.values_mut() {
                 let Some(headers) = response.get_mut("headers").and_then(Value::as_object_mut) else { continue };
                 for (name, header) in headers.iter_mut() {

@@ -72,6 +72,7 @@ problem_codes! {
     CursorBeyondHead => "cursor_beyond_head", 400, Problem, "the event cursor is past the log's last position: no event has had it yet";
     Unauthorized => "unauthorized", 401, Problem, "no API key, or not a valid one";
     Forbidden => "forbidden", 403, Problem, "the API key lacks the scope (or, with no keys configured, the `Host` is not a loopback name)";
+    CrossOrigin => "cross_origin", 403, Problem, "with no API keys configured, a request that changes something came from a web page of another origin (`Origin` neither the gateway's own nor in `TXGATE_CORS_ORIGINS`, or `Sec-Fetch-Site: cross-site`)";
     NotFound => "not_found", 404, Problem, "never existed (or purged after its retention)";
     MethodNotAllowed => "method_not_allowed", 405, Problem, "the method is not allowed on this resource";
     AlreadyExists => "already_exists", 409, AlreadyExists, "a live document has this id";
@@ -82,6 +83,7 @@ problem_codes! {
     AlreadyCommitted => "already_committed", 409, Problem, "a committed transaction cannot be aborted";
     DeliveryPending => "delivery_pending", 409, Problem, "the delivery is queued or in flight already";
     Duplicate => "duplicate", 409, Duplicate, "a unique index holds the value for another document: `index` names the index, `existing` the document";
+    SubscriptionLimit => "subscription_limit", 409, Problem, "the API key has as many subscriptions as it may (`TXGATE_MAX_SUBSCRIPTIONS_PER_KEY`); delete one first";
     IndexLimit => "index_limit", 409, Problem, "the collection has as many indexes as it may (32); delete one first";
     IndexExists => "index_exists", 409, Problem, "an index of this name exists with another definition (or is being dropped), or another index is on the same fields; delete it first";
     BackupUnsupported => "backup_unsupported", 409, Problem, "this store has no online backup; use the database's own tools";
@@ -98,6 +100,7 @@ problem_codes! {
     IdempotencyKeyReused => "idempotency_key_reused", 422, ValidationFailed, "the `Idempotency-Key` was used with another body";
     HookNotAllowed => "hook_not_allowed", 422, ValidationFailed, "a hook destination is not allowed";
     DocumentRejected => "document_rejected", 422, ValidationFailed, "the store refused the document";
+    InsufficientStorage => "insufficient_storage", 507, Problem, "a backup would leave less free space on the data's disk than the reserve (`TXGATE_BACKUP_RESERVE_MB`)";
     HeadersTooLarge => "headers_too_large", 431, Problem, "the request's header fields are larger or more numerous than the limit";
     Overloaded => "overloaded", 429, Problem, "too many requests are being served at once; retry after `Retry-After`";
     Internal => "internal", 500, Problem, "an internal error";

@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 
 use super::error::{ApiError, ProblemCode};
+use crate::config::Cors;
 
 /// How long a refused client is asked to wait.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -181,6 +182,54 @@ pub(crate) async fn loopback_host(req: Request, next: Next) -> Response {
          (localhost, 127.0.0.1, [::1], with an optional port)",
     )
     .into_response()
+}
+
+/// On a gateway without API keys, a request that changes something
+/// (any method but `GET`, `HEAD` and `OPTIONS`) from another origin is
+/// refused with 403 `cross_origin` before its body is read: a web page the
+/// operator's browser visits can send a "simple" cross-site `POST`
+/// (`Content-Type: text/plain`, no preflight) to a loopback gateway, and
+/// without keys nothing else stops it. Allowed: an `Origin` that is the
+/// gateway's own (`http://` or `https://` and the request's `Host`) or one
+/// `TXGATE_CORS_ORIGINS` lists (`*`: any but `null`); no `Origin` unless
+/// `Sec-Fetch-Site: cross-site` says a browser sent it from another site
+/// (clients that are not browsers send neither).
+pub(crate) async fn same_origin(State(cors): State<Arc<Cors>>, req: Request, next: Next) -> Response {
+    use axum::http::Method;
+    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+        return next.run(req).await;
+    }
+    let headers = req.headers();
+    let mut origins = headers.get_all(header::ORIGIN).iter();
+    let allowed = match (origins.next(), origins.next()) {
+        (None, _) => headers.get("sec-fetch-site").is_none_or(|site| site.as_bytes() != b"cross-site"),
+        (Some(origin), None) => origin.to_str().is_ok_and(|origin| {
+            let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+            host.is_some_and(|host| own_origin(origin, host)) || cors.lists(origin)
+        }),
+        // Two `Origin` fields: no browser sends that.
+        (Some(_), Some(_)) => false,
+    };
+    if allowed {
+        return next.run(req).await;
+    }
+    tracing::debug!(method = %req.method(), "request refused: from another origin, without API keys");
+    ApiError::new(
+        ProblemCode::CrossOrigin,
+        "without API keys the gateway takes requests that change something only from its own origin or one \
+         TXGATE_CORS_ORIGINS lists",
+    )
+    .into_response()
+}
+
+/// Whether `origin` is the gateway's own when it is reached as `host`:
+/// `http://` or `https://` (behind a proxy that ends TLS) and that
+/// authority, compared as browsers serialize origins.
+fn own_origin(origin: &str, host: &str) -> bool {
+    ["http", "https"].iter().any(|scheme| {
+        url::Url::parse(&format!("{scheme}://{host}"))
+            .is_ok_and(|own| own.origin().ascii_serialization().eq_ignore_ascii_case(origin))
+    })
 }
 
 /// Whether `host` (a `Host` header or a target's authority) is exactly a

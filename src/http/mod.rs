@@ -194,6 +194,9 @@ pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router 
             Arc::new(tokio::sync::Semaphore::new(config.max_concurrency.max(1))),
             limits::limit,
         ))
+        .layer(tower::util::option_layer(
+            keyless.then(|| axum::middleware::from_fn_with_state(Arc::new(config.cors.clone()), limits::same_origin)),
+        ))
         .layer(tower::util::option_layer(keyless.then(|| axum::middleware::from_fn(limits::loopback_host))))
         .layer(axum::middleware::from_fn(limits::head_limits))
         .layer(axum::middleware::from_fn(limits::close_after_early_refusal))

@@ -261,7 +261,7 @@ macro_rules! problems {
 pub(crate) use problems;
 
 /// A response for the problems of one status.
-fn problem_response(codes: &[ProblemCode]) -> Value {
+pub(super) fn problem_response(codes: &[ProblemCode]) -> Value {
     let mut families: Vec<Family> = codes.iter().map(|c| c.family()).collect();
     families.sort();
     families.dedup();

@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::Access;
 use super::contract::{Collection, HookUrl};
-use super::error::ApiError;
+use super::error::{ApiError, ProblemCode};
 use super::events::event_type;
 use super::extract::present;
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body};
@@ -24,7 +24,7 @@ use crate::document::rules::{Invalid, check_collection};
 use crate::events::{EventType, Filter};
 use crate::keys::Scope;
 use crate::seal::List;
-use crate::subscriptions::Subscription;
+use crate::subscriptions::{CreateError, Subscription};
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -164,7 +164,7 @@ fn check(input: &SubscriptionIn, state: &AppState) -> Result<Filters, ApiError> 
 
 problems!(
     /// What `v1.subscriptions.create` can answer besides its success.
-    CreateProblems = Problems::of(&[ValidationFailed, HookNotAllowed]).with_body()
+    CreateProblems = Problems::of(&[ValidationFailed, HookNotAllowed, SubscriptionLimit]).with_body()
 );
 
 /// Create a subscription
@@ -177,7 +177,9 @@ problems!(
 /// is listed under `/v1/deliveries`, and can be replayed there. One
 /// document's events are delivered in version order. With an API key
 /// limited to some collections, `collections` may name those only, and
-/// only events that tell of nothing else are delivered.
+/// only events that tell of nothing else are delivered. Each API key may
+/// have `TXGATE_MAX_SUBSCRIPTIONS_PER_KEY` subscriptions (100 by default;
+/// 409 `subscription_limit` beyond).
 #[utoipa::path(
     post,
     path = "/v1/subscriptions",
@@ -202,7 +204,19 @@ pub(crate) async fn create_subscription(
     access.check_all(Scope::Write, collections.iter().flatten().map(String::as_str))?;
     let within = access.collections(Scope::Read);
     let filter = Filter { collections, types, within };
-    let sub = state.subscriptions.create(input.url, filter).await?;
+    let sub = match state.subscriptions.create(input.url, filter, crate::keys::acting()).await {
+        Ok(sub) => sub,
+        Err(CreateError::Store(err)) => return Err(err.into()),
+        Err(CreateError::Limit(has)) => {
+            return Err(ApiError::new(
+                ProblemCode::SubscriptionLimit,
+                format!(
+                    "this API key has {has} subscriptions, as many as it may (TXGATE_MAX_SUBSCRIPTIONS_PER_KEY); \
+                     delete one first"
+                ),
+            ));
+        }
+    };
     let location = format!("/v1/subscriptions/{}", sub.id);
     let mut response = (StatusCode::CREATED, axum::Json(SubscriptionOut::from(sub))).into_response();
     if let Ok(value) = HeaderValue::from_str(&location) {

@@ -258,3 +258,44 @@ async fn backups_need_the_admin_scope() {
     backup_path(&app, &expect(res, 201).await);
     app.stop().await;
 }
+
+/// A backup that would leave less free space on the data's disk than the
+/// reserve is refused before anything is written (507
+/// `insufficient_storage`): a full disk would fail the journal's next
+/// write, and the store with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_that_would_eat_into_the_reserve_is_refused() {
+    let app = TestApp::spawn_with(Backend::Embedded, |c| c.backups.reserve_bytes = u64::MAX / 2).await.unwrap();
+    expect(app.post(&format!("/v1/collections/{COLL}/documents"), &json!({"_id": doc_id(1), "n": 1})).await, 201).await;
+    let problem =
+        expect_problem(app.request(Method::POST, BACKUP).send().await.unwrap(), 507, "insufficient_storage").await;
+    assert!(problem["detail"].as_str().unwrap().contains("TXGATE_BACKUP_RESERVE_MB"), "{problem}");
+    let backups = data_dir(&app).join("backups");
+    assert!(!backups.exists() || std::fs::read_dir(&backups).unwrap().count() == 0, "nothing written");
+    // The store goes on.
+    expect(app.post(&format!("/v1/collections/{COLL}/documents"), &json!({"_id": doc_id(2), "n": 2})).await, 201).await;
+    app.stop().await;
+}
+
+/// Once a backup is written, the oldest beyond `TXGATE_BACKUPS_KEPT` are
+/// removed and named in the answer; what is not a backup is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backups_beyond_the_number_kept_are_removed_oldest_first() {
+    let app = TestApp::spawn_with(Backend::Embedded, |c| c.backups.kept = 2).await.unwrap();
+    expect(app.post(&format!("/v1/collections/{COLL}/documents"), &json!({"_id": doc_id(1), "n": 1})).await, 201).await;
+    let mut taken = Vec::new();
+    for _ in 0..2 {
+        let answer = expect(app.request(Method::POST, BACKUP).send().await.unwrap(), 201).await;
+        assert_eq!(answer["removed"], json!([]), "{answer}");
+        taken.push(backup_path(&app, &answer));
+        // Names sort by the second they were taken in.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    let other = data_dir(&app).join("backups").join("copied-by-hand");
+    std::fs::create_dir(&other).unwrap();
+    let answer = expect(app.request(Method::POST, BACKUP).send().await.unwrap(), 201).await;
+    let newest = backup_path(&app, &answer);
+    assert_eq!(answer["removed"], json!([taken[0].to_str().unwrap()]), "{answer}");
+    assert!(!taken[0].exists() && taken[1].exists() && newest.exists() && other.exists());
+    app.stop().await;
+}

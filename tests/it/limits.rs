@@ -108,6 +108,101 @@ async fn a_keyless_gateway_answers_only_loopback_hosts() {
     app.stop().await;
 }
 
+/// Without API keys, a web page of another origin cannot change anything
+/// through the operator's browser, not even with a "simple" request
+/// (`text/plain`, no preflight): 403 `cross_origin` before the body is
+/// read. The gateway's own pages, listed origins and clients that are not
+/// browsers go on; reads are not refused (CORS keeps their answers from
+/// the page).
+#[tokio::test]
+async fn a_keyless_gateway_takes_changes_only_from_its_own_origin() {
+    let app = TestApp::spawn(Backend::Embedded).await.unwrap();
+    let port = app.base.rsplit(':').next().unwrap().to_owned();
+    let docs = "/v1/collections/a/documents";
+    let send = |method: Method, path: &str, headers: &[(&str, String)]| {
+        let mut req = app.request(method, path).header("content-type", "text/plain").body(r#"{"_id":"x"}"#);
+        for (name, value) in headers {
+            req = req.header(*name, value);
+        }
+        req.send()
+    };
+    let evil = ("origin", "https://evil.example".to_owned());
+    for (method, path) in [
+        (Method::POST, docs.to_owned()),
+        (Method::PUT, format!("{docs}/x")),
+        (Method::PATCH, format!("{docs}/x")),
+        (Method::DELETE, format!("{docs}/x")),
+        (Method::POST, "/v1/transactions".to_owned()),
+        (Method::POST, "/v1/admin/backup".to_owned()),
+        (Method::POST, "/v1/subscriptions".to_owned()),
+    ] {
+        for headers in [
+            vec![evil.clone()],
+            vec![("origin", "null".to_owned())],
+            vec![("origin", format!("http://localhost:{port}"))],
+            vec![("sec-fetch-site", "cross-site".to_owned())],
+            vec![evil.clone(), ("origin", app.base.clone())],
+        ] {
+            let res = send(method.clone(), &path, &headers).await.unwrap();
+            expect_problem(res, 403, "cross_origin").await;
+        }
+    }
+    expect_problem(app.get(&format!("{docs}/x")).await, 404, "not_found").await;
+    let data_dir = match &app.config.store {
+        txgate::config::StoreConfig::Embedded { data_dir, .. } => data_dir.clone(),
+        _ => unreachable!(),
+    };
+    assert!(!data_dir.join("backups").exists(), "no backup was taken");
+    // Reads are not refused.
+    let res = app.request(Method::GET, docs).header("origin", "https://evil.example").send().await.unwrap();
+    expect(res, 200).await;
+    // Its own origin (as the console sends it), a same-origin fetch
+    // without `Origin`, a client that is not a browser.
+    let own = [("origin", app.base.clone())];
+    expect_problem(send(Method::POST, docs, &own).await.unwrap(), 415, "unsupported_media_type").await;
+    let res = app.request(Method::POST, docs).header("origin", &app.base).json(&json!({"_id": "a"})).send().await;
+    expect(res.unwrap(), 201).await;
+    let res = app
+        .request(Method::POST, docs)
+        .header("host", format!("localhost:{port}"))
+        .header("origin", format!("http://localhost:{port}"))
+        .json(&json!({"_id": "b"}))
+        .send()
+        .await;
+    expect(res.unwrap(), 201).await;
+    let res = app.request(Method::POST, docs).header("sec-fetch-site", "same-origin").json(&json!({"_id": "c"})).send();
+    expect(res.await.unwrap(), 201).await;
+    expect(app.post(docs, &json!({"_id": "d"})).await, 201).await;
+    app.stop().await;
+
+    // Origins TXGATE_CORS_ORIGINS lists may change things; `*` any but `null`.
+    let listed = "https://app.example";
+    let app = TestApp::spawn_with(Backend::Embedded, |c| c.cors = txgate::config::Cors::parse(listed).unwrap())
+        .await
+        .unwrap();
+    let res = app.request(Method::POST, docs).header("origin", listed).json(&json!({"_id": "a"})).send().await;
+    expect(res.unwrap(), 201).await;
+    let res = app.request(Method::POST, docs).header("origin", "https://evil.example").json(&json!({"_id": "b"}));
+    expect_problem(res.send().await.unwrap(), 403, "cross_origin").await;
+    app.stop().await;
+    let app =
+        TestApp::spawn_with(Backend::Embedded, |c| c.cors = txgate::config::Cors::parse("*").unwrap()).await.unwrap();
+    let res = app.request(Method::POST, docs).header("origin", "https://any.example").json(&json!({"_id": "a"}));
+    expect(res.send().await.unwrap(), 201).await;
+    let res = app.request(Method::POST, docs).header("origin", "null").json(&json!({"_id": "b"}));
+    expect_problem(res.send().await.unwrap(), 403, "cross_origin").await;
+    app.stop().await;
+
+    // With keys, the key is what counts.
+    const KEY: &str = "writer-key-0123456789";
+    let app = TestApp::spawn_with(Backend::Embedded, |c| c.api_keys = parse_keys(&format!("{KEY}:write")).unwrap())
+        .await
+        .unwrap();
+    let res = app.request(Method::POST, docs).bearer_auth(KEY).header("origin", "https://evil.example");
+    expect(res.json(&json!({"_id": "a"})).send().await.unwrap(), 201).await;
+    app.stop().await;
+}
+
 /// A document's data is at most 4 MiB (as BSON) however it gets there
 /// (create, patch, merge, a transaction's update), and a transaction
 /// writes at most 64 MiB of document data: beyond, 422 with nothing

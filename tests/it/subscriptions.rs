@@ -18,6 +18,7 @@ crate::on_both_backends!(
     a_down_receiver_is_retried_then_dead_and_replayed_when_back,
     subscriptions_are_checked_listed_and_deleted,
     two_instances_record_each_delivery_once,
+    a_key_has_its_share_of_subscriptions_and_others_cost_it_nothing,
 );
 
 const S: &str = "/v1/subscriptions";
@@ -311,4 +312,81 @@ async fn two_instances_record_each_delivery_once(backend: Backend) {
     assert_eq!(ids, expected, "every event once, through either instance");
     b.stop().await;
     a.stop().await;
+}
+
+/// Each API key has at most its share of subscriptions (409
+/// `subscription_limit` beyond, for that key only; a delete frees one),
+/// and dispatching one tenant's events costs nothing for another tenant's
+/// subscriptions: no write of their positions while their collections are
+/// quiet.
+async fn a_key_has_its_share_of_subscriptions_and_others_cost_it_nothing(backend: Backend) {
+    use crate::faulty::{Act, Op};
+    const WA: &str = "tenant-a-key-0123456789";
+    const WB: &str = "tenant-b-key-0123456789";
+    const SHARE: usize = 40;
+    let writes: Arc<std::sync::Mutex<HashMap<String, usize>>> = Arc::default();
+    let counted = Arc::clone(&writes);
+    let rule = move |op: &Op| {
+        if op.kind == "update" && op.coll == "_subscriptions" {
+            *counted.lock().unwrap().entry(op.id.unwrap_or_default().to_owned()).or_default() += 1;
+        }
+        Act::Pass
+    };
+    let tweak = |c: &mut txgate::config::Config| {
+        c.max_subscriptions_per_key = SHARE;
+        c.api_keys = txgate::testing::keys::parse_keys(&format!("{WA}:read@a+write@a,{WB}:read@b+write@b")).unwrap();
+    };
+    let Some(app) = crate::faulty::rigged_app(backend, tweak, rule).await else { return };
+    let rx = TestReceiver::start().await;
+    let as_key = |key: &str, body: Value| app.request(Method::POST, S).bearer_auth(key).json(&body).send();
+    let mut of_a = Vec::new();
+    for i in 0..SHARE {
+        let res = as_key(WA, json!({"url": rx.url(&format!("/a{i}")), "collections": ["a"]})).await.unwrap();
+        of_a.push(expect(res, 201).await["id"].as_str().unwrap().to_owned());
+    }
+    let res = as_key(WA, json!({"url": rx.url("/a-more"), "collections": ["a"]})).await.unwrap();
+    let problem = expect_problem(res, 409, "subscription_limit").await;
+    assert!(problem["detail"].as_str().unwrap().contains("TXGATE_MAX_SUBSCRIPTIONS_PER_KEY"), "{problem}");
+    // Another key has its own share.
+    let res = as_key(WB, json!({"url": rx.url("/b"), "collections": ["b"]})).await.unwrap();
+    let of_b = expect(res, 201).await["id"].as_str().unwrap().to_owned();
+    // Tenant B writes; its subscription gets every event.
+    writes.lock().unwrap().clear();
+    for i in 0..30 {
+        let res = app
+            .request(Method::POST, "/v1/collections/b/documents")
+            .bearer_auth(WB)
+            .json(&json!({"_id": format!("d{i}")}))
+            .send()
+            .await
+            .unwrap();
+        expect(res, 201).await;
+    }
+    let got = receive(&rx, 30).await;
+    assert!(got.iter().all(|r| r.path == "/b"), "only B's subscription delivers");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let writes = std::mem::take(&mut *writes.lock().unwrap());
+    let of_a_written: usize = of_a.iter().map(|id| writes.get(id).copied().unwrap_or(0)).sum();
+    assert_eq!(of_a_written, 0, "A's subscriptions cost B's writes nothing: {writes:?}");
+    assert!(writes.get(&of_b).copied().unwrap_or(0) >= 1, "B's position moves: {writes:?}");
+    // A delete frees a place.
+    let res = app.request(Method::DELETE, &format!("{S}/{}", of_a[0])).bearer_auth(WA).send().await.unwrap();
+    assert_eq!(res.status(), 204);
+    let res = as_key(WA, json!({"url": rx.url("/a-again"), "collections": ["a"]})).await.unwrap();
+    expect(res, 201).await;
+    // And A's subscriptions still get A's events.
+    let res = app
+        .request(Method::POST, "/v1/collections/a/documents")
+        .bearer_auth(WA)
+        .json(&json!({"_id": "x"}))
+        .send()
+        .await
+        .unwrap();
+    expect(res, 201).await;
+    let got = receive(&rx, SHARE).await;
+    let mut paths: Vec<&str> = got.iter().map(|r| r.path.as_str()).collect();
+    paths.sort_unstable();
+    paths.dedup();
+    assert_eq!(paths.len(), SHARE, "every subscription of A, once: {paths:?}");
+    app.stop().await;
 }
