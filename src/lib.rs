@@ -259,6 +259,7 @@ impl App {
             metrics: Arc::clone(&self.metrics),
             stop: self.stop.clone(),
             streams: Arc::new(tokio::sync::Semaphore::new(config.max_streams.max(1))),
+            catch_up: Arc::new(tokio::sync::Semaphore::new(http::events::CATCH_UP_READS)),
             backups: http::admin::Backups::new(&config.store, config.backups.clone()),
             seal: seal::Seal::new(Arc::clone(&self.store)),
         });

@@ -33,6 +33,8 @@ pub mod events {
     pub mod model {
         pub use crate::events::model::document_event;
     }
+    /// The log record of a document's event, as its writer appends it.
+    pub use crate::events::outbox::entry as log_entry;
 }
 
 pub mod hooks {

@@ -473,7 +473,9 @@ impl Settings {
                 v => v.unwrap_or(defaults.max_subscriptions_per_key),
             },
             backups: crate::config::Backups {
-                reserve_bytes: settings.backup_reserve_mb.map_or(defaults.backups.reserve_bytes, |mb| mb << 20),
+                reserve_bytes: settings
+                    .backup_reserve_mb
+                    .map_or(defaults.backups.reserve_bytes, |mb| mb.saturating_mul(1 << 20)),
                 kept: match settings.backups_kept {
                     Some(0) => return Err("backups_kept must be greater than 0".into()),
                     v => v.unwrap_or(defaults.backups.kept),

@@ -18,7 +18,7 @@
 
 pub(crate) mod counter;
 pub(crate) mod model;
-mod outbox;
+pub(crate) mod outbox;
 mod purge;
 pub(crate) mod set;
 pub(crate) mod tap;
@@ -446,6 +446,14 @@ impl Log {
         let (batch, read) = self.read_store(after, max).await?;
         self.recent.lock().expect("recent reads").remember(after, read);
         Ok(batch)
+    }
+
+    /// Whether a read after `after` goes to the store on its own: the
+    /// position is older than the recent reads hold (a reader at their end
+    /// or with none held reads the store one at a time, for everyone).
+    pub fn behind(&self, after: u64) -> bool {
+        let recent = self.recent.lock().expect("recent reads");
+        !recent.entries.is_empty() && after.saturating_add(1) < recent.from
     }
 
     /// [`Log::read`] from the store, never from what streams read lately:

@@ -33,7 +33,7 @@ pub(crate) async fn publish_outbox(store: &dyn Store, coll: &str, doc: &StoredDo
 /// The log record of `event`, the outbox of `coll`/`id` at version `v`,
 /// logged at `at`; and the filter that clears that outbox only while the
 /// document still holds it.
-fn entry(coll: &str, id: &str, v: i64, event: &Document, at: DateTime) -> StoreResult<(Record, Document)> {
+pub fn entry(coll: &str, id: &str, v: i64, event: &Document, at: DateTime) -> StoreResult<(Record, Document)> {
     let Ok(eid) = event.get_str("_id") else {
         return Err(StoreError::Internal(format!("{coll}/{id}: outbox without an event id")));
     };

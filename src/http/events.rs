@@ -47,6 +47,22 @@ const GAP_RETRY: Duration = Duration::from_millis(20);
 const COALESCE: Duration = Duration::from_millis(10);
 /// The comment line an idle stream gets.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// Reads of streams catching up (far behind the head, reading the store
+/// rather than the recent reads all streams share) that run at once on an
+/// instance; the others wait their turn. Old filtered streams then take a
+/// bounded share of the store and the cores, and a read that passes the
+/// store's deadline is not joined by ever more of them.
+pub(crate) const CATCH_UP_READS: usize = 4;
+/// Positions one read of a stream catching up takes (at most 4 MiB of
+/// events either way).
+const CATCH_UP_BATCH: usize = 100;
+/// The most event bytes one piece of a stream carries: a client that stops
+/// reading holds at most this beyond what its last read found.
+const CHUNK_BYTES: usize = 64 * 1024;
+/// How long a stream whose read failed first waits; doubled after each
+/// failure in a row, up to [`MAX_RETRY`].
+const RETRY: Duration = Duration::from_secs(1);
+const MAX_RETRY: Duration = Duration::from_secs(15);
 const DEFAULT_PAGE: i64 = 100;
 const MAX_PAGE: i64 = 1000;
 /// Most positions one page request reads: a filter that matches little
@@ -303,6 +319,8 @@ pub(crate) async fn events(
         cursor: start,
         pending: VecDeque::new(),
         appended: state.events.subscribe(),
+        catch_up: Arc::clone(&state.catch_up),
+        failures: 0,
         stop: state.stop.clone(),
         idle_since: tokio::time::Instant::now(),
         _open: state.metrics.hold(&crate::metrics::EVENT_STREAMS_OPEN),
@@ -374,6 +392,10 @@ struct Reader {
     cursor: u64,
     pending: VecDeque<Arc<Ready>>,
     appended: tokio::sync::watch::Receiver<u64>,
+    /// The instance's turns for reads of streams catching up.
+    catch_up: Arc<tokio::sync::Semaphore>,
+    /// Reads that failed in a row.
+    failures: u32,
     stop: CancellationToken,
     /// When the stream last sent something.
     idle_since: tokio::time::Instant,
@@ -384,6 +406,14 @@ struct Reader {
 }
 
 impl Reader {
+    /// How long to wait after a read that failed: [`RETRY`], doubled for
+    /// each failure in a row up to [`MAX_RETRY`], so that streams do not
+    /// add reads to a store that is not keeping up.
+    fn failed(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        (RETRY * 2u32.saturating_pow(self.failures - 1)).min(MAX_RETRY)
+    }
+
     /// Queue the events of `events` the stream wants, in order. On an
     /// error the cursor stays before the event that could not be judged.
     async fn take(&mut self, events: Vec<Arc<Ready>>) -> Result<(), crate::store::StoreError> {
@@ -423,10 +453,15 @@ impl Reader {
                 return Some((Ok(Bytes::from(format!(": position {start}\n\n"))), self));
             }
             if !self.pending.is_empty() {
-                let size: usize = self.pending.iter().map(|r| r.json.len() + 32).sum();
-                let mut chunk = String::with_capacity(size);
-                for ready in self.pending.drain(..) {
+                // Pieces of at most CHUNK_BYTES (or one event): what the
+                // connection holds for a client that stopped reading.
+                let mut chunk = String::new();
+                while let Some(ready) = self.pending.front() {
+                    if !chunk.is_empty() && chunk.len() + ready.json.len() > CHUNK_BYTES {
+                        break;
+                    }
                     let _ = write!(chunk, "id: {}\ndata: {}\n\n", ready.event.seq, ready.json);
+                    self.pending.pop_front();
                 }
                 self.idle_since = tokio::time::Instant::now();
                 return Some((Ok(Bytes::from(chunk)), self));
@@ -448,7 +483,18 @@ impl Reader {
             }
             // Changes from here on wake the wait below.
             self.appended.borrow_and_update();
-            let wait = match self.log.read(self.cursor, READ_BATCH).await {
+            // Far behind the head: one of the instance's few turns, held
+            // for the read and the judging of what it found.
+            let turn = if self.log.behind(self.cursor) {
+                tokio::select! {
+                    () = self.stop.cancelled() => return None,
+                    turn = Arc::clone(&self.catch_up).acquire_owned() => turn.ok(),
+                }
+            } else {
+                None
+            };
+            let most = if turn.is_some() { CATCH_UP_BATCH } else { READ_BATCH };
+            let wait = match self.log.read(self.cursor, most).await {
                 Ok(batch) => {
                     let before = self.cursor;
                     match self.take(batch.events).await {
@@ -459,9 +505,10 @@ impl Reader {
                             if !self.pending.is_empty() {
                                 continue;
                             }
-                            Duration::from_secs(1)
+                            self.failed()
                         }
                         Ok(()) => {
+                            self.failures = 0;
                             self.cursor = batch.next;
                             if !self.pending.is_empty() || batch.more || (batch.next > before && !batch.gap) {
                                 continue;
@@ -476,13 +523,14 @@ impl Reader {
                 }
                 Err(ReadError::Store(err)) => {
                     tracing::warn!(error = %err, "an event stream could not read the log; retrying");
-                    Duration::from_secs(1)
+                    self.failed()
                 }
             };
+            drop(turn);
             let wait = wait.min(KEEP_ALIVE.saturating_sub(self.idle_since.elapsed()));
             tokio::select! {
                 () = self.stop.cancelled() => return None,
-                _ = self.appended.changed() => {}
+                _ = self.appended.changed(), if self.failures == 0 => {}
                 () = tokio::time::sleep(wait) => {}
             }
         }

@@ -84,6 +84,9 @@ pub(crate) struct Shared {
     pub stop: tokio_util::sync::CancellationToken,
     /// One permit per event stream that may be open at once.
     pub streams: Arc<tokio::sync::Semaphore>,
+    /// The reads of event streams catching up (far behind the head) that
+    /// may run at once (`events::CATCH_UP_READS`).
+    pub catch_up: Arc<tokio::sync::Semaphore>,
     /// Where `POST /v1/admin/backup` writes, one backup at a time.
     pub backups: admin::Backups,
     /// Seals the cursors of lists a key sees only part of.

@@ -22,6 +22,7 @@ mod instances;
 mod kill;
 mod limits;
 mod live;
+mod memory;
 mod metrics;
 mod openapi;
 mod power;

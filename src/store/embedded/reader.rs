@@ -5,7 +5,7 @@
 //! commits meanwhile.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use redb::{Database, ReadTransaction, ReadableDatabase};
@@ -47,9 +47,22 @@ impl Reader {
         f: impl FnOnce(&redb::ReadTransaction, &Reads) -> StoreResult<T> + Send + 'static,
     ) -> StoreResult<T> {
         let (db, pinned, reads) = (Arc::clone(&self.db), self.pinned.clone(), Arc::clone(&self.reads));
-        tokio::task::spawn_blocking(move || match pinned {
-            Some(txn) => f(&txn, &reads),
-            None => f(&db.begin_read().map_err(internal)?, &reads),
+        // Set once nobody waits for the answer (the store's deadline gave
+        // up, or the request went away): a read not started yet does not
+        // start, one under way stops at its next records (`abandoned`).
+        let gone = Abandon(Arc::new(AtomicBool::new(false)));
+        let flag = Arc::clone(&gone.0);
+        tokio::task::spawn_blocking(move || {
+            if flag.load(Ordering::Relaxed) {
+                return Err(abandoned());
+            }
+            ABANDONED.with(|a| *a.borrow_mut() = Some(flag));
+            let out = match pinned {
+                Some(txn) => f(&txn, &reads),
+                None => db.begin_read().map_err(internal).and_then(|txn| f(&txn, &reads)),
+            };
+            ABANDONED.with(|a| a.borrow_mut().take());
+            out
         })
         .await
         .map_err(internal)?
@@ -515,5 +528,66 @@ impl Store for Pinned {
 
     async fn indexes(&self, coll: &str) -> StoreResult<Vec<IndexSpec>> {
         Ok(self.0.indexes(coll))
+    }
+}
+
+thread_local! {
+    /// The flag of the read this blocking thread runs: set when nobody
+    /// waits for its answer any more.
+    static ABANDONED: std::cell::RefCell<Option<Arc<AtomicBool>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Sets its flag when dropped: the future waiting for a read is gone.
+struct Abandon(Arc<AtomicBool>);
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+fn abandoned() -> StoreError {
+    StoreError::Unavailable("the read was abandoned: nobody waits for it".into())
+}
+
+/// `Err` when the read this thread runs was abandoned: long reads (scans,
+/// index walks) look every few records and stop, so a read the store's
+/// deadline gave up on does not go on taking a core and memory.
+pub(super) fn check_abandoned() -> StoreResult<()> {
+    let gone = ABANDONED.with(|a| a.borrow().as_ref().is_some_and(|flag| flag.load(Ordering::Relaxed)));
+    if gone { Err(abandoned()) } else { Ok(()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::Store;
+
+    /// A read nobody waits for any more (its deadline passed) stops at its
+    /// next look, and one not started yet never starts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_abandoned_read_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = super::super::EmbeddedStore::open(dir.path()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let looking = store.reader.read(move |_, _| -> StoreResult<()> {
+            let started = std::time::Instant::now();
+            loop {
+                if let Err(e) = check_abandoned() {
+                    tx.send(started.elapsed()).unwrap();
+                    return Err(e);
+                }
+                assert!(started.elapsed() < Duration::from_secs(10), "never told");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        assert!(tokio::time::timeout(Duration::from_millis(50), looking).await.is_err(), "it runs until abandoned");
+        let ran = tokio::task::spawn_blocking(move || rx.recv_timeout(Duration::from_secs(5))).await.unwrap();
+        assert!(ran.expect("the read stopped once abandoned") < Duration::from_secs(1));
+        // Outside a read there is nothing to abandon.
+        assert!(check_abandoned().is_ok());
+        store.close().await.unwrap();
     }
 }

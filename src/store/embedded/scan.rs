@@ -156,13 +156,19 @@ pub(super) fn in_order<T>(
 ) -> StoreResult<()> {
     let mut entries: Box<dyn Iterator<Item = _>> =
         if scan.order() == Order::Desc { Box::new(range.rev()) } else { Box::new(range) };
-    for _ in 0..scan.skipped() {
+    for n in 0..scan.skipped() {
+        if n % 256 == 255 {
+            super::reader::check_abandoned()?;
+        }
         match entries.next() {
             Some(entry) => drop(entry.map_err(internal)?),
             None => return Ok(()),
         }
     }
-    for entry in entries.take(scan.max()) {
+    for (n, entry) in entries.take(scan.max()).enumerate() {
+        if n % 256 == 255 {
+            super::reader::check_abandoned()?;
+        }
         if !f(entry.map_err(internal)?)? {
             break;
         }
@@ -309,7 +315,10 @@ pub(super) fn entries_in(
     for (start, end) in ordered {
         let range = entries.range((name, start.as_slice())..(name, end.as_slice())).map_err(internal)?;
         let mut range: Box<dyn Iterator<Item = _>> = if reverse { Box::new(range.rev()) } else { Box::new(range) };
-        for entry in &mut range {
+        for (n, entry) in (&mut range).enumerate() {
+            if n % 256 == 255 {
+                super::reader::check_abandoned()?;
+            }
             let (_, id) = entry.map_err(internal)?;
             if !f(id.value())? {
                 return Ok(());
