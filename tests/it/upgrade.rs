@@ -232,6 +232,87 @@ async fn embedded_store_of_layout_2_opens_with_numbers_told_apart() {
     stop(&mut child);
 }
 
+/// When the fixture's `a` and `b` declared their indexes.
+const FIXTURE_DECLARED: &str = "2026-12-06T06:17:09.187Z";
+
+/// A data directory of the release before unique indexes had store names
+/// of their own (`tests/fixtures/embedded-shared-unique`), where indexes
+/// `email` of collections `a` and `b`, declared in one millisecond, shared
+/// one name and so their values: once opened, each collection's values are
+/// its own (the shared index is separated and built again), every value a
+/// document holds is still held for it, and a restart changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_with_a_shared_unique_index_name_is_separated() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_fixture("embedded-shared-unique", dir.path());
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    let (mut child, base) = start_with(dir.path(), KEEP_FIXTURE);
+    // Separated at start: declared again under names of their own (as
+    // if declared then), and built again from the documents.
+    let ready = async |base: &str, coll: &str| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, body) = get(&client, format!("{base}/v1/collections/{coll}/indexes/email")).await;
+            assert_eq!(status, 200, "{body}");
+            let separated = body["created_at"].as_str().is_some_and(|at| at > FIXTURE_DECLARED);
+            if separated && body["state"] == "ready" {
+                break;
+            }
+            assert!(body["state"] == "building" || body["state"] == "ready", "{coll}: {body}");
+            assert!(Instant::now() < deadline, "{coll}'s index never became ready again: {body}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let create = async |base: &str, coll: &str, id: &str, email: &str| {
+        let res = client
+            .post(format!("{base}/v1/collections/{coll}/documents"))
+            .json(&json!({"_id": id, "email": email}))
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        (status, res.json::<Value>().await.unwrap_or(Value::Null))
+    };
+    ready(&base, "a").await;
+    ready(&base, "b").await;
+    // solo's name was its own: left as it was.
+    let (_, solo) = get(&client, format!("{base}/v1/collections/solo/indexes/email")).await;
+    assert_eq!(
+        (solo["state"].as_str(), solo["created_at"].as_str()),
+        (Some("ready"), Some("2026-12-06T06:17:09.167Z"))
+    );
+    // b's value was refused as a's; now it is b's own.
+    let (status, body) = create(&base, "b", "b1", "same@example.com").await;
+    assert_eq!(status, 201, "{body}");
+    // Each collection's documents still hold their values, in their own
+    // collection only.
+    for (coll, id, email, holder) in [
+        ("a", "a2", "same@example.com", "a1"),
+        ("b", "b3", "other@example.com", "b2"),
+        ("b", "b4", "same@example.com", "b1"),
+        ("solo", "s3", "one@example.com", "s1"),
+        ("solo", "s4", "two@example.com", "s2"),
+    ] {
+        let (status, body) = create(&base, coll, id, email).await;
+        assert_eq!((status, body["existing"].as_str()), (409, Some(holder)), "{coll}/{id}: {body}");
+    }
+    assert_eq!(create(&base, "a", "a3", "other@example.com").await.0, 201, "b's value is b's alone");
+    assert_eq!(create(&base, "solo", "s5", "same@example.com").await.0, 201);
+    stop(&mut child);
+    // Opened again: nothing moves.
+    let (mut child, base) = start_with(dir.path(), KEEP_FIXTURE);
+    ready(&base, "b").await;
+    for (coll, id, email, holder) in [
+        ("a", "a4", "other@example.com", "a3"),
+        ("b", "b5", "same@example.com", "b1"),
+        ("solo", "s6", "one@example.com", "s1"),
+    ] {
+        let (status, body) = create(&base, coll, id, email).await;
+        assert_eq!((status, body["existing"].as_str()), (409, Some(holder)), "{coll}/{id}: {body}");
+    }
+    stop(&mut child);
+}
+
 fn percent(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
