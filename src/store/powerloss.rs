@@ -365,13 +365,20 @@ async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) 
     Ok(())
 }
 
-/// A little more after a recovery: writes of one size, the last ones
-/// unsynced.
+/// A little more after a recovery: an index dropped and made again, then
+/// writes of one size, the last ones unsynced.
 async fn more(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) -> Result<(), String> {
     trace.history.push(store.dump().map_err(|e| e.to_string())?);
     for (coll, spec) in indexes() {
         step!(disk, store, trace, true, store.ensure_index(coll, spec));
     }
+    // An index dropped, and made again over the records there (as a
+    // gateway drops a deleted index, or one separated at upgrade, and
+    // builds its replacement): after a crash it is there whole or not at
+    // all.
+    let (coll, spec) = indexes().swap_remove(1);
+    step!(disk, store, trace, true, store.drop_index(coll, &spec.name));
+    step!(disk, store, trace, true, store.ensure_index(coll, spec));
     for j in 0..8i64 {
         let r = doc(&[("_id", format!("m{j}").into()), ("n", j.into()), ("pad", "w".repeat(100).into())]);
         let synced = j % 3 == 0;
