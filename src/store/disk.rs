@@ -49,13 +49,14 @@ pub struct DirDisk {
 
 impl DirDisk {
     /// The directory `dir`, created (and its creation made durable) when
-    /// missing.
+    /// missing, with every missing directory above it.
     pub fn create(dir: &Path) -> io::Result<Self> {
         if !dir.exists() {
+            let holders = entry_holders(dir);
             std::fs::create_dir_all(dir)?;
-            // The new directory's own entry, in its parent.
-            let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-            sync_directory(parent)?;
+            for holder in holders {
+                sync_directory(&holder)?;
+            }
         }
         Ok(Self { dir: dir.to_owned() })
     }
@@ -63,6 +64,30 @@ impl DirDisk {
     pub fn path(&self) -> &Path {
         &self.dir
     }
+}
+
+/// The directories whose entries change when the missing `dir` is made
+/// with every missing directory above it: the first that exists above it
+/// (it gains the topmost new one), then each new one but `dir` (each
+/// gains the next), top down. Each is synced once they are made, so the
+/// whole path survives power loss, not only its last step.
+fn entry_holders(dir: &Path) -> Vec<PathBuf> {
+    let mut missing = Vec::new();
+    let mut at = dir;
+    let existing = loop {
+        if at.exists() {
+            break at.to_owned();
+        }
+        missing.push(at.to_owned());
+        match at.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(parent) => at = parent,
+            None => break PathBuf::from("."),
+        }
+    };
+    // `missing` runs from `dir` up; its holders are all but `dir` itself.
+    let mut holders = vec![existing];
+    holders.extend(missing.into_iter().skip(1).rev());
+    holders
 }
 
 fn sync_directory(dir: &Path) -> io::Result<()> {
@@ -173,5 +198,24 @@ impl<B: StorageBackend> StorageBackend for Fenced<B> {
     }
     fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
         self.inner.query_lock_range(start, end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every directory that gains an entry when a path of several missing
+    /// directories is made is synced, from the first that exists down.
+    #[test]
+    fn a_new_path_is_synced_down_from_the_directory_that_existed() {
+        let root = tempfile::tempdir().unwrap();
+        let deep = root.path().join("a/b/c");
+        let holders = entry_holders(&deep);
+        assert_eq!(holders, vec![root.path().to_owned(), root.path().join("a"), root.path().join("a/b")]);
+        let disk = DirDisk::create(&deep).unwrap();
+        assert!(disk.path().is_dir());
+        assert_eq!(entry_holders(&root.path().join("a/b/c/d")), vec![deep.clone()], "only the last one is new");
+        assert_eq!(entry_holders(Path::new("relative-and-missing")), vec![PathBuf::from(".")]);
     }
 }
