@@ -100,7 +100,15 @@ fn truncate_journal(config: &Config, at: u64) -> Result<String, String> {
     if !journal.exists() {
         return Err(format!("{} does not exist", journal.display()));
     }
-    match redb::Database::create(&db) {
+    // Never made here: an empty database beside a journal would drop
+    // every record the journal does not hold.
+    if !db.exists() {
+        return Err(format!(
+            "{} does not exist: not the data directory of an embedded store, or its database is lost (restore a backup)",
+            db.display()
+        ));
+    }
+    match redb::Database::open(&db) {
         // Held (not closed) until the process ends: the store never closes
         // redb itself (see `store::embedded`).
         Ok(held) => std::mem::forget(held),

@@ -92,6 +92,16 @@ async fn embedded_damaged_synced_journal_entry_stops_the_start_until_an_operator
     };
     let wrong = truncate(damaged + 1);
     assert!(!wrong.status.success(), "only an entry boundary is accepted");
+    // A directory whose database is gone is refused, and no empty database
+    // is made beside the journal.
+    let database = dir.path().join("txgate.redb");
+    let aside = dir.path().join("txgate.redb.aside");
+    std::fs::rename(&database, &aside).unwrap();
+    let missing = truncate(damaged);
+    let said = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success() && said.contains("does not exist"), "{said}");
+    assert!(!database.exists(), "no database was made");
+    std::fs::rename(&aside, &database).unwrap();
     let cut = truncate(damaged);
     assert!(cut.status.success(), "{}", String::from_utf8_lossy(&cut.stderr));
     assert!(String::from_utf8_lossy(&cut.stdout).contains("1 entries before it kept"));
