@@ -142,6 +142,12 @@ struct Known {
 struct Cache {
     loaded: Option<Instant>,
     subs: Vec<Known>,
+    /// Who may want an event of a collection: the subscriptions (indexes
+    /// into `subs`) that name it or, limited to some collections, may see
+    /// it...
+    by_collection: HashMap<String, Vec<usize>>,
+    /// ...and those of every collection.
+    everywhere: Vec<usize>,
 }
 
 pub struct Subscriptions {
@@ -173,15 +179,22 @@ impl Subscriptions {
 
     /// How many subscriptions the key named `key` (`None`: no keys) has.
     async fn count_of(&self, key: Option<&str>) -> StoreResult<usize> {
-        let (mut n, mut after) = (0, None::<String>);
+        let mut n = 0;
+        self.each(|record| n += usize::from(record.get_str("key").ok() == key)).await?;
+        Ok(n)
+    }
+
+    /// Every stored subscription record, in id order, a page at a time.
+    async fn each(&self, mut f: impl FnMut(Record)) -> StoreResult<()> {
+        let mut after: Option<String> = None;
         loop {
             let scan = scans::SUBSCRIPTIONS.scan(Vec::new()).after(after.as_deref()).limit(PAGE);
             let records = self.store.scan(SUBSCRIPTIONS, scan).await?;
             let full = records.len() == PAGE;
             after = records.last().and_then(crate::store::record_id).map(str::to_owned);
-            n += records.iter().filter(|r| r.get_str("key").ok() == key).count();
+            records.into_iter().for_each(&mut f);
             if !full {
-                return Ok(n);
+                return Ok(());
             }
         }
     }
@@ -248,36 +261,34 @@ impl Subscriptions {
     async fn reload(&self, cache: &mut Cache) -> StoreResult<()> {
         self.changed.store(false, std::sync::atomic::Ordering::SeqCst);
         let mut old: HashMap<String, Known> = cache.subs.drain(..).map(|k| (k.sub.id.clone(), k)).collect();
-        let mut after: Option<String> = None;
-        loop {
-            let scan = scans::SUBSCRIPTIONS.scan(Vec::new()).after(after.as_deref()).limit(PAGE);
-            let records = self.store.scan(SUBSCRIPTIONS, scan).await?;
-            let full = records.len() == PAGE;
-            after = records.last().and_then(crate::store::record_id).map(str::to_owned);
-            for record in records {
-                let id = crate::store::record_id(&record).unwrap_or_default().to_owned();
-                let sub = match Subscription::from_record(record) {
-                    Ok(sub) => sub,
-                    Err(err) => {
-                        tracing::warn!(subscription.id = %id, error = %err, "a subscription cannot be read; it is not dispatched");
-                        continue;
-                    }
-                };
-                let known = match old.remove(&sub.id) {
-                    Some(mut k) => {
-                        k.at = k.at.max(sub.position());
-                        k.sub = sub;
-                        k
-                    }
-                    None => Known { filter: sub.filter(), at: sub.position(), written: Instant::now(), sub },
-                };
-                cache.subs.push(known);
-            }
-            if !full {
-                break;
+        let mut subs = Vec::new();
+        self.each(|record| {
+            let id = crate::store::record_id(&record).unwrap_or_default().to_owned();
+            let sub = match Subscription::from_record(record) {
+                Ok(sub) => sub,
+                Err(err) => {
+                    tracing::warn!(subscription.id = %id, error = %err, "a subscription cannot be read; it is not dispatched");
+                    return;
+                }
+            };
+            subs.push(match old.remove(&sub.id) {
+                Some(mut k) => {
+                    k.at = k.at.max(sub.position());
+                    k.sub = sub;
+                    k
+                }
+                None => Known { filter: sub.filter(), at: sub.position(), written: Instant::now(), sub },
+            });
+        })
+        .await?;
+        let (mut by_collection, mut everywhere) = (HashMap::<String, Vec<usize>>::new(), Vec::new());
+        for (i, k) in subs.iter().enumerate() {
+            match k.filter.collections.as_ref().or(k.filter.within.as_ref()) {
+                Some(colls) => colls.iter().for_each(|c| by_collection.entry(c.clone()).or_default().push(i)),
+                None => everywhere.push(i),
             }
         }
-        cache.loaded = Some(Instant::now());
+        *cache = Cache { loaded: Some(Instant::now()), subs, by_collection, everywhere };
         Ok(())
     }
 
@@ -311,24 +322,13 @@ impl Subscriptions {
             }
             Err(ReadError::Store(err)) => return Err(err),
         };
-        // Who may want an event of a collection: those that name it (or,
-        // limited to some collections, may see it), and those of every
-        // collection.
-        let mut by_collection: HashMap<&str, Vec<usize>> = HashMap::new();
-        let mut everywhere: Vec<usize> = Vec::new();
-        for (i, k) in cache.subs.iter().enumerate() {
-            match k.filter.collections.as_ref().or(k.filter.within.as_ref()) {
-                Some(colls) => colls.iter().for_each(|c| by_collection.entry(c.as_str()).or_default().push(i)),
-                None => everywhere.push(i),
-            }
-        }
         let mut wanted: std::collections::BTreeMap<usize, Vec<Arc<Ready>>> = Default::default();
         for event in &batch.events {
             let e = &event.event;
-            let mut candidates = everywhere.clone();
+            let mut candidates = cache.everywhere.clone();
             let colls = e.collection.iter().chain(e.members.iter().flatten().map(|m| &m.collection));
             for c in colls {
-                candidates.extend(by_collection.get(c.as_str()).into_iter().flatten());
+                candidates.extend(cache.by_collection.get(c.as_str()).into_iter().flatten());
             }
             candidates.sort_unstable();
             candidates.dedup();
@@ -339,7 +339,6 @@ impl Subscriptions {
                 }
             }
         }
-        drop(by_collection);
         let mut pass = Pass { gap: batch.gap, more: batch.more, ..Pass::default() };
         let mut failed = std::collections::BTreeSet::new();
         for (i, events) in wanted {
