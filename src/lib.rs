@@ -43,7 +43,7 @@ pub use migrate::{MIGRATIONS, run as migrate};
 /// The embedded store's write-ahead journal, for `txgate journal truncate`.
 pub mod journal {
     pub use crate::store::embedded::{DATABASE_FILE, JOURNAL_FILE};
-    pub use crate::store::journal::truncate_at;
+    pub use crate::store::journal::{Truncation, truncate_at};
 }
 
 use std::sync::Arc;

@@ -87,10 +87,10 @@ async fn migrate(config: Config) -> Result<(), String> {
     Ok(())
 }
 
-/// `txgate journal truncate --at OFFSET`: with the gateway stopped (the
-/// database is opened to make sure no process holds it), cut the journal
-/// there.
-fn truncate_journal(config: &Config, at: u64) -> Result<String, String> {
+/// `txgate journal truncate --at OFFSET [--dry-run]`: with the gateway
+/// stopped (the database is opened to make sure no process holds it), cut
+/// the journal there, or say what the cut would keep and drop.
+fn truncate_journal(config: &Config, at: u64, dry_run: bool) -> Result<String, String> {
     use txgate::journal::{DATABASE_FILE, JOURNAL_FILE};
     let StoreConfig::Embedded { data_dir, .. } = &config.store else {
         return Err("the journal belongs to the embedded store; this configuration uses MongoDB".into());
@@ -108,7 +108,8 @@ fn truncate_journal(config: &Config, at: u64) -> Result<String, String> {
             db.display()
         ));
     }
-    match redb::Database::open(&db) {
+    // A dry run reads the journal only.
+    match if dry_run { Ok(None) } else { redb::Database::open(&db).map(Some) } {
         // Held (not closed) until the process ends: the store never closes
         // redb itself (see `store::embedded`).
         Ok(held) => std::mem::forget(held),
@@ -117,11 +118,28 @@ fn truncate_journal(config: &Config, at: u64) -> Result<String, String> {
         }
         Err(err) => return Err(format!("cannot open {}: {err}", db.display())),
     }
-    let kept = txgate::journal::truncate_at(&journal, at)?;
-    Ok(format!(
-        "{}: cut at offset {at}; {kept} entries before it kept, everything from there on dropped",
-        journal.display()
-    ))
+    let cut = txgate::journal::truncate_at(&journal, at, dry_run)?;
+    let verb = if dry_run { "would be" } else { "are" };
+    let acknowledged = match cut.acknowledged {
+        Some((from, to)) => {
+            format!("; {} acknowledged (synced) entries {verb} lost, LSNs {from} to {to}", to - from + 1)
+        }
+        None if cut.whole_file => String::new(),
+        None => "; none of them acknowledged (synced)".into(),
+    };
+    let what = if cut.whole_file {
+        format!("the whole journal {verb} dropped (every write since the last checkpoint)")
+    } else {
+        format!(
+            "{} entries before offset {at} {verb} kept; {} whole entries from there on {verb} dropped{acknowledged}",
+            cut.kept, cut.dropped
+        )
+    };
+    Ok(if dry_run {
+        format!("{} (dry run, nothing written): {what}", journal.display())
+    } else {
+        format!("{}: cut at offset {at}; {what}", journal.display())
+    })
 }
 
 /// `txgate healthcheck`: `GET /readyz` on the configured address (a
@@ -203,8 +221,8 @@ fn main() -> ExitCode {
             }
         };
     }
-    if let Command::Journal { action: JournalCommand::Truncate { at } } = &command {
-        return match truncate_journal(&config, *at) {
+    if let Command::Journal { action: JournalCommand::Truncate { at, dry_run } } = &command {
+        return match truncate_journal(&config, *at, *dry_run) {
             Ok(message) => {
                 println!("{message}");
                 ExitCode::SUCCESS

@@ -56,11 +56,16 @@ pub enum JournalCommand {
     /// Cut the journal at the offset a refused start named: the entries
     /// before it are kept, it and everything after it are lost. Only for a
     /// journal the gateway refused to open as damaged, when no backup is
-    /// to be had.
+    /// to be had. `--at 0` drops the whole journal (every write since the
+    /// last checkpoint): the only cut for a journal whose header is
+    /// unreadable.
     Truncate {
         /// Where the damaged entry starts, as the error gave it.
         #[arg(long)]
         at: u64,
+        /// Print what the cut would keep and drop, and write nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 

@@ -25,13 +25,15 @@ async fn embedded_store_survives_power_loss_at_every_write_and_sync() {
     );
 }
 
-/// The offsets of the entries of a format-2 journal's current generation
-/// (its salt, after the magic, version and a reserved word).
+/// The offsets of the entries of a format-3 journal's current generation
+/// (its salt, after the magic, version and a reserved word; entries after
+/// the header sector and the two seal slots).
 pub fn entry_offsets(journal: &[u8]) -> Vec<usize> {
     assert_eq!(&journal[..8], b"txgjrnl\0");
+    assert_eq!(u32::from_le_bytes(journal[8..12].try_into().unwrap()), 3, "format 3");
     let salt = &journal[16..24];
     let mut out = Vec::new();
-    let mut at = 512;
+    let mut at = 3 * 512;
     while at + 32 <= journal.len() {
         let len = u32::from_le_bytes(journal[at..at + 4].try_into().unwrap()) as usize;
         if len == 0 || &journal[at + 8..at + 16] != salt {
@@ -68,14 +70,8 @@ async fn embedded_damaged_synced_journal_entry_stops_the_start_until_an_operator
     bytes[damaged + 40] ^= 0x55;
     std::fs::write(&journal, &bytes).unwrap();
 
-    let out = Command::new(env!("CARGO_BIN_EXE_txgate"))
-        .env_clear()
-        .env("TXGATE_DATA_DIR", dir.path())
-        .env("TXGATE_LISTEN", "127.0.0.1:0")
-        .output()
-        .unwrap();
+    let out = refused_start(dir.path());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the gateway started on a damaged journal: {stderr}");
     assert!(
         stderr.contains("txgate.journal") && stderr.contains(&format!("offset {damaged}")),
         "the error names the file and offset: {stderr}"
@@ -102,9 +98,26 @@ async fn embedded_damaged_synced_journal_entry_stops_the_start_until_an_operator
     assert!(!missing.status.success() && said.contains("does not exist"), "{said}");
     assert!(!database.exists(), "no database was made");
     std::fs::rename(&aside, &database).unwrap();
+    // A dry run says what the cut drops, and writes nothing.
+    let before = std::fs::read(&journal).unwrap();
+    let dry = Command::new(env!("CARGO_BIN_EXE_txgate"))
+        .env_clear()
+        .env("TXGATE_DATA_DIR", dir.path())
+        .args(["journal", "truncate", "--at", &damaged.to_string(), "--dry-run"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&dry.stdout);
+    assert!(dry.status.success(), "{}", String::from_utf8_lossy(&dry.stderr));
+    assert!(
+        said.contains("dry run") && said.contains("txgate.journal") && said.contains("1 entries before offset"),
+        "{said}"
+    );
+    assert!(said.contains("acknowledged (synced) entries would be lost, LSNs"), "{said}");
+    assert_eq!(std::fs::read(&journal).unwrap(), before, "a dry run writes nothing");
     let cut = truncate(damaged);
     assert!(cut.status.success(), "{}", String::from_utf8_lossy(&cut.stderr));
-    assert!(String::from_utf8_lossy(&cut.stdout).contains("1 entries before it kept"));
+    let said = String::from_utf8_lossy(&cut.stdout);
+    assert!(said.contains("1 entries before offset") && said.contains("are kept"), "{said}");
 
     let (mut child, base) = crate::restart::start_with(dir.path(), &[]);
     let url = format!("{base}/v1/collections/things/documents");
@@ -113,6 +126,116 @@ async fn embedded_damaged_synced_journal_entry_stops_the_start_until_an_operator
     assert_eq!(client.get(format!("{url}/t5")).send().await.unwrap().status(), 404);
     let res = client.post(&url).json(&serde_json::json!({"_id": "after"})).send().await.unwrap();
     assert_eq!(res.status(), 201);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// Start the gateway on `dir`, which must refuse to start: its output,
+/// or a failure (never a wait without end) if it starts serving.
+fn refused_start(dir: &std::path::Path) -> std::process::Output {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_txgate"))
+        .env_clear()
+        .env("TXGATE_DATA_DIR", dir)
+        .env("TXGATE_LISTEN", "127.0.0.1:0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > until {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!("the gateway started on a damaged journal: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "the gateway exited 0 on a damaged journal");
+    out
+}
+
+/// The state a power cut leaves of a gateway's data directory: the
+/// database as of `at_checkpoint` (its file copied while nothing had been
+/// committed since the last checkpoint), the journal as it is.
+fn power_cut(dir: &std::path::Path, at_checkpoint: &[u8]) {
+    std::fs::write(dir.join("txgate.redb"), at_checkpoint).unwrap();
+}
+
+/// The journal's header damaged on disk while it holds acknowledged
+/// writes the database does not (a power cut before a checkpoint): the
+/// gateway refuses to start, for any byte of the magic flipped and for a
+/// zeroed header sector, rather than read the file as another format or
+/// as empty; with the header whole the same directory replays every
+/// write. `journal truncate --at 0` is the way past it, dropping the
+/// journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_damaged_journal_header_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let quiet = [("TXGATE_CHECKPOINT_INTERVAL_MS", "3600000")];
+    // A first start makes the collection; a clean stop checkpoints it.
+    let (mut child, base) = crate::restart::start_with(dir.path(), &quiet);
+    let url = format!("{base}/v1/collections/things/documents");
+    let res = client.post(&url).json(&serde_json::json!({"_id": "t0"})).send().await.unwrap();
+    assert_eq!(res.status(), 201);
+    crate::upgrade::stop(&mut child);
+    let (mut child, base) = crate::restart::start_with(dir.path(), &quiet);
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let checkpointed = std::fs::read(dir.path().join("txgate.redb")).unwrap();
+    let url = format!("{base}/v1/collections/things/documents");
+    for i in 1..=60 {
+        let res = client.post(&url).json(&serde_json::json!({"_id": format!("t{i}"), "i": i})).send().await.unwrap();
+        assert_eq!(res.status(), 201);
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    power_cut(dir.path(), &checkpointed);
+    let journal = dir.path().join("txgate.journal");
+    let whole = std::fs::read(&journal).unwrap();
+    let sector = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut d = whole.clone();
+        f(&mut d);
+        d
+    };
+    let mut cases: Vec<(String, Vec<u8>)> =
+        (0..8).map(|i| (format!("magic byte {i} flipped"), sector(&|d| d[i] ^= 0x20))).collect();
+    cases.push(("the header sector zeroed".into(), sector(&|d| d[..512].fill(0))));
+    for (what, bytes) in &cases {
+        std::fs::write(&journal, bytes).unwrap();
+        let out = refused_start(dir.path());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("txgate.journal") && stderr.contains("damaged at offset 0"),
+            "{what}: the error names the file and offset: {stderr}"
+        );
+        assert!(stderr.contains("journal truncate --at 0"), "{what}: {stderr}");
+        // The evidence stays: no new generation overwrote the header.
+        assert!(std::fs::read(&journal).unwrap() == *bytes, "{what}: the journal was written");
+    }
+    // The same directory with the header whole: every acknowledged write.
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::write(copy.path().join("txgate.redb"), &checkpointed).unwrap();
+    std::fs::write(copy.path().join("txgate.journal"), &whole).unwrap();
+    let (mut child, base) = crate::restart::start_with(copy.path(), &[]);
+    let url = format!("{base}/v1/collections/things/documents");
+    for i in [1, 30, 60] {
+        assert_eq!(client.get(format!("{url}/t{i}")).send().await.unwrap().status(), 200, "t{i} replayed");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The operator's way past a damaged header: drop the whole journal.
+    let cut = std::process::Command::new(env!("CARGO_BIN_EXE_txgate"))
+        .env_clear()
+        .env("TXGATE_DATA_DIR", dir.path())
+        .args(["journal", "truncate", "--at", "0"])
+        .output()
+        .unwrap();
+    assert!(cut.status.success(), "{}", String::from_utf8_lossy(&cut.stderr));
+    let (mut child, base) = crate::restart::start_with(dir.path(), &[]);
+    let url = format!("{base}/v1/collections/things/documents");
+    assert_eq!(client.get(format!("{url}/t0")).send().await.unwrap().status(), 200);
+    assert_eq!(client.get(format!("{url}/t1")).send().await.unwrap().status(), 404, "the journal's writes are gone");
     child.kill().unwrap();
     child.wait().unwrap();
 }

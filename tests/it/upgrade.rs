@@ -1,7 +1,7 @@
-//! Stored data outlives releases: a data directory written by the release
-//! before journal format 2 (`tests/fixtures/embedded-v1`, with entries
-//! still in its format-1 journal and a document whose outbox is set) opens
-//! under this one, with everything in it.
+//! Stored data outlives releases: data directories written by earlier
+//! releases (`tests/fixtures/`: journals of formats 1 and 2 with entries
+//! still to replay, store layouts 1 and 2, shared unique index names)
+//! open under this one, with everything in it.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -82,6 +82,46 @@ async fn embedded_data_directory_of_the_previous_release_opens() {
     let (mut child, base) = start_with(dir.path(), KEEP_FIXTURE);
     let docs = format!("{base}/v1/collections/notes/documents");
     for id in ["n1", "n2", "n4", "n5"] {
+        assert_eq!(client.get(format!("{docs}/{id}")).send().await.unwrap().status(), 200, "{id}");
+    }
+    stop(&mut child);
+}
+
+/// A data directory of the release that wrote journal format 2, as a
+/// power cut left it before a checkpoint
+/// (`tests/fixtures/embedded-journal2-unreplayed`): every acknowledged
+/// write is replayed from the old journal, and the next generation is
+/// written in this release's format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_journal_of_format_2_with_entries_to_replay_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_fixture("embedded-journal2-unreplayed", dir.path());
+    let journal = dir.path().join("txgate.journal");
+    let version = |bytes: &[u8]| u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+    assert_eq!(version(&std::fs::read(&journal).unwrap()), 2, "the fixture's journal is format 2");
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    let (mut child, base) = start_with(dir.path(), KEEP_FIXTURE);
+    let docs = format!("{base}/v1/collections/orders/documents");
+    let expected = [
+        ("o0", 2, json!({"n": 0, "status": "old"})),
+        ("o1", 1, json!({"n": 1, "status": "new"})),
+        ("o2", 2, json!({"n": 2, "status": "paid"})),
+        ("o4", 2, json!({"n": 4, "status": "shipped"})),
+        ("o5", 1, json!({"n": 5, "status": "new"})),
+        ("o6", 1, json!({"n": 6})),
+    ];
+    for (id, version, data) in &expected {
+        let doc = expect(client.get(format!("{docs}/{id}")).send().await.unwrap(), 200).await;
+        assert_eq!((&doc["version"], &doc["data"]), (&json!(version), data), "{id}: {doc}");
+    }
+    assert_eq!(client.get(format!("{docs}/o3")).send().await.unwrap().status(), 410, "o3 was deleted");
+    assert_eq!(version(&std::fs::read(&journal).unwrap()), 3, "the next generation is format 3");
+    let res = client.post(&docs).json(&json!({"_id": "o7"})).send().await.unwrap();
+    assert_eq!(res.status(), 201);
+    stop(&mut child);
+    let (mut child, base) = start_with(dir.path(), KEEP_FIXTURE);
+    let docs = format!("{base}/v1/collections/orders/documents");
+    for id in ["o0", "o2", "o6", "o7"] {
         assert_eq!(client.get(format!("{docs}/{id}")).send().await.unwrap().status(), 200, "{id}");
     }
     stop(&mut child);

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use redb::{Database, ReadableTable, TableDefinition};
 
+use super::recover::RaiseOnDrop;
 use super::{APPLIED, CATALOG, COUNTS, DATABASE_FILE, ENTRIES, JOURNAL_STATE, RECORDS, internal};
 use crate::store::disk::{DirDisk, Disk, Fence};
 use crate::store::{BackupInfo, StoreError, StoreResult};
@@ -63,9 +64,15 @@ fn copy_snapshot(
     disk: &DirDisk,
     failed: &dyn Fn(&str, &dyn std::fmt::Display) -> StoreError,
 ) -> StoreResult<(u64, u64)> {
+    // Behind a fence raised before redb drops it, on every path: the
+    // backup is left as its last commit left it, never closed by redb
+    // (see `disk::Fence`), so the store restored from it opens as from a
+    // crash right after that commit.
+    let fence = Fence::default();
     let db = disk
-        .open_database(&redb::Builder::new(), DATABASE_FILE, &Fence::default())
+        .open_database(&redb::Builder::new(), DATABASE_FILE, &fence)
         .map_err(|e| failed("creating the database", &e))?;
+    let _raised = RaiseOnDrop(Some(fence.clone()));
     let mut records = 0u64;
     let applied = {
         let state = snapshot.open_table(JOURNAL_STATE).map_err(internal)?;
@@ -117,6 +124,7 @@ fn copy_snapshot(
     let mut txn = db.begin_write().map_err(internal)?;
     txn.set_quick_repair(true);
     txn.commit().map_err(|e| failed("the final commit", &e))?;
+    fence.raise();
     drop(db);
     disk.sync_dir().map_err(|e| failed("syncing the directory", &e))?;
     Ok((records, applied))

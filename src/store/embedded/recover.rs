@@ -48,16 +48,27 @@ impl EmbeddedStore {
         if !db_existed {
             // A new database is made under another name and renamed once
             // whole: a crash while it is made leaves no file redb cannot
-            // open under the database's name.
+            // open under the database's name. It is made durable by a
+            // commit and left as a crash would leave it, never closed by
+            // redb (see `disk::Fence`).
             disk.remove(NEW_DATABASE_FILE).map_err(unavailable)?;
-            let db = disk.open_database(&builder, NEW_DATABASE_FILE, &Fence::default()).map_err(opened)?;
-            db.close().map_err(opened)?;
+            let made = Fence::default();
+            let db = disk.open_database(&builder, NEW_DATABASE_FILE, &made).map_err(opened)?;
+            let mut txn = db.begin_write().map_err(internal)?;
+            txn.set_quick_repair(options.quick_repair);
+            txn.commit().map_err(internal)?;
+            made.raise();
+            drop(db);
             disk.rename(NEW_DATABASE_FILE, DATABASE_FILE).map_err(unavailable)?;
         }
         let journal_existed = disk.exists(JOURNAL_FILE).map_err(unavailable)?;
         let opening = Instant::now();
         let fence = Fence::default();
         let db = disk.open_database(&builder, DATABASE_FILE, &fence).map_err(opened)?;
+        // An open that fails from here on leaves the file as its last
+        // commit left it: redb's close writes nothing (declared after
+        // `db`, so dropped, and raised, before it).
+        let mut refused = RaiseOnDrop(Some(fence.clone()));
         let repaired = repaired.load(Ordering::Relaxed);
         if repaired {
             tracing::warn!(
@@ -71,6 +82,12 @@ impl EmbeddedStore {
             // The new files' directory entries, before anything relies on them.
             disk.sync_dir().map_err(unavailable)?;
         }
+        // The journal is read before anything is written: a damaged one
+        // refuses to open with the database as it was.
+        let journal_name = disk.describe(JOURNAL_FILE);
+        let applied = applied(&db)?;
+        let opened_journal = Journal::open(journal_file, applied)
+            .map_err(|e| StoreError::Unavailable(format!("journal {journal_name}: {e}")))?;
         let quick_repair = options.quick_repair;
         let mut txn = db.begin_write().map_err(internal)?;
         txn.set_quick_repair(quick_repair);
@@ -118,7 +135,9 @@ impl EmbeddedStore {
             }
         }
         txn.commit().map_err(internal)?;
-        let journal = replay(&db, &catalog, journal_file, &disk.describe(JOURNAL_FILE), quick_repair)?;
+        let journal = replay(&db, &catalog, opened_journal, applied, &journal_name, quick_repair)?;
+        // Opened: the writer raises the fence after its last checkpoint.
+        refused.0 = None;
         let db = Arc::new(db);
         let catalog: Catalog = Arc::new(RwLock::new(catalog));
         let (tx, rx) = mpsc::channel();
@@ -134,6 +153,7 @@ impl EmbeddedStore {
             quick_repair,
             fence,
             unsynced_since: None,
+            synced_at: None,
             journal,
             recent: Recent::default(),
             positions: HashMap::new(),
@@ -167,18 +187,48 @@ impl EmbeddedStore {
     }
 }
 
-/// Apply the journal entries in `file` that the state in `db` does not
+/// Raises its fence when dropped, unless taken out first.
+pub(super) struct RaiseOnDrop(pub(super) Option<Fence>);
+
+impl Drop for RaiseOnDrop {
+    fn drop(&mut self) {
+        if let Some(fence) = &self.0 {
+            fence.raise();
+        }
+    }
+}
+
+/// The last journal entry the database holds (0: none, or a new database).
+fn applied(db: &Database) -> StoreResult<u64> {
+    let txn = db.begin_read().map_err(internal)?;
+    let state = match txn.open_table(JOURNAL_STATE) {
+        Ok(state) => state,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+        Err(err) => return Err(internal(err)),
+    };
+    Ok(state.get(APPLIED).map_err(internal)?.map_or(0, |v| v.value()))
+}
+
+/// Apply the journal entries read (`read`) that the state in `db` does not
 /// hold yet, make them durable in redb, and hand back the journal, started
 /// over in a new generation.
 fn replay(
     db: &Database,
     catalog: &HashMap<String, Vec<IndexSpec>>,
-    file: Box<dyn redb::StorageBackend>,
+    (mut journal, read): (Journal, journal::Read),
+    applied: u64,
     name: &str,
     quick_repair: bool,
 ) -> StoreResult<Journal> {
     let unavailable = |e: &dyn std::fmt::Display| StoreError::Unavailable(format!("journal {name}: {e}"));
-    let (mut journal, read) = Journal::open(file).map_err(|e| unavailable(&e))?;
+    if read.version == 0 && read.header_lost {
+        tracing::warn!(
+            journal = name,
+            applied,
+            "the journal's header was unreadable, and it holds no entry past the database's: a generation's start \
+             cut short by power loss; nothing is lost, and a new generation starts"
+        );
+    }
     if read.dropped > 0 {
         tracing::warn!(
             journal = name,
@@ -186,11 +236,6 @@ fn replay(
             "dropped journal entries written after one that was lost, none of them synced (power loss)"
         );
     }
-    let applied = {
-        let txn = db.begin_read().map_err(internal)?;
-        let state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
-        state.get(APPLIED).map_err(internal)?.map_or(0, |v| v.value())
-    };
     let missing: Vec<_> = read.entries.into_iter().filter(|(lsn, _)| *lsn > applied).collect();
     let Some(&(first, _)) = missing.first() else {
         // The usual start after a clean stop (the last checkpoint applied

@@ -44,6 +44,9 @@ pub struct WriterStats {
     pub commits: AtomicU64,
     /// Syncs (fsyncs) of the journal or, at checkpoints, of redb.
     pub syncs: AtomicU64,
+    /// Seals of the journal written on their own once idle (each a synced
+    /// write of one sector; see `journal`).
+    pub seals: AtomicU64,
     /// Checkpoints: redb made durable, the journal started over.
     pub checkpoints: AtomicU64,
     /// Queued writes applied or refused (a chain counts each of its writes).
@@ -118,6 +121,8 @@ pub(super) struct Writer {
     pub(super) fence: Fence,
     /// When the oldest journal entry not yet synced was written.
     pub(super) unsynced_since: Option<Instant>,
+    /// When the last sync of entries ended (its seal is owed once idle).
+    pub(super) synced_at: Option<Instant>,
     pub(super) journal: Journal,
     pub(super) recent: Recent,
     /// The next position of each log collection appended to (see
@@ -196,15 +201,19 @@ impl Writer {
                 .uncheckpointed_since
                 .zip(self.checkpoint_interval)
                 .map(|(since, interval)| interval.saturating_sub(since.elapsed()));
-            let left = match (sync, checkpoint) {
-                (None, None) => return rx.recv().ok(),
-                (Some(s), Some(c)) => s.min(c),
-                (Some(left), None) | (None, Some(left)) => left,
+            // Idle after a sync: seal what it covered (see `journal`).
+            let seal = self
+                .synced_at
+                .filter(|_| self.journal.needs_seal())
+                .map(|at| journal::SEAL_DELAY.saturating_sub(at.elapsed()));
+            let Some(left) = [sync, checkpoint, seal].into_iter().flatten().min() else {
+                return rx.recv().ok();
             };
             match rx.recv_timeout(left) {
                 Ok(item) => return Some(item),
                 Err(mpsc::RecvTimeoutError::Timeout) if self.checkpoint_due() => self.checkpoint_or_stop(),
-                Err(mpsc::RecvTimeoutError::Timeout) => self.sync_or_stop(),
+                Err(mpsc::RecvTimeoutError::Timeout) if self.unsynced_since.is_some() => self.sync_or_stop(),
+                Err(mpsc::RecvTimeoutError::Timeout) => self.seal_or_stop(),
                 Err(mpsc::RecvTimeoutError::Disconnected) => return None,
             }
         }
@@ -374,6 +383,18 @@ impl Writer {
         }
     }
 
+    /// Seal what the last sync covered, or stop the process.
+    fn seal_or_stop(&mut self) {
+        self.synced_at = None;
+        if !self.journal.needs_seal() {
+            return;
+        }
+        if let Err(err) = self.journal.seal() {
+            stop(&StoreError::Unavailable(format!("journal seal failed: {err}")));
+        }
+        self.stats.seals.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Make every journal entry durable, or stop the process.
     fn sync_or_stop(&mut self) {
         if self.unsynced_since.is_none() {
@@ -388,6 +409,7 @@ impl Writer {
         }
         self.stats.syncs.fetch_add(1, Ordering::Relaxed);
         self.unsynced_since = None;
+        self.synced_at = Some(Instant::now());
         self.stats.unsynced.store(false, Ordering::SeqCst);
     }
 

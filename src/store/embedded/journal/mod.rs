@@ -11,32 +11,52 @@
 //! starts a new generation (docs/design.md §1, "Durable where it matters";
 //! docs/operating.md, "Durability").
 //!
-//! # Format (version 2)
+//! # Format (version 3)
 //!
 //! The first 512-byte sector holds the file header: magic, format version,
 //! the generation's random salt, the number (LSN) of its first entry, and a
 //! checksum. A sector is written whole or not at all, so the header is
 //! never torn. It is rewritten and synced each time a generation starts,
-//! before any of its entries is written. Entries follow, each aligned to 8
-//! bytes: `length, CRC-32, salt, LSN, synced LSN, payload`, the checksum
-//! covering everything but itself. Reading accepts only entries carrying
-//! the current salt and following their predecessor's number, so an entry
+//! before any of its entries is written. The next two sectors are the
+//! seal slots (below). Entries follow, each aligned to 8 bytes: `length,
+//! CRC-32, salt, LSN, synced LSN, payload`, the checksum covering
+//! everything but itself. Reading accepts only entries carrying the
+//! current salt and following their predecessor's number, so an entry
 //! left from an earlier generation (the file is never erased) can never be
 //! taken for a new one, whatever a crash kept.
 //!
-//! Each entry also records the last LSN known to be synced when it was
-//! written. Where the run of valid entries ends, the rest of the file is
-//! searched for later entries of the same generation: one that says the
-//! missing entry had been synced proves the damage is to acknowledged data,
-//! and opening fails with an error naming the file and offset
-//! ([`JournalError::Damaged`]); an operator can cut the journal there with
-//! `txgate journal truncate` ([`truncate_at`]). Otherwise the missing entry
-//! was never synced, later ones were not either, and dropping them is
-//! ordinary power loss.
+//! What is known to have been synced is written down twice, so that
+//! damage to it is told apart from a write that power loss cut short:
 //!
-//! Version 1 files (no header; entries `length, CRC-32, LSN, payload` from
+//! - each entry records the last LSN synced when it was written;
+//! - a seal (`magic, salt, number, synced LSN, end offset, checksum`),
+//!   written to the two seal slots in turn once the writer has been idle
+//!   for [`SEAL_DELAY`] after a sync, records the LSN that sync covered
+//!   (one more small synced write, off every answer's path: a write that
+//!   comes sooner carries the proof in its own entries). A seal torn by
+//!   power loss leaves the other slot's, which is older and still true.
+//!   (Syncing the seal before each answer would close the last window,
+//!   docs/limitations.md, but was measured: a second sync per batch made
+//!   a single update's p50 36-42% slower.)
+//!
+//! Where the run of valid entries ends, a seal or a later entry of the
+//! same generation that says the missing entry had been synced proves the
+//! damage is to acknowledged data, and opening fails with an error naming
+//! the file and offset ([`JournalError::Damaged`]); an operator can cut
+//! the journal there with `txgate journal truncate` ([`truncate_at`]).
+//! Otherwise the missing entry was never synced, or was synced in the
+//! last moments before power loss with nothing after it yet (the window
+//! docs/limitations.md measures), and dropping it is ordinary power loss.
+//!
+//! The format is known from what the file holds, never guessed from a
+//! damaged header: a header that fails its checksum, a blank header
+//! sector in a file holding entries, or a first sector that is neither a
+//! header nor a version 1 entry refuses to open.
+//!
+//! Version 2 files (no seal slots; entries from the second sector) and
+//! version 1 files (no header; entries `length, CRC-32, LSN, payload` from
 //! offset 0) are still read; the next generation rewrites the file as
-//! version 2.
+//! version 3.
 
 mod payload;
 mod read;
@@ -50,15 +70,35 @@ use redb::StorageBackend;
 
 pub(crate) use payload::{Effect, Effects, effects};
 pub(crate) use read::{JournalError, Read};
-use read::{entry_at, parse, read_all};
+use read::{Layout, entry_at, parse, read_all};
 
 /// The journal format this release writes.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+pub(crate) const FORMAT_VERSION: u32 = 3;
+
+/// Version 2: no seal slots, entries right after the header sector.
+const V2: u32 = 2;
 
 const MAGIC: [u8; 8] = *b"txgjrnl\0";
 
-/// The header sector; entries start after it.
+const SEAL_MAGIC: [u8; 8] = *b"txgseal\0";
+
+/// The header sector.
 const SECTOR: u64 = 512;
+
+/// Where the two seal slots are: the sectors after the header.
+const SEAL_SLOTS: [u64; 2] = [SECTOR, 2 * SECTOR];
+
+/// Where a version 3 generation's first entry starts.
+const FIRST_ENTRY: u64 = 3 * SECTOR;
+
+/// magic, salt, number, synced LSN, end offset, checksum.
+const SEAL: usize = 8 + 8 + 8 + 8 + 8 + 4;
+
+/// How long the writer waits, idle after a sync, before it seals what the
+/// sync covered (a synced write of one sector). A client that sends its
+/// next write within this time has the proof carried by that write's sync
+/// instead, at no cost.
+pub(crate) const SEAL_DELAY: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// magic, version, reserved, salt, first LSN, checksum.
 const FILE_HEADER: usize = 8 + 4 + 4 + 8 + 8 + 4;
@@ -127,6 +167,21 @@ fn header_sector(salt: u64, first: u64) -> Vec<u8> {
     h
 }
 
+/// A seal slot's bytes: entries of generation `salt` up to `lsn`, ending
+/// at `end`, were synced.
+fn seal_sector(salt: u64, number: u64, lsn: u64, end: u64) -> Vec<u8> {
+    let mut h = Vec::with_capacity(SECTOR as usize);
+    h.extend_from_slice(&SEAL_MAGIC);
+    h.extend_from_slice(&salt.to_le_bytes());
+    h.extend_from_slice(&number.to_le_bytes());
+    h.extend_from_slice(&lsn.to_le_bytes());
+    h.extend_from_slice(&end.to_le_bytes());
+    let sum = crc32fast::hash(&h);
+    h.extend_from_slice(&sum.to_le_bytes());
+    h.resize(SECTOR as usize, 0);
+    h
+}
+
 /// The journal file, written from the writer thread only.
 pub(crate) struct Journal {
     file: Box<dyn StorageBackend>,
@@ -136,8 +191,12 @@ pub(crate) struct Journal {
     offset: u64,
     /// The next entry's number.
     next_lsn: u64,
-    /// The last entry known to be durable.
+    /// The last entry known to be durable, and where it ends.
     synced_lsn: u64,
+    synced_end: u64,
+    /// The last entry a seal records as synced, and the last seal's number.
+    sealed_lsn: u64,
+    seals: u64,
     /// Whether entries were written since the last sync.
     unsynced: bool,
     /// The file's length: written and synced up to here.
@@ -150,17 +209,22 @@ impl Journal {
     /// Open the journal in `file` and read its entries: the longest run of
     /// whole, consecutive entries of its current generation. Nothing is
     /// written until [`Journal::restart`] starts a new generation.
-    pub(crate) fn open(file: Box<dyn StorageBackend>) -> Result<(Self, Read), JournalError> {
+    /// `applied` is the last entry the database holds: a journal whose
+    /// header cannot be read is damaged if it holds a later one.
+    pub(crate) fn open(file: Box<dyn StorageBackend>, applied: u64) -> Result<(Self, Read), JournalError> {
         let data = read_all(file.as_ref())?;
-        let (read, _) = parse(&data)?;
+        let read = parse(&data, applied)?;
         let next_lsn = read.entries.last().map_or(1, |(lsn, _)| lsn + 1);
         let journal = Self {
             allocated: data.len() as u64,
             file,
             salt: 0,
-            offset: SECTOR,
+            offset: FIRST_ENTRY,
             next_lsn,
             synced_lsn: next_lsn - 1,
+            synced_end: FIRST_ENTRY,
+            sealed_lsn: next_lsn - 1,
+            seals: 0,
             unsynced: false,
             written: 0,
         };
@@ -223,13 +287,42 @@ impl Journal {
         Ok(())
     }
 
-    /// Make every entry written so far durable.
+    /// Make every entry written so far durable. (The entries it syncs
+    /// record what the sync before it covered; what it covers is sealed
+    /// once the writer is idle, see [`Journal::seal`].)
     pub(crate) fn sync(&mut self) -> io::Result<()> {
         if self.unsynced {
             self.file.sync_data()?;
             self.unsynced = false;
         }
         self.synced_lsn = self.next_lsn - 1;
+        self.synced_end = self.offset;
+        Ok(())
+    }
+
+    /// Whether the last sync covered entries no seal records yet.
+    pub(crate) fn needs_seal(&self) -> bool {
+        !self.unsynced && self.synced_lsn > self.sealed_lsn
+    }
+
+    /// Seal what the last sync covered, durably: afterwards, damage to any
+    /// of it refuses to open rather than pass for a torn write.
+    pub(crate) fn seal(&mut self) -> io::Result<()> {
+        if self.needs_seal() {
+            self.write_seal()?;
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    /// Write (without syncing) the seal of everything synced so far, to
+    /// the slot the previous seal did not use (a seal torn by power loss
+    /// leaves the other, older and still true).
+    fn write_seal(&mut self) -> io::Result<()> {
+        self.seals += 1;
+        let slot = SEAL_SLOTS[(self.seals % 2) as usize];
+        self.file.write(slot, &seal_sector(self.salt, self.seals, self.synced_lsn, self.synced_end))?;
+        self.sealed_lsn = self.synced_lsn;
         Ok(())
     }
 
@@ -245,15 +338,18 @@ impl Journal {
                 break salt;
             }
         };
-        if self.allocated < SECTOR {
-            self.grow(SECTOR)?;
+        if self.allocated < FIRST_ENTRY {
+            self.grow(FIRST_ENTRY)?;
         }
         self.file.write(0, &header_sector(salt, next_lsn))?;
         self.file.sync_data()?;
         self.salt = salt;
-        self.offset = SECTOR;
+        self.offset = FIRST_ENTRY;
         self.next_lsn = next_lsn;
         self.synced_lsn = next_lsn - 1;
+        self.synced_end = FIRST_ENTRY;
+        // Seals of earlier generations carry their salt: nothing to prove.
+        self.sealed_lsn = next_lsn - 1;
         self.unsynced = false;
         self.written = 0;
         Ok(())
@@ -282,41 +378,119 @@ impl StorageBackend for JournalFile {
     }
 }
 
+/// What cutting a journal at an offset keeps and drops ([`truncate_at`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Truncation {
+    /// Whole entries before the offset, kept.
+    pub kept: usize,
+    /// Whole entries of the generation from the offset on, dropped.
+    pub dropped: usize,
+    /// The acknowledged (synced) entries dropped, readable or not: the
+    /// first and last LSN, as the seal and the later entries record them.
+    pub acknowledged: Option<(u64, u64)>,
+    /// The header could not be read: everything is dropped.
+    pub whole_file: bool,
+}
+
 /// Cut the journal at `path` at `offset`: every byte from there on is
-/// zeroed and synced, so opening the store keeps the entries before it and
-/// loses the rest. For an operator, with the gateway stopped, after an
-/// open refused a damaged journal ([`JournalError::Damaged`] names the
-/// offset). `offset` must be where an entry starts: the one the error
-/// names, or any other of the current generation.
-pub fn truncate_at(path: &Path, offset: u64) -> Result<usize, String> {
-    let file = OpenOptions::new().read(true).write(true).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+/// zeroed (and the seals, which would still vouch for what is cut) and
+/// synced, so opening the store keeps the entries before it and loses the
+/// rest. With `dry_run`, nothing is written: the answer says what would
+/// be. For an operator, with the gateway stopped, after an open refused a
+/// damaged journal ([`JournalError::Damaged`] names the offset). `offset`
+/// must be where an entry of the current generation starts (the one the
+/// error names, or any other), or 0: the whole journal, the only cut a
+/// journal whose header is unreadable takes.
+pub fn truncate_at(path: &Path, offset: u64, dry_run: bool) -> Result<Truncation, String> {
+    let file =
+        OpenOptions::new().read(true).write(!dry_run).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let file = JournalFile(file);
     let data = read_all(&file).map_err(|e| e.to_string())?;
-    if data.len() < 8 || data[..8] != MAGIC {
-        return Err(format!("{} is not a version {FORMAT_VERSION} journal", path.display()));
+    let offset = usize::try_from(offset).map_err(|e| e.to_string())?;
+    // Without the database's applied entry, any whole entry counts.
+    let layout = read::layout(&data, 0);
+    let sealed = matches!(layout, Ok(Layout::Generation { version: FORMAT_VERSION, .. }));
+    let plan = match layout {
+        Ok(layout @ Layout::Generation { .. }) => plan(&data, &layout, offset)?,
+        Ok(_) | Err(JournalError::Damaged { offset: 0, .. }) if offset == 0 => {
+            Truncation { kept: 0, dropped: 0, acknowledged: None, whole_file: true }
+        }
+        Ok(_) => {
+            return Err(format!(
+                "{} holds no generation of format 2 or 3 whose entries could be cut at {offset}; only --at 0 (the \
+                 whole journal) applies",
+                path.display()
+            ));
+        }
+        Err(JournalError::Damaged { offset: 0, detail }) => {
+            return Err(format!(
+                "{}: {detail}; only --at 0 (the whole journal: every write since the last checkpoint) applies",
+                path.display()
+            ));
+        }
+        Err(other) => return Err(format!("{}: {other}", path.display())),
+    };
+    if !dry_run && offset < data.len() {
+        file.write(offset as u64, &vec![0u8; data.len() - offset]).map_err(|e| e.to_string())?;
+        if sealed && offset > 0 {
+            // The seals would still vouch for the entries cut.
+            for slot in SEAL_SLOTS {
+                file.write(slot, &[0u8; SECTOR as usize]).map_err(|e| e.to_string())?;
+            }
+        }
+        file.sync_data().map_err(|e| e.to_string())?;
     }
-    let salt = u64_at(&data, 16);
-    let mut boundaries = vec![SECTOR as usize];
-    let mut at = SECTOR as usize;
-    while let Some((_, _, _, end)) = entry_at(&data, at, salt) {
+    Ok(plan)
+}
+
+/// What cutting generation `layout` of `data` at `offset` keeps and drops.
+fn plan(data: &[u8], layout: &Layout, offset: usize) -> Result<Truncation, String> {
+    let Layout::Generation { salt, first, .. } = *layout else { unreachable!("a generation") };
+    let start = layout.first_entry();
+    let mut boundaries = vec![start];
+    let mut at = start;
+    while let Some((_, _, _, end)) = entry_at(data, at, salt) {
         boundaries.push(end);
         at = end;
     }
-    let offset = usize::try_from(offset).map_err(|e| e.to_string())?;
-    if !boundaries.contains(&offset) {
+    if offset == 0 {
+        return Ok(Truncation {
+            kept: 0,
+            dropped: count_from(data, start, salt).0,
+            acknowledged: None,
+            whole_file: true,
+        });
+    }
+    let Some(kept) = boundaries.iter().position(|&b| b == offset) else {
         return Err(format!(
-            "offset {offset} is not where an entry of the journal's run starts (valid: {}..={} at entry boundaries; \
-             the open error names the offset to use)",
-            SECTOR,
-            boundaries.last().copied().unwrap_or(SECTOR as usize)
+            "offset {offset} is not where an entry of the journal's run starts (valid: {start}..={} at entry \
+             boundaries, or 0 for the whole journal; the open error names the offset to use)",
+            boundaries.last().copied().unwrap_or(start)
         ));
+    };
+    let (dropped, synced) = count_from(data, offset, salt);
+    let sealed = read::seal_of(data, salt).unwrap_or(0);
+    let from = first + kept as u64;
+    let to = synced.max(sealed);
+    let acknowledged = (to >= from).then_some((from, to));
+    Ok(Truncation { kept, dropped, acknowledged, whole_file: false })
+}
+
+/// Whole entries of generation `salt` from `at` on, and the highest LSN
+/// any of them records as synced.
+fn count_from(data: &[u8], mut at: usize, salt: u64) -> (usize, u64) {
+    let (mut n, mut synced) = (0, 0);
+    while at + ENTRY_HEADER <= data.len() {
+        match entry_at(data, at, salt) {
+            Some((_, was_synced, _, end)) => {
+                n += 1;
+                synced = synced.max(was_synced);
+                at = end;
+            }
+            None => at += ALIGN,
+        }
     }
-    let kept = boundaries.iter().position(|&b| b == offset).unwrap_or(0);
-    if offset < data.len() {
-        file.write(offset as u64, &vec![0u8; data.len() - offset]).map_err(|e| e.to_string())?;
-        file.sync_data().map_err(|e| e.to_string())?;
-    }
-    Ok(kept)
+    (n, synced)
 }
 
 #[cfg(test)]
@@ -339,7 +513,7 @@ mod tests {
     }
 
     fn open(path: &Path) -> Result<(Journal, Read), JournalError> {
-        Journal::open(file(path))
+        Journal::open(file(path), 0)
     }
 
     fn lsns(read: &Read) -> Vec<u64> {
@@ -437,8 +611,15 @@ mod tests {
             Ok((_, read)) => panic!("expected a damaged journal, it opened with {:?}", lsns(&read)),
         }
         // The operator's way out: cut it there; the entry before is kept.
-        assert!(truncate_at(&path, offsets[1] + 1).is_err(), "only an entry boundary");
-        assert_eq!(truncate_at(&path, offsets[1]).unwrap(), 1);
+        assert!(truncate_at(&path, offsets[1] + 1, false).is_err(), "only an entry boundary");
+        let before = std::fs::read(&path).unwrap();
+        let plan = truncate_at(&path, offsets[1], true).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), before, "a dry run writes nothing");
+        // Entries 6..=14 are lost (entry 6 is unreadable, so 8 whole ones
+        // are counted); 6..=13 are known to be acknowledged (14 was
+        // synced too, but with no seal after it, nothing records that).
+        assert_eq!(plan, Truncation { kept: 1, dropped: 8, acknowledged: Some((6, 13)), whole_file: false });
+        assert_eq!(truncate_at(&path, offsets[1], false).unwrap(), plan);
         let (_, read) = open(&path).unwrap();
         assert_eq!(lsns(&read), vec![5]);
     }
@@ -486,12 +667,175 @@ mod tests {
         std::fs::write(&path, &data).unwrap();
         let (mut j, read) = open(&path).unwrap();
         assert_eq!((lsns(&read), read.version), (vec![7, 8, 9], 1));
-        // The next generation is written as version 2.
+        // The next generation is written in this release's format.
         j.restart(10).unwrap();
         j.append(&mut effects_of(1, 0)).unwrap();
         j.sync().unwrap();
         let (_, read) = open(&path).unwrap();
-        assert_eq!((lsns(&read), read.version), (vec![10], 2));
+        assert_eq!((lsns(&read), read.version), (vec![10], FORMAT_VERSION));
+    }
+
+    /// A version 2 file: the header sector, then entries (no seal slots).
+    fn version_2(salt: u64, first: u64, n: u64) -> Vec<u8> {
+        let mut data = header_sector(salt, first);
+        data[8..12].copy_from_slice(&V2.to_le_bytes());
+        let sum = crc32fast::hash(&data[..FILE_HEADER - 4]);
+        data[FILE_HEADER - 4..FILE_HEADER].copy_from_slice(&sum.to_le_bytes());
+        for lsn in first..first + n {
+            let e = effects_of(1, lsn as u8);
+            let payload = e.payload();
+            data.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+            data.extend_from_slice(&entry_checksum(salt, lsn, lsn - 1, payload).to_le_bytes());
+            data.extend_from_slice(&salt.to_le_bytes());
+            data.extend_from_slice(&lsn.to_le_bytes());
+            data.extend_from_slice(&(lsn - 1).to_le_bytes());
+            data.extend_from_slice(payload);
+            data.resize(data.len().next_multiple_of(ALIGN), 0);
+        }
+        data.resize(GROW as usize, 0);
+        data
+    }
+
+    #[test]
+    fn a_version_2_journal_is_read_and_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        std::fs::write(&path, version_2(77, 3, 4)).unwrap();
+        let (mut j, read) = open(&path).unwrap();
+        assert_eq!((lsns(&read), read.version), (vec![3, 4, 5, 6], 2));
+        // Cut after its second entry: its first two stay.
+        let second = entry_at(&std::fs::read(&path).unwrap(), SECTOR as usize, 77).unwrap().3 as u64;
+        let third = entry_at(&std::fs::read(&path).unwrap(), second as usize, 77).unwrap().3 as u64;
+        let cut = truncate_at(&path, third, false).unwrap();
+        assert_eq!((cut.kept, cut.dropped, cut.acknowledged), (2, 2, Some((5, 5))));
+        let (_, read) = open(&path).unwrap();
+        assert_eq!(lsns(&read), vec![3, 4]);
+        j.restart(5).unwrap();
+        j.append(&mut effects_of(1, 0)).unwrap();
+        j.sync().unwrap();
+        let (_, read) = open(&path).unwrap();
+        assert_eq!((lsns(&read), read.version), (vec![5], FORMAT_VERSION));
+    }
+
+    /// A damaged header is never read as another format or as empty:
+    /// any byte of its magic flipped, the sector zeroed, or the sector
+    /// garbled refuses to open, naming offset 0; only cutting the whole
+    /// journal gets past it.
+    #[test]
+    fn a_damaged_header_refuses_to_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        write_run(&path, 1, 20, 0x03, true);
+        let good = std::fs::read(&path).unwrap();
+        let mut cases: Vec<(String, Vec<u8>)> = Vec::new();
+        for at in 0..FILE_HEADER {
+            let mut d = good.clone();
+            d[at] ^= 0x04;
+            cases.push((format!("byte {at} flipped"), d));
+        }
+        let mut zeroed = good.clone();
+        zeroed[..SECTOR as usize].fill(0);
+        cases.push(("the sector zeroed".into(), zeroed));
+        let mut garbled = good.clone();
+        for (i, b) in garbled[..SECTOR as usize].iter_mut().enumerate() {
+            *b = (i * 131 % 251) as u8;
+        }
+        cases.push(("the sector garbled".into(), garbled));
+        for (what, data) in cases {
+            std::fs::write(&path, &data).unwrap();
+            match open(&path) {
+                Err(JournalError::Damaged { offset: 0, .. }) => {}
+                Err(other) => panic!("{what}: expected damage at offset 0, got {other}"),
+                Ok((_, read)) => {
+                    panic!("{what}: opened with {} entries as format {}", read.entries.len(), read.version)
+                }
+            }
+            let first = FIRST_ENTRY;
+            assert!(truncate_at(&path, first, true).is_err(), "{what}: only the whole journal can be cut");
+            assert!(truncate_at(&path, 0, false).unwrap().whole_file, "{what}");
+            let (_, read) = open(&path).unwrap();
+            assert_eq!((read.entries.len(), read.version), (0, 0), "{what}");
+        }
+        // A header cut short as a generation started (power loss), over
+        // entries the database already holds (all 20): nothing is lost,
+        // and the journal opens with nothing to replay.
+        let mut garbled = good.clone();
+        garbled[..SECTOR as usize].fill(0x5A);
+        std::fs::write(&path, &garbled).unwrap();
+        let (_, read) = Journal::open(file(&path), 20).unwrap();
+        assert!(read.entries.is_empty() && read.header_lost);
+        assert!(matches!(Journal::open(file(&path), 19), Err(JournalError::Damaged { offset: 0, .. })));
+        // A file grown but never given a header (a crash in the first
+        // start) holds nothing, and opens empty.
+        std::fs::write(&path, vec![0u8; GROW as usize]).unwrap();
+        assert_eq!(open(&path).unwrap().1.version, 0);
+    }
+
+    /// The last group of entries before a sync has nothing after it to
+    /// prove it was synced until the seal: damage inside it, or a zeroed
+    /// tail, refuses to open once sealed.
+    #[test]
+    fn damage_in_the_last_synced_group_refuses_once_sealed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (mut j, _) = open(&path).unwrap();
+        j.restart(1).unwrap();
+        let mut offsets = Vec::new();
+        for _ in 0..5 {
+            offsets.push(j.offset);
+            j.append(&mut effects_of(2, 0x05)).unwrap();
+        }
+        let end = j.offset;
+        j.sync().unwrap();
+        // Before the seal: entry 2 damaged is taken for a torn write (the
+        // window the seal closes).
+        let synced = std::fs::read(&path).unwrap();
+        let mut d = synced.clone();
+        d[offsets[1] as usize + ENTRY_HEADER + 1] ^= 0x01;
+        std::fs::write(&path, &d).unwrap();
+        assert_eq!(lsns(&open(&path).unwrap().1), vec![1]);
+        std::fs::write(&path, &synced).unwrap();
+        assert!(j.needs_seal());
+        j.seal().unwrap();
+        assert!(!j.needs_seal());
+        let sealed = std::fs::read(&path).unwrap();
+        assert_eq!(lsns(&open(&path).unwrap().1), vec![1, 2, 3, 4, 5]);
+        let mut d = sealed.clone();
+        d[offsets[1] as usize + ENTRY_HEADER + 1] ^= 0x01;
+        std::fs::write(&path, &d).unwrap();
+        match open(&path) {
+            Err(JournalError::Damaged { offset, detail }) => {
+                assert_eq!(offset, offsets[1]);
+                assert!(detail.contains("seal records that entries up to 5"), "{detail}");
+            }
+            other => panic!("expected damage, got {:?}", other.map(|(_, r)| lsns(&r))),
+        }
+        // A zeroed 4 KiB block at the tail.
+        let mut d = sealed.clone();
+        let tail = (end as usize).next_multiple_of(4096) - 4096;
+        d[tail.max(FIRST_ENTRY as usize)..tail + 4096].fill(0);
+        std::fs::write(&path, &d).unwrap();
+        assert!(matches!(open(&path), Err(JournalError::Damaged { .. })));
+        // One seal slot torn: the other still vouches for the entries.
+        std::fs::write(&path, &sealed).unwrap();
+        j.append(&mut effects_of(2, 0x06)).unwrap();
+        j.sync().unwrap(); // nothing new to seal with it: 1..=5 are sealed
+        j.seal().unwrap(); // the other slot (up to 6)
+        let mut d = std::fs::read(&path).unwrap();
+        d[SEAL_SLOTS[0] as usize + 20] ^= 0xFF; // the newest seal torn
+        d[offsets[4] as usize + ENTRY_HEADER] ^= 0x01;
+        std::fs::write(&path, &d).unwrap();
+        match open(&path) {
+            Err(JournalError::Damaged { offset, detail }) => {
+                assert_eq!(offset, offsets[4]);
+                assert!(detail.contains("up to 5"), "the older seal: {detail}");
+            }
+            other => panic!("expected damage, got {:?}", other.map(|(_, r)| lsns(&r))),
+        }
+        // A cut there drops the seals too: the store opens with 1..=4.
+        let cut = truncate_at(&path, offsets[4], false).unwrap();
+        assert_eq!((cut.kept, cut.acknowledged), (4, Some((5, 5))));
+        assert_eq!(lsns(&open(&path).unwrap().1), vec![1, 2, 3, 4]);
     }
 
     #[test]

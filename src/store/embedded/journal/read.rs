@@ -7,8 +7,8 @@ use std::io;
 use redb::StorageBackend;
 
 use super::{
-    ALIGN, ENTRY_HEADER, FILE_HEADER, FORMAT_VERSION, MAGIC, MAX_PAYLOAD, SECTOR, V1_HEADER, entry_checksum, u32_at,
-    u64_at, v1_checksum,
+    ALIGN, ENTRY_HEADER, FILE_HEADER, FIRST_ENTRY, FORMAT_VERSION, MAGIC, MAX_PAYLOAD, SEAL, SEAL_MAGIC, SEAL_SLOTS,
+    SECTOR, V1_HEADER, V2, entry_checksum, u32_at, u64_at, v1_checksum,
 };
 
 /// An entry as read back: its number and payload.
@@ -61,6 +61,9 @@ pub(crate) struct Read {
     /// Valid entries of the generation found after a hole: written, never
     /// synced, dropped (power loss).
     pub dropped: usize,
+    /// The header could not be read, and nothing past the database's
+    /// entries was found (see [`layout`]).
+    pub header_lost: bool,
 }
 
 /// Read the whole file behind `file`.
@@ -90,27 +93,118 @@ pub(super) fn entry_at(data: &[u8], off: usize, salt: u64) -> Option<(u64, u64, 
     Some((lsn, synced, start..start + size, (start + size).next_multiple_of(ALIGN)))
 }
 
-/// Parse a journal's bytes.
-pub(super) fn parse(data: &[u8]) -> Result<(Read, Option<(u64, u64)>), JournalError> {
-    if data.len() < 8 || data[..8] != MAGIC {
-        if data.iter().take(SECTOR as usize).all(|&b| b == 0) {
-            return Ok((Read { entries: Vec::new(), version: 0, dropped: 0 }, None));
+/// What a journal file holds, known from its bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// Never started: no header, no entries.
+    Empty,
+    /// A header that cannot be read, in a file with no entry past the
+    /// database's: nothing to replay (see [`layout`]).
+    Lost,
+    /// Version 1: entries from offset 0, no header.
+    V1,
+    /// A generation of version 2 or 3.
+    Generation { version: u32, salt: u64, first: u64 },
+}
+
+impl Layout {
+    /// Where the generation's entries start.
+    pub(super) fn first_entry(&self) -> usize {
+        match self {
+            Layout::Generation { version: V2, .. } => SECTOR as usize,
+            Layout::Generation { .. } => FIRST_ENTRY as usize,
+            Layout::Empty | Layout::Lost | Layout::V1 => 0,
         }
-        return Ok((Read { entries: parse_v1(data), version: 1, dropped: 0 }, None));
     }
-    let head = data
-        .get(..FILE_HEADER)
-        .ok_or_else(|| JournalError::Damaged { offset: 0, detail: "the file header is cut short".into() })?;
-    if crc32fast::hash(&head[..FILE_HEADER - 4]) != u32_at(head, FILE_HEADER - 4) {
-        return Err(JournalError::Damaged { offset: 0, detail: "the file header fails its checksum".into() });
+}
+
+/// The format of a journal's bytes, from what they hold: a header that
+/// passes its checksum, a version 1 entry at offset 0, or neither. A
+/// header that cannot be read (its checksum fails, its sector is blank or
+/// garbled) is never read as another format or as empty while the file
+/// holds a whole entry past `applied`, the last entry the database holds
+/// (an entry of any generation, checked against the salt it carries):
+/// such an entry may be an acknowledged write the database lacks, so the
+/// journal is damaged. Without one, nothing can be lost: the header was
+/// cut short by power loss as a generation started (every earlier entry
+/// was already in the database), or was never written.
+pub(super) fn layout(data: &[u8], applied: u64) -> Result<Layout, JournalError> {
+    let unreadable = |what: &str| match beyond(data, applied) {
+        Some((at, lsn)) => Err(JournalError::Damaged {
+            offset: 0,
+            detail: format!(
+                "{what}, and the file holds entry {lsn} (offset {at}), past the {applied} the database holds: \
+                 the header of the generation it belongs to was lost"
+            ),
+        }),
+        None => Ok(Layout::Lost),
+    };
+    if data.len() >= MAGIC.len() && data[..MAGIC.len()] == MAGIC {
+        let Some(head) = data.get(..FILE_HEADER) else {
+            return unreadable("the file header is cut short");
+        };
+        if crc32fast::hash(&head[..FILE_HEADER - 4]) != u32_at(head, FILE_HEADER - 4) {
+            return unreadable("the file header fails its checksum");
+        }
+        return match u32_at(head, 8) {
+            version @ (V2 | FORMAT_VERSION) => {
+                Ok(Layout::Generation { version, salt: u64_at(head, 16), first: u64_at(head, 24) })
+            }
+            version if version > FORMAT_VERSION => Err(JournalError::Unsupported(version)),
+            version => unreadable(&format!("the file header names format {version}, which no release wrote")),
+        };
     }
-    let version = u32_at(head, 8);
-    if version != FORMAT_VERSION {
-        return Err(JournalError::Unsupported(version));
+    let header = &data[..data.len().min(SECTOR as usize)];
+    if header.iter().all(|&b| b == 0) {
+        if beyond(data, 0).is_none() {
+            // Never written (a crash in the first start, after the file grew).
+            return Ok(Layout::Empty);
+        }
+        return unreadable("the file header is blank");
     }
-    let (salt, first) = (u64_at(head, 16), u64_at(head, 24));
+    if !parse_v1(data).is_empty() {
+        return Ok(Layout::V1);
+    }
+    unreadable("the file header is unreadable (neither a journal header nor a format 1 entry)")
+}
+
+/// The first whole entry of any generation past the header sector whose
+/// LSN is past `applied`: its offset and LSN.
+fn beyond(data: &[u8], applied: u64) -> Option<(usize, u64)> {
+    (SECTOR as usize..data.len().saturating_sub(ENTRY_HEADER))
+        .step_by(ALIGN)
+        .filter_map(|at| entry_at(data, at, u64_at(data, at + 8)).map(|(lsn, ..)| (at, lsn)))
+        .find(|&(_, lsn)| lsn > applied)
+}
+
+/// The newest whole seal of generation `salt`: the LSN it records as
+/// synced. A slot torn by power loss fails its checksum and is skipped;
+/// the other slot's seal is older and still true.
+pub(super) fn seal_of(data: &[u8], salt: u64) -> Option<u64> {
+    SEAL_SLOTS
+        .iter()
+        .filter_map(|&slot| {
+            let b = data.get(slot as usize..slot as usize + SEAL)?;
+            let valid =
+                b[..8] == SEAL_MAGIC && u64_at(b, 8) == salt && crc32fast::hash(&b[..SEAL - 4]) == u32_at(b, SEAL - 4);
+            valid.then(|| (u64_at(b, 16), u64_at(b, 24)))
+        })
+        .max()
+        .map(|(_, lsn)| lsn)
+}
+
+/// Parse a journal's bytes; `applied` is the last entry the database
+/// holds (see [`layout`]).
+pub(super) fn parse(data: &[u8], applied: u64) -> Result<Read, JournalError> {
+    let layout = layout(data, applied)?;
+    let (version, salt, first) = match layout {
+        Layout::Empty => return Ok(Read { entries: Vec::new(), version: 0, dropped: 0, header_lost: false }),
+        Layout::Lost => return Ok(Read { entries: Vec::new(), version: 0, dropped: 0, header_lost: true }),
+        Layout::V1 => return Ok(Read { entries: parse_v1(data), version: 1, dropped: 0, header_lost: false }),
+        Layout::Generation { version, salt, first } => (version, salt, first),
+    };
     let mut entries = Vec::new();
-    let mut off = SECTOR as usize;
+    let mut off = layout.first_entry();
     let mut expected = first;
     while let Some((lsn, _, payload, end)) = entry_at(data, off, salt) {
         if lsn != expected {
@@ -121,6 +215,15 @@ pub(super) fn parse(data: &[u8]) -> Result<(Read, Option<(u64, u64)>), JournalEr
         off = end;
     }
     // Where the run ends: is there evidence that what follows was synced?
+    if let Some(sealed) = seal_of(data, salt).filter(|&sealed| sealed >= expected) {
+        return Err(JournalError::Damaged {
+            offset: off as u64,
+            detail: format!(
+                "entry {expected} is unreadable, but the journal's seal records that entries up to {sealed} had \
+                 been synced"
+            ),
+        });
+    }
     let mut dropped = 0;
     let mut at = off;
     while at + ENTRY_HEADER <= data.len() {
@@ -144,7 +247,7 @@ pub(super) fn parse(data: &[u8]) -> Result<(Read, Option<(u64, u64)>), JournalEr
         }
         at += ALIGN;
     }
-    Ok((Read { entries, version, dropped }, Some((salt, first))))
+    Ok(Read { entries, version, dropped, header_lost: false })
 }
 
 /// Version 1: the longest run of whole, consecutive entries from offset 0.
