@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::model::document_event_id;
 use super::{EVENTS, FLOOR, Log, Logged, STATE, counter};
 use crate::document::StoredDoc;
 use crate::store::{Bound, Bson, DateTime, StoreResult};
@@ -142,9 +143,30 @@ impl Log {
                     .limit(crate::store::BATCH);
                 let batch = self.store.scan(&coll, scan).await?;
                 let full = batch.len() == crate::store::BATCH;
+                // A tombstone whose deletion event the log still holds
+                // stays (that event is its document's newest; the log is
+                // purged oldest first): the retention alone cannot promise
+                // it, as an event is logged a little after its write.
+                let last_events: Vec<(&str, String)> = batch
+                    .iter()
+                    .filter_map(|record| {
+                        let id = crate::store::record_id(record)?;
+                        let version = StoredDoc::from_record(record.clone()).ok()?.meta.v;
+                        Some((id, document_event_id(&coll, id, version)))
+                    })
+                    .collect();
+                let ids: Vec<String> = last_events.iter().map(|(_, event)| event.clone()).collect();
+                let held: std::collections::HashSet<String> = self
+                    .store
+                    .get_many(EVENTS, &ids)
+                    .await?
+                    .iter()
+                    .filter_map(crate::store::record_id)
+                    .map(str::to_owned)
+                    .collect();
                 let unsynced = self.store.unsynced();
                 let unsynced = &unsynced;
-                let deletes = batch.iter().filter_map(crate::store::record_id).map(|id| {
+                let deletes = last_events.iter().filter(|(_, event)| !held.contains(event)).map(|(id, _)| {
                     let (coll, filter) = (coll.as_str(), filter.clone());
                     async move { unsynced.delete(coll, id, filter).await }
                 });

@@ -22,6 +22,7 @@ crate::on_both_backends!(
     an_outbox_left_by_a_crash_reaches_the_log_in_version_order,
     shutdown_with_open_streams_is_prompt,
     tombstones_go_after_their_retention,
+    a_tombstone_stays_while_the_log_holds_its_deletion,
     a_stream_names_where_it_starts_so_a_client_resumes_before_any_event,
     pages_and_streams_of_large_events_are_read_in_bounded_batches,
 );
@@ -452,6 +453,68 @@ async fn tombstones_go_after_their_retention(backend: Backend) {
     expect(app.get("/v1/collections/t/documents/kept").await, 200).await;
     let again = create(&app, "t", "gone", json!({"n": 2})).await;
     assert_eq!(again["version"], 1);
+    app.stop().await;
+}
+
+/// A tombstone past its retention stays while the log still holds its
+/// deletion's event (here the log's purge fails): a document created
+/// under it would start at version 1 again and its events would take the
+/// ids of the old life's, which the log holds. Once the log lets them go,
+/// the tombstone goes, and the new life's events are published.
+async fn a_tombstone_stays_while_the_log_holds_its_deletion(backend: Backend) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let hold = Arc::new(AtomicBool::new(true));
+    let holding = Arc::clone(&hold);
+    let rule = move |op: &crate::faulty::Op| match (op.kind, op.coll) {
+        ("delete", EVENTS) if holding.load(Ordering::SeqCst) => crate::faulty::Act::FailBefore,
+        _ => crate::faulty::Act::Pass,
+    };
+    let tweak = |c: &mut txgate::config::Config| {
+        c.events.retention = Duration::from_millis(500);
+        c.events.tombstone_retention = Duration::from_millis(500);
+        c.txn.recovery_interval = Duration::from_millis(100);
+    };
+    let Some(app) = crate::faulty::rigged_app(backend, tweak, rule).await else { return };
+    create(&app, "t", "gone", json!({"n": 1})).await;
+    let del = app.request(reqwest::Method::DELETE, "/v1/collections/t/documents/gone").send().await.unwrap();
+    assert_eq!(del.status(), 204);
+    // Many purge passes past both retentions: the tombstone stays.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(app.get("/v1/collections/t/documents/gone").await.status(), 410, "the tombstone went first");
+    hold.store(false, Ordering::SeqCst);
+    let started = Instant::now();
+    while app.get("/v1/collections/t/documents/gone").await.status() != 404 {
+        assert!(started.elapsed() < Duration::from_secs(10), "the tombstone was not purged");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let again = create(&app, "t", "gone", json!({"n": 2})).await;
+    assert_eq!(again["version"], 1);
+    // The new life's first event is in the log, with its own data.
+    let started = Instant::now();
+    let mut after = 0u64;
+    loop {
+        let res = app
+            .request(reqwest::Method::GET, &format!("/v1/events?after={after}&limit=1000"))
+            .header("accept", "application/json")
+            .send()
+            .await
+            .unwrap();
+        if res.status() == 410 {
+            // The old life's events are purged: read from the oldest kept.
+            let p: Value = res.json().await.unwrap();
+            let detail = p["detail"].as_str().unwrap();
+            after = detail.rsplit("follows ").next().unwrap().trim_end_matches(')').parse().unwrap();
+            continue;
+        }
+        let page = expect(res, 200).await;
+        let found = page["items"].as_array().unwrap().iter().find(|e| e["id"] == "t/gone/1").cloned();
+        if let Some(event) = found {
+            assert_eq!(event["data"]["n"], 2, "the old life's event: {event}");
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "the new life's event was never published: {page}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     app.stop().await;
 }
 
