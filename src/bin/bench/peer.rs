@@ -55,6 +55,7 @@ struct WriterAt {
     commits: u64,
     syncs: u64,
     checkpoints: u64,
+    seals: u64,
     writes: u64,
     busy: u64,
     synced: u64,
@@ -70,6 +71,7 @@ impl WriterAt {
             commits: s.commits.load(Ordering::Relaxed),
             syncs: s.syncs.load(Ordering::Relaxed),
             checkpoints: s.checkpoints.load(Ordering::Relaxed),
+            seals: s.seals.load(Ordering::Relaxed),
             writes: s.writes.load(Ordering::Relaxed),
             busy: s.busy_nanos.load(Ordering::Relaxed),
             synced: s.synced_nanos.load(Ordering::Relaxed),
@@ -84,11 +86,12 @@ impl WriterAt {
         let per = |n: u64| n as f64 / done.max(1) as f64;
         let syncs = now.syncs - self.syncs;
         println!(
-            "writer {name}: {:.2} commits, {:.2} syncs and {:.2} writes per unit, {} checkpoints; busy {:.0}% of the time; a batch that syncs takes {:.3} ms on average",
+            "writer {name}: {:.2} commits, {:.2} syncs and {:.2} writes per unit, {} checkpoints, {} seals; busy {:.0}% of the time; a batch that syncs takes {:.3} ms on average",
             per(now.commits - self.commits),
             per(syncs),
             per(now.writes - self.writes),
             now.checkpoints - self.checkpoints,
+            now.seals - self.seals,
             100.0 * (now.busy - self.busy) as f64 / (now.at - self.at).as_nanos() as f64,
             (now.synced - self.synced) as f64 / syncs.max(1) as f64 / 1e6,
         );
