@@ -62,6 +62,10 @@ pub struct Sweep {
     pub images_per_point: usize,
     /// Every n-th crash point also runs a two-crash sequence (0: none).
     pub two_crash_every: u64,
+    /// Every n-th crash point also crashes the reopen of its last image
+    /// at each of the reopen's writes and syncs, and opens a third time
+    /// (0: none).
+    pub recovery_every: u64,
     /// Print a line per this many crash points (0: quiet).
     pub progress_every: u64,
 }
@@ -75,6 +79,8 @@ pub struct Report {
     pub crash_points: u64,
     pub images: u64,
     pub two_crash: u64,
+    /// Crashes inside a reopen (recovery), each checked on its images.
+    pub recovery_crashes: u64,
     /// Crash points by the operation interrupted.
     pub by_op: BTreeMap<&'static str, u64>,
 }
@@ -88,6 +94,8 @@ fn options() -> Options {
         // Checkpoints come only from the journal's size (deterministic).
         checkpoint_interval: None,
         quick_repair: true,
+        // Seals with every sync, not after an idle moment (deterministic).
+        seal_delay: Duration::ZERO,
         ..Options::default()
     }
 }
@@ -465,6 +473,39 @@ async fn crash_again(
     store.close().await.map_err(|e| e.to_string())
 }
 
+/// Crash the reopen of `image` at each of its writes and syncs in turn
+/// (replay, layout, the journal's new generation), and open a third time
+/// on what each crash left, only what was synced and a random subset: the
+/// same checks as after the first crash hold (recovery adds no state, so
+/// the state is one at or after the last answered write of `trace`).
+async fn crash_in_recovery(
+    image: &SimDisk,
+    trace: &Trace,
+    rng: &mut impl Rng,
+    report: &mut Report,
+) -> Result<(), String> {
+    let probe = image.copy();
+    let store = open(&probe)?;
+    let reopen_ops = probe.ops();
+    store.close().await.map_err(|e| e.to_string())?;
+    for k in 1..=reopen_ops {
+        let disk = image.copy();
+        disk.crash_at(k);
+        let store = open(&disk).map_err(|e| format!("reopen with a crash at its op {k}: {e}"))?;
+        store.close().await.map_err(|e| e.to_string())?;
+        let Some(crash) = disk.crash() else { continue };
+        for keep in [Keep::Durable, Keep::Random] {
+            let third = crash.survivor(keep, rng);
+            let (store, _) = recover(&third, trace).await.map_err(|e| {
+                format!("crash inside recovery at its op {k} of {reopen_ops} ({}), survivors {keep:?}: {e}", crash.op)
+            })?;
+            store.close().await.map_err(|e| e.to_string())?;
+            report.recovery_crashes += 1;
+        }
+    }
+    Ok(())
+}
+
 /// Open the store on `image` and check it against `trace`; the store, and
 /// which state of the history it holds.
 async fn recover(image: &SimDisk, trace: &Trace) -> Result<(EmbeddedStore, usize), String> {
@@ -523,6 +564,7 @@ pub(crate) async fn crash_point(
     point: u64,
     images: usize,
     two_crash: bool,
+    in_recovery: bool,
     rng: &mut impl Rng,
     report: &mut Report,
 ) -> Result<(), String> {
@@ -551,6 +593,9 @@ pub(crate) async fn crash_point(
                 crash.describe()
             )
         };
+        if in_recovery && image == images - 1 {
+            crash_in_recovery(&survivor, &trace, rng, report).await.map_err(context)?;
+        }
         let (recovered, _) = recover(&survivor, &trace).await.map_err(context)?;
         report.images += 1;
         if two_crash && image == images - 1 {
@@ -579,7 +624,8 @@ pub async fn sweep(cfg: &Sweep) -> Result<Report, String> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
     for point in 1..=ops {
         let two = cfg.two_crash_every > 0 && point % cfg.two_crash_every == 0;
-        crash_point(point, cfg.images_per_point, two, &mut rng, &mut report)
+        let in_recovery = cfg.recovery_every > 0 && point % cfg.recovery_every == 0;
+        crash_point(point, cfg.images_per_point, two, in_recovery, &mut rng, &mut report)
             .await
             .map_err(|e| format!("seed {}: {e}", cfg.seed))?;
         if cfg.progress_every > 0 && point % cfg.progress_every == 0 {

@@ -221,6 +221,21 @@ impl SimDisk {
         SimDisk { dev: Arc::new(Mutex::new(Device { files, listed, ..Device::default() })) }
     }
 
+    /// A copy of this device as it is (its files, what is durable and
+    /// pending, its media rules), with no crash armed and no operation
+    /// counted: the same image opened again from the start.
+    pub fn copy(&self) -> SimDisk {
+        let dev = self.lock();
+        SimDisk {
+            dev: Arc::new(Mutex::new(Device {
+                files: dev.files.clone(),
+                listed: dev.listed.clone(),
+                byte_atomic: dev.byte_atomic.clone(),
+                ..Device::default()
+            })),
+        }
+    }
+
     /// Bytes of file `name` as the store sees it now.
     pub fn contents(&self, name: &str) -> Option<Vec<u8>> {
         self.lock().files.get(name).map(|f| f.live.clone())

@@ -13,12 +13,19 @@ use txgate::testing::store::powerloss::{Sweep, sweep};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_store_survives_power_loss_at_every_write_and_sync() {
     let seed = std::env::var("TXGATE_POWER_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
-    let cfg = Sweep { seed, images_per_point: 4, two_crash_every: 3, progress_every: 0 };
+    let cfg = Sweep { seed, images_per_point: 4, two_crash_every: 3, recovery_every: 6, progress_every: 0 };
     let report = sweep(&cfg).await.unwrap_or_else(|e| panic!("{e}"));
     eprintln!(
-        "power loss: seed {}, {} writes and syncs in the workload, {} crash points ({:?}), {} survivor images, {} two-crash sequences",
-        report.seed, report.ops, report.crash_points, report.by_op, report.images, report.two_crash
+        "power loss: seed {}, {} writes and syncs in the workload, {} crash points ({:?}), {} survivor images, {} two-crash sequences, {} crashes inside recovery",
+        report.seed,
+        report.ops,
+        report.crash_points,
+        report.by_op,
+        report.images,
+        report.two_crash,
+        report.recovery_crashes
     );
+    assert!(report.recovery_crashes > 100, "the reopen was crashed {} times", report.recovery_crashes);
     assert_eq!(report.crash_points, report.ops, "every write and sync was a crash point");
     assert!(
         report.by_op.get("sync").copied().unwrap_or(0) > 10 && report.by_op.get("write").copied().unwrap_or(0) > 50

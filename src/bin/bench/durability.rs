@@ -234,19 +234,21 @@ pub async fn run(args: &DurabilityArgs) {
             seed,
             images_per_point: args.power_images,
             two_crash_every: 1,
+            recovery_every: 1,
             progress_every: 50,
         };
         let started = Instant::now();
         match txgate::testing::store::powerloss::sweep(&cfg).await {
             Ok(report) => println!(
                 "power loss: seed {}, {} writes and syncs in the workload, {} crash points ({:?}), {} survivor images, \
-                 {} two-crash sequences, all recovered, in {:.0} s",
+                 {} two-crash sequences, {} crashes inside recovery, all recovered, in {:.0} s",
                 report.seed,
                 report.ops,
                 report.crash_points,
                 report.by_op,
                 report.images,
                 report.two_crash,
+                report.recovery_crashes,
                 started.elapsed().as_secs_f64()
             ),
             Err(err) => {

@@ -147,6 +147,11 @@ pub struct Options {
     /// The most records an index build reads into one sorted run
     /// ([`build`]).
     pub run_records: usize,
+    /// How long the writer waits, idle after a sync, before it seals what
+    /// the sync covered (see `journal`). Zero: a seal with every sync,
+    /// before the answer, which makes the writes and syncs of a workload
+    /// the same on every run (the power-loss sweep's crash points).
+    pub seal_delay: Duration,
 }
 
 impl Default for Options {
@@ -158,6 +163,7 @@ impl Default for Options {
             checkpoint_interval: Some(DEFAULT_CHECKPOINT_INTERVAL),
             quick_repair: true,
             run_records: build::RUN_RECORDS,
+            seal_delay: journal::SEAL_DELAY,
         }
     }
 }

@@ -147,6 +147,7 @@ impl EmbeddedStore {
             catalog: Arc::clone(&catalog),
             stats: Arc::clone(&stats),
             interval: options.sync_interval,
+            seal_delay: options.seal_delay,
             checkpoint_bytes: options.checkpoint_bytes,
             checkpoint_interval: options.checkpoint_interval,
             uncheckpointed_since: None,

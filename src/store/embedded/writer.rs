@@ -112,6 +112,8 @@ pub(super) struct Writer {
     pub(super) catalog: Catalog,
     pub(super) stats: Arc<WriterStats>,
     pub(super) interval: Duration,
+    /// See `Options::seal_delay`.
+    pub(super) seal_delay: Duration,
     pub(super) checkpoint_bytes: u64,
     pub(super) checkpoint_interval: Option<Duration>,
     /// When the oldest commit not checkpointed yet was made.
@@ -205,7 +207,7 @@ impl Writer {
             let seal = self
                 .synced_at
                 .filter(|_| self.journal.needs_seal())
-                .map(|at| journal::SEAL_DELAY.saturating_sub(at.elapsed()));
+                .map(|at| self.seal_delay.saturating_sub(at.elapsed()));
             let Some(left) = [sync, checkpoint, seal].into_iter().flatten().min() else {
                 return rx.recv().ok();
             };
@@ -411,6 +413,9 @@ impl Writer {
         self.unsynced_since = None;
         self.synced_at = Some(Instant::now());
         self.stats.unsynced.store(false, Ordering::SeqCst);
+        if self.seal_delay.is_zero() {
+            self.seal_or_stop();
+        }
     }
 
     /// Make redb durable with every commit so far, and start the journal
