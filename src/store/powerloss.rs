@@ -104,6 +104,7 @@ fn options() -> Options {
 /// the medium.
 fn new_disk() -> SimDisk {
     let disk = SimDisk::new();
+    disk.slow_syncs(Duration::from_micros(50));
     disk.byte_atomic(super::embedded::DATABASE_FILE);
     disk.byte_atomic("txgate.redb.new");
     disk
@@ -225,6 +226,41 @@ async fn document_write(store: &EmbeddedStore, id: &str, v: i64, status: &str, n
     store.write_in_order(chain, Durability::Synced).await
 }
 
+/// A document write (see [`document_write`]) with a reader polling the
+/// document meanwhile; whether a read whose snapshot came before the crash
+/// (it ended before the crash) saw the new version. Such a write was
+/// visible, so it must survive as if answered: a commit is visible only
+/// once durable.
+async fn watched_write(
+    disk: &SimDisk,
+    store: &EmbeddedStore,
+    id: &str,
+    v: i64,
+    status: &str,
+    n: i64,
+) -> (super::StoreResult<usize>, bool) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let done = AtomicBool::new(false);
+    let write = async {
+        let result = document_write(store, id, v, status, n).await;
+        done.store(true, Ordering::SeqCst);
+        result
+    };
+    let watch = async {
+        let mut seen = false;
+        while !done.load(Ordering::SeqCst) {
+            if let Ok(Some(record)) = store.get("docs", id).await {
+                if record.get_i64("v").unwrap_or(0) >= v && !disk.crashed() {
+                    seen = true;
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+        seen
+    };
+    tokio::join!(write, watch)
+}
+
 /// The workload; returns when it is done or the disk has crashed.
 async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) -> Result<(), String> {
     trace.history.push(store.dump().map_err(|e| e.to_string())?);
@@ -263,7 +299,18 @@ async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) 
         }
         match i % 6 {
             0 | 3 => {
-                step!(disk, store, trace, true, document_write(store, &id, v, "open", i));
+                let (result, seen) = watched_write(disk, store, &id, v, "open", i).await;
+                let answered_before = !disk.crashed();
+                if let Err(err) = result {
+                    return Err(format!("the workload's call failed: {err}"));
+                }
+                trace.history.push(store.dump().map_err(|e| e.to_string())?);
+                if answered_before || seen {
+                    trace.acked = trace.history.len() - 1;
+                }
+                if disk.crashed() {
+                    return Ok(());
+                }
                 versions.insert(id, v);
             }
             1 => {

@@ -54,6 +54,8 @@ struct Device {
     panic_at: Option<u64>,
     /// Files whose torn writes leave each byte old or new, never garbage.
     byte_atomic: BTreeSet<String>,
+    /// How long each sync takes (readers run meanwhile).
+    slow_sync: Option<std::time::Duration>,
 }
 
 /// What was on the device when the crash came: each file's durable image
@@ -192,6 +194,12 @@ impl SimDisk {
     /// journal gets no such promise.
     pub fn byte_atomic(&self, name: &str) {
         self.lock().byte_atomic.insert(name.to_owned());
+    }
+
+    /// Make each sync take `d`: what a reader sees while a write is being
+    /// synced is then a real question.
+    pub fn slow_syncs(&self, d: std::time::Duration) {
+        self.lock().slow_sync = Some(d);
     }
 
     /// Writes and syncs so far.
@@ -374,6 +382,12 @@ impl StorageBackend for SimBackend {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        let slow = self.disk.lock().slow_sync;
+        if let Some(slow) = slow {
+            // Before the sync counts: a reader meanwhile sees only what
+            // was visible before it.
+            std::thread::sleep(slow);
+        }
         let mut dev = self.disk.lock();
         dev.tick("sync");
         let file = dev.file(&self.name)?;
