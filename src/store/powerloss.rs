@@ -190,7 +190,7 @@ macro_rules! step {
         if let Err(err) = result {
             return Err(format!("the workload's call failed: {err}"));
         }
-        $trace.history.push($store.dump().map_err(|e| e.to_string())?);
+        $trace.history.push($store.dump_with_catalog().map_err(|e| e.to_string())?);
         if $synced && answered_before {
             $trace.acked = $trace.history.len() - 1;
         }
@@ -263,7 +263,7 @@ async fn watched_write(
 
 /// The workload; returns when it is done or the disk has crashed.
 async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) -> Result<(), String> {
-    trace.history.push(store.dump().map_err(|e| e.to_string())?);
+    trace.history.push(store.dump_with_catalog().map_err(|e| e.to_string())?);
     for (coll, spec) in indexes() {
         step!(disk, store, trace, true, store.ensure_index(coll, spec));
     }
@@ -304,7 +304,7 @@ async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) 
                 if let Err(err) = result {
                     return Err(format!("the workload's call failed: {err}"));
                 }
-                trace.history.push(store.dump().map_err(|e| e.to_string())?);
+                trace.history.push(store.dump_with_catalog().map_err(|e| e.to_string())?);
                 if answered_before || seen {
                     trace.acked = trace.history.len() - 1;
                 }
@@ -406,7 +406,7 @@ async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) 
                         return Ok(());
                     }
                     *store = open(disk)?;
-                    trace.history.push(store.dump().map_err(|e| e.to_string())?);
+                    trace.history.push(store.dump_with_catalog().map_err(|e| e.to_string())?);
                     if disk.crashed() {
                         return Ok(());
                     }
@@ -423,7 +423,7 @@ async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) 
 /// A little more after a recovery: an index dropped and made again, then
 /// writes of one size, the last ones unsynced.
 async fn more(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) -> Result<(), String> {
-    trace.history.push(store.dump().map_err(|e| e.to_string())?);
+    trace.history.push(store.dump_with_catalog().map_err(|e| e.to_string())?);
     for (coll, spec) in indexes() {
         step!(disk, store, trace, true, store.ensure_index(coll, spec));
     }
@@ -447,7 +447,7 @@ async fn more(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) -> R
 /// synced: after a crash that lost a generation's first entry but kept
 /// later ones, the next generation's entries line up with the old ones.
 async fn uniform(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace, tag: char) -> Result<(), String> {
-    trace.history.push(store.dump().map_err(|e| e.to_string())?);
+    trace.history.push(store.dump_with_catalog().map_err(|e| e.to_string())?);
     for j in 0..24 {
         let r = doc(&[("_id", format!("{tag}{j:04}").into()), ("pad", "u".repeat(120).into())]);
         let synced = j % 4 == 3;
@@ -475,12 +475,20 @@ pub(crate) async fn uniform_point(
     let Some(crash) = disk.crash() else { return Ok(()) };
     report.crash_points += 1;
     for image in 0..images {
-        let keep = if image == 0 { Keep::Durable } else { Keep::Random };
+        // The second image, every time: the first pending write lost and
+        // the rest kept; the recovered store crashed at its first write,
+        // kept (its first entry, where the lost one was, with the stale
+        // ones after it).
+        let (keep, then) = match image {
+            0 => (Keep::Durable, (Keep::Random, None)),
+            1 => (Keep::AllButFirst, (Keep::All, Some(1))),
+            _ => (Keep::Random, (Keep::Random, None)),
+        };
         let survivor = crash.survivor(keep, rng);
         let context =
             |e: String| format!("uniform workload, crash at op {point} ({}), {keep:?} image {image}: {e}", crash.op);
         let (recovered, _) = recover(&survivor, &trace).await.map_err(context)?;
-        crash_again(&survivor, recovered, Again::Uniform, rng).await.map_err(context)?;
+        crash_again(&survivor, recovered, Again::Uniform, then, rng).await.map_err(context)?;
         report.images += 1;
         report.two_crash += 1;
     }
@@ -503,10 +511,11 @@ async fn crash_again(
     survivor: &SimDisk,
     mut recovered: EmbeddedStore,
     again: Again,
+    (keep, at): (Keep, Option<u64>),
     rng: &mut impl Rng,
 ) -> Result<(), String> {
     let mut second = Trace::default();
-    survivor.crash_at(survivor.ops() + rng.random_range(1..=60));
+    survivor.crash_at(survivor.ops() + at.unwrap_or_else(|| rng.random_range(1..=60)));
     match again {
         Again::More => more(survivor, &mut recovered, &mut second).await?,
         Again::Uniform => uniform(survivor, &mut recovered, &mut second, 'b').await?,
@@ -514,7 +523,7 @@ async fn crash_again(
     survivor.crash_now();
     recovered.close().await.map_err(|e| e.to_string())?;
     let crash = survivor.crash().expect("crashed");
-    let image = crash.survivor(Keep::Random, rng);
+    let image = crash.survivor(keep, rng);
     let (store, _) =
         recover(&image, &second).await.map_err(|e| format!("second crash at op {} ({}): {e}", crash.at, crash.op))?;
     store.close().await.map_err(|e| e.to_string())
@@ -557,7 +566,7 @@ async fn crash_in_recovery(
 /// which state of the history it holds.
 async fn recover(image: &SimDisk, trace: &Trace) -> Result<(EmbeddedStore, usize), String> {
     let store = open(image)?;
-    let state = store.dump().map_err(|e| e.to_string())?;
+    let state = store.dump_with_catalog().map_err(|e| e.to_string())?;
     let at = trace.history.iter().rposition(|h| *h == state);
     match at {
         None => {
@@ -646,7 +655,7 @@ pub(crate) async fn crash_point(
         let (recovered, _) = recover(&survivor, &trace).await.map_err(context)?;
         report.images += 1;
         if two_crash && image == images - 1 {
-            crash_again(&survivor, recovered, Again::More, rng).await.map_err(context)?;
+            crash_again(&survivor, recovered, Again::More, (Keep::Random, None), rng).await.map_err(context)?;
             report.two_crash += 1;
         } else {
             // It takes writes again.

@@ -82,6 +82,10 @@ pub enum Keep {
     /// A random subset of the pending writes, the interrupted one
     /// possibly torn.
     Random,
+    /// Every pending change but each file's first data write: a write
+    /// lost while later ones reached the disk (the stale-entry case a
+    /// journal's salt must catch), every time.
+    AllButFirst,
 }
 
 impl Device {
@@ -267,7 +271,7 @@ impl Crash {
             let exists = listed
                 || match keep {
                     Keep::Durable => false,
-                    Keep::All => true,
+                    Keep::All | Keep::AllButFirst => true,
                     Keep::Random => rng.random_bool(0.5),
                 };
             if !exists {
@@ -280,9 +284,10 @@ impl Crash {
             let lengths = pending.iter().filter(|c| matches!(c, Pending::SetLen(_))).count();
             let mut lengths_kept = match keep {
                 Keep::Durable => 0,
-                Keep::All => lengths,
+                Keep::All | Keep::AllButFirst => lengths,
                 Keep::Random => rng.random_range(0..=lengths),
             };
+            let first_write = pending.iter().position(|c| matches!(c, Pending::Write { .. }));
             for (i, change) in pending.iter().enumerate() {
                 let kept = match (keep, change) {
                     (_, Pending::SetLen(_)) => {
@@ -292,6 +297,7 @@ impl Crash {
                     }
                     (Keep::Durable, _) => false,
                     (Keep::All, _) => true,
+                    (Keep::AllButFirst, _) => first_write != Some(i),
                     (Keep::Random, _) => rng.random_bool(0.5),
                 };
                 if !kept {

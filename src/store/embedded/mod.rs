@@ -266,6 +266,21 @@ impl EmbeddedStore {
         Ok(out)
     }
 
+    /// [`Self::dump`] with the index catalog: each declared index as a
+    /// record `("#catalog", "{collection}/{name}")` holding its spec, so
+    /// that declarations are compared as records are.
+    pub fn dump_with_catalog(&self) -> StoreResult<std::collections::BTreeMap<(String, String), Vec<u8>>> {
+        let mut out = self.dump()?;
+        let txn = self.reader.db.begin_read().map_err(internal)?;
+        let table = txn.open_table(CATALOG).map_err(internal)?;
+        for row in table.iter().map_err(internal)? {
+            let (k, v) = row.map_err(internal)?;
+            let (coll, name) = k.value();
+            out.insert(("#catalog".to_owned(), format!("{coll}/{name}")), v.value().to_vec());
+        }
+        Ok(out)
+    }
+
     /// Check, in one snapshot, that every index holds exactly one entry per
     /// record it should hold, under the key that record gives it, and
     /// nothing else, and that the counts of counted indexes are those of

@@ -226,8 +226,8 @@ fn replay(
         tracing::warn!(
             journal = name,
             applied,
-            "the journal's header was unreadable, and it holds no entry past the database's: a generation's start \
-             cut short by power loss; nothing is lost, and a new generation starts"
+            "the journal's header was unreadable, and nothing in it records a synced entry past the database's: a \
+             generation's start cut short by power loss; nothing acknowledged is lost, and a new generation starts"
         );
     }
     if read.dropped > 0 {

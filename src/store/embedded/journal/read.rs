@@ -122,19 +122,21 @@ impl Layout {
 /// passes its checksum, a version 1 entry at offset 0, or neither. A
 /// header that cannot be read (its checksum fails, its sector is blank or
 /// garbled) is never read as another format or as empty while the file
-/// holds a whole entry past `applied`, the last entry the database holds
-/// (an entry of any generation, checked against the salt it carries):
-/// such an entry may be an acknowledged write the database lacks, so the
-/// journal is damaged. Without one, nothing can be lost: the header was
-/// cut short by power loss as a generation started (every earlier entry
-/// was already in the database), or was never written.
+/// proves that an entry past `applied`, the last entry the database holds,
+/// had been synced (a whole entry of any generation, checked against the
+/// salt it carries, or a seal, recording a synced LSN past it): that is an
+/// acknowledged write the database lacks, so the journal is damaged.
+/// Without such proof nothing acknowledged can be lost: the header was cut
+/// short by power loss as a generation started (every earlier entry was
+/// already in the database, and later ones were never synced), or was
+/// never written.
 pub(super) fn layout(data: &[u8], applied: u64) -> Result<Layout, JournalError> {
-    let unreadable = |what: &str| match beyond(data, applied) {
-        Some((at, lsn)) => Err(JournalError::Damaged {
+    let unreadable = |what: &str| match synced_beyond(data, applied) {
+        Some((at, synced)) => Err(JournalError::Damaged {
             offset: 0,
             detail: format!(
-                "{what}, and the file holds entry {lsn} (offset {at}), past the {applied} the database holds: \
-                 the header of the generation it belongs to was lost"
+                "{what}, and the file records (at offset {at}) that entries up to {synced} had been synced, \
+                 past the {applied} the database holds: the header of the generation they belong to was lost"
             ),
         }),
         None => Ok(Layout::Lost),
@@ -156,7 +158,7 @@ pub(super) fn layout(data: &[u8], applied: u64) -> Result<Layout, JournalError> 
     }
     let header = &data[..data.len().min(SECTOR as usize)];
     if header.iter().all(|&b| b == 0) {
-        if beyond(data, 0).is_none() {
+        if !any_entry(data) {
             // Never written (a crash in the first start, after the file grew).
             return Ok(Layout::Empty);
         }
@@ -168,13 +170,27 @@ pub(super) fn layout(data: &[u8], applied: u64) -> Result<Layout, JournalError> 
     unreadable("the file header is unreadable (neither a journal header nor a format 1 entry)")
 }
 
-/// The first whole entry of any generation past the header sector whose
-/// LSN is past `applied`: its offset and LSN.
-fn beyond(data: &[u8], applied: u64) -> Option<(usize, u64)> {
+/// Where the file records a synced LSN past `applied`, and that LSN: a
+/// whole entry of any generation past the header sector (checked against
+/// the salt it carries) or a whole seal of any generation.
+fn synced_beyond(data: &[u8], applied: u64) -> Option<(usize, u64)> {
+    let seals = SEAL_SLOTS.iter().filter_map(|&slot| {
+        let b = data.get(slot as usize..slot as usize + SEAL)?;
+        let valid = b[..8] == SEAL_MAGIC && crc32fast::hash(&b[..SEAL - 4]) == u32_at(b, SEAL - 4);
+        valid.then(|| (slot as usize, u64_at(b, 24)))
+    });
+    let entries = (SECTOR as usize..data.len().saturating_sub(ENTRY_HEADER))
+        .step_by(ALIGN)
+        .filter_map(|at| entry_at(data, at, u64_at(data, at + 8)).map(|(_, synced, ..)| (at, synced)));
+    seals.chain(entries).find(|&(_, synced)| synced > applied)
+}
+
+/// Whether the file past the header sector holds a whole entry of any
+/// generation.
+fn any_entry(data: &[u8]) -> bool {
     (SECTOR as usize..data.len().saturating_sub(ENTRY_HEADER))
         .step_by(ALIGN)
-        .filter_map(|at| entry_at(data, at, u64_at(data, at + 8)).map(|(lsn, ..)| (at, lsn)))
-        .find(|&(_, lsn)| lsn > applied)
+        .any(|at| entry_at(data, at, u64_at(data, at + 8)).is_some())
 }
 
 /// The newest whole seal of generation `salt`: the LSN it records as
