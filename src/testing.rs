@@ -110,7 +110,7 @@ pub mod store {
         };
     }
     pub mod simdisk {
-        pub use crate::store::simdisk::{Keep, SimDisk};
+        pub use crate::store::simdisk::{Crash, Keep, SimDisk};
     }
     pub mod templates {
         pub use crate::store::templates::Templates;

@@ -59,9 +59,9 @@ pub(super) fn write_backup(snapshot: &redb::ReadTransaction, dest: &Path) -> Sto
 
 /// Copy every table `snapshot` reads into a new database on `disk`, synced;
 /// the records copied and the journal position the snapshot includes.
-fn copy_snapshot(
+pub(super) fn copy_snapshot(
     snapshot: &redb::ReadTransaction,
-    disk: &DirDisk,
+    disk: &dyn Disk,
     failed: &dyn Fn(&str, &dyn std::fmt::Display) -> StoreError,
 ) -> StoreResult<(u64, u64)> {
     // Behind a fence raised before redb drops it, on every path: the

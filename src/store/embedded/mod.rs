@@ -51,7 +51,7 @@ use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
-use super::disk::DirDisk;
+use super::disk::{DirDisk, Disk};
 use super::{Durability, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
 use apply::WriteOp;
 use backup::write_backup;
@@ -264,6 +264,23 @@ impl EmbeddedStore {
             out.insert((coll.to_owned(), id.to_owned()), v.value().to_vec());
         }
         Ok(out)
+    }
+
+    /// What a backup writes into its directory, written onto `disk`
+    /// instead (the power-loss tests' simulated disk): a snapshot taken
+    /// right after a sync, copied into a new database there. The records
+    /// copied.
+    pub async fn backup_onto(&self, disk: Arc<dyn Disk>) -> StoreResult<u64> {
+        let (tx, rx) = oneshot::channel();
+        self.queue(WriteOp::Snapshot(tx), Durability::Synced).await?;
+        let snapshot = rx.await.map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))??;
+        tokio::task::spawn_blocking(move || {
+            let failed =
+                |what: &str, e: &dyn std::fmt::Display| StoreError::Unavailable(format!("backup: {what}: {e}"));
+            backup::copy_snapshot(&snapshot, disk.as_ref(), &failed).map(|(records, _)| records)
+        })
+        .await
+        .map_err(internal)?
     }
 
     /// [`Self::dump`] with the index catalog: each declared index as a
