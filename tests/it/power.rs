@@ -705,7 +705,7 @@ async fn embedded_backup_survives_power_loss_while_it_is_written() {
 async fn embedded_restored_backup_survives_power_loss() {
     use std::sync::Arc;
     use txgate::testing::store::embedded::{DATABASE_FILE, EmbeddedStore, Options};
-    use txgate::testing::store::simdisk::{Keep, SimDisk};
+    use txgate::testing::store::simdisk::SimDisk;
     use txgate::testing::store::{Durability, Store, Write};
     let dir = tempfile::tempdir().unwrap();
     let source = Arc::new(EmbeddedStore::open(&dir.path().join("data")).unwrap());
@@ -742,29 +742,12 @@ async fn embedded_restored_backup_survives_power_loss() {
     restored.verify_indexes().unwrap();
     restored.close().await.unwrap();
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7);
-    let mut points = 0;
-    for point in 1.. {
+    let fresh = || {
         let disk = SimDisk::load(&backup).unwrap();
         disk.byte_atomic(DATABASE_FILE);
-        disk.crash_at(point);
-        let store = EmbeddedStore::open_on(Arc::new(disk.clone()), &options).unwrap();
-        for i in 0..30 {
-            let record = mongodb::bson::doc! {"_id": format!("y{i:02}"), "p": "y".repeat(300)};
-            let durability = if i % 3 == 0 { Durability::Synced } else { Durability::Unsynced };
-            store.write("c", Write::Insert(record), durability).await.unwrap();
-        }
-        store.close().await.unwrap();
-        let Some(crash) = disk.crash() else { break };
-        points += 1;
-        for keep in [Keep::All, Keep::Durable, Keep::Random] {
-            let image = crash.survivor(keep, &mut rng);
-            let reopened = EmbeddedStore::open_on(Arc::new(image), &options)
-                .unwrap_or_else(|e| panic!("crash at op {point} ({}), {keep:?}: {e}", crash.op));
-            reopened.verify_indexes().unwrap();
-            assert!(reopened.get("c", &format!("x{:03}", held - 1)).await.unwrap().is_some());
-            reopened.close().await.unwrap();
-        }
-    }
+        disk
+    };
+    let points = crash_first_work(fresh, 30, &options, Some(&format!("x{:03}", held - 1)), &mut rng).await;
     assert!(points > 50, "{points} crash points");
 }
 
@@ -816,12 +799,32 @@ async fn embedded_refused_start_leaves_the_database_as_it_was() {
     file.write(0, &vec![0u8; journal.len()]).unwrap();
     file.sync_data().unwrap();
     drop(file);
+    let points = crash_first_work(|| image.copy(), 20, &options, None, &mut rng).await;
+    assert!(points > 30, "{points} crash points");
+}
+
+/// The first work of a store opened on `fresh()` (`writes` inserts, every
+/// third synced) crashed at each of its writes and syncs in turn: every
+/// image of what each crash left (everything written, only what was
+/// synced, a random subset) opens with its indexes whole, and holds
+/// record `kept` of collection `c` if one is named. The crash points.
+async fn crash_first_work(
+    fresh: impl Fn() -> txgate::testing::store::simdisk::SimDisk,
+    writes: usize,
+    options: &txgate::testing::store::embedded::Options,
+    kept: Option<&str>,
+    rng: &mut rand::rngs::StdRng,
+) -> usize {
+    use std::sync::Arc;
+    use txgate::testing::store::embedded::EmbeddedStore;
+    use txgate::testing::store::simdisk::Keep;
+    use txgate::testing::store::{Durability, Store, Write};
     let mut points = 0;
     for point in 1.. {
-        let disk = image.copy();
+        let disk = fresh();
         disk.crash_at(point);
-        let store = EmbeddedStore::open_on(Arc::new(disk.clone()), &options).unwrap();
-        for i in 0..20 {
+        let store = EmbeddedStore::open_on(Arc::new(disk.clone()), options).unwrap();
+        for i in 0..writes {
             let record = mongodb::bson::doc! {"_id": format!("y{i:02}"), "p": "y".repeat(300)};
             let durability = if i % 3 == 0 { Durability::Synced } else { Durability::Unsynced };
             store.write("c", Write::Insert(record), durability).await.unwrap();
@@ -830,14 +833,17 @@ async fn embedded_refused_start_leaves_the_database_as_it_was() {
         let Some(crash) = disk.crash() else { break };
         points += 1;
         for keep in [Keep::All, Keep::Durable, Keep::Random] {
-            let image = crash.survivor(keep, &mut rng);
-            let reopened = EmbeddedStore::open_on(Arc::new(image), &options)
+            let image = crash.survivor(keep, rng);
+            let reopened = EmbeddedStore::open_on(Arc::new(image), options)
                 .unwrap_or_else(|e| panic!("crash at op {point} ({}), {keep:?}: {e}", crash.op));
             reopened.verify_indexes().unwrap();
+            if let Some(id) = kept {
+                assert!(reopened.get("c", id).await.unwrap().is_some(), "crash at op {point}, {keep:?}: {id} lost");
+            }
             reopened.close().await.unwrap();
         }
     }
-    assert!(points > 30, "{points} crash points");
+    points
 }
 
 /// A crash after checkpoints needs no full repair of redb's file at the

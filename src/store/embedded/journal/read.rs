@@ -174,15 +174,30 @@ pub(super) fn layout(data: &[u8], applied: u64) -> Result<Layout, JournalError> 
 /// whole entry of any generation past the header sector (checked against
 /// the salt it carries) or a whole seal of any generation.
 fn synced_beyond(data: &[u8], applied: u64) -> Option<(usize, u64)> {
-    let seals = SEAL_SLOTS.iter().filter_map(|&slot| {
-        let b = data.get(slot as usize..slot as usize + SEAL)?;
-        let valid = b[..8] == SEAL_MAGIC && crc32fast::hash(&b[..SEAL - 4]) == u32_at(b, SEAL - 4);
-        valid.then(|| (slot as usize, u64_at(b, 24)))
-    });
+    let seals = seals(data).map(|seal| (seal.slot, seal.lsn));
     let entries = (SECTOR as usize..data.len().saturating_sub(ENTRY_HEADER))
         .step_by(ALIGN)
         .filter_map(|at| entry_at(data, at, u64_at(data, at + 8)).map(|(_, synced, ..)| (at, synced)));
     seals.chain(entries).find(|&(_, synced)| synced > applied)
+}
+
+/// A whole seal, as read from its slot.
+struct Seal {
+    slot: usize,
+    salt: u64,
+    number: u64,
+    lsn: u64,
+}
+
+/// The whole seals in the file's slots, of any generation: a slot torn
+/// by power loss fails its checksum and is skipped.
+fn seals(data: &[u8]) -> impl Iterator<Item = Seal> + '_ {
+    SEAL_SLOTS.iter().filter_map(|&slot| {
+        let slot = slot as usize;
+        let b = data.get(slot..slot + SEAL)?;
+        let whole = b[..8] == SEAL_MAGIC && crc32fast::hash(&b[..SEAL - 4]) == u32_at(b, SEAL - 4);
+        whole.then(|| Seal { slot, salt: u64_at(b, 8), number: u64_at(b, 16), lsn: u64_at(b, 24) })
+    })
 }
 
 /// Whether the file past the header sector holds a whole entry of any
@@ -194,19 +209,9 @@ fn any_entry(data: &[u8]) -> bool {
 }
 
 /// The newest whole seal of generation `salt`: the LSN it records as
-/// synced. A slot torn by power loss fails its checksum and is skipped;
-/// the other slot's seal is older and still true.
+/// synced (the other slot's seal is older and still true).
 pub(super) fn seal_of(data: &[u8], salt: u64) -> Option<u64> {
-    SEAL_SLOTS
-        .iter()
-        .filter_map(|&slot| {
-            let b = data.get(slot as usize..slot as usize + SEAL)?;
-            let valid =
-                b[..8] == SEAL_MAGIC && u64_at(b, 8) == salt && crc32fast::hash(&b[..SEAL - 4]) == u32_at(b, SEAL - 4);
-            valid.then(|| (u64_at(b, 16), u64_at(b, 24)))
-        })
-        .max()
-        .map(|(_, lsn)| lsn)
+    seals(data).filter(|seal| seal.salt == salt).max_by_key(|seal| seal.number).map(|seal| seal.lsn)
 }
 
 /// Parse a journal's bytes; `applied` is the last entry the database
