@@ -91,34 +91,15 @@ async fn migrate(config: Config) -> Result<(), String> {
 /// stopped (the database is opened to make sure no process holds it), cut
 /// the journal there, or say what the cut would keep and drop.
 fn truncate_journal(config: &Config, at: u64, dry_run: bool) -> Result<String, String> {
-    use txgate::journal::{DATABASE_FILE, JOURNAL_FILE};
     let StoreConfig::Embedded { data_dir, .. } = &config.store else {
         return Err("the journal belongs to the embedded store; this configuration uses MongoDB".into());
     };
-    let db = data_dir.join(DATABASE_FILE);
-    let journal = data_dir.join(JOURNAL_FILE);
-    if !journal.exists() {
-        return Err(format!("{} does not exist", journal.display()));
+    if !data_dir.is_dir() {
+        return Err(format!("{} is not a directory", data_dir.display()));
     }
-    // Never made here: an empty database beside a journal would drop
-    // every record the journal does not hold.
-    if !db.exists() {
-        return Err(format!(
-            "{} does not exist: not the data directory of an embedded store, or its database is lost (restore a backup)",
-            db.display()
-        ));
-    }
-    // A dry run reads the journal only.
-    match if dry_run { Ok(None) } else { redb::Database::open(&db).map(Some) } {
-        // Held (not closed) until the process ends: the store never closes
-        // redb itself (see `store::embedded`).
-        Ok(held) => std::mem::forget(held),
-        Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
-            return Err(format!("{} is in use: stop the gateway first", db.display()));
-        }
-        Err(err) => return Err(format!("cannot open {}: {err}", db.display())),
-    }
-    let cut = txgate::journal::truncate_at(&journal, at, dry_run)?;
+    let disk = txgate::journal::DirDisk::create(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    let journal = disk.path().join(txgate::journal::JOURNAL_FILE);
+    let cut = txgate::journal::truncate_journal(&disk, at, dry_run)?;
     let verb = if dry_run { "would be" } else { "are" };
     let acknowledged = match cut.acknowledged {
         Some((from, to)) => {

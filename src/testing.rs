@@ -82,13 +82,15 @@ pub mod store {
         pub use crate::store::convert::object_to_document;
     }
     pub mod disk {
-        pub use crate::store::disk::{DirDisk, Disk};
+        pub use crate::store::disk::{DirDisk, Disk, Fence};
     }
     pub mod embedded {
-        pub use crate::store::embedded::{DATABASE_FILE, EmbeddedStore, JOURNAL_FILE, MAX_BATCH_BYTES, Options};
+        pub use crate::store::embedded::{
+            DATABASE_FILE, EmbeddedStore, JOURNAL_FILE, MAX_BATCH_BYTES, Options, truncate_journal,
+        };
     }
     pub mod journal {
-        pub use crate::store::journal::truncate_at;
+        pub use crate::store::journal::{truncate_at, truncate_on};
     }
     pub mod layer {
         pub use crate::store::layer::{Layer, Layered, Op};
@@ -101,7 +103,7 @@ pub mod store {
         pub use crate::store::server::ServerInfo;
     }
     pub mod powerloss {
-        pub use crate::store::powerloss::{Sweep, sweep};
+        pub use crate::store::powerloss::{Sweep, crash_the_first_open, sweep};
     }
     pub mod scans {
         pub use crate::store::scans::{

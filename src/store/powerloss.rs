@@ -8,10 +8,14 @@
 //! transactions (the record and a member's lock unsynced, the commit CAS
 //! synced, the roll-forward unsynced), refused conditional writes,
 //! deletes, log appends, syncs, index changes, an online index build made
-//! a few records a step (across the clean reopen), checkpoints (the journal is
-//! kept small so they come often), and a clean close and reopen half-way.
-//! After every call the harness keeps the store's whole state: the history
-//! of commits. A crash comes at the n-th write or sync of the device; the
+//! a few records a step (across the clean reopen), an index dropped and
+//! made again and another made over existing records (offline builds),
+//! checkpoints (the journal is kept small so they come often), a clean
+//! close and reopen half-way and another at the end, followed by an online
+//! build whose last step alone makes it durable. After every call the
+//! harness keeps the store's whole state (records, index declarations and
+//! their states): the history of commits. An answer counts as given when
+//! the store records it, just before it answers ([`Options::on_answer`]). A crash comes at the n-th write or sync of the device; the
 //! harness then opens the store on the surviving image and checks that
 //! - it opens, without a panic;
 //! - its state is the state after some call of the history, at or after
@@ -23,7 +27,9 @@
 //!   those of the entries it has; built again from its first record, as a
 //!   restarted gateway builds it, it lacks none; once recorded ready, it
 //!   lacks none without being built again);
-//! - it takes writes again.
+//! - it takes writes again;
+//! - damage to what its journal says was synced refuses the start
+//!   ([`synced_damage_refused`], on the synced-only image).
 //!
 //! A two-crash sequence goes on from there: the recovered store writes a
 //! little more, crashes again with its last writes unsynced, and is
@@ -39,7 +45,7 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 
-use super::embedded::{EmbeddedStore, Options};
+use super::embedded::{EmbeddedStore, OnAnswer, Options};
 use super::simdisk::{Keep, SimDisk};
 use super::{Document, Durability, IndexSpec, LOG_SEQ, Store, Update, Write};
 
@@ -81,8 +87,29 @@ pub struct Report {
     pub two_crash: u64,
     /// Crashes inside a reopen (recovery), each checked on its images.
     pub recovery_crashes: u64,
+    /// Images whose synced journal entries were then damaged, each start
+    /// refused (see [`synced_damage_refused`]).
+    pub damage_refused: u64,
     /// Crash points by the operation interrupted.
     pub by_op: BTreeMap<&'static str, u64>,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "seed {}, {} writes and syncs in the workload, {} crash points ({:?}), {} survivor images, {} two-crash \
+             sequences, {} crashes inside recovery, {} damaged synced entries refused",
+            self.seed,
+            self.ops,
+            self.crash_points,
+            self.by_op,
+            self.images,
+            self.two_crash,
+            self.recovery_crashes,
+            self.damage_refused
+        )
+    }
 }
 
 fn options() -> Options {
@@ -111,7 +138,9 @@ fn new_disk() -> SimDisk {
 }
 
 fn open(disk: &SimDisk) -> Result<EmbeddedStore, String> {
-    EmbeddedStore::open_on(Arc::new(disk.clone()), &options()).map_err(|e| format!("the store does not open: {e}"))
+    let answers = disk.clone();
+    let options = Options { on_answer: Some(OnAnswer(Arc::new(move || answers.answering()))), ..options() };
+    EmbeddedStore::open_on(Arc::new(disk.clone()), &options).map_err(|e| format!("the store does not open: {e}"))
 }
 
 fn doc(pairs: &[(&str, super::Bson)]) -> Document {
@@ -160,6 +189,15 @@ const READY: &str = "ready";
 /// The workload's turn at which [`ONLINE`] is declared.
 const ONLINE_AT: i64 = 14;
 
+/// The workload's turn at which an index is dropped and made again, and
+/// [`scratch_spec`] made, over the records there.
+const OFFLINE_AT: i64 = 25;
+
+/// An index the workload makes over the records of `scratch`.
+fn scratch_spec() -> IndexSpec {
+    IndexSpec { name: "by_n".into(), fields: vec!["n".into()], unique: false, sparse: true, counted: false }
+}
+
 fn online_spec() -> IndexSpec {
     IndexSpec {
         name: ONLINE.1.into(),
@@ -170,23 +208,45 @@ fn online_spec() -> IndexSpec {
     }
 }
 
-/// A whole build of [`ONLINE`] from its first record, as a gateway
+/// The index the workload declares after its last clean reopen and builds
+/// online to its end with nothing in the journal: the build's last step
+/// alone makes it durable (no checkpoint comes before it).
+const LAST_ONLINE: (&str, &str) = ("scratch", "n_online");
+
+fn last_online_spec() -> IndexSpec {
+    IndexSpec { name: LAST_ONLINE.1.into(), fields: vec!["n".into()], unique: false, sparse: false, counted: true }
+}
+
+/// A whole build of `index` from its first record, as a gateway
 /// restarted after a crash makes it, made durable at its end.
-async fn build_online(store: &EmbeddedStore) -> super::StoreResult<()> {
+async fn build_online(store: &EmbeddedStore, (coll, name): (&str, &str)) -> super::StoreResult<()> {
     let mut after = None;
-    while let Some(next) = store.build_index_step(ONLINE.0, ONLINE.1, after.as_deref(), 3).await? {
+    while let Some(next) = store.build_index_step(coll, name, after.as_deref(), 3).await? {
         after = Some(next);
     }
-    store.build_index_step(ONLINE.0, ONLINE.1, None, 0).await?;
+    store.build_index_step(coll, name, None, 0).await?;
     Ok(())
+}
+
+/// Whether a call, begun when the store's answers stood at `answers`
+/// ([`SimDisk::answers`]), was answered before the crash: an answer after
+/// it acknowledged nothing. The store records its answer before giving it,
+/// so a crash right after (in a checkpoint the answer did not wait for)
+/// still counts the answer as given; a call answered without the writer
+/// counts as given unless the crash had come by its end.
+fn answered_before_crash(disk: &SimDisk, (answers, given): (u64, u64)) -> bool {
+    match disk.answers() {
+        (now, _) if now == answers => !disk.crashed(),
+        (now, now_given) => now_given - given == now - answers,
+    }
 }
 
 /// One call of the workload, then the state it left.
 macro_rules! step {
     ($disk:expr, $store:expr, $trace:expr, $synced:expr, $call:expr) => {{
+        let answers = $disk.answers();
         let result = $call.await;
-        // An answer after the crash acknowledged nothing before it.
-        let answered_before = !$disk.crashed();
+        let answered_before = answered_before_crash($disk, answers);
         if let Err(err) = result {
             return Err(format!("the workload's call failed: {err}"));
         }
@@ -261,6 +321,18 @@ async fn watched_write(
     tokio::join!(write, watch)
 }
 
+/// A clean close of `store` and an open again, its state kept in
+/// `trace`; false once the disk has crashed.
+async fn reopen(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) -> Result<bool, String> {
+    store.close().await.map_err(|e| e.to_string())?;
+    if disk.crashed() {
+        return Ok(false);
+    }
+    *store = open(disk)?;
+    trace.history.push(store.dump_with_catalog().map_err(|e| e.to_string())?);
+    Ok(!disk.crashed())
+}
+
 /// The workload; returns when it is done or the disk has crashed.
 async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) -> Result<(), String> {
     trace.history.push(store.dump_with_catalog().map_err(|e| e.to_string())?);
@@ -297,10 +369,22 @@ async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) 
             }
             building = next.map(Some);
         }
+        if i == OFFLINE_AT {
+            // An index dropped and made again over the records there (a
+            // build in one durable commit, as a gateway drops a deleted
+            // index, or one separated at upgrade, and builds its
+            // replacement), and a new one over a collection's records:
+            // after a crash each is there whole or not at all.
+            let (coll, spec) = indexes().swap_remove(1);
+            step!(disk, store, trace, true, store.drop_index(coll, &spec.name));
+            step!(disk, store, trace, true, store.ensure_index(coll, spec));
+            step!(disk, store, trace, true, store.ensure_index("scratch", scratch_spec()));
+        }
         match i % 6 {
             0 | 3 => {
+                let answers = disk.answers();
                 let (result, seen) = watched_write(disk, store, &id, v, "open", i).await;
-                let answered_before = !disk.crashed();
+                let answered_before = answered_before_crash(disk, answers);
                 if let Err(err) = result {
                     return Err(format!("the workload's call failed: {err}"));
                 }
@@ -401,13 +485,7 @@ async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) 
             _ => {
                 if i == 17 {
                     // A clean close and reopen half-way.
-                    store.close().await.map_err(|e| e.to_string())?;
-                    if disk.crashed() {
-                        return Ok(());
-                    }
-                    *store = open(disk)?;
-                    trace.history.push(store.dump_with_catalog().map_err(|e| e.to_string())?);
-                    if disk.crashed() {
+                    if !reopen(disk, store, trace).await? {
                         return Ok(());
                     }
                 } else {
@@ -417,6 +495,28 @@ async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &mut Trace) 
             }
         }
     }
+    // A clean close and reopen (the journal starts empty), then an online
+    // build to its end: no checkpoint comes before its last step, which
+    // alone makes it durable before it is recorded ready.
+    if !reopen(disk, store, trace).await? {
+        return Ok(());
+    }
+    step!(disk, store, trace, true, store.declare_index(LAST_ONLINE.0, last_online_spec()));
+    let mut after: Option<String> = None;
+    loop {
+        let mut next = None;
+        step!(disk, store, trace, false, async {
+            next = store.build_index_step(LAST_ONLINE.0, LAST_ONLINE.1, after.as_deref(), 8).await?;
+            Ok::<_, super::StoreError>(())
+        });
+        match next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    step!(disk, store, trace, false, store.build_index_step(LAST_ONLINE.0, LAST_ONLINE.1, None, 0));
+    let ready = doc(&[("_id", LAST_ONLINE.1.into()), ("state", "ready".into())]);
+    step!(disk, store, trace, true, store.write(READY, Write::Insert(ready), Durability::Synced));
     Ok(())
 }
 
@@ -562,6 +662,53 @@ async fn crash_in_recovery(
     Ok(())
 }
 
+/// Damage to what was synced refuses the start, on `image` as a crash
+/// left it: the newest entry that a later entry records as synced, damaged
+/// with the seals cleared (the proof is then in the entries alone, as
+/// between a sync and its seal), and the entry the seal names, damaged with
+/// the seals kept. Each open must be refused, naming the journal. How many
+/// were refused.
+fn synced_damage_refused(image: &SimDisk) -> Result<u64, String> {
+    use super::embedded::JOURNAL_FILE;
+    use super::embedded::journal::synced_evidence;
+    let Some(data) = image.contents(JOURNAL_FILE) else { return Ok(0) };
+    let Some(super::embedded::journal::Evidence { run, sealed, slots }) = synced_evidence(&data) else { return Ok(0) };
+    let offset_of = |lsn: u64| run.iter().find(|e| e.1 == lsn).map(|e| e.0);
+    let proven_by_later = run.iter().enumerate().filter_map(|(j, e)| offset_of(e.2).filter(|_| j > 0)).max();
+    let mut cases = Vec::new();
+    if let Some(at) = proven_by_later {
+        cases.push((at, true, "recorded as synced by a later entry, seals cleared"));
+    }
+    if let Some(at) = sealed.and_then(offset_of) {
+        cases.push((at, false, "named by the seal"));
+    }
+    let mut refused = 0;
+    for (at, clear_seals, what) in cases {
+        let damaged = image.copy();
+        {
+            use super::disk::Disk;
+            let file = damaged.open_file(JOURNAL_FILE).map_err(|e| e.to_string())?;
+            // The entry's number: its checksum fails.
+            file.write(at as u64 + 16, &[data[at + 16] ^ 0x01]).map_err(|e| e.to_string())?;
+            if clear_seals {
+                for slot in slots {
+                    file.write(slot, &[0u8; 512]).map_err(|e| e.to_string())?;
+                }
+            }
+            file.sync_data().map_err(|e| e.to_string())?;
+        }
+        match open(&damaged) {
+            Ok(store) => {
+                drop(store);
+                return Err(format!("a synced journal entry ({what}, offset {at}) was damaged, and the store opened"));
+            }
+            Err(e) if e.contains(JOURNAL_FILE) && e.contains("damaged") => refused += 1,
+            Err(e) => return Err(format!("damage to a synced journal entry ({what}) refused otherwise: {e}")),
+        }
+    }
+    Ok(refused)
+}
+
 /// Open the store on `image` and check it against `trace`; the store, and
 /// which state of the history it holds.
 async fn recover(image: &SimDisk, trace: &Trace) -> Result<(EmbeddedStore, usize), String> {
@@ -587,18 +734,46 @@ async fn recover(image: &SimDisk, trace: &Trace) -> Result<(EmbeddedStore, usize
     // An online build cut short has only some of its entries; a restarted
     // gateway builds it again from its first record. One recorded ready
     // has them all.
-    let declared = store.indexes(ONLINE.0).await.map_err(|e| e.to_string())?.iter().any(|s| s.name == ONLINE.1);
-    let ready = store.get(READY, ONLINE.1).await.map_err(|e| e.to_string())?.is_some();
-    if ready && !declared {
-        return Err(format!("index {} is recorded ready but not declared", ONLINE.1));
+    let mut building = Vec::new();
+    for index @ (coll, name) in [ONLINE, LAST_ONLINE] {
+        let declared = store.indexes(coll).await.map_err(|e| e.to_string())?.iter().any(|s| s.name == name);
+        let ready = store.get(READY, name).await.map_err(|e| e.to_string())?.is_some();
+        if ready && !declared {
+            return Err(format!("index {name} is recorded ready but not declared"));
+        }
+        if declared && !ready {
+            building.push(index);
+        }
     }
-    let building = declared && !ready;
-    store.verify_indexes_building(if building { &[ONLINE] } else { &[] })?;
-    if building {
-        build_online(&store).await.map_err(|e| format!("the online build does not finish: {e}"))?;
+    store.verify_indexes_building(&building)?;
+    for index in building {
+        build_online(&store, index)
+            .await
+            .map_err(|e| format!("the online build of {} does not finish: {e}", index.1))?;
     }
     store.verify_indexes()?;
     Ok((store, at.unwrap_or(0)))
+}
+
+/// The first open of the data directory `dir` (a previous release's:
+/// an older layout to upgrade, a journal of an older format, entries to
+/// replay) crashed at each of its writes and syncs in turn, and the store
+/// opened again on what each crash left (only what was synced, and a
+/// random subset): it holds what the crash-free open holds, indexes
+/// whole. The crashes checked.
+pub async fn crash_the_first_open(dir: &std::path::Path, seed: u64) -> Result<u64, String> {
+    let image = SimDisk::load(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    image.byte_atomic(super::embedded::DATABASE_FILE);
+    image.byte_atomic("txgate.redb.new");
+    let probe = image.copy();
+    let store = open(&probe)?;
+    store.verify_indexes()?;
+    let trace = Trace { history: vec![store.dump_with_catalog().map_err(|e| e.to_string())?], acked: 0 };
+    store.close().await.map_err(|e| e.to_string())?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut report = Report::default();
+    crash_in_recovery(&image, &trace, &mut rng, &mut report).await.map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(report.recovery_crashes)
 }
 
 /// Writes and syncs of the whole workload, crash-free.
@@ -606,12 +781,38 @@ pub(crate) async fn workload_ops() -> Result<u64, String> {
     let disk = new_disk();
     let mut store = open(&disk)?;
     workload(&disk, &mut store, &mut Trace::default()).await?;
-    if store.get(READY, ONLINE.1).await.map_err(|e| e.to_string())?.is_none() {
-        return Err(format!("the workload's online build of {} did not end", ONLINE.1));
+    for (_, name) in [ONLINE, LAST_ONLINE] {
+        if store.get(READY, name).await.map_err(|e| e.to_string())?.is_none() {
+            return Err(format!("the workload's online build of {name} did not end"));
+        }
     }
     store.verify_indexes()?;
     store.close().await.map_err(|e| e.to_string())?;
     Ok(disk.ops())
+}
+
+/// With `TXGATE_POWER_DUMP` naming a directory, a failing image's files
+/// are written there (`image/`), with what was durable before the crash
+/// (`durable/`) and the writes pending then (`pending.txt`), to be looked
+/// at with other tools.
+fn dump_failure(crash: &super::simdisk::Crash, survivor: &SimDisk, rng: &mut impl Rng) {
+    let Some(dir) = std::env::var_os("TXGATE_POWER_DUMP").map(std::path::PathBuf::from) else { return };
+    let durable = crash.survivor(Keep::Durable, rng);
+    let write = || -> std::io::Result<()> {
+        for (sub, disk) in [("image", survivor), ("durable", &durable)] {
+            std::fs::create_dir_all(dir.join(sub))?;
+            for name in disk.names() {
+                std::fs::write(dir.join(sub).join(&name), disk.contents(&name).unwrap_or_default())?;
+            }
+        }
+        let pending: String =
+            crash.describe().iter().map(|(file, op, at, len)| format!("{file} {op} {at} {len}\n")).collect();
+        std::fs::write(dir.join("pending.txt"), format!("{pending}interrupted: {:?}\n", crash.interrupted()))
+    };
+    match write() {
+        Ok(()) => eprintln!("power loss: the failing image is in {}", dir.display()),
+        Err(e) => eprintln!("power loss: cannot write the failing image to {}: {e}", dir.display()),
+    }
 }
 
 /// Crash the workload at `point` and check `images` survivor images
@@ -649,10 +850,19 @@ pub(crate) async fn crash_point(
                 crash.describe()
             )
         };
+        if keep == Keep::Durable {
+            report.damage_refused += synced_damage_refused(&survivor).map_err(context)?;
+        }
         if in_recovery && image == images - 1 {
             crash_in_recovery(&survivor, &trace, rng, report).await.map_err(context)?;
         }
-        let (recovered, _) = recover(&survivor, &trace).await.map_err(context)?;
+        let (recovered, _) = match recover(&survivor, &trace).await {
+            Ok(recovered) => recovered,
+            Err(e) => {
+                dump_failure(&crash, &survivor, rng);
+                return Err(context(e));
+            }
+        };
         report.images += 1;
         if two_crash && image == images - 1 {
             crash_again(&survivor, recovered, Again::More, (Keep::Random, None), rng).await.map_err(context)?;

@@ -56,6 +56,10 @@ struct Device {
     byte_atomic: BTreeSet<String>,
     /// How long each sync takes (readers run meanwhile).
     slow_sync: Option<std::time::Duration>,
+    /// Answers the store gave, and of those, the ones given before the
+    /// crash (see [`SimDisk::answering`]).
+    answers: u64,
+    answers_before_crash: u64,
 }
 
 /// What was on the device when the crash came: each file's durable image
@@ -216,6 +220,23 @@ impl SimDisk {
         self.lock().crash.clone()
     }
 
+    /// The store on this disk is about to answer its callers (its
+    /// `Options::on_answer`): an answer counts as given before the crash
+    /// only when it is recorded here first, whatever a caller sees later.
+    pub fn answering(&self) {
+        let mut dev = self.lock();
+        dev.answers += 1;
+        if dev.crash.is_none() {
+            dev.answers_before_crash += 1;
+        }
+    }
+
+    /// Answers so far, and of those, the ones given before the crash.
+    pub fn answers(&self) -> (u64, u64) {
+        let dev = self.lock();
+        (dev.answers, dev.answers_before_crash)
+    }
+
     /// Whether the crash came.
     pub fn crashed(&self) -> bool {
         self.lock().crash.is_some()
@@ -246,6 +267,11 @@ impl SimDisk {
                 ..Device::default()
             })),
         }
+    }
+
+    /// The files on the device.
+    pub fn names(&self) -> Vec<String> {
+        self.lock().files.keys().cloned().collect()
     }
 
     /// Bytes of file `name` as the store sees it now.

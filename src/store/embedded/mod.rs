@@ -59,6 +59,7 @@ use index::{entries_name, entry_key};
 use reader::Reader;
 use writer::Queued;
 
+pub use recover::truncate_journal;
 pub(crate) use writer::WriterStats;
 
 const RECORDS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("records");
@@ -152,6 +153,20 @@ pub struct Options {
     /// before the answer, which makes the writes and syncs of a workload
     /// the same on every run (the power-loss sweep's crash points).
     pub seal_delay: Duration,
+    /// Called by the writer each time it is about to answer its callers,
+    /// after what the answer promises is done (the power-loss harness
+    /// records whether a crash came before it; `None` in service).
+    pub on_answer: Option<OnAnswer>,
+}
+
+/// See [`Options::on_answer`].
+#[derive(Clone)]
+pub struct OnAnswer(pub Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for OnAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnAnswer")
+    }
 }
 
 impl Default for Options {
@@ -164,6 +179,7 @@ impl Default for Options {
             quick_repair: true,
             run_records: build::RUN_RECORDS,
             seal_delay: journal::SEAL_DELAY,
+            on_answer: None,
         }
     }
 }

@@ -148,6 +148,7 @@ impl EmbeddedStore {
             stats: Arc::clone(&stats),
             interval: options.sync_interval,
             seal_delay: options.seal_delay,
+            on_answer: options.on_answer.clone(),
             checkpoint_bytes: options.checkpoint_bytes,
             checkpoint_interval: options.checkpoint_interval,
             uncheckpointed_since: None,
@@ -296,4 +297,45 @@ fn replay(
     );
     journal.restart(last + 1).map_err(|e| unavailable(&e))?;
     Ok(journal)
+}
+
+/// `txgate journal truncate`: cut the journal of the store on `disk` at
+/// `offset` (see [`journal::truncate_on`]), or, with `dry_run`, say what
+/// the cut would keep and drop. Refused when the database is missing (an
+/// empty one beside the journal would drop every record the journal does
+/// not hold) or open in another process. The database is opened only to
+/// learn that, behind a fence raised before it opens and with any repair
+/// refused: nothing reaches its file.
+pub fn truncate_journal(disk: &dyn Disk, offset: u64, dry_run: bool) -> Result<journal::Truncation, String> {
+    let journal_name = disk.describe(JOURNAL_FILE);
+    let db_name = disk.describe(DATABASE_FILE);
+    if !disk.exists(JOURNAL_FILE).map_err(|e| format!("{journal_name}: {e}"))? {
+        return Err(format!("{journal_name} does not exist"));
+    }
+    if !disk.exists(DATABASE_FILE).map_err(|e| format!("{db_name}: {e}"))? {
+        return Err(format!(
+            "{db_name} does not exist: not the data directory of an embedded store, or its database is lost (restore a \
+             backup)"
+        ));
+    }
+    if !dry_run {
+        let fence = Fence::default();
+        fence.raise();
+        let mut builder = redb::Builder::new();
+        builder.set_repair_callback(|session| session.abort());
+        match disk.open_database(&builder, DATABASE_FILE, &fence) {
+            // Held (never closed by redb, and fenced) until the process
+            // ends: the lock keeps a gateway from starting meanwhile.
+            Ok(held) => std::mem::forget(held),
+            // Free: a file that needs a repair is repaired by the store's
+            // next open, not here.
+            Err(redb::DatabaseError::RepairAborted) => {}
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                return Err(format!("{db_name} is in use: stop the gateway first"));
+            }
+            Err(err) => return Err(format!("cannot open {db_name}: {err}")),
+        }
+    }
+    let file = disk.open_file(JOURNAL_FILE).map_err(|e| format!("{journal_name}: {e}"))?;
+    journal::truncate_on(file.as_ref(), &journal_name, offset, dry_run)
 }

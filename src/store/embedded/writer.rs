@@ -114,6 +114,8 @@ pub(super) struct Writer {
     pub(super) interval: Duration,
     /// See `Options::seal_delay`.
     pub(super) seal_delay: Duration,
+    /// See `Options::on_answer`.
+    pub(super) on_answer: Option<super::OnAnswer>,
     pub(super) checkpoint_bytes: u64,
     pub(super) checkpoint_interval: Option<Duration>,
     /// When the oldest commit not checkpointed yet was made.
@@ -155,6 +157,7 @@ impl Writer {
                 match op {
                     WriteOp::Snapshot(reply) => {
                         self.sync_or_stop();
+                        self.answering();
                         let _ = reply.send(self.db.begin_read().map_err(internal));
                         let _ = first.reply.send(Ok(1));
                     }
@@ -163,6 +166,7 @@ impl Writer {
                         // The file stays as a crash right after this
                         // checkpoint would leave it (see `disk::Fence`).
                         self.fence.raise();
+                        self.answering();
                         let _ = first.reply.send(Ok(1));
                         return;
                     }
@@ -173,11 +177,13 @@ impl Writer {
                     // of entries alone.
                     op @ WriteOp::BuildIndex { entries: Some(_), .. } => {
                         let done = schema_change(&self.db, &self.catalog, op, self.quick_repair);
+                        self.answering();
                         let _ = first.reply.send(done.map(usize::from));
                     }
                     op => {
                         self.checkpoint_or_stop();
                         let done = schema_change(&self.db, &self.catalog, op, self.quick_repair);
+                        self.answering();
                         let _ = first.reply.send(done.map(usize::from));
                     }
                 }
@@ -327,6 +333,7 @@ impl Writer {
                 self.recent.clear();
                 self.positions.clear();
                 tracing::error!(error = %err, "embedded store commit failed; batch not applied");
+                self.answering();
                 for queued in batch {
                     let _ = queued.reply.send(Err(StoreError::Unavailable(err.to_string())));
                 }
@@ -377,11 +384,19 @@ impl Writer {
         self.stats.max_batch_nanos.fetch_max(took, Ordering::Relaxed);
         self.stats.recent_records.store(self.recent.records.len() as u64, Ordering::Relaxed);
         self.stats.recent_bytes.store(self.recent.bytes as u64, Ordering::Relaxed);
+        self.answering();
         for (queued, result) in batch.into_iter().zip(results) {
             let _ = queued.reply.send(result);
         }
         if self.journal.written() >= self.checkpoint_bytes || self.checkpoint_due() {
             self.checkpoint_or_stop();
+        }
+    }
+
+    /// The writer is about to answer (see `Options::on_answer`).
+    fn answering(&self) {
+        if let Some(hook) = &self.on_answer {
+            (hook.0)();
         }
     }
 

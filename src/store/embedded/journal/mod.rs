@@ -69,7 +69,7 @@ use std::path::Path;
 use redb::StorageBackend;
 
 pub(crate) use payload::{Effect, Effects, effects};
-pub(crate) use read::{JournalError, Read};
+pub(crate) use read::{Evidence, JournalError, Read, synced_evidence};
 use read::{Layout, entry_at, parse, read_all};
 
 /// The journal format this release writes.
@@ -404,8 +404,17 @@ pub struct Truncation {
 pub fn truncate_at(path: &Path, offset: u64, dry_run: bool) -> Result<Truncation, String> {
     let file =
         OpenOptions::new().read(true).write(!dry_run).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let file = JournalFile(file);
-    let data = read_all(&file).map_err(|e| e.to_string())?;
+    truncate_on(&JournalFile(file), &path.display().to_string(), offset, dry_run)
+}
+
+/// [`truncate_at`] on the journal `file`, named `name` in messages (the
+/// power-loss tests cut a journal on their simulated disk). Every byte
+/// from `offset` on is zeroed, then the seals, then one sync: a crash
+/// anywhere in between leaves the entries before `offset` whole, and at
+/// worst a journal whose start is still refused, which the same cut, run
+/// again, settles.
+pub fn truncate_on(file: &dyn StorageBackend, name: &str, offset: u64, dry_run: bool) -> Result<Truncation, String> {
+    let data = read_all(file).map_err(|e| e.to_string())?;
     let offset = usize::try_from(offset).map_err(|e| e.to_string())?;
     // Without the database's applied entry, any whole entry counts.
     let layout = read::layout(&data, 0);
@@ -419,16 +428,16 @@ pub fn truncate_at(path: &Path, offset: u64, dry_run: bool) -> Result<Truncation
             return Err(format!(
                 "{} holds no generation of format 2 or 3 whose entries could be cut at {offset}; only --at 0 (the \
                  whole journal) applies",
-                path.display()
+                name
             ));
         }
         Err(JournalError::Damaged { offset: 0, detail }) => {
             return Err(format!(
                 "{}: {detail}; only --at 0 (the whole journal: every write since the last checkpoint) applies",
-                path.display()
+                name
             ));
         }
-        Err(other) => return Err(format!("{}: {other}", path.display())),
+        Err(other) => return Err(format!("{}: {other}", name)),
     };
     if !dry_run && offset < data.len() {
         file.write(offset as u64, &vec![0u8; data.len() - offset]).map_err(|e| e.to_string())?;

@@ -295,3 +295,33 @@ fn parse_v1(data: &[u8]) -> Vec<Entry> {
     }
     entries
 }
+
+/// What a format-3 journal's bytes say was synced, for the power-loss
+/// harness, which damages it (see [`synced_evidence`]).
+pub(crate) struct Evidence {
+    /// The run of valid entries of the current generation: offset, LSN,
+    /// and the synced LSN each records.
+    pub(crate) run: Vec<(usize, u64, u64)>,
+    /// The LSN the generation's newest seal records.
+    pub(crate) sealed: Option<u64>,
+    /// The seal slots' offsets.
+    pub(crate) slots: [u64; 2],
+}
+
+/// The [`Evidence`] in a format-3 journal's bytes; `None` for any other
+/// layout.
+pub(crate) fn synced_evidence(data: &[u8]) -> Option<Evidence> {
+    let layout = layout(data, 0).ok()?;
+    let Layout::Generation { version: FORMAT_VERSION, salt, first } = layout else { return None };
+    let mut run = Vec::new();
+    let (mut off, mut expected) = (layout.first_entry(), first);
+    while let Some((lsn, synced, _, end)) = entry_at(data, off, salt) {
+        if lsn != expected {
+            break;
+        }
+        run.push((off, lsn, synced));
+        expected += 1;
+        off = end;
+    }
+    Some(Evidence { run, sealed: seal_of(data, salt), slots: SEAL_SLOTS })
+}
