@@ -674,3 +674,15 @@ fn apply_change(doc: &StoredDoc, change: &Change, at: DateTime) -> Result<Stored
     }
     Ok(next)
 }
+
+#[async_trait::async_trait]
+impl crate::indexes::LiveData for Documents {
+    async fn live_data(&self, coll: &str, id: &str) -> crate::store::StoreResult<Option<Document>> {
+        match self.get(coll, id).await {
+            Ok(View::Live(live)) => Ok(Some(live.data)),
+            Ok(_) => Ok(None),
+            Err(DocError::Store(err)) => Err(err),
+            Err(err) => Err(crate::store::StoreError::Internal(format!("{coll}/{id} could not be read: {err}"))),
+        }
+    }
+}

@@ -65,8 +65,15 @@ const RENEW_EVERY: Duration = Duration::from_secs(1);
 const MAX_REST: Duration = Duration::from_millis(100);
 /// Declared indexes one collection may have.
 pub(crate) const MAX_INDEXES: usize = 32;
-/// Fields one index may have.
-pub(crate) const MAX_FIELDS: usize = 8;
+pub(crate) use crate::query::plan::MAX_FIELDS;
+
+/// Documents as a reader sees them now, for the unique claims of a
+/// transaction's members ([`Indexes::claim_members`]).
+#[async_trait::async_trait]
+pub(crate) trait LiveData: Send + Sync {
+    /// The data of `coll/id`, or `None` where no document lives.
+    async fn live_data(&self, coll: &str, id: &str) -> StoreResult<Option<Document>>;
+}
 /// Documents a failed build names.
 const MAX_NAMED: usize = 10;
 
@@ -475,7 +482,7 @@ impl Indexes {
     pub(crate) async fn claim_members(
         self: &Arc<Self>,
         plan: &mut crate::txn::plan::Plan,
-        documents: &crate::documents::Documents,
+        documents: &dyn LiveData,
     ) -> StoreResult<Result<MemberClaims, (usize, unique::Duplicate)>> {
         use crate::txn::plan::ActionOp;
         let mut made = MemberClaims { indexes: Arc::clone(self), claims: Vec::new(), held: Vec::new() };
@@ -490,12 +497,7 @@ impl Indexes {
             plan.unique
                 .entry(coll.clone())
                 .or_insert_with(|| uniques.iter().map(|u| (u.physical.clone(), u.paths.clone())).collect());
-            let old = match documents.get(coll, id).await {
-                Ok(crate::document::View::Live(live)) => Some(live.data),
-                Ok(_) => None,
-                Err(crate::documents::DocError::Store(err)) => return Err(err),
-                Err(err) => return Err(StoreError::Internal(format!("{coll}/{id} could not be read: {err}"))),
-            };
+            let old = documents.live_data(coll, id).await?;
             let new = match &action.op {
                 ActionOp::Insert(data) | ActionOp::Replace(data) => Some(data.clone()),
                 ActionOp::Update(patch) => patch.apply(&old.clone().unwrap_or_default()).ok(),

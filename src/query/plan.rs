@@ -15,8 +15,10 @@
 //! missing field and a `null` share an index key.
 
 use super::filter::{Cond, Filter, Ranges};
-use crate::indexes::MAX_FIELDS;
 use crate::store::Interval;
+
+/// Fields one index may have.
+pub(crate) const MAX_FIELDS: usize = 8;
 
 /// A user index as the planner sees it: its name and its fields, each
 /// with its direction (`-path`: descending).

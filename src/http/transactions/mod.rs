@@ -137,7 +137,7 @@ pub(crate) async fn create_transaction(
     plan.indexed.retain(|_, paths| !paths.is_empty());
     // The values of unique indexes, claimed before the transaction runs:
     // a duplicate is answered before anything is written.
-    let claims = match state.indexes.claim_members(&mut plan, &state.documents).await? {
+    let claims = match state.indexes.claim_members(&mut plan, state.documents.as_ref()).await? {
         Ok(claims) => claims,
         Err((i, dup)) => {
             let action = &plan.actions[i];

@@ -13,7 +13,8 @@ use redb::{Database, ReadTransaction, ReadableDatabase};
 use super::index::entries_name;
 use super::keys;
 use super::scan::{
-    Reads, after_collection, entries_in, entry_range, eq_prefix, excludes_null, in_order, query_ranges, scan_primary,
+    Reads, abandoned, after_collection, entries_in, entry_range, eq_prefix, excludes_null, in_order, query_ranges,
+    scan_primary, watched,
 };
 use super::{COUNTS, Catalog, ENTRIES, RECORDS, SMALL_READ, internal};
 use crate::store::{
@@ -56,13 +57,10 @@ impl Reader {
             if flag.load(Ordering::Relaxed) {
                 return Err(abandoned());
             }
-            ABANDONED.with(|a| *a.borrow_mut() = Some(flag));
-            let out = match pinned {
+            watched(flag, || match pinned {
                 Some(txn) => f(&txn, &reads),
                 None => db.begin_read().map_err(internal).and_then(|txn| f(&txn, &reads)),
-            };
-            ABANDONED.with(|a| a.borrow_mut().take());
-            out
+            })
         })
         .await
         .map_err(internal)?
@@ -531,12 +529,6 @@ impl Store for Pinned {
     }
 }
 
-thread_local! {
-    /// The flag of the read this blocking thread runs: set when nobody
-    /// waits for its answer any more.
-    static ABANDONED: std::cell::RefCell<Option<Arc<AtomicBool>>> = const { std::cell::RefCell::new(None) };
-}
-
 /// Sets its flag when dropped: the future waiting for a read is gone.
 struct Abandon(Arc<AtomicBool>);
 
@@ -546,24 +538,13 @@ impl Drop for Abandon {
     }
 }
 
-fn abandoned() -> StoreError {
-    StoreError::Unavailable("the read was abandoned: nobody waits for it".into())
-}
-
-/// `Err` when the read this thread runs was abandoned: long reads (scans,
-/// index walks) look every few records and stop, so a read the store's
-/// deadline gave up on does not go on taking a core and memory.
-pub(super) fn check_abandoned() -> StoreResult<()> {
-    let gone = ABANDONED.with(|a| a.borrow().as_ref().is_some_and(|flag| flag.load(Ordering::Relaxed)));
-    if gone { Err(abandoned()) } else { Ok(()) }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use super::*;
     use crate::store::Store;
+    use crate::store::embedded::scan::check_abandoned;
 
     /// A read nobody waits for any more (its deadline passed) stops at its
     /// next look, and one not started yet never starts.

@@ -2,13 +2,41 @@
 //! index.
 
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::{internal, keys};
 use crate::store::{
     Bson, Edge, Found, IndexQuery, IndexSpec, Interval, Order, Record, Scan, StoreError, StoreResult, convert,
     report_unreadable,
 };
+
+thread_local! {
+    /// The flag of the read this blocking thread runs: set when nobody
+    /// waits for its answer any more.
+    static ABANDONED: std::cell::RefCell<Option<Arc<AtomicBool>>> = const { std::cell::RefCell::new(None) };
+}
+
+pub(super) fn abandoned() -> StoreError {
+    StoreError::Unavailable("the read was abandoned: nobody waits for it".into())
+}
+
+/// Run `f` on this thread as the read whose flag is `flag` (set once
+/// nobody waits for its answer): [`check_abandoned`] looks at it.
+pub(super) fn watched<T>(flag: Arc<AtomicBool>, f: impl FnOnce() -> T) -> T {
+    ABANDONED.with(|a| *a.borrow_mut() = Some(flag));
+    let out = f();
+    ABANDONED.with(|a| a.borrow_mut().take());
+    out
+}
+
+/// `Err` when the read this thread runs was abandoned: long reads (scans,
+/// index walks) look every few records and stop, so a read the store's
+/// deadline gave up on does not go on taking a core and memory.
+pub(super) fn check_abandoned() -> StoreResult<()> {
+    let gone = ABANDONED.with(|a| a.borrow().as_ref().is_some_and(|flag| flag.load(Ordering::Relaxed)));
+    if gone { Err(abandoned()) } else { Ok(()) }
+}
 
 /// The records reads decoded, and those they could not decode.
 #[derive(Debug, Default)]
@@ -158,7 +186,7 @@ pub(super) fn in_order<T>(
         if scan.order() == Order::Desc { Box::new(range.rev()) } else { Box::new(range) };
     for n in 0..scan.skipped() {
         if n % 256 == 255 {
-            super::reader::check_abandoned()?;
+            check_abandoned()?;
         }
         match entries.next() {
             Some(entry) => drop(entry.map_err(internal)?),
@@ -167,7 +195,7 @@ pub(super) fn in_order<T>(
     }
     for (n, entry) in entries.take(scan.max()).enumerate() {
         if n % 256 == 255 {
-            super::reader::check_abandoned()?;
+            check_abandoned()?;
         }
         if !f(entry.map_err(internal)?)? {
             break;
@@ -317,7 +345,7 @@ pub(super) fn entries_in(
         let mut range: Box<dyn Iterator<Item = _>> = if reverse { Box::new(range.rev()) } else { Box::new(range) };
         for (n, entry) in (&mut range).enumerate() {
             if n % 256 == 255 {
-                super::reader::check_abandoned()?;
+                check_abandoned()?;
             }
             let (_, id) = entry.map_err(internal)?;
             if !f(id.value())? {
