@@ -125,6 +125,10 @@ async fn embedded_damaged_synced_journal_entry_stops_the_start_until_an_operator
     assert_eq!(client.get(format!("{url}/t5")).send().await.unwrap().status(), 404);
     let res = client.post(&url).json(&serde_json::json!({"_id": "after"})).send().await.unwrap();
     assert_eq!(res.status(), 201);
+    // A running gateway's journal is never cut.
+    let busy = truncate(0);
+    let said = String::from_utf8_lossy(&busy.stderr);
+    assert!(!busy.status.success() && said.contains("is in use"), "{said}");
     child.kill().unwrap();
     child.wait().unwrap();
 }
