@@ -30,6 +30,9 @@ pub trait Disk: Send + Sync + 'static {
     /// Open (or create) file `name` for reading and writing.
     fn open_file(&self, name: &str) -> io::Result<Box<dyn StorageBackend>>;
 
+    /// The bytes of file `name`, read without opening it for writing.
+    fn read_file(&self, name: &str) -> io::Result<Vec<u8>>;
+
     /// Rename file `from` to `to`, replacing `to`.
     fn rename(&self, from: &str, to: &str) -> io::Result<()>;
 
@@ -111,6 +114,10 @@ impl Disk for DirDisk {
     fn open_file(&self, name: &str) -> io::Result<Box<dyn StorageBackend>> {
         let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(self.dir.join(name))?;
         Ok(Box::new(JournalFile(file)))
+    }
+
+    fn read_file(&self, name: &str) -> io::Result<Vec<u8>> {
+        std::fs::read(self.dir.join(name))
     }
 
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {

@@ -467,6 +467,10 @@ impl Disk for SimDisk {
         Ok(Box::new(SimBackend { disk: self.clone(), name: name.to_owned() }))
     }
 
+    fn read_file(&self, name: &str) -> io::Result<Vec<u8>> {
+        self.contents(name).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, name.to_owned()))
+    }
+
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {
         let mut dev = self.lock();
         dev.tick("rename");

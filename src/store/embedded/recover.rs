@@ -305,7 +305,13 @@ fn replay(
 /// empty one beside the journal would drop every record the journal does
 /// not hold) or open in another process. The database is opened only to
 /// learn that, behind a fence raised before it opens and with any repair
-/// refused: nothing reaches its file.
+/// refused: nothing reaches its file. Its lock is then held until the
+/// process ends, so no gateway starts while the journal is cut, except
+/// for a database that needs a full repair (an earlier release's, or one
+/// left without quick-repair state): redb lets go of its lock when the
+/// repair is refused, so that check is made once, before the cut (a
+/// gateway started during the cut reads the journal either refused or
+/// cut). A dry run opens neither file for writing.
 pub fn truncate_journal(disk: &dyn Disk, offset: u64, dry_run: bool) -> Result<journal::Truncation, String> {
     let journal_name = disk.describe(JOURNAL_FILE);
     let db_name = disk.describe(DATABASE_FILE);
@@ -327,8 +333,9 @@ pub fn truncate_journal(disk: &dyn Disk, offset: u64, dry_run: bool) -> Result<j
             // Held (never closed by redb, and fenced) until the process
             // ends: the lock keeps a gateway from starting meanwhile.
             Ok(held) => std::mem::forget(held),
-            // Free: a file that needs a repair is repaired by the store's
-            // next open, not here.
+            // Free when asked (redb took its lock before the repair check
+            // and let it go): a file that needs a repair is repaired by
+            // the store's next open, not here.
             Err(redb::DatabaseError::RepairAborted) => {}
             Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
                 return Err(format!("{db_name} is in use: stop the gateway first"));
@@ -336,6 +343,14 @@ pub fn truncate_journal(disk: &dyn Disk, offset: u64, dry_run: bool) -> Result<j
             Err(err) => return Err(format!("cannot open {db_name}: {err}")),
         }
     }
+    if dry_run {
+        // Read only: a dry run works on a read-only copy too.
+        let data = disk.read_file(JOURNAL_FILE).map_err(|e| format!("{journal_name}: {e}"))?;
+        let copy = redb::backends::InMemoryBackend::new();
+        redb::StorageBackend::set_len(&copy, data.len() as u64).map_err(|e| e.to_string())?;
+        redb::StorageBackend::write(&copy, 0, &data).map_err(|e| e.to_string())?;
+        return journal::truncate_on(&copy, &journal_name, offset, true);
+    }
     let file = disk.open_file(JOURNAL_FILE).map_err(|e| format!("{journal_name}: {e}"))?;
-    journal::truncate_on(file.as_ref(), &journal_name, offset, dry_run)
+    journal::truncate_on(file.as_ref(), &journal_name, offset, false)
 }
