@@ -156,12 +156,7 @@ pub(crate) async fn uniform_point(
     rng: &mut impl Rng,
     report: &mut Report,
 ) -> Result<(), String> {
-    let disk = new_disk();
-    disk.crash_at(point);
-    let mut store = open(&disk)?;
-    let mut trace = Trace::default();
-    uniform(&disk, &mut store, &mut trace, 'a').await?;
-    store.close().await.map_err(|e| e.to_string())?;
+    let (disk, trace) = run(Work::Uniform, Some(point)).await?;
     let Some(crash) = disk.crash() else { return Ok(()) };
     report.crash_points += 1;
     for image in 0..images {
@@ -178,19 +173,41 @@ pub(crate) async fn uniform_point(
         let context =
             |e: String| format!("uniform workload, crash at op {point} ({}), {keep:?} image {image}: {e}", crash.op);
         let (recovered, _) = recover(&survivor, &trace).await.map_err(context)?;
-        crash_again(&survivor, recovered, Again::Uniform, then, rng).await.map_err(context)?;
+        crash_again(&survivor, recovered, Work::Uniform, then, rng).await.map_err(context)?;
         report.images += 1;
         report.two_crash += 1;
     }
     Ok(())
 }
 
-/// What a recovered store writes before its second crash.
-enum Again {
+/// A workload: what a new store writes ([`workload`], [`uniform`]), or
+/// what a recovered one writes before its second crash ([`more`],
+/// [`uniform`] again).
+enum Work {
+    /// [`workload`].
+    Main,
     /// [`more`].
     More,
-    /// [`uniform`] again.
+    /// [`uniform`].
     Uniform,
+}
+
+/// Workload `work` on a new disk that crashes at its `crash_at`-th write
+/// or sync (if it comes), then the store closed: the disk and the history.
+async fn run(work: Work, crash_at: Option<u64>) -> Result<(SimDisk, Trace), String> {
+    let disk = new_disk();
+    if let Some(point) = crash_at {
+        disk.crash_at(point);
+    }
+    let mut store = open(&disk)?;
+    let mut trace = Trace::default();
+    match work {
+        Work::Main => workload(&disk, &mut store, &mut trace).await?,
+        Work::More => more(&disk, &mut store, &mut trace).await?,
+        Work::Uniform => uniform(&disk, &mut store, &mut trace, 'a').await?,
+    }
+    store.close().await.map_err(|e| e.to_string())?;
+    Ok((disk, trace))
 }
 
 /// The second crash of a two-crash sequence: `recovered` (opened on
@@ -200,15 +217,16 @@ enum Again {
 async fn crash_again(
     survivor: &SimDisk,
     mut recovered: EmbeddedStore,
-    again: Again,
+    again: Work,
     (keep, at): (Keep, Option<u64>),
     rng: &mut impl Rng,
 ) -> Result<(), String> {
     let mut second = Trace::default();
     survivor.crash_at(survivor.ops() + at.unwrap_or_else(|| rng.random_range(1..=60)));
     match again {
-        Again::More => more(survivor, &mut recovered, &mut second).await?,
-        Again::Uniform => uniform(survivor, &mut recovered, &mut second, 'b').await?,
+        Work::Main => workload(survivor, &mut recovered, &mut second).await?,
+        Work::More => more(survivor, &mut recovered, &mut second).await?,
+        Work::Uniform => uniform(survivor, &mut recovered, &mut second, 'b').await?,
     }
     survivor.crash_now();
     recovered.close().await.map_err(|e| e.to_string())?;
@@ -415,12 +433,7 @@ pub(crate) async fn crash_point(
     rng: &mut impl Rng,
     report: &mut Report,
 ) -> Result<(), String> {
-    let disk = new_disk();
-    disk.crash_at(point);
-    let mut store = open(&disk)?;
-    let mut trace = Trace::default();
-    workload(&disk, &mut store, &mut trace).await?;
-    store.close().await.map_err(|e| e.to_string())?;
+    let (disk, trace) = run(Work::Main, Some(point)).await?;
     let Some(crash) = disk.crash() else { return Ok(()) };
 
     report.crash_points += 1;
@@ -455,7 +468,7 @@ pub(crate) async fn crash_point(
         };
         report.images += 1;
         if two_crash && image == images - 1 {
-            crash_again(&survivor, recovered, Again::More, (Keep::Random, None), rng).await.map_err(context)?;
+            crash_again(&survivor, recovered, Work::More, (Keep::Random, None), rng).await.map_err(context)?;
             report.two_crash += 1;
         } else {
             // It takes writes again.
@@ -488,13 +501,7 @@ pub async fn sweep(cfg: &Sweep) -> Result<Report, String> {
             eprintln!("power loss: {point}/{ops} crash points, {} images", report.images);
         }
     }
-    let uniform_ops = {
-        let disk = new_disk();
-        let mut store = open(&disk)?;
-        uniform(&disk, &mut store, &mut Trace::default(), 'a').await?;
-        store.close().await.map_err(|e| e.to_string())?;
-        disk.ops()
-    };
+    let uniform_ops = run(Work::Uniform, None).await?.0.ops();
     report.ops += uniform_ops;
     for point in 1..=uniform_ops {
         uniform_point(point, cfg.images_per_point * 2, &mut rng, &mut report)
