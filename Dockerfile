@@ -11,16 +11,19 @@ ENV CARGO_PROFILE_RELEASE_DEBUG=false \
     CARGO_PROFILE_RELEASE_STRIP=symbols \
     CARGO_TERM_PROGRESS_WHEN=never
 # The dependencies first, in a layer of their own: a change to txgate's
-# code rebuilds only txgate.
+# code rebuilds only txgate (the gateway and its storage engine crate).
 COPY Cargo.toml Cargo.lock rustfmt.toml build.rs ./
+COPY crates/store/Cargo.toml ./crates/store/
 COPY migrations ./migrations
-RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
+RUN mkdir -p src crates/store/src && echo 'fn main() {}' > src/main.rs \
+    && touch src/lib.rs crates/store/src/lib.rs \
     && cargo build --release --locked --bin txgate \
-    && rm -rf src
+    && rm -rf src crates/store/src
+COPY crates/store/src ./crates/store/src
 COPY src ./src
 COPY openapi ./openapi
 COPY console ./console
-RUN touch src/main.rs src/lib.rs \
+RUN touch src/main.rs src/lib.rs crates/store/src/lib.rs \
     && cargo build --release --locked --bin txgate \
     && ./target/release/txgate --version
 

@@ -5,11 +5,11 @@ run:
 	cargo run --release
 
 fmt:
-	cargo fmt
+	cargo fmt --all
 
 lint:
-	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets --features test-support -- -D warnings
 
 test:
 	scripts/test

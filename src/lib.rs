@@ -42,9 +42,9 @@ pub use migrate::{MIGRATIONS, run as migrate};
 
 /// The embedded store's write-ahead journal, for `txgate journal truncate`.
 pub mod journal {
-    pub use crate::store::disk::DirDisk;
-    pub use crate::store::embedded::{DATABASE_FILE, JOURNAL_FILE, truncate_journal};
-    pub use crate::store::journal::Truncation;
+    pub use txgate_store::disk::DirDisk;
+    pub use txgate_store::embedded::{DATABASE_FILE, JOURNAL_FILE, truncate_journal};
+    pub use txgate_store::journal::Truncation;
 }
 
 use std::sync::Arc;

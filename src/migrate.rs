@@ -155,6 +155,7 @@ pub(crate) async fn all_applied(store: &dyn Store) -> StoreResult<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::scans::{ALL, PRIMARY, ScanDecl, check};
 
     #[test]
     fn every_file_in_migrations_is_listed_in_order() {
@@ -181,5 +182,31 @@ mod tests {
         }
         assert!(templates().iter().any(|t| t.name == "locked"));
         assert!(!declared_indexes().iter().any(|(_, s)| s.name == "status_next"), "dropped by 0003");
+    }
+
+    // Every scan the store declares (`txgate_store::scans`) is served by
+    // an index these migrations create.
+    #[test]
+    fn every_scan_is_served_by_a_declared_index() {
+        let indexes = declared_indexes();
+        let failures: Vec<String> = ALL.iter().filter_map(|d| check(d, &indexes).err()).collect();
+        assert!(failures.is_empty(), "scans without an index: {failures:#?}");
+    }
+
+    #[test]
+    fn a_scan_without_a_declared_index_is_refused() {
+        let indexes = declared_indexes();
+        let bad = [
+            ScanDecl { coll: "_txns", index: "nope", eq: &["status"], by: "_id" },
+            ScanDecl { coll: "_txns", index: "status_expires", eq: &[], by: "expires_at" },
+            ScanDecl { coll: "_txns", index: "status_expires", eq: &["status"], by: "finished_at" },
+            ScanDecl { coll: "_txns", index: "status_expires", eq: &["status", "expires_at"], by: "_id" },
+            ScanDecl { coll: "_deliveries", index: "status", eq: &["status"], by: "next_at" },
+            ScanDecl { coll: "*", index: "status", eq: &["status"], by: "_id" },
+            ScanDecl { coll: "_txns", index: PRIMARY, eq: &["status"], by: "_id" },
+        ];
+        for decl in &bad {
+            assert!(check(decl, &indexes).is_err(), "{decl:?} was accepted");
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! What the integration tests (`tests/it`) and the benchmark binary
-//! (`src/bin/bench`) reach into, named here one item at a time. None of it
+//! (`src/bin/bench`) reach into, named here one item at a time (the storage
+//! engine they use directly: it is its own crate, `txgate-store`). None of it
 //! is an API: the crate's interface is the HTTP API and the binary. Every
 //! module above is private to the crate; an item a test needs is added
 //! here, deliberately, under the path it has inside the crate.
@@ -71,52 +72,6 @@ pub mod metrics {
 
 pub mod migrate {
     pub use crate::migrate::{MIGRATIONS, MIGRATIONS_COLLECTION, declared_indexes, run, templates};
-}
-
-pub mod store {
-    pub use crate::store::{
-        Bound, Bson, DateTime, Document, Durability, DynStore, Edge, Found, IndexQuery, IndexSpec, Interval, Record,
-        Store, StoreError, StoreResult, Update, Write, doc, void_entry,
-    };
-    pub mod convert {
-        pub use crate::store::convert::object_to_document;
-    }
-    pub mod disk {
-        pub use crate::store::disk::{DirDisk, Disk, Fence};
-    }
-    pub mod embedded {
-        pub use crate::store::embedded::{
-            DATABASE_FILE, EmbeddedStore, JOURNAL_FILE, MAX_BATCH_BYTES, Options, truncate_journal,
-        };
-    }
-    pub mod journal {
-        pub use crate::store::journal::{truncate_at, truncate_on};
-    }
-    pub mod layer {
-        pub use crate::store::layer::{Layer, Layered, Op};
-    }
-    pub mod memory {
-        pub use crate::store::memory::MemoryStore;
-    }
-    pub mod mongo {
-        pub use crate::store::mongo::MongoStore;
-        pub use crate::store::server::ServerInfo;
-    }
-    pub mod powerloss {
-        pub use crate::store::powerloss::{Sweep, crash_the_first_open, sweep};
-    }
-    pub mod scans {
-        pub use crate::store::scans::{
-            DELIVERIES, DELIVERIES_BY_DUE, DOCS_LIVE, DOCS_LOCKED, DOCS_STAGED, EVENTS_BY_SEQ, IDEM, TXNS,
-            TXNS_BY_LEASE, TXNS_BY_STATUS, UNIQUE_BY_INDEX,
-        };
-    }
-    pub mod simdisk {
-        pub use crate::store::simdisk::{Crash, Keep, SimDisk};
-    }
-    pub mod templates {
-        pub use crate::store::templates::Templates;
-    }
 }
 
 pub mod txn {

@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use txgate::config::StoreConfig;
 use txgate::testing::document::{StoredDoc, View};
 use txgate::testing::keys::parse_keys;
-use txgate::testing::store::Store;
-use txgate::testing::store::embedded::EmbeddedStore;
+use txgate_store::Store;
+use txgate_store::embedded::EmbeddedStore;
 
 use crate::support::{Backend, TestApp, expect, expect_problem, test_config};
 
@@ -103,11 +103,7 @@ fn backup_path(app: &TestApp, answer: &Value) -> PathBuf {
     let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
     assert!(stamp.len() == 16 && digits(&stamp[..8]) && &stamp[8..9] == "T" && digits(&stamp[9..15]), "{name}");
     assert!(stamp.ends_with('Z') && suffix.len() == 6 && suffix.bytes().all(|b| b.is_ascii_hexdigit()), "{name}");
-    assert!(
-        path.join(txgate::testing::store::embedded::DATABASE_FILE).is_file(),
-        "{} holds a database",
-        path.display()
-    );
+    assert!(path.join(txgate_store::embedded::DATABASE_FILE).is_file(), "{} holds a database", path.display());
     path
 }
 
@@ -136,7 +132,7 @@ async fn held_documents(dir: &Path, answer: &Value) -> Vec<String> {
 /// The store in `config`'s directory, once the writer thread of the last
 /// store opened there has let go of its file (shortly after its handle
 /// is dropped).
-async fn reopen(config: &StoreConfig) -> txgate::testing::store::DynStore {
+async fn reopen(config: &StoreConfig) -> txgate_store::DynStore {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match txgate::open_store(config).await {

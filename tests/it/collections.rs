@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use txgate::testing::store::doc;
 use txgate::testing::txn::record::Status;
+use txgate_store::doc;
 
 use crate::support::{Backend, SseStream, TestApp, all_events, expect, expect_problem, txn_record};
 
@@ -519,7 +519,7 @@ async fn an_expiry_or_a_count_cut_off_at_any_step_is_finished_once(backend: Back
 /// behind them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mongodb_records_of_another_shape_do_not_keep_the_age_sweep_from_the_documents_behind_them() {
-    use txgate::testing::store::{Bson, DateTime};
+    use txgate_store::{Bson, DateTime};
     let Some(app) = app(Backend::Mongodb).await else { return };
     let old = Bson::DateTime(DateTime::from_millis(946_684_800_000));
     for i in 0..205 {

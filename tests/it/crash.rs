@@ -15,12 +15,12 @@ use txgate::testing::document::rules::Patch;
 use txgate::testing::document::{StoredDoc, View};
 use txgate::testing::hooks::DELIVERIES;
 use txgate::testing::metrics::Metrics;
-use txgate::testing::store::{DateTime, DynStore, doc};
 use txgate::testing::txn::commit::TxnError;
 use txgate::testing::txn::plan::{Action, ActionOp, Plan};
 use txgate::testing::txn::record::{Status, TXNS, TxnRecord};
 use txgate::testing::txn::{Transactions, TxnConfig};
 use txgate::testing::worker::Worker;
+use txgate_store::{DateTime, DynStore, doc};
 
 use crate::faulty::{Fault, faulty};
 use crate::support::{Backend, TestApp, TestReceiver, TestStore, expect, test_config, txn_record};
@@ -99,7 +99,7 @@ impl Scenario {
 
     /// The ids of the change events of `txn` in the log.
     async fn events(&self, store: &DynStore, txn: &str) -> Vec<String> {
-        let scan = txgate::testing::store::scans::EVENTS_BY_SEQ.scan(Vec::new());
+        let scan = txgate_store::scans::EVENTS_BY_SEQ.scan(Vec::new());
         let mut ids: Vec<String> = store
             .scan(txgate::testing::events::EVENTS, scan)
             .await

@@ -13,8 +13,8 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use reqwest::Method;
 use serde_json::{Value, json};
-use txgate::testing::store::layer::{Layer, Layered, Op as StoreOp};
-use txgate::testing::store::{Bson, DateTime, DynStore, Store, StoreError, StoreResult, Update, doc};
+use txgate_store::layer::{Layer, Layered, Op as StoreOp};
+use txgate_store::{Bson, DateTime, DynStore, Store, StoreError, StoreResult, Update, doc};
 
 use crate::queries::{WAIT, all_pages, create, docs_path, put_index, query, ready_index, settled_index};
 use crate::support::{Backend, TestApp, TestStore, expect, expect_problem, test_config};
@@ -1098,7 +1098,7 @@ async fn an_index_name_shared_by_an_earlier_release_is_separated_and_rebuilt(bac
     // What the earlier release left: sb's declaration under sa's store
     // name, and its reservations under that name beside sa's.
     let store = Arc::clone(&ts.store);
-    let physical = |d: Option<txgate::testing::store::Record>| d.unwrap().get_str("physical").unwrap().to_owned();
+    let physical = |d: Option<txgate_store::Record>| d.unwrap().get_str("physical").unwrap().to_owned();
     let shared = physical(store.get("_indexes", "sa/email").await.unwrap());
     let own = physical(store.get("_indexes", "sb/email").await.unwrap());
     let mut sb = store.get("_indexes", "sb/email").await.unwrap().unwrap();
@@ -1106,8 +1106,7 @@ async fn an_index_name_shared_by_an_earlier_release_is_separated_and_rebuilt(bac
     assert!(store.replace("_indexes", "sb/email", doc! {}, sb).await.unwrap());
     store.drop_index("sb", &own).await.unwrap();
     let fields = ["_meta.deleted", "email", "_id"].map(str::to_owned).to_vec();
-    let spec =
-        txgate::testing::store::IndexSpec { name: shared.clone(), fields, unique: false, sparse: false, counted: true };
+    let spec = txgate_store::IndexSpec { name: shared.clone(), fields, unique: false, sparse: false, counted: true };
     store.declare_index("sb", spec).await.unwrap();
     let mut after: Option<String> = None;
     while let Some(next) = store.build_index_step("sb", &shared, after.as_deref(), 1000).await.unwrap() {
@@ -1115,10 +1114,8 @@ async fn an_index_name_shared_by_an_earlier_release_is_separated_and_rebuilt(bac
     }
     store.build_index_step("sb", &shared, None, 0).await.unwrap();
     let mut moved = 0;
-    for mut r in store
-        .scan("_unique", txgate::testing::store::scans::UNIQUE_BY_INDEX.scan(vec![Bson::String(own.clone())]))
-        .await
-        .unwrap()
+    for mut r in
+        store.scan("_unique", txgate_store::scans::UNIQUE_BY_INDEX.scan(vec![Bson::String(own.clone())])).await.unwrap()
     {
         let id = r.get_str("_id").unwrap().to_owned();
         let value = id.strip_prefix(&format!("{own}/")).unwrap().to_owned();
@@ -1161,7 +1158,7 @@ async fn an_index_name_shared_by_an_earlier_release_is_separated_and_rebuilt(bac
     loop {
         let left = app
             .store
-            .scan("_unique", txgate::testing::store::scans::UNIQUE_BY_INDEX.scan(vec![Bson::String(shared.clone())]))
+            .scan("_unique", txgate_store::scans::UNIQUE_BY_INDEX.scan(vec![Bson::String(shared.clone())]))
             .await
             .unwrap();
         if left.is_empty() {

@@ -166,6 +166,7 @@ fn design_citations_name_sections_of_the_design_document() {
         }
     }
     walk(&root().join("src"), &mut files);
+    walk(&root().join("crates"), &mut files);
     walk(&root().join("tests"), &mut files);
     // This file names what it looks for.
     for file in files.into_iter().filter(|f| !f.ends_with("tests/it/docs.rs")) {

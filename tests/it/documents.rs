@@ -3,8 +3,8 @@
 use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::testing::document::{Staged, StagedOp, StoredDoc};
-use txgate::testing::store::doc;
 use txgate::testing::txn::record::{Status, TXNS, TxnRecord};
+use txgate_store::doc;
 
 use crate::support::{Backend, TestApp, expect, expect_problem, txn_record};
 
@@ -443,7 +443,7 @@ async fn lock_doc(app: &TestApp, id: &str, txn: &str, data: Value) {
     let rec = app.store.get("accounts", id).await.unwrap().unwrap();
     let mut d = StoredDoc::from_record(rec).unwrap();
     d.meta.txn = Some(txn.into());
-    let data = txgate::testing::store::convert::object_to_document(data.as_object().unwrap());
+    let data = txgate_store::convert::object_to_document(data.as_object().unwrap());
     d.meta.pending = Some(Staged { op: StagedOp::Update, data: Some(data), sv: 1 });
     let v = d.meta.v;
     assert!(app.store.replace("accounts", id, doc! {"_meta.v": v}, d.to_record()).await.unwrap());

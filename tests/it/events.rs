@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use txgate::testing::document::StoredDoc;
 use txgate::testing::events::EVENTS;
-use txgate::testing::store::{DateTime, doc};
+use txgate_store::{DateTime, doc};
 
 use crate::support::{Backend, SseStream, TestApp, all_events, events_page, expect, expect_problem};
 

@@ -13,8 +13,8 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::config::Config;
 use txgate::testing::document::{Staged, StagedOp, StoredDoc};
-use txgate::testing::store::{DynStore, doc};
 use txgate::testing::txn::record::{Status, TXNS, TxnRecord};
+use txgate_store::{DynStore, doc};
 
 use crate::faulty::{Act, Op, rigged_app};
 use crate::support::{Backend, TestApp, expect, expect_problem, test_config, txn_record};
@@ -71,7 +71,7 @@ async fn nothing_wedged(app: &TestApp, ids: &[String]) -> Result<(), String> {
     let pending: Value = res.json().await.unwrap();
     let n = pending["items"].as_array().unwrap().len();
     if n > 0 {
-        let now = txgate::testing::clock::rfc3339(txgate::testing::store::DateTime::now());
+        let now = txgate::testing::clock::rfc3339(txgate_store::DateTime::now());
         let first = &pending["items"][0];
         return Err(format!(
             "{n} transactions still pending at {now}, e.g. {} started {} lease until {}",
@@ -285,7 +285,7 @@ async fn recovery_skips_records_it_cannot_handle(backend: Backend) {
         uuid::Uuid::new_v7(uuid::Timestamp::from_unix(uuid::NoContext, (now + s) as u64, 0)).to_string()
     };
     // Poison: a `_txns` record recovery cannot decode, sorting first.
-    let past = txgate::testing::store::DateTime::from_millis(0);
+    let past = txgate_store::DateTime::from_millis(0);
     store.insert(TXNS, doc! {"_id": "0-poison", "status": "pending", "expires_at": past}).await.unwrap();
     // T committed over a, b, c; b's `_meta` is then removed by hand.
     let t = id(-30);
@@ -712,7 +712,7 @@ mod mongodb_wire {
         expect(app.post(T, &inc_txn(&["s1"])).await, 200).await;
         assert_eq!(read(&app, "s1").await.0, 2);
         app.stop().await;
-        let direct = txgate::testing::store::mongo::MongoStore::connect(&uri, &database).await.unwrap();
+        let direct = txgate_store::mongo::MongoStore::connect(&uri, &database).await.unwrap();
         direct.drop_database().await.unwrap();
     }
 }

@@ -1,5 +1,5 @@
 //! The tests' fault injector: one layer of the store stack
-//! ([`txgate::testing::store::layer`]) that either counts operations and strikes at
+//! ([`txgate_store::layer`]) that either counts operations and strikes at
 //! the n-th ([`Fault`]: crash tests), or lets a rule decide, operation by
 //! operation, to delay, hang or fail it ([`Act`]: fault tests). Chains and
 //! batches of appends go down write by write, each a point of its own.
@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use txgate::config::Config;
-use txgate::testing::store::layer::{Layer, Layered, Op as StoreOp};
-use txgate::testing::store::{Document, Durability, DynStore, Record, Store, StoreError, StoreResult, doc};
+use txgate_store::layer::{Layer, Layered, Op as StoreOp};
+use txgate_store::{Document, Durability, DynStore, Record, Store, StoreError, StoreResult, doc};
 
 use crate::support::{Backend, TestApp, TestStore, test_config};
 

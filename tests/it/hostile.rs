@@ -134,17 +134,17 @@ async fn deep_documents_are_refused_on_every_write_path_and_the_gateway_lives(ba
 
 /// A user document record nested `levels` deep, built on a thread with a
 /// stack large enough for the recursive encoder.
-fn deep_record(id: &str, levels: usize) -> txgate::testing::store::Record {
+fn deep_record(id: &str, levels: usize) -> txgate_store::Record {
     let id = id.to_owned();
     std::thread::Builder::new()
         .stack_size(256 << 20)
         .spawn(move || {
-            use txgate::testing::store::{Bson, doc};
+            use txgate_store::{Bson, doc};
             let mut v = Bson::Int64(1);
             for _ in 0..levels {
                 v = Bson::Document(doc! {"a": v});
             }
-            let now = txgate::testing::store::DateTime::now();
+            let now = txgate_store::DateTime::now();
             doc! {"_id": id, "v": v, "_meta": {"v": 1_i64, "sv": 1_i64, "txn": null, "pending": null,
             "deleted": false, "deleting": false, "created_at": now, "updated_at": now, "deleted_at": null}}
         })
@@ -532,9 +532,9 @@ async fn a_claim_stored_by_the_release_before_is_still_replayed() {
     let earlier: String =
         sha2::Sha256::digest(serde_json::to_vec(&body).unwrap()).iter().map(|b| format!("{b:02x}")).collect();
     let answer = json!({"id": "0190a0a0-0000-7000-8000-000000000001", "status": "committed", "results": []});
-    let claim = txgate::testing::store::doc! {
+    let claim = txgate_store::doc! {
         "_id": "-:order-1", "hash": earlier, "txn": "0190a0a0-0000-7000-8000-000000000001", "state": "done",
-        "created_at": txgate::testing::store::DateTime::now(), "status": 200_i32, "body": answer.to_string(),
+        "created_at": txgate_store::DateTime::now(), "status": 200_i32, "body": answer.to_string(),
     };
     assert!(app.store.insert("_idem", claim).await.unwrap());
     let res = app.request(Method::POST, "/v1/transactions").header("idempotency-key", "order-1").json(&body).send();
@@ -636,7 +636,7 @@ async fn walk(app: &TestApp, url: &str) -> Vec<String> {
 /// and report it and serve the others, a read of it by id is a problem.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mongodb_records_of_a_wrong_shape_are_skipped_by_lists_and_queries() {
-    use txgate::testing::store::{Bson, DateTime, doc};
+    use txgate_store::{Bson, DateTime, doc};
     let Some(app) = TestApp::spawn(Backend::Mongodb).await else { return };
     const O: &str = "/v1/collections/shapes/documents";
     for (id, n) in [("a", 1), ("c", 3), ("e", 5)] {

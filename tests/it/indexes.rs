@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use txgate::testing::document::StoredDoc;
 use txgate::testing::metrics::Metrics;
-use txgate::testing::store::scans::{DOCS_LIVE, DOCS_LOCKED, TXNS_BY_LEASE};
-use txgate::testing::store::{Bound, Bson, DateTime, DynStore, doc};
 use txgate::testing::txn::record::{Status, TXNS};
 use txgate::testing::txn::{Transactions, TxnConfig};
 use txgate::testing::worker::Worker;
+use txgate_store::scans::{DOCS_LIVE, DOCS_LOCKED, TXNS_BY_LEASE};
+use txgate_store::{Bound, Bson, DateTime, DynStore, doc};
 
 use crate::support::{Backend, TestStore, txn_record};
 
@@ -112,8 +112,8 @@ async fn zombie_behind_a_thousand_live_locks_is_cleared_within_the_bound(backend
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_zombie_among_100k_documents_and_passes_that_decode_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let raw = Arc::new(txgate::testing::store::embedded::EmbeddedStore::open(dir.path()).unwrap());
-    let store: DynStore = Arc::new(txgate::testing::store::templates::Templates::over(
+    let raw = Arc::new(txgate_store::embedded::EmbeddedStore::open(dir.path()).unwrap());
+    let store: DynStore = Arc::new(txgate_store::templates::Templates::over(
         Arc::clone(&raw) as DynStore,
         txgate::testing::migrate::templates(),
     ));

@@ -83,7 +83,7 @@ impl Cluster {
         for i in 0..self.nodes.len() {
             self.kill(i);
         }
-        if let Ok(store) = txgate::testing::store::mongo::MongoStore::connect(&self.uri, &self.database).await {
+        if let Ok(store) = txgate_store::mongo::MongoStore::connect(&self.uri, &self.database).await {
             let _ = store.drop_database().await;
         }
     }
@@ -814,8 +814,8 @@ async fn three_instances_racing_their_first_appends_lose_no_event() {
     assert_eq!((events.len(), docs.len()), (30, 30), "created events: {events:?}");
     let seqs: HashSet<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
     assert_eq!(seqs.len(), 30, "a position was handed out twice");
-    let store = txgate::testing::store::mongo::MongoStore::connect(&cluster.uri, &cluster.database).await.unwrap();
-    use txgate::testing::store::Store;
+    let store = txgate_store::mongo::MongoStore::connect(&cluster.uri, &cluster.database).await.unwrap();
+    use txgate_store::Store;
     let counter = store.get("_counters", "_events").await.unwrap().expect("the counter");
     let n = counter.get_i64("n").unwrap();
     assert!(n >= *seqs.iter().max().unwrap() as i64, "the counter ({n}) is behind the log");

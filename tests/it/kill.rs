@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use serde_json::{Value, json};
-use txgate::testing::store::Store;
+use txgate_store::Store;
 
 const ACCOUNTS: usize = 12;
 const START: i64 = 100;
@@ -225,11 +225,11 @@ async fn kill_9_under_load_keeps_every_answer() {
 
     // No lock survives recovery (lock holders are transaction ids: every
     // string).
-    let store = txgate::testing::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
+    let store = txgate_store::embedded::EmbeddedStore::open(dir.path()).unwrap();
     for coll in ["bank", "counters", "transfers"] {
-        let scan = txgate::testing::store::scans::DOCS_LOCKED
+        let scan = txgate_store::scans::DOCS_LOCKED
             .scan(vec![])
-            .from(txgate::testing::store::Bound::Included(txgate::testing::store::Bson::String(String::new())))
+            .from(txgate_store::Bound::Included(txgate_store::Bson::String(String::new())))
             .limit(10);
         let locked = store.scan(coll, scan).await.unwrap();
         assert!(locked.is_empty(), "{coll}: locks left after recovery: {locked:?}");

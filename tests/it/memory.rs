@@ -19,7 +19,7 @@ use txgate::config::StoreConfig;
 use txgate::testing::document::StoredDoc;
 use txgate::testing::events::model::document_event;
 use txgate::testing::events::{EVENTS, EventType, log_entry};
-use txgate::testing::store::{DateTime, DynStore, doc};
+use txgate_store::{DateTime, DynStore, doc};
 
 use crate::restart::start_with;
 use crate::support::{Backend, TestStore};
@@ -76,7 +76,7 @@ async fn hostile_streams_stay_under_the_memory_ceiling(backend: Backend) {
         StoreConfig::Embedded { data_dir, .. } => {
             // The seeding store lets go of the database file once its
             // writer thread has stopped.
-            let file = std::fs::File::open(data_dir.join(txgate::testing::store::embedded::DATABASE_FILE)).unwrap();
+            let file = std::fs::File::open(data_dir.join(txgate_store::embedded::DATABASE_FILE)).unwrap();
             let deadline = Instant::now() + Duration::from_secs(10);
             while rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
                 assert!(Instant::now() < deadline, "the seeding store never let go of its file");
@@ -207,13 +207,13 @@ struct SlowLog {
     most: AtomicUsize,
 }
 
-impl txgate::testing::store::layer::Layer for SlowLog {
+impl txgate_store::layer::Layer for SlowLog {
     async fn around<T: Send>(
         &self,
-        _below: &dyn txgate::testing::store::Store,
-        op: &txgate::testing::store::layer::Op<'_>,
-        run: impl Future<Output = txgate::testing::store::StoreResult<T>> + Send,
-    ) -> txgate::testing::store::StoreResult<T> {
+        _below: &dyn txgate_store::Store,
+        op: &txgate_store::layer::Op<'_>,
+        run: impl Future<Output = txgate_store::StoreResult<T>> + Send,
+    ) -> txgate_store::StoreResult<T> {
         if op.coll != EVENTS || op.name != "scan" || !self.armed.load(Ordering::SeqCst) {
             return run.await;
         }
@@ -238,7 +238,7 @@ async fn streams_catching_up_read_a_few_at_a_time() {
     const STREAMS: usize = 20;
     let ts = TestStore::new(Backend::Embedded).await.unwrap();
     seed(&ts.store, EVENTS_SEEDED).await;
-    let slow = Arc::new(txgate::testing::store::layer::Layered::new(
+    let slow = Arc::new(txgate_store::layer::Layered::new(
         Arc::clone(&ts.store),
         SlowLog { armed: AtomicBool::new(false), now: AtomicUsize::new(0), most: AtomicUsize::new(0) },
     ));

@@ -1,8 +1,8 @@
-//! Power loss on a simulated disk (see `txgate::testing::store::powerloss`): the
+//! Power loss on a simulated disk (see `txgate_store::powerloss`): the
 //! embedded store crashed at every write and sync of a workload, reopened
 //! on what each crash left, and checked.
 
-use txgate::testing::store::powerloss::{Sweep, sweep};
+use txgate_store::powerloss::{Sweep, sweep};
 
 /// Every crash point of the workload once, with four survivor images
 /// each (everything written, only what was synced, two random subsets
@@ -263,9 +263,9 @@ fn embedded_writer_panic_stops_the_process() {
 #[ignore = "run by embedded_writer_panic_stops_the_process in a child process"]
 async fn writer_panic_child() {
     use std::sync::Arc;
-    use txgate::testing::store::embedded::{EmbeddedStore, Options};
-    use txgate::testing::store::simdisk::SimDisk;
-    use txgate::testing::store::{Durability, Store, Write};
+    use txgate_store::embedded::{EmbeddedStore, Options};
+    use txgate_store::simdisk::SimDisk;
+    use txgate_store::{Durability, Store, Write};
     if std::env::var_os("TXGATE_WRITER_PANIC_CHILD").is_none() {
         return;
     }
@@ -288,9 +288,9 @@ mod writer {
     use std::time::Duration;
 
     use mongodb::bson::doc;
-    use txgate::testing::store::embedded::{EmbeddedStore, MAX_BATCH_BYTES, Options};
-    use txgate::testing::store::simdisk::SimDisk;
-    use txgate::testing::store::{Durability, Store, Write};
+    use txgate_store::embedded::{EmbeddedStore, MAX_BATCH_BYTES, Options};
+    use txgate_store::simdisk::SimDisk;
+    use txgate_store::{Durability, Store, Write};
 
     fn open(disk: &SimDisk, options: &Options) -> EmbeddedStore {
         EmbeddedStore::open_on(Arc::new(disk.clone()), options).unwrap()
@@ -351,7 +351,7 @@ mod writer {
             let refused = Write::Update {
                 id: &format!("r{i:04}"),
                 filter: doc! {"v": 2},
-                update: txgate::testing::store::Update { set: doc! {"v": 3}, unset: Vec::new() },
+                update: txgate_store::Update { set: doc! {"v": 3}, unset: Vec::new() },
             };
             assert!(!store.write("c", refused, Durability::Unsynced).await.unwrap());
             max_records = max_records.max(store.stats().recent_records.load(Ordering::Relaxed));
@@ -420,7 +420,7 @@ mod writer {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn embedded_commits_are_checkpointed_within_the_interval() {
         let disk = SimDisk::new();
-        disk.byte_atomic(txgate::testing::store::embedded::DATABASE_FILE);
+        disk.byte_atomic(txgate_store::embedded::DATABASE_FILE);
         let options = Options {
             checkpoint_bytes: u64::MAX,
             checkpoint_interval: Some(Duration::from_millis(100)),
@@ -449,8 +449,8 @@ mod writer {
         disk.crash_now();
         store.close().await.unwrap();
         let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(5);
-        let image = disk.crash().unwrap().survivor(txgate::testing::store::simdisk::Keep::Durable, &mut rng);
-        txgate::testing::store::disk::Disk::remove(&image, txgate::testing::store::embedded::JOURNAL_FILE).unwrap();
+        let image = disk.crash().unwrap().survivor(txgate_store::simdisk::Keep::Durable, &mut rng);
+        txgate_store::disk::Disk::remove(&image, txgate_store::embedded::JOURNAL_FILE).unwrap();
         let reopened = open(&image, &options);
         let held = reopened.dump().unwrap().keys().filter(|(c, _)| c == "c").count();
         assert_eq!(held, i, "redb's durable file holds {held} of {i} writes");
@@ -462,20 +462,20 @@ mod writer {
         landed: bool,
     }
 
-    impl txgate::testing::store::layer::Layer for FailAllOrNothing {
+    impl txgate_store::layer::Layer for FailAllOrNothing {
         async fn around<T: Send>(
             &self,
-            _: &dyn txgate::testing::store::Store,
-            op: &txgate::testing::store::layer::Op<'_>,
-            run: impl std::future::Future<Output = txgate::testing::store::StoreResult<T>> + Send,
-        ) -> txgate::testing::store::StoreResult<T> {
+            _: &dyn txgate_store::Store,
+            op: &txgate_store::layer::Op<'_>,
+            run: impl std::future::Future<Output = txgate_store::StoreResult<T>> + Send,
+        ) -> txgate_store::StoreResult<T> {
             if op.name != "write_all_or_nothing" {
                 return run.await;
             }
             if self.landed {
                 run.await?;
             }
-            Err(txgate::testing::store::StoreError::Unavailable("injected".into()))
+            Err(txgate_store::StoreError::Unavailable("injected".into()))
         }
     }
 
@@ -488,12 +488,12 @@ mod writer {
     async fn embedded_an_all_or_nothing_commit_that_errs_is_settled_before_the_answer() {
         use txgate::testing::document::StoredDoc;
         use txgate::testing::metrics::Metrics;
-        use txgate::testing::store::layer::Layered;
-        use txgate::testing::store::{DateTime, DynStore};
         use txgate::testing::txn::TxnConfig;
         use txgate::testing::txn::commit::TxnError;
         use txgate::testing::txn::plan::{Action, ActionOp, Plan};
         use txgate::testing::txn::record::{Status, TXNS, TxnRecord};
+        use txgate_store::layer::Layered;
+        use txgate_store::{DateTime, DynStore};
 
         for landed in [false, true] {
             let embedded: DynStore = Arc::new(open(&SimDisk::new(), &Options::default()));
@@ -550,10 +550,10 @@ mod writer {
         use txgate::testing::document::rules::Patch;
         use txgate::testing::events::EVENTS;
         use txgate::testing::metrics::Metrics;
-        use txgate::testing::store::{DateTime, DynStore};
         use txgate::testing::txn::TxnConfig;
         use txgate::testing::txn::plan::{Action, ActionOp, Plan};
         use txgate::testing::txn::record::{Status, TXNS, TxnRecord};
+        use txgate_store::{DateTime, DynStore};
 
         let embedded = Arc::new(open(&SimDisk::new(), &Options::default()));
         let store: DynStore = embedded.clone();
@@ -648,9 +648,9 @@ async fn embedded_clean_stop_leaves_nothing_to_replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_backup_survives_power_loss_while_it_is_written() {
     use std::sync::Arc;
-    use txgate::testing::store::embedded::{DATABASE_FILE, EmbeddedStore, Options};
-    use txgate::testing::store::simdisk::{Keep, SimDisk};
-    use txgate::testing::store::{Durability, Store, Write};
+    use txgate_store::embedded::{DATABASE_FILE, EmbeddedStore, Options};
+    use txgate_store::simdisk::{Keep, SimDisk};
+    use txgate_store::{Durability, Store, Write};
     let dir = tempfile::tempdir().unwrap();
     let source = EmbeddedStore::open(&dir.path().join("data")).unwrap();
     for i in 0..300 {
@@ -659,7 +659,7 @@ async fn embedded_backup_survives_power_loss_while_it_is_written() {
     }
     let options = Options { cache_bytes: 1 << 20, ..Options::default() };
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(11);
-    let images = |crash: &txgate::testing::store::simdisk::Crash, rng: &mut rand::rngs::StdRng| {
+    let images = |crash: &txgate_store::simdisk::Crash, rng: &mut rand::rngs::StdRng| {
         [Keep::Durable, Keep::Random, Keep::Random].map(|keep| (keep, crash.survivor(keep, rng)))
     };
     let mut points = 0;
@@ -700,9 +700,9 @@ async fn embedded_backup_survives_power_loss_while_it_is_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_restored_backup_survives_power_loss() {
     use std::sync::Arc;
-    use txgate::testing::store::embedded::{DATABASE_FILE, EmbeddedStore, Options};
-    use txgate::testing::store::simdisk::SimDisk;
-    use txgate::testing::store::{Durability, Store, Write};
+    use txgate_store::embedded::{DATABASE_FILE, EmbeddedStore, Options};
+    use txgate_store::simdisk::SimDisk;
+    use txgate_store::{Durability, Store, Write};
     let dir = tempfile::tempdir().unwrap();
     let source = Arc::new(EmbeddedStore::open(&dir.path().join("data")).unwrap());
     let writer = {
@@ -758,8 +758,8 @@ async fn embedded_restored_backup_survives_power_loss() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_refused_start_leaves_the_database_as_it_was() {
     use std::sync::Arc;
-    use txgate::testing::store::disk::Disk;
-    use txgate::testing::store::embedded::{EmbeddedStore, JOURNAL_FILE};
+    use txgate_store::disk::Disk;
+    use txgate_store::embedded::{EmbeddedStore, JOURNAL_FILE};
     let options = sweep_options(6 << 10);
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(5);
     let image = synced_writes_then_power_cut(40, &options, &mut rng).await;
@@ -782,8 +782,8 @@ async fn embedded_refused_start_leaves_the_database_as_it_was() {
 /// The store's options in these sweeps: syncs and checkpoints (every
 /// `checkpoint_bytes` of journal) only when the work makes them, a seal
 /// with every sync.
-fn sweep_options(checkpoint_bytes: u64) -> txgate::testing::store::embedded::Options {
-    txgate::testing::store::embedded::Options {
+fn sweep_options(checkpoint_bytes: u64) -> txgate_store::embedded::Options {
+    txgate_store::embedded::Options {
         cache_bytes: 1 << 20,
         sync_interval: std::time::Duration::from_secs(3600),
         checkpoint_bytes,
@@ -798,13 +798,13 @@ fn sweep_options(checkpoint_bytes: u64) -> txgate::testing::store::embedded::Opt
 /// file does not.
 async fn synced_writes_then_power_cut(
     writes: usize,
-    options: &txgate::testing::store::embedded::Options,
+    options: &txgate_store::embedded::Options,
     rng: &mut rand::rngs::StdRng,
-) -> txgate::testing::store::simdisk::SimDisk {
+) -> txgate_store::simdisk::SimDisk {
     use std::sync::Arc;
-    use txgate::testing::store::embedded::{DATABASE_FILE, EmbeddedStore};
-    use txgate::testing::store::simdisk::{Keep, SimDisk};
-    use txgate::testing::store::{Durability, Store, Write};
+    use txgate_store::embedded::{DATABASE_FILE, EmbeddedStore};
+    use txgate_store::simdisk::{Keep, SimDisk};
+    use txgate_store::{Durability, Store, Write};
     let disk = SimDisk::new();
     disk.byte_atomic(DATABASE_FILE);
     let store = EmbeddedStore::open_on(Arc::new(disk.clone()), options).unwrap();
@@ -823,16 +823,16 @@ async fn synced_writes_then_power_cut(
 /// synced, a random subset) opens with its indexes whole, and holds
 /// record `kept` of collection `c` if one is named. The crash points.
 async fn crash_first_work(
-    fresh: impl Fn() -> txgate::testing::store::simdisk::SimDisk,
+    fresh: impl Fn() -> txgate_store::simdisk::SimDisk,
     writes: usize,
-    options: &txgate::testing::store::embedded::Options,
+    options: &txgate_store::embedded::Options,
     kept: Option<&str>,
     rng: &mut rand::rngs::StdRng,
 ) -> usize {
     use std::sync::Arc;
-    use txgate::testing::store::embedded::EmbeddedStore;
-    use txgate::testing::store::simdisk::Keep;
-    use txgate::testing::store::{Durability, Store, Write};
+    use txgate_store::embedded::EmbeddedStore;
+    use txgate_store::simdisk::Keep;
+    use txgate_store::{Durability, Store, Write};
     let mut points = 0;
     for point in 1.. {
         let disk = fresh();
@@ -867,9 +867,9 @@ async fn crash_first_work(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_open_after_a_crash_needs_no_full_repair() {
     use std::sync::Arc;
-    use txgate::testing::store::embedded::{DATABASE_FILE, EmbeddedStore, Options};
-    use txgate::testing::store::simdisk::{Keep, SimDisk};
-    use txgate::testing::store::{Durability, Store, Write};
+    use txgate_store::embedded::{DATABASE_FILE, EmbeddedStore, Options};
+    use txgate_store::simdisk::{Keep, SimDisk};
+    use txgate_store::{Durability, Store, Write};
     let options = Options { checkpoint_bytes: 16 << 10, ..Options::default() };
     for keep in [Keep::All, Keep::Durable] {
         let disk = SimDisk::new();
@@ -897,7 +897,7 @@ async fn embedded_open_after_a_crash_needs_no_full_repair() {
 /// each crash left opens holding what the crash-free open holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_upgrade_and_replay_at_first_open_survive_power_loss() {
-    use txgate::testing::store::powerloss::crash_the_first_open;
+    use txgate_store::powerloss::crash_the_first_open;
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let mut total = 0;
     for name in [
@@ -922,10 +922,10 @@ async fn embedded_upgrade_and_replay_at_first_open_survive_power_loss() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_journal_truncate_survives_power_loss() {
     use std::sync::Arc;
-    use txgate::testing::store::Store;
-    use txgate::testing::store::disk::Disk;
-    use txgate::testing::store::embedded::{DATABASE_FILE, EmbeddedStore, JOURNAL_FILE, truncate_journal};
-    use txgate::testing::store::simdisk::Keep;
+    use txgate_store::Store;
+    use txgate_store::disk::Disk;
+    use txgate_store::embedded::{DATABASE_FILE, EmbeddedStore, JOURNAL_FILE, truncate_journal};
+    use txgate_store::simdisk::Keep;
     let options = sweep_options(1 << 20);
     let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(13);
     let image = synced_writes_then_power_cut(30, &options, &mut rng).await;

@@ -21,7 +21,7 @@ use rand::{Rng, SeedableRng};
 use reqwest::Method;
 use serde_json::{Map, Value, json};
 
-use txgate::testing::store::Bson;
+use txgate_store::Bson;
 
 use crate::support::{Backend, TestApp, expect, expect_problem};
 
@@ -707,8 +707,7 @@ async fn what_is_outside_the_language_is_refused(backend: Backend) {
     let nan = {
         use base64::Engine as _;
         let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-        let mut cursor =
-            txgate::testing::store::Document::from_reader(engine.decode(&next).unwrap().as_slice()).unwrap();
+        let mut cursor = txgate_store::Document::from_reader(engine.decode(&next).unwrap().as_slice()).unwrap();
         let mut key = cursor.get_array("k").unwrap().clone();
         key[0] = Bson::Double(f64::NAN);
         cursor.insert("k", key);
@@ -954,13 +953,13 @@ async fn a_cursor_goes_on_only_with_its_own_query(backend: Backend) {
     assert_eq!(ids(&expect(resp.unwrap(), 200).await), [json!("k02"), json!("k03")]);
     // Earlier releases' cursors, bound to no query (format 1) or to none
     // of one collection (format 2): refused, whatever they name.
-    let old = |d: txgate::testing::store::Document| {
+    let old = |d: txgate_store::Document| {
         use base64::Engine as _;
         let mut bytes = Vec::new();
         d.to_writer(&mut bytes).unwrap();
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
     };
-    use txgate::testing::store::doc;
+    use txgate_store::doc;
     for cursor in [old(doc! {"f": 1, "k": ["k03"]}), old(doc! {"f": 2, "k": ["open", 6_i64, "k06"], "q": 8_i64})] {
         let resp = app.request(Method::GET, &docs_path("k")).query(&[("after", cursor.as_str())]).send().await.unwrap();
         let problem = expect_problem(resp, 422, "validation_failed").await;

@@ -298,17 +298,17 @@ struct HoldPasses {
     holding: tokio::sync::Notify,
 }
 
-impl txgate::testing::store::layer::Layer for HoldPasses {
+impl txgate_store::layer::Layer for HoldPasses {
     fn inspects(&self) -> bool {
         true
     }
 
     async fn around<T: Send>(
         &self,
-        _below: &dyn txgate::testing::store::Store,
-        op: &txgate::testing::store::layer::Op<'_>,
-        run: impl Future<Output = txgate::testing::store::StoreResult<T>> + Send,
-    ) -> txgate::testing::store::StoreResult<T> {
+        _below: &dyn txgate_store::Store,
+        op: &txgate_store::layer::Op<'_>,
+        run: impl Future<Output = txgate_store::StoreResult<T>> + Send,
+    ) -> txgate_store::StoreResult<T> {
         if op.coll == "_subscriptions" && self.armed.load(std::sync::atomic::Ordering::SeqCst) {
             self.holding.notify_one();
             std::future::pending::<()>().await;
@@ -325,8 +325,8 @@ async fn a_background_pass_does_not_hold_a_stop_past_its_timeout(backend: Backen
     use std::sync::Arc;
     let Some(ts) = TestStore::new(backend).await else { return };
     let layer = HoldPasses { armed: Default::default(), holding: tokio::sync::Notify::new() };
-    let held = Arc::new(txgate::testing::store::layer::Layered::new(Arc::clone(&ts.store), layer));
-    let store: txgate::testing::store::DynStore = held.clone();
+    let held = Arc::new(txgate_store::layer::Layered::new(Arc::clone(&ts.store), layer));
+    let store: txgate_store::DynStore = held.clone();
     let mut config = test_config(ts.config.clone());
     config.shutdown_timeout = Duration::from_millis(300);
     // Reads time out long after the stop should have ended.

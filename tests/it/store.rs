@@ -2,10 +2,10 @@
 //! store the protocol's unit tests use: what each single-record operation
 //! does, and what filters and scans mean.
 
-use txgate::testing::store::scans::{
+use txgate_store::scans::{
     DELIVERIES_BY_DUE, DOCS_LIVE, DOCS_LOCKED, DOCS_STAGED, TXNS, TXNS_BY_LEASE, TXNS_BY_STATUS,
 };
-use txgate::testing::store::{Bound, Bson, DateTime, Document, Durability, Found, Update, Write, doc};
+use txgate_store::{Bound, Bson, DateTime, Document, Durability, Found, Update, Write, doc};
 
 use crate::support::{Backend, TestStore};
 
@@ -75,10 +75,9 @@ async fn a_dropped_index_is_gone_and_a_missing_one_drops_quietly(backend: Backen
     let s = &ts.store;
     assert!(s.insert("c", doc! {"_id": "a", "n": 1}).await.unwrap());
     let fields = ["n", "_id"].map(str::to_owned).to_vec();
-    let spec =
-        txgate::testing::store::IndexSpec { name: "by_n".into(), fields, unique: false, sparse: false, counted: false };
+    let spec = txgate_store::IndexSpec { name: "by_n".into(), fields, unique: false, sparse: false, counted: false };
     s.declare_index("c", spec).await.unwrap();
-    let names = |specs: Vec<txgate::testing::store::IndexSpec>| specs.into_iter().map(|i| i.name).collect::<Vec<_>>();
+    let names = |specs: Vec<txgate_store::IndexSpec>| specs.into_iter().map(|i| i.name).collect::<Vec<_>>();
     assert!(names(s.indexes("c").await.unwrap()).contains(&"by_n".to_owned()));
     s.drop_index("c", "by_n").await.unwrap();
     assert!(!names(s.indexes("c").await.unwrap()).contains(&"by_n".to_owned()));
@@ -92,13 +91,12 @@ async fn a_dropped_index_is_gone_and_a_missing_one_drops_quietly(backend: Backen
 /// records it would have, not an error: on MongoDB the hinted read is
 /// refused, and the same read without the hint returns them.
 async fn a_query_along_an_index_not_there_reads_the_same_records(backend: Backend) {
-    use txgate::testing::store::scans::DOCS_STAGED;
+    use txgate_store::scans::DOCS_STAGED;
     let Some(ts) = store(backend).await else { return };
     let s = &ts.store;
     // A collection that has its first template index and not the others.
     let fields = ["_meta.deleted", "_id"].map(str::to_owned).to_vec();
-    let live =
-        txgate::testing::store::IndexSpec { name: "live".into(), fields, unique: false, sparse: false, counted: false };
+    let live = txgate_store::IndexSpec { name: "live".into(), fields, unique: false, sparse: false, counted: false };
     s.ensure_index("half", live).await.unwrap();
     let staged = DOCS_STAGED.query(Bson::String("insert".into()), None, 10, 1 << 20);
     let found = s.query("half", &staged).await.expect("a query along an index not there yet");
@@ -173,8 +171,8 @@ async fn appends_take_increasing_positions_once_per_key(backend: Backend) {
     assert!(u.append("log", doc! {"_id": "a"}).await.unwrap());
     assert!(u.append("log", doc! {"_id": "b"}).await.unwrap());
     assert!(!u.append("log", doc! {"_id": "a"}).await.unwrap(), "a record is logged once");
-    let all = |s: txgate::testing::store::DynStore| async move {
-        let scan = txgate::testing::store::scans::EVENTS_BY_SEQ.scan(Vec::new());
+    let all = |s: txgate_store::DynStore| async move {
+        let scan = txgate_store::scans::EVENTS_BY_SEQ.scan(Vec::new());
         s.scan("log", scan).await.unwrap()
     };
     let keyed = |recs: &[Document]| -> Vec<(i64, String)> {
@@ -187,7 +185,7 @@ async fn appends_take_increasing_positions_once_per_key(backend: Backend) {
     assert_eq!(keyed(&recs), vec![(1, "a".to_owned()), (2, "b".to_owned())]);
     // A reader closes the next position: the next append goes past it.
     let last = recs.last().unwrap().get_i64("seq").unwrap() as u64;
-    assert!(s.insert("log", txgate::testing::store::void_entry(last + 1, DateTime::now())).await.unwrap());
+    assert!(s.insert("log", txgate_store::void_entry(last + 1, DateTime::now())).await.unwrap());
     assert!(u.append("log", doc! {"_id": "c"}).await.unwrap());
     let c = keyed(&all(s.clone()).await).into_iter().find(|(_, k)| k == "c").unwrap();
     assert!(c.0 > (last + 1) as i64, "{c:?} filled the closed position {}", last + 1);
@@ -205,8 +203,8 @@ async fn appends_take_increasing_positions_once_per_key(backend: Backend) {
 }
 
 /// A log collection `log`: a unique index on its positions.
-async fn make_log(s: &txgate::testing::store::DynStore) {
-    let index = txgate::testing::store::IndexSpec {
+async fn make_log(s: &txgate_store::DynStore) {
+    let index = txgate_store::IndexSpec {
         name: "seq".into(),
         fields: vec!["seq".into()],
         unique: true,
@@ -269,7 +267,7 @@ async fn a_failed_update_changes_nothing(backend: Backend) {
 }
 
 async fn writes_in_order_stop_at_the_first_not_applied(backend: Backend) {
-    use txgate::testing::store::{Durability, Write};
+    use txgate_store::{Durability, Write};
     let Some(ts) = store(backend).await else { return };
     let s = &ts.store;
     s.insert("c", doc! {"_id": "b", "v": 1}).await.unwrap();
@@ -343,9 +341,8 @@ async fn declared_scans_read_their_index(backend: Backend) {
     }
     s.insert("_txns", doc! {"_id": "f", "status": "pending", "expires_at": "not a date"}).await.unwrap();
     s.insert("_txns", doc! {"_id": "g", "status": "pending"}).await.unwrap();
-    let ids = |recs: Vec<txgate::testing::store::Record>| {
-        recs.iter().map(|r| r.get_str("_id").unwrap().to_owned()).collect::<Vec<_>>()
-    };
+    let ids =
+        |recs: Vec<txgate_store::Record>| recs.iter().map(|r| r.get_str("_id").unwrap().to_owned()).collect::<Vec<_>>();
     let pending = || TXNS_BY_LEASE.scan(vec![Bson::String("pending".into())]);
     let scan = |scan| async { ids(s.scan("_txns", scan).await.unwrap()) };
     assert_eq!(scan(pending().to(Bound::Excluded(at(9)))).await, ["c", "a"], "dates below 9, never the string or null");
@@ -411,7 +408,7 @@ async fn a_snapshot_reads_one_point_and_writes_nothing(backend: Backend) {
     s.update("c", "a", doc! {}, Update { set: doc! {"n": 10}, unset: vec![] }).await.unwrap();
     assert_eq!(snapshot.get("c", "a").await.unwrap().unwrap().get_i32("n").unwrap(), 1);
     assert_eq!(snapshot.get("c", "b").await.unwrap(), None);
-    let live = |store: &txgate::testing::store::DynStore| {
+    let live = |store: &txgate_store::DynStore| {
         let store = std::sync::Arc::clone(store);
         async move {
             let found = store.scan("c", DOCS_LIVE.scan(vec![Bson::Boolean(false)])).await.unwrap();
@@ -718,7 +715,7 @@ async fn index_entries_match_records_under_random_writes(backend: Backend) {
     }
 }
 
-async fn reopen(config: &txgate::config::StoreConfig) -> txgate::testing::store::DynStore {
+async fn reopen(config: &txgate::config::StoreConfig) -> txgate_store::DynStore {
     // The writer thread lets go of the file shortly after its last handle.
     for _ in 0..100 {
         if let Ok(store) = txgate::open_store(config).await {
@@ -733,12 +730,12 @@ async fn reopen(config: &txgate::config::StoreConfig) -> txgate::testing::store:
 /// An index of users by liveness and lock holder: counted, or not (one
 /// without a last `_id`, which the embedded store adds all the same, as
 /// MongoDB refuses two indexes of the same keys).
-fn by_holder(counted: bool) -> txgate::testing::store::IndexSpec {
+fn by_holder(counted: bool) -> txgate_store::IndexSpec {
     let mut fields: Vec<String> = vec!["_meta.deleted".into(), "_meta.txn".into(), "n".into()];
     if counted {
         fields.push("_id".into());
     }
-    txgate::testing::store::IndexSpec {
+    txgate_store::IndexSpec {
         name: if counted { "holder_counted" } else { "holder" }.into(),
         fields,
         unique: false,
@@ -752,10 +749,10 @@ fn by_holder(counted: bool) -> txgate::testing::store::IndexSpec {
 fn count_query(
     index: &str,
     eq: Vec<Bson>,
-    slot: Option<Vec<txgate::testing::store::Interval>>,
+    slot: Option<Vec<txgate_store::Interval>>,
     filter: Document,
-) -> txgate::testing::store::IndexQuery {
-    txgate::testing::store::IndexQuery {
+) -> txgate_store::IndexQuery {
+    txgate_store::IndexQuery {
         index: index.into(),
         eq,
         slot,
@@ -770,12 +767,8 @@ fn count_query(
 
 /// Counts of [`by_holder`] pinning its first fields by equality, counted
 /// and walked, against the model.
-async fn check_counts(
-    s: &dyn txgate::testing::store::Store,
-    model: &std::collections::BTreeMap<String, Document>,
-    seed: u64,
-) {
-    use txgate::testing::store::{Edge, Interval};
+async fn check_counts(s: &dyn txgate_store::Store, model: &std::collections::BTreeMap<String, Document>, seed: u64) {
+    use txgate_store::{Edge, Interval};
     let meta = |d: &Document| d.get_document("_meta").unwrap().clone();
     let holders = [Bson::Null, Bson::String("T1".into()), Bson::String("T2".into()), Bson::String("T10".into())];
     for deleted in [false, true] {
@@ -930,14 +923,13 @@ async fn check_counts(
 }
 
 async fn check_user_scans(
-    s: &dyn txgate::testing::store::Store,
+    s: &dyn txgate_store::Store,
     model: &std::collections::BTreeMap<String, Document>,
     seed: u64,
 ) {
     check_counts(s, model, seed).await;
-    let ids = |recs: Vec<txgate::testing::store::Record>| {
-        recs.iter().map(|r| r.get_str("_id").unwrap().to_owned()).collect::<Vec<_>>()
-    };
+    let ids =
+        |recs: Vec<txgate_store::Record>| recs.iter().map(|r| r.get_str("_id").unwrap().to_owned()).collect::<Vec<_>>();
     let meta = |d: &Document| d.get_document("_meta").unwrap().clone();
     for deleted in [false, true] {
         let got = ids(s.scan("users", DOCS_LIVE.scan(vec![Bson::Boolean(deleted)])).await.unwrap());
@@ -1015,12 +1007,12 @@ async fn every_migration_is_applied(backend: Backend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_online_builds_hold_exactly_the_records_whatever_is_written_meanwhile() {
     use std::sync::Arc;
-    use txgate::testing::store::Store;
-    use txgate::testing::store::embedded::{EmbeddedStore, Options};
-    use txgate::testing::store::simdisk::SimDisk;
+    use txgate_store::Store;
+    use txgate_store::embedded::{EmbeddedStore, Options};
+    use txgate_store::simdisk::SimDisk;
     let options = Options { run_records: 9, ..Options::default() };
     let store = EmbeddedStore::open_on(Arc::new(SimDisk::new()), &options).unwrap();
-    let spec = |name: &str, fields: [&str; 2]| txgate::testing::store::IndexSpec {
+    let spec = |name: &str, fields: [&str; 2]| txgate_store::IndexSpec {
         name: name.into(),
         fields: vec![fields[0].into(), fields[1].into(), "_id".into()],
         unique: false,
@@ -1073,11 +1065,11 @@ async fn embedded_online_builds_hold_exactly_the_records_whatever_is_written_mea
 /// or online, by build steps while writes go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_an_index_made_without_counts_is_made_again_counted() {
-    use txgate::testing::store::Store;
-    use txgate::testing::store::embedded::EmbeddedStore;
+    use txgate_store::Store;
+    use txgate_store::embedded::EmbeddedStore;
     let dir = tempfile::tempdir().unwrap();
     let store = EmbeddedStore::open(dir.path()).unwrap();
-    let spec = |name: &str, counted: bool| txgate::testing::store::IndexSpec {
+    let spec = |name: &str, counted: bool| txgate_store::IndexSpec {
         name: name.into(),
         fields: vec!["s".into(), "n".into(), "_id".into()],
         unique: false,

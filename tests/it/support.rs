@@ -8,7 +8,7 @@ use reqwest::{Method, RequestBuilder, Response};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use txgate::config::{Config, StoreConfig};
-use txgate::testing::store::DynStore;
+use txgate_store::DynStore;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -66,7 +66,7 @@ impl TestStore {
                 Some(Self { store: templated(store), config, _dir: Some(dir) })
             }
             Backend::Memory => {
-                let store: DynStore = Arc::new(txgate::testing::store::memory::MemoryStore::default());
+                let store: DynStore = Arc::new(txgate_store::memory::MemoryStore::default());
                 // No configuration opens it: one naming no directory, so
                 // nothing tries to reopen it from disk.
                 let config = StoreConfig::Mongodb { uri: "memory:".into(), database: "memory".into() };
@@ -86,7 +86,7 @@ impl TestStore {
 /// `store` with the index templates of user collections, so that what a
 /// test writes straight to it is indexed as the gateway's writes are.
 pub fn templated(store: DynStore) -> DynStore {
-    Arc::new(txgate::testing::store::templates::Templates::over(store, txgate::testing::migrate::templates()))
+    Arc::new(txgate_store::templates::Templates::over(store, txgate::testing::migrate::templates()))
 }
 
 pub fn test_config(store: StoreConfig) -> Config {
@@ -205,12 +205,12 @@ pub fn txn_record(
     members: &[&str],
 ) -> txgate::testing::txn::record::TxnRecord {
     use txgate::testing::txn::record::{Member, TxnRecord};
-    let now = txgate::testing::store::DateTime::now();
+    let now = txgate_store::DateTime::now();
     TxnRecord {
         id: id.into(),
         status,
         started_at: now,
-        expires_at: txgate::testing::store::DateTime::from_millis(now.timestamp_millis() + expires_in_ms),
+        expires_at: txgate_store::DateTime::from_millis(now.timestamp_millis() + expires_in_ms),
         committed_at: status.is_committed().then_some(now),
         finished_at: None,
         request: "{}".into(),

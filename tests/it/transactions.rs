@@ -9,8 +9,8 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::testing::document::{Staged, StagedOp, StoredDoc};
-use txgate::testing::store::{Update, doc};
 use txgate::testing::txn::record::{Status, TXNS, TxnRecord};
+use txgate_store::{Update, doc};
 
 use crate::support::{Backend, TestApp, expect, expect_problem, txn_record};
 

@@ -95,7 +95,7 @@ async fn bank(uri: &str, instances: usize, seconds: f64) -> Outcome {
     let elapsed = started.elapsed().as_secs_f64();
     took.sort();
     drop(gateways);
-    if let Ok(store) = txgate::testing::store::mongo::MongoStore::connect(uri, &database).await {
+    if let Ok(store) = txgate_store::mongo::MongoStore::connect(uri, &database).await {
         let _ = store.drop_database().await;
     }
     Outcome {

@@ -12,7 +12,7 @@
 //!   at a time: apply, journal write, journal sync, unsynced redb commit)
 //!   beside redb's own synced commit of the same record, one-phase and
 //!   two-phase, measured in the same run on the same disk.
-//! - With `--power`: the power-loss sweep of `txgate::testing::store::powerloss`
+//! - With `--power`: the power-loss sweep of `txgate_store::powerloss`
 //!   with many survivor images per crash point and a two-crash sequence at
 //!   every point (the test suite runs a bounded sample).
 
@@ -22,9 +22,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use txgate::testing::store::disk::DirDisk;
-use txgate::testing::store::embedded::{EmbeddedStore, Options};
-use txgate::testing::store::{Durability, Store, Write, doc};
+use txgate_store::disk::DirDisk;
+use txgate_store::embedded::{EmbeddedStore, Options};
+use txgate_store::{Durability, Store, Write, doc};
 
 /// A directory of its own under the temp dir, removed when dropped.
 struct TempDir(std::path::PathBuf);
@@ -53,7 +53,7 @@ fn options(quick_repair: bool) -> Options {
     Options { quick_repair, ..Options::default() }
 }
 
-fn record(i: usize) -> txgate::testing::store::Record {
+fn record(i: usize) -> txgate_store::Record {
     doc! {
         "_id": format!("d{i:08}"),
         "data": {"status": "open", "total": i as i64, "note": "x".repeat(200)},
@@ -229,23 +229,35 @@ pub async fn run(args: &DurabilityArgs) {
         synced_cost(args.synced_writes).await;
     }
     if args.power {
-        let seed = args.power_seed.unwrap_or_else(rand::random);
-        let cfg = txgate::testing::store::powerloss::Sweep {
-            seed,
-            images_per_point: args.power_images,
-            two_crash_every: 1,
-            recovery_every: 1,
-            progress_every: 50,
-        };
-        let started = Instant::now();
-        match txgate::testing::store::powerloss::sweep(&cfg).await {
-            Ok(report) => {
-                println!("power loss: {report}, all recovered, in {:.0} s", started.elapsed().as_secs_f64())
-            }
-            Err(err) => {
-                eprintln!("power loss: FAILED: {err}");
-                std::process::exit(1);
-            }
+        power(args).await;
+    }
+}
+
+/// The power-loss sweep (`--power`), from the store's test support.
+#[cfg(feature = "test-support")]
+async fn power(args: &DurabilityArgs) {
+    let seed = args.power_seed.unwrap_or_else(rand::random);
+    let cfg = txgate_store::powerloss::Sweep {
+        seed,
+        images_per_point: args.power_images,
+        two_crash_every: 1,
+        recovery_every: 1,
+        progress_every: 50,
+    };
+    let started = Instant::now();
+    match txgate_store::powerloss::sweep(&cfg).await {
+        Ok(report) => {
+            println!("power loss: {report}, all recovered, in {:.0} s", started.elapsed().as_secs_f64())
+        }
+        Err(err) => {
+            eprintln!("power loss: FAILED: {err}");
+            std::process::exit(1);
         }
     }
+}
+
+#[cfg(not(feature = "test-support"))]
+async fn power(_: &DurabilityArgs) {
+    eprintln!("power loss: this bench was built without the `test-support` feature (scripts/bench builds it with it)");
+    std::process::exit(2);
 }

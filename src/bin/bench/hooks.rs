@@ -12,11 +12,11 @@ use txgate::testing::hooks::guard::HookGuard;
 use txgate::testing::hooks::net::Clients;
 use txgate::testing::hooks::send::Sender;
 use txgate::testing::metrics::Metrics;
-use txgate::testing::store::DynStore;
 use txgate::testing::txn::{Transactions, TxnConfig};
 use txgate::testing::worker::Worker;
+use txgate_store::DynStore;
 
-use super::protocol::{plan, seed, wait_idle};
+use super::workload::{plan, seed, wait_idle};
 use super::{ms, percentile};
 
 /// What the receiver saw.

@@ -40,6 +40,7 @@ mod queries;
 mod scale;
 mod ttl;
 mod wire;
+mod workload;
 
 use std::time::Duration;
 
@@ -341,7 +342,7 @@ fn ms(d: Duration) -> f64 {
 /// Drop the benchmark's database or data directory.
 async fn cleanup(config: &StoreConfig, dir: &std::path::Path) {
     if let StoreConfig::Mongodb { uri, database } = config
-        && let Ok(store) = txgate::testing::store::mongo::MongoStore::connect(uri, database).await
+        && let Ok(store) = txgate_store::mongo::MongoStore::connect(uri, database).await
     {
         let _ = store.drop_database().await;
     }
@@ -355,9 +356,9 @@ fn progress(what: &str) {
 
 /// The embedded store `store` names, opened as the gateway opens it, or
 /// `None` for another store.
-fn open_embedded(store: &StoreConfig) -> Option<std::sync::Arc<txgate::testing::store::embedded::EmbeddedStore>> {
+fn open_embedded(store: &StoreConfig) -> Option<std::sync::Arc<txgate_store::embedded::EmbeddedStore>> {
     let (dir, options) = store.embedded()?;
-    let store = txgate::testing::store::embedded::EmbeddedStore::open_dir(dir, &options).expect("the store opens");
+    let store = txgate_store::embedded::EmbeddedStore::open_dir(dir, &options).expect("the store opens");
     Some(std::sync::Arc::new(store))
 }
 

@@ -14,7 +14,7 @@ use mongodb::bson::{RawDocumentBuf, doc};
 use rand::Rng;
 use serde_json::json;
 use txgate::config::{Config, StoreConfig};
-use txgate::testing::store::DynStore;
+use txgate_store::DynStore;
 
 use super::progress;
 use super::queries::{COLL, Page, STATUSES, index_of, load, p50_p99};

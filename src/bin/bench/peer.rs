@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use serde_json::{Value, json};
 use txgate::config::{Config, StoreConfig};
-use txgate::testing::store::embedded::EmbeddedStore;
-use txgate::testing::store::{Durability, DynStore, Update, Write, doc};
+use txgate_store::embedded::EmbeddedStore;
+use txgate_store::{Durability, DynStore, Update, Write, doc};
 
 use super::protocol::Counting;
 use super::{ms, percentile};
@@ -34,7 +34,7 @@ const POOL: usize = 2000;
 
 struct Served {
     gateway: super::scale::Gateway,
-    counting: Arc<txgate::testing::store::layer::Layered<Counting>>,
+    counting: Arc<txgate_store::layer::Layered<Counting>>,
     embedded: Arc<EmbeddedStore>,
 }
 
@@ -184,7 +184,7 @@ pub async fn run(store: StoreConfig, seconds: f64) {
     let lat = sequential(seconds / 2.0, |_| client.get(format!("{base}/healthz"))).await;
     report("http_healthz_p50_ms", ms(percentile(&lat, 0.5)), lat.len());
     for durability in [Durability::Synced, Durability::Unsynced] {
-        let store: &dyn txgate::testing::store::Store = served.counting.as_ref();
+        let store: &dyn txgate_store::Store = served.counting.as_ref();
         let mut lat = Vec::new();
         let until = Instant::now() + Duration::from_secs_f64(seconds / 2.0);
         let mut i = 0;

@@ -9,15 +9,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use txgate::config::StoreConfig;
-use txgate::testing::document::StoredDoc;
-use txgate::testing::document::rules::Patch;
 use txgate::testing::metrics::Metrics;
-use txgate::testing::store::layer::{Layer, Layered, Op};
-use txgate::testing::store::{Durability, DynStore, Store, StoreResult, Update, doc};
 use txgate::testing::txn::commit::TxnError;
-use txgate::testing::txn::plan::{Action, ActionOp, Plan};
 use txgate::testing::txn::{Transactions, TxnConfig};
+use txgate_store::layer::{Layer, Layered, Op};
+use txgate_store::{Durability, DynStore, Store, StoreResult, Update, doc};
 
+use super::workload::{plan, seed, wait_idle};
 use super::{STORE_TIMEOUT, hooks, ms, percentile, progress};
 
 /// What `bench protocol` measures.
@@ -114,38 +112,6 @@ impl Layer for Counting {
             _ => {}
         }
         run
-    }
-}
-
-pub fn plan(coll: &str, ids: &[String]) -> Plan {
-    let inc = serde_json::json!({"n": 1});
-    let patch = Patch::parse(None, None, inc.as_object(), "").expect("patch");
-    Plan {
-        actions: ids
-            .iter()
-            .map(|id| Action {
-                collection: coll.into(),
-                id: id.clone(),
-                op: ActionOp::Update(patch.clone()),
-                if_version: None,
-            })
-            .collect(),
-        schema_version: 1,
-        request: "{}".into(),
-        idempotency_key: None,
-        hooks: Vec::new(),
-        indexed: Default::default(),
-        unique: Default::default(),
-        claimed: Default::default(),
-        key: None,
-    }
-}
-
-pub async fn seed(store: &DynStore, coll: &str, count: usize) {
-    let at = txgate::testing::store::DateTime::now();
-    for i in 0..count {
-        let d = StoredDoc::new_live(format!("d{i:05}"), doc! {"n": 0_i64}, 1, 1, at);
-        store.insert(coll, d.to_record()).await.expect("seed");
     }
 }
 
@@ -457,11 +423,4 @@ fn disjoint_at_once(k: usize, accounts: usize, clients: usize) -> f64 {
         }
     }
     total as f64 / trials as f64
-}
-
-pub async fn wait_idle(engine: &Arc<Transactions>) {
-    // Background roll-forwards are tracked; wait until none is running.
-    while !engine.tasks().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }

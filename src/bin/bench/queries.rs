@@ -29,7 +29,7 @@ use rand::Rng;
 use serde_json::{Value, json};
 use txgate::config::{Config, StoreConfig};
 use txgate::testing::document::StoredDoc;
-use txgate::testing::store::{Bson, DateTime, DynStore, Edge, IndexQuery, Interval, doc};
+use txgate_store::{Bson, DateTime, DynStore, Edge, IndexQuery, Interval, doc};
 
 use super::{ms, percentile, progress};
 

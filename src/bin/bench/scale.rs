@@ -22,9 +22,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use txgate::config::{Config, StoreConfig};
 use txgate::testing::document::StoredDoc;
-use txgate::testing::store::scans::{DELIVERIES, TXNS};
-use txgate::testing::store::{DateTime, DynStore, doc};
 use txgate::testing::txn::Status;
+use txgate_store::scans::{DELIVERIES, TXNS};
+use txgate_store::{DateTime, DynStore, doc};
 
 use super::{ms, percentile, progress};
 
@@ -305,7 +305,7 @@ async fn size(store: &DynStore, coll: &str) -> usize {
     let decl = match coll {
         "_txns" => &TXNS,
         "_deliveries" => &DELIVERIES,
-        _ => &txgate::testing::store::scans::IDEM,
+        _ => &txgate_store::scans::IDEM,
     };
     store.scan(coll, decl.scan(Vec::new())).await.map_or(0, |r| r.len())
 }

@@ -35,8 +35,8 @@ use mongodb::event::EventHandler;
 use mongodb::event::command::CommandEvent;
 use serde_json::{Value, json};
 use txgate::config::{Config, StoreConfig};
-use txgate::testing::store::DynStore;
-use txgate::testing::store::mongo::MongoStore;
+use txgate_store::DynStore;
+use txgate_store::mongo::MongoStore;
 
 use super::{ms, percentile, progress};
 

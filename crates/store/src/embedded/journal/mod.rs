@@ -68,8 +68,8 @@ use std::path::Path;
 
 use redb::StorageBackend;
 
-pub(crate) use payload::{Effect, Effects, effects};
-pub(crate) use read::{Evidence, JournalError, Read, synced_evidence};
+pub use payload::{Effect, Effects, effects};
+pub use read::{Evidence, JournalError, Read, synced_evidence};
 use read::{Layout, entry_at, parse, read_all};
 
 /// The journal format this release writes.
@@ -183,7 +183,7 @@ fn seal_sector(salt: u64, number: u64, lsn: u64, end: u64) -> Vec<u8> {
 }
 
 /// The journal file, written from the writer thread only.
-pub(crate) struct Journal {
+pub struct Journal {
     file: Box<dyn StorageBackend>,
     /// The current generation's salt.
     salt: u64,
@@ -211,7 +211,7 @@ impl Journal {
     /// written until [`Journal::restart`] starts a new generation.
     /// `applied` is the last entry the database holds: a journal whose
     /// header cannot be read is damaged if it holds a later one.
-    pub(crate) fn open(file: Box<dyn StorageBackend>, applied: u64) -> Result<(Self, Read), JournalError> {
+    pub fn open(file: Box<dyn StorageBackend>, applied: u64) -> Result<(Self, Read), JournalError> {
         let data = read_all(file.as_ref())?;
         let read = parse(&data, applied)?;
         let next_lsn = read.entries.last().map_or(1, |(lsn, _)| lsn + 1);
@@ -237,7 +237,7 @@ impl Journal {
     }
 
     /// Bytes of entries written since the generation started.
-    pub(crate) fn written(&self) -> u64 {
+    pub fn written(&self) -> u64 {
         self.written
     }
 
@@ -247,7 +247,7 @@ impl Journal {
 
     /// Write `effects` as the next entry (not synced); its number is
     /// [`Journal::next_lsn`] before the call.
-    pub(crate) fn append(&mut self, effects: &mut Effects) -> io::Result<()> {
+    pub fn append(&mut self, effects: &mut Effects) -> io::Result<()> {
         let size = effects.len();
         if size > MAX_PAYLOAD {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "journal entry too large"));
@@ -290,7 +290,7 @@ impl Journal {
     /// Make every entry written so far durable. (The entries it syncs
     /// record what the sync before it covered; what it covers is sealed
     /// once the writer is idle, see [`Journal::seal`].)
-    pub(crate) fn sync(&mut self) -> io::Result<()> {
+    pub fn sync(&mut self) -> io::Result<()> {
         if self.unsynced {
             self.file.sync_data()?;
             self.unsynced = false;
@@ -307,7 +307,7 @@ impl Journal {
 
     /// Seal what the last sync covered, durably: afterwards, damage to any
     /// of it refuses to open rather than pass for a torn write.
-    pub(crate) fn seal(&mut self) -> io::Result<()> {
+    pub fn seal(&mut self) -> io::Result<()> {
         if self.needs_seal() {
             self.write_seal()?;
             self.file.sync_data()?;
@@ -331,7 +331,7 @@ impl Journal {
     /// header with the new salt is synced before any entry of the new
     /// generation is written, so none of the old generation's entries left
     /// in the file can be read as one of the new.
-    pub(crate) fn restart(&mut self, next_lsn: u64) -> io::Result<()> {
+    pub fn restart(&mut self, next_lsn: u64) -> io::Result<()> {
         let salt = loop {
             let salt: u64 = rand::random();
             if salt != 0 && salt != self.salt {

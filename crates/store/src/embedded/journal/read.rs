@@ -16,7 +16,7 @@ pub(super) type Entry = (u64, Vec<u8>);
 
 /// Why a journal cannot be opened.
 #[derive(Debug)]
-pub(crate) enum JournalError {
+pub enum JournalError {
     Io(io::Error),
     /// Data known to have been synced is unreadable at `offset`.
     Damaged {
@@ -52,7 +52,7 @@ impl From<io::Error> for JournalError {
 
 /// What reading a journal found.
 #[derive(Debug)]
-pub(crate) struct Read {
+pub struct Read {
     /// The longest run of whole, consecutive entries of the current
     /// generation.
     pub entries: Vec<Entry>,
@@ -298,19 +298,19 @@ fn parse_v1(data: &[u8]) -> Vec<Entry> {
 
 /// What a format-3 journal's bytes say was synced, for the power-loss
 /// harness, which damages it (see [`synced_evidence`]).
-pub(crate) struct Evidence {
+pub struct Evidence {
     /// The run of valid entries of the current generation: offset, LSN,
     /// and the synced LSN each records.
-    pub(crate) run: Vec<(usize, u64, u64)>,
+    pub run: Vec<(usize, u64, u64)>,
     /// The LSN the generation's newest seal records.
-    pub(crate) sealed: Option<u64>,
+    pub sealed: Option<u64>,
     /// The seal slots' offsets.
-    pub(crate) slots: [u64; 2],
+    pub slots: [u64; 2],
 }
 
 /// The [`Evidence`] in a format-3 journal's bytes; `None` for any other
 /// layout.
-pub(crate) fn synced_evidence(data: &[u8]) -> Option<Evidence> {
+pub fn synced_evidence(data: &[u8]) -> Option<Evidence> {
     let layout = layout(data, 0).ok()?;
     let Layout::Generation { version: FORMAT_VERSION, salt, first } = layout else { return None };
     let mut run = Vec::new();

@@ -11,7 +11,7 @@ const DELETE: u8 = 2;
 /// The effects of one commit (or part of one), encoded as the payload of
 /// one entry. The buffer starts with room for the entry's header, filled in
 /// when it is appended, so the payload is never copied.
-pub(crate) struct Effects {
+pub struct Effects {
     pub(super) buf: Vec<u8>,
 }
 
@@ -23,7 +23,7 @@ impl Default for Effects {
 
 /// One effect of a replayed entry.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Effect<'a> {
+pub enum Effect<'a> {
     /// Record `id` of `coll` is now `bytes` (BSON).
     Put { coll: &'a str, id: &'a str, bytes: &'a [u8] },
     /// Record `id` of `coll` is gone.
@@ -37,25 +37,25 @@ fn push_bytes(buf: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 impl Effects {
-    pub(crate) fn put(&mut self, coll: &str, id: &str, bytes: &[u8]) {
+    pub fn put(&mut self, coll: &str, id: &str, bytes: &[u8]) {
         self.buf.push(PUT);
         push_bytes(&mut self.buf, coll.as_bytes());
         push_bytes(&mut self.buf, id.as_bytes());
         push_bytes(&mut self.buf, bytes);
     }
 
-    pub(crate) fn delete(&mut self, coll: &str, id: &str) {
+    pub fn delete(&mut self, coll: &str, id: &str) {
         self.buf.push(DELETE);
         push_bytes(&mut self.buf, coll.as_bytes());
         push_bytes(&mut self.buf, id.as_bytes());
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.buf.len() == ENTRY_HEADER
     }
 
     /// Payload bytes so far.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.buf.len() - ENTRY_HEADER
     }
 
@@ -65,7 +65,7 @@ impl Effects {
 }
 
 /// Decode a payload into its effects.
-pub(crate) fn effects(mut payload: &[u8]) -> io::Result<Vec<Effect<'_>>> {
+pub fn effects(mut payload: &[u8]) -> io::Result<Vec<Effect<'_>>> {
     fn take<'a>(p: &mut &'a [u8], n: usize) -> io::Result<&'a [u8]> {
         if p.len() < n {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "journal entry ends early"));

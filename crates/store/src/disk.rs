@@ -164,7 +164,7 @@ pub(crate) struct Fenced<B> {
 }
 
 impl<B> Fenced<B> {
-    pub(crate) fn new(inner: B, fence: &Fence) -> Self {
+    pub fn new(inner: B, fence: &Fence) -> Self {
         Self { inner, fence: fence.clone() }
     }
 }

@@ -41,24 +41,24 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::TryStreamExt;
 use mongodb::bson::{RawDocument, RawDocumentBuf};
-use mongodb::error::{Error as MongoError, ErrorKind, WriteFailure};
 use mongodb::options::{ClientOptions, IndexOptions, ReadConcern, WriteConcern};
 use mongodb::{Client, Collection, Database, IndexModel};
 
+mod after;
+mod errors;
+
+use self::after::after_condition;
+use self::errors::{DUPLICATE_KEY, REJECTED_CODES, duplicate, is_duplicate, map_err, missing_hint};
 use super::server::ServerInfo;
 use super::{
     Bson, Document, Durability, Found, FoundRaw, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult,
     Update, Write, doc,
 };
-
-const DUPLICATE_KEY: i32 = 11000;
+use mongodb::error::ErrorKind;
 
 /// Where [`Write::Append`] keeps the next position of each log: one
 /// record per log collection, `{_id: <collection>, n: <last position taken>}`.
-pub(crate) const COUNTERS: &str = "_counters";
-
-/// Error codes meaning "this document cannot be stored as it is".
-const REJECTED_CODES: &[i32] = &[2, 14, 52, 55, 56, 57, 10334, 15974, 16755, 17419, 238];
+pub const COUNTERS: &str = "_counters";
 
 pub struct MongoStore {
     db: Database,
@@ -70,69 +70,6 @@ pub struct MongoStore {
 
 /// The index every user collection has on `{_meta.deleted, _id}`.
 const LIVE: &str = "live";
-
-fn map_err(err: MongoError) -> StoreError {
-    match err.kind.as_ref() {
-        ErrorKind::ServerSelection { .. }
-        | ErrorKind::Io(_)
-        | ErrorKind::ConnectionPoolCleared { .. }
-        | ErrorKind::DnsResolve { .. } => StoreError::Unavailable(err.to_string()),
-        ErrorKind::Write(WriteFailure::WriteError(e)) if REJECTED_CODES.contains(&e.code) => {
-            StoreError::Rejected(e.message.clone())
-        }
-        ErrorKind::Command(e) if REJECTED_CODES.contains(&e.code) => StoreError::Rejected(e.message.clone()),
-        ErrorKind::BsonSerialization(e) => StoreError::Rejected(e.to_string()),
-        ErrorKind::Write(WriteFailure::WriteError(e)) if e.code == DUPLICATE_KEY => {
-            StoreError::Duplicate(e.message.clone())
-        }
-        _ => match rejected_in_reply(&err) {
-            Some(message) => StoreError::Rejected(message),
-            None => StoreError::Internal(err.to_string()),
-        },
-    }
-}
-
-/// Whether `err` is the server's refusal of a hint that names no index of
-/// the collection: an index a query was planned on and that was dropped
-/// since (a drop waits out every instance's cache first, so only a read
-/// that ran that long meets it), or a template index of a collection
-/// another instance is creating at this moment (its indexes are made one
-/// after another). Either way the same read without the hint returns the
-/// same records (no index is sparse or partial), if more slowly.
-fn missing_hint(err: &MongoError) -> bool {
-    matches!(err.kind.as_ref(), ErrorKind::Command(e) if e.code == 2 && e.message.to_ascii_lowercase().contains("hint"))
-}
-
-/// A write error refusing the document, found in a server reply the driver
-/// could not read as a whole (a server that omits fields of a write reply
-/// still says which write it refused and why).
-fn rejected_in_reply(err: &MongoError) -> Option<String> {
-    let reply = err.server_response()?;
-    let first = reply.get_array("writeErrors").ok()?.into_iter().next()?.ok()?;
-    let first = first.as_document()?;
-    let code = first.get_i32("code").ok()?;
-    REJECTED_CODES.contains(&code).then(|| first.get_str("errmsg").unwrap_or("refused").to_owned())
-}
-
-/// A duplicate key: `Some(true)` on `_id` (the record exists), `Some(false)`
-/// on a secondary unique index.
-fn duplicate(err: &MongoError) -> Option<bool> {
-    match err.kind.as_ref() {
-        ErrorKind::Write(WriteFailure::WriteError(e)) if e.code == DUPLICATE_KEY => {
-            Some(e.message.contains("_id_") || !e.message.contains("index:"))
-        }
-        _ => None,
-    }
-}
-
-/// A duplicate key, whatever the command (an insert racing another).
-fn is_duplicate(err: &MongoError) -> bool {
-    match err.kind.as_ref() {
-        ErrorKind::Write(WriteFailure::WriteError(e)) => e.code == DUPLICATE_KEY,
-        ErrorKind::Command(e) => e.code == DUPLICATE_KEY,
-        _ => err.to_string().contains("E11000"),
-    }
-}
 
 /// A conditional single-record write: one command, which the server
 /// applies atomically (filter checked and record written as one step).
@@ -675,54 +612,4 @@ impl Store for MongoStore {
             Err(err) => Err(map_err(err)),
         }
     }
-}
-
-/// The MongoDB types of each type bracket the indexed values of a query
-/// may hold, in MongoDB's bracket order.
-const BRACKETS: &[&[&str]] = &[&["null"], &["double", "int", "long"], &["string"], &["object"], &["array"], &["bool"]];
-
-fn bracket_of(value: &Bson) -> usize {
-    match value {
-        Bson::Null => 0,
-        Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_) => 1,
-        Bson::String(_) => 2,
-        Bson::Document(_) => 3,
-        Bson::Array(_) => 4,
-        _ => 5,
-    }
-}
-
-/// The records whose `sort` fields come strictly after the values `after`
-/// in the order of `sort` (1 or -1 per field), as a filter. MongoDB's
-/// comparisons stay inside a type bracket, so "after" a value is a greater
-/// value of its bracket or any value of a later bracket (`$type`); a null
-/// stands for a missing field too, as in an index.
-pub(crate) fn after_condition(sort: &[(String, i32)], after: &[Bson]) -> Document {
-    let mut branches = Vec::new();
-    let mut equal = Document::new();
-    for ((field, dir), at) in sort.iter().zip(after) {
-        let b = bracket_of(at);
-        let (op, others): (&str, Vec<&str>) = if *dir < 0 {
-            ("$lt", BRACKETS[..b].iter().flat_map(|t| t.iter().copied()).collect())
-        } else {
-            ("$gt", BRACKETS[b + 1..].iter().flat_map(|t| t.iter().copied()).collect())
-        };
-        let mut beyond = vec![Bson::Document(doc! {field.clone(): {op: at.clone()}})];
-        if !others.is_empty() {
-            // `null` is the only "type" a missing field has: `{f: null}`
-            // finds it (and explicit nulls).
-            let (nulls, types): (Vec<&str>, Vec<&str>) = others.into_iter().partition(|t| *t == "null");
-            if !nulls.is_empty() {
-                beyond.push(Bson::Document(doc! {field.clone(): Bson::Null}));
-            }
-            if !types.is_empty() {
-                beyond.push(Bson::Document(doc! {field.clone(): {"$type": types}}));
-            }
-        }
-        let mut branch = equal.clone();
-        branch.insert("$or", beyond);
-        branches.push(Bson::Document(branch));
-        equal.insert(field.clone(), at.clone());
-    }
-    doc! {"$or": branches}
 }

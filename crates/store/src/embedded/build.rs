@@ -33,7 +33,7 @@ use redb::ReadableTable;
 use super::index::entry_key;
 use super::scan::{Reads, after_collection};
 use super::{RECORDS, internal};
-use crate::store::{IndexSpec, StoreError, StoreResult, convert};
+use crate::{IndexSpec, StoreError, StoreResult, convert};
 
 /// The most records a run reads, by default.
 pub(super) const RUN_RECORDS: usize = 250_000;

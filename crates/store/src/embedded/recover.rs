@@ -18,8 +18,8 @@ use super::{
     APPLIED, CATALOG, COUNTS, Catalog, DATABASE_FILE, ENTRIES, EmbeddedStore, JOURNAL_FILE, JOURNAL_STATE, LAYOUT,
     LAYOUT_KEY, NEW_DATABASE_FILE, Options, RECORDS, internal,
 };
-use crate::store::disk::{Disk, Fence};
-use crate::store::{IndexSpec, StoreError, StoreResult, convert, report_unreadable};
+use crate::disk::{Disk, Fence};
+use crate::{IndexSpec, StoreError, StoreResult, convert, report_unreadable};
 
 impl EmbeddedStore {
     /// Open (or create) the store on `disk`: the database, then the

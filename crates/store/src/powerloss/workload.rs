@@ -6,10 +6,10 @@
 use std::collections::BTreeMap;
 
 use super::{SimDisk, Trace, open};
-use crate::store::embedded::EmbeddedStore;
-use crate::store::{Document, Durability, IndexSpec, LOG_SEQ, Store, Update, Write};
+use crate::embedded::EmbeddedStore;
+use crate::{Document, Durability, IndexSpec, LOG_SEQ, Store, Update, Write};
 
-pub(super) fn doc(pairs: &[(&str, crate::store::Bson)]) -> Document {
+pub(super) fn doc(pairs: &[(&str, crate::Bson)]) -> Document {
     let mut d = Document::new();
     for (k, v) in pairs {
         d.insert(*k, v.clone());
@@ -17,7 +17,7 @@ pub(super) fn doc(pairs: &[(&str, crate::store::Bson)]) -> Document {
     d
 }
 
-fn set(pairs: &[(&str, crate::store::Bson)]) -> Update {
+fn set(pairs: &[(&str, crate::Bson)]) -> Update {
     Update { set: doc(pairs), unset: Vec::new() }
 }
 
@@ -85,7 +85,7 @@ fn last_online_spec() -> IndexSpec {
 
 /// A whole build of `index` from its first record, as a gateway
 /// restarted after a crash makes it, made durable at its end.
-pub(super) async fn build_online(store: &EmbeddedStore, (coll, name): (&str, &str)) -> crate::store::StoreResult<()> {
+pub(super) async fn build_online(store: &EmbeddedStore, (coll, name): (&str, &str)) -> crate::StoreResult<()> {
     let mut after = None;
     while let Some(next) = store.build_index_step(coll, name, after.as_deref(), 3).await? {
         after = Some(next);
@@ -128,13 +128,7 @@ macro_rules! step {
 
 /// A document write as the gateway makes it: the document with its event
 /// in the outbox, the event appended to the log, the outbox cleared.
-async fn document_write(
-    store: &EmbeddedStore,
-    id: &str,
-    v: i64,
-    status: &str,
-    n: i64,
-) -> crate::store::StoreResult<usize> {
+async fn document_write(store: &EmbeddedStore, id: &str, v: i64, status: &str, n: i64) -> crate::StoreResult<usize> {
     let event = doc(&[("_id", format!("docs/{id}/{v}").into()), ("type", "document.updated".into())]);
     let record = doc(&[
         ("_id", id.into()),
@@ -170,7 +164,7 @@ async fn watched_write(
     v: i64,
     status: &str,
     n: i64,
-) -> (crate::store::StoreResult<usize>, bool) {
+) -> (crate::StoreResult<usize>, bool) {
     use std::sync::atomic::{AtomicBool, Ordering};
     let done = AtomicBool::new(false);
     let write = async {
@@ -227,7 +221,7 @@ pub(super) async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &
             let mut next = None;
             step!(disk, store, trace, false, async {
                 next = store.build_index_step(ONLINE.0, ONLINE.1, after.as_deref(), 2).await?;
-                Ok::<_, crate::store::StoreError>(())
+                Ok::<_, crate::StoreError>(())
             });
             build_steps += 1;
             if next.is_none() || build_steps % 2 == 0 {
@@ -280,7 +274,7 @@ pub(super) async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &
                     doc(&[("_id", t.as_str().into()), ("status", "pending".into()), ("member", id.as_str().into())]);
                 let lock = Write::Update {
                     id: &id,
-                    filter: doc(&[("lock", crate::store::Bson::Null)]),
+                    filter: doc(&[("lock", crate::Bson::Null)]),
                     update: set(&[("lock", t.as_str().into())]),
                 };
                 step!(
@@ -379,7 +373,7 @@ pub(super) async fn workload(disk: &SimDisk, store: &mut EmbeddedStore, trace: &
         let mut next = None;
         step!(disk, store, trace, false, async {
             next = store.build_index_step(LAST_ONLINE.0, LAST_ONLINE.1, after.as_deref(), 8).await?;
-            Ok::<_, crate::store::StoreError>(())
+            Ok::<_, crate::StoreError>(())
         });
         match next {
             Some(next) => after = Some(next),

@@ -7,8 +7,8 @@ use redb::{Database, ReadableTable, TableDefinition};
 
 use super::recover::RaiseOnDrop;
 use super::{APPLIED, CATALOG, COUNTS, DATABASE_FILE, ENTRIES, JOURNAL_STATE, RECORDS, internal};
-use crate::store::disk::{DirDisk, Disk, Fence};
-use crate::store::{BackupInfo, StoreError, StoreResult};
+use crate::disk::{DirDisk, Disk, Fence};
+use crate::{BackupInfo, StoreError, StoreResult};
 
 /// Records copied per write transaction of a backup.
 const BACKUP_CHUNK: usize = 20_000;

@@ -34,8 +34,8 @@ mod apply;
 mod backup;
 mod build;
 mod index;
-pub(crate) mod journal;
-pub(crate) mod keys;
+pub mod journal;
+pub mod keys;
 mod reader;
 mod recover;
 mod scan;
@@ -60,7 +60,7 @@ use reader::Reader;
 use writer::Queued;
 
 pub use recover::truncate_journal;
-pub(crate) use writer::WriterStats;
+pub use writer::WriterStats;
 
 const RECORDS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("records");
 /// `("<collection>\0<index>", key bytes) -> _id`.

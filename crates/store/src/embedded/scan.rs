@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::{internal, keys};
-use crate::store::{
+use crate::{
     Bson, Edge, Found, IndexQuery, IndexSpec, Interval, Order, Record, Scan, StoreError, StoreResult, convert,
     report_unreadable,
 };
@@ -40,10 +40,10 @@ pub(super) fn check_abandoned() -> StoreResult<()> {
 
 /// The records reads decoded, and those they could not decode.
 #[derive(Debug, Default)]
-pub(crate) struct Reads {
+pub struct Reads {
     pub(super) decoded: AtomicU64,
     pub(super) unreadable: AtomicU64,
-    /// Of `decoded`, those queries ([`crate::store::Store::query`]) decoded.
+    /// Of `decoded`, those queries ([`crate::Store::query`]) decoded.
     pub(super) queried: AtomicU64,
 }
 

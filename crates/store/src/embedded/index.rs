@@ -6,8 +6,8 @@ use redb::ReadableTable;
 
 use super::keys::Numbers;
 use super::{COUNTS, ENTRIES, RECORDS, internal, keys};
-use crate::store::filter::{lookup, lookup_raw};
-use crate::store::{Bson, IndexSpec, Record, StoreError, StoreResult, convert, report_unreadable};
+use crate::filter::{lookup, lookup_raw};
+use crate::{Bson, IndexSpec, Record, StoreError, StoreResult, convert, report_unreadable};
 
 /// The entry-table name of index `name` of `coll`.
 pub(super) fn entries_name(coll: &str, name: &str) -> String {

@@ -8,10 +8,8 @@ use super::index::{Deferred, Entries, entries_name, keys_of, reindex};
 use super::journal::Effects;
 use super::scan::after_collection;
 use super::{CATALOG, Catalog, RECORDS, internal, keys};
-use crate::store::filter::{apply_update, matches};
-use crate::store::{
-    Document, IndexSpec, LOG_SEQ, Record, StoreError, StoreResult, Update, Write, convert, report_unreadable,
-};
+use crate::filter::{apply_update, matches};
+use crate::{Document, IndexSpec, LOG_SEQ, Record, StoreError, StoreResult, Update, Write, convert, report_unreadable};
 
 /// Records the writer wrote lately, decoded: the next conditional write of
 /// one of them (a transaction's record moving on, a locked document rolled

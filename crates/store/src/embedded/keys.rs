@@ -13,8 +13,8 @@
 //! but their order is not MongoDB's (no index the gateway declares orders
 //! by them). [`END`] is greater than every encoded value.
 
-use crate::store::Bson;
-use crate::store::filter::TWO_TO_63;
+use crate::Bson;
+use crate::filter::TWO_TO_63;
 
 const NULL: u8 = 0x0A;
 const NUMBER: u8 = 0x10;
@@ -29,11 +29,11 @@ const TIMESTAMP: u8 = 0x5A;
 const OTHER: u8 = 0x64;
 const MAX_KEY: u8 = 0xF0;
 /// Greater than the first byte of any encoded value.
-pub(crate) const END: u8 = 0xFF;
+pub const END: u8 = 0xFF;
 
 /// The tag (type bracket) of `value`; a missing field is `None`, indexed as
 /// null as MongoDB does.
-pub(crate) fn tag(value: Option<&Bson>) -> u8 {
+pub fn tag(value: Option<&Bson>) -> u8 {
     match value {
         None | Some(Bson::Null | Bson::Undefined) => NULL,
         Some(Bson::MinKey) => 0x05,
@@ -83,13 +83,13 @@ fn escaped(out: &mut Vec<u8>, bytes: &[u8]) {
 /// reservations are still named, where the integer 2^63 − 1 and the double
 /// 2^63 are one key (see [`number`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Numbers {
+pub enum Numbers {
     Exact,
     Layout2,
 }
 
 /// Append the encoding of `value` to `out`.
-pub(crate) fn push(out: &mut Vec<u8>, value: Option<&Bson>) {
+pub fn push(out: &mut Vec<u8>, value: Option<&Bson>) {
     push_in(out, value, Numbers::Exact);
 }
 
@@ -120,7 +120,7 @@ pub(crate) fn push_in(out: &mut Vec<u8>, value: Option<&Bson>, numbers: Numbers)
         other => {
             // Equality only: the value's BSON bytes inside a document.
             let mut bytes = Vec::new();
-            let wrapped = crate::store::doc! {"v": other.clone()};
+            let wrapped = crate::doc! {"v": other.clone()};
             wrapped.to_writer(&mut bytes).expect("a BSON value serializes");
             escaped(out, &bytes);
         }
@@ -166,12 +166,12 @@ pub(crate) fn tag_dir(value: Option<&Bson>, desc: bool) -> u8 {
 }
 
 /// The encoding of a sequence of values.
-pub(crate) fn encode<'a>(values: impl IntoIterator<Item = Option<&'a Bson>>) -> Vec<u8> {
+pub fn encode<'a>(values: impl IntoIterator<Item = Option<&'a Bson>>) -> Vec<u8> {
     encode_in(values, Numbers::Exact)
 }
 
 /// [`encode`], numbers encoded as `numbers` says.
-pub(crate) fn encode_in<'a>(values: impl IntoIterator<Item = Option<&'a Bson>>, numbers: Numbers) -> Vec<u8> {
+pub fn encode_in<'a>(values: impl IntoIterator<Item = Option<&'a Bson>>, numbers: Numbers) -> Vec<u8> {
     let mut out = Vec::new();
     for v in values {
         push_in(&mut out, v, numbers);
@@ -181,7 +181,7 @@ pub(crate) fn encode_in<'a>(values: impl IntoIterator<Item = Option<&'a Bson>>, 
 
 /// Whether `value` is encoded differently by [`Numbers::Exact`] and
 /// [`Numbers::Layout2`]: an integer whose nearest double is 2^63.
-pub(crate) fn renumbered(value: Option<&Bson>) -> bool {
+pub fn renumbered(value: Option<&Bson>) -> bool {
     matches!(value, Some(Bson::Int64(n)) if *n as f64 == TWO_TO_63)
 }
 
@@ -190,8 +190,8 @@ mod tests {
     use std::cmp::Ordering;
 
     use super::*;
-    use crate::store::DateTime;
-    use crate::store::filter::sort_order;
+    use crate::DateTime;
+    use crate::filter::sort_order;
 
     fn values() -> Vec<Bson> {
         let mut v = vec![

@@ -9,12 +9,11 @@
 use mongodb::bson::{RawBsonRef, RawDocument};
 use serde_json::{Map, Number, Value};
 
-use super::{Bson, Document};
-use crate::clock::rfc3339;
+use super::{Bson, DateTime, Document};
 
 /// The nesting MongoDB allows in a stored document: each object or array is
 /// a level, the document itself included.
-pub(crate) const MAX_STORED_DEPTH: usize = 100;
+pub const MAX_STORED_DEPTH: usize = 100;
 
 /// Records deeper than this are not decoded (a margin over what may be
 /// stored): decoding recurses once per level, so an unbounded depth would
@@ -23,7 +22,7 @@ pub(crate) const MAX_DECODE_DEPTH: usize = 128;
 
 /// How deeply `value` nests: 0 for a scalar, 1 for an object or array of
 /// scalars, and so on. Iterative, so any depth is safe to measure.
-pub(crate) fn json_depth(value: &Value) -> usize {
+pub fn json_depth(value: &Value) -> usize {
     let mut deepest = 0;
     let mut stack = vec![(value, 0_usize)];
     while let Some((value, level)) = stack.pop() {
@@ -41,13 +40,13 @@ pub(crate) fn json_depth(value: &Value) -> usize {
 /// Why a stored record could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub(crate) struct Undecodable(pub String);
+pub struct Undecodable(pub String);
 
 /// Decode a stored record: its structure and depth are checked first,
 /// without recursion, so a record that is corrupt or nested beyond
 /// [`MAX_DECODE_DEPTH`] (written by another tool, or by a release without
 /// the write-side bound) is refused instead of exhausting the stack.
-pub(crate) fn decode(bytes: &[u8]) -> Result<Document, Undecodable> {
+pub fn decode(bytes: &[u8]) -> Result<Document, Undecodable> {
     let raw = RawDocument::from_bytes(bytes).map_err(|e| Undecodable(format!("not a BSON document: {e}")))?;
     decode_raw(raw)
 }
@@ -122,7 +121,7 @@ fn value_at(value: RawBsonRef<'_>, level: usize) -> Result<Bson, Undecodable> {
 /// and its depth) without building it: a record that passes is written
 /// as JSON by [`serialize_raw_document`] and its values convert to BSON
 /// without error. One pass, nothing allocated.
-pub(crate) fn check(bytes: &[u8]) -> Result<&RawDocument, Undecodable> {
+pub fn check(bytes: &[u8]) -> Result<&RawDocument, Undecodable> {
     let raw = RawDocument::from_bytes(bytes).map_err(malformed)?;
     check_at(raw, 1)?;
     Ok(raw)
@@ -163,7 +162,7 @@ pub(crate) fn raw_id(raw: &RawDocument) -> String {
     }
 }
 
-pub(crate) fn json_to_bson(value: &Value) -> Bson {
+pub fn json_to_bson(value: &Value) -> Bson {
     match value {
         Value::Null => Bson::Null,
         Value::Bool(b) => Bson::Boolean(*b),
@@ -192,7 +191,7 @@ pub fn object_to_document(map: &Map<String, Value>) -> Document {
 /// `doc` as a JSON object, as [`AsJson`] writes it (the one writer of
 /// BSON as JSON: dates as RFC 3339, object ids as hex, non-finite numbers
 /// as `null`, other BSON types as relaxed Extended JSON).
-pub(crate) fn document_to_object(doc: &Document) -> Map<String, Value> {
+pub fn document_to_object(doc: &Document) -> Map<String, Value> {
     match serde_json::to_value(Object(doc)).expect("a document writes as JSON") {
         Value::Object(map) => map,
         _ => unreachable!("a document writes as an object"),
@@ -266,11 +265,7 @@ impl serde::Serialize for RawAsJson<'_> {
 
 /// Raw document `doc` as [`serialize_document`] writes it decoded,
 /// without its top-level fields named in `skip`.
-pub(crate) fn serialize_raw_document<S: serde::Serializer>(
-    doc: &RawDocument,
-    skip: &[&str],
-    s: S,
-) -> Result<S::Ok, S::Error> {
+pub fn serialize_raw_document<S: serde::Serializer>(doc: &RawDocument, skip: &[&str], s: S) -> Result<S::Ok, S::Error> {
     use serde::ser::{Error as _, SerializeMap as _};
     let mut map = s.serialize_map(None)?;
     for element in doc {
@@ -283,13 +278,62 @@ pub(crate) fn serialize_raw_document<S: serde::Serializer>(
 }
 
 /// `doc` as [`document_to_object`] shows it (for `serialize_with`).
-pub(crate) fn serialize_document<S: serde::Serializer>(doc: &Document, s: S) -> Result<S::Ok, S::Error> {
+pub fn serialize_document<S: serde::Serializer>(doc: &Document, s: S) -> Result<S::Ok, S::Error> {
     s.collect_map(doc.iter().map(|(k, v)| (k, AsJson(v))))
+}
+
+/// RFC 3339 with milliseconds, UTC (`2026-01-02T03:04:05.678Z`).
+pub fn rfc3339(dt: DateTime) -> String {
+    let Ok(t) = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(dt.timestamp_millis()) * 1_000_000) else {
+        return dt.timestamp_millis().to_string();
+    };
+    let Ok(year) = u32::try_from(t.year()) else { return formatted(t, dt) };
+    if year > 9999 {
+        return formatted(t, dt);
+    }
+    // Every response carries two of these per document: the digits are
+    // placed directly rather than through a format description.
+    let mut out = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, width: usize, mut n: u32| {
+        for i in (at..at + width).rev() {
+            out[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+    };
+    put(0, 4, year);
+    put(5, 2, u32::from(u8::from(t.month())));
+    put(8, 2, u32::from(t.day()));
+    put(11, 2, u32::from(t.hour()));
+    put(14, 2, u32::from(t.minute()));
+    put(17, 2, u32::from(t.second()));
+    put(20, 3, u32::from(t.millisecond()));
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// [`rfc3339`] of a year outside 0..=9999, through `time`'s formatter.
+fn formatted(t: time::OffsetDateTime, dt: DateTime) -> String {
+    const FORMAT: &[time::format_description::FormatItem<'static>] =
+        time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z");
+    t.format(FORMAT).unwrap_or_else(|_| dt.timestamp_millis().to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_are_written_as_the_format_description_writes_them() {
+        let mut ms: i64 = -62_135_596_800_000; // 0001-01-01
+        let step = 9_876_543_210_987;
+        while ms < 253_402_300_799_999 {
+            let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).unwrap();
+            assert_eq!(rfc3339(DateTime::from_millis(ms)), formatted(t, DateTime::from_millis(ms)), "{ms}");
+            ms += step;
+        }
+        assert_eq!(rfc3339(DateTime::from_millis(0)), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(DateTime::from_millis(253_402_300_799_999)), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(DateTime::from_millis(-1)), "1969-12-31T23:59:59.999Z");
+    }
 
     /// A record `levels` objects deep (`{"a": {"a": ... {}}}`), built as
     /// bytes in one pass.
@@ -322,7 +366,7 @@ mod tests {
         assert_eq!(json_depth(&serde_json::json!({"a": 1})), 1);
         assert_eq!(json_depth(&serde_json::json!({"a": [1, {"b": []}]})), 4);
     }
-    use crate::store::DateTime;
+    use crate::DateTime;
     use serde_json::json;
 
     fn bson_to_json(value: &Bson) -> Value {

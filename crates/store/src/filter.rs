@@ -12,7 +12,7 @@ use std::cmp::Ordering;
 use super::{Bson, Document, StoreError, StoreResult, Update};
 
 /// Whether `record` matches `filter`.
-pub(crate) fn matches(record: &Document, filter: &Document) -> StoreResult<bool> {
+pub fn matches(record: &Document, filter: &Document) -> StoreResult<bool> {
     for (key, cond) in filter {
         let ok = match key.as_str() {
             "$or" => any_of(record, cond)?,
@@ -57,7 +57,7 @@ fn unsupported(op: &str) -> StoreError {
 }
 
 /// The value at a dotted path, if every step exists.
-pub(crate) fn lookup<'a>(record: &'a Document, path: &str) -> Option<&'a Bson> {
+pub fn lookup<'a>(record: &'a Document, path: &str) -> Option<&'a Bson> {
     let mut parts = path.split('.');
     let mut current = record.get(parts.next()?)?;
     for part in parts {
@@ -68,11 +68,8 @@ pub(crate) fn lookup<'a>(record: &'a Document, path: &str) -> Option<&'a Bson> {
 
 /// [`lookup`] in a record as stored: the value at dotted `path`, through
 /// embedded documents only. An element that cannot be read is missing
-/// (records read are checked first: see [`crate::store::convert::check`]).
-pub(crate) fn lookup_raw<'a>(
-    record: &'a mongodb::bson::RawDocument,
-    path: &str,
-) -> Option<mongodb::bson::RawBsonRef<'a>> {
+/// (records read are checked first: see [`crate::convert::check`]).
+pub fn lookup_raw<'a>(record: &'a mongodb::bson::RawDocument, path: &str) -> Option<mongodb::bson::RawBsonRef<'a>> {
     let mut parts = path.split('.');
     let mut current = record.get(parts.next()?).ok()??;
     for part in parts {
@@ -288,7 +285,7 @@ fn unset_path(record: &mut Document, path: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::doc;
+    use crate::doc;
 
     #[test]
     fn null_matches_missing_and_null() {

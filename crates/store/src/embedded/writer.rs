@@ -14,19 +14,19 @@ use super::apply::{Applying, Recent, WriteOp, all_hold, apply, schema_change};
 use super::index::{Deferred, Entries};
 use super::journal::{self, Effects, Journal};
 use super::{APPLIED, Catalog, JOURNAL_STATE, MAX_BATCH, MAX_BATCH_BYTES, RECORDS, internal};
-use crate::store::disk::Fence;
-use crate::store::{Durability, StoreError, StoreResult};
+use crate::disk::Fence;
+use crate::{Durability, StoreError, StoreResult};
 
 /// How many of a queued chain's writes were applied.
 type Reply = oneshot::Sender<StoreResult<usize>>;
 
 /// Writes waiting for the writer: one, or a chain applied in order until
-/// one is not applied ([`Store::write_in_order`](crate::store::Store::write_in_order)).
+/// one is not applied ([`Store::write_in_order`](crate::Store::write_in_order)).
 pub(super) struct Queued {
     pub(super) ops: Vec<WriteOp>,
     pub(super) durability: Durability,
     /// Every write checked before any is applied; all applied or none
-    /// ([`Store::write_all_or_nothing`](crate::store::Store::write_all_or_nothing)).
+    /// ([`Store::write_all_or_nothing`](crate::Store::write_all_or_nothing)).
     pub(super) all_or_nothing: bool,
     pub(super) reply: Reply,
 }

@@ -13,7 +13,7 @@ use super::{Document, Update};
 
 /// The document of `value`: a struct's fields, in order, as BSON. An
 /// `Option` field that is `None` is `null` unless the struct skips it.
-pub(crate) fn fields<T: Serialize>(value: &T) -> Document {
+pub fn fields<T: Serialize>(value: &T) -> Document {
     mongodb::bson::to_document(value).expect("a stored shape serializes as a document")
 }
 
@@ -28,7 +28,7 @@ macro_rules! operator {
     ($(#[$doc:meta])* $name:ident, $op:literal) => {
         $(#[$doc])*
         #[derive(Clone, Copy, Debug)]
-        pub(crate) struct $name<T>(pub(crate) T);
+        pub struct $name<T>(pub T);
 
         impl<T: Serialize> Serialize for $name<T> {
             fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -62,14 +62,14 @@ operator!(
 );
 
 /// A filter that matches every record.
-pub(crate) fn any() -> Document {
+pub fn any() -> Document {
     Document::new()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Bson, DateTime, doc};
+    use crate::{Bson, DateTime, doc};
 
     #[derive(Serialize)]
     struct Due<'a> {

@@ -54,7 +54,7 @@ mod workload;
 use workload::{LAST_ONLINE, ONLINE, READY, build_online, doc, more, uniform, workload};
 
 /// A store's whole state: `(collection, id) -> BSON`.
-pub(crate) type State = BTreeMap<(String, String), Vec<u8>>;
+pub type State = BTreeMap<(String, String), Vec<u8>>;
 
 /// The states after each call, and the last one a synced answer covers.
 #[derive(Default)]

@@ -17,9 +17,7 @@ use super::scan::{
     scan_primary, watched,
 };
 use super::{COUNTS, Catalog, ENTRIES, RECORDS, SMALL_READ, internal};
-use crate::store::{
-    Bson, Edge, Found, FoundRaw, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write,
-};
+use crate::{Bson, Edge, Found, FoundRaw, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
 
 /// What every read of the store needs.
 #[derive(Clone)]
@@ -158,8 +156,7 @@ impl Reader {
         let coll = coll.to_owned();
         // The catalog is read before the snapshot: an index it names was
         // committed before the snapshot begins.
-        let spec =
-            if scan.index() == crate::store::scans::PRIMARY { None } else { Some(self.spec(&coll, scan.index())) };
+        let spec = if scan.index() == crate::scans::PRIMARY { None } else { Some(self.spec(&coll, scan.index())) };
         let most = scan.skipped().saturating_add(scan.max());
         self.read_sized(most, move |txn, reads| {
             let records = txn.open_table(RECORDS).map_err(internal)?;
@@ -488,7 +485,7 @@ impl Store for Pinned {
         self.0.get_many(coll, ids, budget).await
     }
 
-    async fn write(&self, _: &str, _: Write<'_>, _: crate::store::Durability) -> StoreResult<bool> {
+    async fn write(&self, _: &str, _: Write<'_>, _: crate::Durability) -> StoreResult<bool> {
         Err(read_only())
     }
 
@@ -543,8 +540,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::store::Store;
-    use crate::store::embedded::scan::check_abandoned;
+    use crate::Store;
+    use crate::embedded::scan::check_abandoned;
 
     /// A read nobody waits for any more (its deadline passed) stops at its
     /// next look, and one not started yet never starts.
