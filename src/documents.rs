@@ -13,12 +13,13 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use crate::actor::Actor;
 use crate::clock::Clock;
 use crate::document::rules::{self, Invalid, Patch};
 use crate::document::{Live, PageItem, StagedOp, StoredDoc, StoredLive, StoredView, View};
 use crate::events::{self, EventType};
 use crate::follow_ups::SETTLE_WAIT;
-use crate::indexes::Indexes;
+use crate::indexes::{Indexes, Refusal};
 use crate::metrics::Metrics;
 use crate::store::DynStore;
 use crate::store::scans::{DOCS_LIVE, DOCS_STAGED};
@@ -49,9 +50,19 @@ pub enum DocError {
     Store(#[from] StoreError),
 }
 
+impl From<Refusal> for DocError {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Rule(why) => DocError::InvalidChange(why),
+            Refusal::Duplicate(dup) => DocError::Duplicate { index: dup.index, existing: dup.existing },
+            Refusal::Store(err) => err.into(),
+        }
+    }
+}
+
 /// A change to one existing document.
 #[derive(Debug, Clone)]
-pub enum Change {
+pub(crate) enum Change {
     Replace { data: Document, sv: Option<i64> },
     Patch { patch: Patch, sv: Option<i64> },
     Merge { patch: Map<String, Value>, sv: Option<i64> },
@@ -60,7 +71,7 @@ pub enum Change {
 
 /// The result of a successful write.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Written {
+pub(crate) enum Written {
     Live(Live),
     Deleted { version: i64 },
 }
@@ -121,6 +132,14 @@ enum Publish {
     AfterAnswer,
 }
 
+/// A document [`Documents::create`] makes: its id, data and schema version.
+#[derive(Clone, Copy)]
+struct NewDoc<'a> {
+    id: &'a str,
+    data: &'a Document,
+    sv: i64,
+}
+
 impl Documents {
     pub(crate) fn new(
         store: DynStore,
@@ -152,43 +171,6 @@ impl Documents {
     /// (the store counts those it cannot decode at all).
     pub(crate) fn unreadable(&self) -> Arc<std::sync::atomic::AtomicU64> {
         Arc::clone(&self.unreadable)
-    }
-
-    /// Claim the values `new` takes in the unique indexes of `coll` for
-    /// document `id` (from `old`): 409 `duplicate` when another holds one.
-    async fn claim(
-        &self,
-        coll: &str,
-        id: &str,
-        old: Option<&Document>,
-        new: &Document,
-    ) -> Result<Vec<crate::indexes::unique::Claim>, DocError> {
-        let uniques = self.indexes.uniques(coll).await?;
-        self.claim_over(coll, id, &uniques, old, new).await
-    }
-
-    /// [`Self::claim`] in `uniques`, the unique indexes of `coll`.
-    async fn claim_over(
-        &self,
-        coll: &str,
-        id: &str,
-        uniques: &[crate::indexes::unique::Unique],
-        old: Option<&Document>,
-        new: &Document,
-    ) -> Result<Vec<crate::indexes::unique::Claim>, DocError> {
-        match self.indexes.claim(coll, id, uniques, old, new).await? {
-            Ok(claims) => Ok(claims),
-            Err(dup) => Err(DocError::Duplicate { index: dup.index, existing: dup.existing }),
-        }
-    }
-
-    /// Refuse `data` for `coll` where it breaks the rule of the
-    /// collection's declared indexes ([`crate::indexes`]).
-    async fn check_indexed(&self, coll: &str, data: &Document) -> Result<(), DocError> {
-        match self.indexes.refuse(coll, data).await? {
-            Some(detail) => Err(DocError::InvalidChange(detail)),
-            None => Ok(()),
-        }
     }
 
     pub(crate) fn store(&self) -> &dyn crate::store::Store {
@@ -329,62 +311,57 @@ impl Documents {
 
     /// Create a document. Over a tombstone the document is re-created and
     /// its version continues from the tombstone's.
-    pub async fn create(&self, coll: &str, id: Option<String>, data: Document, sv: i64) -> Result<Live, DocError> {
+    pub(crate) async fn create(
+        &self,
+        actor: &Actor,
+        coll: &str,
+        id: Option<String>,
+        data: Document,
+        sv: i64,
+    ) -> Result<Live, DocError> {
         let id = id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let deadline = self.deadline();
         let mut backoff = Duration::from_millis(5);
-        // The claims held, and the unique indexes they were made in.
-        let mut held: Option<(Vec<String>, Vec<crate::indexes::unique::Claim>)> = None;
-        let created = loop {
-            // Checked again after each wait for a lock, and claimed again
-            // where the unique indexes changed meanwhile: an index declared
-            // during the wait is then kept (a build checks the documents a
-            // few seconds after its declaration, sooner than a check made
-            // before a wait may be).
-            if let Err(e) = self.check_indexed(coll, &data).await {
-                break Err(e);
-            }
-            let uniques = match self.indexes.uniques(coll).await {
-                Ok(uniques) => uniques,
-                Err(e) => break Err(e.into()),
-            };
-            let names: Vec<String> = uniques.iter().map(|u| u.physical.clone()).collect();
-            if held.as_ref().is_none_or(|(known, _)| *known != names) {
-                if let Some((_, claims)) = held.take() {
-                    self.indexes.release(&claims).await;
+        // The admission held across waits for a lock: checked again after
+        // each, and its claims made again where the unique indexes changed
+        // meanwhile (an index declared during the wait is then kept: a
+        // build checks the documents a few seconds after its declaration,
+        // sooner than a check made before a wait may be).
+        let mut admitted = None;
+        loop {
+            let again = admitted.take();
+            let this = self.indexes.admit(coll, &id, (None, Some(&data)), again).await.map_err(DocError::from)?;
+            let new = NewDoc { id: &id, data: &data, sv };
+            match self.create_claimed(actor, coll, new, deadline, &mut backoff).await {
+                Ok(Some(live)) => {
+                    this.settle(true).await;
+                    return Ok(live);
                 }
-                match self.claim_over(coll, &id, &uniques, None, &data).await {
-                    Ok(claims) => held = Some((names, claims)),
-                    Err(e) => break Err(e),
+                Ok(None) => admitted = Some(this),
+                Err(e) => {
+                    this.settle(false).await;
+                    return Err(e);
                 }
             }
-            match self.create_claimed(coll, &id, &data, sv, deadline, &mut backoff).await {
-                Ok(Some(live)) => return Ok(live),
-                Ok(None) => {}
-                Err(e) => break Err(e),
-            }
-        };
-        if let Some((_, claims)) = held {
-            self.indexes.release(&claims).await;
         }
-        created
     }
 
     /// [`Self::create`] with its values claimed: `None` once it waited for
     /// a transaction's lock on the document (to be checked again).
     async fn create_claimed(
         &self,
+        actor: &Actor,
         coll: &str,
-        id: &str,
-        data: &Document,
-        sv: i64,
+        new: NewDoc<'_>,
         deadline: tokio::time::Instant,
         backoff: &mut Duration,
     ) -> Result<Option<Live>, DocError> {
+        let NewDoc { id, data, sv } = new;
         loop {
             let at = self.now();
             let fresh = StoredDoc::new_live(id.to_owned(), data.clone(), sv, 1, at);
-            if self.write_with_event(coll, None, fresh.clone(), EventType::Created, Publish::AfterAnswer).await? {
+            if self.write_with_event(actor, coll, None, fresh.clone(), EventType::Created, Publish::AfterAnswer).await?
+            {
                 return Ok(Some(live(fresh)));
             }
             let Some(existing) = self.load(coll, id).await? else { continue };
@@ -399,7 +376,7 @@ impl Documents {
             };
             let next = StoredDoc::new_live(id.to_owned(), data.clone(), sv, version + 1, at);
             let created = EventType::Created;
-            if self.write_with_event(coll, Some(&existing), next.clone(), created, Publish::AfterAnswer).await? {
+            if self.write_with_event(actor, coll, Some(&existing), next.clone(), created, Publish::AfterAnswer).await? {
                 return Ok(Some(live(next)));
             }
         }
@@ -416,6 +393,7 @@ impl Documents {
     /// changed since it was read.
     async fn write_with_event(
         &self,
+        actor: &Actor,
         coll: &str,
         current: Option<&StoredDoc>,
         mut next: StoredDoc,
@@ -433,7 +411,7 @@ impl Documents {
             events::publish_outbox(store, coll, cur, self.now()).await?;
         }
         let at = next.meta.updated_at.unwrap_or_else(|| self.now());
-        let event = events::model::document_event(kind, coll, &next, None, crate::keys::acting().as_deref(), at);
+        let event = events::model::document_event(kind, coll, &next, None, actor.name(), at);
         let write_of = |next: &StoredDoc| match current {
             None => Write::Insert(next.to_record()),
             Some(cur) => Write::Replace { id: &cur.id, filter: cur.unchanged_filter(None), record: next.to_record() },
@@ -466,8 +444,9 @@ impl Documents {
 
     /// Replace, patch or delete an existing document, optionally only at
     /// version `if_match`.
-    pub async fn change(
+    pub(crate) async fn change(
         &self,
+        actor: &Actor,
         coll: &str,
         id: &str,
         if_match: Option<i64>,
@@ -493,20 +472,13 @@ impl Documents {
             let at = self.now();
             let next = apply_change(&doc, change, at)?;
             let deleting = matches!(change, Change::Delete);
-            let claims = if deleting {
-                Vec::new()
-            } else {
-                self.check_indexed(coll, &next.data).await?;
-                self.claim(coll, id, Some(&doc.data), &next.data).await?
-            };
+            let becomes = (!deleting).then_some(&next.data);
+            let admitted = self.indexes.admit(coll, id, (Some(&doc.data), becomes), None).await?;
             let kind = if deleting { EventType::Deleted } else { EventType::Updated };
-            let held = self.indexes.held(coll, id, &doc.data, (!deleting).then_some(&next.data)).await;
-            let written = self.write_with_event(coll, Some(&doc), next.clone(), kind, Publish::AfterAnswer).await;
-            if !matches!(written, Ok(true)) {
-                self.indexes.release(&claims).await;
-            }
+            let written =
+                self.write_with_event(actor, coll, Some(&doc), next.clone(), kind, Publish::AfterAnswer).await;
+            admitted.settle(matches!(written, Ok(true))).await;
             if written? {
-                self.indexes.release(&held).await;
                 return Ok(match next.committed_view() {
                     View::Live(l) => Written::Live(l),
                     _ => Written::Deleted { version: next.meta.v },
@@ -527,12 +499,11 @@ impl Documents {
         let next = apply_change(doc, &Change::Delete, self.now())?;
         // As a delete: the values it held in unique indexes are given up
         // once the tombstone has landed.
-        let held = self.indexes.held(coll, &doc.id, &doc.data, None).await;
-        let went = self.write_with_event(coll, Some(doc), next, EventType::Expired, Publish::Now).await?;
-        if went {
-            self.indexes.release(&held).await;
-        }
-        Ok(went)
+        let admitted = self.indexes.admit(coll, &doc.id, (Some(&doc.data), None), None).await?;
+        let went =
+            self.write_with_event(&Actor::Gateway, coll, Some(doc), next, EventType::Expired, Publish::Now).await;
+        admitted.settle(matches!(went, Ok(true))).await;
+        went
     }
 
     /// Live documents in id order after `after`, and the cursor of the next

@@ -231,22 +231,3 @@ pub fn parse_keys(spec: &str) -> Result<Vec<ApiKey>, String> {
     distinct_names(&keys)?;
     Ok(keys)
 }
-
-tokio::task_local! {
-    /// The name of the API key a request is served for.
-    static ACTING: String;
-}
-
-/// Serve `work` as made by the key named `name` ([`acting`] inside it).
-pub(crate) async fn acting_as<F: std::future::Future>(name: Option<String>, work: F) -> F::Output {
-    match name {
-        Some(name) => ACTING.scope(name, work).await,
-        None => work.await,
-    }
-}
-
-/// The name of the API key the current request is served for; `None`
-/// without keys, or outside a request.
-pub(crate) fn acting() -> Option<String> {
-    ACTING.try_with(String::clone).ok()
-}

@@ -11,6 +11,7 @@
 //! by `unreachable_pub`).
 #![warn(unreachable_pub)]
 
+mod actor;
 mod clock;
 mod collections;
 pub mod config;

@@ -20,6 +20,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::error::{ApiError, ProblemCode};
+use crate::actor::Actor;
 use crate::keys::{ApiKey, Grant, Scope};
 
 /// Which key made the request: its [`ApiKey::scope`], which keeps its
@@ -93,6 +94,16 @@ impl<S: Send + Sync> FromRequestParts<S> for Access {
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         Ok(parts.extensions.get::<Access>().cloned().unwrap_or_default())
+    }
+}
+
+/// The request's [`Actor`], as admission found it: the key's, or
+/// [`Actor::Anyone`] without keys configured.
+impl<S: Send + Sync> FromRequestParts<S> for Actor {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<Actor>().cloned().unwrap_or_default())
     }
 }
 
@@ -250,7 +261,8 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
     parts.extensions.insert(Caller { scope: scope.clone() });
     parts.extensions.insert(access);
     // What the request changes is recorded as made by the key's name.
-    crate::keys::acting_as(Some(key.name.clone()), next.run(Request::from_parts(parts, body))).await
+    parts.extensions.insert(Actor::Key(key.name.clone()));
+    next.run(Request::from_parts(parts, body)).await
 }
 
 fn unauthorized(detail: &str) -> Response {

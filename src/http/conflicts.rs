@@ -19,9 +19,12 @@ use super::error::{ApiError, ProblemCode};
 use super::extract::{ApiPath, JsonBody, from_body};
 use crate::conflicts::{Change, MergeConflict, MergeError};
 use crate::document::rules::{self, Invalid, MAX_DATA_BYTES};
+use crate::documents::DocError;
 use crate::events::model::EventType;
 use crate::http::problems::{Problems, problems};
 use crate::keys::Scope;
+use crate::txn::commit::TxnError;
+use crate::txn::record::FailureCode;
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(merge_document))
@@ -41,32 +44,54 @@ fn minimal(headers: &HeaderMap) -> bool {
     })
 }
 
-/// `err` as answered: a `version_conflict` on `target` (collection and id;
-/// else the ones the problem names) with `current`, `changes` and
+/// A version conflict, as the typed error of the service that met it
+/// says: the document, and the version the writer expected.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Conflict {
+    collection: String,
+    id: String,
+    /// 0 where the writer expected none (a write that met the document
+    /// changed meanwhile; an insert over a tombstone expected a version).
+    expected: i64,
+}
+
+impl Conflict {
+    /// The conflict of a single write on `collection`/`id`, if `err` is one.
+    pub(crate) fn of_write(err: &DocError, collection: &str, id: &str) -> Option<Self> {
+        match err {
+            DocError::VersionConflict { expected, .. } => {
+                Some(Self { collection: collection.to_owned(), id: id.to_owned(), expected: *expected })
+            }
+            _ => None,
+        }
+    }
+
+    /// The conflict a transaction was aborted for, if it was, on the member
+    /// it names.
+    pub(crate) fn of_transaction(err: &TxnError) -> Option<Self> {
+        match err {
+            TxnError::Aborted { failure, .. } if failure.code == FailureCode::VersionConflict => Some(Self {
+                collection: failure.collection.clone()?,
+                id: failure.id.clone()?,
+                expected: failure.expected.unwrap_or(0),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// `err` as answered: for a `conflict`, with `current`, `changes` and
 /// `changes_truncated` added, for a key that may read the collection and
 /// unless the request prefers a minimal answer. Anything else as it is.
 pub(crate) async fn explained(
     state: &AppState,
     access: &Access,
     headers: &HeaderMap,
-    target: Option<(&str, &str)>,
+    conflict: Option<Conflict>,
     mut err: ApiError,
 ) -> ApiError {
-    if err.code != ProblemCode::VersionConflict || minimal(headers) {
-        return err;
-    }
-    let named = |k: &str| err.extra.get(k).and_then(Value::as_str).map(str::to_owned);
-    let (coll, id) = match target {
-        Some((c, i)) => (c.to_owned(), i.to_owned()),
-        None => match (named("collection"), named("id")) {
-            (Some(c), Some(i)) => (c, i),
-            _ => return err,
-        },
-    };
-    // An insert over a tombstone expected a version too; without one
-    // (a plain write met a document changed meanwhile) from version 0.
-    let expected = err.extra.get("expected").and_then(Value::as_i64).unwrap_or(0);
-    if !access.allows(Scope::Read, &coll) {
+    let Some(Conflict { collection: coll, id, expected }) = conflict else { return err };
+    if minimal(headers) || !access.allows(Scope::Read, &coll) {
         return err;
     }
     match state.conflicts.explain(&coll, &id, expected, MAX_DATA_BYTES).await {

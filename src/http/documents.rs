@@ -1,6 +1,7 @@
 //! `/v1/collections/{collection}/documents`: create, read, replace, patch,
 //! delete and list user documents.
 
+use crate::actor::Actor;
 use crate::http::problems::{Problems, problems};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -13,7 +14,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::Access;
-use super::conflicts::explained;
+use super::conflicts::{Conflict, explained};
 use super::contract::{Fields, IfMatch, IfNoneMatch, IncFields, MergePatch, NewDocument, SetFields, UnsetFields};
 use super::envelope::{CollectionPath, DocumentOut, DocumentPath};
 use super::error::ApiError;
@@ -129,6 +130,7 @@ problems!(
 )]
 pub(crate) async fn create_document(
     State(state): State<AppState>,
+    actor: Actor,
     ApiPath(path): ApiPath<CollectionPath>,
     ApiQuery(query): ApiQuery<WriteQuery>,
     JsonBody { value, .. }: JsonBody<Value>,
@@ -147,7 +149,7 @@ pub(crate) async fn create_document(
         Some(_) => return Err(Invalid::new("/_id", "_id must be a string").into()),
     };
     let data = rules::user_data(&fields, "")?;
-    let live = state.documents.create(collection, id, data, sv).await?;
+    let live = state.documents.create(&actor, collection, id, data, sv).await?;
     let location = document_location(collection, &live.id);
     let version = live.version;
     let mut response = (StatusCode::CREATED, axum::Json(DocumentOut::new(collection, live))).into_response();
@@ -235,6 +237,7 @@ problems!(
 )]
 pub(crate) async fn replace_document(
     State(state): State<AppState>,
+    actor: Actor,
     access: Access,
     ApiPath(path): ApiPath<DocumentPath>,
     ApiQuery(query): ApiQuery<WriteQuery>,
@@ -253,9 +256,12 @@ pub(crate) async fn replace_document(
         Some(_) => return Err(Invalid::new("/_id", "_id, when given, must equal the id in the URL").into()),
     }
     let data = rules::user_data(&fields, "")?;
-    let result = match state.documents.change(collection, id, expected, &Change::Replace { data, sv }).await {
+    let result = match state.documents.change(&actor, collection, id, expected, &Change::Replace { data, sv }).await {
         Ok(result) => result,
-        Err(err) => return Err(explained(&state, &access, &headers, Some((collection, id)), err.into()).await),
+        Err(err) => {
+            let conflict = Conflict::of_write(&err, collection, id);
+            return Err(explained(&state, &access, &headers, conflict, err.into()).await);
+        }
     };
     Ok(written(collection, result))
 }
@@ -282,6 +288,7 @@ pub(crate) async fn replace_document(
 )]
 pub(crate) async fn patch_document(
     State(state): State<AppState>,
+    actor: Actor,
     access: Access,
     ApiPath(path): ApiPath<DocumentPath>,
     ApiQuery(query): ApiQuery<WriteQuery>,
@@ -313,9 +320,12 @@ pub(crate) async fn patch_document(
         }
         _ => return Err(unsupported_media("application/json or application/merge-patch+json")),
     };
-    let result = match state.documents.change(collection, id, expected, &change).await {
+    let result = match state.documents.change(&actor, collection, id, expected, &change).await {
         Ok(result) => result,
-        Err(err) => return Err(explained(&state, &access, &headers, Some((collection, id)), err.into()).await),
+        Err(err) => {
+            let conflict = Conflict::of_write(&err, collection, id);
+            return Err(explained(&state, &access, &headers, conflict, err.into()).await);
+        }
     };
     Ok(written(collection, result))
 }
@@ -350,15 +360,19 @@ problems!(
 )]
 pub(crate) async fn delete_document(
     State(state): State<AppState>,
+    actor: Actor,
     access: Access,
     ApiPath(path): ApiPath<DocumentPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (collection, id) = path.check()?;
     let expected = if_match(&headers)?;
-    let result = match state.documents.change(collection, id, expected, &Change::Delete).await {
+    let result = match state.documents.change(&actor, collection, id, expected, &Change::Delete).await {
         Ok(result) => result,
-        Err(err) => return Err(explained(&state, &access, &headers, Some((collection, id)), err.into()).await),
+        Err(err) => {
+            let conflict = Conflict::of_write(&err, collection, id);
+            return Err(explained(&state, &access, &headers, conflict, err.into()).await);
+        }
     };
     Ok(written(collection, result))
 }

@@ -145,9 +145,9 @@ async fn set_filter(state: &AppState, query: &EventsQuery) -> Result<Option<Arc<
             .with("errors", serde_json::json!([{"pointer": "/query/collections", "detail": detail}])));
     };
     let filter = super::queries::filter_param(text)?;
-    let plan = |ready: &[crate::query::plan::Declared]| crate::query::plan::plan_count(&filter, ready);
-    if let Err(why) = state.indexes.plan(collection, plan).await? {
-        let err = state.queries.unserved(collection, why, plan).await;
+    let planning = crate::query::plan::Planning::Count { filter: &filter };
+    if let Err(why) = state.indexes.plan(collection, planning).await? {
+        let err = state.queries.unserved(collection, why, planning).await;
         return Err(super::queries::unserved(collection, err));
     }
     Ok(Some(Arc::new(SetFilter { collection: (*collection).to_owned(), filter: filter.matcher() })))

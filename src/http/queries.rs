@@ -249,7 +249,8 @@ pub(super) fn unserved(collection: &str, err: QueryError) -> ApiError {
 /// The answer for a query's failure.
 fn query_error(from: From, collection: &str, err: QueryError) -> ApiError {
     match err {
-        QueryError::Unserved(Unserved::Needs { fields, detail }) => {
+        QueryError::Unserved(Unserved::Needs { fields, why }) => {
+            let detail = crate::query::plan::needs_detail(&fields, why);
             let name = crate::indexes::free_name(&fields, |_| false);
             query_error(from, collection, QueryError::Suggested { name, fields, detail })
         }
@@ -260,10 +261,9 @@ fn query_error(from: From, collection: &str, err: QueryError) -> ApiError {
         .with("index", json!({"name": name, "fields": fields, "unique": false})),
         QueryError::Unserved(Unserved::Never(detail)) => ApiError::bad_request(ProblemCode::IndexRequired, detail),
         QueryError::NotReady { why, index } => {
-            let (Unserved::Needs { detail, .. } | Unserved::Never(detail)) = why;
-            // What the planner says without the index it would name: this
-            // answer names the declared one.
-            let detail = detail.split_once("; an index on").map_or(detail.as_str(), |(why, _)| why);
+            // Why, without the index the planner would name: this answer
+            // names the declared one.
+            let detail = why.why();
             let path = format!("/v1/collections/{collection}/indexes/{}", index.name);
             let (detail, declared) = match index.state {
                 IndexState::Failed => (

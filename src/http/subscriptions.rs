@@ -1,6 +1,7 @@
 //! `/v1/subscriptions`: change events as webhooks (docs/design.md §5), sent by the
 //! delivery engine of `/v1/deliveries`.
 
+use crate::actor::Actor;
 use crate::http::problems::{Problems, problems};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -194,6 +195,7 @@ problems!(
 pub(crate) async fn create_subscription(
     State(state): State<AppState>,
     access: Access,
+    actor: Actor,
     JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     let input: SubscriptionIn = from_body(value, &[""])?;
@@ -204,7 +206,7 @@ pub(crate) async fn create_subscription(
     access.check_all(Scope::Write, collections.iter().flatten().map(String::as_str))?;
     let within = access.collections(Scope::Read);
     let filter = Filter { collections, types, within };
-    let sub = match state.subscriptions.create(input.url, filter, crate::keys::acting()).await {
+    let sub = match state.subscriptions.create(input.url, filter, actor.name().map(str::to_owned)).await {
         Ok(sub) => sub,
         Err(CreateError::Store(err)) => return Err(err.into()),
         Err(CreateError::Limit(has)) => {

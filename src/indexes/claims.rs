@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::admission::Admitted;
 use super::{Indexes, State, unique};
 use crate::store::{Document, Durability, StoreResult};
 
@@ -33,7 +34,7 @@ impl Indexes {
     /// values it takes in `uniques`, the unique indexes of `coll` as
     /// [`Self::uniques`] gave them; on a duplicate, the claims made are
     /// given back.
-    pub(crate) async fn claim(
+    pub(super) async fn claim(
         &self,
         coll: &str,
         id: &str,
@@ -120,13 +121,13 @@ impl Indexes {
     /// Each member's document is read from `documents` as a reader sees
     /// it now: with a committed transaction's change in place even where
     /// it is not rolled forward yet (its 200 may have been sent).
-    pub(crate) async fn claim_members(
+    pub(super) async fn claim_members(
         self: &Arc<Self>,
         plan: &mut crate::txn::plan::Plan,
         documents: &dyn LiveData,
-    ) -> StoreResult<Result<MemberClaims, (usize, unique::Duplicate)>> {
+    ) -> StoreResult<Result<Admitted, (usize, unique::Duplicate)>> {
         use crate::txn::plan::ActionOp;
-        let mut made = MemberClaims { indexes: Arc::clone(self), claims: Vec::new(), held: Vec::new() };
+        let mut made = Admitted::new(self);
         // Each member's document as read now and as it would become.
         let mut members = Vec::new();
         for (i, action) in plan.actions.iter().enumerate() {
@@ -187,24 +188,3 @@ impl Indexes {
 /// The documents of a transaction's members giving up each unique value
 /// (collection, index in the store, value's key) another member may take.
 type Giving = HashMap<(String, String, Vec<u8>), Vec<String>>;
-
-/// The unique values a transaction's members claimed, settled once its
-/// outcome is known.
-pub(crate) struct MemberClaims {
-    indexes: Arc<Indexes>,
-    claims: Vec<unique::Claim>,
-    /// The reservations the members' changes give up, as read before.
-    held: Vec<unique::Claim>,
-}
-
-impl MemberClaims {
-    /// Committed: release what the members gave up; otherwise give back
-    /// the claims.
-    pub(crate) async fn settle(self, committed: bool) {
-        if committed {
-            self.indexes.release(&self.held).await;
-        } else {
-            self.indexes.release(&self.claims).await;
-        }
-    }
-}

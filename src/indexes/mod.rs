@@ -26,10 +26,12 @@
 //! runs out (its instance stopped) is taken over from the start by the
 //! next pass of any instance.
 
+mod admission;
 mod build;
 mod claims;
 pub(crate) mod unique;
 
+pub(crate) use admission::{MemberRefusal, Refusal};
 pub(crate) use build::Builds;
 pub(crate) use claims::LiveData;
 
@@ -40,7 +42,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Clock;
-use crate::query::plan::Declared;
+use crate::query::plan::{Declared, Plan, Planning, Unserved};
 pub(crate) use crate::query::rule::breaks_rule;
 use crate::store::scans::INDEXES_BY_COLL;
 use crate::store::shape::fields;
@@ -240,14 +242,11 @@ pub struct Indexes {
 /// Of `declared`, an index that is not ready (building, or failed) and
 /// that `plan` would take if it were: what a query no ready index serves
 /// is waiting for, or would have had.
-pub(crate) fn pending<T, E>(
-    declared: &[Declaration],
-    plan: impl Fn(&[Declared]) -> Result<T, E>,
-) -> Option<&Declaration> {
+pub(crate) fn pending<'d>(declared: &'d [Declaration], planning: Planning<'_>) -> Option<&'d Declaration> {
     declared
         .iter()
         .filter(|d| matches!(d.state, State::Building | State::Failed))
-        .find(|d| plan(&[Declared { name: d.physical.clone(), fields: d.fields.clone() }]).is_ok())
+        .find(|d| planning.over(&[Declared { name: d.physical.clone(), fields: d.fields.clone() }]).is_ok())
 }
 
 /// A name for an index on `fields` (as `PUT` takes them) that follows the
@@ -343,19 +342,15 @@ impl Indexes {
             .collect()
     }
 
-    /// `plan` over the ready indexes of `coll`. A plan the cached
-    /// declarations refuse is tried again on those the store holds now, so
-    /// an index any instance has reported `ready` is never refused for a
-    /// cache that has not seen it yet.
-    pub(crate) async fn plan<T, E>(
-        &self,
-        coll: &str,
-        plan: impl Fn(&[Declared]) -> Result<T, E>,
-    ) -> StoreResult<Result<T, E>> {
+    /// The plan of `planning` over the ready indexes of `coll`. A plan the
+    /// cached declarations refuse is tried again on those the store holds
+    /// now, so an index any instance has reported `ready` is never refused
+    /// for a cache that has not seen it yet.
+    pub(crate) async fn plan(&self, coll: &str, planning: Planning<'_>) -> StoreResult<Result<Plan, Unserved>> {
         let cached = Self::ready_of(&self.declared(coll).await?);
-        match plan(&cached) {
+        match planning.over(&cached) {
             Ok(done) => Ok(Ok(done)),
-            Err(_) => Ok(plan(&Self::ready_of(&self.load(coll).await?))),
+            Err(_) => Ok(planning.over(&Self::ready_of(&self.load(coll).await?))),
         }
     }
 
@@ -611,11 +606,11 @@ mod tests {
         assert_eq!(indexes.declared("c").await.unwrap()[0].state, State::Building);
         let filter = crate::query::filter::Filter::parse(&serde_json::json!({"a": 1})).unwrap();
         made_ready_elsewhere(store.as_ref(), &d).await;
-        let planned = indexes.plan("c", |ready| crate::query::plan::plan_count(&filter, ready)).await.unwrap();
+        let planned = indexes.plan("c", Planning::Count { filter: &filter }).await.unwrap();
         assert!(planned.is_ok(), "an index the store holds ready is not refused");
         // A plan that no index serves is still refused.
         let other = crate::query::filter::Filter::parse(&serde_json::json!({"b": 1})).unwrap();
-        let refused = indexes.plan("c", |ready| crate::query::plan::plan_count(&other, ready)).await.unwrap();
+        let refused = indexes.plan("c", Planning::Count { filter: &other }).await.unwrap();
         assert!(refused.is_err());
     }
 

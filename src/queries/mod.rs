@@ -82,7 +82,7 @@ use crate::events::model::document_event_id;
 use crate::follow_ups::{FollowUps, QUIET_WAIT, SETTLE_WAIT};
 use crate::indexes::Indexes;
 use crate::query::filter::Filter;
-use crate::query::plan::{self, Plan, SortKey, Unserved};
+use crate::query::plan::{Plan, Planning, SortKey, Unserved};
 use crate::store::scans::{DOCS_OUTBOX, DOCS_STAGED, TXNS_BY_COMMIT};
 use crate::store::{Bound, Bson, Document, DynStore, IndexQuery, PAGE_BYTES, Store, StoreError};
 use crate::txn::record::{Status, TXNS, TxnRecord};
@@ -339,17 +339,13 @@ impl Queries {
     /// The answer to a query of `coll` no ready index serves (`why`):
     /// with the declared index `plan` would take once ready, when there
     /// is one (building, or failed).
-    pub(crate) async fn unserved<T, E>(
-        &self,
-        coll: &str,
-        why: Unserved,
-        plan: impl Fn(&[plan::Declared]) -> Result<T, E>,
-    ) -> QueryError {
-        let Unserved::Needs { fields, detail } = why else { return QueryError::Unserved(why) };
+    pub(crate) async fn unserved(&self, coll: &str, why: Unserved, planning: Planning<'_>) -> QueryError {
+        let detail = why.detail();
+        let Unserved::Needs { fields, why: because } = why else { return QueryError::Unserved(why) };
         match self.indexes.declared(coll).await {
             Ok(declared) => {
-                if let Some(index) = crate::indexes::pending(&declared, plan) {
-                    let why = Unserved::Needs { fields, detail };
+                if let Some(index) = crate::indexes::pending(&declared, planning) {
+                    let why = Unserved::Needs { fields, why: because };
                     return QueryError::NotReady { why, index: Box::new(index.clone()) };
                 }
                 // A name no declaration of the collection has (whatever its
@@ -360,7 +356,7 @@ impl Queries {
             // Only a hint: the answer stays what it is without it.
             Err(err) => {
                 tracing::debug!(error = %err, "declared indexes not read for an index_required answer");
-                QueryError::Unserved(Unserved::Needs { fields, detail })
+                QueryError::Unserved(Unserved::Needs { fields, why: because })
             }
         }
     }
@@ -372,10 +368,10 @@ impl Queries {
         let plan = if query.filter.paths.is_empty() && query.sort.is_empty() {
             None
         } else {
-            let plan = |ready: &[plan::Declared]| plan::plan(&query.filter, &query.sort, ready);
-            match self.indexes.plan(coll, plan).await? {
+            let planning = Planning::Page { filter: &query.filter, sort: &query.sort };
+            match self.indexes.plan(coll, planning).await? {
                 Ok(plan) => Some(plan),
-                Err(why) => return Err(self.unserved(coll, why, plan).await),
+                Err(why) => return Err(self.unserved(coll, why, planning).await),
             }
         };
         if let Some((snapshot, position)) = self.snapshot(coll).await? {
@@ -513,11 +509,11 @@ impl Queries {
         // filter a ready one counts them (from the count it keeps, where it
         // keeps them), and the gateway's own index of live documents where
         // none is ready.
-        let plan = |ready: &[plan::Declared]| plan::plan_count(filter, ready);
-        let query = match self.indexes.plan(coll, plan).await? {
+        let planning = Planning::Count { filter };
+        let query = match self.indexes.plan(coll, planning).await? {
             Ok(plan) => store_query(filter, &plan),
             Err(_) if filter.paths.is_empty() => IndexQuery::live(),
-            Err(why) => return Err(self.unserved(coll, why, plan).await),
+            Err(why) => return Err(self.unserved(coll, why, planning).await),
         };
         if let Some((snapshot, position)) = self.snapshot(coll).await? {
             let n = self.read_count(coll, filter, &query, ReadAt::Pinned(snapshot.as_ref())).await?;

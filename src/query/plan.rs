@@ -72,10 +72,51 @@ pub(crate) struct Plan {
 /// Why no ready index serves a query.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Unserved {
-    /// This index would serve it (fields as `PUT` takes them).
-    Needs { fields: Vec<String>, detail: String },
+    /// The index on `fields` (as `PUT` takes them) would serve it; `why`
+    /// no ready one does.
+    Needs { fields: Vec<String>, why: Unmet },
     /// No index can serve it exactly; the detail says why.
     Never(String),
+}
+
+/// Why no ready index serves a query an index would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unmet {
+    /// No ready index serves the page exactly.
+    Page,
+    /// A page without a filter or sort (read in id order).
+    IdOrder,
+    /// No ready index counts the filter from its entries.
+    Count,
+}
+
+impl Unmet {
+    /// Why, in words.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Unmet::Page => "no ready index serves this query exactly",
+            Unmet::IdOrder => "a query without a filter or sort is served by the id order",
+            Unmet::Count => "no ready index counts this filter from its entries",
+        }
+    }
+}
+
+impl Unserved {
+    /// Why no ready index serves it and, where one would, which.
+    pub(crate) fn detail(&self) -> String {
+        match self {
+            Unserved::Needs { fields, why } => needs_detail(fields, *why),
+            Unserved::Never(detail) => detail.clone(),
+        }
+    }
+
+    /// Why no ready index serves it, without the index that would.
+    pub(crate) fn why(&self) -> &str {
+        match self {
+            Unserved::Needs { why, .. } => why.as_str(),
+            Unserved::Never(detail) => detail,
+        }
+    }
 }
 
 /// What the filter pins and ranges over, and the query's order.
@@ -158,6 +199,24 @@ fn wanted(shape: &Shape<'_>) -> Vec<String> {
     fields
 }
 
+/// What a read asks the planner for: a page of `filter` in the order of
+/// `sort`, or a count of `filter`.
+#[derive(Clone, Copy)]
+pub(crate) enum Planning<'q> {
+    Page { filter: &'q Filter, sort: &'q [SortKey] },
+    Count { filter: &'q Filter },
+}
+
+impl Planning<'_> {
+    /// The plan over the `ready` indexes ([`plan`] or [`plan_count`]).
+    pub(crate) fn over(self, ready: &[Declared]) -> Result<Plan, Unserved> {
+        match self {
+            Planning::Page { filter, sort } => plan(filter, sort, ready),
+            Planning::Count { filter } => plan_count(filter, ready),
+        }
+    }
+}
+
 /// The plan of a page of `filter` in `sort` order over one of `ready`.
 ///
 /// Of several ready indexes that serve it, one read forwards is taken
@@ -201,17 +260,21 @@ pub(crate) fn plan(filter: &Filter, sort: &[SortKey], ready: &[Declared]) -> Res
         return Ok(plan);
     }
     let fields = wanted(&shape);
-    let detail = if fields.is_empty() {
-        "a query without a filter or sort is served by the id order".to_owned()
-    } else {
-        format!("no ready index serves this query exactly; an index on {fields:?} would")
-    };
-    needs(fields, detail)
+    let why = if fields.is_empty() { Unmet::IdOrder } else { Unmet::Page };
+    needs(fields, why)
+}
+
+/// [`Unserved::Needs`] told: why, and the index on `fields` that would.
+pub(crate) fn needs_detail(fields: &[String], why: Unmet) -> String {
+    match why {
+        Unmet::IdOrder => why.as_str().to_owned(),
+        Unmet::Page | Unmet::Count => format!("{}; an index on {fields:?} would", why.as_str()),
+    }
 }
 
 /// The answer to a query no ready index serves: the index on `fields`
 /// would, unless it has more fields than an index may have.
-fn needs<T>(fields: Vec<String>, detail: String) -> Result<T, Unserved> {
+fn needs<T>(fields: Vec<String>, why: Unmet) -> Result<T, Unserved> {
     if fields.len() > MAX_FIELDS {
         return Err(Unserved::Never(format!(
             "no index can serve this query: it would need the {} paths the filter pins and the query \
@@ -219,7 +282,7 @@ fn needs<T>(fields: Vec<String>, detail: String) -> Result<T, Unserved> {
             fields.len()
         )));
     }
-    Err(Unserved::Needs { fields, detail })
+    Err(Unserved::Needs { fields, why })
 }
 
 /// The plan of a count of `filter`: any ready index whose first fields
@@ -250,8 +313,7 @@ pub(crate) fn plan_count(filter: &Filter, ready: &[Declared]) -> Result<Plan, Un
         });
     }
     let fields = wanted(&shape);
-    let detail = format!("no ready index counts this filter from its entries; an index on {fields:?} would");
-    needs(fields, detail)
+    needs(fields, Unmet::Count)
 }
 
 #[cfg(test)]
@@ -373,5 +435,19 @@ mod tests {
         assert!(plan_count(&filter(json!({"status": "open"})), &ready).is_ok());
         assert!(plan_count(&filter(json!({"status": "open", "amount": {"$lt": 3}})), &ready).is_ok());
         assert!(plan_count(&filter(json!({"amount": {"$lt": 3}})), &ready).is_err());
+    }
+
+    /// What an `index_required` answer says, word for word: why, and the
+    /// index that would serve it (also where it names no field).
+    #[test]
+    fn an_unserved_query_says_why_and_which_index_would() {
+        let ready = [Declared { name: "by_b".into(), fields: vec!["b".into()] }];
+        let needs = plan(&filter(json!({"a": 1})), &sort(&["-t"]), &ready).unwrap_err();
+        assert_eq!(needs.detail(), r#"no ready index serves this query exactly; an index on ["a", "-t"] would"#);
+        assert_eq!(needs.why(), "no ready index serves this query exactly");
+        let counted = plan_count(&filter(json!({})), &[]).unwrap_err();
+        assert_eq!(counted.detail(), "no ready index counts this filter from its entries; an index on [] would");
+        let unsorted = plan(&filter(json!({})), &[], &[]).unwrap_err();
+        assert_eq!(unsorted.detail(), "a query without a filter or sort is served by the id order");
     }
 }

@@ -103,14 +103,36 @@ pub struct Keyed {
 
 /// What a submitted transaction came to.
 pub enum Submitted {
-    /// Run now: committed, or not, with the error that says why.
-    Ran(Box<Result<Committed, TxnError>>),
+    /// Run now: committed, or not, with the error that says why; with the
+    /// answer a refusal is to keep for its key, when it is.
+    Ran(Box<Result<Committed, TxnError>>, Option<KeepAnswer>),
     /// The outcome stored for the key, answered again.
     Replay { status: u16, body: serde_json::Value },
     /// The first request with the key is still running.
     InProgress { txn: String },
     /// The key was used with another body.
     KeyReused,
+}
+
+/// The key of a refused transaction, claimed until its answer is stored:
+/// the caller, which renders the answer, stores it before it answers
+/// ([`KeepAnswer::keep`]), so a retry with the key gets the same answer.
+/// One dropped unkept leaves the key held by the attempt, as a crash at
+/// that point would.
+#[must_use = "the key holds its claim until the answer is kept"]
+pub struct KeepAnswer {
+    keys: Arc<Idempotency>,
+    key: String,
+    txn: String,
+}
+
+impl KeepAnswer {
+    /// Store `status` and `body`, the refusal's answer, for the key.
+    pub async fn keep(self, status: u16, body: &serde_json::Value) {
+        if let Err(err) = self.keys.complete_key(&self.key, &self.txn, status, body).await {
+            tracing::warn!(txn.id = %self.txn, error = %err, "could not record the idempotency outcome");
+        }
+    }
 }
 
 /// What an operator's abort found.
@@ -227,19 +249,14 @@ impl Transactions {
     /// (docs/design.md §3): the key is claimed first; a stored outcome is
     /// answered again; after the run, a commit (after the answer: the
     /// committed record answers a retry until then) or a failure a retry
-    /// cannot change is stored for the key (`render` gives the answer a
-    /// failure is stored as: its status and body), a retryable failure frees the
+    /// cannot change is stored for the key (by the caller, which renders its
+    /// answer: [`KeepAnswer`]), a retryable failure frees the
     /// key, and an outcome that is unknown leaves it with the attempt, so
     /// a retry learns it from the record instead of running again.
-    pub async fn submit(
-        &self,
-        plan: &Plan,
-        keyed: Option<&Keyed>,
-        render: impl Fn(&TxnError) -> (u16, serde_json::Value),
-    ) -> StoreResult<Submitted> {
+    pub async fn submit(&self, plan: &Plan, keyed: Option<&Keyed>) -> StoreResult<Submitted> {
         let txn = uuid::Uuid::now_v7().to_string();
         let Some(Keyed { key, fingerprint }) = keyed else {
-            return Ok(Submitted::Ran(Box::new(self.commit.execute(plan, Some(txn), None).await)));
+            return Ok(Submitted::Ran(Box::new(self.commit.execute(plan, Some(txn), None).await), None));
         };
         match self.keys.claim_key(key, fingerprint, &txn).await? {
             idem::Claim::Fresh => {}
@@ -253,6 +270,7 @@ impl Transactions {
             Ok(c) => c.record.id.as_str(),
             Err(err) => err.txn(),
         };
+        let mut keep = None;
         let stored = match &result {
             Ok(committed) => {
                 // After the answer: until it is stored, a retry with the key
@@ -267,9 +285,9 @@ impl Transactions {
                 Ok(())
             }
             Err(TxnError::Aborted { failure, .. }) if failure.retryable => self.keys.release_key(key, txn).await,
-            Err(err @ (TxnError::Aborted { .. } | TxnError::InvalidChange { .. })) => {
-                let (status, body) = render(err);
-                self.keys.complete_key(key, txn, status, &body).await
+            Err(TxnError::Aborted { .. } | TxnError::InvalidChange { .. }) => {
+                keep = Some(KeepAnswer { keys: Arc::clone(&self.keys), key: key.clone(), txn: txn.to_owned() });
+                Ok(())
             }
             Err(TxnError::OutcomeUnknown { .. }) => Ok(()),
             Err(TxnError::Store { .. }) => self.keys.release_key(key, txn).await,
@@ -277,7 +295,7 @@ impl Transactions {
         if let Err(err) = stored {
             tracing::warn!(txn.id = %txn, error = %err, "could not record the idempotency outcome");
         }
-        Ok(Submitted::Ran(Box::new(result)))
+        Ok(Submitted::Ran(Box::new(result), keep))
     }
 
     /// An operator's abort of `rec` (docs/design.md §3): a pending

@@ -19,15 +19,19 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::{Access, Caller};
+use super::conflicts::Conflict;
 use super::contract::IdempotencyKey;
 use super::error::{ApiError, PROBLEM_JSON, ProblemCode};
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body};
 use super::paging::{ListQuery, Page, kept, status_filter};
+use crate::actor::Actor;
+use crate::documents::DocError;
+use crate::indexes::MemberRefusal;
 use crate::keys::Scope;
 use crate::seal::List;
 use crate::txn::plan::ActionOp;
 use crate::txn::record::{Status, TxnRecord};
-use crate::txn::{Aborted, Fingerprint, Keyed, Submitted, TxnError, summary};
+use crate::txn::{Aborted, Fingerprint, Keyed, Submitted, summary};
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -103,6 +107,7 @@ pub(crate) async fn create_transaction(
     State(state): State<AppState>,
     caller: Option<Extension<Caller>>,
     access: Access,
+    actor: Actor,
     headers: HeaderMap,
     JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<Response, ApiError> {
@@ -112,42 +117,23 @@ pub(crate) async fn create_transaction(
     // values (write-only) left out: the hooks themselves are kept whole.
     let request = crate::hooks::redact_request(&value).to_string();
     let input: TransactionIn = from_body(value, &["", "/actions/*", "/hooks/*"])?;
-    let mut plan = plan::plan(input, request, key.clone(), state.txns.config(), &state.hook_guard)?;
+    let mut plan = plan::plan(input, &actor, request, key.clone(), state.txns.config(), &state.hook_guard)?;
     // Every member within the key's collections, or nothing is done.
     for (i, action) in plan.actions.iter().enumerate() {
         let needed = if matches!(action.op, ActionOp::Check) { Scope::Read } else { Scope::Write };
         access.check(needed, &action.collection).map_err(|e| e.with("action", i))?;
     }
-    // The rule of declared indexes: an insert's or replace's data checked
-    // now, an update's once staged.
-    for (i, action) in plan.actions.iter().enumerate() {
-        if !plan.indexed.contains_key(&action.collection) {
-            let paths = state.indexes.paths(&action.collection).await?;
-            plan.indexed.insert(action.collection.clone(), paths);
-        }
-        if let ActionOp::Insert(data) | ActionOp::Replace(data) = &action.op {
-            if let Some(detail) = crate::indexes::breaks_rule(&plan.indexed[&action.collection], data) {
-                return Err(ApiError::new(ProblemCode::InvalidChange, detail)
-                    .with("action", i)
-                    .with("collection", action.collection.clone())
-                    .with("id", action.id.clone()));
-            }
-        }
-    }
-    plan.indexed.retain(|_, paths| !paths.is_empty());
-    // The values of unique indexes, claimed before the transaction runs:
-    // a duplicate is answered before anything is written.
-    let claims = match state.indexes.claim_members(&mut plan, state.documents.as_ref()).await? {
-        Ok(claims) => claims,
-        Err((i, dup)) => {
+    // Admitted as every write is (the rule of declared indexes, unique
+    // values claimed): a refusal is answered before anything is written.
+    let admitted = match state.indexes.admit_plan(&mut plan, state.documents.as_ref()).await {
+        Ok(admitted) => admitted,
+        Err(MemberRefusal { action: None, refusal }) => return Err(DocError::from(refusal).into()),
+        Err(MemberRefusal { action: Some(i), refusal }) => {
             let action = &plan.actions[i];
-            return Err(ApiError::from(crate::documents::DocError::Duplicate {
-                index: dup.index,
-                existing: dup.existing,
-            })
-            .with("action", i)
-            .with("collection", action.collection.clone())
-            .with("id", action.id.clone()));
+            return Err(ApiError::from(DocError::from(refusal))
+                .with("action", i)
+                .with("collection", action.collection.clone())
+                .with("id", action.id.clone()));
         }
     };
     let keyed = key.map(|k| Keyed {
@@ -163,21 +149,27 @@ pub(crate) async fn create_transaction(
         .txns
         .tasks()
         .spawn(async move {
-            let render = |err: &TxnError| {
-                let err = ApiError::from_txn(err);
-                (err.status().as_u16(), err.body())
-            };
-            let submitted = txns.submit(&plan, keyed.as_ref(), render).await;
-            let committed = matches!(&submitted, Ok(Submitted::Ran(ran)) if ran.is_ok());
-            claims.settle(committed).await;
+            let mut submitted = txns.submit(&plan, keyed.as_ref()).await;
+            // A refusal's answer, kept for its key before it is given.
+            if let Ok(Submitted::Ran(ran, keep)) = &mut submitted {
+                if let (Err(err), Some(keep)) = (ran.as_ref(), keep.take()) {
+                    let err = ApiError::from_txn(err);
+                    keep.keep(err.status().as_u16(), &err.body()).await;
+                }
+            }
+            let committed = matches!(&submitted, Ok(Submitted::Ran(ran, _)) if ran.is_ok());
+            admitted.settle(committed).await;
             submitted
         })
         .await
         .map_err(|e| ApiError::internal(format!("transaction task failed: {e}")))??;
     match submitted {
-        Submitted::Ran(ran) => match *ran {
+        Submitted::Ran(ran, _) => match *ran {
             Ok(committed) => Ok(axum::Json(CommittedOut::from(summary(&committed.record))).into_response()),
-            Err(err) => Err(super::conflicts::explained(&state, &access, &headers, None, ApiError::from(err)).await),
+            Err(err) => {
+                let conflict = Conflict::of_transaction(&err);
+                Err(super::conflicts::explained(&state, &access, &headers, conflict, ApiError::from(err)).await)
+            }
         },
         Submitted::Replay { status, body } => {
             let mut response = answer(StatusCode::from_u16(status).unwrap_or(StatusCode::OK), body);

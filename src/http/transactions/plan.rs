@@ -8,6 +8,7 @@ use axum::http::HeaderValue;
 use super::wire::{
     ActionIn, CheckAction, DeleteAction, HookIn, HookMethod, InsertAction, ReplaceAction, TransactionIn, UpdateAction,
 };
+use crate::actor::Actor;
 use crate::document::rules::{self, Invalid, Patch};
 use crate::hooks::guard::HookGuard;
 use crate::http::error::{ApiError, ProblemCode};
@@ -37,6 +38,7 @@ fn validate_hook(hook: &HookIn, i: usize, guard: &HookGuard) -> Result<(), ApiEr
 /// Check the request and resolve it into a plan.
 pub(super) fn plan(
     input: TransactionIn,
+    actor: &Actor,
     request: String,
     key: Option<String>,
     cfg: &TxnConfig,
@@ -103,6 +105,6 @@ pub(super) fn plan(
         indexed: Default::default(),
         unique: Default::default(),
         claimed: Default::default(),
-        key: crate::keys::acting(),
+        key: actor.name().map(str::to_owned),
     })
 }
