@@ -1,12 +1,11 @@
 //! The gateway's metrics, exposed at `/metrics` in the Prometheus text
-//! format. Every family is declared in [`FAMILIES`] (name, help, label
+//! format. Every family is declared once, by `families!` (name, help, label
 //! keys); label values are bounded by construction: route templates,
 //! operation kinds, outcomes and codes, never ids or raw paths.
 //!
 //! Each [`Metrics`] has its own registry, so several gateways in one
 //! process (tests, benches) keep their figures apart.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use prometheus::core::{Collector, Desc, MetricVec, MetricVecBuilder};
@@ -33,12 +32,22 @@ pub struct Family {
     kind: Kind,
 }
 
-/// A counter family.
-pub struct Counter(pub Family);
-/// A gauge family.
-pub struct Gauge(pub Family);
-/// A histogram family.
-pub struct Histogram(pub Family);
+/// A counter family: a typed handle, its place among the counters a
+/// [`Metrics`] registers fixed where it is declared (by `families!`).
+pub struct Counter {
+    pub family: Family,
+    slot: usize,
+}
+/// A gauge family (as [`Counter`]).
+pub struct Gauge {
+    pub family: Family,
+    slot: usize,
+}
+/// A histogram family (as [`Counter`]).
+pub struct Histogram {
+    pub family: Family,
+    slot: usize,
+}
 
 impl Family {
     /// The family's type as the text format names it.
@@ -68,188 +77,100 @@ const fn histogram(
     Family { name, help, labels, kind: Kind::Histogram(buckets) }
 }
 
-/// Every family the gateway records, each a typed handle (a counter is
-/// counted, a histogram observed, a gauge held: a call names its family by
-/// a constant, never by a string). docs/operating.md, "Metrics", lists them
-/// too (tested). Families read from elsewhere at scrape time are registered
-/// by [`Metrics::sampled`].
-pub const FAMILIES: &[&Family] = &[
-    &HTTP_REQUESTS.0,
-    &HTTP_REQUEST_DURATION.0,
-    &HTTP_REQUESTS_IN_FLIGHT.0,
-    &TRANSACTIONS.0,
-    &TRANSACTION_DURATION.0,
-    &TRANSACTION_RETRIES.0,
-    &TRANSACTIONS_ABORTED.0,
-    &TRANSACTIONS_FINISHED.0,
-    &CONFLICTS.0,
-    &LOCK_WAITS.0,
-    &LOCK_WAIT.0,
-    &WOUNDS.0,
-    &RECOVERY_ACTIONS.0,
-    &DELIVERY_ATTEMPTS.0,
-    &DELIVERIES.0,
-    &DELIVERY_LAG.0,
-    &DELIVERIES_PARKED.0,
-    &EVENT_STREAMS_OPEN.0,
-    &TTL_DELETIONS.0,
-    &PURGED.0,
-    &STORE_OPERATION_DURATION.0,
-    &STORE_ERRORS.0,
-];
+/// Declares each family once: its typed handle (a constant), its slot
+/// among its kind's (an enum variant, so a handle always names a family a
+/// [`Metrics`] registered), and [`FAMILIES`]. A call names its family by
+/// its handle, never by a string, and nothing is looked up by name.
+macro_rules! families {
+    (
+        counters { $( $(#[$cdoc:meta])* $c:ident = ($($cargs:tt)*); )* }
+        gauges { $( $(#[$gdoc:meta])* $g:ident = ($($gargs:tt)*); )* }
+        histograms { $( $(#[$hdoc:meta])* $h:ident = ($($hargs:tt)*); )* }
+    ) => {
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        enum CounterSlot { $($c),* }
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        enum GaugeSlot { $($g),* }
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        enum HistogramSlot { $($h),* }
+        $(
+            $(#[$cdoc])*
+            pub(crate) const $c: Counter = Counter { family: counter($($cargs)*), slot: CounterSlot::$c as usize };
+        )*
+        $(
+            $(#[$gdoc])*
+            pub(crate) const $g: Gauge = Gauge { family: gauge($($gargs)*), slot: GaugeSlot::$g as usize };
+        )*
+        $(
+            $(#[$hdoc])*
+            pub(crate) const $h: Histogram =
+                Histogram { family: histogram($($hargs)*), slot: HistogramSlot::$h as usize };
+        )*
+        /// The counters, each at its slot.
+        const COUNTERS: &[&Counter] = &[$(&$c),*];
+        /// The gauges, each at its slot.
+        const GAUGES: &[&Gauge] = &[$(&$g),*];
+        /// The histograms, each at its slot.
+        const HISTOGRAMS: &[&Histogram] = &[$(&$h),*];
+        /// Every family the gateway records. docs/operating.md, "Metrics",
+        /// lists them too (tested). Families read from elsewhere at scrape
+        /// time are registered by [`Metrics::sampled`].
+        pub const FAMILIES: &[&Family] = &[$(&$c.family,)* $(&$g.family,)* $(&$h.family),*];
+    };
+}
 
-/// HTTP requests answered, by method, route template (`unmatched` for unknown paths) and status.
-pub(crate) const HTTP_REQUESTS: Counter = Counter(counter(
-    "txgate_http_requests_total",
-    &["method", "route", "status"],
-    "HTTP requests answered, by method, route template (`unmatched` for unknown paths) and status",
-));
-
-/// Time from a request's arrival to its response head (an event stream: until it starts).
-pub(crate) const HTTP_REQUEST_DURATION: Histogram = Histogram(histogram(
-    "txgate_http_request_duration_seconds",
-    &["method", "route"],
-    LATENCY,
-    "Time from a request's arrival to its response head (an event stream: until it starts)",
-));
-
-/// Requests being served now.
-pub(crate) const HTTP_REQUESTS_IN_FLIGHT: Gauge =
-    Gauge(gauge("txgate_http_requests_in_flight", &[], "Requests being served now"));
-
-/// Transaction attempts by outcome: committed, aborted (a member failed or it was wounded), error (store).
-pub(crate) const TRANSACTIONS: Counter = Counter(counter(
-    "txgate_transactions_total",
-    &["outcome"],
-    "Transaction attempts by outcome: committed, aborted (a member failed or it was wounded), error (store)",
-));
-
-/// Time from a transaction attempt's start to its answer, by outcome.
-pub(crate) const TRANSACTION_DURATION: Histogram = Histogram(histogram(
-    "txgate_transaction_duration_seconds",
-    &["outcome"],
-    LATENCY,
-    "Time from a transaction attempt's start to its answer, by outcome",
-));
-
-/// Transaction attempts retried under a new id, by reason (wounded).
-pub(crate) const TRANSACTION_RETRIES: Counter = Counter(counter(
-    "txgate_transaction_retries_total",
-    &["reason"],
-    "Transaction attempts retried under a new id, by reason (wounded)",
-));
-
-/// Transactions aborted by this instance, by reason (wounded, expired, timed_out, operator, a conflict code, ...).
-pub(crate) const TRANSACTIONS_ABORTED: Counter = Counter(counter(
-    "txgate_transactions_aborted_total",
-    &["reason"],
-    "Transactions aborted by this instance, by reason (wounded, expired, timed_out, operator, a conflict code, ...)",
-));
-
-/// Transactions whose members were all released, by final state (done, rolled_back).
-pub(crate) const TRANSACTIONS_FINISHED: Counter = Counter(counter(
-    "txgate_transactions_finished_total",
-    &["state"],
-    "Transactions whose members were all released, by final state (done, rolled_back)",
-));
-
-/// Requests answered with a conflict, by problem code (version_conflict, locked, not_found, ...).
-pub(crate) const CONFLICTS: Counter = Counter(counter(
-    "txgate_conflicts_total",
-    &["code"],
-    "Requests answered with a conflict, by problem code (version_conflict, locked, not_found, ...)",
-));
-
-/// Times a transaction member waited for a document a live transaction held.
-pub(crate) const LOCK_WAITS: Counter = Counter(counter(
-    "txgate_lock_waits_total",
-    &[],
-    "Times a transaction member waited for a document a live transaction held",
-));
-
-/// How long a member waited for a held document before it locked it or gave up.
-pub(crate) const LOCK_WAIT: Histogram = Histogram(histogram(
-    "txgate_lock_wait_seconds",
-    &[],
-    LATENCY,
-    "How long a member waited for a held document before it locked it or gave up",
-));
-
-/// Younger transactions wounded (aborted) by an older one waiting for their lock.
-pub(crate) const WOUNDS: Counter = Counter(counter(
-    "txgate_wounds_total",
-    &[],
-    "Younger transactions wounded (aborted) by an older one waiting for their lock",
-));
-
-/// Recovery work done: rolled_forward, rolled_back, expired, lock_released, outbox_published, skipped.
-pub(crate) const RECOVERY_ACTIONS: Counter = Counter(counter(
-    "txgate_recovery_actions_total",
-    &["action"],
-    "Recovery work done: rolled_forward, rolled_back, expired, lock_released, outbox_published, skipped",
-));
-
-/// Webhook delivery attempts by result (success: a 2xx; failure: anything else).
-pub(crate) const DELIVERY_ATTEMPTS: Counter = Counter(counter(
-    "txgate_delivery_attempts_total",
-    &["result"],
-    "Webhook delivery attempts by result (success: a 2xx; failure: anything else)",
-));
-
-/// Deliveries by outcome: delivered, retrying (an attempt failed, another is scheduled), dead (given up).
-pub(crate) const DELIVERIES: Counter = Counter(counter(
-    "txgate_deliveries_total",
-    &["outcome"],
-    "Deliveries by outcome: delivered, retrying (an attempt failed, another is scheduled), dead (given up)",
-));
-
-/// Time from a delivery's creation (its commit) to its successful attempt.
-pub(crate) const DELIVERY_LAG: Histogram = Histogram(histogram(
-    "txgate_delivery_lag_seconds",
-    &[],
-    LAG,
-    "Time from a delivery's creation (its commit) to its successful attempt",
-));
-
-/// Deliveries set aside because their destination had all its slots in use (destination_full).
-pub(crate) const DELIVERIES_PARKED: Counter = Counter(counter(
-    "txgate_deliveries_parked_total",
-    &["reason"],
-    "Deliveries set aside because their destination had all its slots in use (destination_full)",
-));
-
-/// Server-Sent Event streams open on this instance.
-pub(crate) const EVENT_STREAMS_OPEN: Gauge =
-    Gauge(gauge("txgate_event_streams_open", &[], "Server-Sent Event streams open on this instance"));
-
-/// Documents expired by the TTL sweeper, by reason (max_age, max_count).
-pub(crate) const TTL_DELETIONS: Counter = Counter(counter(
-    "txgate_ttl_deletions_total",
-    &["reason"],
-    "Documents expired by the TTL sweeper, by reason (max_age, max_count)",
-));
-
-/// Finished records purged after their retention (transactions, idempotency_keys, deliveries).
-pub(crate) const PURGED: Counter = Counter(counter(
-    "txgate_purged_total",
-    &["what"],
-    "Finished records purged after their retention (transactions, idempotency_keys, deliveries)",
-));
-
-/// Store operations by kind (get, scan, insert, replace, update, delete, append, write_in_order, ...).
-pub(crate) const STORE_OPERATION_DURATION: Histogram = Histogram(histogram(
-    "txgate_store_operation_duration_seconds",
-    &["operation"],
-    LATENCY,
-    "Store operations by kind (get, scan, insert, replace, update, delete, append, write_in_order, ...)",
-));
-
-/// Store operations that failed or missed the store deadline, by kind.
-pub(crate) const STORE_ERRORS: Counter = Counter(counter(
-    "txgate_store_errors_total",
-    &["operation"],
-    "Store operations that failed or missed the store deadline, by kind",
-));
+families! {
+    counters {
+        /// HTTP requests answered, by method, route template (`unmatched` for unknown paths) and status.
+        HTTP_REQUESTS = ("txgate_http_requests_total", &["method", "route", "status"], "HTTP requests answered, by method, route template (`unmatched` for unknown paths) and status");
+        /// Transaction attempts by outcome: committed, aborted (a member failed or it was wounded), error (store).
+        TRANSACTIONS = ("txgate_transactions_total", &["outcome"], "Transaction attempts by outcome: committed, aborted (a member failed or it was wounded), error (store)");
+        /// Transaction attempts retried under a new id, by reason (wounded).
+        TRANSACTION_RETRIES = ("txgate_transaction_retries_total", &["reason"], "Transaction attempts retried under a new id, by reason (wounded)");
+        /// Transactions aborted by this instance, by reason (wounded, expired, timed_out, operator, a conflict code, ...).
+        TRANSACTIONS_ABORTED = ("txgate_transactions_aborted_total", &["reason"], "Transactions aborted by this instance, by reason (wounded, expired, timed_out, operator, a conflict code, ...)");
+        /// Transactions whose members were all released, by final state (done, rolled_back).
+        TRANSACTIONS_FINISHED = ("txgate_transactions_finished_total", &["state"], "Transactions whose members were all released, by final state (done, rolled_back)");
+        /// Requests answered with a conflict, by problem code (version_conflict, locked, not_found, ...).
+        CONFLICTS = ("txgate_conflicts_total", &["code"], "Requests answered with a conflict, by problem code (version_conflict, locked, not_found, ...)");
+        /// Times a transaction member waited for a document a live transaction held.
+        LOCK_WAITS = ("txgate_lock_waits_total", &[], "Times a transaction member waited for a document a live transaction held");
+        /// Younger transactions wounded (aborted) by an older one waiting for their lock.
+        WOUNDS = ("txgate_wounds_total", &[], "Younger transactions wounded (aborted) by an older one waiting for their lock");
+        /// Recovery work done: rolled_forward, rolled_back, expired, lock_released, outbox_published, skipped.
+        RECOVERY_ACTIONS = ("txgate_recovery_actions_total", &["action"], "Recovery work done: rolled_forward, rolled_back, expired, lock_released, outbox_published, skipped");
+        /// Webhook delivery attempts by result (success: a 2xx; failure: anything else).
+        DELIVERY_ATTEMPTS = ("txgate_delivery_attempts_total", &["result"], "Webhook delivery attempts by result (success: a 2xx; failure: anything else)");
+        /// Deliveries by outcome: delivered, retrying (an attempt failed, another is scheduled), dead (given up).
+        DELIVERIES = ("txgate_deliveries_total", &["outcome"], "Deliveries by outcome: delivered, retrying (an attempt failed, another is scheduled), dead (given up)");
+        /// Deliveries set aside because their destination had all its slots in use (destination_full).
+        DELIVERIES_PARKED = ("txgate_deliveries_parked_total", &["reason"], "Deliveries set aside because their destination had all its slots in use (destination_full)");
+        /// Documents expired by the TTL sweeper, by reason (max_age, max_count).
+        TTL_DELETIONS = ("txgate_ttl_deletions_total", &["reason"], "Documents expired by the TTL sweeper, by reason (max_age, max_count)");
+        /// Finished records purged after their retention (transactions, idempotency_keys, deliveries).
+        PURGED = ("txgate_purged_total", &["what"], "Finished records purged after their retention (transactions, idempotency_keys, deliveries)");
+        /// Store operations that failed or missed the store deadline, by kind.
+        STORE_ERRORS = ("txgate_store_errors_total", &["operation"], "Store operations that failed or missed the store deadline, by kind");
+    }
+    gauges {
+        /// Requests being served now.
+        HTTP_REQUESTS_IN_FLIGHT = ("txgate_http_requests_in_flight", &[], "Requests being served now");
+        /// Server-Sent Event streams open on this instance.
+        EVENT_STREAMS_OPEN = ("txgate_event_streams_open", &[], "Server-Sent Event streams open on this instance");
+    }
+    histograms {
+        /// Time from a request's arrival to its response head (an event stream: until it starts).
+        HTTP_REQUEST_DURATION = ("txgate_http_request_duration_seconds", &["method", "route"], LATENCY, "Time from a request's arrival to its response head (an event stream: until it starts)");
+        /// Time from a transaction attempt's start to its answer, by outcome.
+        TRANSACTION_DURATION = ("txgate_transaction_duration_seconds", &["outcome"], LATENCY, "Time from a transaction attempt's start to its answer, by outcome");
+        /// How long a member waited for a held document before it locked it or gave up.
+        LOCK_WAIT = ("txgate_lock_wait_seconds", &[], LATENCY, "How long a member waited for a held document before it locked it or gave up");
+        /// Time from a delivery's creation (its commit) to its successful attempt.
+        DELIVERY_LAG = ("txgate_delivery_lag_seconds", &[], LAG, "Time from a delivery's creation (its commit) to its successful attempt");
+        /// Store operations by kind (get, scan, insert, replace, update, delete, append, write_in_order, ...).
+        STORE_OPERATION_DURATION = ("txgate_store_operation_duration_seconds", &["operation"], LATENCY, "Store operations by kind (get, scan, insert, replace, update, delete, append, write_in_order, ...)");
+    }
+}
 
 /// Series that exist at zero from the start, so that a rate or an alert
 /// on them has data before the first event (label-less families too).
@@ -307,35 +228,45 @@ impl Collector for SampledSeconds {
 /// The metric families of one gateway, in their own registry.
 pub struct Metrics {
     registry: Registry,
-    counters: HashMap<&'static str, IntCounterVec>,
-    gauges: HashMap<&'static str, IntGaugeVec>,
-    histograms: HashMap<&'static str, HistogramVec>,
+    /// Each at its family's slot.
+    counters: Vec<IntCounterVec>,
+    gauges: Vec<IntGaugeVec>,
+    histograms: Vec<HistogramVec>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         let registry = Registry::new();
-        let (mut counters, mut gauges, mut histograms) = (HashMap::new(), HashMap::new(), HashMap::new());
-        for f in FAMILIES {
-            let opts = Opts::new(f.name, f.help);
-            match f.kind {
-                Kind::Counter => {
-                    let vec = IntCounterVec::new(opts, f.labels).expect("a valid counter");
-                    counters.insert(f.name, declare(&registry, vec, f.labels));
-                }
-                Kind::Gauge => {
-                    let vec = IntGaugeVec::new(opts, f.labels).expect("a valid gauge");
-                    gauges.insert(f.name, declare(&registry, vec, f.labels));
-                }
-                Kind::Histogram(buckets) => {
-                    let opts = HistogramOpts::from(opts).buckets(buckets.to_vec());
-                    let vec = HistogramVec::new(opts, f.labels).expect("a valid histogram");
-                    histograms.insert(f.name, declare(&registry, vec, f.labels));
-                }
-            }
-        }
+        let opts = |f: &Family| Opts::new(f.name, f.help);
+        let counters: Vec<IntCounterVec> = COUNTERS
+            .iter()
+            .map(|c| {
+                let vec = IntCounterVec::new(opts(&c.family), c.family.labels).expect("a valid counter");
+                declare(&registry, vec, c.family.labels)
+            })
+            .collect();
+        let gauges = GAUGES
+            .iter()
+            .map(|g| {
+                let vec = IntGaugeVec::new(opts(&g.family), g.family.labels).expect("a valid gauge");
+                declare(&registry, vec, g.family.labels)
+            })
+            .collect();
+        let histograms = HISTOGRAMS
+            .iter()
+            .map(|h| {
+                // Every histogram is declared with its buckets (`histogram()`).
+                let buckets = match h.family.kind {
+                    Kind::Histogram(buckets) => buckets,
+                    Kind::Counter | Kind::Gauge => prometheus::DEFAULT_BUCKETS,
+                };
+                let opts = HistogramOpts::from(opts(&h.family)).buckets(buckets.to_vec());
+                let vec = HistogramVec::new(opts, h.family.labels).expect("a valid histogram");
+                declare(&registry, vec, h.family.labels)
+            })
+            .collect();
         for (family, labels) in AT_ZERO {
-            counters[family.0.name].with_label_values(labels);
+            counters[family.slot].with_label_values(labels);
         }
         Self { registry, counters, gauges, histograms }
     }
@@ -361,13 +292,13 @@ impl Drop for Held {
 }
 
 impl Metrics {
-    fn counter(&self, name: &'static str) -> &IntCounterVec {
-        self.counters.get(name).unwrap_or_else(|| panic!("counter {name} is not declared in FAMILIES"))
+    fn counter(&self, counter: &Counter) -> &IntCounterVec {
+        &self.counters[counter.slot]
     }
 
     /// Add `n` to `counter` at `labels` (one value per label key).
     pub fn count(&self, counter: &Counter, labels: &[&str], n: u64) {
-        self.counter(counter.0.name).with_label_values(labels).inc_by(n);
+        self.counter(counter).with_label_values(labels).inc_by(n);
     }
 
     /// Add one to single-label `counter` at `label`.
@@ -381,29 +312,19 @@ impl Metrics {
 
     /// Record `duration` in `histogram` at `labels`.
     pub fn observe(&self, histogram: &Histogram, labels: &[&str], duration: Duration) {
-        let name = histogram.0.name;
-        self.histograms
-            .get(name)
-            .unwrap_or_else(|| panic!("histogram {name} is not declared in FAMILIES"))
-            .with_label_values(labels)
-            .observe(duration.as_secs_f64());
+        self.histograms[histogram.slot].with_label_values(labels).observe(duration.as_secs_f64());
     }
 
     /// One more of label-less `gauge` until the guard is dropped.
     pub fn hold(&self, gauge: &Gauge) -> Held {
-        let name = gauge.0.name;
-        let gauge = self
-            .gauges
-            .get(name)
-            .unwrap_or_else(|| panic!("gauge {name} is not declared in FAMILIES"))
-            .with_label_values::<&str>(&[]);
+        let gauge = self.gauges[gauge.slot].with_label_values::<&str>(&[]);
         gauge.inc();
         Held(gauge)
     }
 
     /// `counter` at `labels` as it stands (tests, logs).
     pub fn get(&self, counter: &Counter, labels: &[&str]) -> u64 {
-        self.counter(counter.0.name).with_label_values(labels).get()
+        self.counter(counter).with_label_values(labels).get()
     }
 
     pub fn aborted(&self, reason: &str) {
