@@ -127,7 +127,7 @@ fn every_link_in_the_docs_resolves() {
 }
 
 #[test]
-fn the_readme_fits_and_links_every_page() {
+fn the_readme_fits_and_links_every_page_and_the_benchmarks_every_run() {
     let readme = read(&root().join("README.md"));
     let lines = readme.lines().count();
     assert!(lines <= 250, "the README has {lines} lines");
@@ -136,8 +136,20 @@ fn the_readme_fits_and_links_every_page() {
         .filter(|t| !t.starts_with("http"))
         .map(|t| root().join(t.split('#').next().unwrap()))
         .collect();
-    for page in pages().into_iter().filter(|p| p.starts_with(root().join("docs"))) {
+    // The bench's runs (docs/bench-runs/, written by scripts/bench) are
+    // data, linked from the benchmarks page instead.
+    let runs = root().join("docs/bench-runs");
+    for page in pages().into_iter().filter(|p| p.starts_with(root().join("docs")) && !p.starts_with(&runs)) {
         assert!(linked.contains(&page), "the README does not link {}", page.display());
+    }
+    let benchmarks = read(&root().join("docs/benchmarks.md"));
+    let listed: BTreeSet<PathBuf> = links(&benchmarks)
+        .iter()
+        .filter(|t| !t.starts_with("http"))
+        .map(|t| root().join("docs").join(t.split('#').next().unwrap()))
+        .collect();
+    for run in pages().into_iter().filter(|p| p.starts_with(&runs)) {
+        assert!(listed.contains(&run), "docs/benchmarks.md does not link {}", run.display());
     }
 }
 

@@ -117,7 +117,7 @@ const SMALL_READ: usize = 128;
 /// random writes a second, a quarter of a second's pages take 10 to 25 ms to
 /// write and sync, a second's 50 to 100, and the sixteen seconds or so the
 /// journal's bound alone allows a few hundred; the sustained throughput is
-/// the same (see docs/benchmarks.md, "Checkpoints by time").
+/// the same (see docs/bench-runs/2026-11-30-checkpoints.md).
 pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The embedded store's default page cache, in MiB.
