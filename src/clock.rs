@@ -1,8 +1,14 @@
 //! Where every stored timestamp comes from (leases, commit and finish
 //! times, idempotency claims, delivery schedules, purge cutoffs): the wall
-//! clock in production; in tests, a clock that follows tokio's time, so
-//! lease, expiry and backoff arithmetic runs under `tokio::time::pause()`
-//! and `advance()` instead of sleeping.
+//! clock in production. In tests, either a clock that follows tokio's
+//! time (unit tests without I/O, under `tokio::time::pause()` and
+//! `advance()`), or the wall clock shifted by what the test advances it
+//! (a gateway over real I/O: retention, TTL and leases come due when the
+//! test says, not after a sleep).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
 
 /// RFC 3339 with milliseconds, UTC: how every timestamp is written.
 pub use crate::store::convert::rfc3339;
@@ -15,6 +21,9 @@ pub enum Clock {
     System,
     /// The wall-clock time at creation, advanced by tokio's time since.
     Tokio { base_ms: i64, start: tokio::time::Instant },
+    /// The wall clock, moved on by the milliseconds [`Clock::advance`]
+    /// added (shared by every clone).
+    Shifted(Arc<AtomicI64>),
 }
 
 impl Clock {
@@ -23,10 +32,26 @@ impl Clock {
         Clock::Tokio { base_ms: DateTime::now().timestamp_millis(), start: tokio::time::Instant::now() }
     }
 
+    /// The wall clock, to be moved on by [`Clock::advance`].
+    pub fn shifted() -> Self {
+        Clock::Shifted(Arc::new(AtomicI64::new(0)))
+    }
+
+    /// Move a shifted clock (and its clones) on by `by`; `false`, leaving
+    /// it as it is, for any other clock.
+    pub fn advance(&self, by: Duration) -> bool {
+        let Clock::Shifted(offset) = self else { return false };
+        offset.fetch_add(i64::try_from(by.as_millis()).unwrap_or(i64::MAX), Ordering::SeqCst);
+        true
+    }
+
     /// The current time, with millisecond precision (what both stores keep).
     pub fn now(&self) -> DateTime {
         match self {
             Clock::System => DateTime::now(),
+            Clock::Shifted(offset) => {
+                DateTime::from_millis(DateTime::now().timestamp_millis().saturating_add(offset.load(Ordering::SeqCst)))
+            }
             Clock::Tokio { base_ms, start } => {
                 let elapsed = i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX);
                 DateTime::from_millis(base_ms.saturating_add(elapsed))

@@ -281,15 +281,16 @@ pub async fn run_with_store(
     serve(config, store, listener, shutdown, None).await
 }
 
-/// [`run_with_store`], handing `follow_ups` (when given) the tracker of the
-/// work requests leave for after their answer (roll-forwards, events on
-/// their way to the log, stored idempotency outcomes) once it is built.
+/// [`run_with_store`], handing `handles` (when given, to a test) the
+/// tracker of the work requests leave for after their answer
+/// (roll-forwards, events on their way to the log, stored idempotency
+/// outcomes) and the workers, once they are built.
 pub(crate) async fn serve(
     config: Config,
     store: DynStore,
     listener: TcpListener,
     shutdown: CancellationToken,
-    follow_ups: Option<tokio::sync::oneshot::Sender<tokio_util::task::TaskTracker>>,
+    handles: Option<tokio::sync::oneshot::Sender<testing::Handles>>,
 ) -> Result<(), RunError> {
     let metrics = Arc::new(Metrics::default());
     let (store, tap) = stack(store, config.txn.store_timeout, &metrics);
@@ -298,9 +299,6 @@ pub(crate) async fn serve(
         tracing::info!(count = applied.len(), "migrations applied");
     }
     let app = App::new(&config, store, tap, metrics);
-    if let Some(follow_ups) = follow_ups {
-        let _ = follow_ups.send(app.txns.tasks().clone());
-    }
     let router = app.router(&config);
     let clients = hooks::net::Clients::new(Arc::new(config.hook_guard.clone()), config.hooks.timeout)
         .map_err(std::io::Error::other)?;
@@ -309,7 +307,11 @@ pub(crate) async fn serve(
     let workers = tokio_util::task::TaskTracker::new();
     let stop_workers = CancellationToken::new();
     let mut running = Vec::new();
-    for worker in workers_of(&app, &config, sender) {
+    let listed = workers_of(&app, &config, sender);
+    if let Some(handles) = handles {
+        let _ = handles.send(testing::Handles { follow_ups: app.txns.tasks().clone(), workers: listed.clone() });
+    }
+    for worker in listed {
         let span = tracing::info_span!("worker", name = worker.name());
         let name = worker.name();
         running.push((name, workers.spawn(tracing::Instrument::instrument(worker.run(stop_workers.clone()), span))));

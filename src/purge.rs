@@ -71,6 +71,10 @@ impl Worker for Purger {
         "purge"
     }
 
+    async fn run_once(&self) -> StoreResult<()> {
+        self.purge_once().await.map(|_| ())
+    }
+
     /// A pass every `interval` until `shutdown`.
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         loop {

@@ -482,6 +482,12 @@ impl Worker for Subscriptions {
         "subscriptions"
     }
 
+    /// Passes until one has no more to read.
+    async fn run_once(&self) -> StoreResult<()> {
+        while self.pass().await?.more {}
+        Ok(())
+    }
+
     /// Record the deliveries of every subscription's new events until
     /// `stop`: at once for this process's appends, every [`POLL`] for other
     /// instances'.

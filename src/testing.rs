@@ -5,20 +5,38 @@
 //! module above is private to the crate; an item a test needs is added
 //! here, deliberately, under the path it has inside the crate.
 
-/// [`crate::run_with_store`], handing `follow_ups` the tracker of the work
-/// requests leave for after their answers, so a test can wait for it.
+/// [`crate::run_with_store`], handing `handles` the gateway's [`Handles`]
+/// once it is built, so a test can wait for its follow-up work and run
+/// its workers' passes.
 pub async fn serve(
     config: crate::config::Config,
     store: crate::store::DynStore,
     listener: tokio::net::TcpListener,
     shutdown: tokio_util::sync::CancellationToken,
-    follow_ups: Option<tokio::sync::oneshot::Sender<tokio_util::task::TaskTracker>>,
+    handles: Option<tokio::sync::oneshot::Sender<Handles>>,
 ) -> Result<(), crate::RunError> {
-    crate::serve(config, store, listener, shutdown, follow_ups).await
+    crate::serve(config, store, listener, shutdown, handles).await
+}
+
+/// What a test drives a running gateway by instead of sleeping.
+pub struct Handles {
+    /// The work requests leave for after their answers.
+    pub follow_ups: tokio_util::task::TaskTracker,
+    pub(crate) workers: Vec<std::sync::Arc<dyn crate::worker::Worker>>,
+}
+
+impl Handles {
+    /// One whole pass of the worker called `name` (`recovery`,
+    /// `deliveries`, `subscriptions`, `ttl`, `purge`, `event_purge`,
+    /// `index_builds`), now.
+    pub async fn run_once(&self, name: &str) -> crate::store::StoreResult<()> {
+        let worker = self.workers.iter().find(|w| w.name() == name);
+        worker.unwrap_or_else(|| panic!("no worker is called {name:?}")).run_once().await
+    }
 }
 
 pub mod clock {
-    pub use crate::clock::rfc3339;
+    pub use crate::clock::{Clock, rfc3339};
 }
 
 pub mod document {

@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::store::StoreResult;
+
 /// A background worker of the gateway.
 #[async_trait::async_trait]
 pub trait Worker: Send + Sync + 'static {
@@ -15,4 +17,10 @@ pub trait Worker: Send + Sync + 'static {
 
     /// Work until `stop` is cancelled; the step under way finishes first.
     async fn run(self: Arc<Self>, stop: CancellationToken);
+
+    /// One whole pass now, without waiting for its interval or backing
+    /// off: what a test drives instead of sleeping until the next pass.
+    /// Safe beside the passes `run` makes, as passes of several instances
+    /// are.
+    async fn run_once(&self) -> StoreResult<()>;
 }

@@ -183,6 +183,10 @@ impl Worker for Sweeper {
         "ttl"
     }
 
+    async fn run_once(&self) -> StoreResult<()> {
+        self.pass().await.map(|_| ())
+    }
+
     /// A pass every `interval` (from the start of one to the start of the
     /// next; a pass that takes longer delays the next) until `stop`; the
     /// pass under way finishes.

@@ -100,6 +100,14 @@ impl crate::worker::Worker for Purge {
         "event_purge"
     }
 
+    /// The log's purge, then the tombstones' (each tried, as in `run`).
+    async fn run_once(&self) -> crate::store::StoreResult<()> {
+        let events = self.log.purge().await;
+        let tombstones = self.log.purge_tombstones().await;
+        events?;
+        tombstones.map(|_| ())
+    }
+
     async fn run(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
         let log = &self.log;
         loop {

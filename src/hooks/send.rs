@@ -415,6 +415,21 @@ impl Worker for Sender {
         "deliveries"
     }
 
+    /// Find the due deliveries, release the successors a crash left
+    /// waiting, and send every delivery due now, each to its end.
+    async fn run_once(&self) -> StoreResult<()> {
+        self.scan().await?;
+        // A sweep that fails answers where it started: stop there.
+        let mut after = self.sweep(None).await;
+        while let Some(from) = after.take() {
+            after = self.sweep(Some(from.clone())).await.filter(|next| *next != from);
+        }
+        for id in self.hooks.queue.pop_due(self.hooks.clock.now().timestamp_millis(), usize::MAX) {
+            self.claim_and_send(&id).await;
+        }
+        Ok(())
+    }
+
     /// Send due deliveries until `shutdown`; then let the attempts in
     /// flight finish (each is bounded by the attempt timeout), unless
     /// [`Sender::abandon`] drops them first.

@@ -553,6 +553,13 @@ impl crate::worker::Worker for Builds {
         "index_builds"
     }
 
+    /// A pass without the grace a new declaration waits out in `run`
+    /// (a build still checks that grace against the clock).
+    async fn run_once(&self) -> StoreResult<()> {
+        self.indexes.separate_shared().await?;
+        self.indexes.pass(&CancellationToken::new()).await
+    }
+
     async fn run(self: Arc<Self>, stop: CancellationToken) {
         // Once, before the first pass (again on each pass until it has run).
         let mut separated = false;

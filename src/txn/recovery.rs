@@ -336,6 +336,10 @@ impl Worker for Recovery {
         "recovery"
     }
 
+    async fn run_once(&self) -> StoreResult<()> {
+        self.recover(true).await.map(|_| ())
+    }
+
     /// A pass every `recovery_interval` until `shutdown`; a pass in
     /// progress is finished first.
     async fn run(self: Arc<Self>, shutdown: CancellationToken) {

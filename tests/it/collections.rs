@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -29,9 +29,20 @@ crate::on_both_backends!(
 
 const WAIT: Duration = Duration::from_secs(20);
 
-/// A gateway sweeping every 100 ms.
+/// A gateway whose sweeps the test drives (`TestApp::run_once("ttl")`),
+/// with its clock moved on by the test (`TestApp::advance`).
 async fn app(backend: Backend) -> Option<TestApp> {
-    TestApp::spawn_with(backend, |c| c.ttl_interval = Duration::from_millis(100)).await
+    TestApp::spawn_with(backend, |c| c.ttl_interval = Duration::from_secs(3600)).await
+}
+
+/// Sweeps a test runs at most to reach what it expects.
+const PASSES: usize = 5;
+
+/// `n` sweeps of `app`'s collections, now.
+async fn sweep(app: &TestApp, n: usize) {
+    for _ in 0..n {
+        app.run_once("ttl").await;
+    }
 }
 
 fn coll_path(coll: &str) -> String {
@@ -65,34 +76,26 @@ async fn live_ids(app: &TestApp, coll: &str) -> BTreeSet<String> {
     page["items"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap().to_owned()).collect()
 }
 
-/// Wait until `coll`'s live count is `n`.
+/// Sweep until `coll`'s live count is `n` (at most [`PASSES`] sweeps).
 async fn until_count(app: &TestApp, coll: &str, n: u64) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got = count(app, coll).await;
-        if got == n {
+    app.settled().await;
+    for _ in 0..PASSES {
+        if count(app, coll).await == n {
             return;
         }
-        assert!(Instant::now() < deadline, "{coll} never reached {n} live documents: {got}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        app.run_once("ttl").await;
     }
+    assert_eq!(count(app, coll).await, n, "{coll} after {PASSES} sweeps");
 }
 
-/// Wait until the log holds an event of each (type, document) of `coll`.
+/// The log holds an event of each (type, document) of `coll`, once what
+/// the gateway's requests left for after their answers is done.
 async fn until_logged(app: &TestApp, coll: &str, wanted: &[(&str, &str)]) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let (events, _) = all_events(app, 0, &format!("&collections={coll}")).await;
-        let missing: Vec<_> = wanted
-            .iter()
-            .filter(|(kind, id)| !events.iter().any(|e| e["type"] == *kind && e["document"] == *id))
-            .collect();
-        if missing.is_empty() {
-            return;
-        }
-        assert!(Instant::now() < deadline, "never logged in {coll}: {missing:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    app.settled().await;
+    let (events, _) = all_events(app, 0, &format!("&collections={coll}")).await;
+    let missing: Vec<_> =
+        wanted.iter().filter(|(kind, id)| !events.iter().any(|e| e["type"] == *kind && e["document"] == *id)).collect();
+    assert!(missing.is_empty(), "never logged in {coll}: {missing:?}");
 }
 
 /// `document.expired` events of `coll` in the log, by document.
@@ -268,6 +271,10 @@ async fn documents_expire_by_age_with_one_event_and_a_tombstone_each(backend: Ba
     let res = app.send_json(Method::PATCH, &doc_path("sessions", "s0"), &json!({"set": {"n": 2}})).await;
     expect(res, 200).await;
     assert_eq!(count(&app, "sessions").await, 5);
+    sweep(&app, 1).await;
+    assert_eq!(count(&app, "sessions").await, 5, "none before its time");
+    app.advance(Duration::from_millis(2500));
+    sweep(&app, 1).await;
     // Every expiry arrives on the stream, none before its time.
     let mut seen = BTreeSet::new();
     while seen.len() < 5 {
@@ -304,7 +311,7 @@ async fn documents_beyond_the_newest_max_count_expire(backend: Backend) {
     put_ttl(&app, "feed", json!({"max_count": 3})).await;
     until_count(&app, "feed", 3).await;
     // A few more sweeps: nothing more goes.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    sweep(&app, 3).await;
     assert_eq!(live_ids(&app, "feed").await, BTreeSet::from(["f07".into(), "f08".into(), "f09".into()]));
     let gone: Vec<String> = (0..7).map(|i| format!("f{i:02}")).collect();
     assert_expired_once(&app, "feed", &gone).await;
@@ -313,7 +320,7 @@ async fn documents_beyond_the_newest_max_count_expire(backend: Backend) {
         create(&app, "feed", &format!("f{i:02}")).await;
     }
     until_count(&app, "feed", 3).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    sweep(&app, 3).await;
     assert_eq!(live_ids(&app, "feed").await, BTreeSet::from(["f11".into(), "f12".into(), "f13".into()]));
     app.stop().await;
 }
@@ -327,6 +334,7 @@ async fn both_limits_apply_at_once(backend: Backend) {
     until_count(&app, "both", 4).await;
     assert_eq!(live_ids(&app, "both").await, (3..7).map(|i| format!("b{i}")).collect());
     // Then age takes the rest.
+    app.advance(Duration::from_secs(4));
     until_count(&app, "both", 0).await;
     let all: Vec<String> = (0..7).map(|i| format!("b{i}")).collect();
     assert_expired_once(&app, "both", &all).await;
@@ -340,7 +348,7 @@ async fn a_changed_or_removed_policy_applies_from_the_next_sweep(backend: Backen
     }
     // Nothing is due under a long maximum age...
     put_ttl(&app, "c", json!({"max_age_seconds": 3600})).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    sweep(&app, 2).await;
     assert_eq!(count(&app, "c").await, 8);
     // ... a count makes some due, a lower one more.
     put_ttl(&app, "c", json!({"max_count": 6})).await;
@@ -352,10 +360,10 @@ async fn a_changed_or_removed_policy_applies_from_the_next_sweep(backend: Backen
     for i in 8..12 {
         create(&app, "c", &format!("c{i}")).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    sweep(&app, 2).await;
     assert_eq!(count(&app, "c").await, 6);
     // A maximum age shortened below the documents' age takes them all.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    app.advance(Duration::from_millis(1500));
     put_ttl(&app, "c", json!({"max_age_seconds": 1})).await;
     until_count(&app, "c", 0).await;
     let all: Vec<String> = (0..12).map(|i| format!("c{i}")).collect();
@@ -382,9 +390,10 @@ async fn a_locked_document_is_skipped_until_its_transaction_ends(backend: Backen
     d.meta.pending = Some(staged);
     assert!(app.store.replace("held", "a", doc! {"_meta.v": 1_i64}, d.to_record()).await.unwrap());
     put_ttl(&app, "held", json!({"max_age_seconds": 1})).await;
+    app.advance(Duration::from_secs(2));
     until_count(&app, "held", 1).await;
     // Several sweeps later the held document is still there.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    sweep(&app, 3).await;
     let a = expect(app.get(&doc_path("held", "a")).await, 200).await;
     assert_eq!(a["version"], 1);
     assert_eq!(live_ids(&app, "held").await, BTreeSet::from(["a".to_owned()]));
@@ -396,7 +405,8 @@ async fn a_locked_document_is_skipped_until_its_transaction_ends(backend: Backen
 }
 
 async fn two_instances_never_expire_more_than_the_policy_says(backend: Backend) {
-    let Some(a) = app(backend).await else { return };
+    // Both instances sweep on their own, every 100 ms, while both write.
+    let Some(a) = TestApp::spawn_with(backend, |c| c.ttl_interval = Duration::from_millis(100)).await else { return };
     let b = TestApp::on_store(a.config.clone(), Arc::clone(&a.store), None).await;
     const KEEP: usize = 5;
     put_ttl(&a, "shared", json!({"max_count": KEEP})).await;
@@ -445,7 +455,9 @@ async fn two_instances_never_expire_more_than_the_policy_says(backend: Backend) 
     let boundary = by_age[by_age.len() - KEEP].0.clone();
     let want: BTreeSet<String> = by_age.iter().filter(|(at, _)| *at >= boundary).map(|(_, id)| id.clone()).collect();
     until_count(&a, "shared", want.len() as u64).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // More sweeps of both: nothing more goes.
+    sweep(&a, 2).await;
+    sweep(&b, 2).await;
     let live = live_ids(&b, "shared").await;
     assert_eq!(live, want, "the documents created no earlier than the {KEEP}-th newest stay");
     assert_eq!(count(&b, "shared").await, want.len() as u64);
@@ -491,17 +503,20 @@ async fn an_expiry_or_a_count_cut_off_at_any_step_is_finished_once(backend: Back
     for id in &ids {
         create(&app, "ttl", id).await;
     }
-    // What a crash left in an outbox is moved to the log by the recovery
-    // worker's outbox sweep (every 5 s).
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let expired = expired_events(&app, "ttl").await;
-        if expired.len() == ids.len() && count(&app, "ttl").await == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "expired so far: {:?}", expired.keys());
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    // Past the age; what a crash left in an outbox (5 s old or more) is
+    // moved to the log by the recovery worker's outbox sweep. A sweep a
+    // fault cuts short is done again by the next.
+    app.settled().await;
+    app.advance(Duration::from_secs(6));
+    for _ in 0..PASSES {
+        let _ = app.try_run_once("ttl").await;
+        // An outbox this sweep left is old enough for recovery's.
+        app.advance(Duration::from_secs(6));
+        app.run_once("recovery").await;
     }
+    let expired = expired_events(&app, "ttl").await;
+    assert_eq!(expired.len(), ids.len(), "expired: {:?}", expired.keys());
+    assert_eq!(count(&app, "ttl").await, 0);
     assert_expired_once(&app, "ttl", &ids).await;
     assert!(live_ids(&app, "ttl").await.is_empty());
     let fired: Vec<&str> = fired.lock().unwrap().iter().copied().collect();
@@ -532,11 +547,8 @@ async fn mongodb_records_of_another_shape_do_not_keep_the_age_sweep_from_the_doc
         create(&app, "aged", id).await;
     }
     put_ttl(&app, "aged", json!({"max_age_seconds": 1})).await;
-    let started = Instant::now();
-    while count(&app, "aged").await > 0 {
-        assert!(started.elapsed() < WAIT, "the documents behind the planted records never expired");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    app.advance(Duration::from_secs(2));
+    until_count(&app, "aged", 0).await;
     for id in ["s0", "s1", "s2"] {
         expect_problem(app.get(&doc_path("aged", id)).await, 410, "deleted").await;
     }

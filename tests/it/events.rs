@@ -326,34 +326,25 @@ async fn a_gap_that_never_fills_is_voided(backend: Backend) {
 }
 
 async fn an_expired_cursor_gets_410(backend: Backend) {
-    let Some(app) = TestApp::spawn_with(backend, |c| {
-        c.events.retention = Duration::from_secs(1);
-        c.txn.recovery_interval = Duration::from_millis(100);
-    })
-    .await
-    else {
+    let Some(app) = TestApp::spawn_with(backend, |c| c.events.retention = Duration::from_secs(1)).await else {
         return;
     };
     for i in 0..3 {
         create(&app, "r", &format!("old{i}"), json!({})).await;
     }
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    // Logged, then past the retention.
+    app.settled().await;
+    app.advance(Duration::from_millis(1300));
     create(&app, "r", "new", json!({})).await;
-    let started = Instant::now();
-    loop {
-        let res = app
-            .request(reqwest::Method::GET, "/v1/events?after=0")
-            .header("accept", "application/json")
-            .send()
-            .await
-            .unwrap();
-        if res.status() == 410 {
-            expect_problem(res, 410, "cursor_expired").await;
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(5), "old events were not purged");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    app.run_once("ttl").await; // counts the log's changes, which the purge waits for
+    app.run_once("event_purge").await;
+    let res = app
+        .request(reqwest::Method::GET, "/v1/events?after=0")
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap();
+    expect_problem(res, 410, "cursor_expired").await;
     let res = app.request(reqwest::Method::GET, "/v1/events").header("last-event-id", "1").send().await.unwrap();
     expect_problem(res, 410, "cursor_expired").await;
     // Without a cursor, pages start at the oldest retained event.
@@ -366,7 +357,7 @@ async fn an_expired_cursor_gets_410(backend: Backend) {
 /// left its event in the document's outbox: the next writer logs it
 /// before its own, and recovery logs one nobody writes over.
 async fn an_outbox_left_by_a_crash_reaches_the_log_in_version_order(backend: Backend) {
-    let Some(app) = TestApp::spawn_with(backend, |c| c.txn.recovery_interval = Duration::from_millis(100)).await else {
+    let Some(app) = TestApp::spawn(backend).await else {
         return;
     };
     for id in ["w", "r", "t"] {
@@ -396,19 +387,16 @@ async fn an_outbox_left_by_a_crash_reaches_the_log_in_version_order(backend: Bac
     // A transaction does too.
     let t = json!({"actions": [{"op": "update", "collection": "o", "id": "t", "set": {"n": 2}}]});
     expect(app.post("/v1/transactions", &t).await, 200).await;
-    let started = Instant::now();
-    loop {
-        let (events, _) = all_events(&app, 0, "").await;
-        check_order(&events);
-        let mut got: Vec<&str> = ids(&events).into_iter().filter(|i| i.ends_with("/2") || i.ends_with("/3")).collect();
-        got.sort();
-        if got == vec!["o/r/2", "o/t/2", "o/t/3", "o/w/2", "o/w/3"] {
-            break;
-        }
-        // Recovery sweeps outboxes every 5 s.
-        assert!(started.elapsed() < Duration::from_secs(12), "recovery did not log the outbox: {got:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    app.settled().await;
+    // Recovery moves an outbox once its change is 5 s old (younger, it is
+    // on its way through its writer's queue).
+    app.advance(Duration::from_secs(6));
+    app.run_once("recovery").await;
+    let (events, _) = all_events(&app, 0, "").await;
+    check_order(&events);
+    let mut got: Vec<&str> = ids(&events).into_iter().filter(|i| i.ends_with("/2") || i.ends_with("/3")).collect();
+    got.sort();
+    assert_eq!(got, vec!["o/r/2", "o/t/2", "o/t/3", "o/w/2", "o/w/3"], "recovery logs the outbox left alone");
     let left = StoredDoc::from_record(app.store.get("o", "r").await.unwrap().unwrap()).unwrap();
     assert!(left.meta.outbox.is_none(), "recovery clears what it logged");
     app.stop().await;
@@ -434,7 +422,6 @@ async fn tombstones_go_after_their_retention(backend: Backend) {
     let Some(app) = TestApp::spawn_with(backend, |c| {
         c.events.retention = Duration::from_millis(500);
         c.events.tombstone_retention = Duration::from_millis(800);
-        c.txn.recovery_interval = Duration::from_millis(100);
     })
     .await
     else {
@@ -445,11 +432,16 @@ async fn tombstones_go_after_their_retention(backend: Backend) {
     let del = app.request(reqwest::Method::DELETE, "/v1/collections/t/documents/gone").send().await.unwrap();
     assert_eq!(del.status(), 204);
     assert_eq!(app.get("/v1/collections/t/documents/gone").await.status(), 410);
-    let started = Instant::now();
-    while app.get("/v1/collections/t/documents/gone").await.status() != 404 {
-        assert!(started.elapsed() < Duration::from_secs(5), "the tombstone was not purged");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    app.settled().await;
+    // Within both retentions, the tombstone stays.
+    app.run_once("ttl").await; // counts the log's changes, which the purge waits for
+    app.run_once("event_purge").await;
+    assert_eq!(app.get("/v1/collections/t/documents/gone").await.status(), 410);
+    // Past them: the deletion's event goes from the log, then the tombstone.
+    app.advance(Duration::from_secs(1));
+    app.run_once("ttl").await; // counts the log's changes, which the purge waits for
+    app.run_once("event_purge").await;
+    assert_eq!(app.get("/v1/collections/t/documents/gone").await.status(), 404, "the tombstone was not purged");
     expect(app.get("/v1/collections/t/documents/kept").await, 200).await;
     let again = create(&app, "t", "gone", json!({"n": 2})).await;
     assert_eq!(again["version"], 1);
@@ -472,25 +464,28 @@ async fn a_tombstone_stays_while_the_log_holds_its_deletion(backend: Backend) {
     let tweak = |c: &mut txgate::config::Config| {
         c.events.retention = Duration::from_millis(500);
         c.events.tombstone_retention = Duration::from_millis(500);
-        c.txn.recovery_interval = Duration::from_millis(100);
     };
     let Some(app) = crate::faulty::rigged_app(backend, tweak, rule).await else { return };
     create(&app, "t", "gone", json!({"n": 1})).await;
     let del = app.request(reqwest::Method::DELETE, "/v1/collections/t/documents/gone").send().await.unwrap();
     assert_eq!(del.status(), 204);
-    // Many purge passes past both retentions: the tombstone stays.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Purge passes past both retentions whose log purge fails: the
+    // tombstone stays.
+    app.settled().await;
+    app.advance(Duration::from_secs(1));
+    app.run_once("ttl").await; // counts the log's changes, which the purge waits for
+    for _ in 0..3 {
+        assert!(app.try_run_once("event_purge").await.is_err(), "the log's purge fails here");
+    }
     assert_eq!(app.get("/v1/collections/t/documents/gone").await.status(), 410, "the tombstone went first");
     hold.store(false, Ordering::SeqCst);
-    let started = Instant::now();
-    while app.get("/v1/collections/t/documents/gone").await.status() != 404 {
-        assert!(started.elapsed() < Duration::from_secs(10), "the tombstone was not purged");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    app.run_once("ttl").await; // counts the log's changes, which the purge waits for
+    app.run_once("event_purge").await;
+    assert_eq!(app.get("/v1/collections/t/documents/gone").await.status(), 404, "the tombstone was not purged");
     let again = create(&app, "t", "gone", json!({"n": 2})).await;
     assert_eq!(again["version"], 1);
     // The new life's first event is in the log, with its own data.
-    let started = Instant::now();
+    app.settled().await;
     let mut after = 0u64;
     loop {
         let res = app
@@ -508,12 +503,9 @@ async fn a_tombstone_stays_while_the_log_holds_its_deletion(backend: Backend) {
         }
         let page = expect(res, 200).await;
         let found = page["items"].as_array().unwrap().iter().find(|e| e["id"] == "t/gone/1").cloned();
-        if let Some(event) = found {
-            assert_eq!(event["data"]["n"], 2, "the old life's event: {event}");
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "the new life's event was never published: {page}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let event = found.unwrap_or_else(|| panic!("the new life's event was never published: {page}"));
+        assert_eq!(event["data"]["n"], 2, "the old life's event: {event}");
+        break;
     }
     app.stop().await;
 }

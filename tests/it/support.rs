@@ -92,6 +92,9 @@ pub fn templated(store: DynStore) -> DynStore {
 pub fn test_config(store: StoreConfig) -> Config {
     let mut config = Config { store, ..Config::default() };
     config.txn.lock_wait = Duration::from_millis(300);
+    // The wall clock, moved on by `TestApp::advance` where a test needs
+    // retention, TTL or a lease to come due.
+    config.txn.clock = txgate::testing::clock::Clock::shifted();
     // Hooks go to local test receivers only.
     config.hook_guard = txgate::testing::hooks::guard::HookGuard::new("127.0.0.1:*").expect("allow pattern");
     config
@@ -104,8 +107,9 @@ pub struct TestApp {
     pub config: Config,
     shutdown: CancellationToken,
     server: Option<tokio::task::JoinHandle<()>>,
-    /// Work the gateway's requests left for after their answers.
-    follow_ups: tokio_util::task::TaskTracker,
+    /// Work the gateway's requests left for after their answers, and its
+    /// workers.
+    handles: txgate::testing::Handles,
     _store: Option<TestStore>,
 }
 
@@ -140,16 +144,36 @@ impl TestApp {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let shutdown = CancellationToken::new();
-        let (tracker, follow_ups) = tokio::sync::oneshot::channel();
+        let (tracker, handles) = tokio::sync::oneshot::channel();
         let server = {
             let (config, store, shutdown) = (config.clone(), Arc::clone(&store), shutdown.clone());
             tokio::spawn(async move {
                 txgate::testing::serve(config, store, listener, shutdown, Some(tracker)).await.expect("gateway runs");
             })
         };
-        let follow_ups = follow_ups.await.expect("the gateway starts");
+        let handles = handles.await.expect("the gateway starts");
         let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client");
-        Self { base, client, store, config, shutdown, server: Some(server), follow_ups, _store: keep }
+        Self { base, client, store, config, shutdown, server: Some(server), handles, _store: keep }
+    }
+
+    /// One whole pass of the gateway's worker `name` (`recovery`,
+    /// `deliveries`, `subscriptions`, `ttl`, `purge`, `event_purge`,
+    /// `index_builds`), now: what a test waits for instead of the next one.
+    pub async fn run_once(&self, name: &str) {
+        if let Err(err) = self.try_run_once(name).await {
+            panic!("a pass of {name} failed: {err}");
+        }
+    }
+
+    /// [`Self::run_once`], for a pass the test expects to fail.
+    pub async fn try_run_once(&self, name: &str) -> txgate_store::StoreResult<()> {
+        self.handles.run_once(name).await
+    }
+
+    /// Move the gateway's clock on by `by`: retention, TTL ages and leases
+    /// come due as if that much time had passed.
+    pub fn advance(&self, by: Duration) {
+        assert!(self.config.txn.clock.advance(by), "the gateway's clock is not the tests' shifted one");
     }
 
     /// Wait until the work this gateway's requests left for after their
@@ -157,7 +181,7 @@ impl TestApp {
     /// log, a commit is rolled forward.
     pub async fn settled(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.follow_ups.is_empty() {
+        while !self.handles.follow_ups.is_empty() {
             assert!(Instant::now() < deadline, "the gateway's follow-up work never ended");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
