@@ -35,6 +35,7 @@ pub(crate) const QUIET_WAIT: Duration = Duration::from_secs(5);
 #[derive(Clone, Default)]
 pub(crate) struct FollowUps {
     tasks: TaskTracker,
+    running: Arc<Running>,
     tickets: Arc<Tickets>,
     /// Held shared by each of this instance's writes from before it
     /// changes what a reader sees until its follow-ups are ticketed;
@@ -48,6 +49,32 @@ pub(crate) type Writing = OwnedRwLockReadGuard<()>;
 /// No write of this instance under way or starting, and every settled
 /// follow-up finished, while held ([`FollowUps::quiesce`]).
 pub(crate) type Quiet = OwnedRwLockWriteGuard<()>;
+
+/// How many follow-ups are under way, and a wake-up when one ends: what
+/// [`FollowUps::idle`] waits on.
+#[derive(Default)]
+struct Running {
+    count: std::sync::atomic::AtomicUsize,
+    ended: Notify,
+}
+
+/// One follow-up under way; counted until dropped (finished, failed or
+/// cancelled alike).
+struct Underway(Arc<Running>);
+
+impl Underway {
+    fn start(running: &Arc<Running>) -> Self {
+        running.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(Arc::clone(running))
+    }
+}
+
+impl Drop for Underway {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.ended.notify_waiters();
+    }
+}
 
 #[derive(Default)]
 struct Tickets {
@@ -79,7 +106,8 @@ impl Drop for Ticket {
 }
 
 impl FollowUps {
-    /// Every follow-up, settled or not: closed and waited for at shutdown.
+    /// Every follow-up, settled or not: closed and waited for at shutdown
+    /// (spawned through [`Self::spawn`] and [`Self::spawn_settled`] only).
     pub(crate) fn tasks(&self) -> &TaskTracker {
         &self.tasks
     }
@@ -92,7 +120,12 @@ impl FollowUps {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        self.tasks.spawn(work)
+        let underway = Underway::start(&self.running);
+        self.tasks.spawn(async move {
+            let out = work.await;
+            drop(underway);
+            out
+        })
     }
 
     /// Work that puts events in the log: readers of this instance settle
@@ -102,10 +135,25 @@ impl FollowUps {
         F: Future<Output = ()> + Send + 'static,
     {
         let ticket = self.ticket();
-        self.tasks.spawn(async move {
+        self.spawn(async move {
             work.await;
             drop(ticket);
         });
+    }
+
+    /// Until no follow-up of this instance is under way, however it was
+    /// spawned ([`Self::spawn`], [`Self::spawn_settled`]): what a test
+    /// waits for before it reads what an answer left behind.
+    pub(crate) async fn idle(&self) {
+        loop {
+            let ended = self.running.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if self.running.count.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                return;
+            }
+            ended.await;
+        }
     }
 
     /// A ticket for settled work that runs in a task spawned earlier (a

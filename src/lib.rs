@@ -309,7 +309,7 @@ pub(crate) async fn serve(
     let mut running = Vec::new();
     let listed = workers_of(&app, &config, sender);
     if let Some(handles) = handles {
-        let _ = handles.send(testing::Handles { follow_ups: app.txns.tasks().clone(), workers: listed.clone() });
+        let _ = handles.send(testing::Handles { follow_ups: app.txns.follow_ups().clone(), workers: listed.clone() });
     }
     for worker in listed {
         let span = tracing::info_span!("worker", name = worker.name());

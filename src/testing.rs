@@ -21,11 +21,16 @@ pub async fn serve(
 /// What a test drives a running gateway by instead of sleeping.
 pub struct Handles {
     /// The work requests leave for after their answers.
-    pub follow_ups: tokio_util::task::TaskTracker,
+    pub(crate) follow_ups: crate::follow_ups::FollowUps,
     pub(crate) workers: Vec<std::sync::Arc<dyn crate::worker::Worker>>,
 }
 
 impl Handles {
+    /// Until no work a request left for after its answer is under way.
+    pub async fn idle(&self) {
+        self.follow_ups.idle().await;
+    }
+
     /// One whole pass of the worker called `name` (`recovery`,
     /// `deliveries`, `subscriptions`, `ttl`, `purge`, `event_purge`,
     /// `index_builds`), now.
@@ -78,6 +83,11 @@ pub mod http {
     pub mod error {
         pub use crate::http::error::ProblemCode;
     }
+}
+
+pub mod indexes {
+    /// How long a new declaration waits before its build starts.
+    pub use crate::indexes::GRACE;
 }
 
 pub mod keys {

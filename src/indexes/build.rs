@@ -63,6 +63,7 @@ impl Indexes {
                         }
                     }
                     this.running.lock().expect("running builds").remove(&key);
+                    this.built.notify_waiters();
                     // A lane no build holds or waits for is let go.
                     let mut lanes = this.lanes.lock().expect("build lanes");
                     lanes.retain(|_, lane| Arc::strong_count(lane) > 1);
@@ -70,6 +71,20 @@ impl Indexes {
             }
         }
         Ok(())
+    }
+
+    /// Until no build of this instance is running (each has finished,
+    /// failed or stopped).
+    pub(crate) async fn builds_idle(&self) {
+        loop {
+            let built = self.built.notified();
+            tokio::pin!(built);
+            built.as_mut().enable();
+            if self.running.lock().expect("running builds").is_empty() {
+                return;
+            }
+            built.await;
+        }
     }
 
     /// Wait for the builds running to stop (they stop at `stop`).
@@ -554,10 +569,13 @@ impl crate::worker::Worker for Builds {
     }
 
     /// A pass without the grace a new declaration waits out in `run`
-    /// (a build still checks that grace against the clock).
+    /// (a build still checks that grace against the clock), ended when
+    /// every build it started, or found running, has ended.
     async fn run_once(&self) -> StoreResult<()> {
         self.indexes.separate_shared().await?;
-        self.indexes.pass(&CancellationToken::new()).await
+        self.indexes.pass(&CancellationToken::new()).await?;
+        self.indexes.builds_idle().await;
+        Ok(())
     }
 
     async fn run(self: Arc<Self>, stop: CancellationToken) {

@@ -56,7 +56,7 @@ const FORMAT: i64 = 1;
 pub(crate) const CACHE_TTL: Duration = Duration::from_secs(1);
 /// How long a build waits after its declaration before it checks the
 /// documents: every instance's cache has seen the index by then.
-pub(crate) const GRACE: Duration = Duration::from_secs(3);
+pub const GRACE: Duration = Duration::from_secs(3);
 /// How long a builder holds a build without renewing its lease.
 const LEASE: Duration = Duration::from_secs(30);
 /// Records one build step checks or indexes.
@@ -228,6 +228,8 @@ pub struct Indexes {
     /// The builds this instance runs (by declaration key), each a task of
     /// its own.
     running: Mutex<std::collections::HashSet<String>>,
+    /// Wakes [`Indexes::builds_idle`] when a build of this instance ends.
+    built: tokio::sync::Notify,
     /// One lane per collection: its builds run one after another.
     lanes: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The turn a build holds for one step and its rest: taken in the
@@ -293,6 +295,7 @@ impl Indexes {
             instance,
             wake: tokio::sync::Notify::new(),
             running: Mutex::default(),
+            built: tokio::sync::Notify::new(),
             lanes: Mutex::default(),
             turn: tokio::sync::Mutex::new(()),
             tasks: tokio_util::task::TaskTracker::new(),

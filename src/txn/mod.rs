@@ -193,6 +193,11 @@ impl Transactions {
         self.follow_ups.tasks()
     }
 
+    /// Until no background work of this engine is under way.
+    pub async fn idle(&self) {
+        self.follow_ups.idle().await;
+    }
+
     /// The follow-ups of answers (docs/design.md §3), shared with the
     /// single-document service and the log's readers.
     pub(crate) fn follow_ups(&self) -> &FollowUps {

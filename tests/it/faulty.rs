@@ -34,11 +34,13 @@ pub enum Fault {
 }
 
 /// What a rule does with one operation.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub enum Act {
     Pass,
-    /// Wait, then carry it out.
+    /// Wait, then carry it out (a slow store).
     Delay(Duration),
+    /// Say so at the gate, wait until the test opens it, then carry it out.
+    Hold(Arc<Gate>),
     /// Never answer.
     Hang,
     /// Fail without reaching the store.
@@ -54,6 +56,50 @@ pub struct Op<'a> {
     pub id: Option<&'a str>,
     /// The fields a conditional update sets.
     pub set: Option<&'a Document>,
+}
+
+/// Where [`Act::Hold`] holds operations: a test waits until one has
+/// reached it ([`Gate::reached`]), looks, then lets them go ([`Gate::open`]).
+#[derive(Debug, Default)]
+pub struct Gate {
+    reached: AtomicBool,
+    opened: AtomicBool,
+    moved: tokio::sync::Notify,
+}
+
+impl Gate {
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    /// Until an operation has reached the gate.
+    pub async fn reached(&self) {
+        self.until(|g| g.reached.load(Ordering::SeqCst)).await;
+    }
+
+    /// Lets every held operation go on, and every later one through.
+    pub fn open(&self) {
+        self.opened.store(true, Ordering::SeqCst);
+        self.moved.notify_waiters();
+    }
+
+    async fn pass(&self) {
+        self.reached.store(true, Ordering::SeqCst);
+        self.moved.notify_waiters();
+        self.until(|g| g.opened.load(Ordering::SeqCst)).await;
+    }
+
+    async fn until(&self, holds: impl Fn(&Self) -> bool) {
+        loop {
+            let moved = self.moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            if holds(self) {
+                return;
+            }
+            moved.await;
+        }
+    }
 }
 
 type Rule = Box<dyn FnMut(&Op) -> Act + Send>;
@@ -74,6 +120,9 @@ pub struct Faults {
     unsynced: Mutex<Vec<(String, String, Option<Record>)>>,
     /// Operations past the gate and not finished.
     in_flight: AtomicUsize,
+    /// Wakes [`Faults::died`] and [`Faults::stop`]: an operation ended, or
+    /// the process died.
+    moved: tokio::sync::Notify,
     /// No operation starts any more (a crash is under way).
     stopping: AtomicBool,
     /// Orders writes when a crash is to lose the unsynced ones.
@@ -107,11 +156,12 @@ pub async fn rigged_app(
 }
 
 /// Counts an operation in flight until it ends, or is dropped.
-struct InFlight<'a>(&'a AtomicUsize);
+struct InFlight<'a>(&'a Faults);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.moved.notify_waiters();
     }
 }
 
@@ -133,6 +183,7 @@ impl Faults {
             crashed: AtomicBool::new(false),
             unsynced: Mutex::default(),
             in_flight: AtomicUsize::new(0),
+            moved: tokio::sync::Notify::new(),
             stopping: AtomicBool::new(false),
             serial: tokio::sync::Mutex::new(()),
         }
@@ -140,8 +191,24 @@ impl Faults {
 
     /// Resolves once the simulated process has died.
     pub async fn died(&self) {
-        while !self.crashed.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        self.until(|f| f.crashed.load(Ordering::SeqCst)).await;
+    }
+
+    /// The simulated process dies here.
+    fn die(&self) {
+        self.crashed.store(true, Ordering::SeqCst);
+        self.moved.notify_waiters();
+    }
+
+    async fn until(&self, holds: impl Fn(&Self) -> bool) {
+        loop {
+            let moved = self.moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            if holds(self) {
+                return;
+            }
+            moved.await;
         }
     }
 
@@ -190,9 +257,7 @@ impl Faults {
     /// so that nothing it sent lands after whoever takes over has looked.
     async fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
-        while self.in_flight.load(Ordering::SeqCst) > 1 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        self.until(|f| f.in_flight.load(Ordering::SeqCst) <= 1).await;
     }
 
     async fn gate<T>(&self, below: &dyn Store, run: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
@@ -201,7 +266,7 @@ impl Faults {
         }
         let n = self.count.fetch_add(1, Ordering::SeqCst) + 1;
         self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let _counted = InFlight(&self.in_flight);
+        let _counted = InFlight(self);
         self.gated(below, n, run).await
     }
 
@@ -214,13 +279,13 @@ impl Faults {
             }
             Fault::Crash(k) if k == n => {
                 self.stop().await;
-                self.crashed.store(true, Ordering::SeqCst);
+                self.die();
                 std::future::pending().await
             }
             Fault::CrashAfter(k) if k == n => {
                 let _ = run.await;
                 self.stop().await;
-                self.crashed.store(true, Ordering::SeqCst);
+                self.die();
                 std::future::pending().await
             }
             Fault::CrashLosingUnsynced(k) if k == n => {
@@ -228,7 +293,7 @@ impl Faults {
                 self.stop().await;
                 // Then the unsynced suffix is lost.
                 self.lose_unsynced(below).await;
-                self.crashed.store(true, Ordering::SeqCst);
+                self.die();
                 std::future::pending().await
             }
             _ => run.await,
@@ -286,6 +351,10 @@ impl Faults {
             Act::Pass => run.await,
             Act::Delay(d) => {
                 tokio::time::sleep(d).await;
+                run.await
+            }
+            Act::Hold(gate) => {
+                gate.pass().await;
                 run.await
             }
             Act::Hang => std::future::pending().await,

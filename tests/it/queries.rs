@@ -63,7 +63,10 @@ pub(crate) async fn settled_index(app: &TestApp, coll: &str, name: &str) -> Valu
             return index;
         }
         assert!(Instant::now() < deadline, "index {name} still building: {index}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Past the grace a new declaration waits out, then a whole pass of
+        // the builder, its builds included.
+        app.advance(txgate::testing::indexes::GRACE);
+        app.run_once("index_builds").await;
     }
 }
 
@@ -1024,18 +1027,17 @@ async fn a_document_a_transaction_holds_is_queried_as_committed(backend: Backend
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 
-    use crate::faulty::{Act, Op, rigged_app};
+    use crate::faulty::{Act, Gate, Op, rigged_app};
 
-    let (armed, reached) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let (armed, gate) = (Arc::new(AtomicBool::new(false)), Gate::new());
     let rule = {
-        let (armed, reached) = (Arc::clone(&armed), Arc::clone(&reached));
+        let (armed, gate) = (Arc::clone(&armed), Arc::clone(&gate));
         move |op: &Op| {
             let commit = op.coll == "_txns"
                 && op.kind == "update"
                 && op.set.is_some_and(|set| set.get_str("status") == Ok("committed"));
             if commit && armed.swap(false, AtomicOrdering::SeqCst) {
-                reached.store(true, AtomicOrdering::SeqCst);
-                return Act::Delay(Duration::from_millis(1500));
+                return Act::Hold(Arc::clone(&gate));
             }
             Act::Pass
         }
@@ -1056,11 +1058,7 @@ async fn a_document_a_transaction_holds_is_queried_as_committed(backend: Backend
             expect(app.post("/v1/transactions", &body).await, 200).await
         })
     };
-    let deadline = Instant::now() + WAIT;
-    while !reached.load(AtomicOrdering::SeqCst) {
-        assert!(Instant::now() < deadline, "the transaction never reached its commit point");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    tokio::time::timeout(WAIT, gate.reached()).await.expect("the transaction reaches its commit point");
     // Held, not committed: as before.
     let page = expect(query(&app, "h", &json!({"filter": {"s": "old"}})).await, 200).await;
     let items = page["items"].as_array().unwrap();
@@ -1080,6 +1078,7 @@ async fn a_document_a_transaction_holds_is_queried_as_committed(backend: Backend
     assert_eq!(count(Some(json!({"s": {"$ne": "other"}}))).await, 2);
     assert_eq!(count(Some(json!({"s": "old"}))).await, 2);
     assert!(!txn.is_finished(), "the transaction answered before the pages were read");
+    gate.open();
     txn.await.unwrap();
     let page = expect(query(&app, "h", &json!({"filter": {"s": "new"}})).await, 200).await;
     let items = page["items"].as_array().unwrap();

@@ -110,7 +110,35 @@ pub struct TestApp {
     /// Work the gateway's requests left for after their answers, and its
     /// workers.
     handles: txgate::testing::Handles,
+    /// Wakes [`TestApp::until`] after each write to the store.
+    writes: Arc<txgate_store::layer::Layered<Writes>>,
     _store: Option<TestStore>,
+}
+
+/// How long [`TestApp::until`] waits for what it waits for.
+pub const UNTIL: Duration = Duration::from_secs(30);
+
+/// A store layer that wakes its waiters after every write that reached the
+/// store below (whatever its outcome): what [`TestApp::until`] re-checks
+/// its condition on, instead of a timer.
+#[derive(Default)]
+pub struct Writes {
+    written: tokio::sync::Notify,
+}
+
+impl txgate_store::layer::Layer for Writes {
+    async fn around<T: Send>(
+        &self,
+        _below: &dyn txgate_store::Store,
+        op: &txgate_store::layer::Op<'_>,
+        run: impl std::future::Future<Output = txgate_store::StoreResult<T>> + Send,
+    ) -> txgate_store::StoreResult<T> {
+        let out = run.await;
+        if op.writes > 0 || op.durability.is_some() {
+            self.written.notify_waiters();
+        }
+        out
+    }
 }
 
 impl TestApp {
@@ -141,6 +169,8 @@ impl TestApp {
                     .try_init();
             }
         });
+        let writes = Arc::new(txgate_store::layer::Layered::new(store, Writes::default()));
+        let store: DynStore = Arc::clone(&writes) as DynStore;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let shutdown = CancellationToken::new();
@@ -153,7 +183,7 @@ impl TestApp {
         };
         let handles = handles.await.expect("the gateway starts");
         let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client");
-        Self { base, client, store, config, shutdown, server: Some(server), handles, _store: keep }
+        Self { base, client, store, config, shutdown, server: Some(server), handles, writes, _store: keep }
     }
 
     /// One whole pass of the gateway's worker `name` (`recovery`,
@@ -170,6 +200,27 @@ impl TestApp {
         self.handles.run_once(name).await
     }
 
+    /// Until `holds` answers `true`, checked now and again after each write
+    /// that reaches the gateway's store (its own, its workers' and the
+    /// test's through [`Self::store`]); at most [`UNTIL`], then a failure
+    /// naming `what`.
+    pub async fn until(&self, what: &str, mut holds: impl AsyncFnMut() -> bool) {
+        let wait = async {
+            loop {
+                let written = self.writes.layer().written.notified();
+                tokio::pin!(written);
+                written.as_mut().enable();
+                if holds().await {
+                    return;
+                }
+                written.await;
+            }
+        };
+        if tokio::time::timeout(UNTIL, wait).await.is_err() {
+            panic!("{what}: not within {UNTIL:?}");
+        }
+    }
+
     /// Move the gateway's clock on by `by`: retention, TTL ages and leases
     /// come due as if that much time had passed.
     pub fn advance(&self, by: Duration) {
@@ -180,11 +231,8 @@ impl TestApp {
     /// answers is done: an event a single write sent on its way is in the
     /// log, a commit is rolled forward.
     pub async fn settled(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.handles.follow_ups.is_empty() {
-            assert!(Instant::now() < deadline, "the gateway's follow-up work never ended");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let idle = tokio::time::timeout(Duration::from_secs(20), self.handles.idle()).await;
+        assert!(idle.is_ok(), "the gateway's follow-up work never ended");
     }
 
     pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
@@ -569,7 +617,10 @@ pub async fn all_events(app: &TestApp, after: u64, extra: &str) -> (Vec<Value>, 
                 return (out, next);
             }
             assert!(Instant::now() < deadline, "the log never reached its head {head}: stuck at {next}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // A position taken and never filled (its writer failed): once
+            // this gateway's own work is done, only its gap timeout closes it.
+            app.settled().await;
+            app.advance(app.config.events.gap_timeout + app.config.events.clock_skew + Duration::from_millis(1));
         }
         out.extend(items);
     }

@@ -50,19 +50,17 @@ async fn read(app: &TestApp, coll: &str, id: &str) -> (u16, Value) {
 
 /// No document of `ids` in `coll` is left locked (checked in the store).
 async fn assert_unlocked(app: &TestApp, coll: &str, ids: &[&str]) {
-    for _ in 0..100 {
-        let mut locked = false;
+    app.until(&format!("documents of {coll} {ids:?} unlocked"), async || {
         for id in ids {
             if let Some(rec) = app.store.get(coll, id).await.unwrap() {
-                locked |= StoredDoc::from_record(rec).unwrap().meta.txn.is_some();
+                if StoredDoc::from_record(rec).unwrap().meta.txn.is_some() {
+                    return false;
+                }
             }
         }
-        if !locked {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("documents of {coll} {ids:?} are still locked");
+        true
+    })
+    .await;
 }
 
 async fn commit_applies_every_kind_of_action(backend: Backend) {
@@ -520,16 +518,10 @@ async fn a_waiting_transaction_holds_only_locks_below_the_one_it_waits_for(backe
             StoredDoc::from_record(rec).unwrap().meta.txn
         }
     };
-    let mut seen = false;
-    for _ in 0..200 {
-        let (a, c) = (holder_of("a").await, holder_of("c").await);
-        if a.is_some() && c.is_none() {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(seen, "a locked and c free while the transaction waits for b");
+    app.until("a locked and c free while the transaction waits for b", async || {
+        holder_of("a").await.is_some() && holder_of("c").await.is_none()
+    })
+    .await;
     assert_ne!(holder_of("a").await.as_deref(), Some(older.as_str()));
     assert_eq!(holder_of("b").await.as_deref(), Some(older.as_str()), "the older holder is not wounded");
     // The older holder aborts: the waiter takes b, then c, and commits.
@@ -557,26 +549,31 @@ async fn a_wounded_transaction_is_retried_with_its_age(backend: Backend) {
     let body = json!({"actions": [{"op": "update", "collection": "acc", "id": "a", "inc": {"n": 1}}]});
     let txn = tokio::spawn(async move { expect(client.post(T, &body).await, 200).await });
     // The transaction waits for the older holder; find its record.
-    let mut first = None;
-    for _ in 0..200 {
+    let pending = async |but: &[&str]| {
         let page = expect(app.get(&format!("{T}?status=pending")).await, 200).await;
-        first = page["items"]
+        page["items"]
             .as_array()
             .unwrap()
             .iter()
             .map(|r| r["id"].as_str().unwrap().to_owned())
-            .find(|id| *id != older);
-        if first.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let first = first.expect("the waiting transaction has a pending record");
+            .find(|id| !but.contains(&id.as_str()))
+    };
+    let mut first = None;
+    app.until("the waiting transaction has a pending record", async || {
+        first = pending(&[&older]).await;
+        first.is_some()
+    })
+    .await;
+    let first = first.expect("found");
     // Another instance's older transaction wounds it (as a store write, so
     // no in-process signal helps).
     let set = doc! {"status": "aborted", "abort_reason": "wounded"};
     assert!(app.store.update(TXNS, &first, doc! {"status": "pending"}, Update::set(set)).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // It sees the wound and waits again as a new attempt.
+    app.until("the wounded transaction waits again as a new attempt", async || {
+        pending(&[&older, &first]).await.is_some()
+    })
+    .await;
     // Then the holder goes away; the retry commits.
     let set = doc! {"status": "aborted", "abort_reason": "test"};
     assert!(app.store.update(TXNS, &older, doc! {"status": "pending"}, Update::set(set)).await.unwrap());

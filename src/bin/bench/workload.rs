@@ -2,7 +2,6 @@
 //! accounts seeded for it, and waiting for the engine's background work.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use txgate::testing::document::StoredDoc;
 use txgate::testing::document::rules::Patch;
@@ -46,8 +45,5 @@ pub async fn seed(store: &DynStore, coll: &str, count: usize) {
 
 /// Until the engine runs no background roll-forward.
 pub async fn wait_idle(engine: &Arc<Transactions>) {
-    // Background roll-forwards are tracked; wait until none is running.
-    while !engine.tasks().is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    engine.idle().await;
 }

@@ -147,7 +147,7 @@ pub(crate) async fn create_transaction(
     let txns = Arc::clone(&state.txns);
     let submitted = state
         .txns
-        .tasks()
+        .follow_ups()
         .spawn(async move {
             let mut submitted = txns.submit(&plan, keyed.as_ref()).await;
             // A refusal's answer, kept for its key before it is given.
