@@ -416,7 +416,8 @@ impl Worker for Sender {
     }
 
     /// Find the due deliveries, release the successors a crash left
-    /// waiting, and send every delivery due now, each to its end.
+    /// waiting, and send every delivery due now, each to its end; ended
+    /// once the attempts [`Worker::run`] has in flight have ended too.
     async fn run_once(&self) -> StoreResult<()> {
         self.scan().await?;
         // A sweep that fails answers where it started: stop there.
@@ -427,6 +428,9 @@ impl Worker for Sender {
         for id in self.hooks.queue.pop_due(self.hooks.clock.now().timestamp_millis(), usize::MAX) {
             self.claim_and_send(&id).await;
         }
+        // Every permit free: no attempt in flight.
+        let all = u32::try_from(self.cfg.concurrency.max(1)).unwrap_or(u32::MAX);
+        drop(self.permits.acquire_many(all).await);
         Ok(())
     }
 

@@ -291,7 +291,9 @@ pub(crate) async fn backup(
     let Some(dir) = &state.backups.dir else { return Err(unsupported()) };
     let running = state.backups.claim()?;
     state.backups.check_space(dir)?;
-    let dest = dir.join(backup_name(time::OffsetDateTime::now_utc(), rand::random()));
+    let at = state.txns.config().clock.now().timestamp_millis();
+    let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(at) * 1_000_000).map_err(ApiError::internal)?;
+    let dest = dir.join(backup_name(at, rand::random()));
     tracing::info!(path = %dest.display(), "backup started");
     let store = Arc::clone(&state.store);
     // In the request's span: its end is logged as part of the request.

@@ -35,6 +35,8 @@ fn doc_data(n: usize) -> Value {
 /// to stop: the order of `acked` is the history's.
 struct Writer {
     acked: Arc<Mutex<Vec<String>>>,
+    /// Wakes [`Writer::until_acked`] after each acknowledged create.
+    pushed: Arc<tokio::sync::Notify>,
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -43,9 +45,10 @@ impl Writer {
     fn start(app: &TestApp) -> Self {
         let (client, url) = (app.client.clone(), format!("{}/v1/collections/{COLL}/documents", app.base));
         let acked = Arc::new(Mutex::new(Vec::new()));
+        let pushed = Arc::new(tokio::sync::Notify::new());
         let stop = Arc::new(AtomicBool::new(false));
         let task = {
-            let (acked, stop) = (Arc::clone(&acked), Arc::clone(&stop));
+            let (acked, pushed, stop) = (Arc::clone(&acked), Arc::clone(&pushed), Arc::clone(&stop));
             tokio::spawn(async move {
                 for n in 1.. {
                     if stop.load(Ordering::SeqCst) {
@@ -57,10 +60,11 @@ impl Writer {
                     let status = res.status().as_u16();
                     assert_eq!(status, 201, "creating {}: {}", doc_id(n), res.text().await.unwrap_or_default());
                     acked.lock().unwrap().push(doc_id(n));
+                    pushed.notify_waiters();
                 }
             })
         };
-        Self { acked, stop, task }
+        Self { acked, pushed, stop, task }
     }
 
     fn acked(&self) -> usize {
@@ -69,10 +73,19 @@ impl Writer {
 
     /// Until `n` creates are acknowledged.
     async fn until_acked(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.acked() < n {
-            assert!(Instant::now() < deadline, "only {} of {n} creates acknowledged", self.acked());
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        let acked = async {
+            loop {
+                let pushed = self.pushed.notified();
+                tokio::pin!(pushed);
+                pushed.as_mut().enable();
+                if self.acked() >= n {
+                    return;
+                }
+                pushed.await;
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(30), acked).await.is_err() {
+            panic!("only {} of {n} creates acknowledged", self.acked());
         }
     }
 
@@ -284,8 +297,8 @@ async fn backups_beyond_the_number_kept_are_removed_oldest_first() {
         let answer = expect(app.request(Method::POST, BACKUP).send().await.unwrap(), 201).await;
         assert_eq!(answer["removed"], json!([]), "{answer}");
         taken.push(backup_path(&app, &answer));
-        // Names sort by the second they were taken in.
-        tokio::time::sleep(Duration::from_millis(1100)).await;
+        // Names sort by the second they were taken in (by the gateway's clock).
+        app.advance(Duration::from_secs(1));
     }
     let other = data_dir(&app).join("backups").join("copied-by-hand");
     std::fs::create_dir(&other).unwrap();

@@ -374,6 +374,10 @@ struct Behaviour {
     script: std::collections::VecDeque<(u16, Vec<(&'static str, String)>)>,
     /// How long to take over each answer.
     delay: Duration,
+    /// Requests that have arrived (answered or not).
+    arrived: usize,
+    /// Wakes [`TestReceiver::arrived`] as each one arrives.
+    arrival: Arc<tokio::sync::Notify>,
 }
 
 /// A webhook receiver (axum on `127.0.0.1:0`): records every request in a
@@ -399,6 +403,8 @@ impl TestReceiver {
             let body = axum::body::to_bytes(body, usize::MAX).await.unwrap_or_default();
             let (answer, delay) = {
                 let mut b = behaviour.lock().unwrap();
+                b.arrived += 1;
+                b.arrival.notify_waiters();
                 (b.script.pop_front().unwrap_or((200, Vec::new())), b.delay)
             };
             tokio::time::sleep(delay).await;
@@ -452,6 +458,26 @@ impl TestReceiver {
     }
 
     /// The next request, waiting up to `within`.
+    /// Until `n` requests have arrived, answered or not (a slow receiver's
+    /// are still being answered).
+    pub async fn arrived(&self, n: usize, within: Duration) {
+        let arrival = Arc::clone(&self.behaviour.lock().unwrap().arrival);
+        let arrived = async {
+            loop {
+                let next = arrival.notified();
+                tokio::pin!(next);
+                next.as_mut().enable();
+                if self.behaviour.lock().unwrap().arrived >= n {
+                    return;
+                }
+                next.await;
+            }
+        };
+        if tokio::time::timeout(within, arrived).await.is_err() {
+            panic!("{} of {n} requests arrived", self.behaviour.lock().unwrap().arrived);
+        }
+    }
+
     pub async fn next(&self, within: Duration) -> Received {
         tokio::time::timeout(within, self.rx.lock().await.recv())
             .await
