@@ -132,11 +132,11 @@ async fn a_build_over_documents_that_break_the_rule_fails_naming_them(backend: B
     assert_eq!(names, ["other"]);
 }
 
-/// Holds back, once armed, the first scan of collection `w` (an index
-/// build's first read of the documents), so writes surely go on during
-/// the build however fast the build is. Everything else goes down as it
-/// came, chains whole.
-struct HoldFirstScan(AtomicBool);
+/// Holds back at its gate, once armed, the first step of an index build
+/// on collection `w` (its index declared to the store, its documents not
+/// yet all in it), so writes surely go on during the build however fast
+/// the build is. Everything else goes down as it came, chains whole.
+struct HoldFirstScan(AtomicBool, Arc<crate::faulty::Gate>);
 
 impl Layer for HoldFirstScan {
     async fn around<T: Send>(
@@ -145,8 +145,8 @@ impl Layer for HoldFirstScan {
         op: &StoreOp<'_>,
         run: impl Future<Output = StoreResult<T>> + Send,
     ) -> StoreResult<T> {
-        if op.name == "scan" && op.coll == "w" && self.0.swap(false, Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(1500)).await;
+        if op.name == "build_index_step" && op.coll == "w" && self.0.swap(false, Ordering::SeqCst) {
+            self.1.pass().await;
         }
         run.await
     }
@@ -154,9 +154,10 @@ impl Layer for HoldFirstScan {
 
 async fn an_index_built_while_writes_go_on_holds_every_document(backend: Backend) {
     let Some(ts) = TestStore::new(backend).await else { return };
-    let hold = Arc::new(Layered::new(Arc::clone(&ts.store), HoldFirstScan(AtomicBool::new(false))));
+    let gate = crate::faulty::Gate::new();
+    let hold = Arc::new(Layered::new(Arc::clone(&ts.store), HoldFirstScan(AtomicBool::new(false), Arc::clone(&gate))));
     let store: DynStore = hold.clone();
-    let app = TestApp::on_store(test_config(ts.config.clone()), store, Some(ts)).await;
+    let app = Arc::new(TestApp::on_store(test_config(ts.config.clone()), store, Some(ts)).await);
     // Enough documents for several build steps (the embedded store's);
     // fewer on a MongoDB-wire server, which builds in one command.
     let n = if backend == Backend::Embedded { 3000 } else { 300 };
@@ -171,12 +172,23 @@ async fn an_index_built_while_writes_go_on_holds_every_document(backend: Backend
     }
     hold.layer().0.store(true, Ordering::SeqCst);
     put_index(&app, "w", "g_v", &["g", "-v"]).await;
+    // Past the grace, a pass of the builder (ended with its build), held at
+    // the build's first read until some writes have gone on.
+    app.advance(txgate::testing::indexes::GRACE);
+    let pass = {
+        let app = Arc::clone(&app);
+        tokio::spawn(async move { app.run_once("index_builds").await })
+    };
+    tokio::time::timeout(WAIT, gate.reached()).await.expect("the build reaches its first step");
     // Writes go on while the index builds: updates, deletes, inserts.
     let mut model: BTreeMap<String, (i64, i64)> =
         (0..n).map(|k| (format!("w{k:05}"), ((k % 7) as i64, k as i64))).collect();
     let mut written = 0;
     let started = Instant::now();
     loop {
+        if written == 20 {
+            gate.open();
+        }
         let k = (written * 37) % n;
         let id = format!("w{k:05}");
         match written % 3 {
@@ -205,9 +217,11 @@ async fn an_index_built_while_writes_go_on_holds_every_document(backend: Backend
             assert_eq!(index["state"], "ready", "{index}");
             break;
         }
+        assert!(written <= 20 || !pass.is_finished(), "the pass ended with the index still building: {index}");
         assert!(started.elapsed() < WAIT, "the build never ended");
     }
-    assert!(written > 3, "writes went on during the build");
+    assert!(written > 20, "writes went on during the build");
+    pass.await.unwrap();
     // Every group answers exactly the model.
     let mut rng = StdRng::seed_from_u64(7);
     for g in 0..7 {
@@ -367,33 +381,32 @@ async fn a_build_waits_for_transactions_in_flight_at_its_declaration(backend: Ba
         })
     };
     // The transaction is in flight (its member `a` staged, `slow` held).
-    let started = Instant::now();
-    loop {
+    app.until("the transaction staged its member a", async || {
         let listed = expect(app.get("/v1/transactions?status=pending").await, 200).await;
-        if !listed["items"].as_array().unwrap().is_empty() {
-            break;
-        }
-        assert!(started.elapsed() < WAIT, "the transaction never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+        !listed["items"].as_array().unwrap().is_empty() && app.store.get("race", "a").await.unwrap().is_some()
+    })
+    .await;
     let resp =
         app.send_json(Method::PUT, "/v1/collections/race/indexes/u", &json!({"fields": ["u"], "unique": true})).await;
     assert_eq!(resp.status(), 201);
-    // Past the wait before a build starts: the build waits for it.
-    let started = Instant::now();
-    loop {
+    // Past the wait before a build starts: the build waits for it, and
+    // says so.
+    app.advance(txgate::testing::indexes::GRACE);
+    let pass = {
+        let app = Arc::clone(&app);
+        tokio::spawn(async move { app.run_once("index_builds").await })
+    };
+    app.until("the build waits for the transaction", async || {
         let index = expect(app.get("/v1/collections/race/indexes/u").await, 200).await;
         assert_eq!(index["state"], "building", "the build went on over a transaction in flight: {index}");
-        if index["progress"]["phase"] == "waiting" && started.elapsed() > Duration::from_secs(1) {
-            break;
-        }
-        assert!(started.elapsed() < WAIT, "the build never waited: {index}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        index["progress"]["phase"] == "waiting"
+    })
+    .await;
+    assert!(!pass.is_finished(), "the pass ended while its build waits");
     hold.layer().armed.store(false, Ordering::SeqCst);
     hold.layer().released.notify_waiters();
     let status = txn.await.unwrap();
+    pass.await.unwrap();
     let index = settled_index(&app, "race", "u").await;
     if status == 200 {
         // Committed: `a` and `x` share the value, and the build says so.
@@ -412,31 +425,23 @@ async fn a_build_waits_for_transactions_in_flight_at_its_declaration(backend: Ba
 /// TTL expiry leaves a tombstone, as a delete does, and frees the values
 /// the document held at once (not after a claim's grace).
 async fn an_expired_document_gives_its_unique_values_up(backend: Backend) {
-    let tweak = |c: &mut txgate::config::Config| c.ttl_interval = Duration::from_millis(100);
+    // Expiry runs when the test says (a pass of the TTL worker).
+    let tweak = |c: &mut txgate::config::Config| c.ttl_interval = Duration::from_secs(3600);
     let Some(app) = TestApp::spawn_with(backend, tweak).await else { return };
     create(&app, "tu", "a", &json!({"email": "v@example.com"})).await;
     unique_email(&app, "tu").await;
     let ttl = app.send_json(Method::PUT, "/v1/collections/tu", &json!({"ttl": {"max_count": 1}})).await;
     expect(ttl, 200).await;
     create(&app, "tu", "b", &json!({"email": "w@example.com"})).await;
+    // Once b's event is in the log (counts are folded from it), a sweep.
+    app.settled().await;
+    app.run_once("ttl").await;
     let a = format!("{}/a", docs_path("tu"));
-    let started = Instant::now();
-    while app.get(&a).await.status() != 410 {
-        assert!(started.elapsed() < WAIT, "a never expired");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // The value is released just after the tombstone lands: well within
-    // the grace a fresh claim has (30 s).
-    let expired = Instant::now();
-    loop {
-        let resp = app.post(&docs_path("tu"), &json!({"_id": "c", "email": "v@example.com"})).await;
-        if resp.status() == 201 {
-            break;
-        }
-        let problem = expect_problem(resp, 409, "duplicate").await;
-        assert!(expired.elapsed() < Duration::from_secs(5), "still held: {problem}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert_eq!(app.get(&a).await.status(), 410, "a expired");
+    // The value is released with the tombstone, not after the grace a
+    // fresh claim has (30 s): the clock has not moved.
+    app.settled().await;
+    expect(app.post(&docs_path("tu"), &json!({"_id": "c", "email": "v@example.com"})).await, 201).await;
     let page = expect(query(&app, "tu", &json!({"filter": {"email": "v@example.com"}})).await, 200).await;
     assert_eq!(page["items"][0]["id"], "c", "{page}");
 }
@@ -697,11 +702,9 @@ async fn a_build_whose_instance_died_is_taken_over_and_ends_exact(backend: Backe
     assert!(resp.status().is_success(), "{}", resp.status());
     // The build took its lease, claimed its first batch and met the
     // failure after it.
-    let started = Instant::now();
-    while dying.layer().failed.load(Ordering::SeqCst) < 1 {
-        assert!(started.elapsed() < WAIT, "the build never started");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    a.advance(txgate::testing::indexes::GRACE);
+    a.run_once("index_builds").await;
+    assert!(dying.layer().failed.load(Ordering::SeqCst) >= 1, "the build met its failure");
     a.stop().await;
     let counting = Arc::new(Layered::new(Arc::clone(&ts.store), CountReservations::default()));
     let b = TestApp::on_store(test_config(ts.config.clone()), counting.clone(), Some(ts)).await;
@@ -914,20 +917,17 @@ async fn reservations_the_store_fails_leave_every_value_held_once(backend: Backe
     let p1 = format!("{}/p1", docs_path("r"));
     expect(app.send_json(Method::PATCH, &p1, &json!({"set": {"email": "moved"}})).await, 200).await;
     assert_eq!(fail_release.load(Ordering::SeqCst), 0, "both releases were tried and failed");
-    // What they gave up is held for at most a claim's grace, then free.
-    let deadline = Instant::now() + Duration::from_secs(45);
+    // What they gave up is held for at most a claim's grace (30 s), then free.
     for (i, value) in ["e0", "e1"].into_iter().enumerate() {
         let body = json!({"_id": format!("taker{i}"), "email": value});
-        loop {
-            let resp = app.post(&docs_path("r"), &body).await;
-            if resp.status() == 201 {
-                break;
-            }
-            let held = expect_problem(resp, 409, "duplicate").await;
-            assert_eq!(held["existing"], json!(format!("p{i}")), "{held}");
-            assert!(Instant::now() < deadline, "{value} is still held");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        let held = expect_problem(app.post(&docs_path("r"), &body).await, 409, "duplicate").await;
+        assert_eq!(held["existing"], json!(format!("p{i}")), "{held}");
+    }
+    app.advance(Duration::from_secs(31));
+    for (i, value) in ["e0", "e1"].into_iter().enumerate() {
+        let body = json!({"_id": format!("taker{i}"), "email": value});
+        let resp = app.post(&docs_path("r"), &body).await;
+        assert_eq!(resp.status(), 201, "{value} is still held past the grace: {}", resp.text().await.unwrap());
     }
     // p1 holds what it moved to.
     expect_problem(app.post(&docs_path("r"), &json!({"email": "moved"})).await, 409, "duplicate").await;
@@ -948,20 +948,22 @@ async fn a_create_that_waited_for_a_lock_keeps_an_index_declared_meanwhile(backe
     let resp = app.send_json(Method::PUT, "/v1/collections/held/indexes/t", &json!({"fields": ["t"]})).await;
     assert_eq!(resp.status(), 201);
     // Past the build's grace (it waits for the holder), the holder dies.
-    let started = Instant::now();
-    loop {
+    app.advance(txgate::testing::indexes::GRACE);
+    let pass = {
+        let app = Arc::clone(&app);
+        tokio::spawn(async move { app.run_once("index_builds").await })
+    };
+    app.until("the build waits for the holder", async || {
         let index = expect(app.get("/v1/collections/held/indexes/t").await, 200).await;
-        if index["progress"]["phase"] == "waiting" {
-            break;
-        }
         assert_eq!(index["state"], "building", "{index}");
-        assert!(started.elapsed() < WAIT, "the build never waited for the holder: {index}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        index["progress"]["phase"] == "waiting"
+    })
+    .await;
     release_holder(&app, "held").await;
     let (status, body) = waiting.await.unwrap();
     assert_eq!(status, 422, "the create wrote an array into a path indexed meanwhile: {body}");
     assert_eq!(body["code"], "invalid_change", "{body}");
+    pass.await.unwrap();
     let index = settled_index(&app, "held", "t").await;
     assert_eq!(index["state"], "ready", "{index}");
     let x = format!("{}/x", docs_path("held"));
@@ -1133,15 +1135,10 @@ async fn an_index_name_shared_by_an_earlier_release_is_separated_and_rebuilt(bac
     }
     assert_eq!(moved, 1, "sb's one value");
     let app = TestApp::on_store(test_config(ts.config.clone()), Arc::clone(&ts.store), Some(ts)).await;
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let now = physical(app.store.get("_indexes", "sb/email").await.unwrap());
-        if now != shared {
-            break;
-        }
-        assert!(Instant::now() < deadline, "sb's index was never given a name of its own");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // Its builder's first pass looks for names shared between declarations.
+    app.run_once("index_builds").await;
+    let now = physical(app.store.get("_indexes", "sb/email").await.unwrap());
+    assert_ne!(now, shared, "sb's index was given a name of its own");
     for coll in ["sa", "sb"] {
         assert_eq!(settled_index(&app, coll, "email").await["state"], "ready", "{coll}");
     }

@@ -83,7 +83,7 @@ impl Gate {
         self.moved.notify_waiters();
     }
 
-    async fn pass(&self) {
+    pub async fn pass(&self) {
         self.reached.store(true, Ordering::SeqCst);
         self.moved.notify_waiters();
         self.until(|g| g.opened.load(Ordering::SeqCst)).await;
