@@ -150,15 +150,14 @@ async fn clients_that_hang_up_leave_nothing_pending(backend: Backend) {
     // Transactions still running when their client left end within their
     // hard cap (their final writes within the store deadline); then the
     // lock bound applies.
-    let limit = app.config.txn.max_duration + app.config.txn.store_timeout + bound(&app.config);
-    loop {
-        match nothing_wedged(&app, &ids).await {
-            Ok(()) => break,
-            Err(why) if hung_up.elapsed() > limit => {
-                panic!("{why}, {:?} after the last client left", hung_up.elapsed())
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
+    let cap = app.config.txn.max_duration + app.config.txn.store_timeout;
+    let ended = tokio::time::timeout(cap + Duration::from_secs(1), app.settled()).await;
+    assert!(ended.is_ok(), "transactions ran on {:?} after the last client left", hung_up.elapsed());
+    // Past the lock bound (by the gateway's clock), a pass of recovery.
+    app.advance(bound(&app.config));
+    app.run_once("recovery").await;
+    if let Err(why) = nothing_wedged(&app, &ids).await {
+        panic!("{why}, past the lock bound after the last client left");
     }
     app.stop().await;
 }
@@ -171,19 +170,18 @@ fn sets_status(op: &Op, status: &str) -> bool {
 /// read back: 503, and a retry with the same key learns the commit from the
 /// record instead of running the transaction again.
 async fn an_unknown_outcome_keeps_the_idempotency_key(backend: Backend) {
-    // Once the commit CAS has landed, reads of `_txns` fail for a while.
-    let blind_until: Arc<Mutex<Option<Instant>>> = Arc::default();
-    let blind = Arc::clone(&blind_until);
+    // Once the commit CAS has landed, reads of `_txns` fail until the test
+    // says (`Some(false)`).
+    let blind_state: Arc<Mutex<Option<bool>>> = Arc::default();
+    let blind = Arc::clone(&blind_state);
     let rule = move |op: &Op| {
-        let mut until = blind.lock().unwrap();
-        if op.coll == TXNS && op.kind == "update" && sets_status(op, "committed") && until.is_none() {
-            *until = Some(Instant::now() + Duration::from_millis(2500));
+        let mut blind = blind.lock().unwrap();
+        if op.coll == TXNS && op.kind == "update" && sets_status(op, "committed") && blind.is_none() {
+            *blind = Some(true);
             return Act::FailAfter;
         }
-        match *until {
-            Some(t) if Instant::now() < t && op.coll == TXNS && matches!(op.kind, "get" | "get_many") => {
-                Act::FailBefore
-            }
+        match *blind {
+            Some(true) if op.coll == TXNS && matches!(op.kind, "get" | "get_many") => Act::FailBefore,
             _ => Act::Pass,
         }
     };
@@ -201,9 +199,8 @@ async fn an_unknown_outcome_keeps_the_idempotency_key(backend: Backend) {
     // While reads still fail, a retry cannot learn the outcome either.
     let early = send().await.unwrap();
     assert_ne!(early.status(), 200, "answered before the outcome could be read");
-    while blind_until.lock().unwrap().is_some_and(|t| Instant::now() < t) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Reads of the record serve again.
+    *blind_state.lock().unwrap() = Some(false);
     let res = send().await.unwrap();
     assert_eq!(res.headers().get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
     let replay = expect(res, 200).await;
@@ -217,11 +214,12 @@ async fn an_unknown_outcome_keeps_the_idempotency_key(backend: Backend) {
 /// A request whose first write stalls past the takeover age loses its key
 /// to a retry; when the stalled write lands, the original must not run.
 async fn a_key_taken_over_from_a_stalled_request_fences_it(backend: Backend) {
-    let mut stalled = false;
+    let (mut stalled, gate) = (false, crate::faulty::Gate::new());
+    let held = Arc::clone(&gate);
     let rule = move |op: &Op| {
         if op.coll == TXNS && op.kind == "insert" && !stalled {
             stalled = true;
-            return Act::Delay(Duration::from_millis(1500));
+            return Act::Hold(Arc::clone(&held));
         }
         Act::Pass
     };
@@ -241,9 +239,13 @@ async fn a_key_taken_over_from_a_stalled_request_fences_it(backend: Backend) {
         }
     };
     let original = tokio::spawn(send());
-    // Past two leases with no record: the key may be taken over.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The original's first write stalls; past two leases with no record
+    // (by the gateway's clock) the key may be taken over.
+    tokio::time::timeout(Duration::from_secs(20), gate.reached()).await.expect("the original's write stalls");
+    app.advance(2 * app.config.txn.lease + app.config.txn.clock_skew + Duration::from_millis(1));
     let retry = expect(send().await.unwrap(), 200).await;
+    // Then the stalled write lands.
+    gate.open();
     let original = original.await.unwrap().unwrap();
     let status = original.status();
     let text = original.text().await.unwrap();
@@ -304,8 +306,6 @@ async fn recovery_skips_records_it_cannot_handle(backend: Backend) {
     store.insert(TXNS, txn_record(&v, Status::Committed, -10_000, "f", &["e"]).to_record()).await.unwrap();
     lock_for(&store, "e", &v, 5).await;
 
-    let started = Instant::now();
-    let limit = bound(&app.config) + Duration::from_secs(1);
     let status = |txn: String| {
         let store = Arc::clone(&store);
         async move { TxnRecord::from_record(store.get(TXNS, &txn).await.unwrap().unwrap()).unwrap().status }
@@ -317,6 +317,9 @@ async fn recovery_skips_records_it_cannot_handle(backend: Backend) {
             (d.meta.txn.is_none(), d.data.get_i64("n").unwrap())
         }
     };
+    // Past the bound (by the gateway's clock): within two passes of recovery.
+    app.advance(bound(&app.config));
+    let mut passes = 0;
     loop {
         let done = status(u.clone()).await == Status::RolledBack
             && status(v.clone()).await == Status::Done
@@ -327,8 +330,20 @@ async fn recovery_skips_records_it_cannot_handle(backend: Backend) {
         if done {
             break;
         }
-        assert!(started.elapsed() < limit, "recovery stalled behind the poison records");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            passes < 2,
+            "recovery stalled behind the poison records for {passes} passes: {:?}",
+            (
+                status(u.clone()).await,
+                status(v.clone()).await,
+                unlocked("a").await,
+                unlocked("c").await,
+                unlocked("d").await,
+                unlocked("e").await
+            )
+        );
+        app.run_once("recovery").await;
+        passes += 1;
     }
     // T stays committed (its member b cannot be finished) and is reported.
     assert_eq!(status(t).await, Status::Committed);
@@ -360,16 +375,12 @@ async fn a_hung_store_call_answers_503_and_the_record_serves_again(backend: Back
     expect_problem(res, 503, "store_unavailable").await;
     assert!(elapsed < 2 * timeout + Duration::from_millis(700), "transaction answered after {elapsed:?}");
     *hang.lock().unwrap() = false;
-    // The same record serves again: a write and a transaction on it.
-    let deadline = Instant::now() + bound(&app.config) + Duration::from_secs(6);
-    loop {
-        let res = app.request(Method::PATCH, &format!("{D}/s1")).json(&json!({"inc": {"n": 1}})).send().await.unwrap();
-        if res.status() == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the record never served again: {}", res.text().await.unwrap());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The same record serves again: a write and a transaction on it, once
+    // whatever the failed transaction left is past the lock bound.
+    app.advance(bound(&app.config));
+    app.run_once("recovery").await;
+    let res = app.request(Method::PATCH, &format!("{D}/s1")).json(&json!({"inc": {"n": 1}})).send().await.unwrap();
+    assert_eq!(res.status(), 200, "the record serves again: {}", res.text().await.unwrap());
     expect(app.post(T, &inc_txn(&["s1"])).await, 200).await;
     assert_eq!(read(&app, "s1").await.0, 2);
     app.stop().await;
@@ -589,8 +600,10 @@ async fn mixed_writers_apply_every_acknowledged_change_once(backend: Backend) {
         assert_eq!(v, 1 + a.changes, "{id}: the version counts every acknowledged change ({a:?})");
     }
     // Nothing left locked: the store holds no lock on these documents
-    // once recovery's bound has passed.
-    tokio::time::sleep(bound(&app.config)).await;
+    // once recovery's bound has passed (by the gateway's clock).
+    app.settled().await;
+    app.advance(bound(&app.config));
+    app.run_once("recovery").await;
     for id in &ids {
         let d = StoredDoc::from_record(app.store.get("f", id).await.unwrap().unwrap()).unwrap();
         assert_eq!(d.meta.txn, None::<String>, "{id} still locked");
