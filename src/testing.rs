@@ -31,6 +31,11 @@ impl Handles {
         self.follow_ups.idle().await;
     }
 
+    /// The names of the gateway's workers, in the order they start.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.workers.iter().map(|w| w.name()).collect()
+    }
+
     /// One whole pass of the worker called `name` (`recovery`,
     /// `deliveries`, `subscriptions`, `ttl`, `purge`, `event_purge`,
     /// `index_builds`), now.

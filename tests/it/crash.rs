@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::json;
@@ -33,8 +33,16 @@ fn fast_config() -> TxnConfig {
         lock_wait: Duration::from_millis(100),
         clock_skew: Duration::from_millis(10),
         recovery_interval: Duration::from_millis(20),
+        // Each engine's own, moved on past a lease instead of waiting it out.
+        clock: txgate::testing::clock::Clock::shifted(),
         ..TxnConfig::default()
     }
+}
+
+/// Past `engine`'s lease and clock skew, by its clock.
+fn past_lease(engine: &Transactions) {
+    let cfg = engine.config();
+    assert!(cfg.clock.advance(cfg.lease + cfg.clock_skew + Duration::from_millis(1)));
 }
 
 fn hooks(store: DynStore) -> Arc<txgate::testing::hooks::Hooks> {
@@ -179,17 +187,17 @@ impl Scenario {
 /// are unlocked; returns the final record (if any was written).
 async fn recover(store: &DynStore, s: &Scenario, txn: &str) -> Option<TxnRecord> {
     let healer = engine(Arc::clone(store));
-    let started = Instant::now();
-    loop {
+    past_lease(&healer);
+    for _ in 0..4 {
         healer.recover_once().await.unwrap();
         let rec = store.get(TXNS, txn).await.unwrap().map(|r| TxnRecord::from_record(r).unwrap());
         let finished = rec.as_ref().is_none_or(|r| matches!(r.status, Status::Done | Status::RolledBack));
         if finished && s.unlocked(store).await {
             return rec;
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "recovery did not finish {txn}: {rec:?}");
-        tokio::time::sleep(Duration::from_millis(15)).await;
     }
+    let rec = store.get(TXNS, txn).await.unwrap();
+    panic!("four passes of recovery past the lease did not finish {txn}: {rec:?}");
 }
 
 /// Run the scenario's transaction on a store failing with `fault`, recover
@@ -301,9 +309,9 @@ async fn sweep_recovery(backend: Backend) {
                     _ = dying.execute(&plan, Some(txn.clone())) => {}
                     () = dying_store.layer().died() => {}
                 }
-                tokio::time::sleep(Duration::from_millis(170)).await; // past lease + skew
                 let healer_store = faulty(Arc::clone(&store), fault);
                 let faulty_healer = engine(healer_store.clone());
+                past_lease(&faulty_healer);
                 tokio::select! {
                     _ = faulty_healer.recover_once() => {}
                     () = healer_store.layer().died() => {}
@@ -374,7 +382,10 @@ async fn second_instance_takes_over(backend: Backend) {
             _ = a.execute(&plan, Some(txn.clone())) => {}
             () = a_store.layer().died() => {}
         }
-        let died = Instant::now();
+        // Past lease + skew (the clock A and B share), within two passes
+        // of B's recovery (the bound's two intervals).
+        b.advance(config.txn.lease + config.txn.clock_skew + Duration::from_millis(1));
+        let mut passes = 0;
         loop {
             let rec = store.get(TXNS, &txn).await.unwrap().map(|r| TxnRecord::from_record(r).unwrap());
             let finished = rec.as_ref().is_none_or(|r| matches!(r.status, Status::Done | Status::RolledBack));
@@ -386,11 +397,9 @@ async fn second_instance_takes_over(backend: Backend) {
                 }
                 break;
             }
-            assert!(
-                died.elapsed() < bound + Duration::from_millis(1500),
-                "k={k}: B did not take over within {bound:?}: {rec:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert!(passes < 2, "k={k}: B did not take over within {bound:?} (two passes past the lease): {rec:?}");
+            b.run_once("recovery").await;
+            passes += 1;
         }
         // Through B, the documents read as the outcome says.
         let res = b.get(&format!("/v1/collections/{}/documents/{}", s.coll, s.ids[0])).await;
@@ -423,7 +432,11 @@ async fn committed_with_hooks(store: &DynStore, rx: &TestReceiver) -> String {
     txn
 }
 
-fn delivery_worker(store: DynStore, scan_interval: Duration) -> Arc<txgate::testing::hooks::send::Sender> {
+fn delivery_worker(
+    store: DynStore,
+    scan_interval: Duration,
+    clock: txgate::testing::clock::Clock,
+) -> Arc<txgate::testing::hooks::send::Sender> {
     let cfg = txgate::testing::hooks::HookConfig {
         timeout: Duration::from_millis(500),
         claim_grace: Duration::from_millis(50),
@@ -432,7 +445,8 @@ fn delivery_worker(store: DynStore, scan_interval: Duration) -> Arc<txgate::test
     };
     let guard = Arc::new(txgate::testing::hooks::guard::HookGuard::new("127.0.0.1:*").unwrap());
     let clients = txgate::testing::hooks::net::Clients::new(guard, cfg.timeout).unwrap();
-    txgate::testing::hooks::send::Sender::new(hooks(store), cfg, clients)
+    let hooks = txgate::testing::hooks::Hooks::new(store, Arc::new(Metrics::default()), clock);
+    txgate::testing::hooks::send::Sender::new(hooks, cfg, clients)
 }
 
 async fn both_delivered(store: &DynStore, txn: &str) -> bool {
@@ -445,39 +459,35 @@ async fn both_delivered(store: &DynStore, txn: &str) -> bool {
     true
 }
 
-/// Worker A runs on a store failing with `fault` until it dies, is done or
-/// stalls; then worker B takes over. Returns whether the fault struck and
+/// Worker A runs passes on a store failing with `fault` until it dies, is
+/// done or has made three; then worker B takes over, past A's claims by
+/// the clock they share. Returns whether the fault struck and
 /// how many operations A issued.
 async fn delivery_case(store: &DynStore, rx: &TestReceiver, fault: Fault) -> (bool, usize) {
     let txn = committed_with_hooks(store, rx).await;
     let faulty = faulty(Arc::clone(store), fault);
-    // A learns of the deliveries from its first scan only.
-    let a = tokio::spawn(delivery_worker(faulty.clone(), Duration::from_secs(60)).run(Default::default()));
-    let (mut last, mut since) = (0, Instant::now());
-    loop {
-        let ops = faulty.layer().ops();
-        if ops != last {
-            (last, since) = (ops, Instant::now());
+    let clock = txgate::testing::clock::Clock::shifted();
+    let a = delivery_worker(faulty.clone(), Duration::from_secs(60), clock.clone());
+    for _ in 0..3 {
+        // A dead process sends nothing more: its pass is dropped.
+        tokio::select! {
+            _ = a.run_once() => {}
+            () = faulty.layer().died() => {}
         }
-        if faulty.layer().crashed.load(Ordering::SeqCst)
-            || both_delivered(store, &txn).await
-            || since.elapsed() > Duration::from_millis(400)
-        {
+        if faulty.layer().crashed.load(Ordering::SeqCst) || both_delivered(store, &txn).await {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    a.abort(); // a dead process sends nothing more
     let ops = faulty.layer().ops();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let b = tokio::spawn(delivery_worker(Arc::clone(store), Duration::from_millis(50)).run(stop.clone()));
-    let started = Instant::now();
+    let b = delivery_worker(Arc::clone(store), Duration::from_millis(50), clock.clone());
+    let mut passes = 0;
     while !both_delivered(store, &txn).await {
-        assert!(started.elapsed() < Duration::from_secs(15), "{fault:?}: the hooks of {txn} were not delivered");
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(passes < 6, "{fault:?}: the hooks of {txn} were not delivered in {passes} passes");
+        // Past A's claims and any retry's backoff.
+        assert!(clock.advance(Duration::from_secs(60)));
+        b.run_once().await.unwrap();
+        passes += 1;
     }
-    stop.cancel();
-    b.await.unwrap();
     // What reached the receiver for this transaction: each hook at least
     // once, and hook 1 only after hook 0 was delivered.
     let got: Vec<_> = rx

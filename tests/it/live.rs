@@ -277,17 +277,15 @@ async fn a_page_read_while_a_transaction_rolls_forward_hands_over_exactly(backen
     ]});
     let commit = writer.post("/v1/transactions", &txn);
     let read = async {
-        // Once the transaction's events are in the log, its roll-forward
-        // is on its way (each of its writes takes 400 ms): read the page.
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            let page = events_page(&app, &format!("after={before}&limit=1000")).await;
-            if page["items"].as_array().unwrap().iter().any(|e| e["type"] == "transaction.committed") {
-                break;
-            }
-            assert!(std::time::Instant::now() < deadline, "the transaction's events never came");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        // Once the transaction's events are in the log (appended through
+        // the writer's store), its roll-forward is on its way (each of its
+        // writes takes 400 ms): read the page.
+        writer
+            .until("the transaction's events are in the log", async || {
+                let page = events_page(&app, &format!("after={before}&limit=1000")).await;
+                page["items"].as_array().unwrap().iter().any(|e| e["type"] == "transaction.committed")
+            })
+            .await;
         let body = json!({"filter": filter(), "sort": ["-v"], "limit": 10});
         expect(app.post("/v1/collections/win/query", &body).await, 200).await
     };

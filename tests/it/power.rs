@@ -705,16 +705,22 @@ async fn embedded_restored_backup_survives_power_loss() {
     use txgate_store::{Durability, Store, Write};
     let dir = tempfile::tempdir().unwrap();
     let source = Arc::new(EmbeddedStore::open(&dir.path().join("data")).unwrap());
+    let (started, writing) = tokio::sync::oneshot::channel();
     let writer = {
         let source = Arc::clone(&source);
         tokio::spawn(async move {
+            let mut started = Some(started);
             for i in 0..400 {
                 let record = mongodb::bson::doc! {"_id": format!("x{i:03}"), "p": "x".repeat(300)};
                 source.write("c", Write::Insert(record), Durability::Synced).await.unwrap();
+                if i == 20 {
+                    let _ = started.take().expect("once").send(());
+                }
             }
         })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    // The backup starts with writes behind it and more on their way.
+    writing.await.expect("the writer got going");
     let backup = dir.path().join("backup");
     let info = source.backup(&backup).await.unwrap().unwrap();
     writer.await.unwrap();

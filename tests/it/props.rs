@@ -175,21 +175,6 @@ async fn snapshot(app: &TestApp, log: &txgate::testing::events::Log) -> (Vec<(St
     (docs, log.head().await.unwrap())
 }
 
-/// Wait for what a success set going after its answer (a transaction's
-/// roll-forward, a write's event) to finish: the log's head stands still.
-async fn settle(log: &txgate::testing::events::Log) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut head = log.head().await.unwrap();
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        let now = log.head().await.unwrap();
-        if now == head {
-            return;
-        }
-        head = now;
-    }
-}
-
 async fn check(app: &TestApp, log: &txgate::testing::events::Log, case: &Case) -> Result<(), String> {
     let before = snapshot(app, log).await;
     let req = match case {
@@ -213,7 +198,9 @@ async fn check(app: &TestApp, log: &txgate::testing::events::Log, case: &Case) -
         return Err(format!("healthz answered {alive}"));
     }
     if status < 400 {
-        settle(log).await;
+        // What a success set going after its answer (a transaction's
+        // roll-forward, a write's event) is done.
+        app.settled().await;
     } else {
         // A refusal added nothing.
         let after = snapshot(app, log).await;

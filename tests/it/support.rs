@@ -195,6 +195,16 @@ impl TestApp {
         }
     }
 
+    /// Once what requests left for after their answers is done, one pass
+    /// of every worker in turn: whatever background work the data so far
+    /// gives, done now.
+    pub async fn run_every_worker_once(&self) {
+        self.settled().await;
+        for name in self.handles.names() {
+            self.run_once(name).await;
+        }
+    }
+
     /// [`Self::run_once`], for a pass the test expects to fail.
     pub async fn try_run_once(&self, name: &str) -> txgate_store::StoreResult<()> {
         self.handles.run_once(name).await
