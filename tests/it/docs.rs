@@ -294,3 +294,31 @@ fn the_configuration_table_lists_every_variable() {
         .collect();
     assert_eq!(listed, read_by_settings, "docs/operating.md's configuration table against the settings");
 }
+
+/// The wall-clock sleeps of the integration tests, file by file, are the
+/// ones docs/development.md lists with their reasons.
+#[test]
+fn the_sleeps_left_in_the_tests_are_listed_with_their_reasons() {
+    let doc = read(&root().join("docs/development.md"));
+    let mut listed = std::collections::BTreeMap::new();
+    for marker in ["In-process tests", "Across real processes"] {
+        for row in table_after(&doc, marker) {
+            let count: usize = row[1].parse().unwrap_or_else(|_| panic!("a count of sleeps: {row:?}"));
+            assert!(listed.insert(code(row[0]).to_owned(), count).is_none(), "{} listed twice", row[0]);
+        }
+    }
+    let mut found = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(root().join("tests/it")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = read(&path);
+        // Spelled in two pieces, so that this file does not count itself.
+        let count: usize = [concat!("time::", "sleep("), concat!("thread::", "sleep(")]
+            .iter()
+            .map(|call| text.matches(call).count())
+            .sum();
+        if count > 0 {
+            found.insert(format!("tests/it/{}", path.file_name().unwrap().to_string_lossy()), count);
+        }
+    }
+    assert_eq!(found, listed, "sleeps in tests/it against docs/development.md's lists");
+}

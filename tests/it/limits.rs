@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use reqwest::Method;
 use serde_json::json;
 use txgate::testing::keys::parse_keys;
@@ -20,9 +21,12 @@ crate::on_both_backends!(
 const D: &str = "/v1/collections/slow/documents";
 
 async fn beyond_the_concurrency_limit_requests_get_429_and_write_nothing(backend: Backend) {
-    // Every write to "slow" takes 400 ms, so requests pile up.
-    let rule = |op: &Op| {
-        if op.coll == "slow" && op.kind != "get" { Act::Delay(Duration::from_millis(400)) } else { Act::Pass }
+    // Every write to "slow" is held at a gate until the test opens it, so
+    // the admitted requests stay in flight while the others come.
+    let gate = crate::faulty::Gate::new();
+    let rule = {
+        let gate = Arc::clone(&gate);
+        move |op: &Op| if op.coll == "slow" && op.kind != "get" { Act::Hold(Arc::clone(&gate)) } else { Act::Pass }
     };
     let Some(app) = rigged_app(backend, |c| c.max_concurrency = 3, rule).await else { return };
     let app = Arc::new(app);
@@ -39,17 +43,23 @@ async fn beyond_the_concurrency_limit_requests_get_429_and_write_nothing(backend
             (i, status, retry_after, body)
         }
     });
-    // Meanwhile the health checks still answer.
-    let probe = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        (app.get("/healthz").await.status().as_u16(), app.get("/readyz").await.status().as_u16())
-    };
-    let (answers, probes) = tokio::join!(futures::future::join_all(posts), probe);
+    let mut posts: futures::stream::FuturesUnordered<_> = posts.collect();
+    // The requests beyond the limit are answered while the admitted ones
+    // are held; meanwhile the health checks still answer.
+    let mut answers = Vec::new();
+    while answers.len() < 9 {
+        answers.push(posts.next().await.expect("an answer"));
+    }
+    let probes = (app.get("/healthz").await.status().as_u16(), app.get("/readyz").await.status().as_u16());
     assert_eq!(probes, (200, 200), "health and readiness pass the limit");
+    gate.open();
+    while let Some(answer) = posts.next().await {
+        answers.push(answer);
+    }
     let created: Vec<usize> = answers.iter().filter(|a| a.1 == 201).map(|a| a.0).collect();
     let refused: Vec<usize> = answers.iter().filter(|a| a.1 == 429).map(|a| a.0).collect();
     assert_eq!(created.len() + refused.len(), 12, "each answered 201 or 429: {answers:?}");
-    assert!((1..=3).contains(&created.len()), "at most the limit admitted at once: {created:?}");
+    assert_eq!(created.len(), 3, "the limit admitted at once: {created:?}");
     for (_, status, retry_after, body) in answers.iter().filter(|a| a.1 == 429) {
         assert_eq!((*status, body["code"].as_str()), (429, Some("overloaded")), "{body}");
         assert_eq!(retry_after.as_deref(), Some("1"));
