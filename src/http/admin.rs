@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::http::guard::{Guard, On, Routes};
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -15,7 +16,6 @@ use serde_json::Value;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tracing::{Instrument, Span};
 use utoipa::ToSchema;
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
@@ -24,8 +24,9 @@ use super::extract::{OptionalJsonBody, from_body};
 use crate::config::StoreConfig;
 use crate::store::{BackupInfo, DynStore, StoreResult};
 
-pub(crate) fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(backup))
+pub(crate) fn router() -> Routes {
+    // A backup copies every collection: `admin` on all of them.
+    Routes::new().guarded(Guard::Admin(On::Everywhere), routes!(backup))
 }
 
 /// The directory backups go in, under the embedded store's data directory.

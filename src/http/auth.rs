@@ -4,22 +4,25 @@
 //! A grant may be limited to one collection (`read@orders`). Health,
 //! readiness and the API description are public.
 //!
-//! Where a route names its collection in the path, the middleware checks
-//! the grant for it. Where the collections are in the body, the query or
-//! the stored record (transactions, events, subscriptions, lists), the
-//! handler checks them through the caller's [`Access`]. Every other route
-//! (deliveries, `/metrics`) needs a grant on every collection.
+//! Each route's scope, and where its collections are, is its [`Guard`],
+//! declared beside it (`guard::Routes`). Where a route names its
+//! collection in the path, the middleware checks the grant for it. Where
+//! the collections are in the body, the query or the stored record
+//! (transactions, events, subscriptions, lists), the handler checks them
+//! through the caller's [`Access`]. Every other route (deliveries,
+//! `/metrics`) needs a grant on every collection.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{FromRequestParts, MatchedPath, Path, Request, State};
+use axum::http::header;
 use axum::http::request::Parts;
-use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::error::{ApiError, ProblemCode};
+use super::guard::{Guard, Guards, On};
 use crate::actor::Actor;
 use crate::keys::{ApiKey, Grant, Scope};
 
@@ -125,41 +128,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0_u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Operator actions: routes that need `admin` whatever their method.
-const OPERATOR_ROUTES: &[&str] = &["/v1/transactions/{id}/abort", "/v1/deliveries/{id}/retry", "/v1/admin/backup"];
-
-/// Reads sent as `POST` (a query's body): `read` is enough.
-const READ_ROUTES: &[&str] =
-    &["/v1/collections/{collection}/query", "/v1/collections/{collection}/documents/{id}/merge", "/v1/reads"];
-
-/// The scope a request needs, decided by its matched route (a document
-/// whose id is `abort` is a document).
-fn needed_scope(method: &Method, route: &str) -> Option<Scope> {
-    if matches!(route, "/healthz" | "/readyz" | "/openapi.json") || route == "/docs" || route.starts_with("/docs/") {
-        return None;
-    }
-    let operator_action = OPERATOR_ROUTES.contains(&route);
-    Some(match *method {
-        _ if operator_action => Scope::Admin,
-        _ if READ_ROUTES.contains(&route) => Scope::Read,
-        Method::GET | Method::HEAD | Method::OPTIONS => Scope::Read,
-        _ => Scope::Write,
-    })
-}
-
-/// Routes whose handlers check the collections they touch (in the body,
-/// the query or the records they read) through [`Access`].
-const CHECKED_BY_HANDLER: &[&str] = &[
-    "/v1/collections",
-    "/v1/transactions",
-    "/v1/transactions/{id}",
-    "/v1/transactions/{id}/abort",
-    "/v1/events",
-    "/v1/reads",
-    "/v1/subscriptions",
-    "/v1/subscriptions/{id}",
-];
-
 /// The configured keys, each with its share of the concurrency limit and
 /// of the event streams.
 pub(crate) struct Keys {
@@ -167,12 +135,15 @@ pub(crate) struct Keys {
     /// slots.
     keys: Vec<(ApiKey, String, Arc<tokio::sync::Semaphore>, Arc<tokio::sync::Semaphore>)>,
     per_key: usize,
+    /// Each route's guard, as its module declared it.
+    guards: Guards,
 }
 
 impl Keys {
     /// `keys`, each allowed `per_key` requests in flight and
-    /// `streams_per_key` event streams open at once.
-    pub(crate) fn new(keys: Vec<ApiKey>, per_key: usize, streams_per_key: usize) -> Self {
+    /// `streams_per_key` event streams open at once, on routes guarded by
+    /// `guards`.
+    pub(crate) fn new(keys: Vec<ApiKey>, per_key: usize, streams_per_key: usize, guards: Guards) -> Self {
         let per_key = per_key.max(1);
         let keys = keys
             .into_iter()
@@ -182,7 +153,7 @@ impl Keys {
                 (k, scope, Arc::new(tokio::sync::Semaphore::new(per_key)), streams)
             })
             .collect();
-        Self { keys, per_key }
+        Self { keys, per_key, guards }
     }
 }
 
@@ -191,7 +162,10 @@ impl Keys {
 /// concurrency limit gets 429; other keys are served).
 pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, next: Next) -> Response {
     let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned()).unwrap_or_default();
-    let Some(needed) = needed_scope(req.method(), &route) else { return next.run(req).await };
+    // A route without a guard (none is: see `guard::Routes`) is an
+    // operator's alone.
+    let guard = keys.guards.get(&route).copied().unwrap_or(Guard::Admin(On::Everywhere));
+    let Some((needed, on)) = guard.needs(req.method()) else { return next.run(req).await };
     let token = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -208,21 +182,20 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
     };
     let access = Access { grants: Some(key.grants.clone().into()), streams: Some(Arc::clone(streams)) };
     let (mut parts, body) = req.into_parts();
-    let collection = if route.contains("{collection}") {
-        match Path::<HashMap<String, String>>::from_request_parts(&mut parts, &()).await {
-            Ok(Path(params)) => params.get("collection").cloned(),
+    let allowed = match on {
+        On::Path => match Path::<HashMap<String, String>>::from_request_parts(&mut parts, &()).await {
+            Ok(Path(params)) => match params.get("collection") {
+                Some(c) => access.check(needed, c),
+                // Declared as naming its collection, and naming none.
+                None => Err(forbidden(needed, None)),
+            },
             // Not decodable: refused as the handler refuses it.
             Err(rejection) => {
                 return ApiError::bad_request(ProblemCode::InvalidPath, rejection.body_text()).into_response();
             }
-        }
-    } else {
-        None
-    };
-    let allowed = match &collection {
-        Some(c) => access.check(needed, c),
+        },
         // The handler checks each collection; here, that some are granted.
-        None if CHECKED_BY_HANDLER.contains(&route.as_str()) => {
+        On::Handler => {
             if key.grants.iter().any(|g| g.scope >= needed) {
                 Ok(())
             } else {
@@ -231,8 +204,8 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
                 Err(ApiError::new(ProblemCode::Forbidden, detail).with("required_scope", scope))
             }
         }
-        None if access.everywhere(needed) => Ok(()),
-        None => Err(forbidden(needed, None)),
+        On::Everywhere if access.everywhere(needed) => Ok(()),
+        On::Everywhere => Err(forbidden(needed, None)),
     };
     if let Err(err) = allowed {
         return err.into_response();
@@ -305,18 +278,33 @@ mod tests {
 
     #[test]
     fn scopes_by_route() {
-        assert_eq!(needed_scope(&Method::GET, "/healthz"), None);
-        assert_eq!(needed_scope(&Method::GET, "/v1/collections/a/documents"), Some(Scope::Read));
-        assert_eq!(needed_scope(&Method::POST, "/v1/collections/{collection}/query"), Some(Scope::Read));
-        assert_eq!(needed_scope(&Method::POST, "/v1/collections/{collection}/documents/{id}/merge"), Some(Scope::Read));
-        assert_eq!(needed_scope(&Method::PUT, "/v1/collections/{collection}/indexes/{name}"), Some(Scope::Write));
-        assert_eq!(needed_scope(&Method::POST, "/v1/transactions"), Some(Scope::Write));
-        assert_eq!(needed_scope(&Method::POST, "/v1/transactions/{id}/abort"), Some(Scope::Admin));
-        assert_eq!(needed_scope(&Method::POST, "/v1/deliveries/{id}/retry"), Some(Scope::Admin));
+        use axum::http::Method;
+        let (_, _, guards) = super::super::api();
+        let needs = |method: Method, route: &str| {
+            let guard = guards.get(route).unwrap_or_else(|| panic!("{route} has a guard"));
+            guard.needs(&method).map(|(scope, _)| scope)
+        };
+        assert_eq!(needs(Method::GET, "/healthz"), None);
+        assert_eq!(needs(Method::GET, "/readyz"), None);
+        assert_eq!(needs(Method::GET, "/v1/collections/{collection}/documents"), Some(Scope::Read));
+        assert_eq!(needs(Method::POST, "/v1/collections/{collection}/documents"), Some(Scope::Write));
+        assert_eq!(needs(Method::POST, "/v1/collections/{collection}/query"), Some(Scope::Read));
+        assert_eq!(needs(Method::POST, "/v1/collections/{collection}/documents/{id}/merge"), Some(Scope::Read));
+        assert_eq!(needs(Method::POST, "/v1/reads"), Some(Scope::Read));
+        assert_eq!(needs(Method::PUT, "/v1/collections/{collection}/indexes/{name}"), Some(Scope::Write));
+        assert_eq!(needs(Method::POST, "/v1/transactions"), Some(Scope::Write));
+        assert_eq!(needs(Method::POST, "/v1/transactions/{id}/abort"), Some(Scope::Admin));
+        assert_eq!(needs(Method::POST, "/v1/deliveries/{id}/retry"), Some(Scope::Admin));
         // A backup copies every collection: `admin` on all of them.
-        assert_eq!(needed_scope(&Method::POST, "/v1/admin/backup"), Some(Scope::Admin));
+        assert_eq!(guards["/v1/admin/backup"], Guard::Admin(On::Everywhere));
         // A document whose id is `abort` is a document.
-        assert_eq!(needed_scope(&Method::GET, "/v1/collections/{collection}/documents/{id}"), Some(Scope::Read));
+        assert_eq!(needs(Method::GET, "/v1/collections/{collection}/documents/{id}"), Some(Scope::Read));
+        // Every route that names its collection is guarded by it, and
+        // only those.
+        for (route, guard) in &guards {
+            let on = guard.needs(&Method::GET).map(|(_, on)| on);
+            assert_eq!(route.contains("{collection}"), on == Some(On::Path), "{route}: {guard:?}");
+        }
     }
 
     #[test]

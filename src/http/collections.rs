@@ -1,12 +1,12 @@
 //! `/v1/collections`: per-collection TTL policies and live counts
 //! (docs/design.md §5).
 
+use crate::http::guard::{Guard, On, Routes};
 use crate::http::problems::{Problems, problems};
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
@@ -20,8 +20,10 @@ use crate::collections::{Collection, Policy};
 use crate::document::rules::{Invalid, check_collection};
 use crate::keys::Scope;
 
-pub(crate) fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list_collections)).routes(routes!(get_collection, put_collection))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .guarded(Guard::ByMethod(On::Handler), routes!(list_collections))
+        .guarded(Guard::ByMethod(On::Path), routes!(get_collection, put_collection))
 }
 
 /// The longest maximum age: 100 years.

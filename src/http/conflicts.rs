@@ -3,12 +3,12 @@
 //! `changes_truncated`; `POST /v1/collections/{collection}/documents/{id}/merge`
 //! answers a three-way merge and writes nothing.
 
+use crate::http::guard::{Guard, On, Routes};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
@@ -26,8 +26,9 @@ use crate::keys::Scope;
 use crate::txn::commit::TxnError;
 use crate::txn::record::FailureCode;
 
-pub(crate) fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(merge_document))
+pub(crate) fn router() -> Routes {
+    // A merge writes nothing: `read` is enough.
+    Routes::new().guarded(Guard::Read(On::Path), routes!(merge_document))
 }
 
 /// Whether the request says `Prefer: return=minimal` (RFC 7240).

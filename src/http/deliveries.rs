@@ -1,12 +1,12 @@
 //! `/v1/deliveries`: the post-commit hook deliveries, for inspection.
 
+use crate::http::guard::{Guard, On, Routes};
 use crate::http::problems::{Problems, problems};
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
@@ -19,8 +19,12 @@ use crate::clock::{DateTime, rfc3339};
 use crate::hooks::{AFTER_PREVIOUS, Delivery, DeliveryStatus, Replay};
 use crate::keys::Scope;
 
-pub(crate) fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list_deliveries)).routes(routes!(get_delivery)).routes(routes!(retry_delivery))
+pub(crate) fn router() -> Routes {
+    // Deliveries are not filtered by collection: a grant on every one.
+    Routes::new()
+        .guarded(Guard::ByMethod(On::Everywhere), routes!(list_deliveries))
+        .guarded(Guard::ByMethod(On::Everywhere), routes!(get_delivery))
+        .guarded(Guard::Admin(On::Everywhere), routes!(retry_delivery))
 }
 
 /// A delivery: of a transaction's hook, or of an event to a subscription.

@@ -2,6 +2,7 @@
 //! delete and list user documents.
 
 use crate::actor::Actor;
+use crate::http::guard::{Guard, On, Routes};
 use crate::http::problems::{Problems, problems};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -9,7 +10,6 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use utoipa::{IntoParams, ToSchema};
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
@@ -26,13 +26,10 @@ use crate::document::View;
 use crate::document::rules::{self, Invalid, Patch};
 use crate::documents::{Change, DocError, Written};
 
-pub(crate) fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(create_document)).routes(routes!(
-        get_document,
-        replace_document,
-        patch_document,
-        delete_document
-    ))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .guarded(Guard::ByMethod(On::Path), routes!(create_document))
+        .guarded(Guard::ByMethod(On::Path), routes!(get_document, replace_document, patch_document, delete_document))
 }
 
 /// A `set` / `unset` / `inc` patch. Keys may be dotted paths into nested

@@ -14,6 +14,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::http::guard::{Guard, On, Routes};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
@@ -21,7 +22,6 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use utoipa::{IntoParams, ToSchema};
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
@@ -35,8 +35,10 @@ use crate::events::{Event, EventType, Filter, Log, READ_BATCH, ReadError, Ready}
 use crate::keys::Scope;
 use crate::store::PAGE_BYTES;
 
-pub(crate) fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(events))
+pub(crate) fn router() -> Routes {
+    // The handler checks the collections the filter names, or limits the
+    // log to those granted.
+    Routes::new().guarded(Guard::ByMethod(On::Handler), routes!(events))
 }
 
 /// How often an idle stream looks for events other instances appended.

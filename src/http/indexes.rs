@@ -1,13 +1,13 @@
 //! `/v1/collections/{collection}/indexes`: declared indexes, the resources
 //! queries are served by (docs/design.md §7).
 
+use crate::http::guard::{Guard, On, Routes};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
@@ -20,8 +20,10 @@ use crate::document::rules::{Invalid, check_collection, is_collection_name};
 use crate::http::problems::{Problems, problems};
 use crate::indexes::{Declaration, DeclareError, State as IndexState};
 
-pub(crate) fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(list_indexes)).routes(routes!(get_index, put_index, delete_index))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .guarded(Guard::ByMethod(On::Path), routes!(list_indexes))
+        .guarded(Guard::ByMethod(On::Path), routes!(get_index, put_index, delete_index))
 }
 
 #[derive(Deserialize, IntoParams)]

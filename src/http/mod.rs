@@ -13,6 +13,7 @@ mod envelope;
 pub(crate) mod error;
 pub(crate) mod events;
 pub(crate) mod extract;
+mod guard;
 pub(crate) mod indexes;
 pub(crate) mod limits;
 pub(crate) mod observe;
@@ -115,9 +116,10 @@ pub(crate) struct Shared {
 )]
 struct ApiDoc;
 
-/// The routes and the OpenAPI document describing them.
-pub(crate) fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+/// The routes, the OpenAPI document describing them, and each route's
+/// guard.
+pub(crate) fn api() -> (Router<AppState>, utoipa::openapi::OpenApi, guard::Guards) {
+    let (routes, guards) = guard::Routes::new()
         .merge(collections::router())
         .merge(documents::router())
         .merge(conflicts::router())
@@ -129,9 +131,11 @@ pub(crate) fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(events::router())
         .merge(subscriptions::router())
         .merge(admin::router())
-        .routes(routes!(healthz))
-        .routes(routes!(readyz))
-        .split_for_parts()
+        .guarded(guard::Guard::Public, routes!(healthz))
+        .guarded(guard::Guard::Public, routes!(readyz))
+        .into_parts();
+    let (router, document) = OpenApiRouter::with_openapi(ApiDoc::openapi()).merge(routes).split_for_parts();
+    (router, document, guards)
 }
 
 /// The OpenAPI document as committed in `openapi/openapi.json`.
@@ -151,7 +155,7 @@ fn text_of(document: &serde_json::Value) -> String {
 
 /// The complete application router for `config`.
 pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router {
-    let (routes, derived) = api();
+    let (routes, derived, mut guards) = api();
     let document = contract::document(derived);
     let params = Arc::new(params::Params::of(&document));
     let spec = Arc::new(text_of(&document));
@@ -174,7 +178,14 @@ pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router 
         // On matched routes only: an unknown path or method answers 404/405
         // without a key, as it reveals nothing. Before the body is read: a
         // request without a valid key reads nothing.
-        let keys = auth::Keys::new(config.api_keys.clone(), config.max_concurrency_per_key, config.max_streams_per_key);
+        // A key with `read` on every collection scrapes the metrics.
+        guards.insert("/metrics".to_owned(), guard::Guard::ByMethod(guard::On::Everywhere));
+        let keys = auth::Keys::new(
+            config.api_keys.clone(),
+            config.max_concurrency_per_key,
+            config.max_streams_per_key,
+            guards,
+        );
         routes.route_layer(axum::middleware::from_fn_with_state(Arc::new(keys), auth::require_key))
     };
     console::routes(routes)

@@ -2,11 +2,11 @@
 //! /v1/collections/{collection}/documents` with `filter`, `sort` and
 //! `fields`, the same as a body to `POST …/query`, and `GET …/count`.
 
+use crate::http::guard::{Guard, On, Routes};
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::{IntoParams, ToSchema};
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
@@ -23,11 +23,12 @@ use crate::queries::{Query, QueryError};
 use crate::query::filter::{Filter, FilterError, check_path};
 use crate::query::plan::{SortKey, Unserved};
 
-pub(crate) fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(list_documents))
-        .routes(routes!(query_documents))
-        .routes(routes!(count_documents))
+pub(crate) fn router() -> Routes {
+    Routes::new()
+        .guarded(Guard::ByMethod(On::Path), routes!(list_documents))
+        // A query sent as `POST`: `read` is enough.
+        .guarded(Guard::Read(On::Path), routes!(query_documents))
+        .guarded(Guard::ByMethod(On::Path), routes!(count_documents))
 }
 
 /// Sort keys a query may name.

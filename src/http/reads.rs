@@ -1,10 +1,10 @@
 //! Batch reads (docs/design.md §7): `POST /v1/reads`.
 
+use crate::http::guard::{Guard, On, Routes};
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
@@ -20,8 +20,9 @@ use crate::http::problems::{Problems, problems};
 use crate::keys::Scope;
 use crate::reads::{MAX_MEMBERS, Member, ReadError};
 
-pub(crate) fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(read_documents))
+pub(crate) fn router() -> Routes {
+    // Reads sent as `POST`; the handler checks each collection read.
+    Routes::new().guarded(Guard::Read(On::Handler), routes!(read_documents))
 }
 
 /// Documents to read together.

@@ -2,6 +2,7 @@
 //! delivery engine of `/v1/deliveries`.
 
 use crate::actor::Actor;
+use crate::http::guard::{Guard, On, Routes};
 use crate::http::problems::{Problems, problems};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -9,7 +10,6 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
@@ -27,10 +27,11 @@ use crate::keys::Scope;
 use crate::seal::List;
 use crate::subscriptions::{CreateError, Subscription};
 
-pub(crate) fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(create_subscription, list_subscriptions))
-        .routes(routes!(get_subscription, delete_subscription))
+pub(crate) fn router() -> Routes {
+    // The handlers check the collections a subscription names.
+    Routes::new()
+        .guarded(Guard::ByMethod(On::Handler), routes!(create_subscription, list_subscriptions))
+        .guarded(Guard::ByMethod(On::Handler), routes!(get_subscription, delete_subscription))
 }
 
 /// Most collections one subscription may name.

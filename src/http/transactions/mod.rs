@@ -9,12 +9,12 @@ pub(crate) use wire::*;
 use crate::http::problems::{Problems, problems};
 use std::sync::Arc;
 
+use crate::http::guard::{Guard, On, Routes};
 use axum::Extension;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
-use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
@@ -33,11 +33,13 @@ use crate::txn::plan::ActionOp;
 use crate::txn::record::{Status, TxnRecord};
 use crate::txn::{Aborted, Fingerprint, Keyed, Submitted, summary};
 
-pub(crate) fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new()
-        .routes(routes!(create_transaction, list_transactions))
-        .routes(routes!(get_transaction))
-        .routes(routes!(abort_transaction))
+pub(crate) fn router() -> Routes {
+    // The handlers check the collections a transaction touches.
+    Routes::new()
+        .guarded(Guard::ByMethod(On::Handler), routes!(create_transaction, list_transactions))
+        .guarded(Guard::ByMethod(On::Handler), routes!(get_transaction))
+        // An operator action.
+        .guarded(Guard::Admin(On::Handler), routes!(abort_transaction))
 }
 
 const MAX_KEY_CHARS: usize = 255;
