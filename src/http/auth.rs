@@ -117,11 +117,10 @@ pub(crate) fn forbidden(needed: Scope, collection: Option<&str>) -> ApiError {
         Some(c) => format!("the API key lacks the {scope} scope on collection {c:?}"),
         None => format!("this needs the {scope} scope on every collection; the API key has it on some or none"),
     };
-    let err = ApiError::new(ProblemCode::Forbidden, detail).with("required_scope", scope);
-    match collection {
-        Some(c) => err.with("collection", c),
-        None => err,
-    }
+    let mut err = ApiError::new(ProblemCode::Forbidden, detail);
+    err.members.required_scope = Some(scope);
+    err.members.collection = collection.map(str::to_owned);
+    err
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -201,7 +200,9 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
             } else {
                 let scope = needed.as_str();
                 let detail = format!("the API key has the {scope} scope on no collection");
-                Err(ApiError::new(ProblemCode::Forbidden, detail).with("required_scope", scope))
+                let mut err = ApiError::new(ProblemCode::Forbidden, detail);
+                err.members.required_scope = Some(scope);
+                Err(err)
             }
         }
         On::Everywhere if access.everywhere(needed) => Ok(()),

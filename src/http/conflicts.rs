@@ -99,10 +99,9 @@ pub(crate) async fn explained(
         Ok(explained) => {
             let current = explained.current.map(|live| DocumentOut::new(&coll, live));
             let changes: Vec<ChangeOut> = explained.changes.into_iter().map(ChangeOut::from).collect();
-            let changes = serde_json::to_value(changes).expect("changes serialize");
-            err.extra.insert("current".into(), serde_json::to_value(current).expect("a document serializes"));
-            err.extra.insert("changes".into(), changes);
-            err.extra.insert("changes_truncated".into(), Value::Bool(explained.truncated));
+            err.members.current = Some(serde_json::to_value(current).expect("a document serializes"));
+            err.members.changes = Some(serde_json::to_value(changes).expect("changes serialize"));
+            err.members.changes_truncated = Some(explained.truncated);
             err
         }
         Err(e) => {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 use crate::clock::rfc3339;
 use crate::document::rules::Invalid;
@@ -184,10 +184,87 @@ pub(crate) struct Problem {
     pub detail: String,
     /// Stable machine-readable code (`not_found`, `version_conflict`, ...).
     pub code: String,
-    /// Extra members depending on the code (`expected`, `actual`,
+    /// The members of the code's family (`expected`, `actual`,
     /// `transaction`, `version`, `errors`, ...).
     #[serde(flatten)]
-    pub extra: Map<String, Value>,
+    pub members: Members,
+}
+
+/// The members a problem carries beyond RFC 9457's, each typed as the API
+/// description's problem schemas (`problems.rs`) describe it; a member
+/// left `None` is not in the body.
+#[derive(Clone, Debug, Default, Serialize)]
+pub(crate) struct Members {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transaction: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retryable: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub required_scope: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub collection: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actual: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<i64>,
+    /// `Some(None)`: a tombstone whose time is not known (`null`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deleted_at: Option<Option<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<IndexMember>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub declared: Option<Declared>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub existing: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<Vec<FieldError>>,
+    /// A version conflict's explanation: the document as it is now
+    /// (`null`: it does not exist), the changes after the expected version.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changes: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changes_truncated: Option<bool>,
+}
+
+/// One refused part of a request: its JSON pointer, and why.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct FieldError {
+    pub pointer: String,
+    pub detail: String,
+}
+
+/// The index a problem names: a unique index by name (`duplicate`), or the
+/// one a query needs (`index_required`).
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub(crate) enum IndexMember {
+    Name(String),
+    Index { name: String, fields: Vec<String>, unique: bool },
+}
+
+/// For `index_required`: the declared index that will serve, or would have.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Declared {
+    pub name: String,
+    pub state: &'static str,
+    /// A building index's progress (`null` before it starts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Option<crate::indexes::Progress>>,
+    /// A failed build's reason (`null` when none was kept).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Option<String>>,
 }
 
 /// An error answered to the client.
@@ -198,7 +275,7 @@ pub(crate) struct ApiError {
     status: StatusCode,
     pub code: ProblemCode,
     pub detail: String,
-    pub extra: Map<String, Value>,
+    pub members: Members,
     pub retry_after: Option<Duration>,
 }
 
@@ -213,7 +290,7 @@ impl ApiError {
     /// failure (a 409 whatever its member's code), or a status the
     /// framework chose (an unknown route, a method not allowed).
     pub(crate) fn with_status(status: StatusCode, code: ProblemCode, detail: impl Into<String>) -> Self {
-        Self { status, code, detail: detail.into(), extra: Map::new(), retry_after: None }
+        Self { status, code, detail: detail.into(), members: Members::default(), retry_after: None }
     }
 
     /// The status this problem is answered with.
@@ -221,8 +298,39 @@ impl ApiError {
         self.status
     }
 
-    pub(crate) fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
-        self.extra.insert(key.to_owned(), value.into());
+    /// The transaction the problem concerns.
+    pub(crate) fn transaction(mut self, id: impl Into<String>) -> Self {
+        self.members.transaction = Some(id.into());
+        self
+    }
+
+    /// The index of the action of a transaction the problem is about.
+    pub(crate) fn action(mut self, i: usize) -> Self {
+        self.members.action = Some(i64::try_from(i).unwrap_or(i64::MAX));
+        self
+    }
+
+    /// The document the problem is about.
+    pub(crate) fn document(mut self, collection: impl Into<String>, id: impl Into<String>) -> Self {
+        self.members.collection = Some(collection.into());
+        self.members.id = Some(id.into());
+        self
+    }
+
+    /// One refused part of the request, at `pointer`.
+    pub(crate) fn pointer(self, pointer: impl Into<String>, detail: impl Into<String>) -> Self {
+        self.errors(vec![FieldError { pointer: pointer.into(), detail: detail.into() }])
+    }
+
+    /// The index the problem names.
+    pub(crate) fn index(mut self, index: IndexMember) -> Self {
+        self.members.index = Some(index);
+        self
+    }
+
+    /// The refused parts of the request.
+    pub(crate) fn errors(mut self, errors: Vec<FieldError>) -> Self {
+        self.members.errors = Some(errors);
         self
     }
 
@@ -232,8 +340,7 @@ impl ApiError {
 
     /// 422 for a request that parsed but is not acceptable.
     pub(crate) fn invalid(invalid: Invalid) -> Self {
-        Self::new(ProblemCode::ValidationFailed, invalid.to_string())
-            .with("errors", json!([{"pointer": invalid.pointer, "detail": invalid.message}]))
+        Self::new(ProblemCode::ValidationFailed, invalid.to_string()).pointer(invalid.pointer, invalid.message)
     }
 
     pub(crate) fn not_found(detail: impl Into<String>) -> Self {
@@ -282,7 +389,7 @@ impl ApiError {
             status: self.status.as_u16(),
             detail: self.detail.clone(),
             code: self.code.as_str().to_owned(),
-            extra: self.extra.clone(),
+            members: self.members.clone(),
         };
         serde_json::to_value(problem).expect("a problem serializes")
     }
@@ -290,19 +397,18 @@ impl ApiError {
     /// A transaction failure: the failing action, `retryable`, and
     /// Retry-After exactly when retrying can help.
     fn failure(status: StatusCode, txn: String, f: Failure) -> Self {
-        let mut err =
-            Self::with_status(status, f.code.into(), f.detail).with("transaction", txn).with("retryable", f.retryable);
-        let numbers = [("action", f.action), ("expected", f.expected), ("actual", f.actual)];
-        for (k, v) in numbers {
-            if let Some(v) = v {
-                err = err.with(k, v);
-            }
-        }
-        for (k, v) in [("collection", f.collection), ("id", f.id), ("holder", f.holder), ("reason", f.reason)] {
-            if let Some(v) = v {
-                err = err.with(k, v);
-            }
-        }
+        let mut err = Self::with_status(status, f.code.into(), f.detail).transaction(txn);
+        err.members = Members {
+            retryable: Some(f.retryable),
+            action: f.action,
+            expected: f.expected,
+            actual: f.actual,
+            collection: f.collection,
+            id: f.id,
+            holder: f.holder,
+            reason: f.reason,
+            ..err.members
+        };
         if f.retryable { err.retry(Duration::from_secs(1)) } else { err }
     }
 }
@@ -321,12 +427,12 @@ impl ApiError {
             TxnError::InvalidChange { txn, failure } => {
                 Self::failure(StatusCode::UNPROCESSABLE_ENTITY, txn.clone(), failure.clone())
             }
-            TxnError::Store { txn, source } => Self::store(source).with("transaction", txn.clone()),
+            TxnError::Store { txn, source } => Self::store(source).transaction(txn.clone()),
             TxnError::OutcomeUnknown { txn } => Self::new(
                 ProblemCode::OutcomeUnknown,
                 "the store stopped answering at the commit point; read the transaction to learn its outcome",
             )
-            .with("transaction", txn.clone())
+            .transaction(txn.clone())
             .retry(Duration::from_secs(1)),
         }
     }
@@ -336,8 +442,9 @@ impl From<crate::hooks::guard::Refused> for ApiError {
     fn from(refused: crate::hooks::guard::Refused) -> Self {
         match refused {
             crate::hooks::guard::Refused::Invalid(invalid) => Self::invalid(invalid),
-            crate::hooks::guard::Refused::NotAllowed { pointer, why } => Self::new(ProblemCode::HookNotAllowed, why)
-                .with("errors", serde_json::json!([{"pointer": pointer, "detail": "destination not allowed"}])),
+            crate::hooks::guard::Refused::NotAllowed { pointer, why } => {
+                Self::new(ProblemCode::HookNotAllowed, why).pointer(pointer, "destination not allowed")
+            }
         }
     }
 }
@@ -360,21 +467,31 @@ impl From<DocError> for ApiError {
         match err {
             DocError::Invalid(invalid) => Self::invalid(invalid),
             DocError::NotFound => Self::not_found(detail),
-            DocError::Deleted { version, deleted_at } => Self::new(ProblemCode::Deleted, detail)
-                .with("version", version)
-                .with("deleted_at", deleted_at.map(rfc3339)),
+            DocError::Deleted { version, deleted_at } => {
+                let mut err = Self::new(ProblemCode::Deleted, detail);
+                err.members.version = Some(version);
+                err.members.deleted_at = Some(deleted_at.map(rfc3339));
+                err
+            }
             DocError::AlreadyExists { version } => {
-                Self::new(ProblemCode::AlreadyExists, detail).with("version", version)
+                let mut err = Self::new(ProblemCode::AlreadyExists, detail);
+                err.members.version = Some(version);
+                err
             }
             DocError::VersionConflict { expected, actual } => {
-                Self::new(ProblemCode::VersionConflict, detail).with("expected", expected).with("actual", actual)
+                let mut err = Self::new(ProblemCode::VersionConflict, detail);
+                (err.members.expected, err.members.actual) = (Some(expected), Some(actual));
+                err
             }
             DocError::Locked { holder, retry_after } => {
-                Self::new(ProblemCode::Locked, detail).with("transaction", holder).retry(retry_after)
+                Self::new(ProblemCode::Locked, detail).transaction(holder).retry(retry_after)
             }
             DocError::InvalidChange(msg) => Self::new(ProblemCode::InvalidChange, msg),
             DocError::Duplicate { index, existing } => {
-                Self::new(ProblemCode::Duplicate, detail).with("index", index).with("existing", existing)
+                let mut err = Self::new(ProblemCode::Duplicate, detail);
+                err.members.index = Some(IndexMember::Name(index));
+                err.members.existing = Some(existing);
+                err
             }
             DocError::Store(err) => Self::store(&err),
         }

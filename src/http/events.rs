@@ -143,8 +143,7 @@ async fn set_filter(state: &AppState, query: &EventsQuery) -> Result<Option<Arc<
         query.collections.as_deref().unwrap_or_default().split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
     let [collection] = names.as_slice() else {
         let detail = "a filter applies to one collection: name it alone in collections";
-        return Err(ApiError::bad_request(ProblemCode::InvalidFilter, detail)
-            .with("errors", serde_json::json!([{"pointer": "/query/collections", "detail": detail}])));
+        return Err(ApiError::bad_request(ProblemCode::InvalidFilter, detail).pointer("/query/collections", detail));
     };
     let filter = super::queries::filter_param(text)?;
     let planning = crate::query::plan::Planning::Count { filter: &filter };

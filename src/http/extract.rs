@@ -49,8 +49,9 @@ pub(crate) fn too_large() -> ApiError {
 pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if let Some(pointer) = duplicate_member(bytes) {
         let detail = "the member appears more than once";
-        return Err(ApiError::new(ProblemCode::ValidationFailed, format!("{pointer}: {detail}"))
-            .with("errors", serde_json::json!([{"pointer": pointer, "detail": detail}])));
+        return Err(
+            ApiError::new(ProblemCode::ValidationFailed, format!("{pointer}: {detail}")).pointer(pointer, detail)
+        );
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let mut track = serde_path_to_error::Track::new();
@@ -64,8 +65,7 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
             // past every limit on data, refused as such.
             Category::Syntax if too_deep(&err) => {
                 let (pointer, detail) = past_depth(bytes);
-                ApiError::new(ProblemCode::ValidationFailed, detail.clone())
-                    .with("errors", serde_json::json!([{"pointer": pointer, "detail": detail}]))
+                ApiError::new(ProblemCode::ValidationFailed, detail.clone()).pointer(pointer, detail)
             }
             Category::Syntax | Category::Eof | Category::Io => {
                 ApiError::bad_request(ProblemCode::InvalidJson, format!("malformed JSON: {err}"))
@@ -331,8 +331,7 @@ fn shape_error(base: &str, path: &serde_path_to_error::Path, err: &impl std::fmt
         detail = format!("{head}expected a JSON object{tail}");
     }
     if pointer.is_empty() {
-        ApiError::new(ProblemCode::ValidationFailed, detail.clone())
-            .with("errors", serde_json::json!([{"pointer": "", "detail": detail}]))
+        ApiError::new(ProblemCode::ValidationFailed, detail.clone()).pointer("", detail)
     } else {
         crate::document::rules::Invalid::new(pointer, detail).into()
     }
@@ -616,7 +615,7 @@ mod tests {
         assert_eq!(duplicate_member(br#"{"a":1,"a""#), None, "malformed JSON is left to the parser");
         let err = parse_json::<serde_json::Value>(br#"{"x":{"k":1,"k":1}}"#).unwrap_err();
         assert_eq!((err.status(), err.code), (StatusCode::UNPROCESSABLE_ENTITY, ProblemCode::ValidationFailed));
-        assert_eq!(err.extra["errors"][0]["pointer"], "/x/k");
+        assert_eq!(err.members.errors.as_ref().unwrap()[0].pointer, "/x/k");
     }
 
     #[test]

@@ -5,14 +5,14 @@
 use crate::http::guard::{Guard, On, Routes};
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::routes;
 
 use super::AppState;
 use super::contract::Cursor;
 use super::envelope::{CollectionPath, DocumentOut};
-use super::error::{ApiError, ProblemCode};
+use super::error::{ApiError, Declared, IndexMember, ProblemCode};
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body, integer};
 use super::paging::{DEFAULT_PAGE, MAX_PAGE};
 use crate::document::PageItem;
@@ -135,7 +135,7 @@ impl From {
 fn filter_error(from: From, err: FilterError) -> ApiError {
     let pointer = format!("{}{}", from.at("filter"), err.pointer);
     ApiError::bad_request(ProblemCode::InvalidFilter, format!("{pointer}: {}", err.message))
-        .with("errors", json!([{"pointer": pointer, "detail": err.message}]))
+        .pointer(pointer, err.message)
 }
 
 /// A `filter` parameter's JSON.
@@ -167,8 +167,7 @@ fn parse_filter(from: From, filter: Option<&Value>) -> Result<Filter, ApiError> 
 fn paths(from: From, name: &str, items: &[String], max: usize) -> Result<(), ApiError> {
     if items.len() > max {
         let detail = format!("{name} names at most {max} paths");
-        return Err(ApiError::bad_request(ProblemCode::InvalidFilter, detail.clone())
-            .with("errors", json!([{"pointer": from.at(name), "detail": detail}])));
+        return Err(ApiError::bad_request(ProblemCode::InvalidFilter, detail.clone()).pointer(from.at(name), detail));
     }
     // A body's list item by its place; a parameter is one string.
     let at = |i: usize| match from {
@@ -176,8 +175,7 @@ fn paths(from: From, name: &str, items: &[String], max: usize) -> Result<(), Api
         From::Body => format!("{}/{i}", from.at(name)),
     };
     let refused = |pointer: String, detail: String| {
-        ApiError::bad_request(ProblemCode::InvalidFilter, format!("{pointer}: {detail}"))
-            .with("errors", json!([{"pointer": pointer, "detail": detail}]))
+        ApiError::bad_request(ProblemCode::InvalidFilter, format!("{pointer}: {detail}")).pointer(pointer, detail)
     };
     let mut seen = std::collections::HashSet::new();
     for (i, item) in items.iter().enumerate() {
@@ -259,7 +257,7 @@ fn query_error(from: From, collection: &str, err: QueryError) -> ApiError {
             ProblemCode::IndexRequired,
             format!("{detail}: PUT /v1/collections/{collection}/indexes/{name}"),
         )
-        .with("index", json!({"name": name, "fields": fields, "unique": false})),
+        .index(IndexMember::Index { name, fields, unique: false }),
         QueryError::Unserved(Unserved::Never(detail)) => ApiError::bad_request(ProblemCode::IndexRequired, detail),
         QueryError::NotReady { why, index } => {
             // Why, without the index the planner would name: this answer
@@ -274,7 +272,12 @@ fn query_error(from: From, collection: &str, err: QueryError) -> ApiError {
                         index.fields,
                         index.reason.as_deref().unwrap_or("no reason kept")
                     ),
-                    json!({"name": index.name, "state": "failed", "reason": index.reason}),
+                    Declared {
+                        name: index.name.clone(),
+                        state: "failed",
+                        progress: None,
+                        reason: Some(index.reason.clone()),
+                    },
                 ),
                 _ => (
                     format!(
@@ -286,12 +289,21 @@ fn query_error(from: From, collection: &str, err: QueryError) -> ApiError {
                             |p| format!("{} {} of {} documents", p.phase, p.done, p.total)
                         )
                     ),
-                    json!({"name": index.name, "state": "building", "progress": index.progress}),
+                    Declared {
+                        name: index.name.clone(),
+                        state: "building",
+                        progress: Some(index.progress.clone()),
+                        reason: None,
+                    },
                 ),
             };
-            ApiError::bad_request(ProblemCode::IndexRequired, detail)
-                .with("index", json!({"name": index.name, "fields": index.fields, "unique": index.unique}))
-                .with("declared", declared)
+            let mut err = ApiError::bad_request(ProblemCode::IndexRequired, detail).index(IndexMember::Index {
+                name: index.name,
+                fields: index.fields,
+                unique: index.unique,
+            });
+            err.members.declared = Some(declared);
+            err
         }
         QueryError::Cursor(detail) => Invalid::new(from.at("after"), detail).into(),
         QueryError::Doc(err) => err.into(),
@@ -407,13 +419,12 @@ pub(crate) async fn query_documents(
 /// twice, nesting past the parser's depth) is a refused filter, 400
 /// `invalid_filter`, as the same filter in the `filter` parameter is.
 fn filter_refusal(err: ApiError) -> ApiError {
-    let pointer = err.extra.get("errors").and_then(|e| e[0]["pointer"].as_str()).unwrap_or_default();
+    let pointer = err.members.errors.as_ref().and_then(|e| e.first()).map(|e| e.pointer.clone()).unwrap_or_default();
     if err.code != ProblemCode::ValidationFailed || !(pointer == "/filter" || pointer.starts_with("/filter/")) {
         return err;
     }
-    let errors = err.extra.get("errors").cloned().unwrap_or_default();
-    let detail = if err.detail.starts_with(pointer) { err.detail } else { format!("{pointer}: {}", err.detail) };
-    ApiError::bad_request(ProblemCode::InvalidFilter, detail).with("errors", errors)
+    let detail = if err.detail.starts_with(&pointer) { err.detail } else { format!("{pointer}: {}", err.detail) };
+    ApiError::bad_request(ProblemCode::InvalidFilter, detail).errors(err.members.errors.unwrap_or_default())
 }
 
 /// A count's parameters.

@@ -140,7 +140,7 @@ pub(crate) async fn read_documents(
 }
 
 fn member_problem(err: DocError, member: &Member) -> Value {
-    ApiError::from(err).with("collection", member.collection.clone()).with("id", member.id.clone()).body()
+    ApiError::from(err).document(&member.collection, &member.id).body()
 }
 
 fn read_error(err: ReadError) -> ApiError {
@@ -148,12 +148,9 @@ fn read_error(err: ReadError) -> ApiError {
         ReadError::Unsettled { collection, id, holder } => {
             let detail = format!("{collection}/{id} kept changing: it could not be read at one point with the others");
             let mut err = ApiError::new(ProblemCode::Locked, detail)
-                .with("collection", collection)
-                .with("id", id)
+                .document(collection, id)
                 .retry(std::time::Duration::from_secs(1));
-            if let Some(holder) = holder {
-                err = err.with("transaction", holder);
-            }
+            err.members.transaction = holder;
             err
         }
         ReadError::TooLarge => Invalid::new("/documents", ReadError::TooLarge.to_string()).into(),

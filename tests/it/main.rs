@@ -26,6 +26,7 @@ mod memory;
 mod metrics;
 mod openapi;
 mod power;
+mod problems;
 mod props;
 mod queries;
 mod reads;

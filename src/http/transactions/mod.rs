@@ -123,7 +123,7 @@ pub(crate) async fn create_transaction(
     // Every member within the key's collections, or nothing is done.
     for (i, action) in plan.actions.iter().enumerate() {
         let needed = if matches!(action.op, ActionOp::Check) { Scope::Read } else { Scope::Write };
-        access.check(needed, &action.collection).map_err(|e| e.with("action", i))?;
+        access.check(needed, &action.collection).map_err(|e| e.action(i))?;
     }
     // Admitted as every write is (the rule of declared indexes, unique
     // values claimed): a refusal is answered before anything is written.
@@ -132,10 +132,7 @@ pub(crate) async fn create_transaction(
         Err(MemberRefusal { action: None, refusal }) => return Err(DocError::from(refusal).into()),
         Err(MemberRefusal { action: Some(i), refusal }) => {
             let action = &plan.actions[i];
-            return Err(ApiError::from(DocError::from(refusal))
-                .with("action", i)
-                .with("collection", action.collection.clone())
-                .with("id", action.id.clone()));
+            return Err(ApiError::from(DocError::from(refusal)).action(i).document(&action.collection, &action.id));
         }
     };
     let keyed = key.map(|k| Keyed {
@@ -179,10 +176,12 @@ pub(crate) async fn create_transaction(
             Ok(response)
         }
         Submitted::InProgress { txn } => {
-            Err(ApiError::new(ProblemCode::InProgress, "a request with this Idempotency-Key is still running")
-                .with("transaction", txn)
-                .with("retryable", true)
-                .retry(std::time::Duration::from_secs(1)))
+            let mut err =
+                ApiError::new(ProblemCode::InProgress, "a request with this Idempotency-Key is still running")
+                    .transaction(txn)
+                    .retry(std::time::Duration::from_secs(1));
+            err.members.retryable = Some(true);
+            Err(err)
         }
         Submitted::KeyReused => Err(ApiError::new(
             ProblemCode::IdempotencyKeyReused,
@@ -323,7 +322,9 @@ pub(crate) async fn abort_transaction(
             let urls = writable(&rec, &access);
             Ok(axum::Json(transaction_out(&rec, &[], urls)))
         }
-        Aborted::Committed(rec) => Err(ApiError::new(ProblemCode::AlreadyCommitted, "the transaction has committed")
-            .with("transaction", rec.id.clone())),
+        Aborted::Committed(rec) => {
+            Err(ApiError::new(ProblemCode::AlreadyCommitted, "the transaction has committed")
+                .transaction(rec.id.clone()))
+        }
     }
 }

@@ -92,7 +92,7 @@ pub(super) fn plan(
                 ProblemCode::DuplicateMember,
                 format!("document {collection}/{id} appears more than once"),
             )
-            .with("action", i));
+            .action(i));
         }
         actions.push(Action { collection, id, op, if_version });
     }
