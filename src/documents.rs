@@ -416,7 +416,7 @@ impl Documents {
             None => Write::Insert(next.to_record()),
             Some(cur) => Write::Replace { id: &cur.id, filter: cur.unchanged_filter(None), record: next.to_record() },
         };
-        if store.chains_atomically() {
+        if store.capabilities().atomic_chains {
             // The write and its event land together or not at all: no
             // outbox to fill and empty (docs/design.md §1).
             let mut logged = event;

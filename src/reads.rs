@@ -211,7 +211,7 @@ impl Reads {
     /// forward (another's, or one slow to finish) is finished first.
     async fn in_snapshot(&self, members: &[Member]) -> Result<Option<BatchRead>, ReadError> {
         let store = self.documents.store();
-        if !store.snapshots() {
+        if !store.capabilities().snapshots {
             return Ok(None);
         }
         for attempt in 0..2 {

@@ -185,7 +185,7 @@ impl Queries {
     /// passed: the read is then bracketed.
     async fn snapshot(&self, coll: &str) -> Result<Option<(DynStore, u64)>, QueryError> {
         let store = self.documents.store();
-        if !store.snapshots() {
+        if !store.capabilities().snapshots {
             return Ok(None);
         }
         // This instance's answered work in place: a transaction committed

@@ -95,7 +95,7 @@ impl Finish {
         if rec.status == Status::Committed {
             self.ensure_outputs(rec).await?;
         }
-        if self.store.chains_cheaply() && self.roll_forward_at_once(rec).await? {
+        if self.store.capabilities().cheap_chains && self.roll_forward_at_once(rec).await? {
             return Ok(());
         }
         self.for_each_held_member(

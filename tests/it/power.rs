@@ -319,7 +319,7 @@ mod writer {
         let chain: Vec<_> =
             (0..4).map(|i| ("big", Write::Insert(doc! {"_id": format!("c{i}"), "fill": "y".repeat(RECORD)}))).collect();
         assert_eq!(store.write_in_order(chain, Durability::Synced).await.unwrap(), 4);
-        assert!(store.chains_atomically());
+        assert!(store.capabilities().atomic_chains);
         let stats = store.stats();
         assert_eq!(stats.entries.load(Ordering::Relaxed), entries + 1, "the chain went to the journal in one entry");
         let max = stats.max_batch_bytes.load(Ordering::Relaxed) as usize;
@@ -501,7 +501,7 @@ mod writer {
             let d = StoredDoc::new_live("a".into(), doc! {"n": 1_i64}, 1, 1, DateTime::now());
             assert!(embedded.insert("acc", d.to_record()).await.unwrap());
             let store: DynStore = Arc::new(Layered::new(embedded.clone(), FailAllOrNothing { landed }));
-            assert!(store.writes_all_or_nothing());
+            assert!(store.capabilities().all_or_nothing);
             let (txns, _) = txgate::transactions(store, TxnConfig::default(), Arc::new(Metrics::default()));
             let plan = Plan {
                 actions: vec![Action {

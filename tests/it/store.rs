@@ -112,8 +112,8 @@ async fn a_query_along_an_index_not_there_reads_the_same_records(backend: Backen
 async fn writes_all_or_nothing_land_whole_or_not_at_all(backend: Backend) {
     let Some(ts) = store(backend).await else { return };
     let s = &ts.store;
-    assert_eq!(s.writes_all_or_nothing(), backend == Backend::Embedded && !split());
-    assert_eq!(s.chains_atomically(), s.writes_all_or_nothing());
+    assert_eq!(s.capabilities().all_or_nothing, backend == Backend::Embedded && !split());
+    assert_eq!(s.capabilities().atomic_chains, s.capabilities().all_or_nothing);
     make_log(s).await;
     s.insert("c", doc! {"_id": "b", "v": 1}).await.unwrap();
     s.insert("c", doc! {"_id": "x", "v": 1}).await.unwrap();
@@ -131,7 +131,7 @@ async fn writes_all_or_nothing_land_whole_or_not_at_all(backend: Backend) {
         assert_eq!(s.get("c", "n1").await.unwrap(), None);
         assert_eq!(s.get("log", "n1").await.unwrap(), None);
     };
-    if !s.writes_all_or_nothing() {
+    if !s.capabilities().all_or_nothing {
         assert!(s.write_all_or_nothing(chain(1, "n1"), Durability::Synced).await.is_err());
         unchanged().await;
         return;
@@ -400,10 +400,10 @@ async fn a_snapshot_reads_one_point_and_writes_nothing(backend: Backend) {
     let s = &ts.store;
     s.insert("c", doc! {"_id": "a", "n": 1, "_meta": {"deleted": false}}).await.unwrap();
     let Some(snapshot) = s.snapshot().await.unwrap() else {
-        assert!(!s.snapshots(), "{backend:?} says it gives snapshots but gave none");
+        assert!(!s.capabilities().snapshots, "{backend:?} says it gives snapshots but gave none");
         return;
     };
-    assert!(s.snapshots());
+    assert!(s.capabilities().snapshots);
     s.insert("c", doc! {"_id": "b", "n": 2, "_meta": {"deleted": false}}).await.unwrap();
     s.update("c", "a", doc! {}, Update { set: doc! {"n": 10}, unset: vec![] }).await.unwrap();
     assert_eq!(snapshot.get("c", "a").await.unwrap().unwrap().get_i32("n").unwrap(), 1);

@@ -209,12 +209,15 @@ impl<L: Layer> Store for Layered<L> {
         Ok(applied)
     }
 
-    fn chains_cheaply(&self) -> bool {
-        self.inner.chains_cheaply()
-    }
-
-    fn snapshots(&self) -> bool {
-        self.inner.snapshots()
+    /// The store's below, less what a layer that takes chains apart (a
+    /// fault injector) takes away: chains then land write by write.
+    fn capabilities(&self) -> super::Capabilities {
+        let below = self.inner.capabilities();
+        if self.layer.splits_chains() {
+            super::Capabilities { atomic_chains: false, all_or_nothing: false, ..below }
+        } else {
+            below
+        }
     }
 
     fn opening(&self) -> Option<&str> {
@@ -226,11 +229,6 @@ impl<L: Layer> Store for Layered<L> {
     async fn snapshot(&self) -> StoreResult<Option<DynStore>> {
         let below = self.layer.around(self.inner.as_ref(), &Op::read("snapshot", ""), self.inner.snapshot()).await?;
         Ok(below.map(|inner| Arc::new(Self { inner, layer: Arc::clone(&self.layer) }) as DynStore))
-    }
-
-    /// Not through a layer that takes chains apart.
-    fn writes_all_or_nothing(&self) -> bool {
-        !self.layer.splits_chains() && self.inner.writes_all_or_nothing()
     }
 
     async fn write_all_or_nothing(&self, writes: Vec<(&str, Write<'_>)>, durability: Durability) -> StoreResult<bool> {
@@ -247,12 +245,6 @@ impl<L: Layer> Store for Layered<L> {
             self.layer.after_write(&kinds);
         }
         Ok(applied)
-    }
-
-    /// A layer that takes chains apart (a fault injector) makes them
-    /// land write by write.
-    fn chains_atomically(&self) -> bool {
-        !self.layer.splits_chains() && self.inner.chains_atomically()
     }
 
     async fn append_all(&self, coll: &str, records: Vec<Record>) -> StoreResult<Vec<bool>> {

@@ -67,6 +67,28 @@ pub struct BackupInfo {
     pub journal_position: u64,
 }
 
+/// What a store can do beyond the [`Store`] contract, answered once as one
+/// value ([`Store::capabilities`]); a layer that takes chains apart (a
+/// fault injector) clears what that takes away.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// [`Store::write_in_order`] costs one round trip, so that a chain
+    /// beats the same writes issued in parallel. Where it does not
+    /// (MongoDB: one request per write), the protocol's steps go in
+    /// parallel instead.
+    pub cheap_chains: bool,
+    /// A chain ([`Store::write_in_order`]) is durable whole: a crash keeps
+    /// every write the chain applied or none of them, never a prefix. (A
+    /// chain still stops at the first write whose filter fails.) Where it
+    /// is, a single write and its change event's append go as one chain
+    /// without the outbox (docs/design.md §1).
+    pub atomic_chains: bool,
+    /// [`Store::write_all_or_nothing`] is supported.
+    pub all_or_nothing: bool,
+    /// [`Store::snapshot`] gives snapshots.
+    pub snapshots: bool,
+}
+
 /// The narrow interface the protocol is written against.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -95,26 +117,10 @@ pub trait Store: Send + Sync + 'static {
         write_each(self, writes, durability).await
     }
 
-    /// Whether [`Store::write_in_order`] costs one round trip, so that a
-    /// chain beats the same writes issued in parallel. Where it does not
-    /// (MongoDB: one request per write), the protocol's steps go in
-    /// parallel instead.
-    fn chains_cheaply(&self) -> bool {
-        false
-    }
-
-    /// Whether a chain ([`Store::write_in_order`]) is durable whole: a
-    /// crash keeps every write the chain applied or none of them, never a
-    /// prefix. (A chain still stops at the first write whose filter
-    /// fails.) Where it is, a single write and its change event's append
-    /// go as one chain without the outbox (docs/design.md §1).
-    fn chains_atomically(&self) -> bool {
-        false
-    }
-
-    /// Whether [`Store::write_all_or_nothing`] is supported.
-    fn writes_all_or_nothing(&self) -> bool {
-        false
+    /// What this store can do beyond the trait's contract: the one value
+    /// the protocol above branches on (none, by default).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
     }
 
     /// Apply all of `writes` or none: every write's condition (an insert's
@@ -122,7 +128,7 @@ pub trait Store: Send + Sync + 'static {
     /// if every one holds are they all applied, in order, as one commit
     /// that a crash keeps whole or drops whole. `Ok(false)`: some
     /// condition failed and nothing was applied. Each write must be about
-    /// another record. Only where [`Store::writes_all_or_nothing`] says so
+    /// another record. Only where [`Capabilities::all_or_nothing`] says so
     /// (the embedded store: one queued item of its single writer); the
     /// protocol never needs it, and goes without it elsewhere
     /// (docs/design.md §1).
@@ -153,11 +159,6 @@ pub trait Store: Send + Sync + 'static {
     /// MongoDB a snapshot read needs a replica set's read concern).
     async fn snapshot(&self) -> StoreResult<Option<DynStore>> {
         Ok(None)
-    }
-
-    /// Whether [`Store::snapshot`] gives snapshots.
-    fn snapshots(&self) -> bool {
-        false
     }
 
     /// The id of this opening of a store that one process at a time can

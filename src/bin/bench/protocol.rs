@@ -77,7 +77,7 @@ pub struct Counting {
 
 impl Counting {
     pub fn over(inner: DynStore) -> Layered<Self> {
-        let cheap_chains = inner.chains_cheaply();
+        let cheap_chains = inner.capabilities().cheap_chains;
         let counting = Self {
             writes: AtomicU64::new(0),
             appends: AtomicU64::new(0),

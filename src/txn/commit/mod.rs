@@ -203,7 +203,7 @@ impl Commit {
         let _running = self.signals.run(txn, wounded.clone());
         let began = Instant::now();
         let prepare = async {
-            let chains = self.store.chains_cheaply();
+            let chains = self.store.capabilities().cheap_chains;
             if !chains && bound_holds_unread(plan) {
                 // Where a chain costs a round trip per write, the record goes
                 // alone, side by side with the first reads (it needs nothing
@@ -240,7 +240,7 @@ impl Commit {
                 // again while members move under it, as they do when
                 // transactions contend: a read is cheap there); else the
                 // whole protocol in one chain.
-                if self.store.writes_all_or_nothing() && tries < AT_ONCE_TRIES {
+                if self.store.capabilities().all_or_nothing && tries < AT_ONCE_TRIES {
                     if let Some(done) = self.at_once(plan, &record, &stages).await? {
                         return Ok(Prepared::Whole(done));
                     }

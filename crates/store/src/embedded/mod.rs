@@ -452,10 +452,6 @@ impl Store for EmbeddedStore {
         Ok(self.reader.indexes(coll))
     }
 
-    fn snapshots(&self) -> bool {
-        true
-    }
-
     /// One process opens the store at a time (redb's lock on the file).
     fn opening(&self) -> Option<&str> {
         Some(&self.opening)
@@ -470,17 +466,12 @@ impl Store for EmbeddedStore {
         self.queue(WriteOp::of(coll, write), durability).await
     }
 
-    fn chains_cheaply(&self) -> bool {
-        true
-    }
-    /// A chain is one group commit: one redb commit and one journal entry,
-    /// which a crash keeps whole or drops whole.
-    fn chains_atomically(&self) -> bool {
-        true
-    }
-    /// The writer checks every write of the chain before it applies any.
-    fn writes_all_or_nothing(&self) -> bool {
-        true
+    /// A chain is one group commit (one redb commit and one journal entry,
+    /// which a crash keeps whole or drops whole); the writer checks every
+    /// write of a chain before it applies any; a read transaction is a
+    /// snapshot.
+    fn capabilities(&self) -> super::Capabilities {
+        super::Capabilities { cheap_chains: true, atomic_chains: true, all_or_nothing: true, snapshots: true }
     }
     fn syncs(&self) -> Option<u64> {
         Some(self.stats().syncs.load(Ordering::Relaxed))

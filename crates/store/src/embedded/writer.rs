@@ -299,7 +299,7 @@ impl Writer {
                     results.push(result.map(|()| applied));
                     // Entries split between queued items only: a chain's
                     // effects are in one entry, which a crash keeps whole
-                    // or drops whole (`Store::chains_atomically`).
+                    // or drops whole (`Capabilities::atomic_chains`).
                     if entries.last().is_some_and(|e| e.len() >= journal::ENTRY_TARGET) {
                         entries.push(Effects::default());
                     }
