@@ -3,6 +3,7 @@
 //! rules for names and changes ([`rules`]). Single-document reads and
 //! writes are [`crate::documents`]'.
 
+pub(crate) mod names;
 pub(crate) mod rules;
 
 use serde::{Deserialize, Serialize};

@@ -493,7 +493,7 @@ impl Hooks {
             return Ok(());
         }
         let at = rec.committed_at.unwrap_or_else(|| self.clock.now());
-        let summary = crate::txn::summary(rec).to_json().to_string();
+        let summary = crate::txn::answer::CommittedOut::of(rec).to_json().to_string();
         let hooks = rec.hooks();
         let count = hooks.len() as i64;
         for (i, hook) in hooks.into_iter().enumerate() {

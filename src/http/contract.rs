@@ -93,11 +93,9 @@ macro_rules! schema_here {
     };
 }
 
+pub(crate) use crate::document::names::{Collection, DocumentId};
+
 schema_here! {
-    /// A collection name.
-    Collection,
-    /// A document id.
-    DocumentId,
     /// A document's fields.
     Fields,
     /// A create body: the fields and an optional `_id`.
@@ -144,6 +142,12 @@ schema_here! {
     HookHeaders,
     /// Any JSON value at all.
     AnyValue,
+}
+
+/// Every schema written here: those of the placeholders below the HTTP
+/// layer (`document::names`), then this module's own.
+fn schemas_here() -> impl Iterator<Item = &'static str> {
+    crate::document::names::NAMES.iter().chain(SCHEMAS_HERE).copied()
 }
 
 fn schema_here(name: &str) -> Value {
@@ -380,8 +384,8 @@ pub(crate) fn document(derived: utoipa::openapi::OpenApi) -> Value {
         }),
     );
     let schemas = components.get_mut("schemas").and_then(Value::as_object_mut).expect("schemas");
-    for name in SCHEMAS_HERE {
-        schemas.insert((*name).to_owned(), schema_here(name));
+    for name in schemas_here() {
+        schemas.insert(name.to_owned(), schema_here(name));
     }
     for family in Family::ALL {
         schemas.insert(family.name().to_owned(), problem_schema(*family));
@@ -437,7 +441,7 @@ pub(crate) fn document(derived: utoipa::openapi::OpenApi) -> Value {
     // Schemas written out in place (the headers') are not components.
     let text = doc.to_string();
     let unused: Vec<&str> =
-        SCHEMAS_HERE.iter().copied().filter(|n| !text.contains(&format!("\"#/components/schemas/{n}\""))).collect();
+        schemas_here().filter(|n| !text.contains(&format!("\"#/components/schemas/{n}\""))).collect();
     let schemas = doc["components"]["schemas"].as_object_mut().expect("schemas");
     for name in unused {
         schemas.remove(name);

@@ -277,7 +277,7 @@ impl Idempotency {
     }
 
     async fn replay_committed(&self, key: &str, rec: &TxnRecord) -> StoreResult<Claim> {
-        let body = super::summary(rec).to_json();
+        let body = super::answer::CommittedOut::of(rec).to_json();
         self.complete_key(key, &rec.id, 200, &body).await?;
         Ok(Claim::Replay { status: 200, body })
     }

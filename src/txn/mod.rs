@@ -3,6 +3,7 @@
 //! and recovery (docs/design.md §3).
 
 pub(crate) mod age;
+pub(crate) mod answer;
 pub(crate) mod commit;
 pub(crate) mod events;
 pub(crate) mod finish;
@@ -281,7 +282,7 @@ impl Transactions {
                 // After the answer: until it is stored, a retry with the key
                 // finds the committed record and replays its summary.
                 let (keys, key, txn) = (Arc::clone(&self.keys), key.clone(), txn.to_owned());
-                let body = summary(&committed.record).to_json();
+                let body = answer::CommittedOut::of(&committed.record).to_json();
                 self.follow_ups.spawn(async move {
                     if let Err(err) = keys.complete_key(&key, &txn, 200, &body).await {
                         tracing::warn!(txn.id = %txn, error = %err, "could not record the idempotency outcome");
@@ -319,44 +320,5 @@ impl Transactions {
             self.commit.roll_back_in_background(rec.clone());
         }
         Ok(Aborted::Record(Box::new(rec)))
-    }
-}
-
-/// The commit summary: the 200 answer (its schema is the API's
-/// `CommittedOut`), what an Idempotency-Key replays, and the default body
-/// of a hook.
-#[derive(Clone, Debug, serde::Serialize)]
-pub(crate) struct Summary {
-    pub id: String,
-    /// Always `committed`.
-    pub status: Status,
-    pub committed_at: Option<String>,
-    /// One per action, in order.
-    pub results: Vec<record::MemberResult>,
-    pub hooks: Vec<SummaryHook>,
-}
-
-/// A hook in the commit summary: its delivery id, and `pending`.
-#[derive(Clone, Debug, serde::Serialize)]
-pub(crate) struct SummaryHook {
-    pub id: String,
-    pub status: &'static str,
-}
-
-/// The commit summary of committed `rec`.
-pub(crate) fn summary(rec: &TxnRecord) -> Summary {
-    Summary {
-        id: rec.id.clone(),
-        status: Status::Committed,
-        committed_at: rec.committed_at.map(crate::clock::rfc3339),
-        results: rec.results.iter().flatten().cloned().collect(),
-        hooks: (0..rec.hook_count).map(|i| SummaryHook { id: format!("{}:{i}", rec.id), status: "pending" }).collect(),
-    }
-}
-
-impl Summary {
-    /// The summary as JSON (as stored for a key, and sent as a hook's body).
-    pub(crate) fn to_json(&self) -> serde_json::Value {
-        serde_json::to_value(self).expect("a summary serializes")
     }
 }

@@ -31,7 +31,7 @@ use crate::keys::Scope;
 use crate::seal::List;
 use crate::txn::plan::ActionOp;
 use crate::txn::record::{Status, TxnRecord};
-use crate::txn::{Aborted, Fingerprint, Keyed, Submitted, summary};
+use crate::txn::{Aborted, Fingerprint, Keyed, Submitted};
 
 pub(crate) fn router() -> Routes {
     // The handlers check the collections a transaction touches.
@@ -164,7 +164,7 @@ pub(crate) async fn create_transaction(
         .map_err(|e| ApiError::internal(format!("transaction task failed: {e}")))??;
     match submitted {
         Submitted::Ran(ran, _) => match *ran {
-            Ok(committed) => Ok(axum::Json(CommittedOut::from(summary(&committed.record))).into_response()),
+            Ok(committed) => Ok(axum::Json(CommittedOut::of(&committed.record)).into_response()),
             Err(err) => {
                 let conflict = Conflict::of_transaction(&err);
                 Err(super::conflicts::explained(&state, &access, &headers, conflict, ApiError::from(err)).await)

@@ -320,75 +320,7 @@ impl HookIn {
     }
 }
 
-/// The answer once the commit point is passed.
-#[derive(Serialize, ToSchema)]
-pub(crate) struct CommittedOut {
-    /// The transaction's id (a UUIDv7).
-    pub id: String,
-    /// Always `committed`.
-    #[schema(value_type = CommittedStatus)]
-    pub status: CommittedStatus,
-    #[schema(format = DateTime, example = "2026-01-02T03:04:05.678Z")]
-    pub committed_at: String,
-    /// One per action, in order.
-    pub results: Vec<ResultOut>,
-    pub hooks: Vec<HookStateOut>,
-}
-
-impl From<crate::txn::Summary> for CommittedOut {
-    fn from(s: crate::txn::Summary) -> Self {
-        Self {
-            id: s.id,
-            status: CommittedStatus::Committed,
-            committed_at: s.committed_at.unwrap_or_default(),
-            results: s
-                .results
-                .into_iter()
-                .map(|r| ResultOut { collection: r.collection, id: r.id, version: r.version })
-                .collect(),
-            hooks: s.hooks.into_iter().map(|h| HookStateOut { id: h.id, status: HookState::Pending }).collect(),
-        }
-    }
-}
-
-/// The status of a committed transaction's answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[schema(rename_all = "snake_case")]
-pub(crate) enum CommittedStatus {
-    Committed,
-}
-
-#[derive(Serialize, ToSchema)]
-pub(crate) struct ResultOut {
-    #[schema(value_type = Collection)]
-    pub collection: String,
-    #[schema(value_type = DocumentId)]
-    pub id: String,
-    /// The new version (the current one for `check`, the tombstone's for `delete`).
-    #[schema(minimum = 1)]
-    pub version: i64,
-}
-
-#[derive(Serialize, ToSchema)]
-pub(crate) struct HookStateOut {
-    /// `<transaction>:<index>`: the delivery id.
-    pub id: String,
-    #[schema(value_type = HookState)]
-    pub status: HookState,
-}
-
-/// A hook's delivery state: `not_sent` when the transaction did not commit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-#[schema(rename_all = "snake_case")]
-pub(crate) enum HookState {
-    Pending,
-    Failed,
-    Dead,
-    Delivered,
-    NotSent,
-}
+pub(crate) use crate::txn::answer::{CommittedOut, HookState, HookStateOut};
 
 /// A transaction record.
 #[derive(Serialize, ToSchema)]
@@ -546,30 +478,5 @@ pub(super) fn transaction_out(rec: &TxnRecord, deliveries: &[Option<Delivery>], 
         actions,
         hooks,
         failure: rec.failure.as_ref().and_then(|f| serde_json::to_value(f).ok()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::txn::record::MemberResult;
-
-    /// The 200 answer and the summary a key replays (and a hook sends by
-    /// default) are one JSON.
-    #[test]
-    fn the_committed_answer_is_the_summary() {
-        let at = crate::store::DateTime::from_millis(1_700_000_000_123);
-        let rec = TxnRecord {
-            status: Status::Committed,
-            committed_at: Some(at),
-            results: Some(vec![MemberResult { collection: "c".into(), id: "d".into(), version: 3 }]),
-            hook_count: 2,
-            ..TxnRecord::fenced("t1", at)
-        };
-        let summary = crate::txn::summary(&rec);
-        let answer = serde_json::to_value(CommittedOut::from(summary.clone())).unwrap();
-        assert_eq!(answer, summary.to_json());
-        assert_eq!(answer["hooks"][1]["id"], "t1:1");
-        assert_eq!(answer["status"], "committed");
     }
 }
