@@ -3,10 +3,6 @@
 //! transaction's results): named in `value_type = ...` only, their schemas
 //! are written by `http::contract`, as its own placeholders' are.
 
-use std::borrow::Cow;
-
-use utoipa::openapi::{ObjectBuilder, RefOr, Schema};
-
 /// A collection name.
 #[allow(dead_code, reason = "named in `value_type = ...` only")]
 pub(crate) struct Collection;
@@ -18,22 +14,25 @@ pub(crate) struct DocumentId;
 /// The names of the schemas this module stands for.
 pub(crate) const NAMES: &[&str] = &["Collection", "DocumentId"];
 
-macro_rules! named {
+/// A schema whose content `http::contract` writes: an empty object to
+/// utoipa, under the type's own name (used there too).
+macro_rules! placeholder_schema {
     ($($name:ident),*) => {
         $(
-            impl utoipa::PartialSchema for $name {
-                fn schema() -> RefOr<Schema> {
-                    ObjectBuilder::new().build().into()
+            impl ::utoipa::PartialSchema for $name {
+                fn schema() -> ::utoipa::openapi::RefOr<::utoipa::openapi::Schema> {
+                    ::utoipa::openapi::ObjectBuilder::new().build().into()
                 }
             }
 
-            impl utoipa::ToSchema for $name {
-                fn name() -> Cow<'static, str> {
-                    Cow::Borrowed(stringify!($name))
+            impl ::utoipa::ToSchema for $name {
+                fn name() -> ::std::borrow::Cow<'static, str> {
+                    ::std::borrow::Cow::Borrowed(stringify!($name))
                 }
             }
         )*
     };
 }
+pub(crate) use placeholder_schema;
 
-named!(Collection, DocumentId);
+placeholder_schema!(Collection, DocumentId);

@@ -13,10 +13,7 @@
 //! the rules the server checks, and `tests/clients` runs a property-based
 //! tester against the running gateway to hold the two together.
 
-use std::borrow::Cow;
-
 use serde_json::{Value, json};
-use utoipa::openapi::{ObjectBuilder, RefOr, Schema};
 
 use super::error::Family;
 use super::problems::problem_schema;
@@ -76,17 +73,7 @@ macro_rules! schema_here {
             #[allow(dead_code, reason = "named in `value_type = ...` only")]
             pub(crate) struct $name;
 
-            impl utoipa::PartialSchema for $name {
-                fn schema() -> RefOr<Schema> {
-                    ObjectBuilder::new().build().into()
-                }
-            }
-
-            impl utoipa::ToSchema for $name {
-                fn name() -> Cow<'static, str> {
-                    Cow::Borrowed(stringify!($name))
-                }
-            }
+            crate::document::names::placeholder_schema!($name);
         )*
 
         const SCHEMAS_HERE: &[&str] = &[$(stringify!($name)),*];

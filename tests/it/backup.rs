@@ -73,17 +73,7 @@ impl Writer {
 
     /// Until `n` creates are acknowledged.
     async fn until_acked(&self, n: usize) {
-        let acked = async {
-            loop {
-                let pushed = self.pushed.notified();
-                tokio::pin!(pushed);
-                pushed.as_mut().enable();
-                if self.acked() >= n {
-                    return;
-                }
-                pushed.await;
-            }
-        };
+        let acked = crate::support::woken_until(&self.pushed, || self.acked() >= n);
         if tokio::time::timeout(Duration::from_secs(30), acked).await.is_err() {
             panic!("only {} of {n} creates acknowledged", self.acked());
         }

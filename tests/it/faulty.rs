@@ -90,15 +90,7 @@ impl Gate {
     }
 
     async fn until(&self, holds: impl Fn(&Self) -> bool) {
-        loop {
-            let moved = self.moved.notified();
-            tokio::pin!(moved);
-            moved.as_mut().enable();
-            if holds(self) {
-                return;
-            }
-            moved.await;
-        }
+        crate::support::woken_until(&self.moved, || holds(self)).await;
     }
 }
 
@@ -201,15 +193,7 @@ impl Faults {
     }
 
     async fn until(&self, holds: impl Fn(&Self) -> bool) {
-        loop {
-            let moved = self.moved.notified();
-            tokio::pin!(moved);
-            moved.as_mut().enable();
-            if holds(self) {
-                return;
-            }
-            moved.await;
-        }
+        crate::support::woken_until(&self.moved, || holds(self)).await;
     }
 
     pub fn ops(&self) -> usize {

@@ -115,6 +115,20 @@ pub struct TestApp {
     _store: Option<TestStore>,
 }
 
+/// Until `holds` answers `true`, checked now and after each wake-up of
+/// `wake` (woken with `notify_waiters` after what `holds` reads changed).
+pub async fn woken_until(wake: &tokio::sync::Notify, mut holds: impl FnMut() -> bool) {
+    loop {
+        let woken = wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        if holds() {
+            return;
+        }
+        woken.await;
+    }
+}
+
 /// How long [`TestApp::until`] waits for what it waits for.
 pub const UNTIL: Duration = Duration::from_secs(30);
 
@@ -472,17 +486,7 @@ impl TestReceiver {
     /// are still being answered).
     pub async fn arrived(&self, n: usize, within: Duration) {
         let arrival = Arc::clone(&self.behaviour.lock().unwrap().arrival);
-        let arrived = async {
-            loop {
-                let next = arrival.notified();
-                tokio::pin!(next);
-                next.as_mut().enable();
-                if self.behaviour.lock().unwrap().arrived >= n {
-                    return;
-                }
-                next.await;
-            }
-        };
+        let arrived = woken_until(&arrival, || self.behaviour.lock().unwrap().arrived >= n);
         if tokio::time::timeout(within, arrived).await.is_err() {
             panic!("{} of {n} requests arrived", self.behaviour.lock().unwrap().arrived);
         }
