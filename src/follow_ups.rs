@@ -51,7 +51,9 @@ pub(crate) type Writing = OwnedRwLockReadGuard<()>;
 pub(crate) type Quiet = OwnedRwLockWriteGuard<()>;
 
 /// How many follow-ups are under way, and a wake-up when one ends: what
-/// [`FollowUps::idle`] waits on.
+/// [`FollowUps::idle`] waits on. (Not the tracker's own count: a task
+/// leaves it only after its future is dropped, after any wake-up sent from
+/// inside it.)
 #[derive(Default)]
 struct Running {
     count: std::sync::atomic::AtomicUsize,
@@ -145,15 +147,8 @@ impl FollowUps {
     /// spawned ([`Self::spawn`], [`Self::spawn_settled`]): what a test
     /// waits for before it reads what an answer left behind.
     pub(crate) async fn idle(&self) {
-        loop {
-            let ended = self.running.ended.notified();
-            tokio::pin!(ended);
-            ended.as_mut().enable();
-            if self.running.count.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-                return;
-            }
-            ended.await;
-        }
+        let running = &self.running;
+        crate::wake::until(&running.ended, || running.count.load(std::sync::atomic::Ordering::SeqCst) == 0).await;
     }
 
     /// A ticket for settled work that runs in a task spawned earlier (a

@@ -36,6 +36,7 @@ mod subscriptions;
 #[doc(hidden)]
 pub mod testing;
 mod txn;
+mod wake;
 mod worker;
 
 pub use http::openapi_json;

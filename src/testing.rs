@@ -45,6 +45,9 @@ impl Handles {
     }
 }
 
+/// Waiting on a condition a `Notify` announces changes of.
+pub use crate::wake::until as woken_until;
+
 pub mod clock {
     pub use crate::clock::{Clock, rfc3339};
 }

@@ -76,15 +76,7 @@ impl Indexes {
     /// Until no build of this instance is running (each has finished,
     /// failed or stopped).
     pub(crate) async fn builds_idle(&self) {
-        loop {
-            let built = self.built.notified();
-            tokio::pin!(built);
-            built.as_mut().enable();
-            if self.running.lock().expect("running builds").is_empty() {
-                return;
-            }
-            built.await;
-        }
+        crate::wake::until(&self.built, || self.running.lock().expect("running builds").is_empty()).await;
     }
 
     /// Wait for the builds running to stop (they stop at `stop`).

@@ -115,19 +115,7 @@ pub struct TestApp {
     _store: Option<TestStore>,
 }
 
-/// Until `holds` answers `true`, checked now and after each wake-up of
-/// `wake` (woken with `notify_waiters` after what `holds` reads changed).
-pub async fn woken_until(wake: &tokio::sync::Notify, mut holds: impl FnMut() -> bool) {
-    loop {
-        let woken = wake.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
-        if holds() {
-            return;
-        }
-        woken.await;
-    }
-}
+pub use txgate::testing::woken_until;
 
 /// How long [`TestApp::until`] waits for what it waits for.
 pub const UNTIL: Duration = Duration::from_secs(30);
