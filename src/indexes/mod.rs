@@ -148,11 +148,9 @@ impl Declaration {
         mongodb::bson::from_document(record).map_err(|e| StoreError::Undecodable(format!("{INDEXES}/{id}: {e}")))
     }
 
-    /// The index in the store: `_meta.deleted`, the fields, `_id`.
+    /// The index in the store ([`store_fields`]).
     pub(crate) fn spec(&self) -> IndexSpec {
-        let mut fields = vec!["_meta.deleted".to_owned()];
-        fields.extend(self.fields.iter().cloned());
-        fields.push("_id".to_owned());
+        let fields = store_fields(&self.fields);
         IndexSpec { name: self.physical.clone(), fields, unique: false, sparse: false, counted: true }
     }
 
@@ -173,6 +171,16 @@ impl Declaration {
     pub(crate) fn paths(&self) -> impl Iterator<Item = &str> {
         self.fields.iter().map(|f| f.strip_prefix('-').unwrap_or(f))
     }
+}
+
+/// The fields of a declared index's store index: `_meta.deleted` (so
+/// reads pin it to false and read live documents only), the declared
+/// fields in their directions, then `_id`.
+pub(crate) fn store_fields(declared: &[String]) -> Vec<String> {
+    let mut fields = vec!["_meta.deleted".to_owned()];
+    fields.extend(declared.iter().cloned());
+    fields.push("_id".to_owned());
+    fields
 }
 
 /// A new store index name for a declaration named `name`: never another

@@ -415,8 +415,8 @@ impl Queries {
             return Ok(QueryPage { items, next, position });
         };
         let store = at.store(self.documents.store());
-        let mut store_query = store_query(&query.filter, plan);
-        let order = store_query.sort.clone();
+        let mut store_query = store_query(plan);
+        let order = store_query.order();
         let digest = forms.digest(Some(coll), &order);
         let mut after = match query.after.as_deref().map(decode_cursor).transpose()? {
             None => None,
@@ -511,7 +511,7 @@ impl Queries {
         // none is ready.
         let planning = Planning::Count { filter };
         let query = match self.indexes.plan(coll, planning).await? {
-            Ok(plan) => store_query(filter, &plan),
+            Ok(plan) => store_query(&plan),
             Err(_) if filter.paths.is_empty() => IndexQuery::live(),
             Err(why) => return Err(self.unserved(coll, why, planning).await),
         };
@@ -570,22 +570,20 @@ fn member_events(rec: &TxnRecord, coll: &str) -> Option<Vec<String>> {
     )
 }
 
-fn store_query(filter: &Filter, plan: &Plan) -> IndexQuery {
+/// The read of `plan` along its index in the store (where every declared
+/// index begins with `_meta.deleted`, pinned to false: live documents).
+fn store_query(plan: &Plan) -> IndexQuery {
     let mut eq = vec![Bson::Boolean(false)];
     eq.extend(plan.eq.iter().cloned());
-    let mut sort: Vec<(String, i32)> =
-        plan.order.iter().map(|k| (k.path.clone(), if k.desc { -1 } else { 1 })).collect();
-    sort.push(("_id".into(), if plan.reverse { -1 } else { 1 }));
     IndexQuery {
         index: plan.index.clone(),
+        fields: crate::indexes::store_fields(&plan.fields),
         eq,
         slot: plan.slot.clone(),
         reverse: plan.reverse,
         after: None,
         limit: 0,
         budget: usize::MAX,
-        filter: IndexQuery::live_filter(filter.to_mongo()),
-        sort,
     }
 }
 

@@ -209,20 +209,6 @@ impl Filter {
         Ok(())
     }
 
-    /// The filter as MongoDB runs it, over the stored document (whose
-    /// top-level fields are the data's).
-    pub(crate) fn to_mongo(&self) -> Vec<Document> {
-        let mut out = Vec::new();
-        for (path, conds) in &self.paths {
-            for cond in conds {
-                let mut d = Document::new();
-                d.insert(path.clone(), cond.to_bson());
-                out.push(d);
-            }
-        }
-        out
-    }
-
     /// The filter's conditions in one order whatever order they were
     /// written in, each in its one form ([`Cond::normal`]): each as its
     /// BSON bytes (`{path: {op: value}}`), sorted. Equal for filters that

@@ -58,15 +58,14 @@ impl SortKey {
 pub(crate) struct Plan {
     /// The index's name.
     pub index: String,
+    /// The index's fields as declared (`-path`: descending).
+    pub fields: Vec<String>,
     /// The values of the paths pinned by equality, in the index's order.
     pub eq: Vec<crate::store::Bson>,
     /// The intervals of the range path's values, if the query has one.
     pub slot: Option<Vec<Interval>>,
     /// The index is read backwards.
     pub reverse: bool,
-    /// The order fields after the pinned ones, as read (`-path` when read
-    /// descending).
-    pub order: Vec<SortKey>,
 }
 
 /// Why no ready index serves a query.
@@ -245,11 +244,11 @@ pub(crate) fn plan(filter: &Filter, sort: &[SortKey], ready: &[Declared]) -> Res
         }
         let plan = Plan {
             index: index.name.clone(),
+            fields: index.fields.clone(),
             eq: pinned(&shape, head),
             slot: shape.range.as_ref().map(|(_, r)| r.intervals()),
             // With no order field, the index is read forwards (by id).
             reverse: !same,
-            order: shape.order.clone(),
         };
         if same {
             return Ok(plan);
@@ -306,10 +305,10 @@ pub(crate) fn plan_count(filter: &Filter, ready: &[Declared]) -> Result<Plan, Un
         }
         return Ok(Plan {
             index: index.name.clone(),
+            fields: index.fields.clone(),
             eq: pinned(&shape, &keys[..n]),
             slot: shape.range.as_ref().map(|(_, r)| r.intervals()),
             reverse: false,
-            order: Vec::new(),
         });
     }
     let fields = wanted(&shape);

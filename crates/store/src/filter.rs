@@ -207,34 +207,6 @@ pub(crate) fn sort_order(a: Option<&Bson>, b: Option<&Bson>) -> Ordering {
     }
 }
 
-/// The order of two records by `sort` (fields with 1 or -1), in
-/// [`sort_order`] for each field.
-pub(crate) fn compare_by(sort: &[(String, i32)], a: &Document, b: &Document) -> Ordering {
-    for (field, dir) in sort {
-        let o = sort_order(lookup(a, field), lookup(b, field));
-        let o = if *dir < 0 { o.reverse() } else { o };
-        if o != Ordering::Equal {
-            return o;
-        }
-    }
-    Ordering::Equal
-}
-
-/// Whether `record` comes strictly after the entry whose `sort` fields
-/// have the values `after`, in the order of `sort`.
-pub(crate) fn comes_after(sort: &[(String, i32)], record: &Document, after: &[Bson]) -> bool {
-    for ((field, dir), at) in sort.iter().zip(after) {
-        let o = sort_order(lookup(record, field), Some(at));
-        let o = if *dir < 0 { o.reverse() } else { o };
-        match o {
-            Ordering::Greater => return true,
-            Ordering::Less => return false,
-            Ordering::Equal => {}
-        }
-    }
-    false
-}
-
 /// Apply a `$set`/`$unset` update in place, creating intermediate
 /// documents for dotted paths as MongoDB does.
 pub(crate) fn apply_update(record: &mut Document, update: &Update) -> StoreResult<()> {

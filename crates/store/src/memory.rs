@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::filter::{apply_update, comes_after, compare_by, lookup, matches, sort_order};
+use super::filter::{apply_update, lookup, matches, sort_order};
 use super::{
     Document, Durability, Found, IndexQuery, IndexSpec, Order, Record, Scan, Store, StoreError, StoreResult, Write,
 };
@@ -26,19 +26,13 @@ impl MemoryStore {
         f(&mut self.records.lock().expect("memory store"))
     }
 
-    /// Every record of `coll` matching `filter`, in `_id` order.
-    fn matching(&self, coll: &str, filter: &Document) -> StoreResult<Vec<Record>> {
+    /// The records of `coll` that `query` reads, in its order: as the
+    /// embedded store's index would hold them.
+    fn along_index(&self, coll: &str, query: &IndexQuery) -> StoreResult<Vec<Record>> {
         self.with(|records| {
-            let mut out = Vec::new();
-            for ((c, _), record) in records.range((coll.to_owned(), String::new())..) {
-                if c != coll {
-                    break;
-                }
-                if matches(record, filter)? {
-                    out.push(record.clone());
-                }
-            }
-            Ok(out)
+            let of_coll = records.range((coll.to_owned(), String::new())..).take_while(|((c, _), _)| c == coll);
+            let found = super::embedded::along_index(query, of_coll.map(|(_, r)| r))?;
+            Ok(found.into_iter().cloned().collect())
         })
     }
 
@@ -141,16 +135,12 @@ impl Store for MemoryStore {
     }
 
     async fn query(&self, coll: &str, query: &IndexQuery) -> StoreResult<Found> {
-        let mut out = self.matching(coll, &query.filter)?;
-        out.sort_by(|a, b| compare_by(&query.sort, a, b));
-        if let Some(after) = &query.after {
-            out.retain(|r| comes_after(&query.sort, r, after));
-        }
+        let out = self.along_index(coll, query)?;
         taken(out, query.limit, query.budget)
     }
 
     async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {
-        Ok(self.matching(coll, &query.filter)?.len() as u64)
+        Ok(self.along_index(coll, query)?.len() as u64)
     }
 
     async fn scan_found(&self, coll: &str, scan: Scan) -> StoreResult<Found> {

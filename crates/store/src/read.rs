@@ -189,40 +189,49 @@ impl Scan {
 }
 
 impl IndexQuery {
-    /// The filter of a query along a user index: live documents (the
-    /// index's first field pinned to `_meta.deleted: false`) matching all
-    /// of `clauses`, of string ids.
-    pub fn live_filter(clauses: Vec<Document>) -> Document {
-        let mut all = vec![doc! {"_meta.deleted": false}];
-        all.extend(clauses);
-        all.push(string_ids());
-        doc! {"$and": all}
-    }
-
     /// Every live document of a collection (tombstones aside), along the
     /// `live` index every user collection has: for counting them.
     pub fn live() -> Self {
         Self {
             index: "live".into(),
+            fields: vec!["_meta.deleted".into(), "_id".into()],
             eq: vec![Bson::Boolean(false)],
             slot: None,
             reverse: false,
             after: None,
             limit: 0,
             budget: usize::MAX,
-            filter: doc! {"$and": [{"_meta.deleted": false}, string_ids()]},
-            sort: Vec::new(),
         }
     }
-}
 
-/// Records of string ids only. Every id txgate writes is one; on MongoDB
-/// another tool may give a record a number or an ObjectId, which a query or
-/// a count must not take in (a cursor past one would, by MongoDB's type
-/// order, skip every string id of the same key). Every index txgate makes
-/// ends with `_id`, so the condition is answered from the index.
-fn string_ids() -> Document {
-    doc! {"_id": {"$gte": ""}}
+    /// The index's fields, each with whether it is descending, `_id` last
+    /// (added when the index does not name it: every index orders equal
+    /// values by id).
+    pub fn keys(&self) -> Vec<(&str, bool)> {
+        let mut keys: Vec<(&str, bool)> = self
+            .fields
+            .iter()
+            .map(|f| match f.strip_prefix('-') {
+                Some(path) => (path, true),
+                None => (f.as_str(), false),
+            })
+            .collect();
+        if keys.last().is_none_or(|(path, _)| *path != "_id") {
+            keys.push(("_id", false));
+        }
+        keys
+    }
+
+    /// The order of the answer: the fields after `eq` (the last being
+    /// `_id`), each with the direction read (1 or -1), which are also the
+    /// fields of [`Self::after`].
+    pub fn order(&self) -> Vec<(String, i32)> {
+        self.keys()
+            .into_iter()
+            .skip(self.eq.len())
+            .map(|(path, desc)| (path.to_owned(), if desc != self.reverse { -1 } else { 1 }))
+            .collect()
+    }
 }
 
 /// Bytes of records (as stored) after which a page of documents or of
@@ -337,15 +346,21 @@ pub struct Interval {
 
 /// A read of a collection along one declared index, exact: every record it
 /// returns matches, and it reads only the entries it returns (and, with
-/// `count`, reads no record at all). The embedded store reads the entries
-/// `eq`, `slot` and `after` name; a store with a query engine (MongoDB)
-/// runs `filter` in the order of `sort` with the index as its hint. Both
-/// describe the same records: the query planner above the store makes
-/// them from one filter.
+/// `count`, reads no record at all). It says which entries in the index's
+/// own terms (values pinned, intervals of the next field's values, a place
+/// to resume after), and each store reads them its own way: the embedded
+/// store walks those entries, a store with a query engine (MongoDB) builds
+/// its filter and order from them and hints the index. Only records with
+/// string ids are read (every id txgate writes is one; on MongoDB another
+/// tool may give a record a number or an ObjectId, which a cursor past it
+/// would skip every string id of the same key for).
 #[derive(Clone, Debug)]
 pub struct IndexQuery {
     /// The index (by its name in the store).
     pub index: String,
+    /// The index's fields as its [`IndexSpec`] lists them (`-path`:
+    /// descending); `_id` is last whether listed or not.
+    pub fields: Vec<String>,
     /// The values of the index's first fields, pinned by equality.
     pub eq: Vec<Bson>,
     /// The intervals of the next field's values, in order and disjoint;
@@ -361,9 +376,4 @@ pub struct IndexQuery {
     /// `limit`: the record that reaches it is the last returned, so at
     /// least one is (`usize::MAX`: no bound).
     pub budget: usize,
-    /// The same records as a MongoDB filter.
-    pub filter: Document,
-    /// The fields after `eq` (the last being `_id`), each with the
-    /// direction read (1 or -1): the order of the answer.
-    pub sort: Vec<(String, i32)>,
 }

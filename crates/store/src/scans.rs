@@ -8,7 +8,7 @@
 //! that walks an index in order; DocumentDB sorts what the filter matches,
 //! docs/limitations.md).
 
-use super::{Bson, IndexQuery, Scan, doc};
+use super::{Bson, IndexQuery, Scan};
 
 /// A declared scan: on `coll`, along index `index`, with equality on the
 /// index's first fields (`eq`) and order by the field after them (`by`).
@@ -39,15 +39,14 @@ impl ScanDecl {
         assert!(self.eq.len() == 1 && self.by == PRIMARY, "scan {} is not one value's records by id", self.index);
         IndexQuery {
             index: self.index.to_owned(),
-            eq: vec![eq.clone()],
+            fields: vec![self.eq[0].to_owned(), PRIMARY.to_owned()],
+            eq: vec![eq],
             slot: None,
             reverse: false,
             // From the first string without `after` (see [`Scan::after`]).
             after: Some(vec![Bson::String(after.unwrap_or_default().to_owned())]),
             limit,
             budget,
-            filter: doc! { self.eq[0]: eq },
-            sort: vec![(PRIMARY.to_owned(), 1)],
         }
     }
 }

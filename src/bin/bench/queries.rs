@@ -377,14 +377,13 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
     // For reference: the store's share of a page, in this process (the
     // read along the index and 51 records, no HTTP), as pages read them
     // and decoded into documents.
-    let physical = raw
+    let spec = raw
         .indexes(COLL)
         .await
         .expect("indexes")
         .into_iter()
         .find(|s| s.name.starts_with("u.status_amount."))
-        .expect("the store index")
-        .name;
+        .expect("the store index");
     let (mut lat, mut lat_raw) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
     for i in 0..samples {
         let (status, below) = {
@@ -392,7 +391,8 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
             (STATUSES[rng.random_range(0..10)], rng.random_range(10_000..1_000_003_i64))
         };
         let query = IndexQuery {
-            index: physical.clone(),
+            index: spec.name.clone(),
+            fields: spec.fields.clone(),
             eq: vec![Bson::Boolean(false), Bson::String(status.into())],
             slot: Some(vec![Interval {
                 lower: Edge::Bracket(Bson::Int64(0)),
@@ -402,8 +402,6 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
             after: None,
             limit: 51,
             budget: usize::MAX,
-            filter: doc! {},
-            sort: Vec::new(),
         };
         // Both ways, each first half of the time (the first warms the
         // store's cache for the second).

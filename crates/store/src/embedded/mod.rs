@@ -60,6 +60,31 @@ use reader::Reader;
 use writer::Queued;
 
 pub use recover::truncate_journal;
+
+/// The records of `query` among `records` (those of one collection), in
+/// the query's order, as an index of the embedded store holds them: for a
+/// store that keeps no index (the memory store), so both answer alike.
+pub(crate) fn along_index<'r>(
+    query: &IndexQuery,
+    records: impl Iterator<Item = &'r Record>,
+) -> StoreResult<Vec<&'r Record>> {
+    let fields = query.keys().into_iter().map(|(path, desc)| if desc { format!("-{path}") } else { path.to_owned() });
+    let spec =
+        IndexSpec { name: query.index.clone(), fields: fields.collect(), unique: false, sparse: false, counted: false };
+    let ranges = scan::query_ranges(&spec, query)?;
+    let mut hits: Vec<(Vec<u8>, &Record)> = records
+        .filter_map(|record| {
+            let id = record.get_str("_id").ok()?;
+            let key = entry_key(&spec, record, id)?.bytes;
+            ranges.iter().any(|(start, end)| *start <= key && key < *end).then_some((key, record))
+        })
+        .collect();
+    hits.sort_by(|a, b| a.0.cmp(&b.0));
+    if query.reverse {
+        hits.reverse();
+    }
+    Ok(hits.into_iter().map(|(_, record)| record).collect())
+}
 pub use writer::WriterStats;
 
 const RECORDS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("records");

@@ -44,11 +44,11 @@ use mongodb::bson::{RawDocument, RawDocumentBuf};
 use mongodb::options::{ClientOptions, IndexOptions, ReadConcern, WriteConcern};
 use mongodb::{Client, Collection, Database, IndexModel};
 
-mod after;
 mod errors;
+mod index_query;
 
-use self::after::after_condition;
 use self::errors::{DUPLICATE_KEY, REJECTED_CODES, duplicate, is_duplicate, map_err, missing_hint};
+use self::index_query::{after_condition, query_filter};
 use super::server::ServerInfo;
 use super::{
     Bson, Document, Durability, Found, FoundRaw, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult,
@@ -296,22 +296,35 @@ impl MongoStore {
     }
 
     /// The records of index query `query`, read along its index (hinted).
-    async fn query_cursor(&self, coll: &str, query: &IndexQuery) -> StoreResult<mongodb::Cursor<RawDocumentBuf>> {
-        let mut filter = query.filter.clone();
+    /// `None` when the query's intervals admit no value.
+    async fn query_cursor(
+        &self,
+        coll: &str,
+        query: &IndexQuery,
+    ) -> StoreResult<Option<mongodb::Cursor<RawDocumentBuf>>> {
+        let order = query.order();
+        let Some(mut filter) = query_filter(query) else { return Ok(None) };
         if let Some(after) = &query.after {
-            filter = doc! {"$and": [filter, after_condition(&query.sort, after)]};
+            filter = doc! {"$and": [filter, after_condition(&order, after)]};
         }
-        let sort: Document = query.sort.iter().map(|(f, d)| (f.clone(), Bson::Int32(*d))).collect();
+        let sort: Document = order.iter().map(|(f, d)| (f.clone(), Bson::Int32(*d))).collect();
         let limit = i64::try_from(query.limit).unwrap_or(i64::MAX);
-        let by = query.sort.first().map_or("", |(f, _)| f.as_str());
+        let by = order.first().map_or("", |(f, _)| f.as_str());
         let raw = self.raw(coll);
-        match raw.find(filter.clone()).sort(sort.clone()).hint(self.hint(&query.index, by)).limit(limit).await {
+        let cursor = match raw
+            .find(filter.clone())
+            .sort(sort.clone())
+            .hint(self.hint(&query.index, by))
+            .limit(limit)
+            .await
+        {
             Err(err) if missing_hint(&err) => {
                 tracing::debug!(collection = coll, index = %query.index, "the hinted index is not there: read without the hint");
                 raw.find(filter).sort(sort).limit(limit).await.map_err(map_err)
             }
             read => read.map_err(map_err),
-        }
+        };
+        cursor.map(Some)
     }
 
     fn coll(&self, name: &str) -> Collection<Document> {
@@ -523,7 +536,7 @@ impl Store for MongoStore {
         if query.limit == 0 {
             return Ok(Found::default());
         }
-        let cursor = self.query_cursor(coll, query).await?;
+        let Some(cursor) = self.query_cursor(coll, query).await? else { return Ok(Found::default()) };
         self.found(coll, cursor, query.limit, query.budget).await
     }
 
@@ -532,7 +545,7 @@ impl Store for MongoStore {
         if query.limit == 0 {
             return Ok(found);
         }
-        let mut cursor = self.query_cursor(coll, query).await?;
+        let Some(mut cursor) = self.query_cursor(coll, query).await? else { return Ok(found) };
         while cursor.advance().await.map_err(map_err)? {
             let raw = cursor.current();
             match super::convert::check(raw.as_bytes()) {
@@ -553,12 +566,13 @@ impl Store for MongoStore {
     }
 
     async fn count(&self, coll: &str, query: &IndexQuery) -> StoreResult<u64> {
+        let Some(filter) = query_filter(query) else { return Ok(0) };
         let collection = self.coll(coll);
         let hint = mongodb::options::Hint::Name(query.index.clone());
-        match collection.count_documents(query.filter.clone()).hint(hint).await {
+        match collection.count_documents(filter.clone()).hint(hint).await {
             Err(err) if missing_hint(&err) => {
                 tracing::debug!(collection = coll, index = %query.index, "the hinted index is not there: count without the hint");
-                collection.count_documents(query.filter.clone()).await.map_err(map_err)
+                collection.count_documents(filter).await.map_err(map_err)
             }
             count => count.map_err(map_err),
         }
