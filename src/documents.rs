@@ -78,8 +78,8 @@ pub(crate) enum Written {
 
 /// Where a read of documents is made, and how it shows a document a
 /// transaction holds.
-#[derive(Clone, Copy)]
-pub(crate) enum ReadAt<'a> {
+#[derive(Clone)]
+pub(crate) enum ReadAt {
     /// The store as it is: a held document shows its holder's outcome as
     /// known now (a committed holder's change, rolled forward or not).
     Now,
@@ -87,15 +87,15 @@ pub(crate) enum ReadAt<'a> {
     /// which no holder's change is logged yet, as the caller has checked
     /// (docs/design.md §7): a held document shows its committed data, as
     /// it was before its holder.
-    Pinned(&'a dyn crate::store::Store),
+    Pinned(DynStore),
 }
 
-impl<'a> ReadAt<'a> {
+impl ReadAt {
     /// The store to read: the snapshot, or `now`.
-    pub(crate) fn store(self, now: &'a dyn crate::store::Store) -> &'a dyn crate::store::Store {
+    pub(crate) fn store<'a>(&'a self, now: &'a dyn crate::store::Store) -> &'a dyn crate::store::Store {
         match self {
             ReadAt::Now => now,
-            ReadAt::Pinned(snapshot) => snapshot,
+            ReadAt::Pinned(snapshot) => snapshot.as_ref(),
         }
     }
 }
@@ -249,7 +249,7 @@ impl Documents {
     /// [`Self::view_of`], read `at`.
     pub(crate) async fn view_at(
         &self,
-        at: ReadAt<'_>,
+        at: &ReadAt,
         doc: StoredDoc,
         holders: &mut HashMap<String, Option<DateTime>>,
     ) -> Result<View, DocError> {
@@ -517,7 +517,7 @@ impl Documents {
         after: Option<&str>,
         limit: usize,
     ) -> Result<(Vec<Live>, Option<String>), DocError> {
-        let (items, next) = self.list_at(ReadAt::Now, coll, after, limit).await?;
+        let (items, next) = self.list_at(&ReadAt::Now, coll, after, limit).await?;
         let items = items.into_iter().map(PageItem::into_live).collect::<Result<_, _>>()?;
         Ok((items, next))
     }
@@ -526,7 +526,7 @@ impl Documents {
     /// stored (see [`StoredLive::view`]).
     pub(crate) async fn list_at(
         &self,
-        at: ReadAt<'_>,
+        at: &ReadAt,
         coll: &str,
         after: Option<&str>,
         limit: usize,

@@ -26,10 +26,10 @@ mod indexes;
 mod keys;
 mod metrics;
 mod migrate;
+mod positioned;
 mod purge;
 mod queries;
 mod query;
-mod reads;
 mod seal;
 mod store;
 mod subscriptions;
@@ -138,7 +138,7 @@ pub struct App {
     pub collections: Arc<collections::Collections>,
     pub indexes: Arc<indexes::Indexes>,
     pub queries: Arc<queries::Queries>,
-    pub reads: Arc<reads::Reads>,
+    pub positioned: Arc<positioned::Positioned>,
     pub(crate) conflicts: Arc<conflicts::Conflicts>,
     /// Cancelled at shutdown: open event streams end.
     pub stop: CancellationToken,
@@ -200,13 +200,14 @@ impl App {
                 move || store.unreadable() + skipped.load(std::sync::atomic::Ordering::Relaxed),
             );
         }
-        let queries = Arc::new(queries::Queries::new(
+        let positioned = Arc::new(positioned::Positioned::new(
             Arc::clone(&documents),
-            Arc::clone(&indexes),
             Arc::clone(&events),
             txns.follow_ups().clone(),
+            config.txn.lock_wait,
         ));
-        let reads = Arc::new(reads::Reads::new(Arc::clone(&documents), Arc::clone(&events), config.txn.lock_wait));
+        let queries =
+            Arc::new(queries::Queries::new(Arc::clone(&documents), Arc::clone(&indexes), Arc::clone(&positioned)));
         let conflicts = Arc::new(conflicts::Conflicts::new(Arc::clone(&documents), Arc::clone(&events)));
         let subscriptions = subscriptions::Subscriptions::new(
             Arc::clone(&store),
@@ -228,7 +229,7 @@ impl App {
             collections,
             indexes,
             queries,
-            reads,
+            positioned,
             conflicts,
             stop,
         }
@@ -257,7 +258,7 @@ impl App {
             collections: Arc::clone(&self.collections),
             indexes: Arc::clone(&self.indexes),
             queries: Arc::clone(&self.queries),
-            reads: Arc::clone(&self.reads),
+            positioned: Arc::clone(&self.positioned),
             conflicts: Arc::clone(&self.conflicts),
             metrics: Arc::clone(&self.metrics),
             stop: self.stop.clone(),

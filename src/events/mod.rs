@@ -260,16 +260,9 @@ impl Log {
     /// Wait (bounded) until the events of every answer this instance gave
     /// before are in the log: a client reading events, counts or the
     /// log's head right after an answer sees its own write
-    /// ([`crate::follow_ups`]).
-    /// Wait (bounded) for this instance's answered work to be in place:
-    /// whether all of it is.
+    /// ([`crate::follow_ups`]): whether they all are.
     pub(crate) async fn settle(&self) -> bool {
         self.follow_ups.settle(SETTLE_WAIT).await
-    }
-
-    /// See [`FollowUps::quiesce`].
-    pub(crate) async fn quiesce(&self, max: std::time::Duration) -> Option<crate::follow_ups::Quiet> {
-        self.follow_ups.quiesce(max).await
     }
 
     pub fn config(&self) -> &EventsConfig {

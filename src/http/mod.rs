@@ -78,7 +78,7 @@ pub(crate) struct Shared {
     pub collections: Arc<crate::collections::Collections>,
     pub indexes: Arc<crate::indexes::Indexes>,
     pub queries: Arc<crate::queries::Queries>,
-    pub reads: Arc<crate::reads::Reads>,
+    pub positioned: Arc<crate::positioned::Positioned>,
     pub conflicts: Arc<crate::conflicts::Conflicts>,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Cancelled when the gateway shuts down: open event streams end.

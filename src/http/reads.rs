@@ -18,7 +18,7 @@ use crate::document::rules::{Invalid, check_collection, check_id};
 use crate::documents::DocError;
 use crate::http::problems::{Problems, problems};
 use crate::keys::Scope;
-use crate::reads::{MAX_MEMBERS, Member, ReadError};
+use crate::positioned::{MAX_MEMBERS, Member, ReadError};
 
 pub(crate) fn router() -> Routes {
     // Reads sent as `POST`; the handler checks each collection read.
@@ -121,7 +121,7 @@ pub(crate) async fn read_documents(
     }
     let members: Vec<Member> =
         input.documents.into_iter().map(|d| Member { collection: d.collection, id: d.id }).collect();
-    let read = state.reads.batch(&members).await.map_err(read_error)?;
+    let read = state.positioned.members(&members).await.map_err(read_error)?;
     let documents = members
         .into_iter()
         .zip(read.views)

@@ -2,9 +2,11 @@
 //! as of one point of the change-event log, and that point (`position`).
 //!
 //! Where the store has snapshots (the embedded store), the members are read
-//! in one, at its last log position ([`Reads::in_snapshot`]). Elsewhere,
-//! or when that snapshot holds work on its way to the log, the point is
-//! found by reading the members twice (a double collect):
+//! in one, at its last log position ([`Positioned::in_snapshot`]): a
+//! member held by a committed transaction whose change is not logged there
+//! is finished first, and a single write's outbox sends the read to the
+//! double collect. Elsewhere the point is found by reading the members
+//! twice (a double collect):
 //!
 //! 1. the log's last position `H` is read, then every member as a reader
 //!    sees it (a member locked by a committed transaction reads as its
@@ -33,9 +35,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::{InSnapshot, Positioned};
 use crate::document::{StoredDoc, View};
-use crate::documents::{DocError, Documents};
-use crate::events::Log;
+use crate::documents::DocError;
 use crate::events::model::{document_event_id, transaction_event_id};
 use crate::follow_ups::QUIET_WAIT;
 use crate::store::{Store, get_all_within, record_id};
@@ -121,24 +123,12 @@ impl Seen {
     }
 }
 
-/// Batch reads.
-pub struct Reads {
-    documents: std::sync::Arc<Documents>,
-    log: std::sync::Arc<Log>,
-    /// How long a member's change may take to reach the log.
-    wait: Duration,
-}
-
-impl Reads {
-    pub(crate) fn new(documents: std::sync::Arc<Documents>, log: std::sync::Arc<Log>, wait: Duration) -> Self {
-        Self { documents, log, wait }
-    }
-
+impl Positioned {
     /// `members` as of one point of the log.
-    pub(crate) async fn batch(&self, members: &[Member]) -> Result<BatchRead, ReadError> {
+    pub(crate) async fn members(&self, members: &[Member]) -> Result<BatchRead, ReadError> {
         // This instance's answered writes first: a client reads its own.
-        let settled = self.log.settle().await;
-        if settled && let Some(read) = self.in_snapshot(members).await? {
+        let settled = self.follow_ups.settle(crate::follow_ups::SETTLE_WAIT).await;
+        if settled && let Some(read) = self.members_in_snapshot(members).await? {
             return Ok(read);
         }
         let deadline = tokio::time::Instant::now() + self.wait;
@@ -149,7 +139,7 @@ impl Reads {
             // next is made with this instance's writes held back (its
             // first collect again, then): writes that keep landing here
             // cannot keep the members from being read together.
-            let quiet = if attempt == QUIET_AFTER { self.log.quiesce(QUIET_WAIT).await } else { None };
+            let quiet = if attempt == QUIET_AFTER { self.follow_ups.quiesce(QUIET_WAIT).await } else { None };
             if quiet.is_some() {
                 head = self.log.head().await?;
                 seen = self.collect(members).await?;
@@ -199,53 +189,36 @@ impl Reads {
     /// point, with no double collect. `None` where the store has none, or
     /// where the snapshot holds a single write's outbox or, twice, a
     /// member held by a committed transaction whose change is not logged
-    /// there yet (finished here after the first): then the members are
+    /// there yet (finished after the first): then the members are
     /// double-collected.
     ///
-    /// Exact, as a query's snapshot is ([`crate::queries`]): a record and
-    /// the event of its change land in one commit, so every record of the
+    /// Exact, as a collection's snapshot is ([`super`]): a record and the
+    /// event of its change land in one commit, so every record of the
     /// snapshot is logged at or before its last position, and a held
     /// member shows its holder's change exactly when the snapshot logs it.
-    /// A client reads its own writes: this instance's answered work was in
-    /// place before the snapshot, and a committed holder not rolled
-    /// forward (another's, or one slow to finish) is finished first.
-    async fn in_snapshot(&self, members: &[Member]) -> Result<Option<BatchRead>, ReadError> {
-        let store = self.documents.store();
-        if !store.capabilities().snapshots {
-            return Ok(None);
-        }
-        for attempt in 0..2 {
-            let Some(snapshot) = store.snapshot().await? else { return Ok(None) };
-            let snapshot = snapshot.as_ref();
-            let position = Log::head_in(snapshot).await?;
-            let docs = read_members(snapshot, members).await?;
-            let (mut holders, mut views, mut unfinished) = (HashMap::new(), Vec::new(), Vec::new());
-            for m in members {
-                let Some(doc) = docs.get(&(m.collection.as_str(), m.id.clone())) else {
-                    views.push(View::NotFound);
-                    continue;
-                };
-                if doc.meta.outbox.is_some() {
-                    return Ok(None);
+    async fn members_in_snapshot(&self, members: &[Member]) -> Result<Option<BatchRead>, ReadError> {
+        let read = self
+            .in_snapshot(2, self.wait, |snapshot, _, _| async move {
+                let snapshot = snapshot.as_ref();
+                let docs = read_members(snapshot, members).await?;
+                let (mut holders, mut views, mut unfinished) = (HashMap::new(), Vec::new(), Vec::new());
+                for m in members {
+                    let Some(doc) = docs.get(&(m.collection.as_str(), m.id.clone())) else {
+                        views.push(View::NotFound);
+                        continue;
+                    };
+                    if doc.meta.outbox.is_some() {
+                        return Ok::<_, ReadError>(InSnapshot::Elsewhere);
+                    }
+                    match self.documents.view_in(snapshot, &m.collection, doc.clone(), &mut holders).await? {
+                        Ok(view) => views.push(view),
+                        Err(rec) => unfinished.push(rec),
+                    }
                 }
-                match self.documents.view_in(snapshot, &m.collection, doc.clone(), &mut holders).await? {
-                    Ok(view) => views.push(view),
-                    Err(rec) => unfinished.push(rec),
-                }
-            }
-            if unfinished.is_empty() {
-                return Ok(Some(BatchRead { position, views }));
-            }
-            if attempt > 0 {
-                return Ok(None);
-            }
-            unfinished.dedup_by(|a, b| a.id == b.id);
-            if let Err(err) = self.documents.finish_committed(&unfinished, self.wait).await {
-                tracing::debug!(error = %err, "a batch read could not finish its members' holders: collected twice instead");
-                return Ok(None);
-            }
-        }
-        Ok(None)
+                Ok(if unfinished.is_empty() { InSnapshot::Exact(views) } else { InSnapshot::Finish(unfinished) })
+            })
+            .await?;
+        Ok(read.map(|(views, _, position)| BatchRead { position, views }))
     }
 
     /// Every member as a reader sees it now (one store read per
