@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -132,17 +132,12 @@ async fn held_documents(dir: &Path, answer: &Value) -> Vec<String> {
     ids
 }
 
-/// The store in `config`'s directory, once the writer thread of the last
-/// store opened there has let go of its file (shortly after its handle
-/// is dropped).
+/// The store in `config`'s directory, opened at once: a dropped embedded
+/// store has let go of its file.
 async fn reopen(config: &StoreConfig) -> txgate_store::DynStore {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match txgate::open_store(config).await {
-            Ok(store) => return crate::support::templated(store),
-            Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
-            Err(err) => panic!("the backup does not open as a data directory: {err}"),
-        }
+    match txgate::open_store(config).await {
+        Ok(store) => crate::support::templated(store),
+        Err(err) => panic!("the backup does not open as a data directory: {err}"),
     }
 }
 

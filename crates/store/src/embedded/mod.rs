@@ -232,6 +232,21 @@ pub struct EmbeddedStore {
     opening: String,
 }
 
+/// A store dropped without [`Store::close`] lets go of its file before
+/// the drop returns: its writer thread, told so by its queue closing,
+/// finishes what was queued, checkpoints, and is joined here, so the data
+/// directory can be opened again at once.
+impl Drop for EmbeddedStore {
+    fn drop(&mut self) {
+        let Some(thread) = self.thread.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take() else {
+            return;
+        };
+        drop(std::mem::replace(&mut self.writer, mpsc::channel().0));
+        // A panic there was reported by the thread itself.
+        let _ = thread.join();
+    }
+}
+
 fn internal(err: impl std::fmt::Display) -> StoreError {
     StoreError::Internal(err.to_string())
 }
