@@ -292,13 +292,9 @@ impl Drop for Held {
 }
 
 impl Metrics {
-    fn counter(&self, counter: &Counter) -> &IntCounterVec {
-        &self.counters[counter.slot]
-    }
-
     /// Add `n` to `counter` at `labels` (one value per label key).
     pub fn count(&self, counter: &Counter, labels: &[&str], n: u64) {
-        self.counter(counter).with_label_values(labels).inc_by(n);
+        self.counters[counter.slot].with_label_values(labels).inc_by(n);
     }
 
     /// Add one to single-label `counter` at `label`.
@@ -324,7 +320,7 @@ impl Metrics {
 
     /// `counter` at `labels` as it stands (tests, logs).
     pub fn get(&self, counter: &Counter, labels: &[&str]) -> u64 {
-        self.counter(counter).with_label_values(labels).get()
+        self.counters[counter.slot].with_label_values(labels).get()
     }
 
     pub fn aborted(&self, reason: &str) {

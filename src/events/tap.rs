@@ -47,12 +47,12 @@ impl Tap {
 
 impl Layer for Tap {
     /// The log changed: readers wake, and the appends are counted.
-    fn after_write(&self, landed: &[(&str, &'static str)]) {
+    fn after_write(&self, landed: &[(&str, crate::store::WriteKind)]) {
         let log = landed.iter().filter(|(coll, _)| *coll == EVENTS);
         let (mut touched, mut appended) = (false, 0u64);
         for (_, kind) in log {
             touched = true;
-            appended += u64::from(*kind == "append");
+            appended += u64::from(*kind == crate::store::WriteKind::Append);
         }
         if touched {
             self.written.fetch_add(appended, Ordering::Relaxed);

@@ -59,11 +59,8 @@ impl Admitted {
     /// Settle the admission: `written`, release what the write gave up
     /// (its claims are now the document's); otherwise give the claims back.
     pub(crate) async fn settle(self, written: bool) {
-        if written {
-            self.indexes.release(&self.held).await;
-        } else {
-            self.indexes.release(&self.claims).await;
-        }
+        let given_back = if written { &self.held } else { &self.claims };
+        unique::release(&self.indexes.store, given_back).await;
     }
 }
 
@@ -95,9 +92,12 @@ impl Indexes {
             }
             return Ok(admitted);
         };
-        match self.refuse(coll, new).await {
-            Ok(None) => {}
-            Ok(Some(why)) => return refused(again, Refusal::Rule(why)).await,
+        match self.paths(coll).await {
+            Ok(paths) => {
+                if let Some(why) = breaks_rule(&paths, new) {
+                    return refused(again, Refusal::Rule(why)).await;
+                }
+            }
             Err(err) => return refused(again, err.into()).await,
         }
         let uniques = match self.uniques(coll).await {
@@ -112,7 +112,7 @@ impl Indexes {
                     again.settle(false).await;
                 }
                 let mut admitted = Admitted::new(self);
-                match self.claim(coll, id, &uniques, old, new).await? {
+                match self.claim_in(coll, id, &uniques, (old, new), &Default::default()).await? {
                     Ok(claims) => admitted.claims = claims,
                     Err(dup) => return Err(Refusal::Duplicate(dup)),
                 }

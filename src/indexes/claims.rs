@@ -32,22 +32,10 @@ impl Indexes {
 
     /// Claim, for document `id` of `coll` becoming `new` (from `old`), the
     /// values it takes in `uniques`, the unique indexes of `coll` as
-    /// [`Self::uniques`] gave them; on a duplicate, the claims made are
-    /// given back.
-    pub(super) async fn claim(
-        &self,
-        coll: &str,
-        id: &str,
-        uniques: &[unique::Unique],
-        old: Option<&Document>,
-        new: &Document,
-    ) -> StoreResult<Result<Vec<unique::Claim>, unique::Duplicate>> {
-        self.claim_in(coll, id, uniques, (old, new), &Giving::new()).await
-    }
-
-    /// [`Self::claim`] over `uniques`, in a transaction whose other members
-    /// give up the values `giving` names.
-    async fn claim_in(
+    /// [`Self::uniques`] gave them, in a transaction whose other members
+    /// give up the values `giving` names (none for a single write); on a
+    /// duplicate, the claims made are given back.
+    pub(super) async fn claim_in(
         &self,
         coll: &str,
         id: &str,
@@ -82,14 +70,9 @@ impl Indexes {
         Ok(Ok(claims))
     }
 
-    /// Give back claims a write made and did not use.
-    pub(crate) async fn release(&self, claims: &[unique::Claim]) {
-        unique::release(&self.store, claims).await;
-    }
-
     /// The reservations of the unique values document `id` of `coll`
     /// gives up going from `old` to `new` (`None`: deleted), as read before
-    /// its write: once the write lands, [`Indexes::release`] of them frees
+    /// its write: once the write lands, releasing them frees
     /// the values at once, unless a write of the same document claimed one
     /// again meanwhile (which renewed it).
     pub(crate) async fn held(

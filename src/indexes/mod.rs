@@ -46,7 +46,7 @@ use crate::query::plan::{Declared, Plan, Planning, Unserved};
 pub(crate) use crate::query::rule::breaks_rule;
 use crate::store::scans::INDEXES_BY_COLL;
 use crate::store::shape::fields;
-use crate::store::{Bson, DateTime, Document, DynStore, IndexSpec, Record, StoreError, StoreResult, doc};
+use crate::store::{Bson, DateTime, DynStore, IndexSpec, Record, StoreError, StoreResult, doc};
 
 /// The collection of index declarations.
 pub(crate) const INDEXES: &str = "_indexes";
@@ -148,9 +148,13 @@ impl Declaration {
         mongodb::bson::from_document(record).map_err(|e| StoreError::Undecodable(format!("{INDEXES}/{id}: {e}")))
     }
 
-    /// The index in the store ([`store_fields`]).
+    /// The index in the store: `_meta.deleted` (so reads pin it to false
+    /// and read live documents only), the declared fields in their
+    /// directions, then `_id`.
     pub(crate) fn spec(&self) -> IndexSpec {
-        let fields = store_fields(&self.fields);
+        let mut fields = vec!["_meta.deleted".to_owned()];
+        fields.extend(self.fields.iter().cloned());
+        fields.push("_id".to_owned());
         IndexSpec { name: self.physical.clone(), fields, unique: false, sparse: false, counted: true }
     }
 
@@ -171,16 +175,6 @@ impl Declaration {
     pub(crate) fn paths(&self) -> impl Iterator<Item = &str> {
         self.fields.iter().map(|f| f.strip_prefix('-').unwrap_or(f))
     }
-}
-
-/// The fields of a declared index's store index: `_meta.deleted` (so
-/// reads pin it to false and read live documents only), the declared
-/// fields in their directions, then `_id`.
-pub(crate) fn store_fields(declared: &[String]) -> Vec<String> {
-    let mut fields = vec!["_meta.deleted".to_owned()];
-    fields.extend(declared.iter().cloned());
-    fields.push("_id".to_owned());
-    fields
 }
 
 /// A new store index name for a declaration named `name`: never another
@@ -375,12 +369,6 @@ impl Indexes {
             .filter(|d| matches!(d.state, State::Building | State::Ready))
             .flat_map(|d| d.paths().map(|p| (d.name.clone(), p.to_owned())).collect::<Vec<_>>())
             .collect())
-    }
-
-    /// Why `data` may not be written to `coll`, if it may not: an indexed
-    /// path holding or passing through an array or an object.
-    pub async fn refuse(&self, coll: &str, data: &Document) -> StoreResult<Option<String>> {
-        Ok(breaks_rule(&self.paths(coll).await?, data))
     }
 
     /// Every declaration of `coll`, dropped ones aside, by name.
@@ -590,7 +578,7 @@ mod tests {
     /// becomes ready in the store, and this instance's cache is not told.
     async fn made_ready_elsewhere(store: &dyn Store, d: &Declaration) {
         let ready = Declaration { state: State::Ready, ..d.clone() };
-        assert!(store.replace(INDEXES, &d.key, Document::new(), ready.record()).await.unwrap());
+        assert!(store.replace(INDEXES, &d.key, crate::store::Document::new(), ready.record()).await.unwrap());
     }
 
     #[tokio::test]
@@ -651,12 +639,12 @@ mod tests {
         // were; c deleted and declared again within one.
         let shared = declared[0].physical.clone();
         let b = Declaration { physical: shared.clone(), state: State::Ready, ..declared[1].clone() };
-        assert!(store.replace(INDEXES, &b.key, Document::new(), b.record()).await.unwrap());
+        assert!(store.replace(INDEXES, &b.key, crate::store::Document::new(), b.record()).await.unwrap());
         let c_old = declared[2].physical.clone();
         assert!(indexes.delete("c", "email").await.unwrap());
         let (c, _) = indexes.declare("c", "email", vec!["email".into()], true).await.unwrap();
         let c = Declaration { physical: c_old.clone(), ..c };
-        assert!(store.replace(INDEXES, &c.key, Document::new(), c.record()).await.unwrap());
+        assert!(store.replace(INDEXES, &c.key, crate::store::Document::new(), c.record()).await.unwrap());
 
         assert_eq!(indexes.separate_shared().await.unwrap(), 3);
         let now = |coll: &'static str| {

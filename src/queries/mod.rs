@@ -310,14 +310,18 @@ impl Queries {
     }
 }
 
-/// The read of `plan` along its index in the store (where every declared
-/// index begins with `_meta.deleted`, pinned to false: live documents).
+/// The read of `plan` along its index in the store (whose fields are
+/// those of [`crate::indexes::Declaration::spec`]: `_meta.deleted`, pinned
+/// to false for live documents, the declared fields, then `_id`).
 fn store_query(plan: &Plan) -> IndexQuery {
     let mut eq = vec![Bson::Boolean(false)];
     eq.extend(plan.eq.iter().cloned());
+    let mut keys = vec![("_meta.deleted".to_owned(), false)];
+    keys.extend(plan.keys.iter().map(|k| (k.path.clone(), k.desc)));
+    keys.push(("_id".to_owned(), false));
     IndexQuery {
         index: plan.index.clone(),
-        fields: crate::indexes::store_fields(&plan.fields),
+        keys,
         eq,
         slot: plan.slot.clone(),
         reverse: plan.reverse,

@@ -58,8 +58,8 @@ impl SortKey {
 pub(crate) struct Plan {
     /// The index's name.
     pub index: String,
-    /// The index's fields as declared (`-path`: descending).
-    pub fields: Vec<String>,
+    /// The index's fields in order, each with its direction.
+    pub keys: Vec<SortKey>,
     /// The values of the paths pinned by equality, in the index's order.
     pub eq: Vec<crate::store::Bson>,
     /// The intervals of the range path's values, if the query has one.
@@ -244,7 +244,7 @@ pub(crate) fn plan(filter: &Filter, sort: &[SortKey], ready: &[Declared]) -> Res
         }
         let plan = Plan {
             index: index.name.clone(),
-            fields: index.fields.clone(),
+            keys: keys.iter().map(|(path, desc)| SortKey { path: (*path).to_owned(), desc: *desc }).collect(),
             eq: pinned(&shape, head),
             slot: shape.range.as_ref().map(|(_, r)| r.intervals()),
             // With no order field, the index is read forwards (by id).
@@ -305,7 +305,7 @@ pub(crate) fn plan_count(filter: &Filter, ready: &[Declared]) -> Result<Plan, Un
         }
         return Ok(Plan {
             index: index.name.clone(),
-            fields: index.fields.clone(),
+            keys: keys.iter().map(|(path, desc)| SortKey { path: (*path).to_owned(), desc: *desc }).collect(),
             eq: pinned(&shape, &keys[..n]),
             slot: shape.range.as_ref().map(|(_, r)| r.intervals()),
             reverse: false,

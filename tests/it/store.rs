@@ -148,7 +148,7 @@ async fn index_queries_read_values_of_every_type_in_one_order(backend: Backend) 
         let index = if rng.random_bool(0.5) { "up" } else { "down" };
         let mut query = IndexQuery {
             index: index.into(),
-            fields: vec![if index == "up" { "v" } else { "-v" }.into(), "_id".into()],
+            keys: vec![("v".into(), index == "down"), ("_id".into(), false)],
             eq: Vec::new(),
             slot,
             reverse: rng.random_bool(0.5),
@@ -856,7 +856,7 @@ fn count_query(
 ) -> txgate_store::IndexQuery {
     txgate_store::IndexQuery {
         index: index.name.clone(),
-        fields: index.fields.clone(),
+        keys: txgate_store::IndexQuery::keys_of(index),
         eq,
         slot,
         reverse: false,

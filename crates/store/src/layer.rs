@@ -12,6 +12,7 @@ use async_trait::async_trait;
 
 use super::{
     BackupInfo, Document, Durability, DynStore, IndexQuery, IndexSpec, Record, Scan, Store, StoreResult, Write,
+    WriteKind,
 };
 
 /// One store operation, as a layer sees it on its way down.
@@ -85,7 +86,7 @@ pub trait Layer: Send + Sync + 'static {
         &self,
         below: &dyn Store,
         coll: &str,
-        kind: &'static str,
+        kind: WriteKind,
     ) -> impl Future<Output = StoreResult<()>> + Send {
         let _ = (below, coll, kind);
         async { Ok(()) }
@@ -93,7 +94,7 @@ pub trait Layer: Send + Sync + 'static {
 
     /// After writes landed: the collection and kind of each one applied
     /// (one per appended record of a batch).
-    fn after_write(&self, landed: &[(&str, &'static str)]) {
+    fn after_write(&self, landed: &[(&str, WriteKind)]) {
         let _ = landed;
     }
 
@@ -106,7 +107,7 @@ pub trait Layer: Send + Sync + 'static {
 }
 
 /// The collection and kind of each write of a chain.
-fn kinds_of<'w>(writes: &[(&'w str, Write<'_>)]) -> Vec<(&'w str, &'static str)> {
+fn kinds_of<'w>(writes: &[(&'w str, Write<'_>)]) -> Vec<(&'w str, WriteKind)> {
     writes.iter().map(|(coll, write)| (*coll, write.kind())).collect()
 }
 
@@ -123,17 +124,17 @@ impl<L: Layer> Layered<L> {
     async fn before_chain<'k>(
         &self,
         name: &'static str,
-        kinds: &'k [(&'k str, &'static str)],
+        kinds: &'k [(&'k str, WriteKind)],
         durability: Durability,
     ) -> StoreResult<Op<'k>> {
         for (coll, kind) in kinds {
-            self.layer.before_write(self.inner.as_ref(), coll, kind).await?;
+            self.layer.before_write(self.inner.as_ref(), coll, *kind).await?;
         }
         Ok(Op {
             name,
             coll: kinds.first().map_or("", |(coll, _)| *coll),
             writes: kinds.len(),
-            appends: kinds.iter().filter(|(_, kind)| *kind == "append").count(),
+            appends: kinds.iter().filter(|(_, kind)| *kind == WriteKind::Append).count(),
             durability: Some(durability),
             bounded: true,
             detail: None,
@@ -173,7 +174,7 @@ impl<L: Layer> Store for Layered<L> {
     async fn write(&self, coll: &str, write: Write<'_>, durability: Durability) -> StoreResult<bool> {
         let kind = write.kind();
         self.layer.before_write(self.inner.as_ref(), coll, kind).await?;
-        let appends = usize::from(kind == "append");
+        let appends = usize::from(kind == WriteKind::Append);
         let detail = self.layer.inspects().then(|| Detail {
             id: write.id().map(str::to_owned),
             set: match &write {
@@ -182,7 +183,7 @@ impl<L: Layer> Store for Layered<L> {
             },
         });
         let op = Op {
-            name: kind,
+            name: kind.as_str(),
             coll,
             writes: 1,
             appends,
@@ -255,7 +256,7 @@ impl<L: Layer> Store for Layered<L> {
             }
             return Ok(out);
         }
-        self.layer.before_write(self.inner.as_ref(), coll, "append").await?;
+        self.layer.before_write(self.inner.as_ref(), coll, WriteKind::Append).await?;
         let op = Op {
             name: "append_all",
             coll,
@@ -266,7 +267,8 @@ impl<L: Layer> Store for Layered<L> {
             detail: None,
         };
         let appended = self.layer.around(self.inner.as_ref(), &op, self.inner.append_all(coll, records)).await?;
-        let landed: Vec<(&str, &'static str)> = appended.iter().filter(|a| **a).map(|_| (coll, "append")).collect();
+        let landed: Vec<(&str, WriteKind)> =
+            appended.iter().filter(|a| **a).map(|_| (coll, WriteKind::Append)).collect();
         if !landed.is_empty() {
             self.layer.after_write(&landed);
         }

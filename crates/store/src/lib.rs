@@ -47,7 +47,7 @@ pub type Record = Document;
 pub use error::{StoreError, StoreResult};
 pub use ops::{BATCH, get_all_within, page, purge, record_id, write_each};
 pub use read::{Bound, Edge, Found, FoundRaw, IndexQuery, IndexSpec, Interval, Order, PAGE_BYTES, Scan};
-pub use write::{Durability, LOG_SEQ, LOG_VOID, Unsynced, Update, Write, void_entry};
+pub use write::{Durability, LOG_SEQ, LOG_VOID, Unsynced, Update, Write, WriteKind, void_entry};
 
 /// Report a record a scan skipped because it cannot be decoded: the pass
 /// goes on without it, and an operator learns which record it was (the

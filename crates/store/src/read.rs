@@ -194,7 +194,7 @@ impl IndexQuery {
     pub fn live() -> Self {
         Self {
             index: "live".into(),
-            fields: vec!["_meta.deleted".into(), "_id".into()],
+            keys: vec![("_meta.deleted".into(), false), ("_id".into(), false)],
             eq: vec![Bson::Boolean(false)],
             slot: None,
             reverse: false,
@@ -204,20 +204,12 @@ impl IndexQuery {
         }
     }
 
-    /// The index's fields, each with whether it is descending, `_id` last
-    /// (added when the index does not name it: every index orders equal
-    /// values by id).
-    pub fn keys(&self) -> Vec<(&str, bool)> {
-        let mut keys: Vec<(&str, bool)> = self
-            .fields
-            .iter()
-            .map(|f| match f.strip_prefix('-') {
-                Some(path) => (path, true),
-                None => (f.as_str(), false),
-            })
-            .collect();
-        if keys.last().is_none_or(|(path, _)| *path != "_id") {
-            keys.push(("_id", false));
+    /// The keys of `spec` as a query reads them: `_id` last, where the
+    /// index does not name it (every index orders equal values by id).
+    pub fn keys_of(spec: &IndexSpec) -> Vec<(String, bool)> {
+        let mut keys: Vec<(String, bool)> = spec.keys().map(|(path, desc)| (path.to_owned(), desc)).collect();
+        if keys.last().is_none_or(|(path, _)| path != "_id") {
+            keys.push(("_id".to_owned(), false));
         }
         keys
     }
@@ -226,10 +218,10 @@ impl IndexQuery {
     /// `_id`), each with the direction read (1 or -1), which are also the
     /// fields of [`Self::after`].
     pub fn order(&self) -> Vec<(String, i32)> {
-        self.keys()
-            .into_iter()
+        self.keys
+            .iter()
             .skip(self.eq.len())
-            .map(|(path, desc)| (path.to_owned(), if desc != self.reverse { -1 } else { 1 }))
+            .map(|(path, desc)| (path.clone(), if *desc != self.reverse { -1 } else { 1 }))
             .collect()
     }
 }
@@ -358,9 +350,10 @@ pub struct Interval {
 pub struct IndexQuery {
     /// The index (by its name in the store).
     pub index: String,
-    /// The index's fields as its [`IndexSpec`] lists them (`-path`:
-    /// descending); `_id` is last whether listed or not.
-    pub fields: Vec<String>,
+    /// The index's fields in order, each with whether it is descending,
+    /// `_id` last (the store's own last field where the index does not
+    /// name it: [`Self::keys_of`]).
+    pub keys: Vec<(String, bool)>,
     /// The values of the index's first fields, pinned by equality.
     pub eq: Vec<Bson>,
     /// The intervals of the next field's values, in order and disjoint;

@@ -39,7 +39,7 @@ impl ScanDecl {
         assert!(self.eq.len() == 1 && self.by == PRIMARY, "scan {} is not one value's records by id", self.index);
         IndexQuery {
             index: self.index.to_owned(),
-            fields: vec![self.eq[0].to_owned(), PRIMARY.to_owned()],
+            keys: vec![(self.eq[0].to_owned(), false), (PRIMARY.to_owned(), false)],
             eq: vec![eq],
             slot: None,
             reverse: false,

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::sync::RwLock;
 
 use super::layer::{Layer, Layered};
-use super::{DynStore, IndexSpec, Store, StoreResult};
+use super::{DynStore, IndexSpec, Store, StoreResult, WriteKind};
 
 /// The layer that gives each user collection its template indexes before
 /// its first write lands.
@@ -27,8 +27,9 @@ impl Templates {
 impl Layer for Templates {
     /// Make sure user collection `coll` has every template index (a delete
     /// needs none: it can only remove what a write put there).
-    async fn before_write(&self, below: &dyn Store, coll: &str, kind: &'static str) -> StoreResult<()> {
-        if kind == "delete" || coll.starts_with('_') || self.done.read().expect("template set").contains(coll) {
+    async fn before_write(&self, below: &dyn Store, coll: &str, kind: WriteKind) -> StoreResult<()> {
+        if kind == WriteKind::Delete || coll.starts_with('_') || self.done.read().expect("template set").contains(coll)
+        {
             return Ok(());
         }
         for index in &self.templates {

@@ -77,13 +77,36 @@ impl Write<'_> {
     }
 
     /// `insert`, `replace`, `update` or `delete`.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> WriteKind {
         match self {
-            Write::Insert(_) => "insert",
-            Write::Append(_) => "append",
-            Write::Replace { .. } => "replace",
-            Write::Update { .. } => "update",
-            Write::Delete { .. } => "delete",
+            Write::Insert(_) => WriteKind::Insert,
+            Write::Append(_) => WriteKind::Append,
+            Write::Replace { .. } => WriteKind::Replace,
+            Write::Update { .. } => WriteKind::Update,
+            Write::Delete { .. } => WriteKind::Delete,
+        }
+    }
+}
+
+/// Which of the [`Write`]s a write is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteKind {
+    Insert,
+    Append,
+    Replace,
+    Update,
+    Delete,
+}
+
+impl WriteKind {
+    /// Its name, as operations are named to layers and in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WriteKind::Insert => "insert",
+            WriteKind::Append => "append",
+            WriteKind::Replace => "replace",
+            WriteKind::Update => "update",
+            WriteKind::Delete => "delete",
         }
     }
 }

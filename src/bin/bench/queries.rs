@@ -392,7 +392,7 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
         };
         let query = IndexQuery {
             index: spec.name.clone(),
-            fields: spec.fields.clone(),
+            keys: IndexQuery::keys_of(&spec),
             eq: vec![Bson::Boolean(false), Bson::String(status.into())],
             slot: Some(vec![Interval {
                 lower: Edge::Bracket(Bson::Int64(0)),

@@ -68,7 +68,7 @@ pub(crate) fn along_index<'r>(
     query: &IndexQuery,
     records: impl Iterator<Item = &'r Record>,
 ) -> StoreResult<Vec<&'r Record>> {
-    let fields = query.keys().into_iter().map(|(path, desc)| if desc { format!("-{path}") } else { path.to_owned() });
+    let fields = query.keys.iter().map(|(path, desc)| if *desc { format!("-{path}") } else { path.clone() });
     let spec =
         IndexSpec { name: query.index.clone(), fields: fields.collect(), unique: false, sparse: false, counted: false };
     let ranges = scan::query_ranges(&spec, query)?;

@@ -110,9 +110,9 @@ fn within(path: &str, interval: &Interval) -> Vec<Document> {
 /// `None` when its intervals admit no value (`$gt: null`), which MongoDB
 /// has no filter for (`$or` of nothing).
 pub(super) fn query_filter(query: &IndexQuery) -> Option<Document> {
-    let keys = query.keys();
+    let keys = &query.keys;
     let mut all: Vec<Bson> =
-        keys.iter().zip(&query.eq).map(|((path, _), value)| Bson::Document(doc! {*path: value.clone()})).collect();
+        keys.iter().zip(&query.eq).map(|((path, _), value)| Bson::Document(doc! {path: value.clone()})).collect();
     if let (Some(intervals), Some((path, _))) = (&query.slot, keys.get(query.eq.len())) {
         let any: Vec<Bson> = intervals.iter().flat_map(|i| within(path, i)).map(Bson::Document).collect();
         if any.is_empty() {

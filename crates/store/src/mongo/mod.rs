@@ -79,6 +79,8 @@ enum Guarded {
     Delete,
 }
 
+/// A conditional write to record `(coll, id)`: one command, which the
+/// server applies atomically.
 async fn conditional_write(
     coll: &Collection<Document>,
     id: &str,
@@ -167,12 +169,6 @@ impl MongoStore {
     pub async fn server(&self) -> StoreResult<ServerInfo> {
         let info = self.db.run_command(doc! {"buildInfo": 1}).await.map_err(map_err)?;
         Ok(ServerInfo::from_build_info(&info))
-    }
-
-    /// A conditional write to record `(coll, id)`: one command, which the
-    /// server applies atomically.
-    async fn guarded(&self, coll: &str, id: &str, filter: Document, write: Guarded) -> StoreResult<bool> {
-        conditional_write(&self.coll(coll), id, filter, write).await
     }
 
     /// Add `n` to the counter of log `coll` in [`COUNTERS`] and return its
@@ -376,10 +372,12 @@ impl Store for MongoStore {
             },
             Write::Replace { id, filter, mut record } => {
                 record.insert("_id", id);
-                self.guarded(coll, id, filter, Guarded::Replace(record)).await
+                conditional_write(&self.coll(coll), id, filter, Guarded::Replace(record)).await
             }
-            Write::Update { id, filter, update } => self.guarded(coll, id, filter, Guarded::Update(update)).await,
-            Write::Delete { id, filter } => self.guarded(coll, id, filter, Guarded::Delete).await,
+            Write::Update { id, filter, update } => {
+                conditional_write(&self.coll(coll), id, filter, Guarded::Update(update)).await
+            }
+            Write::Delete { id, filter } => conditional_write(&self.coll(coll), id, filter, Guarded::Delete).await,
             Write::Append(record) => self.append(coll, record).await,
         }
     }
