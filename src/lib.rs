@@ -251,6 +251,7 @@ impl App {
             documents: Arc::clone(&self.documents),
             store: Arc::clone(&self.store),
             txns: Arc::clone(&self.txns),
+            follow_ups: self.txns.follow_ups().clone(),
             hooks: Arc::clone(&self.hooks),
             hook_guard: Arc::new(config.hook_guard.clone()),
             events: Arc::clone(&self.events),

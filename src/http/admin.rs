@@ -298,7 +298,7 @@ pub(crate) async fn backup(
     tracing::info!(path = %dest.display(), "backup started");
     let store = Arc::clone(&state.store);
     // In the request's span: its end is logged as part of the request.
-    let task = state.txns.follow_ups().spawn(write_backup(store, dest.clone(), running).instrument(Span::current()));
+    let task = state.follow_ups.spawn(write_backup(store, dest.clone(), running).instrument(Span::current()));
     let (outcome, took_ms) = task.await.map_err(ApiError::internal)?;
     match outcome? {
         Some(info) => {

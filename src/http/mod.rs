@@ -71,6 +71,9 @@ pub(crate) struct Shared {
     pub documents: Arc<Documents>,
     pub store: DynStore,
     pub txns: Arc<Transactions>,
+    /// Work that outlives its request (a transaction whose client hung up,
+    /// a backup), waited for at shutdown.
+    pub follow_ups: crate::follow_ups::FollowUps,
     pub hooks: Arc<crate::hooks::Hooks>,
     pub hook_guard: Arc<crate::hooks::guard::HookGuard>,
     pub events: Arc<crate::events::Log>,

@@ -93,7 +93,7 @@ impl Cond {
     /// equal as numbers are one value (`0`, `0.0` and `-0.0`; an integral
     /// double within 64 bits is that integer), and a list of values is a
     /// set (sorted, each once).
-    fn normal(&self) -> Cond {
+    pub(crate) fn normal(&self) -> Cond {
         let set = |vs: &[Bson]| {
             let mut keyed: Vec<(Vec<u8>, Bson)> = vs
                 .iter()
@@ -210,21 +210,13 @@ impl Filter {
     }
 
     /// The filter's conditions in one order whatever order they were
-    /// written in, each in its one form ([`Cond::normal`]): each as its
-    /// BSON bytes (`{path: {op: value}}`), sorted. Equal for filters that
-    /// mean the same conditions.
-    pub(crate) fn canonical(&self) -> Vec<Vec<u8>> {
-        self.canonical_by(Cond::normal)
-    }
-
-    /// [`Self::canonical`] with the values as written (`0` apart from
-    /// `0.0`, lists in their order), as cursors made before the one form
-    /// hold it.
-    pub(crate) fn canonical_as_written(&self) -> Vec<Vec<u8>> {
-        self.canonical_by(Cond::clone)
-    }
-
-    fn canonical_by(&self, form: impl Fn(&Cond) -> Cond) -> Vec<Vec<u8>> {
+    /// written in, each in the form `form` gives it: each as its BSON
+    /// bytes (`{path: {op: value}}`), sorted. In the one form
+    /// ([`Cond::normal`]) they are equal for filters that mean the same
+    /// conditions; as written ([`Clone::clone`]: `0` apart from `0.0`,
+    /// lists in their order) they are what cursors made before the one
+    /// form hold.
+    pub(crate) fn canonical(&self, form: impl Fn(&Cond) -> Cond) -> Vec<Vec<u8>> {
         let mut out: Vec<Vec<u8>> = Vec::new();
         for (path, conds) in &self.paths {
             for cond in conds {

@@ -48,15 +48,7 @@ pub struct Undecodable(pub String);
 /// the write-side bound) is refused instead of exhausting the stack.
 pub fn decode(bytes: &[u8]) -> Result<Document, Undecodable> {
     let raw = RawDocument::from_bytes(bytes).map_err(|e| Undecodable(format!("not a BSON document: {e}")))?;
-    decode_raw(raw)
-}
-
-/// [`decode`] for a record already framed as a raw document: one pass
-/// that parses every element and refuses an object or array deeper than
-/// [`MAX_DECODE_DEPTH`] levels (the record is level 1) before descending
-/// into it, so the recursion is bounded whatever the bytes claim.
-pub(crate) fn decode_raw(raw: &RawDocument) -> Result<Document, Undecodable> {
-    document_at(raw, 1)
+    decode_raw(raw, 1)
 }
 
 /// [`decode`] of the top-level `fields` of a record only (those it has),
@@ -84,7 +76,12 @@ fn within_depth(level: usize) -> Result<(), Undecodable> {
     Ok(())
 }
 
-fn document_at(raw: &RawDocument, level: usize) -> Result<Document, Undecodable> {
+/// [`decode`] for a record already framed as a raw document, at nesting
+/// `level` (the record itself is level 1): one pass that parses every
+/// element and refuses an object or array deeper than [`MAX_DECODE_DEPTH`]
+/// levels before descending into it, so the recursion is bounded whatever
+/// the bytes claim.
+pub(crate) fn decode_raw(raw: &RawDocument, level: usize) -> Result<Document, Undecodable> {
     within_depth(level)?;
     let mut doc = Document::new();
     for element in raw {
@@ -97,7 +94,7 @@ fn document_at(raw: &RawDocument, level: usize) -> Result<Document, Undecodable>
 /// An element of a level-`level` object or array.
 fn value_at(value: RawBsonRef<'_>, level: usize) -> Result<Bson, Undecodable> {
     Ok(match value {
-        RawBsonRef::Document(inner) => Bson::Document(document_at(inner, level + 1)?),
+        RawBsonRef::Document(inner) => Bson::Document(decode_raw(inner, level + 1)?),
         RawBsonRef::Array(inner) => {
             within_depth(level + 1)?;
             let mut items = Vec::new();
@@ -109,7 +106,7 @@ fn value_at(value: RawBsonRef<'_>, level: usize) -> Result<Bson, Undecodable> {
         RawBsonRef::JavaScriptCodeWithScope(code) => {
             Bson::JavaScriptCodeWithScope(mongodb::bson::JavaScriptCodeWithScope {
                 code: code.code.to_owned(),
-                scope: document_at(code.scope, level + 1)?,
+                scope: decode_raw(code.scope, level + 1)?,
             })
         }
         // A scalar: no nesting, nothing copied twice.

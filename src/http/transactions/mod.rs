@@ -145,8 +145,7 @@ pub(crate) async fn create_transaction(
     // for its Idempotency-Key. Shutdown waits for it.
     let txns = Arc::clone(&state.txns);
     let submitted = state
-        .txns
-        .follow_ups()
+        .follow_ups
         .spawn(async move {
             let mut submitted = txns.submit(&plan, keyed.as_ref()).await;
             // A refusal's answer, kept for its key before it is given.

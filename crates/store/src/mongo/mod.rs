@@ -257,7 +257,7 @@ impl MongoStore {
     }
 
     fn decode(&self, coll: &str, raw: &RawDocument) -> StoreResult<Record> {
-        super::convert::decode_raw(raw).map_err(|e| {
+        super::convert::decode_raw(raw, 1).map_err(|e| {
             self.unreadable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             StoreError::Undecodable(format!("{coll}/{}: {e}", super::convert::raw_id(raw)))
         })
