@@ -122,12 +122,13 @@ impl FollowUps {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
+        use futures::FutureExt as _;
+        // Counted until the work ends (or is dropped, cancelled).
         let underway = Underway::start(&self.running);
-        self.tasks.spawn(async move {
-            let out = work.await;
+        self.tasks.spawn(work.map(move |out| {
             drop(underway);
             out
-        })
+        }))
     }
 
     /// Work that puts events in the log: readers of this instance settle

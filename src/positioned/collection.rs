@@ -41,7 +41,7 @@ use crate::document::StagedOp;
 use crate::documents::ReadAt;
 use crate::events::Log;
 use crate::events::model::document_event_id;
-use crate::follow_ups::{QUIET_WAIT, SETTLE_WAIT};
+use crate::follow_ups::{QUIET_WAIT, Quiet, SETTLE_WAIT};
 use crate::store::{DynStore, StoreError};
 use crate::txn::record::TxnRecord;
 
@@ -57,23 +57,41 @@ const SNAPSHOTS: usize = 5;
 /// more means the collection changed.
 const CHANGES_SCAN: usize = 128;
 
+/// A read of a collection at one exact log position, driven by its
+/// reader ([`Positioned::collection`]): read [`Self::at`], then ask
+/// [`Self::stands`]; a read that does not stand is made again, at the
+/// position the next try prepared.
+pub(crate) struct Reading<'p> {
+    positioned: &'p Positioned,
+    coll: &'p str,
+    at: ReadAt,
+    position: u64,
+    /// Where the read is bracketed (no snapshot): the try it is at.
+    bracket: Option<Bracket>,
+}
+
+/// One try of a bracketed read.
+struct Bracket {
+    /// 1 for the first.
+    attempt: usize,
+    /// Whether its position is the log's last one (not capped).
+    settled: bool,
+    /// Held through the last try: this instance's writes held back.
+    quiet: Option<Quiet>,
+}
+
 impl Positioned {
-    /// `read` of collection `coll` (given where to read and the position
-    /// it is at), made at one exact log position, with that position.
-    pub(crate) async fn collection<T, E, Fut>(
-        &self,
-        coll: &str,
-        mut read: impl FnMut(ReadAt, u64) -> Fut,
-    ) -> Result<(T, u64), E>
-    where
-        Fut: Future<Output = Result<T, E>>,
-        E: From<StoreError>,
-    {
+    /// A read of collection `coll` at one exact log position: in a
+    /// snapshot where one is exact, else bracketed (module docs).
+    pub(crate) async fn collection<'p>(&'p self, coll: &'p str) -> Result<Reading<'p>, StoreError> {
         let exact = self.in_snapshot(SNAPSHOTS, SETTLE_WAIT, |at, _, settled| exact_in(at, coll, settled)).await?;
         if let Some(((), snapshot, head)) = exact {
-            return Ok((read(ReadAt::Pinned(snapshot), head).await?, head));
+            return Ok(Reading { positioned: self, coll, at: ReadAt::Pinned(snapshot), position: head, bracket: None });
         }
-        self.bracketed(coll, read).await
+        let bracket = Bracket { attempt: 0, settled: false, quiet: None };
+        let mut reading = Reading { positioned: self, coll, at: ReadAt::Now, position: 0, bracket: Some(bracket) };
+        reading.next_try().await?;
+        Ok(reading)
     }
 
     /// Finish committed transactions `unapplied` over `coll` (bounded):
@@ -147,31 +165,53 @@ impl Positioned {
         let now = self.log.head().await?;
         Ok(now == head || !self.log.changed(coll, head, now, CHANGES_SCAN).await?)
     }
+}
 
-    /// Read with `read` at a settled position until the read is exact
-    /// (or [`EXACT_READS`] reads were made): its answer and position.
-    async fn bracketed<T, E, Fut>(&self, coll: &str, mut read: impl FnMut(ReadAt, u64) -> Fut) -> Result<(T, u64), E>
-    where
-        Fut: Future<Output = Result<T, E>>,
-        E: From<StoreError>,
-    {
-        for attempt in 1.. {
-            // The last read is made with this instance's writes held
-            // back: writes that keep landing here cannot make every read
-            // inexact (another instance's still can).
-            let quiet = if attempt == EXACT_READS { self.follow_ups.quiesce(QUIET_WAIT).await } else { None };
-            let (position, settled) = self.settled_position(coll).await?;
-            let answer = read(ReadAt::Now, position).await?;
-            // A position capped below a transaction not rolled forward is
-            // read again too, as one a write landed after.
-            if attempt >= EXACT_READS || (settled && self.unchanged_since(coll, position).await?) {
-                if attempt >= EXACT_READS && quiet.is_none() {
-                    tracing::debug!(collection = %coll, "a read's last try was made with this instance's writes going on: its position is a lower bound");
-                }
-                return Ok((answer, position));
+impl Reading<'_> {
+    /// Where to read.
+    pub(crate) fn at(&self) -> &ReadAt {
+        &self.at
+    }
+
+    /// The position a read made [`Self::at`] is at, once it stands.
+    pub(crate) fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// After a read made [`Self::at`]: whether it stands, exact at
+    /// [`Self::position`] (in a snapshot, always; bracketed, once step 3
+    /// holds, or at the last of [`EXACT_READS`] tries). Otherwise the next
+    /// try is prepared, and the read is to be made again.
+    pub(crate) async fn stands(&mut self) -> Result<bool, StoreError> {
+        let Some(bracket) = &self.bracket else { return Ok(true) };
+        let last = bracket.attempt >= EXACT_READS;
+        // A position capped below a transaction not rolled forward is
+        // read again too, as one a write landed after.
+        if last || (bracket.settled && self.positioned.unchanged_since(self.coll, self.position).await?) {
+            if last && bracket.quiet.is_none() {
+                tracing::debug!(collection = %self.coll, "a read's last try was made with this instance's writes going on: its position is a lower bound");
             }
+            return Ok(true);
         }
-        unreachable!("the loop returns by its last attempt")
+        self.next_try().await?;
+        Ok(false)
+    }
+
+    /// The next try of a bracketed read: its settled position, the last
+    /// made with this instance's writes held back (writes that keep
+    /// landing here cannot make every read inexact; another instance's
+    /// still can).
+    async fn next_try(&mut self) -> Result<(), StoreError> {
+        let Some(bracket) = &mut self.bracket else { return Ok(()) };
+        bracket.attempt += 1;
+        bracket.quiet = None;
+        if bracket.attempt == EXACT_READS {
+            bracket.quiet = self.positioned.follow_ups.quiesce(QUIET_WAIT).await;
+        }
+        let (position, settled) = self.positioned.settled_position(self.coll).await?;
+        bracket.settled = settled;
+        self.position = position;
+        Ok(())
     }
 }
 

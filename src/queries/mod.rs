@@ -140,10 +140,13 @@ impl Queries {
                 Err(why) => return Err(self.unserved(coll, why, planning).await),
             }
         };
-        let plan = plan.as_ref();
-        let read = |at, position| async move { self.read_page(coll, query, plan, &at, position).await };
-        let (page, _) = self.positioned.collection(coll, read).await?;
-        Ok(page)
+        let mut reading = self.positioned.collection(coll).await?;
+        loop {
+            let page = self.read_page(coll, query, plan.as_ref(), reading.at(), reading.position()).await?;
+            if reading.stands().await? {
+                return Ok(page);
+            }
+        }
     }
 
     /// [`Self::page`] along `plan` (`None`: the id order), read once `at`,
@@ -278,9 +281,13 @@ impl Queries {
             Err(_) if filter.paths.is_empty() => IndexQuery::live(),
             Err(why) => return Err(self.unserved(coll, why, planning).await),
         };
-        let query = &query;
-        let read = |at, _| async move { self.read_count(coll, filter, query, &at).await };
-        self.positioned.collection(coll, read).await
+        let mut reading = self.positioned.collection(coll).await?;
+        loop {
+            let n = self.read_count(coll, filter, &query, reading.at()).await?;
+            if reading.stands().await? {
+                return Ok((n, reading.position()));
+            }
+        }
     }
 
     /// [`Self::count`] along `query`, read once `at`.

@@ -29,7 +29,7 @@ impl Commit {
         // roll-forward is ticketed.
         let _writing = self.follow_ups.writing().await;
         // 4. Commit point.
-        let committed_at = self.now();
+        let committed_at = self.cfg.clock.now();
         let results = member_results(plan, &mut record.members, &bases);
         let commit = Transition::Commit { at: committed_at, results: &results, members: &record.members };
         let cas = commit.apply(self.store.as_ref(), &txn).await;

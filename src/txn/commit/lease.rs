@@ -32,7 +32,7 @@ impl Heartbeat {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(period) => {}
             }
-            let at = commit.now();
+            let at = commit.cfg.clock.now();
             if at >= hard_end {
                 // The hard cap is reached: the lease may not grow any more.
                 return;
@@ -94,7 +94,7 @@ mod tests {
         let txns = crate::transactions(Arc::clone(&store), cfg, Arc::new(crate::metrics::Metrics::default())).0;
         let engine = Arc::clone(&txns.commit);
         let txn = uuid::Uuid::now_v7().to_string();
-        let started = engine.now();
+        let started = engine.cfg.clock.now();
         let rec = TxnRecord {
             status: Status::Pending,
             expires_at: engine.lease_from(started),
@@ -111,7 +111,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
             let expires = engine.locks.record(&txn).await.unwrap().unwrap().expires_at.timestamp_millis();
             assert!(expires <= hard_end.timestamp_millis(), "lease extended past the hard cap");
-            let now = engine.now().timestamp_millis();
+            let now = engine.cfg.clock.now().timestamp_millis();
             if now < hard_end.timestamp_millis() {
                 assert!(expires > now, "the lease ran out while the attempt was alive");
             }

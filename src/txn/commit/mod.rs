@@ -56,12 +56,6 @@ pub(crate) struct Commit {
     pub(in crate::txn) keys: Arc<Idempotency>,
 }
 
-impl Commit {
-    fn now(&self) -> crate::store::DateTime {
-        self.cfg.clock.now()
-    }
-}
-
 /// Why a transaction did not commit.
 #[derive(Debug, thiserror::Error)]
 pub enum TxnError {
@@ -163,7 +157,7 @@ impl Commit {
     async fn run(self: &Arc<Self>, plan: &Plan, txn: &str) -> Result<Committed, TxnError> {
         let store_err = |source| TxnError::Store { txn: txn.to_owned(), source };
         // 1. Prepare: the record with the whole worklist exists before any lock.
-        let started_at = self.now();
+        let started_at = self.cfg.clock.now();
         let record = TxnRecord {
             id: txn.to_owned(),
             status: Status::Pending,
@@ -224,7 +218,7 @@ impl Commit {
             let (first, stages) = loop {
                 let first = self.first_reads(plan).await?;
                 within_write_bound(plan, &first)?;
-                let at = self.now();
+                let at = self.cfg.clock.now();
                 let mut stages = Vec::new();
                 for (i, action) in plan.actions.iter().enumerate().filter(|_| chains) {
                     let seen = first.get(&(action.collection.clone(), action.id.clone()));

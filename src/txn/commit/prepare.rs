@@ -43,7 +43,7 @@ impl Commit {
         let chained: Vec<(usize, i64)> = stages.iter().map(|(i, s)| (*i, s.base_v)).collect();
         let mut members = record.members.clone();
         let results = member_results(plan, &mut members, &chained);
-        let committed_at = self.now();
+        let committed_at = self.cfg.clock.now();
         let mut chain = vec![(TXNS, Write::Insert(record.to_record()))];
         let mut forward = Vec::with_capacity(stages.len());
         let mut forwarded = Vec::with_capacity(stages.len());
@@ -139,7 +139,7 @@ impl Commit {
         let chained: Vec<(usize, i64)> = stages.iter().map(|(i, s)| (*i, s.base_v)).collect();
         let mut committed = record.clone();
         let results = member_results(plan, &mut committed.members, &chained);
-        let at = self.now();
+        let at = self.cfg.clock.now();
         committed.status = Status::Committed;
         committed.committed_at = Some(at);
         committed.results = Some(results);

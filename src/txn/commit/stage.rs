@@ -220,7 +220,7 @@ impl Commit {
                     Ok(s) => s,
                     Err(detail) => return Ok(invalid_change(detail)),
                 };
-                let placeholder = placeholder(&action.id, txn, staged, self.now());
+                let placeholder = placeholder(&action.id, txn, staged, self.cfg.clock.now());
                 if self.store.unsynced().insert(coll, placeholder.to_record()).await? {
                     return Ok(Step::Locked { base_v: 0 });
                 }
@@ -293,7 +293,7 @@ impl Commit {
                 // in its queue: let the queue append it rather than race it
                 // with a second append of the same event.
                 self.follow_ups.settle(crate::follow_ups::SETTLE_WAIT).await;
-                crate::events::publish_outbox(self.store.as_ref(), coll, &doc, self.now()).await?;
+                crate::events::publish_outbox(self.store.as_ref(), coll, &doc, self.cfg.clock.now()).await?;
             }
             let locked = locked_by(&doc, txn, staged);
             let filter = doc.unchanged_filter(None);
