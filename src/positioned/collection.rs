@@ -94,18 +94,6 @@ impl Positioned {
         Ok(reading)
     }
 
-    /// Finish committed transactions `unapplied` over `coll` (bounded):
-    /// whether all of them were.
-    async fn finish(&self, coll: &str, unapplied: &[TxnRecord]) -> bool {
-        match self.documents.finish_committed(unapplied, SETTLE_WAIT).await {
-            Ok(()) => true,
-            Err(err) => {
-                tracing::warn!(collection = %coll, error = %err, "a read could not finish the committed transactions over its collection");
-                false
-            }
-        }
-    }
-
     /// Wait (bounded) for this instance's answered work to be in place and
     /// finish (bounded) any committed transaction over `coll` still not
     /// rolled forward (another instance's, or a roll-forward slower than
@@ -133,7 +121,7 @@ impl Positioned {
             if unapplied.is_empty() {
                 return Ok((head, true));
             }
-            if round == EXACT_READS || !self.finish(coll, &unapplied).await {
+            if round == EXACT_READS || !self.finish(&unapplied, SETTLE_WAIT).await {
                 break (head, unapplied);
             }
             round += 1;

@@ -114,14 +114,25 @@ impl Positioned {
                 InSnapshot::Finish(_) if attempt == tries => return Ok(None),
                 InSnapshot::Finish(mut unfinished) => {
                     unfinished.dedup_by(|a, b| a.id == b.id);
-                    if let Err(err) = self.documents.finish_committed(&unfinished, finish_wait).await {
-                        tracing::warn!(error = %err, "a read could not finish the committed transactions its snapshot met: read another way");
+                    if !self.finish(&unfinished, finish_wait).await {
                         return Ok(None);
                     }
                 }
             }
         }
         Ok(None)
+    }
+
+    /// Finish committed transactions `unapplied` (within `wait`): whether
+    /// all of them were.
+    async fn finish(&self, unapplied: &[TxnRecord], wait: Duration) -> bool {
+        match self.documents.finish_committed(unapplied, wait).await {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!(error = %err, "a read could not finish the committed transactions it met: read another way");
+                false
+            }
+        }
     }
 
     /// Committed transactions not rolled forward yet that changed `coll`,
