@@ -1,10 +1,15 @@
 // The txgate console: plain ES modules, no build step, served by the
 // gateway from its binary. Everything goes through the public API with the
-// user's key (kept in sessionStorage, for this tab only; never in a URL).
+// user's key or access token (kept in sessionStorage, for this tab only;
+// never in a URL); a user signs in with an OpenID Connect provider
+// (oidc.js). Live views open their streams with tickets.
 // Document data is rendered as text, never as HTML: every node is made with
 // createElement and textContent.
 
+import * as oidc from "/console/oidc.js";
+
 const KEY = "txgate-console-key";
+const store = (token) => sessionStorage.setItem(KEY, token);
 const view = () => document.getElementById("view");
 let leaving = []; // what the current view must stop when another opens
 
@@ -73,9 +78,11 @@ function failure(err) {
 }
 
 /**
- * Follow an event stream with fetch (an EventSource cannot send the key),
- * resuming after the last event seen when the connection drops. Returns a
- * function that stops it.
+ * Follow an event stream, resuming after the last event seen when the
+ * connection drops or the token it was opened with expires (`event:
+ * reauth`). Each connection is opened with a ticket (POST
+ * /v1/events/tickets with the credential; the stream itself carries
+ * none). Returns a function that stops it.
  */
 function follow(pathOf, onEvent, after) {
   const ctl = new AbortController();
@@ -84,11 +91,12 @@ function follow(pathOf, onEvent, after) {
   (async () => {
     while (!stopped) {
       try {
-        const headers = { Accept: "text/event-stream" };
-        const key = sessionStorage.getItem(KEY);
-        if (key) headers["Authorization"] = `Bearer ${key}`;
-        if (last !== undefined && last !== null) headers["Last-Event-ID"] = String(last);
-        const res = await fetch(pathOf(last), { headers, signal: ctl.signal });
+        const wanted = new URL(pathOf(last), location.origin).searchParams;
+        const ask = {};
+        for (const name of ["collections", "types", "filter"]) if (wanted.has(name)) ask[name] = wanted.get(name);
+        if (last !== undefined && last !== null) ask.after = String(last);
+        const { data: ticket } = await api("POST", "/v1/events/tickets", { body: ask, signal: ctl.signal });
+        const res = await fetch(ticket.url, { headers: { Accept: "text/event-stream" }, signal: ctl.signal });
         if (!res.ok) {
           const problem = await res.json().catch(() => null);
           throw new ApiError(res.status, problem);
@@ -105,12 +113,16 @@ function follow(pathOf, onEvent, after) {
             buf = buf.slice(cut + 2);
             let id = null;
             let data = "";
+            let kind = null;
             for (const line of block.split("\n")) {
               if (line.startsWith("id:")) id = line.slice(3).trim();
+              else if (line.startsWith("event:")) kind = line.slice(6).trim();
               else if (line.startsWith("data:")) data += line.slice(5).trim();
               // Where the stream starts: a resume point before any event.
               else if (line.startsWith(": position ") && (last === undefined || last === null)) last = Number(line.slice(11));
             }
+            // The token expired: a new ticket, with the refreshed token.
+            if (kind === "reauth") break;
             if (data) {
               const event = JSON.parse(data);
               if (id !== null) last = Number(id);
@@ -148,6 +160,38 @@ function signInView() {
   document.getElementById("nav").hidden = true;
   view().replaceChildren();
   document.getElementById("api-key").focus();
+  showIssuers();
+}
+
+let issuersShown = false;
+
+/** A "Sign in with" button for each issuer the gateway names. */
+async function showIssuers() {
+  if (issuersShown) return;
+  issuersShown = true;
+  const list = await oidc.issuers().catch(() => []);
+  document.getElementById("issuers").replaceChildren(...list.map((issuer) =>
+    h("button", { type: "button", class: "issuer", "data-issuer": issuer.name, onclick: () => oidc.begin(issuer).catch((err) => status(err.message, true)) },
+      `Sign in with ${issuer.name}`)));
+}
+
+/** Who is signed in, and what they may do, beside the views. */
+async function showWho() {
+  const who = document.getElementById("who");
+  try {
+    const { data: me } = await api("GET", "/v1/me");
+    const name = me.kind === "user" ? (me.claims?.name || me.claims?.email || me.subject) : me.kind === "key" ? `key ${me.name}` : me.kind;
+    const roles = me.roles?.length ? ` (${me.roles.join(", ")})` : "";
+    const grants = me.grants ? `: ${me.grants.join(", ")}` : ": everything";
+    who.textContent = `Signed in as ${name}${roles}${grants}`;
+  } catch { who.textContent = ""; }
+}
+
+function lost() {
+  sessionStorage.removeItem(KEY);
+  oidc.end();
+  status("your session has expired: sign in again", true);
+  route();
 }
 
 document.getElementById("sign-in-form").addEventListener("submit", async (e) => {
@@ -159,6 +203,7 @@ document.getElementById("sign-in-form").addEventListener("submit", async (e) => 
     input.value = "";
     status("signed in");
     route();
+    showWho();
   } catch (err) {
     sessionStorage.removeItem(KEY);
     failure(err);
@@ -167,6 +212,7 @@ document.getElementById("sign-in-form").addEventListener("submit", async (e) => 
 
 document.getElementById("sign-out").addEventListener("click", () => {
   sessionStorage.removeItem(KEY);
+  oidc.end();
   status("signed out");
   location.hash = "";
   route();
@@ -409,7 +455,7 @@ async function conflictView(coll, id, base, mine, problem) {
       h("td", {}, h("fieldset", {}, h("legend", { class: "muted" }, `Value of ${path}`), radio("mine", "keep mine"), radio("theirs", "take theirs")))));
   });
   const changes = (problem.changes || []).map((c) => h("li", {},
-    `version ${c.version} · ${c.type} · ${c.at} · key ${c.key ?? "(none)"} · transaction ${c.transaction ?? "(none)"}`,
+    `version ${c.version} · ${c.type} · ${c.at} · ${c.actor ? `user ${c.actor.subject}` : `key ${c.key ?? "(none)"}`} · transaction ${c.transaction ?? "(none)"}`,
     c.added || c.removed || c.changed
       ? ` · added ${(c.added || []).join(", ") || "—"}; removed ${(c.removed || []).join(", ") || "—"}; changed ${(c.changed || []).join(", ") || "—"}`
       : " · fields unknown (the log no longer holds the version before)"));
@@ -533,7 +579,7 @@ function eventsView() {
     const what = e.collection ? `${e.collection}/${e.document} v${e.version}` : `${(e.members || []).length} members`;
     list.prepend(h("li", { "data-seq": String(e.seq) },
       h("code", {}, `#${e.seq}`), ` ${e.type} · ${what} · ${e.at}`,
-      e.key ? ` · key ${e.key}` : "", e.transaction ? ` · transaction ${e.transaction}` : "",
+      e.key ? ` · key ${e.key}` : "", e.actor ? ` · user ${e.actor.subject}` : "", e.transaction ? ` · transaction ${e.transaction}` : "",
       e.data ? h("pre", {}, json(e.data)) : null));
     while (list.children.length > 200) list.lastElementChild.remove();
   }, null));
@@ -568,4 +614,11 @@ function route() {
 }
 
 window.addEventListener("hashchange", route);
+try {
+  if (await oidc.complete(store)) status("signed in");
+} catch (err) {
+  status(err.message, true);
+}
+oidc.keepFresh(store, lost);
 route();
+if (signedIn()) showWho();

@@ -43,6 +43,8 @@ pub(crate) struct Change {
     pub transaction: Option<String>,
     /// The name of the API key that made it.
     pub key: Option<String>,
+    /// The user who made it.
+    pub actor: Option<crate::actor::UserId>,
     /// Field paths (dotted) it added, removed and changed; none when the
     /// log no longer holds the version before it.
     pub paths: Option<Paths>,
@@ -269,6 +271,7 @@ fn change(version: i64, event: &Event, paths: Option<Paths>) -> Change {
         at: event.at.clone(),
         transaction: event.transaction.clone(),
         key: event.key.clone(),
+        actor: event.actor.clone(),
         paths,
     }
 }

@@ -22,6 +22,7 @@ mod events;
 mod follow_ups;
 mod hooks;
 mod http;
+mod identity;
 mod indexes;
 mod keys;
 mod metrics;
@@ -35,6 +36,7 @@ mod store;
 mod subscriptions;
 #[doc(hidden)]
 pub mod testing;
+mod tickets;
 mod txn;
 mod wake;
 mod worker;
@@ -267,6 +269,7 @@ impl App {
             catch_up: Arc::new(tokio::sync::Semaphore::new(http::events::CATCH_UP_READS)),
             backups: http::admin::Backups::new(&config.store, config.backups.clone()),
             seal: seal::Seal::new(Arc::clone(&self.store)),
+            tickets: Arc::new(tickets::Tickets::new(Arc::clone(&self.store), config.txn.clock.clone())),
         });
         http::router(state, config)
     }
@@ -387,7 +390,7 @@ fn workers_of(app: &App, config: &Config, sender: Arc<hooks::send::Sender>) -> V
 /// The purge worker of finished transactions, idempotency claims and
 /// finished deliveries.
 fn purger(app: &App, config: &Config) -> purge::Purger {
-    use store::scans::{DELIVERIES_BY_FINISH, IDEM_BY_AGE, TXNS_BY_FINISH};
+    use store::scans::{DELIVERIES_BY_FINISH, IDEM_BY_AGE, TICKETS_BY_EXPIRY, TXNS_BY_FINISH};
     let statuses = |s: &[store::Bson]| s.iter().map(|s| vec![s.clone()]).collect();
     let rules = vec![
         purge::Rule {
@@ -401,6 +404,12 @@ fn purger(app: &App, config: &Config) -> purge::Purger {
             decl: &IDEM_BY_AGE,
             eq: vec![Vec::new()],
             retention: config.txn.idempotency_retention,
+        },
+        purge::Rule {
+            what: "tickets",
+            decl: &TICKETS_BY_EXPIRY,
+            eq: vec![Vec::new()],
+            retention: std::time::Duration::ZERO,
         },
         purge::Rule {
             what: "deliveries",

@@ -55,7 +55,7 @@ async fn serve(config: Config) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    if config.api_keys.is_empty() {
+    if config.keyless() {
         if !addr.ip().is_loopback() {
             return Err(format!(
                 "refusing to listen on {addr}: no API keys are configured, and without them txgate only \
@@ -66,7 +66,12 @@ async fn serve(config: Config) -> Result<(), String> {
         }
         tracing::warn!("no API keys configured: serving on loopback only, without authentication");
     } else {
-        tracing::info!(keys = config.api_keys.len(), "API key authentication enabled");
+        tracing::info!(
+            keys = config.api_keys.len(),
+            issuers = config.issuers.len(),
+            anonymous = config.anonymous.is_some(),
+            "authentication enabled"
+        );
     }
     if std::env::var_os("TXGATE_MONGODB_CAS").is_some() {
         tracing::warn!(

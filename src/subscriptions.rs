@@ -76,8 +76,9 @@ pub struct Subscription {
     pub created_at: DateTime,
     /// The log position up to which its events are recorded as deliveries.
     pub position: i64,
-    /// The name of the API key that created it (none without keys, and for
-    /// subscriptions of earlier releases): each key may have
+    /// Who created it: the API key's name, or `user:<digest of issuer and
+    /// subject>` for a user (none without credentials, and for
+    /// subscriptions of earlier releases): each may have
     /// `TXGATE_MAX_SUBSCRIPTIONS_PER_KEY`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,

@@ -414,7 +414,7 @@ mod tests {
     /// Append the event of `kind` for document `id` of `coll` at `v`.
     async fn change(store: &DynStore, kind: EventType, coll: &str, id: &str, v: i64) {
         let doc = crate::document::StoredDoc::new_live(id.into(), Default::default(), 1, v, DateTime::now());
-        let mut rec = events::model::document_event(kind, coll, &doc, None, None, DateTime::now());
+        let mut rec = events::model::document_event(kind, coll, &doc, None, None, None, DateTime::now());
         rec.insert("logged_at", DateTime::now());
         assert!(store.write(events::EVENTS, Write::Append(rec), crate::store::Durability::Unsynced).await.unwrap());
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 mod settings;
 
+pub use crate::identity::settings::{IssuerConfig, IssuerEntry, IssuerSecret};
 pub use settings::{Cli, Command, JournalCommand, LogFormat, Secret, Settings, StoreKind, redact_uri};
 
 use crate::hooks::HookConfig;
@@ -43,8 +44,12 @@ pub struct Config {
     pub header_timeout: Duration,
     /// Longest wait at a stop for requests and webhook attempts in flight.
     pub shutdown_timeout: Duration,
-    /// Empty: no authentication, loopback only.
+    /// Empty, with no issuers: no authentication, loopback only.
     pub api_keys: Vec<ApiKey>,
+    /// OpenID Connect issuers whose users' tokens are accepted.
+    pub issuers: Vec<IssuerConfig>,
+    /// What a request without credentials may do; `None`: nothing.
+    pub anonymous: Option<Vec<crate::keys::Grant>>,
     pub hook_guard: HookGuard,
     pub hooks: HookConfig,
     pub events: crate::events::EventsConfig,
@@ -194,10 +199,20 @@ impl Default for Config {
             // needs well under the 2 s left.
             shutdown_timeout: Duration::from_secs(8),
             api_keys: Vec::new(),
+            issuers: Vec::new(),
+            anonymous: None,
             cors: Cors::None,
             hook_guard: HookGuard::default(),
             hooks: HookConfig::default(),
             events: crate::events::EventsConfig::default(),
         }
+    }
+}
+
+impl Config {
+    /// Whether no credential is configured: every request is served, on
+    /// loopback only.
+    pub fn keyless(&self) -> bool {
+        self.api_keys.is_empty() && self.issuers.is_empty()
     }
 }

@@ -242,6 +242,83 @@ pub struct Settings {
     /// (`https://app.example.com`), or `*` for any (never with credentials).
     #[arg(long, global = true, env = "TXGATE_CORS_ORIGINS")]
     pub cors_origins: Option<String>,
+    /// OpenID Connect issuers whose users' access tokens are accepted: in
+    /// the TOML file, `[[issuers]]` tables (docs/guides/users.md); by
+    /// variables, one issuer (`TXGATE_ISSUER` and the `TXGATE_ISSUER_*`
+    /// settings), which then replaces the file's.
+    #[arg(skip)]
+    #[serde(default)]
+    pub issuers: Option<Vec<super::IssuerEntry>>,
+    #[command(flatten)]
+    #[serde(skip)]
+    pub issuer: IssuerVars,
+    /// Grants for requests that carry no credential, in the API keys'
+    /// grammar (`read@products`); unset: such requests are refused.
+    #[arg(long, global = true, env = "TXGATE_ANONYMOUS")]
+    pub anonymous: Option<String>,
+}
+
+/// One issuer by variables (`TXGATE_ISSUER` and the settings beside it).
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct IssuerVars {
+    /// The issuer URL (`iss`), found by OpenID Connect discovery.
+    #[arg(long = "issuer", global = true, env = "TXGATE_ISSUER")]
+    pub url: Option<String>,
+    /// Accepted audiences, comma-separated (required with an issuer).
+    #[arg(long = "issuer-audiences", global = true, env = "TXGATE_ISSUER_AUDIENCES")]
+    pub audiences: Option<String>,
+    /// Roles to grants: `role=grant[+grant];role=...`.
+    #[arg(long = "issuer-roles", global = true, env = "TXGATE_ISSUER_ROLES")]
+    pub roles: Option<String>,
+    /// Where the roles are in a token (a claim name or a dotted path).
+    #[arg(long = "issuer-roles-claim", global = true, env = "TXGATE_ISSUER_ROLES_CLAIM")]
+    pub roles_claim: Option<String>,
+    /// Allowed algorithms, comma-separated.
+    #[arg(long = "issuer-algorithms", global = true, env = "TXGATE_ISSUER_ALGORITHMS")]
+    pub algorithms: Option<String>,
+    /// Clock leeway, in seconds.
+    #[arg(long = "issuer-leeway-secs", global = true, env = "TXGATE_ISSUER_LEEWAY_SECS")]
+    pub leeway_secs: Option<u64>,
+    /// A user's request rate (`50/s`).
+    #[arg(long = "issuer-rate", global = true, env = "TXGATE_ISSUER_RATE")]
+    pub rate: Option<String>,
+    /// The HS256 secret of this issuer alone.
+    #[arg(long = "issuer-hs256-secret", global = true, env = "TXGATE_ISSUER_HS256_SECRET", hide_env_values = true)]
+    pub hs256_secret: Option<super::IssuerSecret>,
+    /// The JWKS address, for a provider without discovery.
+    #[arg(long = "issuer-jwks-url", global = true, env = "TXGATE_ISSUER_JWKS_URL")]
+    pub jwks_url: Option<String>,
+    /// The console's client id at the provider.
+    #[arg(long = "issuer-console-client-id", global = true, env = "TXGATE_ISSUER_CONSOLE_CLIENT_ID")]
+    pub console_client_id: Option<String>,
+}
+
+impl IssuerVars {
+    /// The issuer these variables give, if `TXGATE_ISSUER` is set.
+    fn entry(&self) -> Result<Option<super::IssuerEntry>, String> {
+        let Some(url) = self.url.as_ref().filter(|u| !u.trim().is_empty()) else {
+            return Ok(None);
+        };
+        let list = |s: &Option<String>| -> Option<Vec<String>> {
+            s.as_ref().map(|s| s.split(',').map(|a| a.trim().to_owned()).filter(|a| !a.is_empty()).collect())
+        };
+        Ok(Some(super::IssuerEntry {
+            url: url.trim().to_owned(),
+            audiences: list(&self.audiences).unwrap_or_default(),
+            algorithms: list(&self.algorithms),
+            leeway_secs: self.leeway_secs,
+            roles_claim: self.roles_claim.clone(),
+            roles: match &self.roles {
+                Some(spec) => crate::identity::settings::parse_roles(spec)?,
+                None => Default::default(),
+            },
+            rate: self.rate.clone(),
+            hs256_secret: self.hs256_secret.clone(),
+            jwks_url: self.jwks_url.clone(),
+            console_client_id: self.console_client_id.clone(),
+            ..Default::default()
+        }))
+    }
 }
 
 /// A setting that is a credential (the hook secret) or may hold one (a
@@ -332,6 +409,9 @@ impl Settings {
             hook_concurrency: self.hook_concurrency.or(file.hook_concurrency),
             hook_per_destination: self.hook_per_destination.or(file.hook_per_destination),
             delivery_retention_secs: self.delivery_retention_secs.or(file.delivery_retention_secs),
+            issuers: self.issuers.or(file.issuers),
+            issuer: self.issuer,
+            anonymous: self.anonymous.or(file.anonymous),
         }
     }
 
@@ -391,6 +471,34 @@ impl Settings {
             None => Vec::new(),
             Some(setting) => setting.keys()?.unwrap_or_default(),
         };
+        // A key a client could mistake for a token, or the gateway for one.
+        if let Some(k) = api_keys.iter().find(|k| crate::identity::looks_like_jwt(&k.key)) {
+            return Err(format!(
+                "API key {:?} has the shape of a JWT (three base64url segments separated by dots): \
+                 tokens and keys must not be confused; choose another key",
+                k.name
+            ));
+        }
+        let entries = match settings.issuer.entry()? {
+            Some(entry) => vec![entry],
+            None => settings.issuers.clone().unwrap_or_default(),
+        };
+        let issuers = entries.iter().enumerate().map(|(n, e)| e.resolve(n + 1)).collect::<Result<Vec<_>, _>>()?;
+        crate::identity::settings::distinct(&issuers)?;
+        let anonymous = match settings.anonymous.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(spec) => Some(
+                spec.split('+')
+                    .map(|g| crate::keys::Grant::parse(g.trim()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| format!("anonymous: {e}"))?,
+            ),
+        };
+        if anonymous.is_some() && api_keys.is_empty() && issuers.is_empty() {
+            return Err("anonymous grants need API keys or issuers: without either, every request is served \
+                 (on loopback only)"
+                .into());
+        }
         let hook_guard = HookGuard::new(settings.hook_allow.as_deref().unwrap_or(""))?;
         let h = &defaults.hooks;
         let hooks = HookConfig {
@@ -456,6 +564,8 @@ impl Settings {
             hooks,
             hook_guard,
             api_keys,
+            issuers,
+            anonymous,
             cors,
             listen: settings.listen.unwrap_or(defaults.listen),
             store,
@@ -620,6 +730,53 @@ scopes = ["admin"]
         assert!(short(100, 100).resolve().is_ok());
         assert!(short(101, 100).resolve().unwrap_err().contains("event_retention_secs"));
         assert!(short(100, 101).resolve().unwrap_err().contains("delivery_retention_secs"));
+    }
+
+    #[test]
+    fn a_key_shaped_like_a_token_is_refused_by_its_name() {
+        let jwt_shaped = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl";
+        let settings = Settings {
+            api_keys: Some(KeysSetting::Spec(format!("{jwt_shaped}:read+name=billing"))),
+            ..Default::default()
+        };
+        let err = settings.resolve().unwrap_err();
+        assert!(err.contains("\"billing\"") && err.contains("JWT"), "{err}");
+        assert!(!err.contains(jwt_shaped), "{err}");
+    }
+
+    #[test]
+    fn one_issuer_comes_from_variables_and_ends_keyless_mode() {
+        let issuer = IssuerVars {
+            url: Some("https://id.example.com/realms/shop".into()),
+            audiences: Some("txgate-api, other".into()),
+            roles: Some("shopper=read@products+write@carts; support=read".into()),
+            roles_claim: Some("realm_access.roles".into()),
+            ..Default::default()
+        };
+        let config = Settings { issuer, ..Default::default() }.resolve().unwrap();
+        assert!(!config.keyless());
+        assert_eq!(config.issuers.len(), 1);
+        assert_eq!(config.issuers[0].audiences, ["txgate-api", "other"]);
+        assert_eq!(config.issuers[0].roles["shopper"].len(), 2);
+        let no_audience = IssuerVars { url: Some("https://id.example.com".into()), ..Default::default() };
+        assert!(Settings { issuer: no_audience, ..Default::default() }.resolve().unwrap_err().contains("audiences"));
+        // Anonymous grants need some credential configured.
+        let anonymous = Settings { anonymous: Some("read@products".into()), ..Default::default() };
+        assert!(anonymous.resolve().is_err());
+        // In the file: `[[issuers]]` tables.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("txgate.toml");
+        std::fs::write(
+            &path,
+            "[[issuers]]\nurl = \"https://a.example\"\naudiences = [\"api\"]\n\
+             [issuers.roles]\nshopper = \"read\"\n\
+             [[issuers]]\nurl = \"https://b.example\"\naudiences = [\"api\"]\n",
+        )
+        .unwrap();
+        let config = Settings { config: Some(path.clone()), ..Default::default() }.resolve().unwrap();
+        assert_eq!(config.issuers.len(), 2);
+        std::fs::write(&path, "[[issuers]]\nurl = \"https://a.example\"\naudiences = [\"api\"]\nbogus = 1\n").unwrap();
+        assert!(Settings { config: Some(path), ..Default::default() }.resolve().is_err(), "unknown keys refused");
     }
 
     #[test]

@@ -557,6 +557,7 @@ mod tests {
             version: Some(seq as i64),
             transaction: None,
             key: None,
+            actor: None,
             at: "2026-01-01T00:00:00.000Z".into(),
             data: None,
             members: None,

@@ -1,5 +1,6 @@
 //! Change events as stored in the log and as clients see them (docs/design.md §5).
 
+use crate::actor::UserId;
 use serde::Serialize;
 
 use crate::document::{StagedOp, StoredDoc};
@@ -88,6 +89,11 @@ pub struct Event {
     /// keys, for an expiry, and in events logged before keys had names).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// The user who made the change, when a user's token made it:
+    /// `{kind: "user", issuer, subject}` (absent for API keys, whose name
+    /// is `key`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor: Option<UserId>,
     /// When the change was committed (RFC 3339).
     #[schema(value_type = String)]
     pub at: String,
@@ -147,6 +153,7 @@ pub fn document_event(
     doc: &StoredDoc,
     txn: Option<&str>,
     key: Option<&str>,
+    actor: Option<&UserId>,
     at: DateTime,
 ) -> Record {
     let data = matches!(kind, EventType::Created | EventType::Updated).then_some(&doc.data);
@@ -158,6 +165,7 @@ pub fn document_event(
         version: Some(doc.meta.v),
         transaction: txn,
         key,
+        actor,
         at,
         data,
         members: None,
@@ -170,6 +178,7 @@ pub fn document_event(
 pub(crate) fn transaction_event(
     txn: &str,
     key: Option<&str>,
+    actor: Option<&UserId>,
     at: DateTime,
     members: Vec<CommittedMember<'_>>,
 ) -> Record {
@@ -181,6 +190,7 @@ pub(crate) fn transaction_event(
         version: None,
         transaction: Some(txn),
         key,
+        actor,
         at,
         data: None,
         members: Some(members),
@@ -217,6 +227,8 @@ mod shapes {
         pub transaction: Option<&'a str>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub key: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub actor: Option<&'a crate::actor::UserId>,
         pub at: DateTime,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub data: Option<&'a Document>,
@@ -278,6 +290,9 @@ impl Logged {
             version: rec.get_i64("version").ok(),
             transaction: text("transaction"),
             key: text("key"),
+            actor: rec.get_document("actor").ok().map(|a| {
+                UserId::new(a.get_str("issuer").unwrap_or_default(), a.get_str("subject").unwrap_or_default())
+            }),
             at: rec.get_datetime("at").map(|d| crate::clock::rfc3339(*d)).unwrap_or_default(),
             data: rec.get_document("data").ok().map(crate::store::convert::document_to_object),
             members,
@@ -294,7 +309,7 @@ mod tests {
     #[test]
     fn a_document_event_reads_back() {
         let d = StoredDoc::new_live("a".into(), doc! {"x": 1_i64}, 1, 3, DateTime::from_millis(5));
-        let mut rec = document_event(EventType::Updated, "c", &d, Some("T"), None, DateTime::from_millis(7));
+        let mut rec = document_event(EventType::Updated, "c", &d, Some("T"), None, None, DateTime::from_millis(7));
         rec.insert(LOG_SEQ, 9_i64);
         let logged = Logged::from_record(rec).unwrap();
         let Entry::Event(e) = logged.entry else { panic!("an event") };
@@ -310,7 +325,7 @@ mod tests {
     #[test]
     fn a_deleted_event_has_no_data() {
         let d = StoredDoc::new_live("a".into(), doc! {"x": 1_i64}, 1, 3, DateTime::from_millis(5));
-        let rec = document_event(EventType::Deleted, "c", &d, None, None, DateTime::from_millis(7));
+        let rec = document_event(EventType::Deleted, "c", &d, None, None, None, DateTime::from_millis(7));
         assert!(rec.get("data").is_none());
     }
 }

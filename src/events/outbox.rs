@@ -186,7 +186,7 @@ mod tests {
         let ids = ["b", "a", "c"];
         for id in ids {
             let mut doc = StoredDoc::new_live(id.into(), doc! {"n": 1_i64}, 1, 1, at);
-            doc.meta.outbox = Some(document_event(EventType::Created, "c", &doc, None, None, at));
+            doc.meta.outbox = Some(document_event(EventType::Created, "c", &doc, None, None, None, at));
             assert!(store.insert("c", doc.to_record()).await.unwrap());
             assert!(!publisher.publish("c", doc), "no backlog");
         }
@@ -200,7 +200,7 @@ mod tests {
         }
         // Queued again (a retry after a crash): logged once.
         let mut doc = StoredDoc::from_record(store.get("c", "a").await.unwrap().unwrap()).unwrap();
-        doc.meta.outbox = Some(document_event(EventType::Created, "c", &doc, None, None, at));
+        doc.meta.outbox = Some(document_event(EventType::Created, "c", &doc, None, None, None, at));
         publisher.publish("c", doc);
         publisher.flush(Duration::from_secs(5)).await;
         assert_eq!(store.scan(EVENTS, EVENTS_BY_SEQ.scan(Vec::new())).await.unwrap().len(), 3);

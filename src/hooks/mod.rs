@@ -183,6 +183,13 @@ pub struct Delivery {
     /// The delivery of the same key it waits for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prev: Option<String>,
+    /// The name of the API key that made the transaction or the change
+    /// (none in records of earlier releases).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_key: Option<String>,
+    /// The user who made it, when a user's token did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by_user: Option<crate::actor::UserId>,
 }
 
 impl Delivery {
@@ -214,6 +221,8 @@ impl Delivery {
             key: None,
             seq: None,
             prev: None,
+            by_key: None,
+            by_user: None,
         }
     }
 
@@ -235,6 +244,8 @@ impl Delivery {
         d.event = Some(e.id.clone());
         d.seq = i64::try_from(e.seq).ok();
         d.prev = prev;
+        d.by_key = e.key.clone();
+        d.by_user = e.actor.clone();
         d
     }
 
@@ -501,7 +512,9 @@ impl Hooks {
                 Some(body) => body.to_string(),
                 None => summary.clone(),
             };
-            let delivery = Delivery::queued(&rec.id, i, count, hook, body, at);
+            let mut delivery = Delivery::queued(&rec.id, i, count, hook, body, at);
+            delivery.by_key = rec.key.clone();
+            delivery.by_user = rec.user.clone();
             // Insert-if-absent: a second roll-forward finds it there.
             // Unsynced: recovery records it again from the committed record.
             self.store.unsynced().insert(DELIVERIES, delivery.to_record()).await?;

@@ -21,33 +21,67 @@ use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use std::time::{Duration, Instant};
+
 use super::error::{ApiError, ProblemCode};
 use super::guard::{Guard, Guards, On};
 use crate::actor::Actor;
+use crate::identity::{Issuers, Rate, Refusal, TokenCode, User};
 use crate::keys::{ApiKey, Grant, Scope};
 
-/// Which key made the request: its [`ApiKey::scope`], which keeps its
-/// idempotency keys apart from every other key's.
+/// Who made the request, for what must be kept apart per caller
+/// (idempotency keys): a digest of the whole API key, or of the user's
+/// issuer and subject.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Caller {
     pub scope: String,
 }
 
 /// What the caller may do, for handlers that find the collections a
-/// request touches in its body, query or stored records. Without keys
-/// configured: everything.
+/// request touches in its body, query or stored records. Without
+/// credentials configured: everything.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Access {
-    /// `None`: no keys configured.
+    /// `None`: no credentials configured.
     grants: Option<Arc<[Grant]>>,
-    /// The key's share of the instance's event streams (`None`: no keys).
+    /// The caller's share of the instance's event streams (`None`: no
+    /// credentials configured).
     streams: Option<Arc<tokio::sync::Semaphore>>,
+    /// Who holds the grants, as 403s say.
+    holder: Holder,
+    /// When the caller's credential stops being valid (a token's `exp`);
+    /// `None`: it does not expire.
+    pub(crate) expires: Option<std::time::SystemTime>,
+}
+
+/// Whose grants a request carries, for the words of a 403.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Holder {
+    #[default]
+    Key,
+    User,
+    Anonymous,
+}
+
+impl Holder {
+    fn words(self) -> &'static str {
+        match self {
+            Holder::Key => "the API key",
+            Holder::User => "the user's roles",
+            Holder::Anonymous => "anonymous access",
+        }
+    }
+
+    /// `verb` agreed with [`Holder::words`]: `(singular, plural)`.
+    fn agree(self, verb: (&'static str, &'static str)) -> &'static str {
+        if self == Holder::User { verb.1 } else { verb.0 }
+    }
 }
 
 impl Access {
-    /// One of the key's event stream slots, held while the stream is open;
-    /// `Err` when the key holds all of its share. Without keys, `Ok(None)`:
-    /// only the instance's limit applies.
+    /// One of the caller's event stream slots, held while the stream is
+    /// open; `Err` when the caller holds all of its share. Without
+    /// credentials, `Ok(None)`: only the instance's limit applies.
     pub(crate) fn stream_slot(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ()> {
         match &self.streams {
             None => Ok(None),
@@ -79,7 +113,27 @@ impl Access {
 
     /// 403 unless `needed` is granted on `collection`.
     pub(crate) fn check(&self, needed: Scope, collection: &str) -> Result<(), ApiError> {
-        if self.allows(needed, collection) { Ok(()) } else { Err(forbidden(needed, Some(collection))) }
+        if self.allows(needed, collection) { Ok(()) } else { Err(forbidden(self.holder, needed, Some(collection))) }
+    }
+
+    /// The grants, in their grammar (`read@orders`); `None`: everything
+    /// (no credentials configured).
+    pub(crate) fn grant_names(&self) -> Option<Vec<String>> {
+        let grants = self.grants.as_ref()?;
+        Some(
+            grants
+                .iter()
+                .map(|g| match &g.collection {
+                    Some(c) => format!("{}@{c}", g.scope.as_str()),
+                    None => g.scope.as_str().to_owned(),
+                })
+                .collect(),
+        )
+    }
+
+    /// 403 unless `needed` is granted on every collection.
+    pub(crate) fn check_everywhere(&self, needed: Scope) -> Result<(), ApiError> {
+        if self.everywhere(needed) { Ok(()) } else { Err(forbidden(self.holder, needed, None)) }
     }
 
     /// 403 unless `needed` is granted on every one of `collections`.
@@ -100,8 +154,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Access {
     }
 }
 
-/// The request's [`Actor`], as admission found it: the key's, or
-/// [`Actor::Anyone`] without keys configured.
+/// The request's [`Actor`], as admission found it: the key's, the
+/// user's, or [`Actor::Anyone`].
 impl<S: Send + Sync> FromRequestParts<S> for Actor {
     type Rejection = std::convert::Infallible;
 
@@ -110,12 +164,16 @@ impl<S: Send + Sync> FromRequestParts<S> for Actor {
     }
 }
 
-/// 403 for a key without `needed` (on `collection`, or on every one).
-pub(crate) fn forbidden(needed: Scope, collection: Option<&str>) -> ApiError {
+/// 403 for a caller without `needed` (on `collection`, or on every one).
+fn forbidden(holder: Holder, needed: Scope, collection: Option<&str>) -> ApiError {
     let scope = needed.as_str();
+    let who = holder.words();
     let detail = match collection {
-        Some(c) => format!("the API key lacks the {scope} scope on collection {c:?}"),
-        None => format!("this needs the {scope} scope on every collection; the API key has it on some or none"),
+        Some(c) => format!("{who} {} the {scope} scope on collection {c:?}", holder.agree(("lacks", "lack"))),
+        None => format!(
+            "this needs the {scope} scope on every collection; {who} {} it on some or none",
+            holder.agree(("has", "have"))
+        ),
     };
     let mut err = ApiError::new(ProblemCode::Forbidden, detail);
     err.members.required_scope = Some(scope);
@@ -127,38 +185,266 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0_u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The configured keys, each with its share of the concurrency limit and
-/// of the event streams.
-pub(crate) struct Keys {
-    /// Each key with its scope (computed once), its permits and its stream
-    /// slots.
-    keys: Vec<(ApiKey, String, Arc<tokio::sync::Semaphore>, Arc<tokio::sync::Semaphore>)>,
-    per_key: usize,
-    /// Each route's guard, as its module declared it.
-    guards: Guards,
+/// One caller's share of the instance: requests in flight, event streams
+/// open, and (for users and anonymous callers) a request rate.
+struct Share {
+    permits: Arc<tokio::sync::Semaphore>,
+    streams: Arc<tokio::sync::Semaphore>,
+    bucket: Option<std::sync::Mutex<Bucket>>,
 }
 
-impl Keys {
-    /// `keys`, each allowed `per_key` requests in flight and
-    /// `streams_per_key` event streams open at once, on routes guarded by
-    /// `guards`.
-    pub(crate) fn new(keys: Vec<ApiKey>, per_key: usize, streams_per_key: usize, guards: Guards) -> Self {
-        let per_key = per_key.max(1);
-        let keys = keys
-            .into_iter()
-            .map(|k| {
-                let scope = k.scope();
-                let streams = Arc::new(tokio::sync::Semaphore::new(streams_per_key.max(1)));
-                (k, scope, Arc::new(tokio::sync::Semaphore::new(per_key)), streams)
-            })
-            .collect();
-        Self { keys, per_key, guards }
+impl Share {
+    fn new(per_key: usize, streams_per_key: usize, rate: Option<Rate>) -> Self {
+        Self {
+            permits: Arc::new(tokio::sync::Semaphore::new(per_key.max(1))),
+            streams: Arc::new(tokio::sync::Semaphore::new(streams_per_key.max(1))),
+            bucket: rate.map(|r| std::sync::Mutex::new(Bucket::full(r))),
+        }
+    }
+
+    /// Whether the share is idle and its bucket full: forgetting it loses
+    /// nothing.
+    fn forgettable(&self, per_key: usize, streams_per_key: usize) -> bool {
+        self.permits.available_permits() == per_key.max(1)
+            && self.streams.available_permits() == streams_per_key.max(1)
+            && self.bucket.as_ref().is_none_or(|b| b.lock().expect("bucket lock").is_full())
     }
 }
 
+/// A token bucket: `rate.quota` requests, refilled evenly over
+/// `rate.window`.
+struct Bucket {
+    rate: Rate,
+    tokens: f64,
+    at: Instant,
+}
+
+/// What a bucket said of a request: its policy, what is left, and (when
+/// refused) how long until one more.
+struct Metered {
+    rate: Rate,
+    remaining: u32,
+    wait: Option<Duration>,
+}
+
+impl Bucket {
+    fn full(rate: Rate) -> Self {
+        Self { rate, tokens: f64::from(rate.quota), at: Instant::now() }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let earned = now.duration_since(self.at).as_secs_f64() * self.rate.per_second();
+        self.tokens = (self.tokens + earned).min(f64::from(self.rate.quota));
+        self.at = now;
+    }
+
+    fn is_full(&mut self) -> bool {
+        self.refill(Instant::now());
+        self.tokens >= f64::from(self.rate.quota)
+    }
+
+    /// Take one token for a request, or say how long until there is one.
+    fn take(&mut self, rate: Rate) -> Metered {
+        let now = Instant::now();
+        if self.rate != rate {
+            // The user's roles changed: the new policy, from what is left.
+            self.rate = rate;
+        }
+        self.refill(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Metered { rate, remaining: self.tokens as u32, wait: None }
+        } else {
+            let wait = Duration::from_secs_f64((1.0 - self.tokens) / rate.per_second());
+            Metered { rate, remaining: 0, wait: Some(wait) }
+        }
+    }
+}
+
+/// The most users' shares held at once per instance; idle ones with full
+/// buckets are forgotten first.
+const MAX_USER_SHARES: usize = 100_000;
+
+/// Users: their issuers, and each user's share (by [`User::scope`]),
+/// created at their first request.
+struct Users {
+    issuers: Arc<Issuers>,
+    shares: std::sync::Mutex<HashMap<String, Arc<Share>>>,
+    /// Each issuer's cap on its users' requests in flight at once.
+    caps: HashMap<String, Arc<tokio::sync::Semaphore>>,
+}
+
+/// The configured credentials, each caller's share of the concurrency
+/// limit and of the event streams, and each route's guard.
+pub(crate) struct Keys {
+    /// Each key with its scope (computed once) and its share.
+    keys: Vec<(ApiKey, String, Share)>,
+    users: Option<Users>,
+    /// Anonymous callers' grants and their one share.
+    anonymous: Option<(Arc<[Grant]>, Share)>,
+    per_key: usize,
+    streams_per_key: usize,
+    /// Each route's guard, as its module declared it.
+    guards: Guards,
+    /// Stream tickets, claimed here in place of a credential.
+    tickets: Arc<crate::tickets::Tickets>,
+}
+
+impl Keys {
+    /// `keys`, the users of `issuers` and anonymous callers (`anonymous`),
+    /// each allowed `per_key` requests in flight and `streams_per_key`
+    /// event streams open at once, on routes guarded by `guards`.
+    pub(crate) fn new(
+        config: &crate::config::Config,
+        issuers: Option<Arc<Issuers>>,
+        tickets: Arc<crate::tickets::Tickets>,
+        guards: Guards,
+    ) -> Self {
+        let (per_key, streams_per_key) = (config.max_concurrency_per_key, config.max_streams_per_key);
+        let keys = config
+            .api_keys
+            .iter()
+            .map(|k| (k.clone(), k.scope(), Share::new(per_key, streams_per_key, None)))
+            .collect();
+        let users = issuers.map(|issuers| {
+            let caps = issuers
+                .configs()
+                .map(|c| {
+                    let cap = c.max_concurrency.unwrap_or(config.max_concurrency).max(1);
+                    (c.url.clone(), Arc::new(tokio::sync::Semaphore::new(cap)))
+                })
+                .collect();
+            Users { issuers, shares: std::sync::Mutex::new(HashMap::new()), caps }
+        });
+        let anonymous = config
+            .anonymous
+            .clone()
+            .map(|grants| (grants.into(), Share::new(per_key, streams_per_key, Some(Rate::DEFAULT))));
+        Self { keys, users, anonymous, per_key, streams_per_key, guards, tickets }
+    }
+
+    /// `user`'s share, made at their first request.
+    fn user_share(&self, users: &Users, user: &User) -> Result<Arc<Share>, ApiError> {
+        let mut shares = users.shares.lock().expect("user shares lock");
+        let scope = user.scope();
+        if let Some(share) = shares.get(&scope) {
+            return Ok(Arc::clone(share));
+        }
+        if shares.len() >= MAX_USER_SHARES {
+            shares.retain(|_, s| Arc::strong_count(s) > 1 || !s.forgettable(self.per_key, self.streams_per_key));
+            if shares.len() >= MAX_USER_SHARES {
+                return Err(ApiError::new(
+                    ProblemCode::Overloaded,
+                    "this instance is serving as many users at once as it keeps shares for; retry later",
+                )
+                .retry(super::limits::RETRY_AFTER));
+            }
+        }
+        let share = Arc::new(Share::new(self.per_key, self.streams_per_key, Some(user.rate)));
+        shares.insert(scope, Arc::clone(&share));
+        Ok(share)
+    }
+    /// Who `token` names (an API key, or a user's access token), or no
+    /// one (anonymous access, where configured); else the 401.
+    async fn principal(&self, token: Option<&str>) -> Result<Principal<'_>, Response> {
+        match (token, &self.users) {
+            (None, _) => match &self.anonymous {
+                Some((grants, share)) => Ok(Principal::Anonymous(grants, share)),
+                None if self.users.is_some() => {
+                    Err(unauthorized("a credential is required: Authorization: Bearer <API key or access token>"))
+                }
+                None => Err(unauthorized("an API key is required: Authorization: Bearer <key>")),
+            },
+            (Some(token), Some(users)) if crate::identity::looks_like_jwt(token) => {
+                match users.issuers.verify(token).await {
+                    Ok(user) => match self.user_share(users, &user) {
+                        Ok(share) => Ok(Principal::User(user, share)),
+                        Err(err) => Err(err.into_response()),
+                    },
+                    Err(refusal) => Err(refused_token(&refusal)),
+                }
+            }
+            (Some(token), _) => {
+                match self.keys.iter().find(|(k, _, _)| constant_time_eq(k.key.as_bytes(), token.as_bytes())) {
+                    Some((key, scope, share)) => Ok(Principal::Key(key, scope, share)),
+                    None if crate::identity::looks_like_jwt(token) => {
+                        Err(unauthorized("the token is not an API key, and no issuer of tokens is configured"))
+                    }
+                    None => Err(unauthorized("the API key is not valid")),
+                }
+            }
+        }
+    }
+
+    /// Who a ticket's holder is now: the key of that name (with its
+    /// current grants), the user (with the grants their token had), or
+    /// anonymous access; refused if that credential is gone.
+    fn holder(&self, holder: &crate::tickets::Holder) -> Result<Principal<'_>, ApiError> {
+        let gone = |what| ticket_refused(crate::tickets::Refused::Invalid(what));
+        if let Some(name) = &holder.key {
+            return match self.keys.iter().find(|(k, _, _)| &k.name == name) {
+                Some((key, scope, share)) => Ok(Principal::Key(key, scope, share)),
+                None => Err(gone("the API key the ticket was asked for with is no longer configured")),
+            };
+        }
+        if let Some(user) = &holder.user {
+            let Some(users) = &self.users else {
+                return Err(gone("no issuer of tokens is configured any more"));
+            };
+            let Some(issuer) = users.issuers.configs().find(|c| c.url == user.issuer) else {
+                return Err(gone("the ticket's issuer is no longer configured"));
+            };
+            let grants = holder.grants.iter().filter_map(|g| Grant::parse(g).ok()).collect();
+            let rate = holder
+                .rate
+                .map(|(quota, secs)| Rate { quota, window: Duration::from_secs(secs.max(1)) })
+                .unwrap_or(issuer.rate);
+            let expires = holder.expires.map_or(std::time::UNIX_EPOCH, |e| e.to_system_time());
+            let user = Arc::new(User {
+                issuer: user.issuer.clone(),
+                issuer_name: issuer.name.clone(),
+                subject: user.subject.clone(),
+                roles: Vec::new(),
+                claims: Default::default(),
+                grants,
+                rate,
+                expires,
+            });
+            let share = self.user_share(users, &user)?;
+            return Ok(Principal::User(user, share));
+        }
+        match (&self.anonymous, holder.anonymous) {
+            (Some((grants, share)), true) => Ok(Principal::Anonymous(grants, share)),
+            _ => Err(gone("the ticket's holder has no credential here any more")),
+        }
+    }
+}
+
+/// The `ticket` query parameter of `req`, if any.
+fn ticket_of(req: &Request) -> Option<String> {
+    let query = req.uri().query()?;
+    url::form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "ticket").map(|(_, v)| v.into_owned())
+}
+
+/// 401 `ticket_invalid` (or the store's error).
+pub(crate) fn ticket_refused(refused: crate::tickets::Refused) -> ApiError {
+    match refused {
+        crate::tickets::Refused::Invalid(why) => ApiError::new(ProblemCode::TicketInvalid, why),
+        crate::tickets::Refused::Store(e) => e.into(),
+    }
+}
+
+/// Who a request's credential names.
+enum Principal<'a> {
+    Key(&'a ApiKey, &'a String, &'a Share),
+    User(Arc<User>, Arc<Share>),
+    Anonymous(&'a Arc<[Grant]>, &'a Share),
+}
+
 /// Middleware: authenticate and authorize every API request, and hold one
-/// of the key's permits while it is served (a key at its share of the
-/// concurrency limit gets 429; other keys are served).
+/// of the caller's permits while it is served (a caller at its share of
+/// the concurrency limit, or past its request rate, gets 429; other
+/// callers are served).
 pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, next: Next) -> Response {
     let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned()).unwrap_or_default();
     // A route without a guard (none is: see `guard::Routes`) is an
@@ -171,22 +457,66 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
         .map(str::trim);
-    let Some(token) = token else {
-        return unauthorized("an API key is required: Authorization: Bearer <key>");
+    // A stream opened with a ticket: its holder, in place of a credential.
+    let ticket = match ticket_of(&req) {
+        Some(ticket) if route == "/v1/events" => match keys.tickets.claim(&ticket).await {
+            Ok(claimed) => Some(claimed),
+            Err(refused) => return ticket_refused(refused).into_response(),
+        },
+        _ => None,
     };
-    let Some((key, scope, permits, streams)) =
-        keys.keys.iter().find(|(k, _, _, _)| constant_time_eq(k.key.as_bytes(), token.as_bytes()))
-    else {
-        return unauthorized("the API key is not valid");
+    let principal = match ticket.as_ref().map(|t| keys.holder(&t.holder)) {
+        Some(Ok(principal)) => principal,
+        Some(Err(err)) => return err.into_response(),
+        None => match keys.principal(token).await {
+            Ok(principal) => principal,
+            Err(response) => return response,
+        },
     };
-    let access = Access { grants: Some(key.grants.clone().into()), streams: Some(Arc::clone(streams)) };
+    let (grants, holder, share): (Arc<[Grant]>, Holder, &Share) = match &principal {
+        Principal::Key(key, _, share) => (key.grants.clone().into(), Holder::Key, share),
+        Principal::User(user, share) => (user.grants.clone().into(), Holder::User, share),
+        Principal::Anonymous(grants, share) => (Arc::clone(grants), Holder::Anonymous, share),
+    };
+    if let Principal::User(user, _) = &principal
+        && user.grants.is_empty()
+    {
+        let mut err = ApiError::new(
+            ProblemCode::Forbidden,
+            format!("none of the user's roles maps to a grant at issuer {:?}", user.issuer_name),
+        );
+        err.members.required_scope = Some(needed.as_str());
+        return with_challenge(err.into_response(), "insufficient_scope", "no role maps to a grant");
+    }
+    let expires = match &principal {
+        Principal::User(user, _) => Some(user.expires),
+        _ => None,
+    };
+    let access =
+        Access { grants: Some(Arc::clone(&grants)), streams: Some(Arc::clone(&share.streams)), holder, expires };
+    // The request rate, for users and anonymous callers (a scrape is not
+    // limited: see `limits::limit`).
+    let metered = match (&share.bucket, &principal) {
+        (Some(bucket), Principal::User(user, _)) => Some(bucket.lock().expect("bucket lock").take(user.rate)),
+        (Some(bucket), _) => Some(bucket.lock().expect("bucket lock").take(Rate::DEFAULT)),
+        (None, _) => None,
+    };
+    if let Some(Metered { wait: Some(wait), .. }) = &metered {
+        let response = ApiError::new(
+            ProblemCode::RateLimited,
+            "this caller has used its request rate (RateLimit-Policy); retry after Retry-After",
+        )
+        .retry(wait.max(&Duration::from_secs(1)).to_owned())
+        .into_response();
+        return with_rate(response, metered.as_ref());
+    }
     let (mut parts, body) = req.into_parts();
     let allowed = match on {
         On::Path => match Path::<HashMap<String, String>>::from_request_parts(&mut parts, &()).await {
             Ok(Path(params)) => match params.get("collection") {
                 Some(c) => access.check(needed, c),
                 // Declared as naming its collection, and naming none.
-                None => Err(forbidden(needed, None)),
+                None => Err(forbidden(holder, needed, None)),
             },
             // Not decodable: refused as the handler refuses it.
             Err(rejection) => {
@@ -195,53 +525,140 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
         },
         // The handler checks each collection; here, that some are granted.
         On::Handler => {
-            if key.grants.iter().any(|g| g.scope >= needed) {
+            if grants.iter().any(|g| g.scope >= needed) {
                 Ok(())
             } else {
                 let scope = needed.as_str();
-                let detail = format!("the API key has the {scope} scope on no collection");
+                let detail =
+                    format!("{} {} the {scope} scope on no collection", holder.words(), holder.agree(("has", "have")));
                 let mut err = ApiError::new(ProblemCode::Forbidden, detail);
                 err.members.required_scope = Some(scope);
                 Err(err)
             }
         }
         On::Everywhere if access.everywhere(needed) => Ok(()),
-        On::Everywhere => Err(forbidden(needed, None)),
+        On::Everywhere => Err(forbidden(holder, needed, None)),
     };
     if let Err(err) = allowed {
-        return err.into_response();
+        return with_rate(err.into_response(), metered.as_ref());
     }
     // A scrape is not limited (see `limits::limit`).
-    let _permit = if route == "/metrics" {
+    let _permits = if route == "/metrics" {
         None
     } else {
-        match Arc::clone(permits).try_acquire_owned() {
-            Ok(permit) => Some(permit),
-            Err(_) => {
-                tracing::debug!("request refused: the API key is at its share of the concurrency limit");
-                return ApiError::new(
+        let issuer_cap = match (&principal, &keys.users) {
+            (Principal::User(user, _), Some(users)) => users.caps.get(&user.issuer),
+            _ => None,
+        };
+        let own = Arc::clone(&share.permits).try_acquire_owned();
+        let cap = issuer_cap.map(|cap| Arc::clone(cap).try_acquire_owned());
+        match (own, cap) {
+            (Ok(own), None) => Some((own, None)),
+            (Ok(own), Some(Ok(cap))) => Some((own, Some(cap))),
+            (Err(_), _) => {
+                tracing::debug!("request refused: the caller is at its share of the concurrency limit");
+                let response = ApiError::new(
                     ProblemCode::Overloaded,
                     format!(
-                        "this API key has {} requests in flight, its share of the gateway \
+                        "this caller has {} requests in flight, its share of the gateway \
                          (TXGATE_MAX_CONCURRENCY_PER_KEY); retry later",
                         keys.per_key
                     ),
                 )
                 .retry(super::limits::RETRY_AFTER)
                 .into_response();
+                return with_rate(response, metered.as_ref());
+            }
+            (Ok(_), Some(Err(_))) => {
+                tracing::debug!("request refused: the issuer's users are at their aggregate cap");
+                let response = ApiError::new(
+                    ProblemCode::Overloaded,
+                    "this issuer's users have as many requests in flight as the issuer's max_concurrency allows; \
+                     retry later",
+                )
+                .retry(super::limits::RETRY_AFTER)
+                .into_response();
+                return with_rate(response, metered.as_ref());
             }
         }
     };
-    parts.extensions.insert(Caller { scope: scope.clone() });
+    let (scope, actor) = match &principal {
+        // What the request changes is recorded as made by the key's name.
+        Principal::Key(key, scope, _) => ((*scope).clone(), Actor::Key(key.name.clone())),
+        Principal::User(user, _) => {
+            (user.scope(), Actor::User(Arc::new(crate::actor::UserId::new(&user.issuer, &user.subject))))
+        }
+        Principal::Anonymous(..) => ("anonymous".to_owned(), Actor::Anyone),
+    };
+    parts.extensions.insert(Caller { scope });
     parts.extensions.insert(access);
-    // What the request changes is recorded as made by the key's name.
-    parts.extensions.insert(Actor::Key(key.name.clone()));
-    next.run(Request::from_parts(parts, body)).await
+    parts.extensions.insert(actor);
+    if let Principal::User(user, _) = &principal {
+        parts.extensions.insert(Arc::clone(user));
+    }
+    if let Some(ticket) = ticket {
+        parts.extensions.insert(ticket);
+    }
+    let response = next.run(Request::from_parts(parts, body)).await;
+    with_rate(response, metered.as_ref())
 }
 
+/// The `RateLimit-Policy` and `RateLimit` fields (draft-ietf-httpapi-
+/// ratelimit-headers-08 and later) of a metered request.
+fn with_rate(mut response: Response, metered: Option<&Metered>) -> Response {
+    let Some(m) = metered else { return response };
+    let window = m.rate.window.as_secs().max(1);
+    let reset = m.wait.map_or(0, |w| w.as_secs_f64().ceil() as u64);
+    let headers = response.headers_mut();
+    if let Ok(v) = header::HeaderValue::from_str(&format!("\"caller\";q={};w={window}", m.rate.quota)) {
+        headers.insert("ratelimit-policy", v);
+    }
+    if let Ok(v) = header::HeaderValue::from_str(&format!("\"caller\";r={};t={reset}", m.remaining)) {
+        headers.insert("ratelimit", v);
+    }
+    response
+}
+
+/// 401 for a missing or unknown credential: a bare `Bearer` challenge
+/// (RFC 6750 §3: no error code when no token was understood).
 fn unauthorized(detail: &str) -> Response {
     let mut response = ApiError::new(ProblemCode::Unauthorized, detail).into_response();
     response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+    response
+}
+
+/// 401 for a refused token, with its code, and `WWW-Authenticate: Bearer
+/// error="invalid_token"` (RFC 6750 §3.1); 503 when its issuer's keys
+/// cannot be had.
+fn refused_token(refusal: &Refusal) -> Response {
+    let code = match refusal.code {
+        TokenCode::Malformed => ProblemCode::TokenMalformed,
+        TokenCode::Expired => ProblemCode::TokenExpired,
+        TokenCode::NotYetValid => ProblemCode::TokenNotYetValid,
+        TokenCode::Audience => ProblemCode::TokenAudience,
+        TokenCode::Issuer => ProblemCode::TokenIssuer,
+        TokenCode::Signature => ProblemCode::TokenSignature,
+        TokenCode::Algorithm => ProblemCode::TokenAlgorithm,
+        TokenCode::Type => ProblemCode::TokenType,
+        TokenCode::Header => ProblemCode::TokenHeader,
+        TokenCode::Key => ProblemCode::TokenKey,
+        TokenCode::Claims => ProblemCode::TokenClaims,
+        TokenCode::IssuerUnavailable => {
+            return ApiError::new(ProblemCode::IssuerUnavailable, refusal.detail.clone())
+                .retry(Duration::from_secs(5))
+                .into_response();
+        }
+    };
+    let response = ApiError::new(code, refusal.detail.clone()).into_response();
+    with_challenge(response, "invalid_token", code.as_str())
+}
+
+/// `WWW-Authenticate: Bearer error="<error>", error_description="<why>"`
+/// (`why` is one of the gateway's own words, never the token's).
+fn with_challenge(mut response: Response, error: &str, why: &str) -> Response {
+    if let Ok(v) = header::HeaderValue::from_str(&format!("Bearer error=\"{error}\", error_description=\"{why}\"")) {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    }
     response
 }
 
@@ -257,7 +674,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(keys.len(), 3);
-        let access = |k: &ApiKey| Access { grants: Some(k.grants.clone().into()), streams: None };
+        let access = |k: &ApiKey| Access { grants: Some(k.grants.clone().into()), ..Access::default() };
         let (reader, admin, orders) = (access(&keys[0]), access(&keys[1]), access(&keys[2]));
         assert!(reader.everywhere(Scope::Read) && !reader.everywhere(Scope::Write));
         assert!(admin.everywhere(Scope::Read) && admin.everywhere(Scope::Admin));

@@ -128,6 +128,9 @@ pub(crate) struct ChangeOut {
     /// The name of the API key that made it; null without API keys, for an
     /// expiry, and for changes logged before keys had names.
     pub key: Option<String>,
+    /// The user who made it, when a user's token did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor: Option<crate::actor::UserId>,
     /// Field paths (dotted) it added; null (as `removed` and `changed`)
     /// when the log no longer holds the version before it.
     pub added: Option<Vec<String>>,
@@ -147,6 +150,7 @@ impl From<Change> for ChangeOut {
             at: c.at,
             transaction: c.transaction,
             key: c.key,
+            actor: c.actor,
             added,
             removed,
             changed,

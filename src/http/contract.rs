@@ -351,15 +351,24 @@ fn drop_null(schema: &mut Value) {
 pub(crate) fn document(derived: utoipa::openapi::OpenApi) -> Value {
     let mut doc = serde_json::to_value(derived).expect("the API description serializes");
     doc["servers"] = json!([{"url": "http://127.0.0.1:8080", "description": "A gateway on its default address"}]);
-    doc["security"] = json!([{"bearer": []}]);
+    // Either credential: an API key or a user's access token.
+    doc["security"] = json!([{"bearer": []}, {"userToken": []}]);
     let components = doc["components"].as_object_mut().expect("components");
     components.insert(
         "securitySchemes".into(),
-        json!({"bearer": {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "An API key from `TXGATE_API_KEYS`, as `Authorization: Bearer <key>`. A gateway with no keys configured serves loopback clients without one.",
-        }}),
+        json!({
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "An API key from `TXGATE_API_KEYS`, as `Authorization: Bearer <key>`. A gateway with no credentials configured serves loopback clients without one.",
+            },
+            "userToken": {
+                "type": "http",
+                "scheme": "bearer",
+                "bearerFormat": "JWT",
+                "description": "A user's access token from a configured OpenID Connect issuer (`TXGATE_ISSUER`), for one of its audiences, as `Authorization: Bearer <JWT>`. A refused token is answered 401 with a `token_*` code and `WWW-Authenticate: Bearer error=\"invalid_token\"`. An event stream may be opened with a ticket instead (`POST /v1/events/tickets`).",
+            },
+        }),
     );
     components.insert(
         "headers".into(),

@@ -64,6 +64,13 @@ pub(crate) struct DeliveryOut {
     pub attempts: Vec<AttemptOut>,
     #[schema(format = DateTime)]
     pub finished_at: Option<String>,
+    /// The name of the API key that made the transaction (or the change
+    /// the event is about); absent without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// The user who made it, when a user's token did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor: Option<crate::actor::UserId>,
 }
 
 /// A delivery's state: `failed` will be retried, `dead` will not.
@@ -149,6 +156,8 @@ fn delivery_out(d: Delivery, now: DateTime, urls: bool) -> DeliveryOut {
             })
             .collect(),
         finished_at: d.finished_at.map(rfc3339),
+        key: d.by_key,
+        actor: d.by_user,
     }
 }
 

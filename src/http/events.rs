@@ -101,6 +101,33 @@ pub(crate) struct EventsQuery {
     /// query's (400 `index_required`).
     #[param(value_type = Option<String>, example = r#"{"status":"open"}"#)]
     pub filter: Option<String>,
+    /// A ticket (`POST /v1/events/tickets`) in place of the
+    /// `Authorization` header, for `EventSource`: used once, within 60 s,
+    /// for the stream it was asked for (the other parameters must be the
+    /// ticket's; `after` and `Last-Event-ID` may be given, else the
+    /// ticket's `after` applies).
+    pub ticket: Option<String>,
+}
+
+/// The claimed ticket a stream was opened with: claimed by admission, or
+/// here when no credentials are configured.
+async fn claimed_ticket(
+    state: &AppState,
+    query: &EventsQuery,
+    claimed: Option<crate::tickets::Claimed>,
+) -> Result<Option<crate::tickets::Claimed>, ApiError> {
+    let Some(ticket) = &query.ticket else { return Ok(None) };
+    let claimed = match claimed {
+        Some(claimed) => claimed,
+        None => state.tickets.claim(ticket).await.map_err(super::auth::ticket_refused)?,
+    };
+    let s = &claimed.stream;
+    if (&s.collections, &s.types, &s.filter) != (&query.collections, &query.types, &query.filter) {
+        return Err(super::auth::ticket_refused(crate::tickets::Refused::Invalid(
+            "the ticket is for another stream: give the collections, types and filter it was asked for",
+        )));
+    }
+    Ok(Some(claimed))
 }
 
 /// A page of events.
@@ -116,7 +143,7 @@ pub(crate) struct EventPage {
 /// The filter of `query`, for a caller with `access`: a key limited to
 /// some collections may name only those, and sees only events telling of
 /// nothing else.
-fn filter(query: &EventsQuery, access: &Access) -> Result<Filter, ApiError> {
+pub(super) fn filter(query: &EventsQuery, access: &Access) -> Result<Filter, ApiError> {
     let collections = query
         .collections
         .as_deref()
@@ -137,7 +164,7 @@ fn filter(query: &EventsQuery, access: &Access) -> Result<Filter, ApiError> {
 
 /// The filtered set of `query` (`filter` with one collection), served by
 /// a ready index as a query's filter must be.
-async fn set_filter(state: &AppState, query: &EventsQuery) -> Result<Option<Arc<SetFilter>>, ApiError> {
+pub(super) async fn set_filter(state: &AppState, query: &EventsQuery) -> Result<Option<Arc<SetFilter>>, ApiError> {
     let Some(text) = &query.filter else { return Ok(None) };
     let names: Vec<&str> =
         query.collections.as_deref().unwrap_or_default().split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
@@ -162,7 +189,7 @@ pub(crate) fn event_type(t: &str, pointer: &str) -> Result<EventType, Invalid> {
     })
 }
 
-fn position(value: &str, pointer: &str) -> Result<u64, ApiError> {
+pub(super) fn position(value: &str, pointer: &str) -> Result<u64, ApiError> {
     value
         .parse::<i64>()
         .ok()
@@ -185,7 +212,7 @@ fn wants_json(headers: &HeaderMap) -> bool {
 
 problems!(
     /// What `v1.events.list` can answer besides its success.
-    ListProblems = Problems::of(&[InvalidHeader, CursorBeyondHead, ValidationFailed, CursorExpired, InvalidFilter, IndexRequired])
+    ListProblems = Problems::of(&[InvalidHeader, CursorBeyondHead, ValidationFailed, CursorExpired, InvalidFilter, IndexRequired, TicketInvalid])
 );
 
 /// Read change events
@@ -233,8 +260,10 @@ pub(crate) async fn events(
     State(state): State<AppState>,
     access: Access,
     headers: HeaderMap,
+    ticket: Option<axum::Extension<crate::tickets::Claimed>>,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
+    let ticket = claimed_ticket(&state, &query, ticket.map(|axum::Extension(t)| t)).await?;
     let filter = filter(&query, &access)?;
     let set = set_filter(&state, &query).await?;
     let last_event_id = headers.get("last-event-id");
@@ -249,9 +278,11 @@ pub(crate) async fn events(
                 .ok_or_else(|| ApiError::new(ProblemCode::InvalidHeader, "Last-Event-ID is the seq of an event"))?,
         ),
     };
-    let after = match &query.after {
-        Some(after) => Some(position(after, "/query/after")?),
-        None => from_header,
+    let after = match (&query.after, from_header, ticket.and_then(|t| t.stream.after)) {
+        (Some(after), _, _) => Some(position(after, "/query/after")?),
+        (None, Some(from_header), _) => Some(from_header),
+        (None, None, Some(after)) => Some(position(&after, "/after")?),
+        (None, None, None) => None,
     };
     let log = Arc::clone(&state.events);
     // A client reads the events of every answer it had from this instance.
@@ -325,6 +356,9 @@ pub(crate) async fn events(
         stop: state.stop.clone(),
         idle_since: tokio::time::Instant::now(),
         _open: state.metrics.hold(&crate::metrics::EVENT_STREAMS_OPEN),
+        ends: access.expires.map(until),
+        reauthed: false,
+        last_sent: start,
     };
     let stream = futures::stream::unfold(reader, Reader::next);
     Ok((
@@ -404,6 +438,29 @@ struct Reader {
     _open: crate::metrics::Held,
     /// The instance's stream slot and the key's (none without keys).
     _slot: (tokio::sync::OwnedSemaphorePermit, Option<tokio::sync::OwnedSemaphorePermit>),
+    /// When the credential the stream was opened with expires (a user's
+    /// token): the stream then sends `event: reauth` and ends. `None`: an
+    /// API key's stream, which does not.
+    ends: Option<tokio::time::Instant>,
+    /// Whether `reauth` was sent: the stream is over.
+    reauthed: bool,
+    /// The seq of the last event sent (at first, the position the stream
+    /// starts after).
+    last_sent: u64,
+}
+
+/// The instant of `expires` on the runtime's clock.
+fn until(expires: std::time::SystemTime) -> tokio::time::Instant {
+    let left = expires.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+    tokio::time::Instant::now() + left
+}
+
+/// Sleeps until `ends`, or for ever.
+async fn expiry(ends: Option<tokio::time::Instant>) {
+    match ends {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Reader {
@@ -444,8 +501,20 @@ impl Reader {
     /// `: position <seq>`, the position the stream starts after.
     async fn next(mut self) -> Option<(Result<Bytes, Infallible>, Self)> {
         loop {
-            if self.stop.is_cancelled() {
+            if self.stop.is_cancelled() || self.reauthed {
                 return None;
+            }
+            if let Some(ends) = self.ends
+                && tokio::time::Instant::now() >= ends
+            {
+                // The token expired: say so, and end. The client asks for a
+                // ticket with the last id it saw, and misses nothing.
+                self.ends = None;
+                self.reauthed = true;
+                let last = self.last_sent;
+                let text =
+                    format!("event: reauth\ndata: {{\"reason\":\"token_expired\",\"last_event_id\":\"{last}\"}}\n\n");
+                return Some((Ok(Bytes::from(text)), self));
             }
             if let Some(start) = self.opened.take() {
                 // Every parser skips a comment; a client that has seen no
@@ -462,6 +531,7 @@ impl Reader {
                         break;
                     }
                     let _ = write!(chunk, "id: {}\ndata: {}\n\n", ready.event.seq, ready.json);
+                    self.last_sent = ready.event.seq;
                     self.pending.pop_front();
                 }
                 self.idle_since = tokio::time::Instant::now();
@@ -480,6 +550,7 @@ impl Reader {
                 tokio::select! {
                     () = self.stop.cancelled() => return None,
                     () = tokio::time::sleep(COALESCE - since) => {}
+                    () = expiry(self.ends) => continue,
                 }
             }
             // Changes from here on wake the wait below.
@@ -533,6 +604,7 @@ impl Reader {
                 () = self.stop.cancelled() => return None,
                 _ = self.appended.changed(), if self.failures == 0 => {}
                 () = tokio::time::sleep(wait) => {}
+                () = expiry(self.ends) => {}
             }
         }
     }

@@ -16,6 +16,7 @@ pub(crate) mod extract;
 mod guard;
 pub(crate) mod indexes;
 pub(crate) mod limits;
+mod me;
 pub(crate) mod observe;
 pub(crate) mod paging;
 mod params;
@@ -25,6 +26,7 @@ mod reads;
 pub(crate) mod serve;
 pub(crate) mod strict;
 pub(crate) mod subscriptions;
+mod tickets;
 pub(crate) mod transactions;
 
 use crate::http::problems::{Problems, problems};
@@ -91,6 +93,8 @@ pub(crate) struct Shared {
     /// The reads of event streams catching up (far behind the head) that
     /// may run at once (`events::CATCH_UP_READS`).
     pub catch_up: Arc<tokio::sync::Semaphore>,
+    /// Stream tickets, issued and claimed.
+    pub tickets: Arc<crate::tickets::Tickets>,
     /// Where `POST /v1/admin/backup` writes, one backup at a time.
     pub backups: admin::Backups,
     /// Seals the cursors of lists a key sees only part of.
@@ -132,8 +136,10 @@ pub(crate) fn api() -> (Router<AppState>, utoipa::openapi::OpenApi, guard::Guard
         .merge(transactions::router())
         .merge(deliveries::router())
         .merge(events::router())
+        .merge(tickets::router())
         .merge(subscriptions::router())
         .merge(admin::router())
+        .merge(me::router())
         .guarded(guard::Guard::Public, routes!(healthz))
         .guarded(guard::Guard::Public, routes!(readyz))
         .into_parts();
@@ -162,7 +168,7 @@ pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router 
     let document = contract::document(derived);
     let params = Arc::new(params::Params::of(&document));
     let spec = Arc::new(text_of(&document));
-    let keyless = config.api_keys.is_empty();
+    let keyless = config.keyless();
     let metrics = Arc::clone(&state.metrics);
     // Behind the keys when there are any (a key with `read` on every
     // collection scrapes it).
@@ -183,15 +189,20 @@ pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router 
         // request without a valid key reads nothing.
         // A key with `read` on every collection scrapes the metrics.
         guards.insert("/metrics".to_owned(), guard::Guard::ByMethod(guard::On::Everywhere));
-        let keys = auth::Keys::new(
-            config.api_keys.clone(),
-            config.max_concurrency_per_key,
-            config.max_streams_per_key,
-            guards,
-        );
+        let issuers = (!config.issuers.is_empty()).then(|| {
+            let issuers = Arc::new(crate::identity::Issuers::new(&config.issuers));
+            // The keys are fetched at start, so that the first user waits
+            // for nothing; a provider down is logged and retried on use.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let warming = Arc::clone(&issuers);
+                runtime.spawn(async move { warming.warm().await });
+            }
+            issuers
+        });
+        let keys = auth::Keys::new(config, issuers, Arc::clone(&state.tickets), guards);
         routes.route_layer(axum::middleware::from_fn_with_state(Arc::new(keys), auth::require_key))
     };
-    console::routes(routes)
+    console::routes(routes, &config.issuers)
         .route(
             "/openapi.json",
             axum::routing::get(move || {
@@ -266,7 +277,10 @@ fn cors_layer(cors: &Cors) -> Option<tower_http::cors::CorsLayer> {
                 header::ETAG,
                 header::LOCATION,
                 header::RETRY_AFTER,
+                header::WWW_AUTHENTICATE,
                 HeaderName::from_static("idempotent-replayed"),
+                HeaderName::from_static("ratelimit"),
+                HeaderName::from_static("ratelimit-policy"),
             ])
             .max_age(Duration::from_secs(600)),
     )

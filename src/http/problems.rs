@@ -167,14 +167,24 @@ fn problem_example(code: ProblemCode) -> Value {
 /// Whether a problem with this code comes with `Retry-After`.
 fn retry_after(code: ProblemCode) -> bool {
     use ProblemCode::*;
-    matches!(code, Locked | Aborted | InProgress | Overloaded | StoreUnavailable | OutcomeUnknown)
+    matches!(
+        code,
+        Locked
+            | Aborted
+            | InProgress
+            | Overloaded
+            | RateLimited
+            | StoreUnavailable
+            | OutcomeUnknown
+            | IssuerUnavailable
+    )
 }
 
 /// The problems one operation can answer, declared beside its handler
 /// with [`problems!`] and named in its `responses(...)`. Added to what it
 /// declares: 431 on every operation (every request's head is bounded),
 /// the body's problems where it reads one, and 401, 403, 429 and 503 where
-/// it needs a key.
+/// it needs a credential.
 #[derive(Clone, Copy)]
 pub(crate) struct Problems {
     codes: &'static [ProblemCode],
@@ -208,7 +218,25 @@ impl Problems {
     pub(crate) fn answered(&self) -> Vec<(u16, ProblemCode)> {
         use ProblemCode::*;
         const BODY: &[ProblemCode] = &[InvalidJson, InvalidBody, RequestTimeout, PayloadTooLarge, UnsupportedMediaType];
-        const KEYED: &[ProblemCode] = &[Unauthorized, Forbidden, Overloaded, StoreUnavailable];
+        const KEYED: &[ProblemCode] = &[
+            Unauthorized,
+            TokenMalformed,
+            TokenExpired,
+            TokenNotYetValid,
+            TokenAudience,
+            TokenIssuer,
+            TokenSignature,
+            TokenAlgorithm,
+            TokenType,
+            TokenHeader,
+            TokenKey,
+            TokenClaims,
+            Forbidden,
+            Overloaded,
+            RateLimited,
+            StoreUnavailable,
+            IssuerUnavailable,
+        ];
         let body = if self.body { BODY } else { &[] };
         let keyed = if self.public { &[] } else { KEYED };
         let plain = [body, self.codes].concat().into_iter().map(|c| (c.status(), c));

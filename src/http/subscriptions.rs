@@ -207,14 +207,14 @@ pub(crate) async fn create_subscription(
     access.check_all(Scope::Write, collections.iter().flatten().map(String::as_str))?;
     let within = access.collections(Scope::Read);
     let filter = Filter { collections, types, within };
-    let sub = match state.subscriptions.create(input.url, filter, actor.name().map(str::to_owned)).await {
+    let sub = match state.subscriptions.create(input.url, filter, actor.owner()).await {
         Ok(sub) => sub,
         Err(CreateError::Store(err)) => return Err(err.into()),
         Err(CreateError::Limit(has)) => {
             return Err(ApiError::new(
                 ProblemCode::SubscriptionLimit,
                 format!(
-                    "this API key has {has} subscriptions, as many as it may (TXGATE_MAX_SUBSCRIPTIONS_PER_KEY); \
+                    "this caller has {has} subscriptions, as many as it may (TXGATE_MAX_SUBSCRIPTIONS_PER_KEY); \
                      delete one first"
                 ),
             ));
@@ -348,8 +348,7 @@ fn reach(sub: &Subscription, access: &Access, needed: Scope) -> Result<(), ApiEr
 
 fn allowed(sub: &Subscription, access: &Access, needed: Scope) -> Result<(), ApiError> {
     match &sub.within {
-        None if access.everywhere(needed) => Ok(()),
-        None => Err(super::auth::forbidden(needed, None)),
+        None => access.check_everywhere(needed),
         Some(colls) => access.check_all(needed, colls.iter().map(String::as_str)),
     }
 }

@@ -24,7 +24,15 @@ pub(crate) fn transaction_records(rec: &TxnRecord, forwarded: &[(usize, &StoredD
     for (i, doc) in forwarded {
         let m = &rec.members[*i];
         if let Some(kind) = EventType::of_staged(m.op) {
-            let mut r = model::document_event(kind, &m.collection, doc, Some(&rec.id), rec.key.as_deref(), committed);
+            let mut r = model::document_event(
+                kind,
+                &m.collection,
+                doc,
+                Some(&rec.id),
+                rec.key.as_deref(),
+                rec.user.as_ref(),
+                committed,
+            );
             r.insert("logged_at", at);
             out.push(r);
         }
@@ -41,7 +49,7 @@ pub(crate) fn transaction_records(rec: &TxnRecord, forwarded: &[(usize, &StoredD
             version: results.get(i).map_or(m.base_v.unwrap_or_default(), |r| r.version),
         })
         .collect();
-    let mut r = model::transaction_event(&rec.id, rec.key.as_deref(), committed, members);
+    let mut r = model::transaction_event(&rec.id, rec.key.as_deref(), rec.user.as_ref(), committed, members);
     r.insert("logged_at", at);
     out.push(r);
     out

@@ -56,6 +56,8 @@ pub struct Plan {
     pub claimed: std::collections::HashMap<(String, String), Claimed>,
     /// The name of the API key that sent it.
     pub key: Option<String>,
+    /// The user who sent it.
+    pub user: Option<crate::actor::UserId>,
 }
 
 /// A member's values in the unique indexes of its collection (in the order

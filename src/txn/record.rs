@@ -236,6 +236,10 @@ pub struct TxnRecord {
     /// in records written before keys had names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// The user who sent it, when a user's token did (none in records
+    /// written before users).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<crate::actor::UserId>,
 }
 
 impl TxnRecord {
@@ -279,6 +283,7 @@ impl TxnRecord {
             hook_count: 0,
             hooks: Vec::new(),
             key: None,
+            user: None,
         }
     }
 

@@ -437,7 +437,8 @@ mod tests {
         let engine = engine(Arc::clone(&store));
         let now = engine.config().clock.now();
         let mut d = StoredDoc::new_live("d".into(), doc! {"n": 1_i64}, 1, 1, now);
-        let event = crate::events::model::document_event(crate::events::EventType::Created, "c", &d, None, None, now);
+        let event =
+            crate::events::model::document_event(crate::events::EventType::Created, "c", &d, None, None, None, now);
         d.meta.outbox = Some(event);
         assert!(store.insert("c", d.to_record()).await.unwrap());
         let outbox =
@@ -497,8 +498,15 @@ mod tests {
                 let now = engine.config().clock.now();
                 let then = DateTime::from_millis(now.timestamp_millis() - ms(OUTBOX_AGE) - 1000);
                 let mut d = StoredDoc::new_live("d".into(), doc! {"n": 1_i64}, 1, 1, then);
-                let event =
-                    crate::events::model::document_event(crate::events::EventType::Created, "c", &d, None, None, then);
+                let event = crate::events::model::document_event(
+                    crate::events::EventType::Created,
+                    "c",
+                    &d,
+                    None,
+                    None,
+                    None,
+                    then,
+                );
                 d.meta.outbox = Some(event);
                 assert!(store.insert("c", d.to_record()).await.unwrap());
                 engine.recovery().recover(true).await.unwrap()

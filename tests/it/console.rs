@@ -19,6 +19,7 @@ async fn the_console_is_served_as_committed_with_a_strict_csp() {
     for (path, file, kind) in [
         ("/console", "index.html", "text/html"),
         ("/console/app.js", "app.js", "text/javascript"),
+        ("/console/oidc.js", "oidc.js", "text/javascript"),
         ("/console/style.css", "style.css", "text/css"),
         ("/console/icon.svg", "icon.svg", "image/svg+xml"),
     ] {
@@ -44,5 +45,44 @@ async fn the_console_is_served_as_committed_with_a_strict_csp() {
     // The API behind it still wants the key.
     let res = app.request(Method::GET, "/v1/collections").send().await.unwrap();
     assert_eq!(res.status(), 401);
+    app.stop().await;
+}
+
+/// With issuers the console signs in with, its CSP lets it connect to
+/// their origins and no other, and `/console/config.json` names them.
+#[tokio::test]
+async fn the_console_may_reach_exactly_the_issuers_it_signs_in_with() {
+    let issuer = |url: &str, client: Option<&str>| {
+        txgate::config::IssuerEntry {
+            url: url.into(),
+            name: Some(url.split('/').nth(2).unwrap().into()),
+            audiences: vec!["urn:txgate:api".into()],
+            console_client_id: client.map(str::to_owned),
+            ..Default::default()
+        }
+        .resolve(1)
+        .unwrap()
+    };
+    let app = TestApp::spawn_with(Backend::Embedded, |c| {
+        c.issuers = vec![
+            issuer("https://id.example.com/realms/shop", Some("txgate-console")),
+            issuer("https://api-only.example.net", None),
+        ];
+    })
+    .await
+    .expect("the embedded store");
+    let res = app.request(Method::GET, "/console").send().await.unwrap();
+    let csp = res.headers()["content-security-policy"].to_str().unwrap().to_owned();
+    let connect: Vec<&str> =
+        csp.split(';').map(str::trim).find_map(|d| d.strip_prefix("connect-src ")).unwrap().split(' ').collect();
+    assert_eq!(connect, ["'self'", "https://id.example.com"], "{csp}");
+    let config: serde_json::Value = app.get("/console/config.json").await.json().await.unwrap();
+    assert_eq!(
+        config,
+        serde_json::json!({"issuers": [{
+            "name": "id.example.com", "url": "https://id.example.com/realms/shop",
+            "client_id": "txgate-console", "audience": "urn:txgate:api",
+        }]})
+    );
     app.stop().await;
 }

@@ -375,6 +375,7 @@ async fn an_outbox_left_by_a_crash_reaches_the_log_in_version_order(backend: Bac
             &d,
             None,
             None,
+            None,
             at,
         ));
         assert!(app.store.replace("o", id, doc! {"_meta.v": 1_i64}, d.to_record()).await.unwrap());

@@ -37,3 +37,4 @@ mod store;
 mod subscriptions;
 mod transactions;
 mod upgrade;
+mod users;

@@ -46,7 +46,7 @@ async fn seed(store: &DynStore, n: usize) {
             let id = format!("d{i:06}");
             let data = doc! {"g": (i % 10) as i64, "pad": "x".repeat(300)};
             let d = StoredDoc::new_live(id.clone(), data, 1, 1, at);
-            let event = document_event(EventType::Created, "big", &d, None, None, at);
+            let event = document_event(EventType::Created, "big", &d, None, None, None, at);
             records.push(log_entry("big", &id, 1, &event, at).expect("an event record").0);
         }
         let appended = store.append_all(EVENTS, records).await.expect("seeded");

@@ -518,6 +518,7 @@ mod writer {
                 unique: Default::default(),
                 claimed: Default::default(),
                 key: None,
+                user: None,
             };
             let txn = "01900000-0000-7000-8000-000000000001".to_owned();
             let outcome = txns.execute(&plan, Some(txn.clone())).await;
@@ -581,6 +582,7 @@ mod writer {
                 unique: Default::default(),
                 claimed: Default::default(),
                 key: None,
+                user: None,
             }
         };
         let stats = embedded.stats();

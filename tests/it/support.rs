@@ -314,6 +314,7 @@ pub fn txn_record(
         hook_count: 0,
         hooks: Vec::new(),
         key: None,
+        user: None,
     }
 }
 
@@ -520,6 +521,8 @@ pub struct SseStream {
 #[derive(Clone, Debug)]
 pub struct SseEvent {
     pub id: Option<String>,
+    /// The `event:` field (`reauth`); `None` for a change event.
+    pub event: Option<String>,
     pub data: Value,
 }
 
@@ -539,12 +542,16 @@ impl SseStream {
 
     /// [`SseStream::open_url`], or the status it was refused with.
     pub async fn try_open_url(url: &str, last_event_id: Option<&str>) -> Result<Self, u16> {
-        let client = reqwest::Client::new();
-        let mut req = client.get(url).header("accept", "text/event-stream");
+        let mut req = reqwest::Client::new().get(url);
         if let Some(id) = last_event_id {
             req = req.header("last-event-id", id);
         }
-        let response = req.send().await.expect("stream opens");
+        Self::try_open(req).await
+    }
+
+    /// Open the stream `req` asks for (its own headers: a credential).
+    pub async fn try_open(req: reqwest::RequestBuilder) -> Result<Self, u16> {
+        let response = req.header("accept", "text/event-stream").send().await.expect("stream opens");
         if response.status() != 200 {
             return Err(response.status().as_u16());
         }
@@ -561,10 +568,13 @@ impl SseStream {
             if let Some(end) = self.buffer.find("\n\n") {
                 let block: String = self.buffer.drain(..end + 2).collect();
                 let mut id = None;
+                let mut event = None;
                 let mut data = String::new();
                 for line in block.lines() {
                     if let Some(v) = line.strip_prefix("id:") {
                         id = Some(v.trim().to_owned());
+                    } else if let Some(v) = line.strip_prefix("event:") {
+                        event = Some(v.trim().to_owned());
                     } else if let Some(v) = line.strip_prefix("data:") {
                         data.push_str(v.trim_start());
                     }
@@ -572,7 +582,7 @@ impl SseStream {
                 if data.is_empty() {
                     continue;
                 }
-                return Some(SseEvent { id, data: serde_json::from_str(&data).expect("event data is JSON") });
+                return Some(SseEvent { id, event, data: serde_json::from_str(&data).expect("event data is JSON") });
             }
             let chunk = tokio::time::timeout_at(deadline, self.response.chunk()).await.ok()?.ok()??;
             self.buffer.push_str(&String::from_utf8_lossy(&chunk));

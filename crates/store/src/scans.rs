@@ -79,6 +79,8 @@ scans! {
     IDEM: "_idem"."_id", eq [], by "_id";
     /// Idempotency claims by creation time (purge).
     IDEM_BY_AGE: "_idem"."created", eq [], by "created_at";
+    /// Stream tickets by expiry (purge).
+    TICKETS_BY_EXPIRY: "_tickets"."expires", eq [], by "expires_at";
     /// Deliveries by id (the API's listing).
     DELIVERIES: "_deliveries"."_id", eq [], by "_id";
     /// Deliveries with one status, by id (listing).

@@ -106,5 +106,6 @@ pub(super) fn plan(
         unique: Default::default(),
         claimed: Default::default(),
         key: actor.name().map(str::to_owned),
+        user: actor.user().cloned(),
     })
 }

@@ -167,6 +167,7 @@ impl Commit {
             finished_at: None,
             request: plan.request.clone(),
             key: plan.key.clone(),
+            user: plan.user.clone(),
             members: plan
                 .actions
                 .iter()
