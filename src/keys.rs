@@ -39,7 +39,7 @@ pub struct Grant {
 }
 
 impl Grant {
-    pub(crate) fn parse(spec: &str) -> Result<Self, String> {
+    pub fn parse(spec: &str) -> Result<Self, String> {
         let (scope, collection) = match spec.split_once('@') {
             Some((scope, coll)) => (scope, Some(coll)),
             None => (spec, None),

@@ -99,7 +99,7 @@ pub mod indexes {
 }
 
 pub mod keys {
-    pub use crate::keys::parse_keys;
+    pub use crate::keys::{Grant, parse_keys};
 }
 
 pub mod metrics {

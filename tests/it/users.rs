@@ -821,3 +821,26 @@ async fn deliveries_name_the_user_whose_transaction_they_deliver() {
     assert!(delivery.get("key").is_none(), "{delivery}");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn anonymous_access_is_only_what_it_is_granted() {
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let entry = issuer.entry().resolve(1).unwrap();
+    let app = TestApp::spawn_with(Backend::Embedded, move |c| {
+        c.issuers = vec![entry];
+        c.anonymous = Some(vec![txgate::testing::keys::Grant::parse("read@products").unwrap()]);
+    })
+    .await
+    .unwrap();
+    // Served without a credential, as far as the grant goes.
+    expect_problem(app.get("/v1/collections/products/documents/p1").await, 404, "not_found").await;
+    let res = app.post("/v1/collections/products/documents", &json!({"_id": "p1"})).await;
+    expect_problem(res, 403, "forbidden").await;
+    expect_problem(app.get("/v1/collections/carts/documents/c1").await, 403, "forbidden").await;
+    let me = expect(app.get("/v1/me").await, 200).await;
+    assert_eq!(me, json!({"kind": "anonymous", "grants": ["read@products"]}));
+    // A credential that is there is checked, never taken as anonymous.
+    let res = as_user(&app, Method::GET, "/v1/collections/products/documents/p1", "x.y.z").send().await.unwrap();
+    expect_problem(res, 401, "token_malformed").await;
+    app.stop().await;
+}
