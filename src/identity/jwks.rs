@@ -107,8 +107,8 @@ impl KeyCache {
     }
 
     /// The keys with `kid` (every key when the token names none). A
-    /// lookup of keys at hand never waits for a fetch; fetches are one at
-    /// a time.
+    /// lookup of keys at hand (fresh, or past their time while another
+    /// lookup fetches) never waits for a fetch; fetches are one at a time.
     pub(super) async fn lookup(&self, kid: Option<&str>) -> Lookup {
         let matching = |state: &State| -> Vec<Key> {
             state.keys.iter().filter(|k| kid.is_none() || k.kid.as_deref() == kid).cloned().collect()
@@ -116,7 +116,25 @@ impl KeyCache {
         if let Some(found) = self.at_hand(kid) {
             return found;
         }
-        let _fetching = self.fetching.lock().await;
+        let _fetching = match self.fetching.try_lock() {
+            Ok(fetching) => fetching,
+            Err(_) => {
+                // A fetch is under way (perhaps to a provider that hangs):
+                // keys past their time serve meanwhile, within the stale
+                // bound; only a lookup they cannot serve waits for it.
+                let stale = {
+                    let state = self.state.lock().expect("key cache lock");
+                    match self.stale(&state, Instant::now(), &matching(&state)) {
+                        found @ Lookup::Found(..) => Some(found),
+                        _ => None,
+                    }
+                };
+                if let Some(found) = stale {
+                    return found;
+                }
+                self.fetching.lock().await
+            }
+        };
         // Another lookup may have fetched while this one waited.
         if let Some(found) = self.at_hand(kid) {
             return found;

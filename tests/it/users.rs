@@ -73,6 +73,8 @@ struct Served {
     cache: Option<String>,
     /// Answers 503 to everything.
     down: bool,
+    /// Never answers the JWKS (a provider that hangs).
+    hang: bool,
     /// What discovery names as the issuer (default: its own URL).
     claims_issuer: Option<String>,
     discovery_fetches: usize,
@@ -118,8 +120,15 @@ impl Issuer {
                 axum::routing::get(move || {
                     let state = Arc::clone(&state);
                     async move {
-                        let mut s = state.lock().unwrap();
-                        s.jwks_fetches += 1;
+                        let hang = {
+                            let mut s = state.lock().unwrap();
+                            s.jwks_fetches += 1;
+                            s.hang
+                        };
+                        if hang {
+                            std::future::pending::<()>().await;
+                        }
+                        let s = state.lock().unwrap();
                         if s.down {
                             return axum::response::IntoResponse::into_response(
                                 axum::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -842,5 +851,38 @@ async fn anonymous_access_is_only_what_it_is_granted() {
     // A credential that is there is checked, never taken as anonymous.
     let res = as_user(&app, Method::GET, "/v1/collections/products/documents/p1", "x.y.z").send().await.unwrap();
     expect_problem(res, 401, "token_malformed").await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_provider_that_hangs_holds_up_one_request_not_every_user() {
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    issuer.served().cache = Some("max-age=1".into());
+    let app = gateway(&issuer, |e| e.keys_min_cache_secs = Some(1)).await;
+    let token = RSA_A.sign(&issuer.claims("ann", &["shopper"]));
+    let read = || as_user(&app, Method::GET, "/v1/collections/carts/documents/x", &token).send();
+    assert_eq!(read().await.unwrap().status(), 404);
+    issuer.served().hang = true;
+    let fetches = issuer.served().jwks_fetches;
+    // Past the keys' lifetime, one request fetches them again, and waits
+    // for a provider that does not answer (up to the fetch's timeout)...
+    let mut first = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while first.is_none() && std::time::Instant::now() < deadline {
+        let waiting = tokio::spawn(read());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if issuer.served().jwks_fetches > fetches {
+            first = Some(waiting);
+        } else {
+            assert_eq!(waiting.await.unwrap().unwrap().status(), 404);
+        }
+    }
+    let first = first.expect("a request fetched the keys again");
+    // ... while every other one is served from the keys at hand meanwhile.
+    for _ in 0..5 {
+        assert_eq!(read().await.unwrap().status(), 404);
+    }
+    assert!(!first.is_finished(), "the fetching request was not held up by the provider");
+    assert_eq!(first.await.unwrap().unwrap().status(), 404, "served from the stale keys once the fetch gave up");
     app.stop().await;
 }
