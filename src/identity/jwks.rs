@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet, PublicKeyUse};
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey};
 
 use super::settings::{IssuerConfig, KeyTimes, fetchable};
@@ -214,23 +214,7 @@ impl KeyCache {
             (None, None) => self.discover().await?,
         };
         let (body, max_age) = self.get(&jwks_url).await?;
-        let set: JwkSet = serde_json::from_slice(&body).map_err(|e| format!("the JWKS is not a key set: {e}"))?;
-        let keys: Vec<Key> = set
-            .keys
-            .into_iter()
-            .filter(|jwk| !matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption | PublicKeyUse::Other(_))))
-            // Shared secrets are never taken from a key set.
-            .filter(|jwk| !matches!(jwk.algorithm, AlgorithmParameters::OctetKey(_)))
-            .filter_map(|jwk| {
-                let decoding = DecodingKey::from_jwk(&jwk).ok()?;
-                let alg = jwk.common.key_algorithm.and_then(|a| a.to_string().parse::<Algorithm>().ok());
-                Some(Key { kid: jwk.common.key_id.clone(), alg, decoding, jwk })
-            })
-            .take(MAX_KEYS)
-            .collect();
-        if keys.is_empty() {
-            return Err("the JWKS holds no usable signing key".into());
-        }
+        let keys = signing_keys(&body)?;
         let life = max_age.unwrap_or(self.times.default).clamp(self.times.min, self.times.max);
         tracing::info!(issuer = %self.issuer, keys = keys.len(), cache_secs = life.as_secs(), "issuer keys fetched");
         Ok((jwks_url, keys, life))
@@ -287,6 +271,39 @@ impl KeyCache {
     }
 }
 
+/// The signing keys of a JWKS: each key read on its own, so that one of a
+/// kind or curve not known here (an encryption key on X25519) leaves the
+/// others usable; encryption keys and shared secrets are left out.
+fn signing_keys(body: &[u8]) -> Result<Vec<Key>, String> {
+    #[derive(serde::Deserialize)]
+    struct Set {
+        keys: Vec<serde_json::Value>,
+    }
+    let set: Set = serde_json::from_slice(body).map_err(|e| format!("the JWKS is not a key set: {e}"))?;
+    let keys: Vec<Key> = set
+        .keys
+        .into_iter()
+        .filter_map(|value| serde_json::from_value::<Jwk>(value).ok())
+        .filter(|jwk| !matches!(jwk.common.public_key_use, Some(PublicKeyUse::Encryption | PublicKeyUse::Other(_))))
+        // Shared secrets are never taken from a key set.
+        .filter(|jwk| !matches!(jwk.algorithm, AlgorithmParameters::OctetKey(_)))
+        .filter_map(|jwk| {
+            let decoding = DecodingKey::from_jwk(&jwk).ok()?;
+            let alg = match jwk.common.key_algorithm {
+                None => None,
+                // A key for something else than signing.
+                Some(a) => Some(a.to_string().parse::<Algorithm>().ok()?),
+            };
+            Some(Key { kid: jwk.common.key_id.clone(), alg, decoding, jwk })
+        })
+        .take(MAX_KEYS)
+        .collect();
+    if keys.is_empty() {
+        return Err("the JWKS holds no usable signing key".into());
+    }
+    Ok(keys)
+}
+
 fn without_url(e: &reqwest::Error) -> String {
     let mut text = e.to_string();
     if let Some(url) = e.url() {
@@ -314,6 +331,27 @@ fn max_age(value: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_set_with_keys_of_other_kinds_keeps_its_signing_keys() {
+        let body = serde_json::json!({"keys": [
+            // Keycloak publishes an encryption key beside its signing key.
+            {"kty": "RSA", "kid": "enc", "use": "enc", "alg": "RSA-OAEP", "n": "sXch", "e": "AQAB"},
+            {"kty": "OKP", "kid": "x", "crv": "X25519", "x": "hSDwCYkwp1R0i33ctD73Wg2_Og0mOBr066SpjqqbTmo"},
+            {"kty": "oct", "kid": "secret", "k": "c2VjcmV0"},
+            {"kty": "EC", "kid": "sig", "alg": "ES256", "crv": "P-256",
+             "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU", "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"},
+            {"kty": "EC", "kid": "odd", "alg": "ECDH-ES", "crv": "P-256",
+             "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU", "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"},
+            "not a key",
+        ]});
+        let keys = signing_keys(body.to_string().as_bytes()).unwrap();
+        let kids: Vec<_> = keys.iter().map(|k| k.kid.as_deref().unwrap()).collect();
+        assert_eq!(kids, ["sig"]);
+        assert!(keys[0].fits(Algorithm::ES256) && !keys[0].fits(Algorithm::ES384) && !keys[0].fits(Algorithm::RS256));
+        assert!(signing_keys(br#"{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}"#).is_err());
+        assert!(signing_keys(b"[]").is_err());
+    }
 
     #[test]
     fn cache_control_gives_the_lifetime() {

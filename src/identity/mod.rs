@@ -253,7 +253,9 @@ impl Issuers {
         validation.leeway = issuer.config.leeway.as_secs();
         validation.set_issuer(&[&issuer.config.url]);
         validation.set_audience(&issuer.config.audiences);
-        validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+        // `sub` is checked below (a client's own token may name it by
+        // `client_id`).
+        validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         validation.validate_nbf = true;
         let mut last = None;
         for key in &keys {
@@ -287,19 +289,25 @@ impl Issuers {
         }
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
         let leeway = issuer.config.leeway.as_secs();
+        // NumericDates may have fractions (RFC 7519 §2).
         match claims.get("iat") {
             None => {}
-            Some(iat) => match iat.as_u64() {
-                Some(iat) if iat <= now + leeway => {}
+            Some(iat) => match iat.as_f64() {
+                Some(iat) if iat <= (now + leeway) as f64 => {}
                 Some(_) => return Err(refuse(TokenCode::NotYetValid, "the token was issued in the future (iat)")),
                 None => return Err(refuse(TokenCode::Claims, "the token's iat claim is malformed")),
             },
         }
-        let subject = match claims.get("sub").and_then(Value::as_str) {
-            Some(s) if !s.is_empty() && s.len() <= 255 => s.to_owned(),
-            _ => return Err(refuse(TokenCode::Claims, "the token's sub must be a string of 1 to 255 characters")),
+        // The subject; a token a client got for itself (client credentials)
+        // may name it only as `client_id` (RFC 9068 §2.2).
+        let subject = match claims.get("sub").or_else(|| claims.get("client_id")) {
+            Some(Value::String(s)) if !s.is_empty() && s.len() <= 255 => s.clone(),
+            None => return Err(refuse(TokenCode::Claims, "the token has no sub claim")),
+            Some(_) => {
+                return Err(refuse(TokenCode::Claims, "the token's sub must be a string of 1 to 255 characters"));
+            }
         };
-        let exp = claims.get("exp").and_then(Value::as_u64).unwrap_or(now);
+        let exp = claims.get("exp").and_then(Value::as_f64).map_or(now, |e| e.max(0.0) as u64);
         let roles = roles_of(&claims, &issuer.config.roles_claim);
         let config = &issuer.config;
         let grants: Vec<Grant> = roles.iter().filter_map(|r| config.roles.get(r)).flatten().cloned().collect();

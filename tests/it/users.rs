@@ -285,6 +285,15 @@ async fn a_users_token_names_who_acts_and_grants_what_their_roles_map_to() {
         let res = as_user(&app, Method::GET, "/v1/collections/carts/documents/c1", &token).send().await.unwrap();
         expect(res, 200).await;
     }
+    // A client's own token may name it by `client_id` alone, and
+    // NumericDates may have fractions.
+    let mut claims = issuer.claims("-", &["support"]);
+    claims.as_object_mut().unwrap().remove("sub");
+    claims["client_id"] = json!("svc-7");
+    claims["iat"] = json!(now() as f64 - 0.5);
+    claims["exp"] = json!(now() as f64 + 60.25);
+    let me = expect(as_user(&app, Method::GET, "/v1/me", &RSA_A.sign(&claims)).send().await.unwrap(), 200).await;
+    assert_eq!(me["subject"], "svc-7");
     // A user whose roles map to nothing: 403 everywhere, and said so.
     let nobody = RSA_A.sign(&issuer.claims("cy", &["guest"]));
     let res = as_user(&app, Method::GET, "/v1/collections/carts/documents/c1", &nobody).send().await.unwrap();
