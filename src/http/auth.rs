@@ -368,9 +368,9 @@ impl Keys {
                 match self.keys.iter().find(|(k, _, _)| constant_time_eq(k.key.as_bytes(), token.as_bytes())) {
                     Some((key, scope, share)) => Ok(Principal::Key(key, scope, share)),
                     None if crate::identity::looks_like_jwt(token) => {
-                        Err(unauthorized("the token is not an API key, and no issuer of tokens is configured"))
+                        Err(invalid("the token is not an API key, and no issuer of tokens is configured"))
                     }
-                    None => Err(unauthorized("the API key is not valid")),
+                    None => Err(invalid("the API key is not valid")),
                 }
             }
         }
@@ -625,6 +625,12 @@ fn unauthorized(detail: &str) -> Response {
     let mut response = ApiError::new(ProblemCode::Unauthorized, detail).into_response();
     response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
     response
+}
+
+/// 401 for a credential that is not a valid API key (nor, without
+/// issuers, a token): `Bearer error="invalid_token"`.
+fn invalid(detail: &str) -> Response {
+    with_challenge(ApiError::new(ProblemCode::Unauthorized, detail).into_response(), "invalid_token", "unauthorized")
 }
 
 /// 401 for a refused token, with its code, and `WWW-Authenticate: Bearer

@@ -23,11 +23,11 @@ pub(crate) const ASSETS: [(&str, &str, &str); 5] = [
 ];
 
 /// Scripts, styles and API calls from the gateway only (and, for sign-in,
-/// calls to the issuers' origins); no inline script, no plugin, no frame,
-/// no form posted elsewhere.
+/// calls to the configured issuers' origins); no inline script, no plugin,
+/// no frame, no form posted elsewhere.
 pub(crate) fn csp(issuers: &[IssuerConfig]) -> String {
     let mut connect = vec!["'self'".to_owned()];
-    for issuer in issuers.iter().filter(|i| i.console_client_id.is_some()) {
+    for issuer in issuers {
         if let Ok(url) = url::Url::parse(&issuer.url) {
             let origin = url.origin().ascii_serialization();
             if !connect.contains(&origin) {

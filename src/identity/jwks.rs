@@ -254,7 +254,11 @@ impl KeyCache {
         if !response.status().is_success() {
             return Err(format!("GET {url}: {}", response.status()));
         }
-        let max_age = response.headers().get(reqwest::header::CACHE_CONTROL).and_then(|v| max_age(v.to_str().ok()?));
+        let headers = response.headers();
+        let text = |name| headers.get(name).and_then(|v: &reqwest::header::HeaderValue| v.to_str().ok());
+        let max_age = text(reqwest::header::CACHE_CONTROL)
+            .and_then(max_age)
+            .or_else(|| expires(text(reqwest::header::EXPIRES)?, text(reqwest::header::DATE)));
         let mut body = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(|e| format!("GET {url}: {}", without_url(&e)))? {
             if body.len() + chunk.len() > MAX_BODY {
@@ -312,6 +316,14 @@ fn without_url(e: &reqwest::Error) -> String {
     text
 }
 
+/// The lifetime `Expires` gives (counted from `Date`, else from now), for
+/// an answer without `Cache-Control: max-age`.
+fn expires(expires: &str, date: Option<&str>) -> Option<Duration> {
+    let expires = httpdate::parse_http_date(expires).ok()?;
+    let from = date.and_then(|d| httpdate::parse_http_date(d).ok()).unwrap_or_else(std::time::SystemTime::now);
+    Some(expires.duration_since(from).unwrap_or_default())
+}
+
 /// The lifetime `Cache-Control` gives: `max-age` (or `s-maxage`), zero
 /// for `no-store` or `no-cache`.
 fn max_age(value: &str) -> Option<Duration> {
@@ -360,5 +372,9 @@ mod tests {
         assert_eq!(max_age("no-store"), Some(Duration::ZERO));
         assert_eq!(max_age("public"), None);
         assert_eq!(max_age("max-age=x"), None);
+        let (date, later) = ("Sun, 06 Dec 2026 10:00:00 GMT", "Sun, 06 Dec 2026 10:10:00 GMT");
+        assert_eq!(expires(later, Some(date)), Some(Duration::from_secs(600)));
+        assert_eq!(expires(date, Some(later)), Some(Duration::ZERO), "already expired");
+        assert_eq!(expires("0", Some(date)), None);
     }
 }

@@ -48,8 +48,9 @@ async fn the_console_is_served_as_committed_with_a_strict_csp() {
     app.stop().await;
 }
 
-/// With issuers the console signs in with, its CSP lets it connect to
-/// their origins and no other, and `/console/config.json` names them.
+/// With issuers configured, the console's CSP lets it connect to their
+/// origins and no other, and `/console/config.json` names those it signs
+/// in with.
 #[tokio::test]
 async fn the_console_may_reach_exactly_the_issuers_it_signs_in_with() {
     let issuer = |url: &str, client: Option<&str>| {
@@ -75,7 +76,7 @@ async fn the_console_may_reach_exactly_the_issuers_it_signs_in_with() {
     let csp = res.headers()["content-security-policy"].to_str().unwrap().to_owned();
     let connect: Vec<&str> =
         csp.split(';').map(str::trim).find_map(|d| d.strip_prefix("connect-src ")).unwrap().split(' ').collect();
-    assert_eq!(connect, ["'self'", "https://id.example.com"], "{csp}");
+    assert_eq!(connect, ["'self'", "https://id.example.com", "https://api-only.example.net"], "{csp}");
     let config: serde_json::Value = app.get("/console/config.json").await.json().await.unwrap();
     assert_eq!(
         config,
