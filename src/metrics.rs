@@ -149,6 +149,12 @@ families! {
         TTL_DELETIONS = ("txgate_ttl_deletions_total", &["reason"], "Documents expired by the TTL sweeper, by reason (max_age, max_count)");
         /// Finished records purged after their retention (transactions, idempotency_keys, deliveries).
         PURGED = ("txgate_purged_total", &["what"], "Finished records purged after their retention (transactions, idempotency_keys, deliveries)");
+        /// Users' tokens refused, by issuer (its name; `unknown` when `iss` names none) and problem code (token_expired, ...).
+        TOKEN_REFUSALS = ("txgate_token_refusals_total", &["issuer", "code"], "Users' tokens refused, by issuer (its name; `unknown` when `iss` names none) and problem code (token_expired, ...)");
+        /// Requests refused for their caller's request rate, by kind of caller (user, anonymous).
+        RATE_LIMITED = ("txgate_rate_limited_total", &["caller"], "Requests refused for their caller's request rate, by kind of caller (user, anonymous)");
+        /// Fetches of an issuer's keys (discovery and JWKS), by issuer and outcome (ok, error).
+        ISSUER_KEY_FETCHES = ("txgate_issuer_key_fetches_total", &["issuer", "outcome"], "Fetches of an issuer's keys (discovery and JWKS), by issuer and outcome (ok, error)");
         /// Store operations that failed or missed the store deadline, by kind.
         STORE_ERRORS = ("txgate_store_errors_total", &["operation"], "Store operations that failed or missed the store deadline, by kind");
     }

@@ -288,6 +288,7 @@ pub(crate) struct Keys {
     guards: Guards,
     /// Stream tickets, claimed here in place of a credential.
     tickets: Arc<crate::tickets::Tickets>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Keys {
@@ -298,6 +299,7 @@ impl Keys {
         config: &crate::config::Config,
         issuers: Option<Arc<Issuers>>,
         tickets: Arc<crate::tickets::Tickets>,
+        metrics: Arc<crate::metrics::Metrics>,
         guards: Guards,
     ) -> Self {
         let (per_key, streams_per_key) = (config.max_concurrency_per_key, config.max_streams_per_key);
@@ -320,7 +322,7 @@ impl Keys {
             .anonymous
             .clone()
             .map(|grants| (grants.into(), Share::new(per_key, streams_per_key, Some(Rate::DEFAULT))));
-        Self { keys, users, anonymous, per_key, streams_per_key, guards, tickets }
+        Self { keys, users, anonymous, per_key, streams_per_key, guards, tickets, metrics }
     }
 
     /// `user`'s share, made at their first request.
@@ -361,7 +363,12 @@ impl Keys {
                         Ok(share) => Ok(Principal::User(user, share)),
                         Err(err) => Err(err.into_response()),
                     },
-                    Err(refusal) => Err(refused_token(&refusal)),
+                    Err(refusal) => {
+                        let issuer = refusal.issuer.as_deref().unwrap_or("unknown");
+                        let code = refused_code(refusal.code).map_or("issuer_unavailable", ProblemCode::as_str);
+                        self.metrics.count(&crate::metrics::TOKEN_REFUSALS, &[issuer, code], 1);
+                        Err(refused_token(&refusal))
+                    }
                 }
             }
             (Some(token), _) => {
@@ -502,6 +509,8 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
         (None, _) => None,
     };
     if let Some(Metered { wait: Some(wait), .. }) = &metered {
+        let caller = if matches!(principal, Principal::User(..)) { "user" } else { "anonymous" };
+        keys.metrics.incr(&crate::metrics::RATE_LIMITED, caller);
         let response = ApiError::new(
             ProblemCode::RateLimited,
             "this caller has used its request rate (RateLimit-Policy); retry after Retry-After",
@@ -637,7 +646,19 @@ fn invalid(detail: &str) -> Response {
 /// error="invalid_token"` (RFC 6750 §3.1); 503 when its issuer's keys
 /// cannot be had.
 fn refused_token(refusal: &Refusal) -> Response {
-    let code = match refusal.code {
+    let Some(code) = refused_code(refusal.code) else {
+        return ApiError::new(ProblemCode::IssuerUnavailable, refusal.detail.clone())
+            .retry(Duration::from_secs(5))
+            .into_response();
+    };
+    let response = ApiError::new(code, refusal.detail.clone()).into_response();
+    with_challenge(response, "invalid_token", code.as_str())
+}
+
+/// The 401 problem code of a token's refusal; `None`: not the token's
+/// fault (its issuer's keys cannot be had).
+fn refused_code(code: TokenCode) -> Option<ProblemCode> {
+    Some(match code {
         TokenCode::Malformed => ProblemCode::TokenMalformed,
         TokenCode::Expired => ProblemCode::TokenExpired,
         TokenCode::NotYetValid => ProblemCode::TokenNotYetValid,
@@ -649,14 +670,8 @@ fn refused_token(refusal: &Refusal) -> Response {
         TokenCode::Header => ProblemCode::TokenHeader,
         TokenCode::Key => ProblemCode::TokenKey,
         TokenCode::Claims => ProblemCode::TokenClaims,
-        TokenCode::IssuerUnavailable => {
-            return ApiError::new(ProblemCode::IssuerUnavailable, refusal.detail.clone())
-                .retry(Duration::from_secs(5))
-                .into_response();
-        }
-    };
-    let response = ApiError::new(code, refusal.detail.clone()).into_response();
-    with_challenge(response, "invalid_token", code.as_str())
+        TokenCode::IssuerUnavailable => return None,
+    })
 }
 
 /// `WWW-Authenticate: Bearer error="<error>", error_description="<why>"`

@@ -190,7 +190,7 @@ pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router 
         // A key with `read` on every collection scrapes the metrics.
         guards.insert("/metrics".to_owned(), guard::Guard::ByMethod(guard::On::Everywhere));
         let issuers = (!config.issuers.is_empty()).then(|| {
-            let issuers = Arc::new(crate::identity::Issuers::new(&config.issuers));
+            let issuers = Arc::new(crate::identity::Issuers::new(&config.issuers, &state.metrics));
             // The keys are fetched at start, so that the first user waits
             // for nothing; a provider down is logged and retried on use.
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -199,7 +199,7 @@ pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router 
             }
             issuers
         });
-        let keys = auth::Keys::new(config, issuers, Arc::clone(&state.tickets), guards);
+        let keys = auth::Keys::new(config, issuers, Arc::clone(&state.tickets), Arc::clone(&state.metrics), guards);
         routes.route_layer(axum::middleware::from_fn_with_state(Arc::new(keys), auth::require_key))
     };
     console::routes(routes, &config.issuers)

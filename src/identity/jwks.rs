@@ -6,6 +6,7 @@
 //! Only the issuer's own configured addresses are ever fetched: a token's
 //! `jku`, `x5u` or `jwk` header is never followed.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, PublicKeyUse};
@@ -86,6 +87,9 @@ struct State {
 /// An issuer's key cache.
 pub(crate) struct KeyCache {
     issuer: String,
+    /// The issuer's name, for the metrics.
+    name: String,
+    metrics: Arc<crate::metrics::Metrics>,
     configured_jwks: Option<String>,
     times: KeyTimes,
     client: reqwest::Client,
@@ -95,9 +99,11 @@ pub(crate) struct KeyCache {
 }
 
 impl KeyCache {
-    pub(super) fn new(issuer: &IssuerConfig, client: reqwest::Client) -> Self {
+    pub(super) fn new(issuer: &IssuerConfig, client: reqwest::Client, metrics: Arc<crate::metrics::Metrics>) -> Self {
         Self {
             issuer: issuer.url.clone(),
+            name: issuer.name.clone(),
+            metrics,
             configured_jwks: issuer.jwks_url.clone(),
             times: issuer.keys,
             client,
@@ -159,6 +165,8 @@ impl KeyCache {
             return self.stale(&state, now, &matching(&state));
         }
         let fetched = self.fetch(jwks_url).await;
+        let outcome = if fetched.is_ok() { "ok" } else { "error" };
+        self.metrics.count(&crate::metrics::ISSUER_KEY_FETCHES, &[&self.name, outcome], 1);
         let mut state = self.state.lock().expect("key cache lock");
         state.attempted = Some(now);
         match fetched {

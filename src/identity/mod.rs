@@ -70,6 +70,8 @@ impl User {
 pub(crate) struct Refusal {
     pub code: TokenCode,
     pub detail: String,
+    /// The name of the issuer the token's `iss` names, if any.
+    pub issuer: Option<String>,
 }
 
 /// The reasons a token is refused.
@@ -91,7 +93,7 @@ pub(crate) enum TokenCode {
 }
 
 fn refuse(code: TokenCode, detail: impl Into<String>) -> Refusal {
-    Refusal { code, detail: detail.into() }
+    Refusal { code, detail: detail.into(), issuer: None }
 }
 
 /// Whether `token` has the shape of a JWT (three base64url segments), as
@@ -119,7 +121,7 @@ pub(crate) struct Issuers {
 }
 
 impl Issuers {
-    pub(crate) fn new(configs: &[IssuerConfig]) -> Self {
+    pub(crate) fn new(configs: &[IssuerConfig], metrics: &Arc<crate::metrics::Metrics>) -> Self {
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("txgate/", env!("CARGO_PKG_VERSION")))
@@ -129,7 +131,7 @@ impl Issuers {
             .iter()
             .map(|c| {
                 let issuer = Issuer {
-                    keys: jwks::KeyCache::new(c, client.clone()),
+                    keys: jwks::KeyCache::new(c, client.clone(), Arc::clone(metrics)),
                     hs256: c.hs256_secret.as_deref().map(|s| DecodingKey::from_secret(s).expect("a secret is a key")),
                     config: c.clone(),
                 };
@@ -158,7 +160,13 @@ impl Issuers {
         if let Some(user) = self.remembered(&digest) {
             return Ok(user);
         }
-        let (user, until) = self.check(token).await?;
+        let (user, until) = self.check(token).await.map_err(|mut refusal| {
+            let iss = token.split('.').nth(1).and_then(|p| URL_SAFE_NO_PAD.decode(p).ok()).and_then(|b| {
+                serde_json::from_slice::<Map<String, Value>>(&b).ok()?.get("iss")?.as_str().map(str::to_owned)
+            });
+            refusal.issuer = iss.and_then(|iss| self.by_url.get(&iss)).map(|i| i.config.name.clone());
+            refusal
+        })?;
         let user = Arc::new(user);
         let mut checked = self.checked.lock().expect("token cache lock");
         if checked.len() >= MAX_CACHED {

@@ -409,6 +409,22 @@ async fn hostile_tokens_are_refused_each_with_its_code_and_never_a_5xx() {
         assert!(!body.to_string().contains(&token[token.len().saturating_sub(16)..]), "{name}: {body}");
     }
     assert!(lure.collect_for(Duration::from_millis(200)).await.is_empty(), "a token's jku or x5u was followed");
+    // Counted by issuer and code, for an operator's alerts.
+    let support = RSA_A.sign(&issuer.claims("sam", &["support"]));
+    let metrics = as_user(&app, Method::GET, "/metrics", &support).send().await.unwrap().text().await.unwrap();
+    let count = |issuer: &str, code: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("txgate_token_refusals_total{")
+                    && l.contains(&format!("issuer=\"{issuer}\""))
+                    && l.contains(&format!("code=\"{code}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+    };
+    assert_eq!(count("shop", "token_expired"), Some(1), "{metrics}");
+    assert_eq!(count("shop", "token_algorithm"), Some(3), "{metrics}");
+    assert_eq!(count("unknown", "token_issuer"), Some(1), "{metrics}");
     // The good token still works after all that.
     let res = as_user(&app, Method::GET, "/v1/collections/carts/documents/x", &RSA_A.sign(&good)).send().await.unwrap();
     expect_problem(res, 404, "not_found").await;
