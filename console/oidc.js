@@ -52,7 +52,10 @@ export async function begin(issuer) {
     state,
     resource: issuer.audience,
   });
-  location.assign(`${doc.authorization_endpoint}?${q}`);
+  // The endpoint may carry a query of its own (`?p=<policy>`).
+  const url = new URL(doc.authorization_endpoint);
+  for (const [k, v] of q) url.searchParams.set(k, v);
+  location.assign(url.toString());
 }
 
 async function tokens(issuer, form) {
@@ -80,10 +83,16 @@ export async function complete(store) {
   const error = params.get("error");
   if (!code && !error) return null;
   const pending = JSON.parse(sessionStorage.getItem(PENDING) || "null");
+  // Only the answer to this tab's own sign-in is taken (its `state`), and
+  // only from the issuer it went to (RFC 9207 `iss`, when sent).
+  const ours = pending && params.get("state") === pending.state &&
+    (!params.has("iss") || params.get("iss") === pending.issuer.url);
+  history.replaceState(null, "", `/console${ours ? pending.hash || "" : ""}`);
+  if (!ours) return null;
   sessionStorage.removeItem(PENDING);
-  history.replaceState(null, "", `/console${pending?.hash || ""}`);
-  if (error) throw new Error(`sign-in failed: ${params.get("error_description") || error}`);
-  if (!pending || params.get("state") !== pending.state) throw new Error("sign-in failed: the answer is not for this tab");
+  // The provider's own words are not shown as the console's.
+  if (error) throw new Error(`sign-in with ${pending.issuer.name} did not complete (${error})`);
+  sessionStorage.removeItem(SESSION);
   const body = await tokens(pending.issuer, {
     grant_type: "authorization_code",
     code,
@@ -96,7 +105,10 @@ export async function complete(store) {
 
 function keep(issuer, body, store) {
   const expiresAt = Date.now() + 1000 * Number(body.expires_in || 300);
-  sessionStorage.setItem(SESSION, JSON.stringify({ issuer, refresh: body.refresh_token || null, expiresAt }));
+  // A provider that does not rotate refresh tokens sends none again.
+  const before = JSON.parse(sessionStorage.getItem(SESSION) || "null");
+  const refresh = body.refresh_token || before?.refresh || null;
+  sessionStorage.setItem(SESSION, JSON.stringify({ issuer, refresh, expiresAt }));
   store(body.access_token);
 }
 

@@ -82,6 +82,14 @@ pub(crate) struct Claimed {
     pub stream: Stream,
 }
 
+/// A ticket that may still be used, and the id of its record (to spend it
+/// with [`Tickets::spend`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Peeked {
+    pub id: String,
+    pub claimed: Claimed,
+}
+
 /// Why a ticket does not open a stream.
 #[derive(Debug)]
 pub(crate) enum Refused {
@@ -127,8 +135,9 @@ impl Tickets {
         Ok((ticket, expires_at))
     }
 
-    /// Claim `ticket`: once, before it expires.
-    pub(crate) async fn claim(&self, ticket: &str) -> Result<Claimed, Refused> {
+    /// What `ticket` holds, if it may still be used (not claimed yet: see
+    /// [`Tickets::spend`]), and its record's id.
+    pub(crate) async fn peek(&self, ticket: &str) -> Result<Peeked, Refused> {
         if ticket.len() != 43 || !ticket.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
             return Err(Refused::Invalid("not a ticket"));
         }
@@ -152,10 +161,16 @@ impl Tickets {
         if record.expires_at < self.clock.now() {
             return Err(Refused::Invalid("the ticket has expired (a ticket lives 60 s)"));
         }
+        Ok(Peeked { id, claimed: Claimed { holder: record.holder, stream: record.stream } })
+    }
+
+    /// Use the ticket of record `id`: a conditional write, so that of
+    /// several requests with it, on any instances, one does.
+    pub(crate) async fn spend(&self, id: &str) -> Result<(), Refused> {
         let unused = mongodb::bson::doc! {"used": false};
-        if !self.store.update(TICKETS, &id, unused, Update::set(mongodb::bson::doc! {"used": true})).await? {
+        if !self.store.update(TICKETS, id, unused, Update::set(mongodb::bson::doc! {"used": true})).await? {
             return Err(Refused::Invalid("the ticket was used already"));
         }
-        Ok(Claimed { holder: record.holder, stream: record.stream })
+        Ok(())
     }
 }

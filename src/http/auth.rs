@@ -21,10 +21,11 @@ use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::error::{ApiError, ProblemCode};
 use super::guard::{Guard, Guards, On};
+use super::rate::{Bucket, Metered, with_rate};
 use crate::actor::Actor;
 use crate::identity::{Issuers, Rate, Refusal, TokenCode, User};
 use crate::keys::{ApiKey, Grant, Scope};
@@ -44,9 +45,9 @@ pub(crate) struct Caller {
 pub(crate) struct Access {
     /// `None`: no credentials configured.
     grants: Option<Arc<[Grant]>>,
-    /// The caller's share of the instance's event streams (`None`: no
-    /// credentials configured).
-    streams: Option<Arc<tokio::sync::Semaphore>>,
+    /// The caller's share of the instance's event streams, and for a user
+    /// their issuer's (`None`: no credentials configured).
+    streams: Option<Vec<Arc<tokio::sync::Semaphore>>>,
     /// Who holds the grants, as 403s say.
     holder: Holder,
     /// When the caller's credential stops being valid (a token's `exp`);
@@ -82,11 +83,8 @@ impl Access {
     /// One of the caller's event stream slots, held while the stream is
     /// open; `Err` when the caller holds all of its share. Without
     /// credentials, `Ok(None)`: only the instance's limit applies.
-    pub(crate) fn stream_slot(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, ()> {
-        match &self.streams {
-            None => Ok(None),
-            Some(share) => Arc::clone(share).try_acquire_owned().map(Some).map_err(|_| ()),
-        }
+    pub(crate) fn stream_slot(&self) -> Result<Vec<tokio::sync::OwnedSemaphorePermit>, ()> {
+        self.streams.iter().flatten().map(|share| Arc::clone(share).try_acquire_owned().map_err(|_| ())).collect()
     }
 
     pub(crate) fn allows(&self, needed: Scope, collection: &str) -> bool {
@@ -191,73 +189,27 @@ struct Share {
     permits: Arc<tokio::sync::Semaphore>,
     streams: Arc<tokio::sync::Semaphore>,
     bucket: Option<std::sync::Mutex<Bucket>>,
+    /// Requests and streams it allows.
+    sizes: (usize, usize),
 }
 
 impl Share {
-    fn new(per_key: usize, streams_per_key: usize, rate: Option<Rate>) -> Self {
+    fn new(requests: usize, streams: usize, rate: Option<Rate>) -> Self {
+        let sizes = (requests.max(1), streams.max(1));
         Self {
-            permits: Arc::new(tokio::sync::Semaphore::new(per_key.max(1))),
-            streams: Arc::new(tokio::sync::Semaphore::new(streams_per_key.max(1))),
+            permits: Arc::new(tokio::sync::Semaphore::new(sizes.0)),
+            streams: Arc::new(tokio::sync::Semaphore::new(sizes.1)),
             bucket: rate.map(|r| std::sync::Mutex::new(Bucket::full(r))),
+            sizes,
         }
     }
 
     /// Whether the share is idle and its bucket full: forgetting it loses
     /// nothing.
-    fn forgettable(&self, per_key: usize, streams_per_key: usize) -> bool {
-        self.permits.available_permits() == per_key.max(1)
-            && self.streams.available_permits() == streams_per_key.max(1)
+    fn forgettable(&self) -> bool {
+        self.permits.available_permits() == self.sizes.0
+            && self.streams.available_permits() == self.sizes.1
             && self.bucket.as_ref().is_none_or(|b| b.lock().expect("bucket lock").is_full())
-    }
-}
-
-/// A token bucket: `rate.quota` requests, refilled evenly over
-/// `rate.window`.
-struct Bucket {
-    rate: Rate,
-    tokens: f64,
-    at: Instant,
-}
-
-/// What a bucket said of a request: its policy, what is left, and (when
-/// refused) how long until one more.
-struct Metered {
-    rate: Rate,
-    remaining: u32,
-    wait: Option<Duration>,
-}
-
-impl Bucket {
-    fn full(rate: Rate) -> Self {
-        Self { rate, tokens: f64::from(rate.quota), at: Instant::now() }
-    }
-
-    fn refill(&mut self, now: Instant) {
-        let earned = now.duration_since(self.at).as_secs_f64() * self.rate.per_second();
-        self.tokens = (self.tokens + earned).min(f64::from(self.rate.quota));
-        self.at = now;
-    }
-
-    fn is_full(&mut self) -> bool {
-        self.refill(Instant::now());
-        self.tokens >= f64::from(self.rate.quota)
-    }
-
-    /// Take one token for a request, or say how long until there is one.
-    fn take(&mut self, rate: Rate) -> Metered {
-        let now = Instant::now();
-        if self.rate != rate {
-            // The user's roles changed: the new policy, from what is left.
-            self.rate = rate;
-        }
-        self.refill(now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            Metered { rate, remaining: self.tokens as u32, wait: None }
-        } else {
-            let wait = Duration::from_secs_f64((1.0 - self.tokens) / rate.per_second());
-            Metered { rate, remaining: 0, wait: Some(wait) }
-        }
     }
 }
 
@@ -270,8 +222,15 @@ const MAX_USER_SHARES: usize = 100_000;
 struct Users {
     issuers: Arc<Issuers>,
     shares: std::sync::Mutex<HashMap<String, Arc<Share>>>,
-    /// Each issuer's cap on its users' requests in flight at once.
-    caps: HashMap<String, Arc<tokio::sync::Semaphore>>,
+    /// Each issuer's (by URL) caps on its users' requests in flight and
+    /// event streams open at once, and one user's shares of them.
+    caps: HashMap<String, IssuerCaps>,
+}
+
+struct IssuerCaps {
+    requests: Arc<tokio::sync::Semaphore>,
+    streams: Arc<tokio::sync::Semaphore>,
+    per_user: (usize, usize),
 }
 
 /// The configured credentials, each caller's share of the concurrency
@@ -282,8 +241,6 @@ pub(crate) struct Keys {
     users: Option<Users>,
     /// Anonymous callers' grants and their one share.
     anonymous: Option<(Arc<[Grant]>, Share)>,
-    per_key: usize,
-    streams_per_key: usize,
     /// Each route's guard, as its module declared it.
     guards: Guards,
     /// Stream tickets, claimed here in place of a credential.
@@ -293,7 +250,9 @@ pub(crate) struct Keys {
 
 impl Keys {
     /// `keys`, the users of `issuers` and anonymous callers (`anonymous`),
-    /// each allowed `per_key` requests in flight and `streams_per_key`
+    /// a key and anonymous callers each allowed `TXGATE_MAX_CONCURRENCY_PER_KEY`
+    /// requests in flight and `TXGATE_MAX_STREAMS_PER_KEY` (a user: their
+    /// issuer's shares per user, within its caps)
     /// event streams open at once, on routes guarded by `guards`.
     pub(crate) fn new(
         config: &crate::config::Config,
@@ -309,11 +268,19 @@ impl Keys {
             .map(|k| (k.clone(), k.scope(), Share::new(per_key, streams_per_key, None)))
             .collect();
         let users = issuers.map(|issuers| {
+            // By default an issuer's users together have half the instance:
+            // accounts anyone may sign up for never take all of it.
             let caps = issuers
                 .configs()
                 .map(|c| {
-                    let cap = c.max_concurrency.unwrap_or(config.max_concurrency).max(1);
-                    (c.url.clone(), Arc::new(tokio::sync::Semaphore::new(cap)))
+                    let requests = c.max_concurrency.unwrap_or(config.max_concurrency / 2).max(1);
+                    let streams = c.max_streams.unwrap_or(config.max_streams / 2).max(1);
+                    let caps = IssuerCaps {
+                        requests: Arc::new(tokio::sync::Semaphore::new(requests)),
+                        streams: Arc::new(tokio::sync::Semaphore::new(streams)),
+                        per_user: (c.max_concurrency_per_user, c.max_streams_per_user),
+                    };
+                    (c.url.clone(), caps)
                 })
                 .collect();
             Users { issuers, shares: std::sync::Mutex::new(HashMap::new()), caps }
@@ -322,7 +289,7 @@ impl Keys {
             .anonymous
             .clone()
             .map(|grants| (grants.into(), Share::new(per_key, streams_per_key, Some(Rate::DEFAULT))));
-        Self { keys, users, anonymous, per_key, streams_per_key, guards, tickets, metrics }
+        Self { keys, users, anonymous, guards, tickets, metrics }
     }
 
     /// `user`'s share, made at their first request.
@@ -333,7 +300,7 @@ impl Keys {
             return Ok(Arc::clone(share));
         }
         if shares.len() >= MAX_USER_SHARES {
-            shares.retain(|_, s| Arc::strong_count(s) > 1 || !s.forgettable(self.per_key, self.streams_per_key));
+            shares.retain(|_, s| Arc::strong_count(s) > 1 || !s.forgettable());
             if shares.len() >= MAX_USER_SHARES {
                 return Err(ApiError::new(
                     ProblemCode::Overloaded,
@@ -342,7 +309,8 @@ impl Keys {
                 .retry(super::limits::RETRY_AFTER));
             }
         }
-        let share = Arc::new(Share::new(self.per_key, self.streams_per_key, Some(user.rate)));
+        let (requests, streams) = users.caps.get(&user.issuer).map_or((1, 1), |c| c.per_user);
+        let share = Arc::new(Share::new(requests, streams, Some(user.rate)));
         shares.insert(scope, Arc::clone(&share));
         Ok(share)
     }
@@ -407,6 +375,9 @@ impl Keys {
                 .map(|(quota, secs)| Rate { quota, window: Duration::from_secs(secs.max(1)) })
                 .unwrap_or(issuer.rate);
             let expires = holder.expires.map_or(std::time::UNIX_EPOCH, |e| e.to_system_time());
+            if expires <= std::time::SystemTime::now() {
+                return Err(gone("the token the ticket was asked for with has expired: ask for a new one"));
+            }
             let user = Arc::new(User {
                 issuer: user.issuer.clone(),
                 issuer_name: issuer.name.clone(),
@@ -425,6 +396,13 @@ impl Keys {
             _ => Err(gone("the ticket's holder has no credential here any more")),
         }
     }
+}
+
+/// The credential of an `Authorization: Bearer <credential>` value.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, credential) = value.trim().split_once([' ', '\t'])?;
+    let credential = credential.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !credential.is_empty()).then_some(credential)
 }
 
 /// The `ticket` query parameter of `req`, if any.
@@ -458,21 +436,24 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
     // operator's alone.
     let guard = keys.guards.get(&route).copied().unwrap_or(Guard::Admin(On::Everywhere));
     let Some((needed, on)) = guard.needs(req.method()) else { return next.run(req).await };
-    let token = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim);
+    // A header that is there but is not `Bearer <credential>` (any case,
+    // RFC 9110 §11.1) is refused, never taken as no credential.
+    let token = match req.headers().get(header::AUTHORIZATION).map(|v| v.to_str().ok().and_then(bearer)) {
+        None => None,
+        Some(Some(token)) => Some(token),
+        Some(None) => return invalid("the Authorization header is not `Bearer <API key or access token>`"),
+    };
     // A stream opened with a ticket: its holder, in place of a credential.
+    // It is used (spent) only once the stream opens (`http::events`): a
+    // refusal (429, 403) leaves it for a retry within its minute.
     let ticket = match ticket_of(&req) {
-        Some(ticket) if route == "/v1/events" => match keys.tickets.claim(&ticket).await {
-            Ok(claimed) => Some(claimed),
+        Some(ticket) if route == "/v1/events" => match keys.tickets.peek(&ticket).await {
+            Ok(peeked) => Some(peeked),
             Err(refused) => return ticket_refused(refused).into_response(),
         },
         _ => None,
     };
-    let principal = match ticket.as_ref().map(|t| keys.holder(&t.holder)) {
+    let principal = match ticket.as_ref().map(|t| keys.holder(&t.claimed.holder)) {
         Some(Ok(principal)) => principal,
         Some(Err(err)) => return err.into_response(),
         None => match keys.principal(token).await {
@@ -499,11 +480,17 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
         Principal::User(user, _) => Some(user.expires),
         _ => None,
     };
-    let access =
-        Access { grants: Some(Arc::clone(&grants)), streams: Some(Arc::clone(&share.streams)), holder, expires };
+    let issuer_caps = match (&principal, &keys.users) {
+        (Principal::User(user, _), Some(users)) => users.caps.get(&user.issuer),
+        _ => None,
+    };
+    let mut streams = vec![Arc::clone(&share.streams)];
+    streams.extend(issuer_caps.map(|caps| Arc::clone(&caps.streams)));
+    let access = Access { grants: Some(Arc::clone(&grants)), streams: Some(streams), holder, expires };
     // The request rate, for users and anonymous callers (a scrape is not
     // limited: see `limits::limit`).
     let metered = match (&share.bucket, &principal) {
+        _ if route == "/metrics" => None,
         (Some(bucket), Principal::User(user, _)) => Some(bucket.lock().expect("bucket lock").take(user.rate)),
         (Some(bucket), _) => Some(bucket.lock().expect("bucket lock").take(Rate::DEFAULT)),
         (None, _) => None,
@@ -555,12 +542,8 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
     let _permits = if route == "/metrics" {
         None
     } else {
-        let issuer_cap = match (&principal, &keys.users) {
-            (Principal::User(user, _), Some(users)) => users.caps.get(&user.issuer),
-            _ => None,
-        };
         let own = Arc::clone(&share.permits).try_acquire_owned();
-        let cap = issuer_cap.map(|cap| Arc::clone(cap).try_acquire_owned());
+        let cap = issuer_caps.map(|caps| Arc::clone(&caps.requests).try_acquire_owned());
         match (own, cap) {
             (Ok(own), None) => Some((own, None)),
             (Ok(own), Some(Ok(cap))) => Some((own, Some(cap))),
@@ -570,8 +553,9 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
                     ProblemCode::Overloaded,
                     format!(
                         "this caller has {} requests in flight, its share of the gateway \
-                         (TXGATE_MAX_CONCURRENCY_PER_KEY); retry later",
-                        keys.per_key
+                         (TXGATE_MAX_CONCURRENCY_PER_KEY; for a user, its issuer's max_concurrency_per_user); \
+                         retry later",
+                        share.sizes.0
                     ),
                 )
                 .retry(super::limits::RETRY_AFTER)
@@ -610,22 +594,6 @@ pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, nex
     }
     let response = next.run(Request::from_parts(parts, body)).await;
     with_rate(response, metered.as_ref())
-}
-
-/// The `RateLimit-Policy` and `RateLimit` fields (draft-ietf-httpapi-
-/// ratelimit-headers-08 and later) of a metered request.
-fn with_rate(mut response: Response, metered: Option<&Metered>) -> Response {
-    let Some(m) = metered else { return response };
-    let window = m.rate.window.as_secs().max(1);
-    let reset = m.wait.map_or(0, |w| w.as_secs_f64().ceil() as u64);
-    let headers = response.headers_mut();
-    if let Ok(v) = header::HeaderValue::from_str(&format!("\"caller\";q={};w={window}", m.rate.quota)) {
-        headers.insert("ratelimit-policy", v);
-    }
-    if let Ok(v) = header::HeaderValue::from_str(&format!("\"caller\";r={};t={reset}", m.remaining)) {
-        headers.insert("ratelimit", v);
-    }
-    response
 }
 
 /// 401 for a missing or unknown credential: a bare `Bearer` challenge

@@ -109,25 +109,34 @@ pub(crate) struct EventsQuery {
     pub ticket: Option<String>,
 }
 
-/// The claimed ticket a stream was opened with: claimed by admission, or
-/// here when no credentials are configured.
+/// The ticket a stream is opened with, not spent yet: found by admission,
+/// or here when no credentials are configured.
 async fn claimed_ticket(
     state: &AppState,
     query: &EventsQuery,
-    claimed: Option<crate::tickets::Claimed>,
-) -> Result<Option<crate::tickets::Claimed>, ApiError> {
+    peeked: Option<crate::tickets::Peeked>,
+) -> Result<Option<crate::tickets::Peeked>, ApiError> {
     let Some(ticket) = &query.ticket else { return Ok(None) };
-    let claimed = match claimed {
-        Some(claimed) => claimed,
-        None => state.tickets.claim(ticket).await.map_err(super::auth::ticket_refused)?,
+    let peeked = match peeked {
+        Some(peeked) => peeked,
+        None => state.tickets.peek(ticket).await.map_err(super::auth::ticket_refused)?,
     };
-    let s = &claimed.stream;
+    let s = &peeked.claimed.stream;
     if (&s.collections, &s.types, &s.filter) != (&query.collections, &query.types, &query.filter) {
         return Err(super::auth::ticket_refused(crate::tickets::Refused::Invalid(
             "the ticket is for another stream: give the collections, types and filter it was asked for",
         )));
     }
-    Ok(Some(claimed))
+    Ok(Some(peeked))
+}
+
+/// Use the ticket a stream or page is opened with: a conditional write, so
+/// that of several requests with it, on any instances, one is served.
+async fn spend(state: &AppState, ticket: &Option<crate::tickets::Peeked>) -> Result<(), ApiError> {
+    match ticket {
+        Some(ticket) => state.tickets.spend(&ticket.id).await.map_err(super::auth::ticket_refused),
+        None => Ok(()),
+    }
 }
 
 /// A page of events.
@@ -260,7 +269,7 @@ pub(crate) async fn events(
     State(state): State<AppState>,
     access: Access,
     headers: HeaderMap,
-    ticket: Option<axum::Extension<crate::tickets::Claimed>>,
+    ticket: Option<axum::Extension<crate::tickets::Peeked>>,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
     let ticket = claimed_ticket(&state, &query, ticket.map(|axum::Extension(t)| t)).await?;
@@ -278,7 +287,7 @@ pub(crate) async fn events(
                 .ok_or_else(|| ApiError::new(ProblemCode::InvalidHeader, "Last-Event-ID is the seq of an event"))?,
         ),
     };
-    let after = match (&query.after, from_header, ticket.and_then(|t| t.stream.after)) {
+    let after = match (&query.after, from_header, ticket.as_ref().and_then(|t| t.claimed.stream.after.clone())) {
         (Some(after), _, _) => Some(position(after, "/query/after")?),
         (None, Some(from_header), _) => Some(from_header),
         (None, None, Some(after)) => Some(position(&after, "/after")?),
@@ -304,6 +313,7 @@ pub(crate) async fn events(
         return Err(Invalid::new("/query/limit", format!("limit must be between 1 and {MAX_PAGE}")).into());
     }
     if wants_json(&headers) {
+        spend(&state, &ticket).await?;
         let after = match after {
             Some(after) => after,
             None => log.floor().await?,
@@ -321,15 +331,17 @@ pub(crate) async fn events(
         }
         None => log.head().await?,
     };
-    // Each open stream holds one of its key's stream slots and one of the
-    // instance's until it ends (TXGATE_MAX_STREAMS_PER_KEY,
-    // TXGATE_MAX_STREAMS): one key cannot take every slot.
+    // Each open stream holds one of its caller's stream slots (and a
+    // user's, one of their issuer's) and one of the instance's until it
+    // ends (TXGATE_MAX_STREAMS_PER_KEY, an issuer's max_streams_per_user
+    // and max_streams, TXGATE_MAX_STREAMS): no caller takes every slot.
     let Ok(key_slot) = access.stream_slot() else {
-        tracing::debug!("event stream refused: the API key holds its share of the stream slots");
+        tracing::debug!("event stream refused: the caller holds its share of the stream slots");
         return Err(ApiError::new(
             ProblemCode::Overloaded,
             "this API key has as many event streams open on this instance as its share allows \
-             (TXGATE_MAX_STREAMS_PER_KEY); close one, retry later, or read pages (Accept: application/json)",
+             (TXGATE_MAX_STREAMS_PER_KEY; for a user, its issuer's max_streams_per_user, or all its users \
+             max_streams); close one, retry later, or read pages (Accept: application/json)",
         )
         .retry(std::time::Duration::from_secs(5)));
     };
@@ -342,6 +354,8 @@ pub(crate) async fn events(
         )
         .retry(std::time::Duration::from_secs(5)));
     };
+    // Open: the ticket is used now, once (on whichever instance).
+    spend(&state, &ticket).await?;
     let reader = Reader {
         opened: Some(start),
         _slot: (slot, key_slot),
@@ -437,7 +451,7 @@ struct Reader {
     /// Counts the stream as open until it is dropped.
     _open: crate::metrics::Held,
     /// The instance's stream slot and the key's (none without keys).
-    _slot: (tokio::sync::OwnedSemaphorePermit, Option<tokio::sync::OwnedSemaphorePermit>),
+    _slot: (tokio::sync::OwnedSemaphorePermit, Vec<tokio::sync::OwnedSemaphorePermit>),
     /// When the credential the stream was opened with expires (a user's
     /// token): the stream then sends `event: reauth` and ends. `None`: an
     /// API key's stream, which does not.
@@ -561,6 +575,7 @@ impl Reader {
                 tokio::select! {
                     () = self.stop.cancelled() => return None,
                     turn = Arc::clone(&self.catch_up).acquire_owned() => turn.ok(),
+                    () = expiry(self.ends) => continue,
                 }
             } else {
                 None

@@ -22,6 +22,7 @@ pub(crate) mod paging;
 mod params;
 pub(crate) mod problems;
 pub(crate) mod queries;
+mod rate;
 mod reads;
 pub(crate) mod serve;
 pub(crate) mod strict;

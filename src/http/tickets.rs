@@ -17,6 +17,9 @@ use super::events::{EventsQuery, filter, position, set_filter};
 use super::guard::{Guard, On, Routes};
 use super::problems::{Problems, problems};
 
+/// The longest `filter` a ticket keeps, in bytes.
+const MAX_FILTER: usize = 4096;
+
 pub(crate) fn router() -> Routes {
     // Authorized like the stream it is for: a read.
     Routes::new().guarded(Guard::Read(On::Handler), utoipa_axum::routes!(ticket))
@@ -81,6 +84,19 @@ pub(crate) async fn ticket(
     super::extract::JsonBody { value, .. }: super::extract::JsonBody<serde_json::Value>,
 ) -> Result<Response, ApiError> {
     let input: TicketIn = super::extract::from_body(value, &[""])?;
+    // What a ticket keeps is small: its stream's address must fit in a URL.
+    for (pointer, value, most) in [
+        ("/collections", &input.collections, 1024),
+        ("/types", &input.types, 256),
+        ("/filter", &input.filter, MAX_FILTER),
+        ("/after", &input.after, 32),
+    ] {
+        if value.as_ref().is_some_and(|v| v.len() > most) {
+            return Err(
+                crate::document::rules::Invalid::new(pointer, format!("at most {most} bytes in a ticket")).into()
+            );
+        }
+    }
     let query = EventsQuery {
         collections: input.collections,
         types: input.types,

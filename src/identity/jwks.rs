@@ -250,17 +250,19 @@ impl KeyCache {
         Ok(doc.jwks_uri)
     }
 
-    /// `url`'s body (bounded) and its `Cache-Control` lifetime.
+    /// `url`'s body (bounded) and its `Cache-Control` lifetime. Errors name
+    /// the address without its query.
     async fn get(&self, url: &str) -> Result<(Vec<u8>, Option<Duration>), String> {
+        let shown = url.split(['?', '#']).next().unwrap_or(url);
         let mut response = self
             .client
             .get(url)
             .timeout(FETCH_TIMEOUT)
             .send()
             .await
-            .map_err(|e| format!("GET {url}: {}", without_url(&e)))?;
+            .map_err(|e| format!("GET {shown}: {}", without_url(&e)))?;
         if !response.status().is_success() {
-            return Err(format!("GET {url}: {}", response.status()));
+            return Err(format!("GET {shown}: {}", response.status()));
         }
         let headers = response.headers();
         let text = |name| headers.get(name).and_then(|v: &reqwest::header::HeaderValue| v.to_str().ok());
@@ -268,9 +270,9 @@ impl KeyCache {
             .and_then(max_age)
             .or_else(|| expires(text(reqwest::header::EXPIRES)?, text(reqwest::header::DATE)));
         let mut body = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| format!("GET {url}: {}", without_url(&e)))? {
+        while let Some(chunk) = response.chunk().await.map_err(|e| format!("GET {shown}: {}", without_url(&e)))? {
             if body.len() + chunk.len() > MAX_BODY {
-                return Err(format!("GET {url}: the answer is larger than {MAX_BODY} bytes"));
+                return Err(format!("GET {shown}: the answer is larger than {MAX_BODY} bytes"));
             }
             body.extend_from_slice(&chunk);
         }

@@ -34,6 +34,8 @@ pub(crate) const MAX_TOKEN_BYTES: usize = 8 * 1024;
 const MAX_CACHED: usize = 10_000;
 /// Roles read from one token.
 const MAX_ROLES: usize = 256;
+/// Keys a token without `kid` is tried against.
+const MAX_KEYS_TRIED: usize = 8;
 
 /// A user, as a checked token names them.
 #[derive(Debug)]
@@ -266,7 +268,9 @@ impl Issuers {
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
         validation.validate_nbf = true;
         let mut last = None;
-        for key in &keys {
+        // A token without `kid` is tried against a few keys at most: a
+        // refused token costs a bounded number of signature checks.
+        for key in keys.iter().take(MAX_KEYS_TRIED) {
             match jsonwebtoken::decode::<Value>(token, key, &validation) {
                 Ok(_) => {
                     last = None;
@@ -315,7 +319,8 @@ impl Issuers {
                 return Err(refuse(TokenCode::Claims, "the token's sub must be a string of 1 to 255 characters"));
             }
         };
-        let exp = claims.get("exp").and_then(Value::as_f64).map_or(now, |e| e.max(0.0) as u64);
+        // Within a year: no instant computed from it can overflow.
+        let exp = claims.get("exp").and_then(Value::as_f64).map_or(now, |e| e.max(0.0) as u64).min(now + 366 * 86_400);
         let roles = roles_of(&claims, &issuer.config.roles_claim);
         let config = &issuer.config;
         let grants: Vec<Grant> = roles.iter().filter_map(|r| config.roles.get(r)).flatten().cloned().collect();

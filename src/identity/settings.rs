@@ -49,9 +49,21 @@ pub struct IssuerEntry {
     #[serde(default)]
     pub rate: Option<String>,
     /// Requests all of this issuer's users may have in flight at once on
-    /// one instance (default: the instance's limit).
+    /// one instance (default: half the instance's limit).
     #[serde(default)]
     pub max_concurrency: Option<usize>,
+    /// Event streams all of this issuer's users may have open at once on
+    /// one instance (default: half the instance's limit).
+    #[serde(default)]
+    pub max_streams: Option<usize>,
+    /// Requests one user may have in flight at once on one instance
+    /// (default 32).
+    #[serde(default)]
+    pub max_concurrency_per_user: Option<usize>,
+    /// Event streams one user may have open at once on one instance
+    /// (default 10).
+    #[serde(default)]
+    pub max_streams_per_user: Option<usize>,
     /// The shared secret for HS256, for this issuer alone (at least 32
     /// bytes); HS256 is accepted only with it.
     #[serde(default)]
@@ -157,6 +169,9 @@ pub struct IssuerConfig {
     pub rates: BTreeMap<String, Rate>,
     pub rate: Rate,
     pub max_concurrency: Option<usize>,
+    pub max_streams: Option<usize>,
+    pub max_concurrency_per_user: usize,
+    pub max_streams_per_user: usize,
     pub hs256_secret: Option<Vec<u8>>,
     pub jwks_url: Option<String>,
     pub console_client_id: Option<String>,
@@ -337,6 +352,9 @@ impl IssuerEntry {
             rates,
             rate,
             max_concurrency: self.max_concurrency.filter(|&n| n > 0),
+            max_streams: self.max_streams.filter(|&n| n > 0),
+            max_concurrency_per_user: self.max_concurrency_per_user.filter(|&n| n > 0).unwrap_or(32),
+            max_streams_per_user: self.max_streams_per_user.filter(|&n| n > 0).unwrap_or(10),
             hs256_secret: secret,
             jwks_url: self.jwks_url.clone(),
             console_client_id: self.console_client_id.clone().filter(|c| !c.is_empty()),

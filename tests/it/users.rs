@@ -755,10 +755,14 @@ async fn a_ticketed_stream_ends_at_the_tokens_expiry_and_a_new_ticket_misses_not
     let issuer = Issuer::start(&[&RSA_A]).await;
     let (app, short, long) = expiring(&issuer).await;
     let t = ticket(&app, &short, json!({"collections": "carts"})).await;
+    let spare = ticket(&app, &short, json!({"collections": "carts"})).await;
     let mut stream = open(&app, t["url"].as_str().unwrap()).await.unwrap();
     let (mut seen, reauth) = until_reauth(&app, &long, &mut stream).await;
     let n = seen.len() + 1;
     write_cart(&app, &long, n + 1).await;
+    // A ticket asked for with the token is no good once it has expired,
+    // though within its minute.
+    expect_problem(app.get(spare["url"].as_str().unwrap()).await, 401, "ticket_invalid").await;
     // The client asks for a new ticket (with a new token) from the last id.
     let last = reauth.data["last_event_id"].as_str().unwrap();
     let t = ticket(&app, &long, json!({"collections": "carts", "after": last})).await;
@@ -811,17 +815,11 @@ async fn stalled(app: &TestApp, token: &str) -> tokio::net::TcpStream {
 #[tokio::test]
 async fn one_users_requests_in_flight_are_their_share_and_the_issuers_users_have_a_cap() {
     let issuer = Issuer::start(&[&RSA_A]).await;
-    let entry = {
-        let mut e = issuer.entry();
+    let app = gateway(&issuer, |e| {
         e.max_concurrency = Some(3);
-        e.resolve(1).unwrap()
-    };
-    let app = TestApp::spawn_with(Backend::Embedded, move |c| {
-        c.issuers = vec![entry];
-        c.max_concurrency_per_key = 2;
+        e.max_concurrency_per_user = Some(2);
     })
-    .await
-    .unwrap();
+    .await;
     let token = |who: &str| RSA_A.sign(&issuer.claims(who, &["shopper"]));
     let (ann, bob, cy) = (token("ann"), token("bob"), token("cy"));
     let get = |token: &str| as_user(&app, Method::GET, "/v1/collections/carts/documents/x", token).send();
@@ -892,6 +890,16 @@ async fn anonymous_access_is_only_what_it_is_granted() {
     // A credential that is there is checked, never taken as anonymous.
     let res = as_user(&app, Method::GET, "/v1/collections/products/documents/p1", "x.y.z").send().await.unwrap();
     expect_problem(res, 401, "token_malformed").await;
+    for header in ["Basic YW5uOnB3", "Bearer", "Token abc"] {
+        let res = app.request(Method::GET, "/v1/collections/products/documents/p1").header("authorization", header);
+        let res = res.send().await.unwrap();
+        assert!(res.headers()["www-authenticate"].to_str().unwrap().contains("invalid_token"), "{header}");
+        expect_problem(res, 401, "unauthorized").await;
+    }
+    // The scheme's name in any case (RFC 9110).
+    let token = RSA_A.sign(&issuer.claims("ann", &["shopper"]));
+    let res = app.request(Method::GET, "/v1/me").header("authorization", format!("BEARER {token}")).send().await;
+    assert_eq!(expect(res.unwrap(), 200).await["subject"], "ann");
     app.stop().await;
 }
 
@@ -925,5 +933,44 @@ async fn a_provider_that_hangs_holds_up_one_request_not_every_user() {
     }
     assert!(!first.is_finished(), "the fetching request was not held up by the provider");
     assert_eq!(first.await.unwrap().unwrap().status(), 404, "served from the stale keys once the fetch gave up");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn users_streams_are_their_share_and_a_refused_ticket_is_not_spent() {
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let app = gateway(&issuer, |e| {
+        e.max_streams_per_user = Some(1);
+        e.max_streams = Some(2);
+    })
+    .await;
+    let token = |who: &str| RSA_A.sign(&issuer.claims(who, &["shopper"]));
+    let (ann, bob, cy) = (token("ann"), token("bob"), token("cy"));
+    let url = format!("{}/v1/events?collections=carts", app.base);
+    let stream = |token: &str| SseStream::try_open(reqwest::Client::new().get(&url).bearer_auth(token));
+    let first = stream(&ann).await.unwrap();
+    // Ann's share is one stream; her ticket is refused while it is open,
+    // and stays good for when it is closed.
+    let t = ticket(&app, &ann, json!({"collections": "carts"})).await;
+    let ticketed = t["url"].as_str().unwrap();
+    assert_eq!(open(&app, ticketed).await.err(), Some(429));
+    // Bob has his own; Cy finds the issuer's two taken.
+    let second = stream(&bob).await.unwrap();
+    assert_eq!(stream(&cy).await.err(), Some(429));
+    drop(first);
+    let mut again = None;
+    for _ in 0..200 {
+        // The slot comes back once the server sees the connection closed.
+        match open(&app, ticketed).await {
+            Ok(s) => {
+                again = Some(s);
+                break;
+            }
+            Err(429) => tokio::task::yield_now().await,
+            Err(status) => panic!("the ticket was spent by a refusal: {status}"),
+        }
+    }
+    assert!(again.is_some(), "the ticket opened its stream once a slot was free");
+    drop(second);
     app.stop().await;
 }
