@@ -235,7 +235,7 @@ struct IssuerCaps {
 
 /// The configured credentials, each caller's share of the concurrency
 /// limit and of the event streams, and each route's guard.
-pub(crate) struct Keys {
+pub(crate) struct Admission {
     /// Each key with its scope (computed once) and its share.
     keys: Vec<(ApiKey, String, Share)>,
     users: Option<Users>,
@@ -248,7 +248,7 @@ pub(crate) struct Keys {
     metrics: Arc<crate::metrics::Metrics>,
 }
 
-impl Keys {
+impl Admission {
     /// `keys`, the users of `issuers` and anonymous callers (`anonymous`),
     /// a key and anonymous callers each allowed `TXGATE_MAX_CONCURRENCY_PER_KEY`
     /// requests in flight and `TXGATE_MAX_STREAMS_PER_KEY` (a user: their
@@ -430,7 +430,7 @@ enum Principal<'a> {
 /// of the caller's permits while it is served (a caller at its share of
 /// the concurrency limit, or past its request rate, gets 429; other
 /// callers are served).
-pub(crate) async fn require_key(State(keys): State<Arc<Keys>>, req: Request, next: Next) -> Response {
+pub(crate) async fn admit(State(keys): State<Arc<Admission>>, req: Request, next: Next) -> Response {
     let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_owned()).unwrap_or_default();
     // A route without a guard (none is: see `guard::Routes`) is an
     // operator's alone.

@@ -1,6 +1,6 @@
 //! Who may call a route, declared beside the route: each module's router
 //! adds its routes through [`Routes::guarded`] with their [`Guard`], and
-//! admission ([`super::auth::require_key`]) reads the guard of the route a
+//! admission ([`super::auth::admit`]) reads the guard of the route a
 //! request matched. A route cannot be added without one.
 
 use std::collections::HashMap;

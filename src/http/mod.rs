@@ -200,8 +200,9 @@ pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router 
             }
             issuers
         });
-        let keys = auth::Keys::new(config, issuers, Arc::clone(&state.tickets), Arc::clone(&state.metrics), guards);
-        routes.route_layer(axum::middleware::from_fn_with_state(Arc::new(keys), auth::require_key))
+        let keys =
+            auth::Admission::new(config, issuers, Arc::clone(&state.tickets), Arc::clone(&state.metrics), guards);
+        routes.route_layer(axum::middleware::from_fn_with_state(Arc::new(keys), auth::admit))
     };
     console::routes(routes, &config.issuers)
         .route(

@@ -171,6 +171,11 @@ impl Issuer {
         }
     }
 
+    /// A valid token for `subject` with `roles`, signed by the first key.
+    fn token(&self, subject: &str, roles: &[&str]) -> String {
+        RSA_A.sign(&self.claims(subject, roles))
+    }
+
     /// The claims of a valid token for `subject` with `roles`.
     fn claims(&self, subject: &str, roles: &[&str]) -> Value {
         json!({
@@ -224,7 +229,7 @@ fn hmac(secret: &[u8], input: &[u8]) -> Vec<u8> {
 async fn a_users_token_names_who_acts_and_grants_what_their_roles_map_to() {
     let issuer = Issuer::start(&[&RSA_A, &EC, &ED]).await;
     let app = gateway(&issuer, |_| {}).await;
-    let ann = RSA_A.sign(&issuer.claims("ann", &["shopper"]));
+    let ann = issuer.token("ann", &["shopper"]);
     // A write the role grants, recorded as the user's.
     let res = as_user(&app, Method::POST, "/v1/collections/carts/documents", &ann)
         .json(&json!({"_id": "c1", "items": 1}))
@@ -300,7 +305,7 @@ async fn a_users_token_names_who_acts_and_grants_what_their_roles_map_to() {
     let me = expect(as_user(&app, Method::GET, "/v1/me", &RSA_A.sign(&claims)).send().await.unwrap(), 200).await;
     assert_eq!(me["subject"], "svc-7");
     // A user whose roles map to nothing: 403 everywhere, and said so.
-    let nobody = RSA_A.sign(&issuer.claims("cy", &["guest"]));
+    let nobody = issuer.token("cy", &["guest"]);
     let res = as_user(&app, Method::GET, "/v1/collections/carts/documents/c1", &nobody).send().await.unwrap();
     let challenge = res.headers()["www-authenticate"].to_str().unwrap().to_owned();
     assert!(challenge.contains("insufficient_scope"), "{challenge}");
@@ -316,8 +321,8 @@ async fn a_users_token_names_who_acts_and_grants_what_their_roles_map_to() {
 async fn idempotency_keys_are_kept_apart_per_user() {
     let issuer = Issuer::start(&[&RSA_A]).await;
     let app = gateway(&issuer, |_| {}).await;
-    let ann = RSA_A.sign(&issuer.claims("ann", &["shopper"]));
-    let bob = RSA_A.sign(&issuer.claims("bob", &["shopper"]));
+    let ann = issuer.token("ann", &["shopper"]);
+    let bob = issuer.token("bob", &["shopper"]);
     let body = |id: &str| json!({"actions": [{"op": "insert", "collection": "carts", "id": id, "data": {}}]});
     let send = |token: &str, id: &str| {
         as_user(&app, Method::POST, "/v1/transactions", token).header("idempotency-key", "k-1").json(&body(id)).send()
@@ -410,7 +415,7 @@ async fn hostile_tokens_are_refused_each_with_its_code_and_never_a_5xx() {
     }
     assert!(lure.collect_for(Duration::from_millis(200)).await.is_empty(), "a token's jku or x5u was followed");
     // Counted by issuer and code, for an operator's alerts.
-    let support = RSA_A.sign(&issuer.claims("sam", &["support"]));
+    let support = issuer.token("sam", &["support"]);
     let metrics = as_user(&app, Method::GET, "/metrics", &support).send().await.unwrap().text().await.unwrap();
     let count = |issuer: &str, code: &str| {
         metrics
@@ -471,7 +476,7 @@ async fn keys_rotate_without_a_restart_and_a_removed_key_stops_once_its_cache_ex
             (status, body["code"].as_str().unwrap_or_default().to_owned())
         }
     };
-    let old = RSA_A.sign(&issuer.claims("ann", &["shopper"]));
+    let old = issuer.token("ann", &["shopper"]);
     assert_eq!(read(old.clone()).await, (404, "not_found".into()));
     // A new key appears: its tokens are taken at once (one fetch for the
     // unknown kid).
@@ -511,7 +516,7 @@ async fn the_last_good_keys_serve_while_the_provider_is_down() {
     let issuer = Issuer::start(&[&RSA_A]).await;
     issuer.served().cache = Some("max-age=1".into());
     let app = gateway(&issuer, |e| e.keys_min_cache_secs = Some(1)).await;
-    let token = RSA_A.sign(&issuer.claims("ann", &["shopper"]));
+    let token = issuer.token("ann", &["shopper"]);
     let status = |token: String| {
         let req = as_user(&app, Method::GET, "/v1/collections/carts/documents/x", &token);
         async move { req.send().await.unwrap().status().as_u16() }
@@ -521,7 +526,7 @@ async fn the_last_good_keys_serve_while_the_provider_is_down() {
     // Past the keys' lifetime, with the provider failing: still served.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     for _ in 0..3 {
-        let fresh = RSA_A.sign(&issuer.claims("ann", &["shopper"]));
+        let fresh = issuer.token("ann", &["shopper"]);
         assert_eq!(status(fresh).await, 404);
     }
     assert_eq!(status(token).await, 404);
@@ -529,10 +534,8 @@ async fn the_last_good_keys_serve_while_the_provider_is_down() {
     // A gateway that never had the keys: 503 with Retry-After, not a 401
     // blaming the token and not a 500.
     let app = gateway(&issuer, |_| {}).await;
-    let res = as_user(&app, Method::GET, "/v1/collections/carts/documents/x", &RSA_A.sign(&issuer.claims("a", &[])))
-        .send()
-        .await
-        .unwrap();
+    let res =
+        as_user(&app, Method::GET, "/v1/collections/carts/documents/x", &issuer.token("a", &[])).send().await.unwrap();
     assert!(res.headers().contains_key("retry-after"));
     expect_problem(res, 503, "issuer_unavailable").await;
     app.stop().await;
@@ -543,10 +546,8 @@ async fn discovery_naming_another_issuer_is_refused() {
     let issuer = Issuer::start(&[&RSA_A]).await;
     issuer.served().claims_issuer = Some("https://evil.example/realms/shop".into());
     let app = gateway(&issuer, |_| {}).await;
-    let res = as_user(&app, Method::GET, "/v1/collections/carts/documents/x", &RSA_A.sign(&issuer.claims("a", &[])))
-        .send()
-        .await
-        .unwrap();
+    let res =
+        as_user(&app, Method::GET, "/v1/collections/carts/documents/x", &issuer.token("a", &[])).send().await.unwrap();
     expect_problem(res, 503, "issuer_unavailable").await;
     assert_eq!(issuer.served().jwks_fetches, 0, "keys were fetched from a discovery document naming another issuer");
     app.stop().await;
@@ -640,9 +641,9 @@ async fn one_users_flood_is_limited_while_another_user_is_served() {
         e.rates = [("support".to_owned(), "100/s".to_owned())].into();
     })
     .await;
-    let ann = RSA_A.sign(&issuer.claims("ann", &["shopper"]));
-    let bob = RSA_A.sign(&issuer.claims("bob", &["shopper"]));
-    let agent = RSA_A.sign(&issuer.claims("sam", &["support"]));
+    let ann = issuer.token("ann", &["shopper"]);
+    let bob = issuer.token("bob", &["shopper"]);
+    let agent = issuer.token("sam", &["support"]);
     let get = |token: &str| as_user(&app, Method::GET, "/v1/collections/carts/documents/x", token).send();
     for left in (0..5).rev() {
         let res = get(&ann).await.unwrap();
@@ -677,7 +678,7 @@ async fn open(app: &TestApp, url: &str) -> Result<SseStream, u16> {
 async fn a_ticket_opens_its_stream_once_and_no_other() {
     let issuer = Issuer::start(&[&RSA_A]).await;
     let app = gateway(&issuer, |_| {}).await;
-    let ann = RSA_A.sign(&issuer.claims("ann", &["shopper"]));
+    let ann = issuer.token("ann", &["shopper"]);
     let write = |id: &str| {
         as_user(&app, Method::POST, "/v1/collections/carts/documents", &ann).json(&json!({"_id": id})).send()
     };
@@ -729,7 +730,7 @@ async fn a_ticket_opens_one_stream_across_instances(backend: Backend) {
     let Some(first) = gateway_on(backend, &issuer, |_| {}).await else { return };
     let config = first.config.clone();
     let second = TestApp::on_store(config, std::sync::Arc::clone(&first.store), None).await;
-    let ann = RSA_A.sign(&issuer.claims("ann", &["shopper"]));
+    let ann = issuer.token("ann", &["shopper"]);
     for _ in 0..10 {
         let t = ticket(&first, &ann, json!({"collections": "carts"})).await;
         let url = t["url"].as_str().unwrap().to_owned();
@@ -820,7 +821,7 @@ async fn one_users_requests_in_flight_are_their_share_and_the_issuers_users_have
         e.max_concurrency_per_user = Some(2);
     })
     .await;
-    let token = |who: &str| RSA_A.sign(&issuer.claims(who, &["shopper"]));
+    let token = |who: &str| issuer.token(who, &["shopper"]);
     let (ann, bob, cy) = (token("ann"), token("bob"), token("cy"));
     let get = |token: &str| as_user(&app, Method::GET, "/v1/collections/carts/documents/x", token).send();
     // The stalled requests are admitted once the gateway has read their
@@ -854,7 +855,7 @@ async fn deliveries_name_the_user_whose_transaction_they_deliver() {
     let issuer = Issuer::start(&[&RSA_A]).await;
     let receiver = crate::support::TestReceiver::start().await;
     let app = gateway(&issuer, |_| {}).await;
-    let ann = RSA_A.sign(&issuer.claims("ann", &["shopper"]));
+    let ann = issuer.token("ann", &["shopper"]);
     let body = json!({
         "actions": [{"op": "insert", "collection": "carts", "id": "c1", "data": {}}],
         "hooks": [{"url": receiver.url("/hook")}],
@@ -862,7 +863,7 @@ async fn deliveries_name_the_user_whose_transaction_they_deliver() {
     let res = as_user(&app, Method::POST, "/v1/transactions", &ann).json(&body).send().await.unwrap();
     expect(res, 200).await;
     app.settled().await;
-    let sam = RSA_A.sign(&issuer.claims("sam", &["support"]));
+    let sam = issuer.token("sam", &["support"]);
     let page = expect(as_user(&app, Method::GET, "/v1/deliveries", &sam).send().await.unwrap(), 200).await;
     let delivery = &page["items"][0];
     assert_eq!(delivery["actor"], json!({"kind": "user", "issuer": issuer.url, "subject": "ann"}), "{delivery}");
@@ -897,7 +898,7 @@ async fn anonymous_access_is_only_what_it_is_granted() {
         expect_problem(res, 401, "unauthorized").await;
     }
     // The scheme's name in any case (RFC 9110).
-    let token = RSA_A.sign(&issuer.claims("ann", &["shopper"]));
+    let token = issuer.token("ann", &["shopper"]);
     let res = app.request(Method::GET, "/v1/me").header("authorization", format!("BEARER {token}")).send().await;
     assert_eq!(expect(res.unwrap(), 200).await["subject"], "ann");
     app.stop().await;
@@ -908,7 +909,7 @@ async fn a_provider_that_hangs_holds_up_one_request_not_every_user() {
     let issuer = Issuer::start(&[&RSA_A]).await;
     issuer.served().cache = Some("max-age=1".into());
     let app = gateway(&issuer, |e| e.keys_min_cache_secs = Some(1)).await;
-    let token = RSA_A.sign(&issuer.claims("ann", &["shopper"]));
+    let token = issuer.token("ann", &["shopper"]);
     let read = || as_user(&app, Method::GET, "/v1/collections/carts/documents/x", &token).send();
     assert_eq!(read().await.unwrap().status(), 404);
     issuer.served().hang = true;
@@ -944,7 +945,7 @@ async fn users_streams_are_their_share_and_a_refused_ticket_is_not_spent() {
         e.max_streams = Some(2);
     })
     .await;
-    let token = |who: &str| RSA_A.sign(&issuer.claims(who, &["shopper"]));
+    let token = |who: &str| issuer.token(who, &["shopper"]);
     let (ann, bob, cy) = (token("ann"), token("bob"), token("cy"));
     let url = format!("{}/v1/events?collections=carts", app.base);
     let stream = |token: &str| SseStream::try_open(reqwest::Client::new().get(&url).bearer_auth(token));
