@@ -46,6 +46,9 @@ pub enum DocError {
     InvalidChange(String),
     #[error("the value of unique index {index} is held by document {existing}")]
     Duplicate { index: String, existing: String },
+    /// Refused by the collection's rules (docs/guides/rules.md).
+    #[error("{detail}")]
+    Denied { detail: String, pointer: Option<String> },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -59,6 +62,10 @@ impl From<Refusal> for DocError {
         }
     }
 }
+
+/// A judge of a change ([`Documents::change`]): the document's data as
+/// read, and (once computed) the data it would have, which it may amend.
+pub(crate) type Guard<'a> = &'a (dyn Fn(&Document, Option<&mut Document>) -> Result<(), DocError> + Sync);
 
 /// A change to one existing document.
 #[derive(Debug, Clone)]
@@ -443,7 +450,9 @@ impl Documents {
     }
 
     /// Replace, patch or delete an existing document, optionally only at
-    /// version `if_match`.
+    /// version `if_match`; `guard` (the collection's rules) judges the
+    /// document as read (with `None`), before its version is compared,
+    /// then the change (with the data it would have), which it may amend.
     pub(crate) async fn change(
         &self,
         actor: &Actor,
@@ -451,6 +460,7 @@ impl Documents {
         id: &str,
         if_match: Option<i64>,
         change: &Change,
+        guard: Option<Guard<'_>>,
     ) -> Result<Written, DocError> {
         let deadline = self.deadline();
         let mut backoff = Duration::from_millis(5);
@@ -465,13 +475,19 @@ impl Documents {
                 View::Deleted { version, deleted_at } => return Err(DocError::Deleted { version, deleted_at }),
                 View::Live(_) => {}
             }
+            if let Some(guard) = guard {
+                guard(&doc.data, None)?;
+            }
             if let Some(expected) = if_match.filter(|v| *v != doc.meta.v) {
                 self.metrics.incr(&crate::metrics::CONFLICTS, "version_conflict");
                 return Err(DocError::VersionConflict { expected, actual: doc.meta.v });
             }
             let at = self.now();
-            let next = apply_change(&doc, change, at)?;
+            let mut next = apply_change(&doc, change, at)?;
             let deleting = matches!(change, Change::Delete);
+            if let Some(guard) = guard.filter(|_| !deleting) {
+                guard(&doc.data, Some(&mut next.data))?;
+            }
             let becomes = (!deleting).then_some(&next.data);
             let admitted = self.indexes.admit(coll, id, (Some(&doc.data), becomes), None).await?;
             let kind = if deleting { EventType::Deleted } else { EventType::Updated };

@@ -31,6 +31,7 @@ mod positioned;
 mod purge;
 mod queries;
 mod query;
+mod rules;
 mod seal;
 mod store;
 mod subscriptions;
@@ -260,6 +261,7 @@ impl App {
             subscriptions: Arc::clone(&self.subscriptions),
             collections: Arc::clone(&self.collections),
             indexes: Arc::clone(&self.indexes),
+            rules: crate::rules::Rules::new(Arc::clone(&self.store), config.txn.clock.clone()),
             queries: Arc::clone(&self.queries),
             positioned: Arc::clone(&self.positioned),
             conflicts: Arc::clone(&self.conflicts),

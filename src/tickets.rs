@@ -47,6 +47,12 @@ pub(crate) struct Holder {
     /// Anonymous access.
     #[serde(default)]
     pub anonymous: bool,
+    /// The user's roles, as the token had them (rules judge by them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<String>,
+    /// The token's claims, as JSON (rules judge by them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claims: Option<String>,
 }
 
 /// The stream a ticket opens: the parameters of `GET /v1/events`.

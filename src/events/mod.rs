@@ -20,6 +20,7 @@ pub(crate) mod counter;
 pub(crate) mod model;
 pub(crate) mod outbox;
 mod purge;
+pub(crate) mod ruled;
 pub(crate) mod set;
 pub(crate) mod tap;
 

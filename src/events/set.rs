@@ -67,6 +67,13 @@ impl SetFilter {
     }
 }
 
+impl Ready {
+    /// The document before this event's change, learned once from the log.
+    pub(crate) async fn prior(&self, log: &Log) -> StoreResult<&Prior> {
+        self.prior.get_or_try_init(|| prior(log, self)).await
+    }
+}
+
 /// The document before `ready`'s change, from the log.
 async fn prior(log: &Log, ready: &Ready) -> StoreResult<Prior> {
     let event = &ready.event;

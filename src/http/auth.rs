@@ -87,6 +87,12 @@ impl Access {
         self.streams.iter().flatten().map(|share| Arc::clone(share).try_acquire_owned().map_err(|_| ())).collect()
     }
 
+    /// Whether the gateway has credentials configured (rules apply only
+    /// then).
+    pub(crate) fn configured(&self) -> bool {
+        self.grants.is_some()
+    }
+
     pub(crate) fn allows(&self, needed: Scope, collection: &str) -> bool {
         self.grants.as_ref().is_none_or(|g| g.iter().any(|g| g.covers(needed, Some(collection))))
     }
@@ -382,8 +388,8 @@ impl Admission {
                 issuer: user.issuer.clone(),
                 issuer_name: issuer.name.clone(),
                 subject: user.subject.clone(),
-                roles: Vec::new(),
-                claims: Default::default(),
+                roles: holder.roles.clone(),
+                claims: holder.claims.as_deref().and_then(|c| serde_json::from_str(c).ok()).unwrap_or_default(),
                 grants,
                 rate,
                 expires,

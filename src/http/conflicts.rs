@@ -248,10 +248,12 @@ problems!(
 )]
 pub(crate) async fn merge_document(
     State(state): State<AppState>,
+    super::ruled::Who(who): super::ruled::Who,
     ApiPath(path): ApiPath<DocumentPath>,
     JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<axum::Json<MergeOut>, ApiError> {
     let (collection, id) = path.check()?;
+    super::ruled::not_under_rules(&state, collection, &who, "the merge helper").await?;
     let input: MergeIn = from_body(value, &[""])?;
     if input.base_version < 0 {
         return Err(Invalid::new("/base_version", "a version is 0 or more").into());

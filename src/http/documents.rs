@@ -22,9 +22,11 @@ use super::extract::{
     ApiPath, ApiQuery, JsonBody, body_bytes, etag, if_match, if_none_match, media_type, parse_json, present,
     unsupported_media,
 };
+use super::ruled::{self, Acting, Who};
 use crate::document::View;
 use crate::document::rules::{self, Invalid, Patch};
 use crate::documents::{Change, DocError, Written};
+use crate::rules::Judged;
 
 pub(crate) fn router() -> Routes {
     Routes::new()
@@ -82,9 +84,30 @@ fn with_etag(mut response: Response, version: i64) -> Response {
     response
 }
 
-fn written(collection: &str, written: Written) -> Response {
+/// The answer to a refused write: under rules, what the caller may not
+/// read is not found and a conflict is not explained (its `current` would
+/// show the document as the rules in force judge it, which a reader of
+/// the 409 may no longer be allowed).
+async fn refused(
+    state: &AppState,
+    access: &Access,
+    headers: &HeaderMap,
+    judged: &Judged,
+    (collection, id): (&str, &str),
+    err: DocError,
+) -> ApiError {
+    let err = ruled::hide_tombstone(err, judged);
+    if let Judged::Ruled(_) = judged {
+        return err.into();
+    }
+    let conflict = Conflict::of_write(&err, collection, id);
+    explained(state, access, headers, conflict, err.into()).await
+}
+
+fn written(collection: &str, written: Written, judged: &Judged) -> Response {
     match written {
-        Written::Live(live) => {
+        Written::Live(mut live) => {
+            ruled::written_shown(judged, &mut live);
             let version = live.version;
             with_etag(axum::Json(DocumentOut::new(collection, live)).into_response(), version)
         }
@@ -103,6 +126,7 @@ problems!(
         Duplicate,
         DocumentRejected,
         RecordUnreadable,
+        RuleDenied,
     ])
     .with_body()
 );
@@ -128,6 +152,7 @@ problems!(
 pub(crate) async fn create_document(
     State(state): State<AppState>,
     actor: Actor,
+    Who(who): Who,
     ApiPath(path): ApiPath<CollectionPath>,
     ApiQuery(query): ApiQuery<WriteQuery>,
     JsonBody { value, .. }: JsonBody<Value>,
@@ -146,14 +171,24 @@ pub(crate) async fn create_document(
         Some(_) => return Err(Invalid::new("/_id", "_id must be a string").into()),
     };
     let data = rules::user_data(&fields, "")?;
-    let live = state.documents.create(&actor, collection, id, data, sv).await?;
+    let judged = ruled::judged(&state, collection, &who).await?;
+    let (data, grant) = match &judged {
+        Judged::Free => (data, None),
+        Judged::Ruled(judge) => {
+            let (data, grant) = judge.create(&who, &data, id.is_some()).map_err(ruled::denied)?;
+            (data, Some(judge.header(&grant)))
+        }
+    };
+    let created = state.documents.create(&actor, collection, id, data, sv).await;
+    let mut live = created.map_err(|e| ruled::hide_tombstone(e, &judged))?;
+    ruled::written_shown(&judged, &mut live);
     let location = document_location(collection, &live.id);
     let version = live.version;
     let mut response = (StatusCode::CREATED, axum::Json(DocumentOut::new(collection, live))).into_response();
     if let Ok(value) = HeaderValue::from_str(&location) {
         response.headers_mut().insert(header::LOCATION, value);
     }
-    Ok(with_etag(response, version))
+    Ok(ruled::with_grant(with_etag(response, version), grant))
 }
 
 problems!(
@@ -179,21 +214,28 @@ problems!(
 )]
 pub(crate) async fn get_document(
     State(state): State<AppState>,
+    Who(who): Who,
     ApiPath(path): ApiPath<DocumentPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (collection, id) = path.check()?;
     // A malformed header is a 400 whatever the document's state.
     let none_match = if_none_match(&headers)?;
+    let judged = ruled::judged(&state, collection, &who).await?;
     match state.documents.get(collection, id).await? {
         View::NotFound => Err(DocError::NotFound.into()),
-        View::Deleted { version, deleted_at } => Err(DocError::Deleted { version, deleted_at }.into()),
-        View::Live(live) => {
+        View::Deleted { version, deleted_at } => {
+            Err(ruled::hide_tombstone(DocError::Deleted { version, deleted_at }, &judged).into())
+        }
+        View::Live(mut live) => {
+            let grant = ruled::shown(&judged, &mut live)?;
             let version = live.version;
             if none_match.matches(version) {
-                return Ok(with_etag(StatusCode::NOT_MODIFIED.into_response(), version));
+                let response = with_etag(StatusCode::NOT_MODIFIED.into_response(), version);
+                return Ok(ruled::with_grant(response, grant));
             }
-            Ok(with_etag(axum::Json(DocumentOut::new(collection, live)).into_response(), version))
+            let response = with_etag(axum::Json(DocumentOut::new(collection, live)).into_response(), version);
+            Ok(ruled::with_grant(response, grant))
         }
     }
 }
@@ -212,6 +254,7 @@ problems!(
         Duplicate,
         DocumentRejected,
         RecordUnreadable,
+        RuleDenied,
     ])
     .with_body()
 );
@@ -234,7 +277,7 @@ problems!(
 )]
 pub(crate) async fn replace_document(
     State(state): State<AppState>,
-    actor: Actor,
+    Acting { who, actor }: Acting,
     access: Access,
     ApiPath(path): ApiPath<DocumentPath>,
     ApiQuery(query): ApiQuery<WriteQuery>,
@@ -253,14 +296,16 @@ pub(crate) async fn replace_document(
         Some(_) => return Err(Invalid::new("/_id", "_id, when given, must equal the id in the URL").into()),
     }
     let data = rules::user_data(&fields, "")?;
-    let result = match state.documents.change(&actor, collection, id, expected, &Change::Replace { data, sv }).await {
+    let judged = ruled::judged(&state, collection, &who).await?;
+    let granted = std::sync::Mutex::new(None);
+    let guard = ruled::guard(&judged, false, &granted);
+    let change = Change::Replace { data, sv };
+    let result = match state.documents.change(&actor, collection, id, expected, &change, Some(&guard)).await {
         Ok(result) => result,
-        Err(err) => {
-            let conflict = Conflict::of_write(&err, collection, id);
-            return Err(explained(&state, &access, &headers, conflict, err.into()).await);
-        }
+        Err(err) => return Err(refused(&state, &access, &headers, &judged, (collection, id), err).await),
     };
-    Ok(written(collection, result))
+    let grant = granted.lock().expect("grant").take();
+    Ok(ruled::with_grant(written(collection, result, &judged), grant))
 }
 
 /// Patch a document
@@ -285,7 +330,7 @@ pub(crate) async fn replace_document(
 )]
 pub(crate) async fn patch_document(
     State(state): State<AppState>,
-    actor: Actor,
+    Acting { who, actor }: Acting,
     access: Access,
     ApiPath(path): ApiPath<DocumentPath>,
     ApiQuery(query): ApiQuery<WriteQuery>,
@@ -317,14 +362,15 @@ pub(crate) async fn patch_document(
         }
         _ => return Err(unsupported_media("application/json or application/merge-patch+json")),
     };
-    let result = match state.documents.change(&actor, collection, id, expected, &change).await {
+    let judged = ruled::judged(&state, collection, &who).await?;
+    let granted = std::sync::Mutex::new(None);
+    let guard = ruled::guard(&judged, false, &granted);
+    let result = match state.documents.change(&actor, collection, id, expected, &change, Some(&guard)).await {
         Ok(result) => result,
-        Err(err) => {
-            let conflict = Conflict::of_write(&err, collection, id);
-            return Err(explained(&state, &access, &headers, conflict, err.into()).await);
-        }
+        Err(err) => return Err(refused(&state, &access, &headers, &judged, (collection, id), err).await),
     };
-    Ok(written(collection, result))
+    let grant = granted.lock().expect("grant").take();
+    Ok(ruled::with_grant(written(collection, result, &judged), grant))
 }
 
 problems!(
@@ -338,6 +384,7 @@ problems!(
         Deleted,
         ValidationFailed,
         RecordUnreadable,
+        RuleDenied,
     ])
 );
 
@@ -357,19 +404,20 @@ problems!(
 )]
 pub(crate) async fn delete_document(
     State(state): State<AppState>,
-    actor: Actor,
+    Acting { who, actor }: Acting,
     access: Access,
     ApiPath(path): ApiPath<DocumentPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (collection, id) = path.check()?;
     let expected = if_match(&headers)?;
-    let result = match state.documents.change(&actor, collection, id, expected, &Change::Delete).await {
+    let judged = ruled::judged(&state, collection, &who).await?;
+    let granted = std::sync::Mutex::new(None);
+    let guard = ruled::guard(&judged, true, &granted);
+    let result = match state.documents.change(&actor, collection, id, expected, &Change::Delete, Some(&guard)).await {
         Ok(result) => result,
-        Err(err) => {
-            let conflict = Conflict::of_write(&err, collection, id);
-            return Err(explained(&state, &access, &headers, conflict, err.into()).await);
-        }
+        Err(err) => return Err(refused(&state, &access, &headers, &judged, (collection, id), err).await),
     };
-    Ok(written(collection, result))
+    let grant = granted.lock().expect("grant").take();
+    Ok(ruled::with_grant(written(collection, result, &judged), grant))
 }

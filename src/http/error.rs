@@ -84,6 +84,7 @@ problem_codes! {
     TokenClaims => "token_claims", 401, Problem, "a claim the token needs (`exp`, `sub`, `iss`, `aud`) is missing or malformed";
     TicketInvalid => "ticket_invalid", 401, Problem, "the stream ticket is unknown, used already, past its 60 s, or for another stream: ask for a new one";
     Forbidden => "forbidden", 403, Problem, "the API key, or the user's roles, lack the scope (or, with no credentials configured, the `Host` is not a loopback name)";
+    RuleDenied => "rule_denied", 403, ValidationFailed, "the collection's rules allow the caller no such write (a field outside a grant's `fields.write` or in its `set`, a document given away or taken over, an `_id` chosen without `choose_id`): `errors` names the field when one is to blame; `detail` says, per grant, why not";
     CrossOrigin => "cross_origin", 403, Problem, "with no API keys configured, a request that changes something came from a web page of another origin (`Origin` neither the gateway's own nor in `TXGATE_CORS_ORIGINS`, or `Sec-Fetch-Site: cross-site`)";
     NotFound => "not_found", 404, Problem, "never existed (or purged after its retention)";
     MethodNotAllowed => "method_not_allowed", 405, Problem, "the method is not allowed on this resource";
@@ -331,6 +332,16 @@ impl ApiError {
         self
     }
 
+    /// 403 `rule_denied`: the collection's rules allow no such write;
+    /// `pointer` names the field to blame, if one is.
+    pub(crate) fn rule_denied(detail: String, pointer: Option<String>) -> Self {
+        let err = Self::new(ProblemCode::RuleDenied, detail.clone());
+        match pointer {
+            Some(pointer) => err.pointer(pointer, detail),
+            None => err,
+        }
+    }
+
     /// One refused part of the request, at `pointer`.
     pub(crate) fn pointer(self, pointer: impl Into<String>, detail: impl Into<String>) -> Self {
         self.errors(vec![FieldError { pointer: pointer.into(), detail: detail.into() }])
@@ -501,12 +512,18 @@ impl From<DocError> for ApiError {
                 Self::new(ProblemCode::Locked, detail).transaction(holder).retry(retry_after)
             }
             DocError::InvalidChange(msg) => Self::new(ProblemCode::InvalidChange, msg),
+            // Under rules the other document is not named.
+            DocError::Duplicate { index, existing } if existing.is_empty() => {
+                let detail = format!("the value of unique index {index} is held by another document");
+                Self::new(ProblemCode::Duplicate, detail).index(IndexMember::Name(index))
+            }
             DocError::Duplicate { index, existing } => {
                 let mut err = Self::new(ProblemCode::Duplicate, detail);
                 err.members.index = Some(IndexMember::Name(index));
                 err.members.existing = Some(existing);
                 err
             }
+            DocError::Denied { detail, pointer } => Self::rule_denied(detail, pointer),
             DocError::Store(err) => Self::store(&err),
         }
     }

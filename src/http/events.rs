@@ -30,6 +30,7 @@ use super::contract::LastEventId;
 use super::error::{ApiError, ProblemCode};
 use super::extract::ApiQuery;
 use crate::document::rules::Invalid;
+use crate::events::ruled::RuledReader;
 use crate::events::set::SetFilter;
 use crate::events::{Event, EventType, Filter, Log, READ_BATCH, ReadError, Ready};
 use crate::keys::Scope;
@@ -270,11 +271,16 @@ pub(crate) async fn events(
     access: Access,
     headers: HeaderMap,
     ticket: Option<axum::Extension<crate::tickets::Peeked>>,
+    super::ruled::Who(who): super::ruled::Who,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
     let ticket = claimed_ticket(&state, &query, ticket.map(|axum::Extension(t)| t)).await?;
     let filter = filter(&query, &access)?;
     let set = set_filter(&state, &query).await?;
+    // Each event judged by the rules of its collection, where they judge
+    // this caller (docs/guides/rules.md, "Streams").
+    let ruled =
+        (who.kind != crate::rules::Kind::Open).then(|| Arc::new(RuledReader::new(who, Arc::clone(&state.rules))));
     let last_event_id = headers.get("last-event-id");
     let from_header = match last_event_id {
         None => None,
@@ -318,7 +324,8 @@ pub(crate) async fn events(
             Some(after) => after,
             None => log.floor().await?,
         };
-        let page = page(&log, &filter, set.as_deref(), after, limit as usize).await.map_err(expired)?;
+        let page =
+            page(&log, &filter, (ruled.as_deref(), set.as_deref()), after, limit as usize).await.map_err(expired)?;
         return Ok(axum::Json(page).into_response());
     }
     let start = match after {
@@ -357,6 +364,7 @@ pub(crate) async fn events(
     // Open: the ticket is used now, once (on whichever instance).
     spend(&state, &ticket).await?;
     let reader = Reader {
+        ruled,
         opened: Some(start),
         _slot: (slot, key_slot),
         log,
@@ -387,11 +395,26 @@ pub(crate) async fn events(
         .into_response())
 }
 
+/// `ready` as the reader sees it: judged by the rules that judge the
+/// caller, and by the filtered set it follows.
+async fn shown(
+    log: &Log,
+    ruled: Option<&RuledReader>,
+    set: Option<&SetFilter>,
+    ready: &Arc<Ready>,
+) -> Result<Option<Arc<Ready>>, crate::store::StoreError> {
+    match (ruled, set) {
+        (Some(ruled), set) => ruled.judge(log, ready, set).await,
+        (None, Some(set)) => set.judge(log, ready).await,
+        (None, None) => Ok(Some(Arc::clone(ready))),
+    }
+}
+
 /// One page: up to `limit` matching events after `after`.
 async fn page(
     log: &Log,
     filter: &Filter,
-    set: Option<&SetFilter>,
+    (ruled, set): (Option<&RuledReader>, Option<&SetFilter>),
     after: u64,
     limit: usize,
 ) -> Result<EventPage, ReadError> {
@@ -407,13 +430,7 @@ async fn page(
             if !filter.wants(&ready.event) {
                 continue;
             }
-            let shown = match set {
-                None => ready,
-                Some(set) => match set.judge(log, &ready).await? {
-                    Some(shown) => shown,
-                    None => continue,
-                },
-            };
+            let Some(shown) = shown(log, ruled, set, &ready).await? else { continue };
             if items.len() == limit {
                 // The page is full: the next one starts before this.
                 read_to = shown.event.seq - 1;
@@ -438,6 +455,8 @@ struct Reader {
     filter: Filter,
     /// The filtered set the stream follows, if any.
     set: Option<Arc<SetFilter>>,
+    /// The caller, whose events rules judge.
+    ruled: Option<Arc<RuledReader>>,
     cursor: u64,
     pending: VecDeque<Arc<Ready>>,
     appended: tokio::sync::watch::Receiver<u64>,
@@ -493,15 +512,12 @@ impl Reader {
             if !self.filter.wants(&ready.event) {
                 continue;
             }
-            let shown = match &self.set {
-                None => Some(ready),
-                Some(set) => match set.judge(&self.log, &ready).await {
-                    Ok(shown) => shown,
-                    Err(err) => {
-                        self.cursor = ready.event.seq - 1;
-                        return Err(err);
-                    }
-                },
+            let shown = match shown(&self.log, self.ruled.as_deref(), self.set.as_deref(), &ready).await {
+                Ok(shown) => shown,
+                Err(err) => {
+                    self.cursor = ready.event.seq - 1;
+                    return Err(err);
+                }
             };
             self.pending.extend(shown);
         }

@@ -24,6 +24,8 @@ pub(crate) mod problems;
 pub(crate) mod queries;
 mod rate;
 mod reads;
+pub(crate) mod ruled;
+mod rules;
 pub(crate) mod serve;
 pub(crate) mod strict;
 pub(crate) mod subscriptions;
@@ -83,6 +85,7 @@ pub(crate) struct Shared {
     pub subscriptions: Arc<crate::subscriptions::Subscriptions>,
     pub collections: Arc<crate::collections::Collections>,
     pub indexes: Arc<crate::indexes::Indexes>,
+    pub rules: Arc<crate::rules::Rules>,
     pub queries: Arc<crate::queries::Queries>,
     pub positioned: Arc<crate::positioned::Positioned>,
     pub conflicts: Arc<crate::conflicts::Conflicts>,
@@ -114,6 +117,7 @@ pub(crate) struct Shared {
         (name = "collections", description = "Collections: TTL policies and live counts"),
         (name = "documents", description = "Single documents with optimistic locking; queries and counts"),
         (name = "indexes", description = "Declared indexes: what queries are served by"),
+        (name = "rules", description = "Per-document rules: which documents and fields each caller may read and write"),
         (name = "transactions", description = "Multi-document transactions"),
         (name = "deliveries", description = "Post-commit hook deliveries"),
         (name = "events", description = "Change events: a resumable stream and pages"),
@@ -141,6 +145,7 @@ pub(crate) fn api() -> (Router<AppState>, utoipa::openapi::OpenApi, guard::Guard
         .merge(subscriptions::router())
         .merge(admin::router())
         .merge(me::router())
+        .merge(rules::router())
         .guarded(guard::Guard::Public, routes!(healthz))
         .guarded(guard::Guard::Public, routes!(readyz))
         .into_parts();
@@ -283,6 +288,7 @@ fn cors_layer(cors: &Cors) -> Option<tower_http::cors::CorsLayer> {
                 HeaderName::from_static("idempotent-replayed"),
                 HeaderName::from_static("ratelimit"),
                 HeaderName::from_static("ratelimit-policy"),
+                HeaderName::from_static(ruled::GRANT_HEADER),
             ])
             .max_age(Duration::from_secs(600)),
     )

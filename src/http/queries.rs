@@ -15,13 +15,16 @@ use super::envelope::{CollectionPath, DocumentOut};
 use super::error::{ApiError, Declared, IndexMember, ProblemCode};
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body, integer};
 use super::paging::{DEFAULT_PAGE, MAX_PAGE};
+use super::ruled::{self, Who};
 use crate::document::PageItem;
 use crate::document::rules::{Invalid, check_collection};
 use crate::http::problems::{Problems, problems};
 use crate::indexes::State as IndexState;
+use crate::queries::ruled::Part;
 use crate::queries::{Query, QueryError};
 use crate::query::filter::{Filter, FilterError, check_path};
 use crate::query::plan::{SortKey, Unserved};
+use crate::rules::{Action, Judged};
 
 pub(crate) fn router() -> Routes {
     Routes::new()
@@ -311,9 +314,71 @@ fn query_error(from: From, collection: &str, err: QueryError) -> ApiError {
     }
 }
 
-async fn run(state: &AppState, from: From, collection: &str, query: Query) -> Result<QueryPageOut, ApiError> {
-    let page = state.queries.page(collection, &query).await.map_err(|e| query_error(from, collection, e))?;
-    Ok(QueryPageOut {
+/// The parts of a read by `action` under `judged` (`None`: no rules);
+/// 403 when no grant allows the action, never an empty answer that hides
+/// the refusal.
+fn parts(judged: &Judged, action: Action) -> Result<Option<(Vec<Part<'_>>, String)>, ApiError> {
+    let Judged::Ruled(judge) = judged else { return Ok(None) };
+    let parts: Vec<Part<'_>> =
+        judge.allowing(action).map(|a| Part { grant: &a.grant.name, filter: &a.filter }).collect();
+    if parts.is_empty() {
+        return Err(ruled::denied(crate::rules::Denied::Forbidden {
+            detail: format!(
+                "the rules of collection {:?} (version {}) give the caller no grant that allows {}",
+                judge.collection,
+                judge.version,
+                action.as_str()
+            ),
+            pointer: None,
+        }));
+    }
+    let header = parts.iter().map(|p| judge.header(p.grant)).collect::<Vec<_>>().join(", ");
+    Ok(Some((parts, header)))
+}
+
+/// A page as the caller may see it: each document's fields trimmed to
+/// those its grants let them read, then to the query's `fields`.
+fn shown_page(judged: &Judged, items: Vec<PageItem>, fields: Option<&[String]>) -> Result<Vec<PageItem>, ApiError> {
+    let Judged::Ruled(judge) = judged else { return Ok(items) };
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let mut live = item.into_live().map_err(|e| ApiError::store(&e))?;
+        match judge.sees(Action::Read, &live.data) {
+            Some(seen) => crate::rules::eval::project(&mut live.data, seen.fields.as_ref()),
+            // Served by a grant's filter: never, but never shown either.
+            None => continue,
+        }
+        out.push(PageItem::Built(live));
+    }
+    crate::queries::project::trim(out, fields).map_err(|e| query_error(From::Body, "", e))
+}
+
+async fn run(
+    state: &AppState,
+    from: From,
+    collection: &str,
+    query: Query,
+    who: &crate::rules::Principal,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let judged = ruled::judged(state, collection, who).await?;
+    let (page, header) = match parts(&judged, Action::Read)? {
+        None => {
+            let page = state.queries.page(collection, &query).await.map_err(|e| query_error(from, collection, e))?;
+            (page, None)
+        }
+        Some((parts, header)) => {
+            let all = Query { fields: None, ..query.clone() };
+            let mut page = state
+                .queries
+                .page_ruled(collection, &all, &parts)
+                .await
+                .map_err(|e| query_error(from, collection, e))?;
+            page.items = shown_page(&judged, page.items, query.fields.as_deref())?;
+            (page, Some(header))
+        }
+    };
+    let out = QueryPageOut {
         items: page
             .items
             .into_iter()
@@ -324,12 +389,13 @@ async fn run(state: &AppState, from: From, collection: &str, query: Query) -> Re
             .collect(),
         next: page.next,
         position: page.position,
-    })
+    };
+    Ok(ruled::with_grant(axum::Json(out).into_response(), header))
 }
 
 problems!(
     /// What `v1.documents.list` and `v1.documents.query` can answer besides their success.
-    QueryProblems = Problems::of(&[InvalidPath, ValidationFailed, InvalidFilter, IndexRequired, RecordUnreadable])
+    QueryProblems = Problems::of(&[InvalidPath, ValidationFailed, InvalidFilter, IndexRequired, RecordUnreadable, RuleDenied])
 );
 
 /// List or query documents
@@ -354,16 +420,17 @@ problems!(
 )]
 pub(crate) async fn list_documents(
     State(state): State<AppState>,
+    Who(who): Who,
     ApiPath(path): ApiPath<CollectionPath>,
     ApiQuery(params): ApiQuery<QueryParams>,
-) -> Result<axum::Json<QueryPageOut>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     check_collection(&path.collection, "/path/collection")?;
     let from = From::Params;
     let filter = params.filter.as_deref().map(|text| filter_json(from, text)).transpose()?;
     let sort = split(params.sort.as_deref()).unwrap_or_default();
     let fields = split(params.fields.as_deref());
     let body = QueryIn { filter, sort: Some(sort), fields, limit: params.limit, after: params.after };
-    Ok(axum::Json(run(&state, from, &path.collection, query_of(from, body)?).await?))
+    run(&state, from, &path.collection, query_of(from, body)?, &who).await
 }
 
 fn query_of(from: From, body: QueryIn) -> Result<Query, ApiError> {
@@ -385,7 +452,7 @@ fn query_of(from: From, body: QueryIn) -> Result<Query, ApiError> {
 problems!(
     /// What `v1.documents.query` can answer besides its success.
     QueryBodyProblems =
-        Problems::of(&[InvalidPath, ValidationFailed, InvalidFilter, IndexRequired, RecordUnreadable]).with_body()
+        Problems::of(&[InvalidPath, ValidationFailed, InvalidFilter, IndexRequired, RecordUnreadable, RuleDenied]).with_body()
 );
 
 /// Query documents
@@ -405,14 +472,15 @@ problems!(
 )]
 pub(crate) async fn query_documents(
     State(state): State<AppState>,
+    Who(who): Who,
     ApiPath(path): ApiPath<CollectionPath>,
     body: Result<JsonBody<Value>, ApiError>,
-) -> Result<axum::Json<QueryPageOut>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     let JsonBody { value, .. } = body.map_err(filter_refusal)?;
     check_collection(&path.collection, "/path/collection")?;
     let body: QueryIn = from_body(value, &[""])?;
     let from = From::Body;
-    Ok(axum::Json(run(&state, from, &path.collection, query_of(from, body)?).await?))
+    run(&state, from, &path.collection, query_of(from, body)?, &who).await
 }
 
 /// The body's JSON refused where it holds the filter (a member given
@@ -439,7 +507,7 @@ pub(crate) struct CountParams {
 
 problems!(
     /// What `v1.documents.count` can answer besides its success.
-    CountProblems = Problems::of(&[InvalidPath, ValidationFailed, InvalidFilter, IndexRequired])
+    CountProblems = Problems::of(&[InvalidPath, ValidationFailed, InvalidFilter, IndexRequired, RuleDenied])
 );
 
 /// Count documents
@@ -460,14 +528,23 @@ problems!(
 )]
 pub(crate) async fn count_documents(
     State(state): State<AppState>,
+    Who(who): Who,
     ApiPath(path): ApiPath<CollectionPath>,
     ApiQuery(params): ApiQuery<CountParams>,
-) -> Result<axum::Json<CountOut>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
     check_collection(&path.collection, "/path/collection")?;
     let from = From::Params;
     let filter = params.filter.as_deref().map(|text| filter_json(from, text)).transpose()?;
     let filter = parse_filter(from, filter.as_ref())?;
-    let (count, position) =
-        state.queries.count(&path.collection, &filter).await.map_err(|e| query_error(from, &path.collection, e))?;
-    Ok(axum::Json(CountOut { count, position }))
+    let coll = &path.collection;
+    let judged = ruled::judged(&state, coll, &who).await?;
+    let ((count, position), header) = match parts(&judged, Action::Count)? {
+        None => (state.queries.count(coll, &filter).await.map_err(|e| query_error(from, coll, e))?, None),
+        Some((parts, header)) => {
+            let counted = state.queries.count_ruled(coll, &filter, &parts).await;
+            (counted.map_err(|e| query_error(from, coll, e))?, Some(header))
+        }
+    };
+    Ok(ruled::with_grant(axum::Json(CountOut { count, position }).into_response(), header))
 }

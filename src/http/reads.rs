@@ -106,6 +106,7 @@ problems!(
 pub(crate) async fn read_documents(
     State(state): State<AppState>,
     access: Access,
+    super::ruled::Who(who): super::ruled::Who,
     JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<axum::Json<ReadsOut>, ApiError> {
     let input: ReadsIn = from_body(value, &["", "/documents/*"])?;
@@ -116,8 +117,13 @@ pub(crate) async fn read_documents(
         check_collection(&d.collection, &format!("/documents/{i}/collection"))?;
         check_id(&d.id, &format!("/documents/{i}/id"))?;
     }
+    // Each member's collection's rules, as a by-id read judges by them.
+    let mut judged = std::collections::HashMap::new();
     for d in &input.documents {
         access.check(Scope::Read, &d.collection)?;
+        if !judged.contains_key(&d.collection) {
+            judged.insert(d.collection.clone(), super::ruled::judged(&state, &d.collection, &who).await?);
+        }
     }
     let members: Vec<Member> =
         input.documents.into_iter().map(|d| Member { collection: d.collection, id: d.id }).collect();
@@ -126,6 +132,15 @@ pub(crate) async fn read_documents(
         .into_iter()
         .zip(read.views)
         .map(|(m, view)| {
+            let rules = &judged[&m.collection];
+            let view = match view {
+                View::Live(mut live) => match super::ruled::shown(rules, &mut live) {
+                    Ok(_) => View::Live(live),
+                    Err(_) => View::NotFound,
+                },
+                View::Deleted { .. } if matches!(rules, crate::rules::Judged::Ruled(_)) => View::NotFound,
+                other => other,
+            };
             let (status, document, problem) = match view {
                 View::Live(live) => (200, Some(DocumentOut::new(&m.collection, live)), None),
                 View::NotFound => (404, None, Some(member_problem(DocError::NotFound, &m))),

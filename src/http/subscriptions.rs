@@ -197,10 +197,30 @@ pub(crate) async fn create_subscription(
     State(state): State<AppState>,
     access: Access,
     actor: Actor,
+    super::ruled::Who(who): super::ruled::Who,
     JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     let input: SubscriptionIn = from_body(value, &[""])?;
     let (collections, types) = check(&input, &state)?;
+    // Deliveries are not judged by rules yet: a caller rules judge
+    // subscribes to named collections none of whose rules judge it.
+    if who.kind != crate::rules::Kind::Open {
+        match collections.as_deref() {
+            Some(named) => {
+                for coll in named {
+                    super::ruled::not_under_rules(&state, coll, &who, "a subscription").await?;
+                }
+            }
+            None if matches!(who.kind, crate::rules::Kind::User | crate::rules::Kind::Anonymous) => {
+                return Err(Invalid::new(
+                    "/collections",
+                    "a user's subscription names its collections (deliveries are not judged by rules)",
+                )
+                .into());
+            }
+            None => {}
+        }
+    }
     // A key limited to some collections subscribes to those only: the
     // filter may not name others, and events telling of others are left
     // out (a transaction's event with a member elsewhere).

@@ -127,6 +127,8 @@ pub(crate) async fn ticket(
         rate: user.as_ref().map(|u| (u.rate.quota, u.rate.window.as_secs())),
         expires: user.as_ref().map(|u| crate::store::DateTime::from_system_time(u.expires)),
         anonymous: actor == crate::actor::Actor::Anyone && access.grant_names().is_some(),
+        roles: user.as_ref().map(|u| u.roles.clone()).unwrap_or_default(),
+        claims: user.as_ref().and_then(|u| serde_json::to_string(&u.claims).ok()),
     };
     let stream = crate::tickets::Stream {
         collections: query.collections,

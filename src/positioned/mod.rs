@@ -40,6 +40,7 @@ mod members;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) use self::collection::Reading;
 pub(crate) use self::members::{MAX_MEMBERS, Member, ReadError};
 use crate::document::StagedOp;
 use crate::documents::Documents;

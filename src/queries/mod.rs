@@ -26,7 +26,8 @@
 //! in.
 
 mod cursor;
-mod project;
+pub(crate) mod project;
+pub(crate) mod ruled;
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -9,7 +9,7 @@ use crate::store::{Bson, Document};
 
 /// Keep only `fields` of each document's data (dotted paths reach in);
 /// a document kept as stored is built for it.
-pub(super) fn trim(items: Vec<PageItem>, fields: Option<&[String]>) -> Result<Vec<PageItem>, QueryError> {
+pub(crate) fn trim(items: Vec<PageItem>, fields: Option<&[String]>) -> Result<Vec<PageItem>, QueryError> {
     let Some(fields) = fields else { return Ok(items) };
     items
         .into_iter()

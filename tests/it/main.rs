@@ -31,6 +31,7 @@ mod props;
 mod queries;
 mod reads;
 mod restart;
+mod rules;
 mod secrets;
 mod slow;
 mod store;

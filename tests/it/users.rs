@@ -19,13 +19,13 @@ const AUDIENCE: &str = "txgate-api";
 
 /// A signing key of the test's issuer.
 #[derive(Clone)]
-struct Signer {
+pub(crate) struct Signer {
     kid: &'static str,
     alg: Algorithm,
     pem: &'static [u8],
 }
 
-const RSA_A: Signer =
+pub(crate) const RSA_A: Signer =
     Signer { kid: "rsa-a", alg: Algorithm::RS256, pem: include_bytes!("../fixtures/tokens/rsa-a.pem") };
 const RSA_B: Signer =
     Signer { kid: "rsa-b", alg: Algorithm::RS256, pem: include_bytes!("../fixtures/tokens/rsa-b.pem") };
@@ -53,7 +53,7 @@ impl Signer {
         jwk
     }
 
-    fn sign(&self, claims: &Value) -> String {
+    pub(crate) fn sign(&self, claims: &Value) -> String {
         let mut header = Header::new(self.alg);
         header.kid = Some(self.kid.to_owned());
         header.typ = Some("at+jwt".to_owned());
@@ -82,14 +82,14 @@ struct Served {
 }
 
 /// An OpenID Connect issuer the test runs: discovery and a JWKS.
-struct Issuer {
+pub(crate) struct Issuer {
     url: String,
     served: Arc<Mutex<Served>>,
     stop: tokio_util::sync::CancellationToken,
 }
 
 impl Issuer {
-    async fn start(keys: &[&Signer]) -> Self {
+    pub(crate) async fn start(keys: &[&Signer]) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/realms/shop", listener.local_addr().unwrap());
         let served =
@@ -156,7 +156,7 @@ impl Issuer {
     }
 
     /// This issuer as the gateway is configured with it.
-    fn entry(&self) -> IssuerEntry {
+    pub(crate) fn entry(&self) -> IssuerEntry {
         IssuerEntry {
             url: self.url.clone(),
             name: Some("shop".into()),
@@ -177,7 +177,7 @@ impl Issuer {
     }
 
     /// The claims of a valid token for `subject` with `roles`.
-    fn claims(&self, subject: &str, roles: &[&str]) -> Value {
+    pub(crate) fn claims(&self, subject: &str, roles: &[&str]) -> Value {
         json!({
             "iss": self.url, "sub": subject, "aud": [AUDIENCE, "account"],
             "iat": now(), "exp": now() + 300, "realm_access": {"roles": roles},

@@ -73,6 +73,7 @@ problems!(
     CreateProblems = Problems::of(&[
         InvalidHeader,
         ValidationFailed,
+        RuleDenied,
         DuplicateMember,
         InvalidChange,
         Duplicate,
@@ -110,6 +111,7 @@ pub(crate) async fn create_transaction(
     caller: Option<Extension<Caller>>,
     access: Access,
     actor: Actor,
+    crate::http::ruled::Who(who): crate::http::ruled::Who,
     headers: HeaderMap,
     JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<Response, ApiError> {
@@ -124,6 +126,9 @@ pub(crate) async fn create_transaction(
     for (i, action) in plan.actions.iter().enumerate() {
         let needed = if matches!(action.op, ActionOp::Check) { Scope::Read } else { Scope::Write };
         access.check(needed, &action.collection).map_err(|e| e.action(i))?;
+        crate::http::ruled::not_under_rules(&state, &action.collection, &who, "a transaction")
+            .await
+            .map_err(|e| e.action(i))?;
     }
     // Admitted as every write is (the rule of declared indexes, unique
     // values claimed): a refusal is answered before anything is written.

@@ -1,0 +1,113 @@
+//! Change events under collections' rules (docs/guides/rules.md,
+//! "Streams"): each change judged for one reader, in memory, on the
+//! document before and after it, by the rules in force at the event's
+//! position. In→in and out→in are sent, the data trimmed to the fields
+//! the reader may read; in→out (deletes and expiries included) is sent as
+//! `left`, with no data; out→out is never sent. A transaction's event
+//! that names a member of a collection whose rules judge the reader is
+//! not sent (its members are documents the reader may not see).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::model::EventType;
+use super::set::{Prior, SetFilter};
+use super::{Log, Ready};
+use crate::query::filter::Matcher;
+use crate::rules::{Action, Judged, Principal, Rules};
+use crate::store::convert::{document_to_object, object_to_document};
+use crate::store::{Document, StoreResult};
+
+/// One reader's judge of events under rules.
+pub(crate) struct RuledReader {
+    pub who: Principal,
+    pub rules: Arc<Rules>,
+    /// The reader's judgement by each (collection, version) met.
+    judged: Mutex<HashMap<(String, i64), Arc<Judged>>>,
+}
+
+impl RuledReader {
+    pub(crate) fn new(who: Principal, rules: Arc<Rules>) -> Self {
+        Self { who, rules, judged: Mutex::default() }
+    }
+
+    /// How the rules of `coll` in force at `position` judge the reader.
+    async fn judged(&self, coll: &str, position: u64) -> StoreResult<Arc<Judged>> {
+        let versions = self.rules.of(coll).await?;
+        let set = versions.at(position);
+        let Some(set) = set else { return Ok(Arc::new(Judged::Free)) };
+        let key = (coll.to_owned(), set.version);
+        if let Some(j) = self.judged.lock().expect("judged").get(&key) {
+            return Ok(Arc::clone(j));
+        }
+        let judged = Arc::new(Judged::of(Some(set), &self.who, &self.rules.now_string()));
+        let mut cache = self.judged.lock().expect("judged");
+        if cache.len() > 1024 {
+            cache.clear();
+        }
+        cache.insert(key, Arc::clone(&judged));
+        Ok(judged)
+    }
+
+    /// `ready` as this reader sees it (`None`: not at all); `set`, the
+    /// reader's own filtered set, narrows it further.
+    pub(crate) async fn judge(
+        &self,
+        log: &Log,
+        ready: &Arc<Ready>,
+        set: Option<&SetFilter>,
+    ) -> StoreResult<Option<Arc<Ready>>> {
+        let event = &ready.event;
+        if let Some(set) = set
+            && event.collection.as_deref() != Some(set.collection.as_str())
+        {
+            return Ok(None);
+        }
+        let Some(coll) = event.collection.as_deref() else {
+            // A transaction's event: sent only if no member's rules judge the reader.
+            for member in event.members.iter().flatten() {
+                if matches!(*self.judged(&member.collection, event.seq).await?, Judged::Ruled(_)) {
+                    return Ok(None);
+                }
+            }
+            return Ok(Some(Arc::clone(ready)));
+        };
+        let judged = self.judged(coll, event.seq).await?;
+        let Judged::Ruled(judge) = &*judged else {
+            return match set {
+                None => Ok(Some(Arc::clone(ready))),
+                Some(set) => set.judge(log, ready).await,
+            };
+        };
+        let extra: Option<&Matcher> = set.map(|s| &s.filter);
+        let sees = |data: &Document| judge.sees(Action::Stream, data).filter(|_| extra.is_none_or(|m| m.matches(data)));
+        let after = match (event.kind, &event.data) {
+            (EventType::Created | EventType::Updated, Some(data)) => {
+                let data = object_to_document(data);
+                sees(&data).map(|seen| (data, seen))
+            }
+            _ => None,
+        };
+        let before = match ready.prior(log).await? {
+            Prior::Data(data) => sees(data).is_some(),
+            // Unknown (purged): never told as `left`, which would name a
+            // document the reader may never have seen.
+            Prior::Absent | Prior::Unknown => false,
+        };
+        Ok(match (before, after) {
+            (_, Some((mut data, seen))) => {
+                crate::rules::eval::project(&mut data, seen.fields.as_ref());
+                let mut shown = event.clone();
+                shown.data = Some(document_to_object(&data));
+                Some(Ready::new(shown))
+            }
+            (true, None) => {
+                let mut left = event.clone();
+                left.left = Some(true);
+                left.data = None;
+                Some(Ready::new(left))
+            }
+            (false, None) => None,
+        })
+    }
+}

@@ -1,0 +1,165 @@
+//! The HTTP side of per-document rules (docs/guides/rules.md): the
+//! caller as rules see them, how a collection's rules judge them, and
+//! the answers rules give (404 for what the caller may not read, 403
+//! `rule_denied`, `Txgate-Grant`).
+
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::HeaderValue;
+use axum::http::request::Parts;
+use axum::response::Response;
+
+use super::AppState;
+use super::auth::Access;
+use super::error::ApiError;
+use crate::actor::Actor;
+use crate::documents::DocError;
+use crate::identity::User;
+use crate::rules::{Denied, Judged, Kind, Principal};
+
+/// The header naming the grant an answer was allowed by.
+pub(crate) const GRANT_HEADER: &str = "txgate-grant";
+
+/// The request's caller, as rules see them.
+pub(crate) struct Who(pub Principal);
+
+impl<S: Send + Sync> FromRequestParts<S> for Who {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let actor = parts.extensions.get::<Actor>().cloned().unwrap_or_default();
+        let user = parts.extensions.get::<Arc<User>>().cloned();
+        let configured = parts.extensions.get::<Access>().is_some_and(Access::configured);
+        Ok(Who(Principal::of(&actor, user.as_deref(), configured)))
+    }
+}
+
+/// The request's caller as rules see them, and as records name them:
+/// what a write needs.
+pub(crate) struct Acting {
+    pub who: Principal,
+    pub actor: Actor,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Acting {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Who(who) = Who::from_request_parts(parts, state).await?;
+        let actor = parts.extensions.get::<Actor>().cloned().unwrap_or_default();
+        Ok(Acting { who, actor })
+    }
+}
+
+/// How `coll`'s rules in force now judge `who`.
+pub(crate) async fn judged(state: &AppState, coll: &str, who: &Principal) -> Result<Judged, ApiError> {
+    if who.kind == Kind::Open {
+        return Ok(Judged::Free);
+    }
+    let versions = state.rules.of(coll).await.map_err(ApiError::from)?;
+    Ok(Judged::of(versions.current.as_deref(), who, &state.rules.now_string()))
+}
+
+/// The answer to a refusal: 404 for what the caller may not read.
+pub(crate) fn denied(denied: Denied) -> ApiError {
+    match denied {
+        Denied::Hidden => DocError::NotFound.into(),
+        Denied::Forbidden { detail, pointer } => ApiError::rule_denied(detail, pointer),
+    }
+}
+
+impl From<Denied> for DocError {
+    fn from(d: Denied) -> Self {
+        match d {
+            Denied::Hidden => DocError::NotFound,
+            Denied::Forbidden { detail, pointer } => DocError::Denied { detail, pointer },
+        }
+    }
+}
+
+/// `response` with `Txgate-Grant: <value>`.
+pub(crate) fn with_grant(mut response: Response, value: Option<String>) -> Response {
+    if let Some(v) = value.and_then(|v| HeaderValue::from_str(&v).ok()) {
+        response.headers_mut().insert(GRANT_HEADER, v);
+    }
+    response
+}
+
+/// Under rules, a tombstone is as if there were nothing: its existence
+/// is not revealed.
+pub(crate) fn hide_tombstone(err: DocError, judged: &Judged) -> DocError {
+    match (err, judged) {
+        (DocError::Deleted { .. }, Judged::Ruled(_)) => DocError::NotFound,
+        (DocError::Duplicate { index, .. }, Judged::Ruled(_)) => DocError::Duplicate { index, existing: String::new() },
+        (err, _) => err,
+    }
+}
+
+/// The judge of a change to one document under `judged`: the document
+/// as read must be one the caller may read (else 404) and, for a delete
+/// (`deleting`), delete; the change must be one a grant allows. The
+/// grant that allowed it is left in `granted`, as `Txgate-Grant` names it.
+pub(crate) fn guard<'a>(
+    judged: &'a Judged,
+    deleting: bool,
+    granted: &'a std::sync::Mutex<Option<String>>,
+) -> impl Fn(&crate::store::Document, Option<&mut crate::store::Document>) -> Result<(), DocError> + Sync + 'a {
+    move |before, after| {
+        let Judged::Ruled(judge) = judged else { return Ok(()) };
+        let grant = match after {
+            None if deleting => judge.delete(before)?,
+            None => {
+                return if judge.sees(crate::rules::Action::Read, before).is_some() {
+                    Ok(())
+                } else {
+                    Err(DocError::NotFound)
+                };
+            }
+            Some(after) => {
+                judge.keep_set(before, after);
+                judge.update(before, after)?
+            }
+        };
+        *granted.lock().expect("grant") = Some(judge.header(&grant));
+        Ok(())
+    }
+}
+
+/// `live` as the caller may see it under `judged`: its fields projected,
+/// and the grant that shows it. `Err`: the caller may not read it.
+pub(crate) fn shown(judged: &Judged, live: &mut crate::document::Live) -> Result<Option<String>, DocError> {
+    let Judged::Ruled(judge) = judged else { return Ok(None) };
+    let seen = judge.sees(crate::rules::Action::Read, &live.data).ok_or(DocError::NotFound)?;
+    crate::rules::eval::project(&mut live.data, seen.fields.as_ref());
+    Ok(Some(judge.header(&seen.grant)))
+}
+
+/// What a write answers of the document it wrote, under `judged`: the
+/// fields the caller may read (none, when it may read none of it).
+pub(crate) fn written_shown(judged: &Judged, live: &mut crate::document::Live) {
+    if let Judged::Ruled(judge) = judged {
+        match judge.sees(crate::rules::Action::Read, &live.data) {
+            Some(seen) => crate::rules::eval::project(&mut live.data, seen.fields.as_ref()),
+            None => live.data.clear(),
+        }
+    }
+}
+
+/// 403 `rule_denied` where `coll`'s rules judge `who` on a path that
+/// does not judge documents by rules yet (`what`: the path, for the
+/// detail): the caller is refused rather than shown what the rules hide
+/// (docs/limitations.md, "Rules").
+pub(crate) async fn not_under_rules(state: &AppState, coll: &str, who: &Principal, what: &str) -> Result<(), ApiError> {
+    match judged(state, coll, who).await? {
+        Judged::Free => Ok(()),
+        Judged::Ruled(judge) => Err(denied(Denied::Forbidden {
+            detail: format!(
+                "{what} on collection {coll:?} is not open to callers its rules (version {}) judge: use the \
+                 single-document routes",
+                judge.version
+            ),
+            pointer: None,
+        })),
+    }
+}

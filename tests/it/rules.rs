@@ -1,0 +1,296 @@
+//! Per-document rules over HTTP, with users' tokens from the test's issuer:
+//! owners and teams, on both stores. What a user reads, counts, pages
+//! and streams is what the rules let them, each document once; what they
+//! may not read is 404 on every path, writes included; what they may not
+//! write is 403 naming the field; and no rule scans.
+
+use std::collections::BTreeSet;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use txgate::testing::keys::parse_keys;
+
+use crate::support::{Backend, TestApp, expect, expect_problem};
+use crate::users::{Issuer, RSA_A};
+
+const ADMIN: &str = "admin-key-0123456789";
+const WRITER: &str = "writer-key-0123456789";
+
+/// A gateway on `backend` with the issuer (customers and agents may read
+/// and write orders and notes) and two keys: an admin, and a writer.
+async fn gateway(backend: Backend, issuer: &Issuer) -> Option<TestApp> {
+    let mut entry = issuer.entry();
+    entry.roles = [
+        ("customer".to_owned(), "write@orders+write@notes".to_owned()),
+        ("agent".to_owned(), "write@orders".to_owned()),
+    ]
+    .into();
+    let resolved = entry.resolve(1).unwrap();
+    TestApp::spawn_with(backend, move |c| {
+        c.issuers = vec![resolved];
+        c.api_keys = parse_keys(&format!("{ADMIN}:admin,{WRITER}:write")).unwrap();
+    })
+    .await
+}
+
+/// A token for `sub` with `roles`, in team `team` (a claim).
+fn token(issuer: &Issuer, sub: &str, roles: &[&str], team: Option<&str>) -> String {
+    let mut claims = issuer.claims(sub, roles);
+    if let Some(team) = team {
+        claims["team"] = json!(team);
+    }
+    RSA_A.sign(&claims)
+}
+
+async fn send(app: &TestApp, who: &str, method: Method, path: &str, body: Option<&Value>) -> reqwest::Response {
+    let mut req = app.request(method, path).bearer_auth(who);
+    if let Some(body) = body {
+        req = req.json(body);
+    }
+    req.send().await.unwrap()
+}
+
+async fn ready_index(app: &TestApp, coll: &str, name: &str, fields: &[&str]) {
+    let path = format!("/v1/collections/{coll}/indexes/{name}");
+    let put = send(app, ADMIN, Method::PUT, &path, Some(&json!({"fields": fields}))).await;
+    assert!(put.status().is_success(), "{}", put.text().await.unwrap());
+    app.until("the index is ready", async || {
+        app.advance(txgate::testing::indexes::GRACE);
+        app.run_once("index_builds").await;
+        let index = expect(send(app, ADMIN, Method::GET, &path, None).await, 200).await;
+        index["state"] == "ready"
+    })
+    .await;
+}
+
+fn rules() -> Value {
+    json!({"grants": [
+        {"name": "own", "roles": ["customer"], "match": {"owner": {"$auth": "sub"}},
+         "actions": ["read", "count", "stream", "create", "update", "delete"],
+         "fields": {"write": ["item", "qty", "note"]}, "set": {"owner": "sub"}},
+        {"name": "team", "roles": ["agent"], "match": {"team": {"$auth": "claims.team"}},
+         "actions": ["read", "count", "stream", "update"],
+         "fields": {"read": ["item", "qty", "team", "owner"], "write": ["note"]}},
+    ]})
+}
+
+fn ids(page: &Value) -> Vec<String> {
+    page["items"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap().to_owned()).collect()
+}
+
+/// Every page of `coll` a user lists, `limit` at a time: the ids in order.
+async fn list_all(app: &TestApp, who: &str, coll: &str, limit: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut body = json!({"limit": limit});
+        if let Some(a) = &after {
+            body["after"] = json!(a);
+        }
+        let page =
+            expect(send(app, who, Method::POST, &format!("/v1/collections/{coll}/query"), Some(&body)).await, 200)
+                .await;
+        out.extend(ids(&page));
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => return out,
+        }
+    }
+}
+
+async fn count(app: &TestApp, who: &str, coll: &str) -> u64 {
+    let body = expect(send(app, who, Method::GET, &format!("/v1/collections/{coll}/count"), None).await, 200).await;
+    body["count"].as_u64().unwrap()
+}
+
+async fn owners_and_teams(backend: Backend) {
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let Some(app) = gateway(backend, &issuer).await else { return };
+    for (name, fields) in [("owner", &["owner"][..]), ("team", &["team"]), ("owner_team", &["owner", "team"])] {
+        ready_index(&app, "orders", name, fields).await;
+    }
+    let docs = "/v1/collections/orders/documents";
+    for (id, owner, team) in
+        [("o1", "ada", "red"), ("o2", "bob", "red"), ("o3", "ada", "blue"), ("o4", "cy", "blue"), ("o5", "cy", "red")]
+    {
+        let doc = json!({"_id": id, "owner": owner, "team": team, "item": "tea", "qty": 1, "secret": "s"});
+        expect(send(&app, WRITER, Method::POST, docs, Some(&doc)).await, 201).await;
+    }
+    // Rules, set by an admin only, checked where they are written.
+    let rules_path = "/v1/collections/orders/rules";
+    let ada = token(&issuer, "ada", &["customer"], None);
+    expect_problem(send(&app, &ada, Method::PUT, rules_path, Some(&rules())).await, 403, "forbidden").await;
+    let bad = json!({"grants": [{"name": "x", "roles": ["customer"], "actions": ["read"], "match": {"o": {"$auth": "pwd"}}}]});
+    let problem =
+        expect_problem(send(&app, ADMIN, Method::PUT, rules_path, Some(&bad)).await, 422, "validation_failed").await;
+    assert_eq!(problem["errors"][0]["pointer"], "/grants/0/match/o/$auth", "{problem}");
+    let set = expect(send(&app, ADMIN, Method::PUT, rules_path, Some(&rules())).await, 200).await;
+    assert_eq!((set["version"].as_i64(), set["state"].as_str()), (Some(1), Some("active")), "{set}");
+    let read = expect(send(&app, ADMIN, Method::GET, rules_path, None).await, 200).await;
+    assert_eq!(read["grants"], rules()["grants"]);
+
+    // An owner: their own documents, on every read path, each named by its grant.
+    let got = send(&app, &ada, Method::GET, &format!("{docs}/o1"), None).await;
+    assert_eq!(got.headers()["txgate-grant"], "orders/own@1");
+    let o1 = expect(got, 200).await;
+    assert_eq!(o1["data"]["secret"], "s", "own reads every field: {o1}");
+    for hidden in ["o2", "o4", "nothing-here"] {
+        expect_problem(send(&app, &ada, Method::GET, &format!("{docs}/{hidden}"), None).await, 404, "not_found").await;
+    }
+    assert_eq!(list_all(&app, &ada, "orders", 1).await, ["o1", "o3"]);
+    assert_eq!(count(&app, &ada, "orders").await, 2);
+    let reads = json!({"documents": [{"collection": "orders", "id": "o1"}, {"collection": "orders", "id": "o2"}]});
+    let batch = expect(send(&app, &ada, Method::POST, "/v1/reads", Some(&reads)).await, 200).await;
+    assert_eq!(
+        (batch["documents"][0]["status"].as_u64(), batch["documents"][1]["status"].as_u64()),
+        (Some(200), Some(404))
+    );
+
+    // Writes: another's document is not there; a field the grant does not
+    // let them write, or one the gateway sets, is named.
+    for method in [Method::PATCH, Method::DELETE] {
+        let body = (method == Method::PATCH).then(|| json!({"set": {"note": "mine"}}));
+        let resp = send(&app, &ada, method, &format!("{docs}/o2"), body.as_ref()).await;
+        expect_problem(resp, 404, "not_found").await;
+    }
+    let give_away = json!({"set": {"owner": "bob"}});
+    let problem = expect_problem(
+        send(&app, &ada, Method::PATCH, &format!("{docs}/o1"), Some(&give_away)).await,
+        403,
+        "rule_denied",
+    )
+    .await;
+    assert_eq!(problem["errors"][0]["pointer"], "/owner", "{problem}");
+    let patched = send(&app, &ada, Method::PATCH, &format!("{docs}/o1"), Some(&json!({"set": {"note": "hi"}}))).await;
+    assert_eq!(patched.headers()["txgate-grant"], "orders/own@1");
+    expect(patched, 200).await;
+    let created = expect(send(&app, &ada, Method::POST, docs, Some(&json!({"item": "cake"}))).await, 201).await;
+    assert_eq!(created["data"]["owner"], "ada", "the gateway sets the owner: {created}");
+    let new_id = created["id"].as_str().unwrap().to_owned();
+    for (body, pointer) in
+        [(json!({"_id": "mine", "item": "x"}), "/_id"), (json!({"item": "x", "owner": "bob"}), "/owner")]
+    {
+        let problem = expect_problem(send(&app, &ada, Method::POST, docs, Some(&body)).await, 403, "rule_denied").await;
+        assert_eq!(problem["errors"][0]["pointer"], pointer, "{problem}");
+    }
+    // A replace keeps what the gateway set.
+    let replaced = send(&app, &ada, Method::PUT, &format!("{docs}/{new_id}"), Some(&json!({"item": "pie"}))).await;
+    assert_eq!(expect(replaced, 200).await["data"]["owner"], "ada");
+    expect(send(&app, &ada, Method::DELETE, &format!("{docs}/{new_id}"), None).await, 204).await;
+    // Its tombstone is not revealed to them either.
+    expect_problem(send(&app, &ada, Method::GET, &format!("{docs}/{new_id}"), None).await, 404, "not_found").await;
+
+    // An agent: the team's documents, with only the fields the grant reads.
+    let zed = token(&issuer, "zed", &["agent"], Some("red"));
+    let page =
+        expect(send(&app, &zed, Method::POST, "/v1/collections/orders/query", Some(&json!({}))).await, 200).await;
+    assert_eq!(ids(&page), ["o1", "o2", "o5"]);
+    for doc in page["items"].as_array().unwrap() {
+        let fields: BTreeSet<&str> = doc["data"].as_object().unwrap().keys().map(String::as_str).collect();
+        assert!(fields.is_subset(&BTreeSet::from(["item", "qty", "team", "owner"])), "{doc}");
+    }
+    let problem =
+        expect_problem(send(&app, &zed, Method::DELETE, &format!("{docs}/o1"), None).await, 403, "rule_denied").await;
+    assert!(problem["detail"].as_str().unwrap().contains("delete"), "{problem}");
+    // Taking a document over is refused: the team grant may write `note` only.
+    let take = json!({"set": {"team": "blue"}});
+    expect_problem(send(&app, &zed, Method::PATCH, &format!("{docs}/o2"), Some(&take)).await, 403, "rule_denied").await;
+
+    // Both roles: the union of their grants, each document once, in pages
+    // of any size, and counted once.
+    let cy = token(&issuer, "cy", &["customer", "agent"], Some("red"));
+    for limit in [1, 2, 50] {
+        assert_eq!(list_all(&app, &cy, "orders", limit).await, ["o1", "o2", "o4", "o5"], "limit {limit}");
+    }
+    assert_eq!(count(&app, &cy, "orders").await, 4);
+
+    // Events: the owner sees their documents enter and change; one given
+    // away leaves, with no data; others' changes are never sent.
+    let before = events(&app, &ada, 0).await;
+    let seen: Vec<&str> = before.iter().map(|e| e["document"].as_str().unwrap()).collect();
+    assert!(seen.iter().all(|d| ["o1", "o3", new_id.as_str()].contains(d)), "{seen:?}");
+    let head = before.last().unwrap()["seq"].as_u64().unwrap();
+    expect(send(&app, WRITER, Method::PATCH, &format!("{docs}/o2"), Some(&json!({"set": {"qty": 2}}))).await, 200)
+        .await;
+    expect(send(&app, WRITER, Method::PATCH, &format!("{docs}/o3"), Some(&json!({"set": {"qty": 3}}))).await, 200)
+        .await;
+    expect(
+        send(&app, WRITER, Method::PATCH, &format!("{docs}/o3"), Some(&json!({"set": {"owner": "bob"}}))).await,
+        200,
+    )
+    .await;
+    let after = events(&app, &ada, head).await;
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert_eq!((after[0]["document"].as_str(), after[0]["data"]["qty"].as_i64()), (Some("o3"), Some(3)));
+    assert_eq!((after[1]["document"].as_str(), after[1]["left"].as_bool()), (Some("o3"), Some(true)));
+    assert!(after[1].get("data").is_none(), "{}", after[1]);
+    // Now o3 is not theirs.
+    expect_problem(send(&app, &ada, Method::GET, &format!("{docs}/o3"), None).await, 404, "not_found").await;
+
+    // Paths that do not judge by rules refuse rather than show.
+    let txn = json!({"actions": [{"op": "update", "collection": "orders", "id": "o1", "set": {"note": "t"}}]});
+    expect_problem(send(&app, &ada, Method::POST, "/v1/transactions", Some(&txn)).await, 403, "rule_denied").await;
+
+    // Access checks explain; only an admin asks about someone else.
+    let check = json!({"principal": {"sub": "ada", "roles": ["customer"]}, "collection": "orders", "action": "read", "id": "o2"});
+    expect_problem(send(&app, &ada, Method::POST, "/v1/access/check", Some(&check)).await, 403, "forbidden").await;
+    let answer = expect(send(&app, ADMIN, Method::POST, "/v1/access/check", Some(&check)).await, 200).await;
+    assert_eq!((answer["allowed"].as_bool(), answer["ruled"].as_bool()), (Some(false), Some(true)), "{answer}");
+    let mine = json!({"collection": "orders", "action": "update", "id": "o1"});
+    let answer = expect(send(&app, &ada, Method::POST, "/v1/access/check", Some(&mine)).await, 200).await;
+    assert_eq!(answer["grant"], "orders/own@1", "{answer}");
+
+    // Keys the rules do not name keep their scopes.
+    expect(send(&app, WRITER, Method::GET, &format!("{docs}/o2"), None).await, 200).await;
+
+    // Removed: users are judged by their scopes again.
+    expect(send(&app, ADMIN, Method::DELETE, rules_path, None).await, 204).await;
+    expect(send(&app, &ada, Method::GET, &format!("{docs}/o2"), None).await, 200).await;
+    expect_problem(send(&app, ADMIN, Method::GET, rules_path, None).await, 404, "not_found").await;
+}
+
+/// The events of orders a user reads after `after`.
+async fn events(app: &TestApp, who: &str, after: u64) -> Vec<Value> {
+    let path = format!("/v1/events?collections=orders&after={after}&limit=100");
+    let resp =
+        app.request(Method::GET, &path).bearer_auth(who).header("accept", "application/json").send().await.unwrap();
+    expect(resp, 200).await["items"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn owners_and_teams_on_the_embedded_store() {
+    owners_and_teams(Backend::Embedded).await;
+}
+
+#[tokio::test]
+async fn owners_and_teams_on_mongodb() {
+    owners_and_teams(Backend::Mongodb).await;
+}
+
+#[tokio::test]
+async fn a_rule_no_index_serves_is_refused_naming_the_grant_never_scanned() {
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let app = gateway(Backend::Embedded, &issuer).await.unwrap();
+    let rules = json!({"grants": [{"name": "mine", "roles": ["customer"], "match": {"author": {"$auth": "sub"}},
+        "actions": ["read", "count", "create"], "set": {"author": "sub"}}]});
+    expect(send(&app, ADMIN, Method::PUT, "/v1/collections/notes/rules", Some(&rules)).await, 200).await;
+    let ada = token(&issuer, "ada", &["customer"], None);
+    expect(send(&app, &ada, Method::POST, "/v1/collections/notes/documents", Some(&json!({"text": "hi"}))).await, 201)
+        .await;
+    let problem = expect_problem(
+        send(&app, &ada, Method::POST, "/v1/collections/notes/query", Some(&json!({}))).await,
+        400,
+        "index_required",
+    )
+    .await;
+    assert!(problem["detail"].as_str().unwrap().starts_with("grant mine"), "{problem}");
+    assert_eq!(problem["index"]["fields"], json!(["author"]), "{problem}");
+    let problem =
+        expect_problem(send(&app, &ada, Method::GET, "/v1/collections/notes/count", None).await, 400, "index_required")
+            .await;
+    assert_eq!(problem["index"]["fields"], json!(["author"]), "{problem}");
+    // A user no grant names may do nothing there, and is told so.
+    let other = token(&issuer, "eve", &["agent"], None);
+    let resp = send(&app, &other, Method::POST, "/v1/collections/notes/documents", Some(&json!({"text": "x"}))).await;
+    expect_problem(resp, 403, "forbidden").await;
+}
