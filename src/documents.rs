@@ -467,6 +467,11 @@ impl Documents {
         loop {
             let Some(doc) = self.load(coll, id).await? else { return Err(DocError::NotFound) };
             if doc.meta.txn.is_some() {
+                // Judged as committed first: a document the caller may not
+                // read is not found, never locked by a named transaction.
+                if let (Some(guard), View::Live(live)) = (guard, doc.committed_view()) {
+                    guard(&live.data, None)?;
+                }
                 self.wait_lock(coll, &doc, deadline, &mut backoff).await?;
                 continue;
             }

@@ -44,6 +44,8 @@ mod worker;
 
 pub use http::openapi_json;
 pub use migrate::{MIGRATIONS, run as migrate};
+/// `txgate rules test FILE`: a suite of rules cases run in memory.
+pub use rules::suite::{Outcome as RulesOutcome, run as test_rules};
 
 /// The embedded store's write-ahead journal, for `txgate journal truncate`.
 pub mod journal {

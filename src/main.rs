@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
-use txgate::config::{Cli, Command, Config, JournalCommand, LogFormat, StoreConfig};
+use txgate::config::{Cli, Command, Config, JournalCommand, LogFormat, RulesCommand, StoreConfig};
 
 /// mimalloc instead of the system allocator: a request allocates and frees
 /// many small buffers (BSON, JSON, B-tree pages), where glibc's malloc
@@ -172,9 +172,37 @@ fn healthcheck(listen: &str, timeout: std::time::Duration) -> Result<(), String>
     }
 }
 
+/// `txgate rules test FILE`: each case's line, then a summary.
+fn test_rules(file: &std::path::Path) -> ExitCode {
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(e) => {
+            eprintln!("txgate: cannot read {}: {e}", file.display());
+            return ExitCode::from(2);
+        }
+    };
+    match txgate::test_rules(&text) {
+        Ok(outcome) => {
+            for line in &outcome.lines {
+                println!("{line}");
+            }
+            println!("{} cases, {} failed", outcome.lines.len(), outcome.failed);
+            if outcome.failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Err(err) => {
+            eprintln!("txgate: {}: {err}", file.display());
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = cli.command.clone().unwrap_or(Command::Serve);
+    // Needs no configuration: rules are tested in memory.
+    if let Command::Rules { action: RulesCommand::Test { file } } = &command {
+        return test_rules(file);
+    }
     let config = match cli.settings.resolve() {
         Ok(config) => config,
         Err(err) => {

@@ -7,7 +7,7 @@ use std::time::Duration;
 mod settings;
 
 pub use crate::identity::settings::{IssuerConfig, IssuerEntry, IssuerSecret};
-pub use settings::{Cli, Command, JournalCommand, LogFormat, Secret, Settings, StoreKind, redact_uri};
+pub use settings::{Cli, Command, JournalCommand, LogFormat, RulesCommand, Secret, Settings, StoreKind, redact_uri};
 
 use crate::hooks::HookConfig;
 use crate::hooks::guard::HookGuard;

@@ -49,6 +49,23 @@ pub enum Command {
         #[command(subcommand)]
         action: JournalCommand,
     },
+    /// Work with per-document rules (docs/guides/rules.md).
+    Rules {
+        #[command(subcommand)]
+        action: RulesCommand,
+    },
+}
+
+#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
+pub enum RulesCommand {
+    /// Run a suite of cases (principals, documents, requests and what they
+    /// must answer) against a collection's rules, in memory, with the
+    /// gateway's own evaluator: exit 0 when every case passes, 1 when one
+    /// fails, 2 when the suite is not valid.
+    Test {
+        /// The suite (JSON).
+        file: PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug, Clone, PartialEq, Eq)]

@@ -121,7 +121,7 @@ fn policy(input: &CollectionIn) -> Result<Option<Policy>, ApiError> {
 
 problems!(
     /// What `v1.collections.update` can answer besides its success.
-    UpdateProblems = Problems::of(&[InvalidPath, ValidationFailed]).with_body()
+    UpdateProblems = Problems::of(&[InvalidPath, ValidationFailed, RuleDenied]).with_body()
 );
 
 /// Set a collection's TTL policy
@@ -146,10 +146,13 @@ problems!(
 )]
 pub(crate) async fn put_collection(
     State(state): State<AppState>,
+    super::ruled::Who(who): super::ruled::Who,
     ApiPath(path): ApiPath<CollectionPath>,
     JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<axum::Json<CollectionOut>, ApiError> {
     check_collection(&path.collection, "/path/collection")?;
+    // A TTL policy deletes documents the rules may not let its caller delete.
+    super::ruled::not_under_rules(&state, &path.collection, &who, "a TTL policy").await?;
     let input: CollectionIn = from_body(value, &["", "/ttl"])?;
     let policy = policy(&input)?;
     let collection = state.collections.set_policy(&path.collection, policy).await?;
@@ -158,7 +161,7 @@ pub(crate) async fn put_collection(
 
 problems!(
     /// What `v1.collections.get` can answer besides its success.
-    GetProblems = Problems::of(&[InvalidPath, ValidationFailed])
+    GetProblems = Problems::of(&[InvalidPath, ValidationFailed, RuleDenied])
 );
 
 /// Read a collection
@@ -177,9 +180,12 @@ problems!(
 )]
 pub(crate) async fn get_collection(
     State(state): State<AppState>,
+    super::ruled::Who(who): super::ruled::Who,
     ApiPath(path): ApiPath<CollectionPath>,
 ) -> Result<axum::Json<CollectionOut>, ApiError> {
     check_collection(&path.collection, "/path/collection")?;
+    // Its live count counts documents the rules may hide.
+    super::ruled::not_under_rules(&state, &path.collection, &who, "the collection's record").await?;
     Ok(axum::Json(state.collections.get(&path.collection).await?.into()))
 }
 
@@ -207,6 +213,7 @@ problems!(
 pub(crate) async fn list_collections(
     State(state): State<AppState>,
     access: Access,
+    super::ruled::Who(who): super::ruled::Who,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<CollectionListOut>, ApiError> {
     let (limit, after) = query.page()?;
@@ -216,6 +223,14 @@ pub(crate) async fn list_collections(
         None => state.collections.list(after.as_deref(), limit).await?,
         Some(names) => state.collections.list_among(&names, after.as_deref(), limit).await?,
     };
-    let items = items.into_iter().map(CollectionOut::from).collect();
-    Ok(axum::Json(Page::new(items, next.as_deref())))
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        // Left out (the page may be short): live counts of documents the
+        // rules may hide.
+        if super::ruled::judged_in_any(&state, &who, &[item.name.as_str()]).await? {
+            continue;
+        }
+        out.push(CollectionOut::from(item));
+    }
+    Ok(axum::Json(Page::new(out, next.as_deref())))
 }

@@ -223,7 +223,7 @@ pub(crate) struct MergeOut {
 problems!(
     /// What `v1.documents.merge` can answer besides its success.
     MergeProblems =
-        Problems::of(&[InvalidPath, ValidationFailed, NotFound, VersionConflict, BaseUnavailable, RecordUnreadable])
+        Problems::of(&[InvalidPath, ValidationFailed, NotFound, VersionConflict, BaseUnavailable, RecordUnreadable, RuleDenied])
             .with_body()
 );
 

@@ -84,6 +84,22 @@ fn with_etag(mut response: Response, version: i64) -> Response {
     response
 }
 
+/// The top-level fields a patch touches, each with its pointer in the
+/// document.
+fn touched(change: &Change) -> Vec<(&str, String)> {
+    fn top(parts: &[String]) -> &str {
+        parts.first().map_or("", String::as_str)
+    }
+    match change {
+        Change::Patch { patch, .. } => {
+            let paths = patch.set.iter().map(|(p, _)| p).chain(&patch.unset).chain(patch.inc.iter().map(|(p, _)| p));
+            paths.map(|p| (top(p), format!("/{}", rules::escape(top(p))))).collect()
+        }
+        Change::Merge { patch, .. } => patch.keys().map(|k| (k.as_str(), format!("/{}", rules::escape(k)))).collect(),
+        Change::Replace { .. } | Change::Delete => Vec::new(),
+    }
+}
+
 /// The answer to a refused write: under rules, what the caller may not
 /// read is not found and a conflict is not explained (its `current` would
 /// show the document as the rules in force judge it, which a reader of
@@ -298,7 +314,7 @@ pub(crate) async fn replace_document(
     let data = rules::user_data(&fields, "")?;
     let judged = ruled::judged(&state, collection, &who).await?;
     let granted = std::sync::Mutex::new(None);
-    let guard = ruled::guard(&judged, false, &granted);
+    let guard = ruled::guard(&judged, (false, true), &[], &granted);
     let change = Change::Replace { data, sv };
     let result = match state.documents.change(&actor, collection, id, expected, &change, Some(&guard)).await {
         Ok(result) => result,
@@ -363,8 +379,9 @@ pub(crate) async fn patch_document(
         _ => return Err(unsupported_media("application/json or application/merge-patch+json")),
     };
     let judged = ruled::judged(&state, collection, &who).await?;
+    let touched = touched(&change);
     let granted = std::sync::Mutex::new(None);
-    let guard = ruled::guard(&judged, false, &granted);
+    let guard = ruled::guard(&judged, (false, false), &touched, &granted);
     let result = match state.documents.change(&actor, collection, id, expected, &change, Some(&guard)).await {
         Ok(result) => result,
         Err(err) => return Err(refused(&state, &access, &headers, &judged, (collection, id), err).await),
@@ -413,7 +430,7 @@ pub(crate) async fn delete_document(
     let expected = if_match(&headers)?;
     let judged = ruled::judged(&state, collection, &who).await?;
     let granted = std::sync::Mutex::new(None);
-    let guard = ruled::guard(&judged, true, &granted);
+    let guard = ruled::guard(&judged, (true, false), &[], &granted);
     let result = match state.documents.change(&actor, collection, id, expected, &Change::Delete, Some(&guard)).await {
         Ok(result) => result,
         Err(err) => return Err(refused(&state, &access, &headers, &judged, (collection, id), err).await),

@@ -222,7 +222,7 @@ fn wants_json(headers: &HeaderMap) -> bool {
 
 problems!(
     /// What `v1.events.list` can answer besides its success.
-    ListProblems = Problems::of(&[InvalidHeader, CursorBeyondHead, ValidationFailed, CursorExpired, InvalidFilter, IndexRequired, TicketInvalid])
+    ListProblems = Problems::of(&[InvalidHeader, CursorBeyondHead, ValidationFailed, CursorExpired, InvalidFilter, IndexRequired, TicketInvalid, RuleDenied])
 );
 
 /// Read change events
@@ -277,6 +277,14 @@ pub(crate) async fn events(
     let ticket = claimed_ticket(&state, &query, ticket.map(|axum::Extension(t)| t)).await?;
     let filter = filter(&query, &access)?;
     let set = set_filter(&state, &query).await?;
+    // A filter on a field the rules hide would tell its values.
+    if let (Some(set), Some(text)) = (&set, &query.filter)
+        && let crate::rules::Judged::Ruled(judge) = super::ruled::judged(&state, &set.collection, &who).await?
+    {
+        let filter = super::queries::filter_param(text)?;
+        let paths = filter.paths.keys().map(|p| (p.as_str(), "/query/filter".to_owned()));
+        super::ruled::readable_paths(&judge, crate::rules::Action::Stream, paths)?;
+    }
     // Each event judged by the rules of its collection, where they judge
     // this caller (docs/guides/rules.md, "Streams").
     let ruled =

@@ -147,7 +147,7 @@ impl From<DeclareError> for ApiError {
 
 problems!(
     /// What `v1.indexes.put` can answer besides its success.
-    PutProblems = Problems::of(&[InvalidPath, ValidationFailed, IndexExists, IndexLimit]).with_body()
+    PutProblems = Problems::of(&[InvalidPath, ValidationFailed, IndexExists, IndexLimit, RuleDenied]).with_body()
 );
 
 /// Declare an index
@@ -174,10 +174,13 @@ problems!(
 )]
 pub(crate) async fn put_index(
     State(state): State<AppState>,
+    super::ruled::Who(who): super::ruled::Who,
     ApiPath(path): ApiPath<IndexPath>,
     JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     let (collection, name) = path.check()?;
+    // Indexes serve the rules; a failed build names documents.
+    super::ruled::not_under_rules(&state, collection, &who, "managing indexes").await?;
     let input: IndexIn = from_body(value, &[""])?;
     let (declaration, new) = state.indexes.declare(collection, name, input.fields, input.unique).await?;
     let status = if new { StatusCode::CREATED } else { StatusCode::OK };
@@ -186,7 +189,7 @@ pub(crate) async fn put_index(
 
 problems!(
     /// What `v1.indexes.get` and `v1.indexes.delete` can answer besides their success.
-    GetProblems = Problems::of(&[InvalidPath, ValidationFailed, NotFound])
+    GetProblems = Problems::of(&[InvalidPath, ValidationFailed, NotFound, RuleDenied])
 );
 
 /// Read an index
@@ -206,9 +209,12 @@ problems!(
 )]
 pub(crate) async fn get_index(
     State(state): State<AppState>,
+    super::ruled::Who(who): super::ruled::Who,
     ApiPath(path): ApiPath<IndexPath>,
 ) -> Result<axum::Json<IndexOut>, ApiError> {
     let (collection, name) = path.check()?;
+    // Indexes serve the rules; a failed build names documents.
+    super::ruled::not_under_rules(&state, collection, &who, "managing indexes").await?;
     match state.indexes.get(collection, name).await? {
         Some(d) => Ok(axum::Json(d.into())),
         None => Err(ApiError::not_found(format!("collection {collection} has no index {name}"))),
@@ -231,9 +237,12 @@ pub(crate) async fn get_index(
 )]
 pub(crate) async fn delete_index(
     State(state): State<AppState>,
+    super::ruled::Who(who): super::ruled::Who,
     ApiPath(path): ApiPath<IndexPath>,
 ) -> Result<StatusCode, ApiError> {
     let (collection, name) = path.check()?;
+    // Indexes serve the rules; a failed build names documents.
+    super::ruled::not_under_rules(&state, collection, &who, "managing indexes").await?;
     if state.indexes.delete(collection, name).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -243,7 +252,7 @@ pub(crate) async fn delete_index(
 
 problems!(
     /// What `v1.indexes.list` can answer besides its success.
-    ListProblems = Problems::of(&[InvalidPath, ValidationFailed])
+    ListProblems = Problems::of(&[InvalidPath, ValidationFailed, RuleDenied])
 );
 
 /// List a collection's indexes
@@ -262,9 +271,11 @@ problems!(
 )]
 pub(crate) async fn list_indexes(
     State(state): State<AppState>,
+    super::ruled::Who(who): super::ruled::Who,
     ApiPath(path): ApiPath<CollectionPath>,
 ) -> Result<axum::Json<IndexListOut>, ApiError> {
     check_collection(&path.collection, "/path/collection")?;
+    super::ruled::not_under_rules(&state, &path.collection, &who, "managing indexes").await?;
     let items = state.indexes.list(&path.collection).await?.into_iter().map(IndexOut::from).collect();
     Ok(axum::Json(IndexListOut { items }))
 }

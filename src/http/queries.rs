@@ -362,6 +362,11 @@ async fn run(
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     let judged = ruled::judged(state, collection, who).await?;
+    if let Judged::Ruled(judge) = &judged {
+        let filtered = query.filter.paths.keys().map(|p| (p.as_str(), from.at("filter")));
+        let sorted = query.sort.iter().map(|k| (k.path.as_str(), from.at("sort")));
+        ruled::readable_paths(judge, Action::Read, filtered.chain(sorted))?;
+    }
     let (page, header) = match parts(&judged, Action::Read)? {
         None => {
             let page = state.queries.page(collection, &query).await.map_err(|e| query_error(from, collection, e))?;
@@ -539,6 +544,9 @@ pub(crate) async fn count_documents(
     let filter = parse_filter(from, filter.as_ref())?;
     let coll = &path.collection;
     let judged = ruled::judged(&state, coll, &who).await?;
+    if let Judged::Ruled(judge) = &judged {
+        ruled::readable_paths(judge, Action::Count, filter.paths.keys().map(|p| (p.as_str(), from.at("filter"))))?;
+    }
     let ((count, position), header) = match parts(&judged, Action::Count)? {
         None => (state.queries.count(coll, &filter).await.map_err(|e| query_error(from, coll, e))?, None),
         Some((parts, header)) => {

@@ -102,7 +102,8 @@ pub(crate) fn hide_tombstone(err: DocError, judged: &Judged) -> DocError {
 /// grant that allowed it is left in `granted`, as `Txgate-Grant` names it.
 pub(crate) fn guard<'a>(
     judged: &'a Judged,
-    deleting: bool,
+    (deleting, replacing): (bool, bool),
+    touched: &'a [(&'a str, String)],
     granted: &'a std::sync::Mutex<Option<String>>,
 ) -> impl Fn(&crate::store::Document, Option<&mut crate::store::Document>) -> Result<(), DocError> + Sync + 'a {
     move |before, after| {
@@ -110,13 +111,24 @@ pub(crate) fn guard<'a>(
         let grant = match after {
             None if deleting => judge.delete(before)?,
             None => {
-                return if judge.sees(crate::rules::Action::Read, before).is_some() {
-                    Ok(())
-                } else {
-                    Err(DocError::NotFound)
+                if judge.sees(crate::rules::Action::Read, before).is_none() {
+                    return Err(DocError::NotFound);
+                }
+                // Before the patch applies: how it would (`inc` on a hidden
+                // non-number) tells nothing of a field it may not write.
+                let update = crate::rules::Action::Update;
+                return match touched.iter().find(|(f, _)| !judge.allowing(update).any(|a| a.grant.writes(f))) {
+                    None => Ok(()),
+                    Some((field, pointer)) => Err(DocError::Denied {
+                        detail: format!("no grant of the caller's lets it write {field:?}"),
+                        pointer: Some(pointer.clone()),
+                    }),
                 };
             }
             Some(after) => {
+                if replacing {
+                    judge.keep_hidden(before, after);
+                }
                 judge.keep_set(before, after);
                 judge.update(before, after)?
             }
@@ -162,4 +174,42 @@ pub(crate) async fn not_under_rules(state: &AppState, coll: &str, who: &Principa
             pointer: None,
         })),
     }
+}
+
+/// Whether the rules of any of `collections` judge `who`: a record that
+/// names documents there (a transaction's) is not shown to them.
+pub(crate) async fn judged_in_any(state: &AppState, who: &Principal, collections: &[&str]) -> Result<bool, ApiError> {
+    if who.kind == Kind::Open {
+        return Ok(false);
+    }
+    for coll in collections {
+        if matches!(judged(state, coll, who).await?, Judged::Ruled(_)) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// 403 `rule_denied` when a filter or sort of a read by `action` names a
+/// field (`paths`, each with its pointer) that a grant the read goes
+/// through does not let the caller read: matching or ordering by it would
+/// tell its values.
+pub(crate) fn readable_paths<'a>(
+    judge: &crate::rules::eval::Judge,
+    action: crate::rules::Action,
+    paths: impl IntoIterator<Item = (&'a str, String)>,
+) -> Result<(), ApiError> {
+    for (path, pointer) in paths {
+        let top = path.split('.').next().unwrap_or(path);
+        if let Some(a) = judge.allowing(action).find(|a| a.grant.read.as_ref().is_some_and(|r| !r.contains(top))) {
+            return Err(denied(Denied::Forbidden {
+                detail: format!(
+                    "grant {} does not let the caller read {top:?}, so no read may filter or sort by it",
+                    a.grant.name
+                ),
+                pointer: Some(pointer),
+            }));
+        }
+    }
+    Ok(())
 }

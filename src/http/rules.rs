@@ -299,8 +299,12 @@ pub(crate) async fn check_access(
 ) -> Result<axum::Json<CheckOut>, ApiError> {
     let input: CheckIn = from_body(value, &[""])?;
     check_collection(&input.collection, "/collection")?;
+    let by_admin = input.principal.is_some();
     let who = match input.principal {
-        None => caller,
+        None => {
+            access.check(Scope::Read, &input.collection)?;
+            caller
+        }
         Some(p) => {
             access.check(Scope::Admin, &input.collection)?;
             p.principal()?
@@ -316,7 +320,9 @@ pub(crate) async fn check_access(
         (Some(id), _) => {
             check_id(id, "/id")?;
             match state.documents.get(collection, id).await? {
-                View::Live(live) => Some(live.data),
+                // A caller asking about itself learns nothing of a document
+                // it may not read: as if there were none.
+                View::Live(live) if by_admin || judge.sees(Action::Read, &live.data).is_some() => Some(live.data),
                 _ => None,
             }
         }
@@ -336,7 +342,7 @@ pub(crate) async fn check_access(
         } else if let Some(doc) = &document {
             (!a.matches(doc)).then(|| "the document does not match it".to_owned())
         } else if input.id.is_some() {
-            Some("there is no such document".to_owned())
+            Some("there is no such document, or the principal may not read it".to_owned())
         } else {
             None
         };

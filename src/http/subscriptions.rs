@@ -166,7 +166,7 @@ fn check(input: &SubscriptionIn, state: &AppState) -> Result<Filters, ApiError> 
 
 problems!(
     /// What `v1.subscriptions.create` can answer besides its success.
-    CreateProblems = Problems::of(&[ValidationFailed, HookNotAllowed, SubscriptionLimit]).with_body()
+    CreateProblems = Problems::of(&[ValidationFailed, HookNotAllowed, SubscriptionLimit, RuleDenied]).with_body()
 );
 
 /// Create a subscription

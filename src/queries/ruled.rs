@@ -26,16 +26,7 @@ pub(crate) struct Part<'a> {
 
 /// `a` AND `b`.
 pub(crate) fn and(a: &Filter, b: &Filter) -> Filter {
-    let mut out = a.clone();
-    for (path, conds) in &b.paths {
-        let known = out.paths.entry(path.clone()).or_default();
-        for cond in conds {
-            if !known.iter().any(|k| k.normal() == cond.normal()) {
-                known.push(cond.clone());
-            }
-        }
-    }
-    out
+    a.and(b)
 }
 
 /// The value an equality pins `path` to in `filter`, if it does.
@@ -62,6 +53,35 @@ impl Sub {
             None => ID_ORDER.map(|(p, d)| (p.to_owned(), d)).to_vec(),
         }
     }
+}
+
+/// Where one part of a union resumes from a merged cursor.
+enum Resume {
+    /// Every document of the part comes after the cursor.
+    Start,
+    /// None does.
+    Skip,
+    /// After this key, in the part's own order.
+    After(Vec<Bson>),
+}
+
+/// How `sub` resumes from `key` (in `order`): its pinned values, which
+/// lead its place in the merged order, compared with the cursor's first.
+fn resume(sub: &Sub, order: &[(String, i32)], key: &[Bson]) -> Resume {
+    for (i, (path, dir)) in order.iter().enumerate() {
+        let Some(value) = pinned(&sub.filter, path) else { break };
+        match compare(std::slice::from_ref(value), &key[i..=i], &[(path.clone(), *dir)]) {
+            Ordering::Less => return Resume::Skip,
+            Ordering::Greater => return Resume::Start,
+            Ordering::Equal => {}
+        }
+    }
+    let values = sub
+        .order
+        .iter()
+        .map(|(p, _)| order.iter().position(|(q, _)| q == p).map_or(Bson::Null, |i| key[i].clone()))
+        .collect();
+    Resume::After(values)
 }
 
 /// A union's merged order, where it resumes, and its cursors' digest.
@@ -156,6 +176,16 @@ impl Queries {
             sub.order = sub.store_order();
             // Each part's index must yield the merged order, less what it pins.
             let wanted: Vec<&(String, i32)> = order.iter().filter(|(p, _)| pinned(&sub.filter, p).is_none()).collect();
+            // A path it pins comes before every path it orders by: each part
+            // resumes from a cursor by its pins alone, or after it.
+            let first_free = order.iter().position(|(p, _)| pinned(&sub.filter, p).is_none()).unwrap_or(order.len());
+            if let Some((late, _)) = order[first_free..].iter().find(|(p, _)| pinned(&sub.filter, p).is_some()) {
+                return Err(QueryError::Unserved(Unserved::Never(format!(
+                    "grant {}: its match pins {late:?}, which the query sorts by after {:?}; a union of grants is \
+                     sorted by the paths a grant pins first",
+                    sub.grant, order[first_free].0
+                ))));
+            }
             if wanted.len() != sub.order.len() || wanted.iter().zip(&sub.order).any(|(w, o)| *w != o) {
                 return Err(QueryError::Unserved(Unserved::Never(format!(
                     "grant {}: its index yields the order {:?}, not the merged order {:?} of the caller's grants; \
@@ -226,14 +256,14 @@ impl Queries {
         let mut bound: Option<Vec<Bson>> = None;
         for sub in subs {
             let sub_order = &sub.order;
-            let sub_after = after.map(|key| {
-                let values: Vec<Bson> = sub_order
-                    .iter()
-                    .map(|(p, _)| order.iter().position(|(q, _)| q == p).map_or(Bson::Null, |i| key[i].clone()))
-                    .collect();
-                let digest = Forms::of(&sub.filter, true).digest(Some(coll), sub_order);
-                encode_cursor(&values, Some(digest))
-            });
+            let sub_after = match after.map(|key| resume(sub, order, key)) {
+                None | Some(Resume::Start) => None,
+                Some(Resume::Skip) => continue,
+                Some(Resume::After(values)) => {
+                    let digest = Forms::of(&sub.filter, true).digest(Some(coll), sub_order);
+                    Some(encode_cursor(&values, Some(digest)))
+                }
+            };
             let sub_query = Query {
                 filter: sub.filter.clone(),
                 sort: Vec::new(),
@@ -270,6 +300,10 @@ impl Queries {
         for (key, item) in found {
             if bound.as_ref().is_some_and(|b| compare(&key, b, order) == Ordering::Greater) {
                 break;
+            }
+            // Never one at or before the cursor.
+            if after.is_some_and(|a| compare(&key, a, order) != Ordering::Greater) {
+                continue;
             }
             if !seen.insert(item.id().to_owned()) {
                 continue;

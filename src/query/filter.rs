@@ -231,6 +231,20 @@ impl Filter {
         out
     }
 
+    /// This filter AND `other`: every condition of both, each once.
+    pub(crate) fn and(&self, other: &Filter) -> Filter {
+        let mut out = self.clone();
+        for (path, conds) in &other.paths {
+            let known = out.paths.entry(path.clone()).or_default();
+            for cond in conds {
+                if !known.iter().any(|k| k.normal() == cond.normal()) {
+                    known.push(cond.clone());
+                }
+            }
+        }
+        out
+    }
+
     /// Whether any condition is `$exists`.
     pub(crate) fn exists_paths(&self) -> Vec<&str> {
         self.paths

@@ -348,6 +348,17 @@ impl Judge {
         }
     }
 
+    /// `after` (a replace's) with the fields of `before` the caller may not
+    /// read: a replace never drops what its caller cannot see.
+    pub(crate) fn keep_hidden(&self, before: &Document, after: &mut Document) {
+        let Some(Seen { fields: Some(readable), .. }) = self.sees(Action::Read, before) else { return };
+        for (k, v) in before {
+            if !readable.contains(k) && !after.contains_key(k) {
+                after.insert(k.clone(), v.clone());
+            }
+        }
+    }
+
     /// `after` with the `set` fields (of every grant) that `before` holds
     /// and the caller left out: a replace never drops what the gateway set.
     pub(crate) fn keep_set(&self, before: &Document, after: &mut Document) {

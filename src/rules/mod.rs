@@ -12,6 +12,7 @@
 pub(crate) mod eval;
 pub(crate) mod model;
 pub(crate) mod stored;
+pub(crate) mod suite;
 
 pub(crate) use eval::{Denied, Judged, Kind, Principal};
 pub(crate) use model::{Action, GrantSpec};

@@ -58,23 +58,24 @@ pub(crate) struct Versions {
 
 impl Versions {
     /// The version in force at log position `position`. An event older
-    /// than every version kept is judged by the oldest: rules set on a
-    /// collection apply to the events logged before them too, so a user
-    /// never reads from the log what the rules hide now.
+    /// than every version kept is judged by the oldest, and one logged
+    /// while rules were removed by the version that came back after: rules
+    /// set on a collection apply to the events logged before them too, so
+    /// a user never reads from the log what the rules hide now. Once the
+    /// rules are removed (and until they come back), no event is judged.
     pub(crate) fn at(&self, position: u64) -> Option<&Arc<RuleSet>> {
-        if position > self.at {
+        if position > self.at || self.current.is_none() {
             return self.current.as_ref();
         }
-        // Newest first: the first that took effect before the position.
+        // Newest first; `newer`: the nearest version after, that had rules.
+        let mut newer = self.current.as_ref();
         for (at, set) in &self.earlier {
             if position > *at {
-                return set.as_ref();
+                return set.as_ref().or(newer);
             }
+            newer = set.as_ref().or(newer);
         }
-        match self.earlier.last() {
-            Some((_, set)) => set.as_ref().or(self.current.as_ref()),
-            None => self.current.as_ref(),
-        }
+        newer
     }
 }
 
@@ -121,18 +122,27 @@ pub(crate) struct Rules {
     generation: std::sync::atomic::AtomicU64,
 }
 
+impl RuleSet {
+    /// `specs` as version `version` of `collection`'s rules, checked.
+    pub(crate) fn checked(collection: &str, version: i64, specs: Vec<GrantSpec>) -> Result<Self, Invalid> {
+        let grants = check(&specs)?;
+        Ok(RuleSet {
+            collection: collection.to_owned(),
+            version,
+            at: 0,
+            updated_at: DateTime::from_millis(0),
+            specs,
+            grants: grants.into_iter().map(Arc::new).collect(),
+        })
+    }
+}
+
 fn decode(collection: &str, stored: &Stored) -> Result<Option<Arc<RuleSet>>, String> {
     let Some(json) = &stored.grants else { return Ok(None) };
     let specs: Vec<GrantSpec> = serde_json::from_str(json).map_err(|e| e.to_string())?;
-    let grants = check(&specs).map_err(|e| e.to_string())?;
-    Ok(Some(Arc::new(RuleSet {
-        collection: collection.to_owned(),
-        version: stored.version,
-        at: u64::try_from(stored.at).unwrap_or(0),
-        updated_at: stored.updated_at,
-        specs,
-        grants: grants.into_iter().map(Arc::new).collect(),
-    })))
+    let set = RuleSet::checked(collection, stored.version, specs).map_err(|e| e.to_string())?;
+    let at = u64::try_from(stored.at).unwrap_or(0);
+    Ok(Some(Arc::new(RuleSet { at, updated_at: stored.updated_at, ..set })))
 }
 
 impl Rules {
@@ -184,7 +194,12 @@ impl Rules {
             .history
             .iter()
             .rev()
-            .map(|s| (u64::try_from(s.at).unwrap_or(0), decode(coll, s).ok().flatten()))
+            .map(|s| {
+                // An earlier version that cannot be read judges its events
+                // as refusing everyone.
+                let set = decode(coll, s).unwrap_or_else(|e| unreadable(coll, &e).current);
+                (u64::try_from(s.at).unwrap_or(0), set)
+            })
             .collect();
         Ok(Versions { current, earlier, at: u64::try_from(record.current.at).unwrap_or(0) })
     }
@@ -269,4 +284,36 @@ fn unreadable(coll: &str, why: &str) -> Versions {
         grants: Vec::new(),
     };
     Versions { current: Some(Arc::new(set)), earlier: Vec::new(), at: 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(version: i64) -> Option<Arc<RuleSet>> {
+        Some(Arc::new(RuleSet::checked("c", version, Vec::new()).expect("rules")))
+    }
+
+    fn version(s: Option<&Arc<RuleSet>>) -> Option<i64> {
+        s.map(|s| s.version)
+    }
+
+    #[test]
+    fn an_event_is_judged_by_the_version_in_force_at_its_position_and_gaps_by_the_next() {
+        // v1 at 10, removed (v2) at 20, v3 at 30, v4 (current) at 40.
+        let versions = Versions { current: set(4), at: 40, earlier: vec![(30, set(3)), (20, None), (10, set(1))] };
+        assert_eq!(version(versions.at(41)), Some(4));
+        assert_eq!(version(versions.at(35)), Some(3));
+        // While the rules were removed: the rules that came back judge.
+        assert_eq!(version(versions.at(25)), Some(3));
+        assert_eq!(version(versions.at(15)), Some(1));
+        // Before the first version: the first.
+        assert_eq!(version(versions.at(3)), Some(1));
+        // Removed now: nothing is judged.
+        let removed = Versions { current: None, at: 50, earlier: vec![(40, set(4))] };
+        assert_eq!(version(removed.at(45)), None);
+        assert_eq!(version(removed.at(3)), None);
+        // Never had any.
+        assert_eq!(version(Versions::default().at(7)), None);
+    }
 }

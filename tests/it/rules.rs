@@ -25,6 +25,8 @@ async fn gateway(backend: Backend, issuer: &Issuer) -> Option<TestApp> {
         ("agent".to_owned(), "write@orders".to_owned()),
     ]
     .into();
+    // The users' rate is not what these tests are about.
+    entry.rate = Some("100000/s".into());
     let resolved = entry.resolve(1).unwrap();
     TestApp::spawn_with(backend, move |c| {
         c.issuers = vec![resolved];
@@ -196,13 +198,64 @@ async fn owners_and_teams(backend: Backend) {
     let take = json!({"set": {"team": "blue"}});
     expect_problem(send(&app, &zed, Method::PATCH, &format!("{docs}/o2"), Some(&take)).await, 403, "rule_denied").await;
 
+    // What a grant does not let them read, they may not filter by, nor
+    // learn by how a patch of it would apply; a replace keeps it.
+    let by_secret = json!({"filter": {"secret": "s"}});
+    let problem = expect_problem(
+        send(&app, &zed, Method::POST, "/v1/collections/orders/query", Some(&by_secret)).await,
+        403,
+        "rule_denied",
+    )
+    .await;
+    assert_eq!(problem["errors"][0]["pointer"], "/filter", "{problem}");
+    let probe = json!({"inc": {"secret": 1}});
+    let problem =
+        expect_problem(send(&app, &zed, Method::PATCH, &format!("{docs}/o2"), Some(&probe)).await, 403, "rule_denied")
+            .await;
+    assert_eq!(problem["errors"][0]["pointer"], "/secret", "{problem}");
+    let seen = page["items"][1]["data"].clone();
+    let mut note = seen.clone();
+    note["note"] = json!("called");
+    expect(send(&app, &zed, Method::PUT, &format!("{docs}/o2"), Some(&note)).await, 200).await;
+    let o2 = expect(send(&app, WRITER, Method::GET, &format!("{docs}/o2"), None).await, 200).await;
+    assert_eq!((o2["data"]["secret"].as_str(), o2["data"]["note"].as_str()), (Some("s"), Some("called")), "{o2}");
+
     // Both roles: the union of their grants, each document once, in pages
-    // of any size, and counted once.
+    // of any size, and counted once; sorted by a path one grant pins too.
     let cy = token(&issuer, "cy", &["customer", "agent"], Some("red"));
     for limit in [1, 2, 50] {
         assert_eq!(list_all(&app, &cy, "orders", limit).await, ["o1", "o2", "o4", "o5"], "limit {limit}");
+        let mut sorted = Vec::new();
+        let mut body = json!({"limit": limit, "sort": ["team"]});
+        loop {
+            let page = send(&app, &cy, Method::POST, "/v1/collections/orders/query", Some(&body)).await;
+            let page = expect(page, 200).await;
+            sorted.extend(ids(&page));
+            match page["next"].as_str() {
+                Some(next) => body["after"] = json!(next),
+                None => break,
+            }
+        }
+        assert_eq!(sorted, ["o4", "o1", "o2", "o5"], "by team, limit {limit}");
     }
     assert_eq!(count(&app, &cy, "orders").await, 4);
+
+    // Collection records (live counts), TTL policies and indexes are not
+    // for callers the rules judge; nor transactions on the collection.
+    for (method, path, body) in [
+        (Method::GET, "/v1/collections/orders".to_owned(), None),
+        (Method::PUT, "/v1/collections/orders".to_owned(), Some(json!({"ttl": {"max_age_seconds": 1}}))),
+        (Method::GET, "/v1/collections/orders/indexes".to_owned(), None),
+        (Method::DELETE, "/v1/collections/orders/indexes/owner".to_owned(), None),
+    ] {
+        let resp = send(&app, &ada, method.clone(), &path, body.as_ref()).await;
+        expect_problem(resp, 403, "rule_denied").await;
+    }
+    let txn = json!({"actions": [{"op": "update", "collection": "orders", "id": "o2", "set": {"note": "k"}}]});
+    let done = expect(send(&app, WRITER, Method::POST, "/v1/transactions", Some(&txn)).await, 200).await;
+    let txn_path = format!("/v1/transactions/{}", done["id"].as_str().unwrap());
+    expect(send(&app, WRITER, Method::GET, &txn_path, None).await, 200).await;
+    expect_problem(send(&app, &ada, Method::GET, &txn_path, None).await, 404, "not_found").await;
 
     // Events: the owner sees their documents enter and change; one given
     // away leaves, with no data; others' changes are never sent.
@@ -236,6 +289,12 @@ async fn owners_and_teams(backend: Backend) {
     expect_problem(send(&app, &ada, Method::POST, "/v1/access/check", Some(&check)).await, 403, "forbidden").await;
     let answer = expect(send(&app, ADMIN, Method::POST, "/v1/access/check", Some(&check)).await, 200).await;
     assert_eq!((answer["allowed"].as_bool(), answer["ruled"].as_bool()), (Some(false), Some(true)), "{answer}");
+    // Asking about itself, a caller learns nothing of a hidden document.
+    let hidden = json!({"collection": "orders", "action": "read", "id": "o2"});
+    let missing = json!({"collection": "orders", "action": "read", "id": "no-such-order"});
+    let a = expect(send(&app, &ada, Method::POST, "/v1/access/check", Some(&hidden)).await, 200).await;
+    let b = expect(send(&app, &ada, Method::POST, "/v1/access/check", Some(&missing)).await, 200).await;
+    assert_eq!(a, b);
     let mine = json!({"collection": "orders", "action": "update", "id": "o1"});
     let answer = expect(send(&app, &ada, Method::POST, "/v1/access/check", Some(&mine)).await, 200).await;
     assert_eq!(answer["grant"], "orders/own@1", "{answer}");
@@ -293,4 +352,45 @@ async fn a_rule_no_index_serves_is_refused_naming_the_grant_never_scanned() {
     let other = token(&issuer, "eve", &["agent"], None);
     let resp = send(&app, &other, Method::POST, "/v1/collections/notes/documents", Some(&json!({"text": "x"}))).await;
     expect_problem(resp, 403, "forbidden").await;
+}
+
+/// `txgate rules test`, as a user runs it: the project's own suite
+/// passes; a suite with one wrong expectation fails naming the case; one
+/// that is not valid is told apart.
+#[test]
+fn the_rules_suite_runs_without_a_server() {
+    let run = |path: &std::path::Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_txgate"))
+            .args(["rules", "test"])
+            .arg(path)
+            .env_clear()
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/examples/rules-orders.json");
+    let (code, out, err) = run(&shipped);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.ends_with(" cases, 0 failed\n") && !out.contains("FAIL"), "{out}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(&shipped).unwrap();
+    let wrong = text.replacen(r#""ids": ["o1", "o3"]"#, r#""ids": ["o1", "o2", "o3"]"#, 1);
+    assert_ne!(wrong, text);
+    let path = dir.path().join("wrong.json");
+    std::fs::write(&path, wrong).unwrap();
+    let (code, out, _) = run(&path);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("FAIL an owner lists their orders: expected the ids"), "{out}");
+
+    let path = dir.path().join("invalid.json");
+    std::fs::write(&path, r#"{"collection": "orders", "rules": {"grants": [{"name": "x", "actions": ["read"]}]}, "principals": {}, "cases": []}"#)
+        .unwrap();
+    let (code, _, err) = run(&path);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("rules/grants/0"), "{err}");
 }

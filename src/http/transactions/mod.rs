@@ -210,10 +210,20 @@ fn writable(rec: &TxnRecord, access: &Access) -> bool {
 /// One the key may not read (a collection it has no grant on) is answered
 /// as one that does not exist, so its existence and its collections stay
 /// another key's.
-async fn load(state: &AppState, id: &str, access: &Access, needed: Scope) -> Result<TxnRecord, ApiError> {
+async fn load(
+    state: &AppState,
+    id: &str,
+    (access, who): (&Access, &crate::rules::Principal),
+    needed: Scope,
+) -> Result<TxnRecord, ApiError> {
     let missing = || ApiError::not_found(format!("no transaction {id}"));
     let rec = state.txns.get(id).await?.ok_or_else(missing)?;
     if !readable(&rec, access) {
+        return Err(missing());
+    }
+    // Its request and outcome name documents the rules may hide.
+    let collections: Vec<&str> = rec.members.iter().map(|m| m.collection.as_str()).collect();
+    if crate::http::ruled::judged_in_any(state, who, &collections).await? {
         return Err(missing());
     }
     access.check_all(needed, rec.members.iter().map(|m| m.collection.as_str()))?;
@@ -241,9 +251,10 @@ problems!(
 pub(crate) async fn get_transaction(
     State(state): State<AppState>,
     access: Access,
+    crate::http::ruled::Who(who): crate::http::ruled::Who,
     ApiPath(path): ApiPath<TransactionPath>,
 ) -> Result<axum::Json<TransactionOut>, ApiError> {
-    let rec = load(&state, &path.id, &access, Scope::Read).await?;
+    let rec = load(&state, &path.id, (&access, &who), Scope::Read).await?;
     let deliveries = state.hooks.deliveries_of(&rec.id, rec.hook_count).await?;
     Ok(axum::Json(transaction_out(&rec, &deliveries, writable(&rec, &access))))
 }
@@ -272,6 +283,7 @@ problems!(
 pub(crate) async fn list_transactions(
     State(state): State<AppState>,
     access: Access,
+    crate::http::ruled::Who(who): crate::http::ruled::Who,
     ApiQuery(filter): ApiQuery<TransactionFilter>,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<TransactionListOut>, ApiError> {
@@ -290,6 +302,11 @@ pub(crate) async fn list_transactions(
     .await?;
     let mut out = Vec::with_capacity(items.len());
     for rec in &items {
+        // Left out (the page may be short): records the rules may hide.
+        let collections: Vec<&str> = rec.members.iter().map(|m| m.collection.as_str()).collect();
+        if crate::http::ruled::judged_in_any(&state, &who, &collections).await? {
+            continue;
+        }
         let deliveries = state.hooks.deliveries_of(&rec.id, rec.hook_count).await?;
         out.push(transaction_out(rec, &deliveries, writable(rec, &access)));
     }
@@ -318,9 +335,10 @@ problems!(
 pub(crate) async fn abort_transaction(
     State(state): State<AppState>,
     access: Access,
+    crate::http::ruled::Who(who): crate::http::ruled::Who,
     ApiPath(path): ApiPath<TransactionPath>,
 ) -> Result<axum::Json<TransactionOut>, ApiError> {
-    let rec = load(&state, &path.id, &access, Scope::Admin).await?;
+    let rec = load(&state, &path.id, (&access, &who), Scope::Admin).await?;
     match state.txns.abort(rec).await? {
         Aborted::Record(rec) => {
             let urls = writable(&rec, &access);
