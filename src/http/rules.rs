@@ -39,6 +39,7 @@ pub(crate) fn router() -> Routes {
 pub(crate) struct RulesIn {
     /// The grants, each named once (at most 32). Empty: no user may do
     /// anything on the collection.
+    #[schema(max_items = 32)]
     pub grants: Vec<GrantSpec>,
 }
 
@@ -106,7 +107,7 @@ problems!(
     path = "/v1/collections/{collection}/rules",
     operation_id = "v1.rules.put",
     tag = "rules",
-    params(CollectionPath, ("If-Match" = Option<String>, Header, description = "\"<version>\" the rules were read at")),
+    params(CollectionPath, ("If-Match" = Option<super::contract::IfMatch>, Header, description = "\"<version>\" the rules were read at")),
     request_body(content = RulesIn, content_type = "application/json"),
     responses(PutProblems,
         (status = 200, description = "In force on every instance", body = RulesOut),
@@ -165,7 +166,7 @@ pub(crate) async fn get_rules(
     path = "/v1/collections/{collection}/rules",
     operation_id = "v1.rules.delete",
     tag = "rules",
-    params(CollectionPath, ("If-Match" = Option<String>, Header, description = "\"<version>\" the rules were read at")),
+    params(CollectionPath, ("If-Match" = Option<super::contract::IfMatch>, Header, description = "\"<version>\" the rules were read at")),
     responses(PutProblems,
         (status = 204, description = "Removed on every instance"),
     )

@@ -69,6 +69,7 @@ pub(crate) struct FieldsSpec {
 pub(crate) struct GrantSpec {
     /// The grant's name, unique in the collection's rules:
     /// `^[a-zA-Z][a-zA-Z0-9_-]{0,63}$`.
+    #[schema(pattern = "^[a-zA-Z][a-zA-Z0-9_-]{0,63}$")]
     pub name: String,
     /// The users' roles it applies to (`*`: every user).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -90,6 +91,7 @@ pub(crate) struct GrantSpec {
     #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub matches: Option<Value>,
+    #[schema(min_items = 1)]
     pub actions: Vec<Action>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fields: Option<FieldsSpec>,
