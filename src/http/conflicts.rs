@@ -111,6 +111,52 @@ pub(crate) async fn explained(
     }
 }
 
+/// [`explained`] for a caller the collection's rules judge (`judge`):
+/// `current` trimmed to the fields they may read, and each change's field
+/// paths to those fields; a document they may no longer read (or that is
+/// gone) is not found.
+pub(crate) async fn explained_under(
+    state: &AppState,
+    judge: &crate::rules::eval::Judge,
+    headers: &HeaderMap,
+    conflict: Option<Conflict>,
+    mut err: ApiError,
+) -> ApiError {
+    let Some(Conflict { collection: coll, id, expected }) = conflict else { return err };
+    if minimal(headers) {
+        return err;
+    }
+    match state.conflicts.explain(&coll, &id, expected, MAX_DATA_BYTES).await {
+        Ok(explained) => {
+            let Some(mut live) = explained.current else { return DocError::NotFound.into() };
+            let Some(seen) = judge.sees(crate::rules::Action::Read, &live.data) else {
+                return DocError::NotFound.into();
+            };
+            crate::rules::eval::project(&mut live.data, seen.fields.as_ref());
+            let readable = |path: &String| {
+                let top = path.split('.').next().unwrap_or(path);
+                seen.fields.as_ref().is_none_or(|f| f.contains(top))
+            };
+            let keep = |paths: Option<Vec<String>>| paths.map(|p| p.into_iter().filter(readable).collect());
+            let changes: Vec<ChangeOut> = explained
+                .changes
+                .into_iter()
+                .map(ChangeOut::from)
+                .map(|c| ChangeOut { added: keep(c.added), removed: keep(c.removed), changed: keep(c.changed), ..c })
+                .collect();
+            let current = DocumentOut::new(&coll, live);
+            err.members.current = Some(serde_json::to_value(current).expect("a document serializes"));
+            err.members.changes = Some(serde_json::to_value(changes).expect("changes serialize"));
+            err.members.changes_truncated = Some(explained.truncated);
+            err
+        }
+        Err(e) => {
+            tracing::warn!(collection = %coll, id = %id, error = %e, "a version conflict is answered without its explanation");
+            err
+        }
+    }
+}
+
 /// One change after the version a `version_conflict` expected.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct ChangeOut {

@@ -101,9 +101,8 @@ fn touched(change: &Change) -> Vec<(&str, String)> {
 }
 
 /// The answer to a refused write: under rules, what the caller may not
-/// read is not found and a conflict is not explained (its `current` would
-/// show the document as the rules in force judge it, which a reader of
-/// the 409 may no longer be allowed).
+/// read is not found, and a conflict is explained with only what they may
+/// read.
 async fn refused(
     state: &AppState,
     access: &Access,
@@ -113,11 +112,11 @@ async fn refused(
     err: DocError,
 ) -> ApiError {
     let err = ruled::hide_tombstone(err, judged);
-    if let Judged::Ruled(_) = judged {
-        return err.into();
-    }
     let conflict = Conflict::of_write(&err, collection, id);
-    explained(state, access, headers, conflict, err.into()).await
+    match judged {
+        Judged::Ruled(judge) => super::conflicts::explained_under(state, judge, headers, conflict, err.into()).await,
+        Judged::Free => explained(state, access, headers, conflict, err.into()).await,
+    }
 }
 
 fn written(collection: &str, written: Written, judged: &Judged) -> Response {

@@ -219,6 +219,23 @@ async fn owners_and_teams(backend: Backend) {
     expect(send(&app, &zed, Method::PUT, &format!("{docs}/o2"), Some(&note)).await, 200).await;
     let o2 = expect(send(&app, WRITER, Method::GET, &format!("{docs}/o2"), None).await, 200).await;
     assert_eq!((o2["data"]["secret"].as_str(), o2["data"]["note"].as_str()), (Some("s"), Some("called")), "{o2}");
+    // A conflict shows only what the caller may read.
+    let stale = app
+        .request(Method::PATCH, &format!("{docs}/o2"))
+        .bearer_auth(&zed)
+        .header("if-match", "\"1\"")
+        .json(&json!({"set": {"note": "late"}}))
+        .send()
+        .await
+        .unwrap();
+    let problem = expect_problem(stale, 409, "version_conflict").await;
+    assert_eq!(problem["current"]["data"]["note"], json!(null), "note is not readable: {problem}");
+    assert!(problem["current"]["data"].get("secret").is_none(), "{problem}");
+    assert_eq!(problem["current"]["data"]["owner"], "bob", "{problem}");
+    for change in problem["changes"].as_array().unwrap() {
+        let changed: Vec<&str> = change["changed"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        assert!(changed.iter().all(|f| ["item", "qty", "team", "owner"].contains(f)), "{problem}");
+    }
 
     // Both roles: the union of their grants, each document once, in pages
     // of any size, and counted once; sorted by a path one grant pins too.
