@@ -69,6 +69,11 @@ impl Conflict {
 
     /// The conflict a transaction was aborted for, if it was, on the member
     /// it names.
+    /// The collection of the document in conflict.
+    pub(crate) fn collection(&self) -> &str {
+        &self.collection
+    }
+
     pub(crate) fn of_transaction(err: &TxnError) -> Option<Self> {
         match err {
             TxnError::Aborted { failure, .. } if failure.code == FailureCode::VersionConflict => Some(Self {

@@ -298,8 +298,9 @@ async fn owners_and_teams(backend: Backend) {
     expect_problem(send(&app, &ada, Method::GET, &format!("{docs}/o3"), None).await, 404, "not_found").await;
 
     // Paths that do not judge by rules refuse rather than show.
-    let txn = json!({"actions": [{"op": "update", "collection": "orders", "id": "o1", "set": {"note": "t"}}]});
-    expect_problem(send(&app, &ada, Method::POST, "/v1/transactions", Some(&txn)).await, 403, "rule_denied").await;
+    let merge = json!({"base_version": 1, "mine": {"note": "m"}});
+    let resp = send(&app, &ada, Method::POST, &format!("{docs}/o1/merge"), Some(&merge)).await;
+    expect_problem(resp, 403, "rule_denied").await;
 
     // Access checks explain; only an admin asks about someone else.
     let check = json!({"principal": {"sub": "ada", "roles": ["customer"]}, "collection": "orders", "action": "read", "id": "o2"});
@@ -410,4 +411,69 @@ fn the_rules_suite_runs_without_a_server() {
     let (code, _, err) = run(&path);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("rules/grants/0"), "{err}");
+}
+
+/// A transaction under rules: every action judged on the state it would
+/// produce; the third of five refused answers for all, naming it, and
+/// nothing is written.
+async fn transactions_under_rules(backend: Backend) {
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let Some(app) = gateway(backend, &issuer).await else { return };
+    ready_index(&app, "orders", "owner", &["owner"]).await;
+    let docs = "/v1/collections/orders/documents";
+    for (id, owner) in [("o1", "ada"), ("o2", "bob"), ("o3", "ada"), ("o4", "ada"), ("o5", "ada")] {
+        let doc = json!({"_id": id, "owner": owner, "team": "red", "item": "tea", "qty": 1});
+        expect(send(&app, WRITER, Method::POST, docs, Some(&doc)).await, 201).await;
+    }
+    expect(send(&app, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&rules())).await, 200).await;
+    let ada = token(&issuer, "ada", &["customer"], None);
+    let txn = |actions: Value| json!({"actions": actions});
+    let five = txn(json!([
+        {"op": "insert", "collection": "orders", "data": {"item": "jam"}},
+        {"op": "update", "collection": "orders", "id": "o1", "inc": {"qty": 4}},
+        {"op": "update", "collection": "orders", "id": "o3", "set": {"owner": "bob"}},
+        {"op": "delete", "collection": "orders", "id": "o4"},
+        {"op": "check", "collection": "orders", "id": "o5"},
+    ]));
+    let problem =
+        expect_problem(send(&app, &ada, Method::POST, "/v1/transactions", Some(&five)).await, 403, "rule_denied").await;
+    assert_eq!((problem["action"].as_i64(), problem["errors"][0]["pointer"].as_str()), (Some(2), Some("/owner")));
+    assert_eq!(count(&app, &ada, "orders").await, 4, "nothing was written");
+    let o1 = expect(send(&app, &ada, Method::GET, &format!("{docs}/o1"), None).await, 200).await;
+    assert_eq!((o1["version"].as_i64(), o1["data"]["qty"].as_i64()), (Some(1), Some(1)), "{o1}");
+
+    // Another's document is not there, in a transaction too.
+    let hidden = txn(json!([{"op": "check", "collection": "orders", "id": "o2"}]));
+    let problem =
+        expect_problem(send(&app, &ada, Method::POST, "/v1/transactions", Some(&hidden)).await, 404, "not_found").await;
+    assert_eq!(problem["action"], 0, "{problem}");
+    // Hooks are not for transactions the rules judge.
+    let hooked = json!({"actions": [{"op": "check", "collection": "orders", "id": "o1"}],
+        "hooks": [{"url": "http://127.0.0.1:9/hook"}]});
+    expect_problem(send(&app, &ada, Method::POST, "/v1/transactions", Some(&hooked)).await, 403, "rule_denied").await;
+
+    // What the rules allow commits, with the gateway's `set` fields.
+    let allowed = txn(json!([
+        {"op": "insert", "collection": "orders", "data": {"item": "jam"}},
+        {"op": "update", "collection": "orders", "id": "o1", "inc": {"qty": 4}},
+        {"op": "delete", "collection": "orders", "id": "o3"},
+    ]));
+    let done = expect(send(&app, &ada, Method::POST, "/v1/transactions", Some(&allowed)).await, 200).await;
+    let new_id = done["results"][0]["id"].as_str().unwrap();
+    let created = expect(send(&app, &ada, Method::GET, &format!("{docs}/{new_id}"), None).await, 200).await;
+    assert_eq!(created["data"]["owner"], "ada", "{created}");
+    let o1 = expect(send(&app, &ada, Method::GET, &format!("{docs}/o1"), None).await, 200).await;
+    assert_eq!(o1["data"]["qty"], 5);
+    expect_problem(send(&app, &ada, Method::GET, &format!("{docs}/o3"), None).await, 404, "not_found").await;
+    assert_eq!(list_all(&app, &ada, "orders", 10).await.len(), 4);
+}
+
+#[tokio::test]
+async fn transactions_under_rules_on_the_embedded_store() {
+    transactions_under_rules(Backend::Embedded).await;
+}
+
+#[tokio::test]
+async fn transactions_under_rules_on_mongodb() {
+    transactions_under_rules(Backend::Mongodb).await;
 }

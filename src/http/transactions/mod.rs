@@ -2,6 +2,7 @@
 //! list records, abort a pending one.
 
 mod plan;
+mod ruled;
 mod wire;
 
 pub(crate) use wire::*;
@@ -121,15 +122,17 @@ pub(crate) async fn create_transaction(
     // values (write-only) left out: the hooks themselves are kept whole.
     let request = crate::hooks::redact_request(&value).to_string();
     let input: TransactionIn = from_body(value, &["", "/actions/*", "/hooks/*"])?;
+    // Which inserts chose their id (rules may not let them).
+    let chose: Vec<bool> =
+        input.actions.iter().map(|a| !matches!(a, ActionIn::Insert(insert) if insert.id.is_none())).collect();
     let mut plan = plan::plan(input, &actor, request, key.clone(), state.txns.config(), &state.hook_guard)?;
     // Every member within the key's collections, or nothing is done.
     for (i, action) in plan.actions.iter().enumerate() {
         let needed = if matches!(action.op, ActionOp::Check) { Scope::Read } else { Scope::Write };
         access.check(needed, &action.collection).map_err(|e| e.action(i))?;
-        crate::http::ruled::not_under_rules(&state, &action.collection, &who, "a transaction")
-            .await
-            .map_err(|e| e.action(i))?;
     }
+    // And each action the rules judge allowed on the state it produces.
+    let judged = ruled::judge_plan(&state, &who, &mut plan, &chose).await?;
     // Admitted as every write is (the rule of declared indexes, unique
     // values claimed): a refusal is answered before anything is written.
     let admitted = match state.indexes.admit_plan(&mut plan, state.documents.as_ref()).await {
@@ -171,7 +174,14 @@ pub(crate) async fn create_transaction(
             Ok(committed) => Ok(axum::Json(CommittedOut::of(&committed.record)).into_response()),
             Err(err) => {
                 let conflict = Conflict::of_transaction(&err);
-                Err(super::conflicts::explained(&state, &access, &headers, conflict, ApiError::from(err)).await)
+                let err = ApiError::from(err);
+                // Explained with what the caller may read, where rules judge them.
+                match conflict.as_ref().and_then(|c| judged.get(c.collection())) {
+                    Some(crate::rules::Judged::Ruled(judge)) => {
+                        Err(super::conflicts::explained_under(&state, judge, &headers, conflict, err).await)
+                    }
+                    _ => Err(super::conflicts::explained(&state, &access, &headers, conflict, err).await),
+                }
             }
         },
         Submitted::Replay { status, body } => {
