@@ -24,11 +24,43 @@ pub(crate) struct RuledReader {
     pub rules: Arc<Rules>,
     /// The reader's judgement by each (collection, version) met.
     judged: Mutex<HashMap<(String, i64), Arc<Judged>>>,
+    /// Each collection's last version met, and whether the reader had a
+    /// grant to stream it then.
+    had: Mutex<HashMap<String, (i64, bool)>>,
+    /// Set when a newer version left the reader no grant where an older
+    /// one gave some.
+    lost: std::sync::atomic::AtomicBool,
 }
 
 impl RuledReader {
     pub(crate) fn new(who: Principal, rules: Arc<Rules>) -> Self {
-        Self { who, rules, judged: Mutex::default() }
+        Self { who, rules, judged: Mutex::default(), had: Mutex::default(), lost: Default::default() }
+    }
+
+    /// Whether a rule change left the reader no grant to stream a
+    /// collection it had one for.
+    pub(crate) fn lost(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Note the reader's grants under `version` of `coll`'s rules.
+    fn note(&self, coll: &str, version: i64, judged: &Judged) {
+        let has = match judged {
+            Judged::Free => true,
+            Judged::Ruled(judge) => judge.allowing(Action::Stream).next().is_some(),
+        };
+        let mut had = self.had.lock().expect("had");
+        match had.get(coll) {
+            Some(&(seen, true)) if version > seen && !has => {
+                self.lost.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            Some(&(seen, _)) if version < seen => return,
+            _ => {}
+        }
+        if had.len() > 1024 {
+            had.clear();
+        }
+        had.insert(coll.to_owned(), (version, has));
     }
 
     /// How the rules of `coll` in force at `position` judge the reader.
@@ -41,6 +73,7 @@ impl RuledReader {
             return Ok(Arc::clone(j));
         }
         let judged = Arc::new(Judged::of(Some(set), &self.who, &self.rules.now_string()));
+        self.note(coll, set.version, &judged);
         let mut cache = self.judged.lock().expect("judged");
         if cache.len() > 1024 {
             cache.clear();

@@ -373,6 +373,7 @@ pub(crate) async fn events(
     spend(&state, &ticket).await?;
     let reader = Reader {
         ruled,
+        lost: false,
         opened: Some(start),
         _slot: (slot, key_slot),
         log,
@@ -485,6 +486,8 @@ struct Reader {
     ends: Option<tokio::time::Instant>,
     /// Whether `reauth` was sent: the stream is over.
     reauthed: bool,
+    /// Whether a rule change left the caller no grant (see [`Reader::take`]).
+    lost: bool,
     /// The seq of the last event sent (at first, the position the stream
     /// starts after).
     last_sent: u64,
@@ -515,7 +518,10 @@ impl Reader {
 
     /// Queue the events of `events` the stream wants, in order. On an
     /// error the cursor stays before the event that could not be judged.
-    async fn take(&mut self, events: Vec<Arc<Ready>>) -> Result<(), crate::store::StoreError> {
+    /// `Ok(true)`: the caller lost every grant of a collection's rules at
+    /// an event (the cursor stays before it): the stream ends with
+    /// `reauth` once what came before is sent.
+    async fn take(&mut self, events: Vec<Arc<Ready>>) -> Result<bool, crate::store::StoreError> {
         for ready in events {
             if !self.filter.wants(&ready.event) {
                 continue;
@@ -527,9 +533,13 @@ impl Reader {
                     return Err(err);
                 }
             };
+            if self.ruled.as_ref().is_some_and(|r| r.lost()) {
+                self.cursor = ready.event.seq - 1;
+                return Ok(true);
+            }
             self.pending.extend(shown);
         }
-        Ok(())
+        Ok(false)
     }
 
     /// The next piece of the stream: every event one read found, as
@@ -552,6 +562,14 @@ impl Reader {
                 let last = self.last_sent;
                 let text =
                     format!("event: reauth\ndata: {{\"reason\":\"token_expired\",\"last_event_id\":\"{last}\"}}\n\n");
+                return Some((Ok(Bytes::from(text)), self));
+            }
+            if self.lost && self.pending.is_empty() {
+                // A rule change left the caller no grant: say so, and end.
+                self.reauthed = true;
+                let last = self.last_sent;
+                let text =
+                    format!("event: reauth\ndata: {{\"reason\":\"grants_changed\",\"last_event_id\":\"{last}\"}}\n\n");
                 return Some((Ok(Bytes::from(text)), self));
             }
             if let Some(start) = self.opened.take() {
@@ -618,7 +636,11 @@ impl Reader {
                             }
                             self.failed()
                         }
-                        Ok(()) => {
+                        Ok(true) => {
+                            self.lost = true;
+                            continue;
+                        }
+                        Ok(false) => {
                             self.failures = 0;
                             self.cursor = batch.next;
                             if !self.pending.is_empty() || batch.more || (batch.next > before && !batch.gap) {

@@ -10,7 +10,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::testing::keys::parse_keys;
 
-use crate::support::{Backend, TestApp, expect, expect_problem};
+use crate::support::{Backend, SseStream, TestApp, expect, expect_problem};
 use crate::users::{Issuer, RSA_A};
 
 const ADMIN: &str = "admin-key-0123456789";
@@ -476,4 +476,62 @@ async fn transactions_under_rules_on_the_embedded_store() {
 #[tokio::test]
 async fn transactions_under_rules_on_mongodb() {
     transactions_under_rules(Backend::Mongodb).await;
+}
+
+/// A rule change under open streams: a stream whose caller keeps a grant
+/// goes on, judged by the new rules from their position; one whose caller
+/// lost every grant ends with `reauth`, having been sent nothing the new
+/// rules hide.
+#[tokio::test]
+async fn a_rule_change_under_open_streams() {
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let app = gateway(Backend::Embedded, &issuer).await.unwrap();
+    ready_index(&app, "orders", "owner", &["owner"]).await;
+    ready_index(&app, "orders", "team", &["team"]).await;
+    let docs = "/v1/collections/orders/documents";
+    for (id, owner) in [("o1", "ada"), ("o2", "bob")] {
+        let doc = json!({"_id": id, "owner": owner, "team": "red", "qty": 1});
+        expect(send(&app, WRITER, Method::POST, docs, Some(&doc)).await, 201).await;
+    }
+    expect(send(&app, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&rules())).await, 200).await;
+    let ada = token(&issuer, "ada", &["customer"], None);
+    let zed = token(&issuer, "zed", &["agent"], Some("red"));
+    let open = |who: String| {
+        let req = app.request(Method::GET, "/v1/events?collections=orders").bearer_auth(who);
+        async move { SseStream::try_open(req).await.unwrap() }
+    };
+    let (mut ada_stream, mut zed_stream) = (open(ada.clone()).await, open(zed.clone()).await);
+    let bump = |id: &'static str, qty: i64| {
+        let body = json!({"set": {"qty": qty}});
+        let req = app.request(Method::PATCH, &format!("{docs}/{id}")).bearer_auth(WRITER).json(&body);
+        async move { expect(req.send().await.unwrap(), 200).await }
+    };
+    bump("o2", 2).await;
+    let seen = zed_stream.next(std::time::Duration::from_secs(10)).await.unwrap();
+    assert_eq!((seen.data["document"].as_str(), seen.data["data"]["qty"].as_i64()), (Some("o2"), Some(2)));
+    // The team grant goes: agents have none left.
+    let own_only = json!({"grants": [rules()["grants"][0].clone()]});
+    let set = expect(send(&app, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&own_only)).await, 200).await;
+    assert_eq!(set["version"], 2);
+    bump("o2", 3).await;
+    bump("o1", 3).await;
+    let reauth = zed_stream.next(std::time::Duration::from_secs(10)).await.unwrap();
+    assert_eq!(reauth.event.as_deref(), Some("reauth"), "{:?}", reauth.data);
+    assert_eq!(reauth.data["reason"], "grants_changed");
+    assert_eq!(reauth.data["last_event_id"], seen.id.as_deref().unwrap_or_default());
+    assert!(zed_stream.ended(std::time::Duration::from_secs(5)).await);
+    // The owner's stream goes on, judged by the new version.
+    let mine = ada_stream.next(std::time::Duration::from_secs(10)).await.unwrap();
+    assert_eq!((mine.data["document"].as_str(), mine.data["data"]["qty"].as_i64()), (Some("o1"), Some(3)));
+    // Events after the change are judged by it: the agent reads none.
+    let after = set["position"].as_u64().unwrap();
+    let page = app
+        .request(Method::GET, &format!("/v1/events?collections=orders&after={after}"))
+        .bearer_auth(&zed)
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap();
+    let page = expect(page, 200).await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 0, "{page}");
 }
