@@ -263,7 +263,7 @@ impl App {
             subscriptions: Arc::clone(&self.subscriptions),
             collections: Arc::clone(&self.collections),
             indexes: Arc::clone(&self.indexes),
-            rules: crate::rules::Rules::new(Arc::clone(&self.store), config.txn.clock.clone()),
+            rules: self.subscriptions.rules(),
             queries: Arc::clone(&self.queries),
             positioned: Arc::clone(&self.positioned),
             conflicts: Arc::clone(&self.conflicts),

@@ -33,6 +33,7 @@ use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use crate::events::ruled::RuledReader;
 use crate::events::{EventType, Filter, Log, READ_BATCH, ReadError, Ready};
 use crate::hooks::{DELIVERIES, Delivery, Hooks, event_key};
 use crate::store::{DateTime, DynStore, Record, StoreError, StoreResult, Update, doc, scans};
@@ -82,6 +83,77 @@ pub struct Subscription {
     /// `TXGATE_MAX_SUBSCRIPTIONS_PER_KEY`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// Who created it, as collections' rules judge them: its events are
+    /// judged as that caller's stream would judge them (none without
+    /// credentials, and for subscriptions of earlier releases: they are
+    /// judged by the scopes of their key alone, as then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller: Option<Caller>,
+}
+
+/// The creator of a subscription, as rules judge them: a user with the
+/// roles and claims of the token that created (or last renewed) it, until
+/// that token's `exp`; an API key by name; or an anonymous caller.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+pub struct Caller {
+    /// `user`, `key` or `anonymous`.
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iss: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<String>,
+    /// The token's claims, as JSON (`$auth` is not a field name MongoDB
+    /// stores, and claims may hold such names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claims: Option<String>,
+    /// When the token expires: past it, the subscription pauses (no event
+    /// is lost) until renewed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<DateTime>,
+}
+
+impl Caller {
+    /// The caller `who`, whose credential expires at `expires`.
+    pub(crate) fn of(who: &crate::rules::Principal, expires: Option<DateTime>) -> Option<Self> {
+        use crate::rules::Kind;
+        let kind = match who.kind {
+            Kind::Open => return None,
+            Kind::Key => "key",
+            Kind::User => "user",
+            Kind::Anonymous => "anonymous",
+        };
+        Some(Caller {
+            kind: kind.to_owned(),
+            sub: who.sub.clone(),
+            iss: who.iss.clone(),
+            key: who.key.clone(),
+            roles: who.roles.clone(),
+            claims: (!who.claims.is_empty()).then(|| serde_json::to_string(&who.claims).unwrap_or_default()),
+            expires,
+        })
+    }
+
+    fn principal(&self) -> crate::rules::Principal {
+        use crate::rules::Kind;
+        let kind = match self.kind.as_str() {
+            "key" => Kind::Key,
+            "user" => Kind::User,
+            // Unknown kinds are judged as strictly as can be.
+            _ => Kind::Anonymous,
+        };
+        crate::rules::Principal {
+            kind,
+            sub: self.sub.clone(),
+            iss: self.iss.clone(),
+            key: self.key.clone(),
+            roles: self.roles.clone(),
+            claims: self.claims.as_deref().and_then(|c| serde_json::from_str(c).ok()).unwrap_or_default(),
+        }
+    }
 }
 
 impl Subscription {
@@ -123,6 +195,16 @@ pub enum CreateError {
     Store(#[from] StoreError),
 }
 
+/// `events` as `ruled` (a subscription's creator) may see them, in order:
+/// projected, `left`, or left out.
+async fn judged(log: &Log, ruled: &RuledReader, events: Vec<Arc<Ready>>) -> StoreResult<Vec<Arc<Ready>>> {
+    let mut out = Vec::with_capacity(events.len());
+    for ready in events {
+        out.extend(ruled.judge(log, &ready, None).await?);
+    }
+    Ok(out)
+}
+
 /// A subscription as this instance dispatches it.
 struct Known {
     /// As stored (`position` as last written or read).
@@ -134,6 +216,20 @@ struct Known {
     at: u64,
     /// When its position was last written.
     written: Instant,
+    /// Its creator, whose events the rules judge (see [`Caller`]).
+    ruled: Option<Arc<RuledReader>>,
+}
+
+impl Known {
+    fn new(sub: Subscription, rules: &Arc<crate::rules::Rules>) -> Self {
+        let ruled = sub.caller.as_ref().map(|c| Arc::new(RuledReader::new(c.principal(), Arc::clone(rules))));
+        Known { filter: sub.filter(), at: sub.position(), written: Instant::now(), ruled, sub }
+    }
+
+    /// Whether the token that created it has expired: its events wait.
+    fn paused(&self, now: DateTime) -> bool {
+        self.sub.caller.as_ref().and_then(|c| c.expires).is_some_and(|e| e <= now)
+    }
 }
 
 /// This instance's copy of the subscriptions, read again every
@@ -163,19 +259,30 @@ pub struct Subscriptions {
     creating: tokio::sync::Mutex<()>,
     /// Subscriptions one key may have (`TXGATE_MAX_SUBSCRIPTIONS_PER_KEY`).
     per_key: usize,
+    /// Collections' rules, which judge the events of subscriptions whose
+    /// creator they judge.
+    rules: Arc<crate::rules::Rules>,
 }
 
 impl Subscriptions {
     pub fn new(store: DynStore, log: Arc<Log>, hooks: Arc<Hooks>, per_key: usize) -> Arc<Self> {
+        let rules = crate::rules::Rules::new(Arc::clone(&store), hooks.clock.clone());
         Arc::new(Self {
             store,
             log,
             hooks,
+            rules,
             known: tokio::sync::Mutex::default(),
             changed: std::sync::atomic::AtomicBool::new(false),
             creating: tokio::sync::Mutex::new(()),
             per_key,
         })
+    }
+
+    /// The collections' rules this instance judges by (one view of them,
+    /// shared with the HTTP layer).
+    pub(crate) fn rules(&self) -> Arc<crate::rules::Rules> {
+        Arc::clone(&self.rules)
     }
 
     /// How many subscriptions the key named `key` (`None`: no keys) has.
@@ -206,7 +313,12 @@ impl Subscriptions {
     /// survives. (Creates on several instances at once can each count
     /// before the others insert: a key can end up with one more per
     /// instance creating for it at that moment.)
-    pub async fn create(&self, url: String, filter: Filter, key: Option<String>) -> Result<Subscription, CreateError> {
+    pub async fn create(
+        &self,
+        url: String,
+        filter: Filter,
+        (key, caller): (Option<String>, Option<Caller>),
+    ) -> Result<Subscription, CreateError> {
         let _one = self.creating.lock().await;
         let has = self.count_of(key.as_deref()).await?;
         if has >= self.per_key {
@@ -228,6 +340,7 @@ impl Subscriptions {
             created_at: self.hooks.clock.now(),
             position,
             key,
+            caller,
         };
         if !self.store.insert(SUBSCRIPTIONS, sub.to_record()).await? {
             return Err(StoreError::Internal(format!("subscription id {} taken", sub.id)).into());
@@ -245,6 +358,21 @@ impl Subscriptions {
     pub async fn list(&self, after: Option<&str>, limit: usize) -> StoreResult<(Vec<Subscription>, Option<String>)> {
         let scan = scans::SUBSCRIPTIONS.scan(Vec::new());
         crate::store::page(self.store.as_ref(), SUBSCRIPTIONS, scan, after, limit, Subscription::from_record).await
+    }
+
+    /// Renew subscription `id` for its creator `caller` (a fresher token):
+    /// its events are judged by it from where it paused. `false`: none.
+    pub async fn renew(&self, id: &str, caller: Caller) -> StoreResult<bool> {
+        let caller = mongodb::bson::to_bson(&caller).expect("a caller serializes");
+        let renewed = self
+            .store
+            .update(SUBSCRIPTIONS, id, crate::store::shape::any(), Update::set(doc! {"caller": caller}))
+            .await?;
+        if renewed {
+            self.changed.store(true, std::sync::atomic::Ordering::SeqCst);
+            tracing::info!(subscription.id = %id, "subscription renewed");
+        }
+        Ok(renewed)
     }
 
     /// Delete subscription `id` (synced); whether it existed.
@@ -275,10 +403,13 @@ impl Subscriptions {
             subs.push(match old.remove(&sub.id) {
                 Some(mut k) => {
                     k.at = k.at.max(sub.position());
+                    if k.sub.caller != sub.caller {
+                        k.ruled = Known::new(sub.clone(), &self.rules).ruled;
+                    }
                     k.sub = sub;
                     k
                 }
-                None => Known { filter: sub.filter(), at: sub.position(), written: Instant::now(), sub },
+                None => Known::new(sub, &self.rules),
             });
         })
         .await?;
@@ -307,7 +438,12 @@ impl Subscriptions {
         if stale || self.changed.load(std::sync::atomic::Ordering::SeqCst) {
             self.reload(&mut cache).await?;
         }
-        let Some(from) = cache.subs.iter().map(|k| k.at).min() else { return Ok(Pass::default()) };
+        // A paused subscription holds no one back: it reads on from where
+        // it stopped once renewed.
+        let now = self.hooks.clock.now();
+        let Some(from) = cache.subs.iter().filter(|k| !k.paused(now)).map(|k| k.at).min() else {
+            return Ok(Pass::default());
+        };
         let batch = match self.log.read(from, READ_BATCH).await {
             Ok(batch) => batch,
             Err(ReadError::Expired { floor, .. }) => {
@@ -335,7 +471,7 @@ impl Subscriptions {
             candidates.dedup();
             for i in candidates {
                 let k = &cache.subs[i];
-                if e.seq > k.at && k.filter.wants(e) {
+                if e.seq > k.at && k.filter.wants(e) && !k.paused(now) {
                     wanted.entry(i).or_default().push(Arc::clone(event));
                 }
             }
@@ -344,6 +480,17 @@ impl Subscriptions {
         let mut failed = std::collections::BTreeSet::new();
         for (i, events) in wanted {
             let k = &mut cache.subs[i];
+            let events = match &k.ruled {
+                None => events,
+                Some(ruled) => match judged(&self.log, ruled, events).await {
+                    Ok(events) => events,
+                    Err(err) => {
+                        failed.insert(i);
+                        tracing::warn!(subscription.id = %k.sub.id, error = %err, "a subscription's events could not be judged by rules; tried again next pass");
+                        continue;
+                    }
+                },
+            };
             match self.record(&k.sub, events).await {
                 Ok(recorded) => {
                     pass.recorded += recorded;
@@ -357,7 +504,7 @@ impl Subscriptions {
             }
         }
         for (i, k) in cache.subs.iter_mut().enumerate() {
-            if failed.contains(&i) || k.at >= batch.next {
+            if failed.contains(&i) || k.at >= batch.next || k.paused(now) {
                 continue;
             }
             k.at = batch.next;
@@ -371,6 +518,8 @@ impl Subscriptions {
     }
 
     /// Record the deliveries of `events` (in position order) for `sub`.
+    ///
+    /// (Events judged by rules first: see [`judged`].)
     async fn record(&self, sub: &Subscription, events: Vec<Arc<Ready>>) -> StoreResult<usize> {
         // By document (a transaction's own event is its own chain), each
         // chain in position order.

@@ -32,6 +32,7 @@ pub(crate) fn router() -> Routes {
     Routes::new()
         .guarded(Guard::ByMethod(On::Handler), routes!(create_subscription, list_subscriptions))
         .guarded(Guard::ByMethod(On::Handler), routes!(get_subscription, delete_subscription))
+        .guarded(Guard::ByMethod(On::Handler), routes!(renew_subscription))
 }
 
 /// Most collections one subscription may name.
@@ -78,6 +79,12 @@ pub(crate) struct SubscriptionOut {
     /// The log position up to which its events have been queued as
     /// deliveries (it started at the end of the log when created).
     pub position: i64,
+    /// A user's subscription delivers until the token that created (or
+    /// renewed) it expires, then pauses, losing nothing, until renewed
+    /// (`POST /v1/subscriptions/{id}/renew`); absent for an API key's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
+    pub expires_at: Option<String>,
 }
 
 impl SubscriptionOut {
@@ -103,6 +110,7 @@ impl From<Subscription> for SubscriptionOut {
             types: s.types,
             created_at: rfc3339(s.created_at),
             position: s.position,
+            expires_at: s.caller.and_then(|c| c.expires).map(rfc3339),
         }
     }
 }
@@ -202,32 +210,17 @@ pub(crate) async fn create_subscription(
 ) -> Result<Response, ApiError> {
     let input: SubscriptionIn = from_body(value, &[""])?;
     let (collections, types) = check(&input, &state)?;
-    // Deliveries are not judged by rules yet: a caller rules judge
-    // subscribes to named collections none of whose rules judge it.
-    if who.kind != crate::rules::Kind::Open {
-        match collections.as_deref() {
-            Some(named) => {
-                for coll in named {
-                    super::ruled::not_under_rules(&state, coll, &who, "a subscription").await?;
-                }
-            }
-            None if matches!(who.kind, crate::rules::Kind::User | crate::rules::Kind::Anonymous) => {
-                return Err(Invalid::new(
-                    "/collections",
-                    "a user's subscription names its collections (deliveries are not judged by rules)",
-                )
-                .into());
-            }
-            None => {}
-        }
-    }
     // A key limited to some collections subscribes to those only: the
     // filter may not name others, and events telling of others are left
     // out (a transaction's event with a member elsewhere).
     access.check_all(Scope::Write, collections.iter().flatten().map(String::as_str))?;
     let within = access.collections(Scope::Read);
     let filter = Filter { collections, types, within };
-    let sub = match state.subscriptions.create(input.url, filter, actor.owner()).await {
+    // Its events are judged as its creator's stream would judge them, and
+    // a user's only until their token expires (then it pauses until renewed).
+    let expires = access.expires.map(crate::store::DateTime::from_system_time);
+    let caller = crate::subscriptions::Caller::of(&who, expires);
+    let sub = match state.subscriptions.create(input.url, filter, (actor.owner(), caller)).await {
         Ok(sub) => sub,
         Err(CreateError::Store(err)) => return Err(err.into()),
         Err(CreateError::Limit(has)) => {
@@ -345,6 +338,49 @@ pub(crate) async fn delete_subscription(
         reach(&sub, &access, Scope::Write)?;
     }
     if state.subscriptions.delete(&path.id).await? { Ok(StatusCode::NO_CONTENT) } else { Err(not_found(&path.id)) }
+}
+
+problems!(
+    /// What `v1.subscriptions.renew` can answer besides its success.
+    RenewProblems = Problems::of(&[InvalidPath, NotFound])
+);
+
+/// Renew a subscription
+///
+/// By its creator, with a fresher token: its events are judged by the
+/// roles and claims of this one, and it delivers until this token expires.
+/// A paused subscription goes on from where it stopped; nothing is lost
+/// (within the event log's retention).
+#[utoipa::path(
+    post,
+    path = "/v1/subscriptions/{id}/renew",
+    operation_id = "v1.subscriptions.renew",
+    tag = "subscriptions",
+    params(SubscriptionPath),
+    responses(RenewProblems,
+        (status = 200, description = "Renewed", body = SubscriptionOut),
+    )
+)]
+pub(crate) async fn renew_subscription(
+    State(state): State<AppState>,
+    access: Access,
+    actor: Actor,
+    super::ruled::Who(who): super::ruled::Who,
+    ApiPath(path): ApiPath<SubscriptionPath>,
+) -> Result<axum::Json<SubscriptionOut>, ApiError> {
+    let sub = state.subscriptions.get(&path.id).await?.ok_or_else(|| not_found(&path.id))?;
+    // Its creator's only: anyone else is told there is none.
+    if sub.key.is_none() || sub.key != actor.owner() {
+        return Err(not_found(&path.id));
+    }
+    reach(&sub, &access, Scope::Write)?;
+    let expires = access.expires.map(crate::store::DateTime::from_system_time);
+    let caller = crate::subscriptions::Caller::of(&who, expires).ok_or_else(|| not_found(&path.id))?;
+    if !state.subscriptions.renew(&path.id, caller).await? {
+        return Err(not_found(&path.id));
+    }
+    let sub = state.subscriptions.get(&path.id).await?.ok_or_else(|| not_found(&path.id))?;
+    Ok(axum::Json(SubscriptionOut::shown(sub, &access)))
 }
 
 /// Whether the caller may see (`Read`) or delete (`Write`) `sub`. A

@@ -10,7 +10,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use txgate::testing::keys::parse_keys;
 
-use crate::support::{Backend, SseStream, TestApp, expect, expect_problem};
+use crate::support::{Backend, SseStream, TestApp, TestReceiver, expect, expect_problem};
 use crate::users::{Issuer, RSA_A};
 
 const ADMIN: &str = "admin-key-0123456789";
@@ -534,4 +534,69 @@ async fn a_rule_change_under_open_streams() {
         .unwrap();
     let page = expect(page, 200).await;
     assert_eq!(page["items"].as_array().unwrap().len(), 0, "{page}");
+}
+
+/// A user's subscription is judged as their stream would be, by the
+/// claims of the token that created it, until that token expires: then it
+/// pauses, losing nothing, until renewed.
+async fn subscriptions_under_rules(backend: Backend) {
+    use std::time::Duration;
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let Some(app) = gateway(backend, &issuer).await else { return };
+    ready_index(&app, "orders", "owner", &["owner"]).await;
+    let docs = "/v1/collections/orders/documents";
+    for (id, owner) in [("o1", "ada"), ("o2", "bob")] {
+        let doc = json!({"_id": id, "owner": owner, "team": "red", "qty": 1, "secret": "s"});
+        expect(send(&app, WRITER, Method::POST, docs, Some(&doc)).await, 201).await;
+    }
+    expect(send(&app, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&rules())).await, 200).await;
+    let ada = token(&issuer, "ada", &["customer"], None);
+    let rx = TestReceiver::start().await;
+    let body = json!({"url": rx.url("/"), "collections": ["orders"]});
+    let sub = expect(send(&app, &ada, Method::POST, "/v1/subscriptions", Some(&body)).await, 201).await;
+    let id = sub["id"].as_str().unwrap().to_owned();
+    assert!(sub["expires_at"].is_string(), "{sub}");
+    let set = |doc: &'static str, field: &'static str, value: Value| {
+        let req = app
+            .request(Method::PATCH, &format!("{docs}/{doc}"))
+            .bearer_auth(WRITER)
+            .json(&json!({"set": {field: value}}));
+        async move { expect(req.send().await.unwrap(), 200).await }
+    };
+    set("o1", "qty", json!(2)).await;
+    set("o2", "qty", json!(2)).await;
+    set("o1", "owner", json!("bob")).await;
+    let first = rx.next(Duration::from_secs(15)).await.json();
+    let second = rx.next(Duration::from_secs(15)).await.json();
+    assert!(rx.collect_for(Duration::from_millis(800)).await.is_empty(), "nothing else is delivered");
+    assert_eq!((first["document"].as_str(), first["data"]["qty"].as_i64()), (Some("o1"), Some(2)), "{first}");
+    assert_eq!((second["document"].as_str(), second["left"].as_bool()), (Some("o1"), Some(true)), "{second}");
+    assert!(second.get("data").is_none(), "{second}");
+
+    // Past the token's expiry the subscription pauses...
+    app.advance(Duration::from_secs(400));
+    set("o1", "owner", json!("ada")).await;
+    assert!(rx.collect_for(Duration::from_millis(1500)).await.is_empty(), "paused");
+    // ...and its creator renews it with a fresher token: it goes on from there.
+    let mut claims = issuer.claims("ada", &["customer"]);
+    claims["exp"] = json!(claims["exp"].as_u64().unwrap() + 3600);
+    let fresh = RSA_A.sign(&claims);
+    let other = token(&issuer, "bob", &["customer"], None);
+    let renew = format!("/v1/subscriptions/{id}/renew");
+    expect_problem(send(&app, &other, Method::POST, &renew, None).await, 404, "not_found").await;
+    let renewed = expect(send(&app, &fresh, Method::POST, &renew, None).await, 200).await;
+    assert_ne!(renewed["expires_at"], sub["expires_at"]);
+    let back = rx.next(Duration::from_secs(15)).await.json();
+    assert_eq!((back["document"].as_str(), back["version"].as_i64()), (Some("o1"), Some(4)), "{back}");
+    assert_eq!(back["data"]["owner"], "ada", "{back}");
+}
+
+#[tokio::test]
+async fn subscriptions_under_rules_on_the_embedded_store() {
+    subscriptions_under_rules(Backend::Embedded).await;
+}
+
+#[tokio::test]
+async fn subscriptions_under_rules_on_mongodb() {
+    subscriptions_under_rules(Backend::Mongodb).await;
 }
