@@ -84,12 +84,12 @@ pub(crate) struct GrantSpec {
     /// A filter over the caller (`sub`, `iss`, `key`, `claims.<path>`,
     /// `now` as an RFC 3339 string): the grant applies only when it holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<std::collections::HashMap<String, Value>>)]
     pub when: Option<Value>,
     /// A filter over the document, with `{"$auth": "<placeholder>"}` in
     /// place of values taken from the caller.
     #[serde(default, rename = "match", skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<std::collections::HashMap<String, Value>>)]
     pub matches: Option<Value>,
     #[schema(min_items = 1)]
     pub actions: Vec<Action>,
@@ -98,7 +98,6 @@ pub(crate) struct GrantSpec {
     /// Fields the gateway sets on create from the caller (field →
     /// placeholder), which the caller may not write.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schema(value_type = Object)]
     pub set: BTreeMap<String, String>,
     /// Whether a create may choose its `_id` (otherwise the gateway
     /// assigns it).

@@ -7,7 +7,10 @@
 //   2. the provider rotates its signing key while the gateway runs: the new
 //      key's tokens are taken at once, the old key's refused once the
 //      gateway's cached keys expire after the provider dropped it;
-//   3. the provider goes down: tokens keep working from the cached keys.
+//   3. the provider goes down: tokens keep working from the cached keys;
+//   4. per-document rules judge the provider's tokens: the gateway sets the
+//      owner, another's document is not there, a give-away is refused
+//      naming the field, and every answer names its grant.
 //
 //   tsx users-test.ts <txgate-binary> <log-dir>
 import { spawn, type ChildProcess } from "node:child_process";
@@ -23,6 +26,7 @@ const [binary = "", logs = ""] = process.argv.slice(2);
 if (!binary || !logs) throw new Error("usage: tsx users-test.ts <txgate-binary> <log-dir>");
 const here = path.dirname(new URL(import.meta.url).pathname);
 const audience = "urn:txgate:api";
+const adminKey = "admin-key-users-test-0123456789";
 
 function expect(condition: boolean, what: string): asserts condition {
   if (!condition) throw new Error(`users: ${what}`);
@@ -124,7 +128,14 @@ async function main(): Promise<void> {
   const log = fs.openSync(path.join(logs, "users-gateway.log"), "w");
   children.push(
     spawn(binary, ["serve"], {
-      env: { ...process.env, TXGATE_CONFIG: config, TXGATE_LISTEN: `127.0.0.1:${port}`, TXGATE_DATA_DIR: path.join(dir, "data"), TXGATE_STORE: "embedded" },
+      env: {
+        ...process.env,
+        TXGATE_CONFIG: config,
+        TXGATE_LISTEN: `127.0.0.1:${port}`,
+        TXGATE_DATA_DIR: path.join(dir, "data"),
+        TXGATE_STORE: "embedded",
+        TXGATE_API_KEYS: `${adminKey}:admin`,
+      },
       stdio: ["ignore", log, log],
     }),
   );
@@ -190,6 +201,61 @@ async function main(): Promise<void> {
     expect(res.response.status === 200, `provider down: ${res.response.status}`);
     await new Promise((r) => setTimeout(r, 700));
   }
+  step("4. per-document rules judge the provider's tokens");
+  await startProvider(providerPort, [b]);
+  const third = await token(issuer);
+  const admin = api(adminKey);
+  const rules = await admin.PUT("/v1/collections/{collection}/rules", {
+    params: { path: { collection: "carts" } },
+    body: {
+      grants: [
+        {
+          name: "own",
+          roles: ["shopper"],
+          match: { owner: { $auth: "sub" } },
+          actions: ["read", "count", "create", "update"],
+          fields: { write: ["items"] },
+          set: { owner: "sub" },
+        },
+      ],
+    },
+  });
+  expect(rules.response.status === 200 && rules.data?.version === 1, `rules set: ${rules.response.status} ${JSON.stringify(rules.error)}`);
+  const index = await admin.PUT("/v1/collections/{collection}/indexes/{name}", {
+    params: { path: { collection: "carts", name: "owner" } },
+    body: { fields: ["owner"] },
+  });
+  expect(index.response.status === 201, `index: ${index.response.status}`);
+  const theirs = await admin.POST("/v1/collections/{collection}/documents", {
+    params: { path: { collection: "carts" } },
+    body: { _id: "cart-theirs", owner: "someone-else", items: 9 },
+  });
+  expect(theirs.response.status === 201, `another's cart: ${theirs.response.status}`);
+  const mine = await api(third).POST("/v1/collections/{collection}/documents", {
+    params: { path: { collection: "carts" } },
+    body: { items: 2 },
+  });
+  expect(mine.response.status === 201 && mine.data?.data.owner === "backend", `created with its owner set: ${JSON.stringify(mine.data ?? mine.error)}`);
+  expect(mine.response.headers.get("txgate-grant") === "carts/own@1", `named: ${mine.response.headers.get("txgate-grant")}`);
+  for (const id of ["cart-theirs", "cart-1"]) {
+    const hidden = await api(third).GET("/v1/collections/{collection}/documents/{id}", {
+      params: { path: { collection: "carts", id } },
+    });
+    expect(hidden.response.status === 404, `${id} is not there for this user: ${hidden.response.status}`);
+  }
+  const giveAway = await api(third).PATCH("/v1/collections/{collection}/documents/{id}", {
+    params: { path: { collection: "carts", id: mine.data.id } },
+    body: { set: { owner: "someone-else" } },
+  });
+  const problem = giveAway.error as { code?: string; errors?: { pointer: string }[] } | undefined;
+  expect(giveAway.response.status === 403 && problem?.code === "rule_denied" && problem.errors?.[0]?.pointer === "/owner", `a give-away: ${JSON.stringify(problem)}`);
+  await until("the owner index is ready and the user's list is theirs alone", async () => {
+    const list = await api(third).GET("/v1/collections/{collection}/documents", { params: { path: { collection: "carts" } } });
+    const ids = list.data?.items.map((d) => d.id) ?? [];
+    return list.response.status === 200 && ids.length === 1 && ids[0] === mine.data!.id;
+  });
+  const count = await api(third).GET("/v1/collections/{collection}/count", { params: { path: { collection: "carts" } } });
+  expect(count.data?.count === 1, `the user's count: ${JSON.stringify(count.data ?? count.error)}`);
   step("PASS");
 }
 
