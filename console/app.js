@@ -225,7 +225,7 @@ async function collectionsView() {
   const table = h("div", { class: "table-wrap" }, h("table", {},
     h("caption", { class: "muted" }, "Counts refresh every few seconds."),
     h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "Collection"), h("th", { scope: "col" }, "Documents"),
-      h("th", { scope: "col" }, "TTL"), h("th", { scope: "col" }, "Indexes"))),
+      h("th", { scope: "col" }, "TTL"), h("th", { scope: "col" }, "Indexes"), h("th", { scope: "col" }, "Rules"))),
     body));
   const open = h("form", { class: "row", onsubmit: (e) => { e.preventDefault(); const c = e.target.elements.coll.value.trim(); if (c) location.hash = `#/documents/${enc(c)}`; } },
     h("div", {}, h("label", { for: "open-coll" }, "Open a collection"), h("input", { id: "open-coll", name: "coll", required: true })),
@@ -246,7 +246,9 @@ async function collectionsView() {
           h("th", { scope: "row" }, h("a", { href: `#/documents/${enc(c.name)}` }, c.name)),
           h("td", {}, String(c.count ?? "")),
           h("td", {}, c.ttl ? json(c.ttl) : "none"),
-          h("td", {}, indexes || "none")));
+          h("td", {}, indexes || "none"),
+          // An admin's list carries each collection's rules in brief.
+          h("td", {}, c.rules ? `version ${c.rules.version}: ${c.rules.grants.join(", ") || "no grant"}` : "none")));
       }
       body.replaceChildren(...rows);
     } catch (err) { failure(err); }

@@ -84,6 +84,17 @@ pub(crate) struct CollectionOut {
     /// commit, never counted by a scan.
     #[schema(minimum = 0)]
     pub count: u64,
+    /// Its per-document rules in force (to an admin of it; absent when it
+    /// has none): their version and the names of their grants.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rules: Option<RulesSummary>,
+}
+
+/// A collection's rules in brief (`GET …/rules` has them whole).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct RulesSummary {
+    pub version: i64,
+    pub grants: Vec<String>,
 }
 
 impl From<Collection> for CollectionOut {
@@ -92,8 +103,22 @@ impl From<Collection> for CollectionOut {
             name: c.name,
             ttl: c.ttl.map(|p| TtlOut { max_age_seconds: p.max_age_seconds, max_count: p.max_count }),
             count: c.count,
+            rules: None,
         }
     }
+}
+
+/// `c` as `access` is shown it: with its rules in brief to an admin of it.
+async fn shown(state: &AppState, access: &Access, c: Collection) -> Result<CollectionOut, ApiError> {
+    let mut out = CollectionOut::from(c);
+    if access.allows(Scope::Admin, &out.name) {
+        let versions = state.rules.of(&out.name).await?;
+        out.rules = versions.current.as_ref().map(|set| RulesSummary {
+            version: set.version,
+            grants: set.specs.iter().map(|g| g.name.clone()).collect(),
+        });
+    }
+    Ok(out)
 }
 
 /// A page of collections.
@@ -180,13 +205,14 @@ problems!(
 )]
 pub(crate) async fn get_collection(
     State(state): State<AppState>,
+    access: Access,
     super::ruled::Who(who): super::ruled::Who,
     ApiPath(path): ApiPath<CollectionPath>,
 ) -> Result<axum::Json<CollectionOut>, ApiError> {
     check_collection(&path.collection, "/path/collection")?;
     // Its live count counts documents the rules may hide.
     super::ruled::not_under_rules(&state, &path.collection, &who, "the collection's record").await?;
-    Ok(axum::Json(state.collections.get(&path.collection).await?.into()))
+    Ok(axum::Json(shown(&state, &access, state.collections.get(&path.collection).await?).await?))
 }
 
 problems!(
@@ -230,7 +256,7 @@ pub(crate) async fn list_collections(
         if super::ruled::judged_in_any(&state, &who, &[item.name.as_str()]).await? {
             continue;
         }
-        out.push(CollectionOut::from(item));
+        out.push(shown(&state, &access, item).await?);
     }
     Ok(axum::Json(Page::new(out, next.as_deref())))
 }

@@ -130,6 +130,11 @@ async fn owners_and_teams(backend: Backend) {
     assert_eq!((set["version"].as_i64(), set["state"].as_str()), (Some(1), Some("active")), "{set}");
     let read = expect(send(&app, ADMIN, Method::GET, rules_path, None).await, 200).await;
     assert_eq!(read["grants"], rules()["grants"]);
+    // An admin's collection record (what the console lists) carries them in brief.
+    let record = expect(send(&app, ADMIN, Method::GET, "/v1/collections/orders", None).await, 200).await;
+    assert_eq!(record["rules"], json!({"version": 1, "grants": ["own", "team"]}), "{record}");
+    let record = expect(send(&app, WRITER, Method::GET, "/v1/collections/orders", None).await, 200).await;
+    assert!(record.get("rules").is_none(), "{record}");
 
     // An owner: their own documents, on every read path, each named by its grant.
     let got = send(&app, &ada, Method::GET, &format!("{docs}/o1"), None).await;
