@@ -1,5 +1,6 @@
-//! Rules, property-based: random writes by a key and by users (owners,
-//! an agent, a user with both roles), then what each user's list (in
+//! Rules, property-based: rules chosen by the seed (among eight shapes of
+//! owners and teams), random writes by a key and by users (owners, an
+//! agent, a user with both roles), then what each user's list (in
 //! pages of random size), count, batch read and event page show, checked
 //! against an oracle that evaluates the owners-and-teams rules on each
 //! document by hand: nothing more, nothing less, fields trimmed, `left`
@@ -24,12 +25,51 @@ const ADMIN: &str = "admin-key-0123456789";
 const WRITER: &str = "writer-key-0123456789";
 const DOCS: &str = "/v1/collections/orders/documents";
 
-/// A user of the test: their subject, roles and team.
+/// A user of the test: their subject, roles and team, and the rules.
 struct User {
     sub: &'static str,
     customer: bool,
     team: Option<&'static str>,
     token: String,
+    rules: Shape,
+}
+
+/// The rules of a run, chosen by its seed: the owners-and-teams rules,
+/// with the team grant reading every field or some, the owner's writing
+/// `team` or not, and the team's deleting or not.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    team_reads_all: bool,
+    own_writes_team: bool,
+    team_deletes: bool,
+}
+
+impl Shape {
+    fn of(seed: u64) -> Self {
+        Shape { team_reads_all: seed & 1 == 1, own_writes_team: seed & 2 == 2, team_deletes: seed & 4 == 4 }
+    }
+
+    fn own_writes(self) -> &'static [&'static str] {
+        if self.own_writes_team { &["qty", "note", "team"] } else { &["qty", "note"] }
+    }
+
+    fn rules(self) -> Value {
+        let mut team_actions = vec!["read", "count", "stream", "update"];
+        if self.team_deletes {
+            team_actions.push("delete");
+        }
+        let mut team = json!({"name": "team", "roles": ["agent"], "match": {"team": {"$auth": "claims.team"}},
+            "actions": team_actions, "fields": {"write": ["note"]}});
+        if !self.team_reads_all {
+            team["fields"]["read"] = json!(["team", "qty", "owner"]);
+        }
+        json!({"grants": [
+            {"name": "own", "roles": ["customer"], "match": {"owner": {"$auth": "sub"}},
+             "actions": ["read", "count", "stream", "create", "update", "delete"],
+             "fields": {"write": self.own_writes()}, "set": {"owner": "sub"}},
+            team,
+        ]})
+    }
 }
 
 const USERS: [(&str, bool, Option<&str>); 3] =
@@ -42,6 +82,7 @@ fn sees(user: &User, doc: &Map<String, Value>) -> Option<Option<BTreeSet<&'stati
     let team = user.team.is_some_and(|t| doc.get("team") == Some(&json!(t)));
     match (own, team) {
         (true, _) => Some(None),
+        (false, true) if user.rules.team_reads_all => Some(None),
         (false, true) => Some(Some(BTreeSet::from(["team", "qty", "owner"]))),
         (false, false) => None,
     }
@@ -62,7 +103,8 @@ fn patch_status(user: &User, before: Option<&Map<String, Value>>, field: &str, v
         return 404;
     }
     // A field none of their grants writes is refused whatever its value.
-    let writable: &[&str] = if user.customer { &["qty", "note"] } else { &["note"] };
+    let own_writes = user.rules.own_writes();
+    let writable: &[&str] = if user.customer { own_writes } else { &["note"] };
     if !writable.contains(&field) {
         return 403;
     }
@@ -71,7 +113,7 @@ fn patch_status(user: &User, before: Option<&Map<String, Value>>, field: &str, v
     let changed = before.get(field) != Some(value);
     let own = |d: &Map<String, Value>| user.customer && d.get("owner") == Some(&json!(user.sub));
     let team = |d: &Map<String, Value>| user.team.is_some_and(|t| d.get("team") == Some(&json!(t)));
-    let by_own = own(before) && own(&after) && (!changed || ["qty", "note"].contains(&field));
+    let by_own = own(before) && own(&after) && (!changed || own_writes.contains(&field));
     let by_team = team(before) && team(&after) && (!changed || field == "note");
     if by_own || by_team { 200 } else { 403 }
 }
@@ -256,6 +298,7 @@ async fn run(app: &TestApp, users: &[User], model: &mut Model, ops: &[Op]) -> Re
                     None => 404,
                     Some(d) if sees(u, d).is_none() => 404,
                     Some(d) if u.customer && d.get("owner") == Some(&json!(u.sub)) => 204,
+                    Some(d) if u.rules.team_deletes && u.team.is_some_and(|t| d.get("team") == Some(&json!(t))) => 204,
                     Some(_) => 403,
                 };
                 let got = send(app, &u.token, Method::DELETE, &format!("{DOCS}/{id}"), None).await.status().as_u16();
@@ -400,15 +443,12 @@ async fn agree(backend: Backend) {
         })
         .await;
     }
-    let rules = json!({"grants": [
-        {"name": "own", "roles": ["customer"], "match": {"owner": {"$auth": "sub"}},
-         "actions": ["read", "count", "stream", "create", "update", "delete"],
-         "fields": {"write": ["qty", "note"]}, "set": {"owner": "sub"}},
-        {"name": "team", "roles": ["agent"], "match": {"team": {"$auth": "claims.team"}},
-         "actions": ["read", "count", "stream", "update"],
-         "fields": {"read": ["team", "qty", "owner"], "write": ["note"]}},
-    ]});
-    expect(send(&app, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&rules)).await, 200).await;
+    let seed: u64 = std::env::var("TXGATE_PROPTEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::random::<u64>() >> 1);
+    let shape = Shape::of(seed);
+    expect(send(&app, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&shape.rules())).await, 200).await;
     let users: Vec<User> = USERS
         .iter()
         .map(|&(sub, customer, team)| {
@@ -424,19 +464,15 @@ async fn agree(backend: Backend) {
             if let Some(team) = team {
                 claims["team"] = json!(team);
             }
-            User { sub, customer, team, token: RSA_A.sign(&claims) }
+            User { sub, customer, team, token: RSA_A.sign(&claims), rules: shape }
         })
         .collect();
-    let seed: u64 = std::env::var("TXGATE_PROPTEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::random::<u64>() >> 1);
     let cases: u32 =
         std::env::var("TXGATE_PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(match backend {
             Backend::Embedded => 40,
             _ => 20,
         });
-    eprintln!("rules ({backend:?}): seed {seed} (TXGATE_PROPTEST_SEED={seed} replays it), {cases} cases");
+    eprintln!("rules ({backend:?}): seed {seed} (TXGATE_PROPTEST_SEED={seed} replays it), {cases} cases, {shape:?}");
     let mut bytes = [0u8; 32];
     bytes[..8].copy_from_slice(&seed.to_le_bytes());
     // No shrinking: every sequence builds on the documents before it.
