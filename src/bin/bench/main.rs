@@ -37,6 +37,7 @@ mod peer;
 mod peer_pg;
 mod protocol;
 mod queries;
+mod rules;
 mod scale;
 mod ttl;
 mod wire;
@@ -296,7 +297,11 @@ async fn main() {
         Command::Peer { seconds } => peer::run(config.clone(), seconds).await,
         #[cfg(feature = "peer")]
         Command::PeerPostgres { url, seconds } => peer_pg::run(&url, seconds).await,
-        Command::Queries { docs, samples, rate } => queries::run(config.clone(), docs, samples, rate).await,
+        Command::Queries { docs, samples, rate } => {
+            let (store, raw) = queries::run(config.clone(), docs, samples, rate).await;
+            // The same data behind a gateway with keys and users: a rule's cost.
+            rules::run(store, raw, docs, samples).await;
+        }
         #[cfg(feature = "peer")]
         Command::QueriesPostgres { url, docs, samples } => peer_pg::queries(&url, docs, samples).await,
         Command::Pages { docs, samples } => {

@@ -16,7 +16,9 @@
 //!   documents counted through a range on the next field (`amount >= 0`),
 //!   and about half of them (`amount >= 500000`): p50;
 //! - a unique index built over up to 200,000 other documents, each
-//!   holding its own value: how long from its declaration to ready.
+//!   holding its own value: how long from its declaration to ready;
+//! - a per-document rule's cost on the page and on a single write, beside
+//!   the same requests with an API key (`rules.rs`).
 //!
 //! Each figure is also printed as a `queries txgate <name> <value>` line
 //! for the script to put beside PostgreSQL's.
@@ -245,11 +247,13 @@ impl Floor {
     }
 }
 
-pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
+/// Its figures; then the store and its data, for `rules.rs`.
+pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) -> (StoreConfig, DynStore) {
     let embedded = super::open_embedded(&store)
         .expect("bench queries runs on the embedded store (its decoded records are counted)");
     let raw: DynStore = Arc::clone(&embedded) as DynStore;
-    let gateway = super::scale::Gateway::start_with(Config { store, ..Config::default() }, Arc::clone(&raw)).await;
+    let gateway =
+        super::scale::Gateway::start_with(Config { store: store.clone(), ..Config::default() }, Arc::clone(&raw)).await;
     let client = reqwest::Client::new();
     let base = gateway.base.clone();
     println!("queries: {docs} documents, embedded store, over HTTP (reqwest, keep-alive)");
@@ -509,4 +513,5 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) {
     );
     println!("queries txgate unique_build_seconds {total:.1}");
     gateway.stop().await;
+    (store, raw)
 }
