@@ -86,80 +86,69 @@ impl Conflict {
     }
 }
 
-/// `err` as answered: for a `conflict`, with `current`, `changes` and
-/// `changes_truncated` added, for a key that may read the collection and
-/// unless the request prefers a minimal answer. Anything else as it is.
-pub(crate) async fn explained(
-    state: &AppState,
-    access: &Access,
-    headers: &HeaderMap,
-    conflict: Option<Conflict>,
-    mut err: ApiError,
-) -> ApiError {
-    let Some(Conflict { collection: coll, id, expected }) = conflict else { return err };
-    if minimal(headers) || !access.allows(Scope::Read, &coll) {
-        return err;
-    }
-    match state.conflicts.explain(&coll, &id, expected, MAX_DATA_BYTES).await {
-        Ok(explained) => {
-            let current = explained.current.map(|live| DocumentOut::new(&coll, live));
-            let changes: Vec<ChangeOut> = explained.changes.into_iter().map(ChangeOut::from).collect();
-            err.members.current = Some(serde_json::to_value(current).expect("a document serializes"));
-            err.members.changes = Some(serde_json::to_value(changes).expect("changes serialize"));
-            err.members.changes_truncated = Some(explained.truncated);
-            err
-        }
-        Err(e) => {
-            tracing::warn!(collection = %coll, id = %id, error = %e, "a version conflict is answered without its explanation");
-            err
-        }
-    }
+/// Who reads a conflict's explanation: a caller judged by its scopes, or
+/// one a collection's rules judge.
+pub(crate) enum Reader<'a> {
+    Scopes(&'a Access),
+    Rules(&'a crate::rules::eval::Judge),
 }
 
-/// [`explained`] for a caller the collection's rules judge (`judge`):
-/// `current` trimmed to the fields they may read, and each change's field
-/// paths to those fields; a document they may no longer read (or that is
-/// gone) is not found.
-pub(crate) async fn explained_under(
+/// `err` as answered: for a `conflict`, with `current`, `changes` and
+/// `changes_truncated` added, unless the request prefers a minimal
+/// answer. A caller judged by its scopes is told it if it may read the
+/// collection; one the rules judge is told only what they may read
+/// (`current` trimmed to those fields, each change's paths too), and a
+/// document they may no longer read (or that is gone) is not found.
+/// Anything else as it is.
+pub(crate) async fn explained(
     state: &AppState,
-    judge: &crate::rules::eval::Judge,
+    reader: Reader<'_>,
     headers: &HeaderMap,
     conflict: Option<Conflict>,
     mut err: ApiError,
 ) -> ApiError {
     let Some(Conflict { collection: coll, id, expected }) = conflict else { return err };
+    let judge = match reader {
+        Reader::Scopes(access) if !access.allows(Scope::Read, &coll) => return err,
+        Reader::Scopes(_) => None,
+        Reader::Rules(judge) => Some(judge),
+    };
     if minimal(headers) {
         return err;
     }
-    match state.conflicts.explain(&coll, &id, expected, MAX_DATA_BYTES).await {
-        Ok(explained) => {
-            let Some(mut live) = explained.current else { return DocError::NotFound.into() };
-            let Some(seen) = judge.sees(crate::rules::Action::Read, &live.data) else {
-                return DocError::NotFound.into();
-            };
-            crate::rules::eval::project(&mut live.data, seen.fields.as_ref());
-            let readable = |path: &String| {
-                let top = path.split('.').next().unwrap_or(path);
-                seen.fields.as_ref().is_none_or(|f| f.contains(top))
-            };
-            let keep = |paths: Option<Vec<String>>| paths.map(|p| p.into_iter().filter(readable).collect());
-            let changes: Vec<ChangeOut> = explained
-                .changes
-                .into_iter()
-                .map(ChangeOut::from)
-                .map(|c| ChangeOut { added: keep(c.added), removed: keep(c.removed), changed: keep(c.changed), ..c })
-                .collect();
-            let current = DocumentOut::new(&coll, live);
-            err.members.current = Some(serde_json::to_value(current).expect("a document serializes"));
-            err.members.changes = Some(serde_json::to_value(changes).expect("changes serialize"));
-            err.members.changes_truncated = Some(explained.truncated);
-            err
-        }
+    let explained = match state.conflicts.explain(&coll, &id, expected, MAX_DATA_BYTES).await {
+        Ok(explained) => explained,
         Err(e) => {
             tracing::warn!(collection = %coll, id = %id, error = %e, "a version conflict is answered without its explanation");
-            err
+            return err;
         }
+    };
+    let mut current = explained.current;
+    // The fields the caller may read (`None`: all of them).
+    let mut readable = None;
+    if let Some(judge) = judge {
+        let Some(live) = current.as_mut() else { return DocError::NotFound.into() };
+        let Some(seen) = judge.sees(crate::rules::Action::Read, &live.data) else {
+            return DocError::NotFound.into();
+        };
+        crate::rules::eval::project(&mut live.data, seen.fields.as_ref());
+        readable = seen.fields;
     }
+    let keep = |paths: Option<Vec<String>>| {
+        let Some(fields) = &readable else { return paths };
+        paths.map(|p| p.into_iter().filter(|path| fields.contains(path.split('.').next().unwrap_or(path))).collect())
+    };
+    let changes: Vec<ChangeOut> = explained
+        .changes
+        .into_iter()
+        .map(ChangeOut::from)
+        .map(|c| ChangeOut { added: keep(c.added), removed: keep(c.removed), changed: keep(c.changed), ..c })
+        .collect();
+    let current = current.map(|live| DocumentOut::new(&coll, live));
+    err.members.current = Some(serde_json::to_value(current).expect("a document serializes"));
+    err.members.changes = Some(serde_json::to_value(changes).expect("changes serialize"));
+    err.members.changes_truncated = Some(explained.truncated);
+    err
 }
 
 /// One change after the version a `version_conflict` expected.

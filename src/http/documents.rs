@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::Access;
-use super::conflicts::{Conflict, explained};
+use super::conflicts::{Conflict, Reader, explained};
 use super::contract::{Fields, IfMatch, IfNoneMatch, IncFields, MergePatch, NewDocument, SetFields, UnsetFields};
 use super::envelope::{CollectionPath, DocumentOut, DocumentPath};
 use super::error::ApiError;
@@ -114,8 +114,8 @@ async fn refused(
     let err = ruled::hide_tombstone(err, judged);
     let conflict = Conflict::of_write(&err, collection, id);
     match judged {
-        Judged::Ruled(judge) => super::conflicts::explained_under(state, judge, headers, conflict, err.into()).await,
-        Judged::Free => explained(state, access, headers, conflict, err.into()).await,
+        Judged::Ruled(judge) => explained(state, Reader::Rules(judge), headers, conflict, err.into()).await,
+        Judged::Free => explained(state, Reader::Scopes(access), headers, conflict, err.into()).await,
     }
 }
 

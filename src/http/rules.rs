@@ -25,7 +25,7 @@ use crate::document::rules::{Invalid, check_collection, check_id};
 use crate::http::guard::{Guard, On, Routes};
 use crate::http::problems::{Problems, problems};
 use crate::keys::Scope;
-use crate::rules::{Action, Denied, GrantSpec, Judged, Kind, Principal, SetError, Versions};
+use crate::rules::{Action, Denied, GrantSpec, Judged, PrincipalIn, SetError, Versions};
 
 pub(crate) fn router() -> Routes {
     Routes::new()
@@ -187,44 +187,6 @@ pub(crate) async fn delete_rules(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Who an access check is about: a user (issuer, subject, roles,
-/// claims), an API key by name, or an anonymous caller. Absent: the
-/// caller itself.
-#[derive(Deserialize, ToSchema, Default)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct PrincipalIn {
-    #[serde(default)]
-    pub sub: Option<String>,
-    #[serde(default)]
-    pub iss: Option<String>,
-    #[serde(default)]
-    pub key: Option<String>,
-    #[serde(default)]
-    pub roles: Vec<String>,
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    pub claims: Map<String, Value>,
-    #[serde(default)]
-    pub anonymous: bool,
-}
-
-impl PrincipalIn {
-    fn principal(self) -> Result<Principal, Invalid> {
-        let kind = match (&self.key, &self.sub, self.anonymous) {
-            (Some(_), None, false) => Kind::Key,
-            (None, Some(_), false) => Kind::User,
-            (None, None, true) => Kind::Anonymous,
-            _ => {
-                return Err(Invalid::new(
-                    "/principal",
-                    "a principal is a user (sub), a key, or anonymous: one of them",
-                ));
-            }
-        };
-        Ok(Principal { kind, sub: self.sub, iss: self.iss, key: self.key, roles: self.roles, claims: self.claims })
-    }
-}
-
 /// An access check: whether `principal` may do `action` on a collection
 /// (a document of it, by `id`; or, for `create`, this `document`).
 #[derive(Deserialize, ToSchema)]
@@ -308,7 +270,7 @@ pub(crate) async fn check_access(
         }
         Some(p) => {
             access.check(Scope::Admin, &input.collection)?;
-            p.principal()?
+            p.principal().map_err(|why| Invalid::new("/principal", why))?
         }
     };
     let collection = input.collection.as_str();

@@ -24,11 +24,6 @@ pub(crate) struct Part<'a> {
     pub filter: &'a Filter,
 }
 
-/// `a` AND `b`.
-pub(crate) fn and(a: &Filter, b: &Filter) -> Filter {
-    a.and(b)
-}
-
 /// The value an equality pins `path` to in `filter`, if it does.
 fn pinned<'f>(filter: &'f Filter, path: &str) -> Option<&'f Bson> {
     match filter.paths.get(path).map(Vec::as_slice) {
@@ -150,13 +145,13 @@ impl Queries {
         parts: &[Part<'_>],
     ) -> Result<QueryPage, QueryError> {
         if let [part] = parts {
-            let one = Query { filter: and(&query.filter, part.filter), ..query.clone() };
+            let one = Query { filter: query.filter.and(part.filter), ..query.clone() };
             return self.page(coll, &one).await.map_err(|e| naming(e, part.grant));
         }
         let sort = Self::merge_sort(query, parts)?;
         let mut subs = Vec::with_capacity(parts.len());
         for part in parts {
-            let filter = and(&query.filter, part.filter);
+            let filter = query.filter.and(part.filter);
             let planning = Planning::Page { filter: &filter, sort: &sort };
             let plan = if filter.paths.is_empty() && sort.is_empty() {
                 None
@@ -222,7 +217,7 @@ impl Queries {
         let mut ranged: Vec<String> = parts
             .iter()
             .flat_map(|p| {
-                let f = and(&query.filter, p.filter);
+                let f = query.filter.and(p.filter);
                 f.paths
                     .iter()
                     .filter(|(_, c)| !matches!(c.as_slice(), [Cond::Eq(_)]))
@@ -332,7 +327,7 @@ impl Queries {
         parts: &[Part<'_>],
     ) -> Result<(u64, u64), QueryError> {
         if let [part] = parts {
-            let one = and(filter, part.filter);
+            let one = filter.and(part.filter);
             return self.count(coll, &one).await.map_err(|e| naming(e, part.grant));
         }
         if parts.len() > MAX_COUNTED_GRANTS {
@@ -347,7 +342,7 @@ impl Queries {
         for mask in 1u32..(1 << parts.len()) {
             let chosen: Vec<&Part<'_>> =
                 parts.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, p)| p).collect();
-            let f = chosen.iter().fold(filter.clone(), |acc, p| and(&acc, p.filter));
+            let f = chosen.iter().fold(filter.clone(), |acc, p| acc.and(p.filter));
             let sign = if chosen.len() % 2 == 1 { 1 } else { -1 };
             let planning = Planning::Count { filter: &f };
             let query = match self.indexes.plan(coll, planning).await? {

@@ -80,6 +80,47 @@ impl Principal {
     }
 }
 
+/// Who an access check is about: a user (issuer, subject, roles,
+/// claims), an API key by name, or an anonymous caller. Absent: the
+/// caller itself.
+#[derive(serde::Deserialize, utoipa::ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PrincipalIn {
+    #[serde(default)]
+    pub sub: Option<String>,
+    #[serde(default)]
+    pub iss: Option<String>,
+    #[serde(default)]
+    pub key: Option<String>,
+    #[serde(default)]
+    pub roles: Vec<String>,
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub claims: Map<String, Value>,
+    #[serde(default)]
+    pub anonymous: bool,
+}
+
+impl PrincipalIn {
+    /// The principal it names; `Err`: why it names none.
+    pub(crate) fn principal(&self) -> Result<Principal, &'static str> {
+        let kind = match (&self.key, &self.sub, self.anonymous) {
+            (Some(_), None, false) => Kind::Key,
+            (None, Some(_), false) => Kind::User,
+            (None, None, true) => Kind::Anonymous,
+            _ => return Err("a principal is a user (sub), a key, or anonymous: one of them"),
+        };
+        Ok(Principal {
+            kind,
+            sub: self.sub.clone(),
+            iss: self.iss.clone(),
+            key: self.key.clone(),
+            roles: self.roles.clone(),
+            claims: self.claims.clone(),
+        })
+    }
+}
+
 /// A grant that applies to the caller, its `match` resolved for them.
 #[derive(Debug)]
 pub(crate) struct Applied {

@@ -14,7 +14,7 @@ pub(crate) mod model;
 pub(crate) mod stored;
 pub(crate) mod suite;
 
-pub(crate) use eval::{Denied, Judged, Kind, Principal};
+pub(crate) use eval::{Denied, Judged, Kind, Principal, PrincipalIn};
 pub(crate) use model::{Action, GrantSpec};
 pub(crate) use stored::{Rules, SetError, Versions};
 

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::eval::{Denied, Judged, Kind, Principal};
+use super::eval::{Denied, Judged, Principal, PrincipalIn};
 use super::model::{Action, GrantSpec};
 use super::stored::RuleSet;
 use crate::document::rules::user_data;
@@ -45,23 +45,6 @@ struct Suite {
 #[serde(deny_unknown_fields)]
 struct RulesIn {
     grants: Vec<GrantSpec>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct PrincipalIn {
-    #[serde(default)]
-    sub: Option<String>,
-    #[serde(default)]
-    iss: Option<String>,
-    #[serde(default)]
-    key: Option<String>,
-    #[serde(default)]
-    roles: Vec<String>,
-    #[serde(default)]
-    claims: Map<String, Value>,
-    #[serde(default)]
-    anonymous: bool,
 }
 
 /// What a case asks.
@@ -183,7 +166,7 @@ pub fn run(text: &str) -> Result<Outcome, String> {
         let Some(who) = suite.principals.get(&case.who) else {
             return Err(format!("cases/{i}: no principal {:?}", case.who));
         };
-        let who = principal(who).map_err(|e| format!("principals/{}: {e}", case.who))?;
+        let who = who.principal().map_err(|e| format!("principals/{}: {e}", case.who))?;
         let judged = Judged::of(Some(&rules), &who, &now);
         let got = answer(case, &who, &judged, &documents, indexes.as_deref()).map_err(|e| format!("cases/{i}: {e}"))?;
         match differs(&case.expect, &got) {
@@ -195,23 +178,6 @@ pub fn run(text: &str) -> Result<Outcome, String> {
         }
     }
     Ok(out)
-}
-
-fn principal(p: &PrincipalIn) -> Result<Principal, String> {
-    let kind = match (&p.key, &p.sub, p.anonymous) {
-        (Some(_), None, false) => Kind::Key,
-        (None, Some(_), false) => Kind::User,
-        (None, None, true) => Kind::Anonymous,
-        _ => return Err("a principal is a user (sub), a key, or anonymous: one of them".into()),
-    };
-    Ok(Principal {
-        kind,
-        sub: p.sub.clone(),
-        iss: p.iss.clone(),
-        key: p.key.clone(),
-        roles: p.roles.clone(),
-        claims: p.claims.clone(),
-    })
 }
 
 fn data_of(value: &Value, at: &str) -> Result<Option<Document>, String> {

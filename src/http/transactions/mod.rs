@@ -20,7 +20,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::{Access, Caller};
-use super::conflicts::Conflict;
+use super::conflicts::{Conflict, Reader};
 use super::contract::IdempotencyKey;
 use super::error::{ApiError, PROBLEM_JSON, ProblemCode};
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body};
@@ -178,9 +178,11 @@ pub(crate) async fn create_transaction(
                 // Explained with what the caller may read, where rules judge them.
                 match conflict.as_ref().and_then(|c| judged.get(c.collection())) {
                     Some(crate::rules::Judged::Ruled(judge)) => {
-                        Err(super::conflicts::explained_under(&state, judge, &headers, conflict, err).await)
+                        Err(super::conflicts::explained(&state, Reader::Rules(judge), &headers, conflict, err).await)
                     }
-                    _ => Err(super::conflicts::explained(&state, &access, &headers, conflict, err).await),
+                    _ => {
+                        Err(super::conflicts::explained(&state, Reader::Scopes(&access), &headers, conflict, err).await)
+                    }
                 }
             }
         },
