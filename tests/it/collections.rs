@@ -69,6 +69,16 @@ async fn create(app: &TestApp, coll: &str, id: &str) -> Value {
     expect(app.post(&format!("/v1/collections/{coll}/documents"), &json!({"_id": id, "n": 1})).await, 201).await
 }
 
+/// `ids` created in `coll` in turn, each in its own millisecond of the
+/// test's clock: documents that tie at a count's cut all stay (see
+/// `collections::ttl`), which is not what the tests using this are about.
+async fn create_apart(app: &TestApp, coll: &str, ids: impl IntoIterator<Item = String>) {
+    for id in ids {
+        create(app, coll, &id).await;
+        app.advance(Duration::from_millis(2));
+    }
+}
+
 /// Ids of the live documents of `coll`, read through the document list.
 async fn live_ids(app: &TestApp, coll: &str) -> BTreeSet<String> {
     let page = expect(app.get(&format!("/v1/collections/{coll}/documents?limit=1000")).await, 200).await;
@@ -305,9 +315,7 @@ async fn documents_expire_by_age_with_one_event_and_a_tombstone_each(backend: Ba
 
 async fn documents_beyond_the_newest_max_count_expire(backend: Backend) {
     let Some(app) = app(backend).await else { return };
-    for i in 0..10 {
-        create(&app, "feed", &format!("f{i:02}")).await;
-    }
+    create_apart(&app, "feed", (0..10).map(|i| format!("f{i:02}"))).await;
     put_ttl(&app, "feed", json!({"max_count": 3})).await;
     until_count(&app, "feed", 3).await;
     // A few more sweeps: nothing more goes.
@@ -316,9 +324,7 @@ async fn documents_beyond_the_newest_max_count_expire(backend: Backend) {
     let gone: Vec<String> = (0..7).map(|i| format!("f{i:02}")).collect();
     assert_expired_once(&app, "feed", &gone).await;
     // New documents push the oldest out, one for one.
-    for i in 10..14 {
-        create(&app, "feed", &format!("f{i:02}")).await;
-    }
+    create_apart(&app, "feed", (10..14).map(|i| format!("f{i:02}"))).await;
     until_count(&app, "feed", 3).await;
     sweep(&app, 3).await;
     assert_eq!(live_ids(&app, "feed").await, BTreeSet::from(["f11".into(), "f12".into(), "f13".into()]));
@@ -328,9 +334,7 @@ async fn documents_beyond_the_newest_max_count_expire(backend: Backend) {
 async fn both_limits_apply_at_once(backend: Backend) {
     let Some(app) = app(backend).await else { return };
     put_ttl(&app, "both", json!({"max_age_seconds": 3, "max_count": 4})).await;
-    for i in 0..7 {
-        create(&app, "both", &format!("b{i}")).await;
-    }
+    create_apart(&app, "both", (0..7).map(|i| format!("b{i}"))).await;
     until_count(&app, "both", 4).await;
     assert_eq!(live_ids(&app, "both").await, (3..7).map(|i| format!("b{i}")).collect());
     // Then age takes the rest.
@@ -343,13 +347,7 @@ async fn both_limits_apply_at_once(backend: Backend) {
 
 async fn a_changed_or_removed_policy_applies_from_the_next_sweep(backend: Backend) {
     let Some(app) = app(backend).await else { return };
-    for i in 0..8 {
-        create(&app, "c", &format!("c{i}")).await;
-        // Each created in its own millisecond: documents that tie at a
-        // count's cut all stay (see `collections::ttl`), which is not
-        // what this test is about.
-        app.advance(Duration::from_millis(2));
-    }
+    create_apart(&app, "c", (0..8).map(|i| format!("c{i}"))).await;
     // Nothing is due under a long maximum age...
     put_ttl(&app, "c", json!({"max_age_seconds": 3600})).await;
     sweep(&app, 2).await;
