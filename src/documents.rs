@@ -418,7 +418,12 @@ impl Documents {
             events::publish_outbox(store, coll, cur, self.now()).await?;
         }
         let at = next.meta.updated_at.unwrap_or_else(|| self.now());
-        let event = events::model::document_event(kind, coll, &next, None, actor.name(), actor.user(), at);
+        let mut event = events::model::document_event(kind, coll, &next, None, actor.name(), actor.user(), at);
+        if let Some(cur) = current
+            && let Some(named) = self.publisher.named(coll).await?
+        {
+            events::model::keep_before(&mut event, &named, cur);
+        }
         let write_of = |next: &StoredDoc| match current {
             None => Write::Insert(next.to_record()),
             Some(cur) => Write::Replace { id: &cur.id, filter: cur.unchanged_filter(None), record: next.to_record() },

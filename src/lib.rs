@@ -152,8 +152,20 @@ pub struct App {
 /// The transaction services with their outputs (change events and hook
 /// deliveries), as a gateway runs them.
 pub fn transactions(store: DynStore, cfg: TxnConfig, metrics: Arc<Metrics>) -> (Arc<Transactions>, Arc<Hooks>) {
+    let rules = rules::Rules::new(Arc::clone(&store), cfg.clock.clone());
+    transactions_judged_by(store, cfg, metrics, rules)
+}
+
+/// [`transactions`], with the collections' rules `rules` (what change
+/// events keep of the documents before their changes).
+fn transactions_judged_by(
+    store: DynStore,
+    cfg: TxnConfig,
+    metrics: Arc<Metrics>,
+    rules: Arc<rules::Rules>,
+) -> (Arc<Transactions>, Arc<Hooks>) {
     let hooks = Hooks::new(Arc::clone(&store), Arc::clone(&metrics), cfg.clock.clone());
-    let events = txn::TxnEvents::new(Arc::clone(&store), cfg.clock.clone());
+    let events = txn::TxnEvents::new(Arc::clone(&store), cfg.clock.clone(), rules);
     let outputs: Vec<Arc<dyn txn::outputs::Outputs>> = vec![events as _, Arc::clone(&hooks) as _];
     (Transactions::build(store, cfg, metrics, outputs), hooks)
 }
@@ -179,13 +191,22 @@ impl App {
         }
         let mut events_cfg = config.events.clone();
         events_cfg.clock = config.txn.clock.clone();
-        let (txns, hooks) = transactions(Arc::clone(&store), config.txn.clone(), Arc::clone(&metrics));
+        // One view of the collections' rules: what events keep, and who
+        // reads what.
+        let rules = rules::Rules::new(Arc::clone(&store), config.txn.clock.clone());
+        let (txns, hooks) =
+            transactions_judged_by(Arc::clone(&store), config.txn.clone(), Arc::clone(&metrics), Arc::clone(&rules));
         let events = events::Log::settling(Arc::clone(&store), tap, events_cfg, txns.follow_ups().clone());
         let log = Arc::clone(&events);
         metrics.sampled("txgate_events_written_total", "Change events this instance appended to the log", move || {
             log.appended()
         });
-        let publisher = events::Publisher::new(Arc::clone(&store), config.txn.clock.clone(), txns.follow_ups().clone());
+        let publisher = events::Publisher::new(
+            Arc::clone(&store),
+            config.txn.clock.clone(),
+            txns.follow_ups().clone(),
+            Arc::clone(&rules),
+        );
         let indexes = indexes::Indexes::new(Arc::clone(&store), config.txn.clock.clone());
         let documents = Arc::new(Documents::new(
             Arc::clone(&store),
@@ -218,6 +239,7 @@ impl App {
             Arc::clone(&store),
             Arc::clone(&events),
             Arc::clone(&hooks),
+            rules,
             config.max_subscriptions_per_key,
         );
         let collections =

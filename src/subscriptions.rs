@@ -265,8 +265,13 @@ pub struct Subscriptions {
 }
 
 impl Subscriptions {
-    pub fn new(store: DynStore, log: Arc<Log>, hooks: Arc<Hooks>, per_key: usize) -> Arc<Self> {
-        let rules = crate::rules::Rules::new(Arc::clone(&store), hooks.clock.clone());
+    pub(crate) fn new(
+        store: DynStore,
+        log: Arc<Log>,
+        hooks: Arc<Hooks>,
+        rules: Arc<crate::rules::Rules>,
+        per_key: usize,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
             log,

@@ -563,6 +563,7 @@ mod tests {
             data: None,
             members: None,
             left: None,
+            before: None,
         };
         Some(Ready::new(event))
     }

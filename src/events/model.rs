@@ -1,11 +1,14 @@
 //! Change events as stored in the log and as clients see them (docs/design.md §5).
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
 use crate::actor::UserId;
 use serde::Serialize;
 
 use crate::document::{StagedOp, StoredDoc};
 use crate::store::shape::fields;
-use crate::store::{Bson, DateTime, LOG_SEQ, LOG_VOID, Record, StoreError, doc};
+use crate::store::{Bson, DateTime, Document, LOG_SEQ, LOG_VOID, Record, StoreError, doc};
 
 /// What happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize, utoipa::ToSchema)]
@@ -110,6 +113,45 @@ pub struct Event {
     /// longer matching; `data` is then what it became, if anything).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub left: Option<bool>,
+    /// What the log kept of the document before the change, for readers
+    /// judged by rules (never sent).
+    #[serde(skip)]
+    pub(crate) before: Option<Arc<Before>>,
+}
+
+/// The version of an event record's format: 1 had no `v` and kept
+/// nothing of the document before a change; 2 keeps `before`.
+pub(crate) const FORMAT: i32 = 2;
+
+/// What an event of format 2 keeps of the document before its change
+/// (an update, a delete or an expiry of a collection with rules): the
+/// top-level fields the rules' `match` named when it was written, and
+/// their values then (a field named and absent from `data` was absent).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Before {
+    pub fields: BTreeSet<String>,
+    pub data: Document,
+}
+
+impl Before {
+    /// The document before the change, if what was kept covers `needed`
+    /// (`None`: it does not; the reader learns it another way).
+    pub(crate) fn covering<'a>(&self, mut needed: impl Iterator<Item = &'a str>) -> Option<&Document> {
+        needed.all(|f| self.fields.contains(f)).then_some(&self.data)
+    }
+}
+
+/// Keep in event record `rec` the fields `named` of `prior`, the document
+/// before the change, when it was live (a create keeps nothing: nothing
+/// was there).
+pub(crate) fn keep_before(rec: &mut Record, named: &BTreeSet<String>, prior: &StoredDoc) {
+    if prior.meta.v == 0 || prior.meta.deleted {
+        return;
+    }
+    let data: Document =
+        prior.data.iter().filter(|(k, _)| named.contains(k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let fields: Vec<Bson> = named.iter().map(|f| Bson::String(f.clone())).collect();
+    rec.insert("before", doc! {"fields": fields, "data": data});
 }
 
 impl Event {
@@ -159,6 +201,7 @@ pub fn document_event(
     let data = matches!(kind, EventType::Created | EventType::Updated).then_some(&doc.data);
     let event = shapes::Event {
         id: document_event_id(coll, &doc.id, doc.meta.v),
+        v: FORMAT,
         kind: kind.as_str(),
         collection: Some(coll),
         document: Some(&doc.id),
@@ -184,6 +227,7 @@ pub(crate) fn transaction_event(
 ) -> Record {
     let event = shapes::Event {
         id: transaction_event_id(txn),
+        v: FORMAT,
         kind: EventType::TransactionCommitted.as_str(),
         collection: None,
         document: None,
@@ -219,6 +263,7 @@ mod shapes {
     pub(super) struct Event<'a> {
         #[serde(rename = "_id")]
         pub id: String,
+        pub v: i32,
         #[serde(rename = "type")]
         pub kind: &'a str,
         pub collection: Option<&'a str>,
@@ -252,6 +297,22 @@ pub(crate) struct Logged {
     pub seq: u64,
     pub logged_at: Option<DateTime>,
     pub entry: Entry,
+}
+
+/// An event record's format (none written: 1).
+fn format(rec: &Record) -> i64 {
+    match rec.get("v") {
+        Some(Bson::Int32(v)) => i64::from(*v),
+        Some(Bson::Int64(v)) => *v,
+        _ => 1,
+    }
+}
+
+/// A format 2 record's `before`; `None` where it cannot be read (the
+/// reader then learns it another way).
+fn before(kept: &Document) -> Option<Before> {
+    let fields = kept.get_array("fields").ok()?.iter().map(|f| f.as_str().map(str::to_owned)).collect::<Option<_>>()?;
+    Some(Before { fields, data: kept.get_document("data").ok()?.clone() })
 }
 
 fn bad(what: &str) -> StoreError {
@@ -297,6 +358,10 @@ impl Logged {
             data: rec.get_document("data").ok().map(crate::store::convert::document_to_object),
             members,
             left: None,
+            before: (format(&rec) == 2)
+                .then(|| rec.get_document("before").ok().and_then(before))
+                .flatten()
+                .map(Arc::new),
         };
         Ok(Self { seq, logged_at, entry: Entry::Event(Box::new(event)) })
     }
@@ -320,6 +385,34 @@ mod tests {
         assert_eq!(e.data.unwrap()["x"], serde_json::json!(1));
         let json = serde_json::to_value(EventType::TransactionCommitted).unwrap();
         assert_eq!(json, "transaction.committed");
+    }
+
+    #[test]
+    fn an_event_keeps_the_named_fields_of_a_live_document_before_it_and_reads_them_back() {
+        let named: BTreeSet<String> = ["owner".to_owned(), "team".to_owned()].into();
+        let before =
+            StoredDoc::new_live("a".into(), doc! {"owner": "ada", "qty": 1_i64}, 1, 3, DateTime::from_millis(5));
+        let after =
+            StoredDoc::new_live("a".into(), doc! {"owner": "bob", "qty": 1_i64}, 1, 4, DateTime::from_millis(6));
+        let mut rec = document_event(EventType::Updated, "c", &after, None, None, None, DateTime::from_millis(7));
+        keep_before(&mut rec, &named, &before);
+        assert_eq!(rec.get_i32("v").unwrap(), FORMAT);
+        rec.insert(LOG_SEQ, 9_i64);
+        let Entry::Event(e) = Logged::from_record(rec.clone()).unwrap().entry else { panic!("an event") };
+        let kept = e.before.expect("kept");
+        // `team` was named and absent: absent before.
+        assert_eq!(kept.covering(["owner", "team"].into_iter()), Some(&doc! {"owner": "ada"}));
+        assert_eq!(kept.covering(["owner", "qty"].into_iter()), None, "qty was not kept");
+        // Format 1 (no `v`) keeps nothing, whatever the record holds.
+        rec.remove("v");
+        let Entry::Event(e) = Logged::from_record(rec).unwrap().entry else { panic!("an event") };
+        assert!(e.before.is_none());
+        // Nothing before a create (over nothing or a tombstone).
+        let mut gone = before.clone();
+        gone.meta.deleted = true;
+        let mut rec = document_event(EventType::Created, "c", &after, None, None, None, DateTime::from_millis(7));
+        keep_before(&mut rec, &named, &gone);
+        assert!(rec.get("before").is_none());
     }
 
     #[test]

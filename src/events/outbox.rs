@@ -1,6 +1,7 @@
 //! A single-document write's event on its way to the log: the document
 //! carries it in its outbox until it is appended.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use super::EVENTS;
 use crate::clock::Clock;
 use crate::document::StoredDoc;
 use crate::follow_ups::{FollowUps, Ticket};
+use crate::rules::Rules;
 use crate::store::{DateTime, Document, DynStore, Record, Store, StoreError, StoreResult, Write};
 
 /// Make sure the event `doc` holds in its outbox is in the log, then clear
@@ -59,6 +61,8 @@ pub(crate) struct Publisher {
     store: DynStore,
     clock: Clock,
     follow_ups: FollowUps,
+    /// Collections' rules: what each event keeps of the document before.
+    rules: Arc<Rules>,
     queue: Mutex<Queue>,
     /// How many queued events the drain has dealt with (appended, or
     /// failed and left in their outboxes).
@@ -90,8 +94,14 @@ struct Queued {
 const MAX_QUEUED: usize = 4 * BATCH;
 
 impl Publisher {
-    pub(crate) fn new(store: DynStore, clock: Clock, follow_ups: FollowUps) -> Arc<Self> {
-        Arc::new(Self { store, clock, follow_ups, queue: Mutex::default(), done: watch::Sender::new(0) })
+    pub(crate) fn new(store: DynStore, clock: Clock, follow_ups: FollowUps, rules: Arc<Rules>) -> Arc<Self> {
+        Arc::new(Self { store, clock, follow_ups, rules, queue: Mutex::default(), done: watch::Sender::new(0) })
+    }
+
+    /// The top-level fields a change event of `coll` keeps of the
+    /// document before the change (`None`: nothing; no rules).
+    pub(crate) async fn named(&self, coll: &str) -> StoreResult<Option<Arc<BTreeSet<String>>>> {
+        self.rules.named(coll).await
     }
 
     /// See [`FollowUps::writing`].
@@ -181,7 +191,8 @@ mod tests {
         let store: DynStore = Arc::new(MemoryStore::default());
         crate::migrate::run(store.as_ref()).await.unwrap();
         let follow_ups = FollowUps::default();
-        let publisher = Publisher::new(Arc::clone(&store), Clock::System, follow_ups.clone());
+        let rules = crate::rules::Rules::new(Arc::clone(&store), Clock::System);
+        let publisher = Publisher::new(Arc::clone(&store), Clock::System, follow_ups.clone(), rules);
         let at = DateTime::now();
         let ids = ["b", "a", "c"];
         for id in ids {

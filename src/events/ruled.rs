@@ -3,7 +3,10 @@
 //! document before and after it, by the rules in force at the event's
 //! position. In→in and out→in are sent, the data trimmed to the fields
 //! the reader may read; in→out (deletes and expiries included) is sent as
-//! `left`, with no data; out→out is never sent. A transaction's event
+//! `left`, with no data; out→out is never sent. The document before the
+//! change is what the event kept of it (format 2, the fields the rules'
+//! `match` named when it was written) when that covers what the reader's
+//! grants look at; else its previous version's event. A transaction's event
 //! that names a member of a collection whose rules judge the reader is
 //! not sent (its members are documents the reader may not see).
 
@@ -121,11 +124,22 @@ impl RuledReader {
             }
             _ => None,
         };
-        let before = match ready.prior(log).await? {
-            Prior::Data(data) => sees(data).is_some(),
-            // Unknown (purged): never told as `left`, which would name a
-            // document the reader may never have seen.
-            Prior::Absent | Prior::Unknown => false,
+        // The document before the change: what the event kept of it, when
+        // that covers every field the reader's grants and filter look at;
+        // else its previous version's event.
+        let needed = || {
+            let grants = judge.allowing(Action::Stream).flat_map(|a| a.fields());
+            grants.chain(extra.into_iter().flat_map(Matcher::fields))
+        };
+        let kept = event.before.as_deref().and_then(|b| b.covering(needed()));
+        let before = match kept {
+            Some(data) => sees(data).is_some(),
+            None => match ready.prior(log).await? {
+                Prior::Data(data) => sees(data).is_some(),
+                // Unknown (purged): never told as `left`, which would name
+                // a document the reader may never have seen.
+                Prior::Absent | Prior::Unknown => false,
+            },
         };
         Ok(match (before, after) {
             (_, Some((mut data, seen))) => {

@@ -291,6 +291,11 @@ enum Check {
 }
 
 impl Matcher {
+    /// The top-level fields it looks at.
+    pub(crate) fn fields(&self) -> impl Iterator<Item = &str> {
+        self.paths.iter().map(|(p, _)| p.split('.').next().unwrap_or(p))
+    }
+
     /// Whether `data` matches, by the same key order the index reads.
     pub(crate) fn matches(&self, data: &Document) -> bool {
         let mut key = Vec::new();

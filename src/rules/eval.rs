@@ -134,6 +134,11 @@ impl Applied {
     pub(crate) fn matches(&self, data: &Document) -> bool {
         self.matcher.matches(data)
     }
+
+    /// The top-level fields its `match` looks at.
+    pub(crate) fn fields(&self) -> impl Iterator<Item = &str> {
+        self.matcher.fields()
+    }
 }
 
 /// Why a grant does not apply to a caller.

@@ -145,6 +145,9 @@ pub(crate) struct Grant {
     pub when: Option<Filter>,
     /// The `match` as written (placeholders in it); `None`: every document.
     pub template: Option<Value>,
+    /// The top-level fields its `match` names: what a change event keeps
+    /// of the document before it (docs/guides/rules.md, "Streams").
+    pub named: BTreeSet<String>,
     pub actions: BTreeSet<Action>,
     pub read: Option<BTreeSet<String>>,
     pub write: Option<BTreeSet<String>>,
@@ -237,6 +240,7 @@ fn grant(spec: &GrantSpec, at: &str) -> Result<Grant, Invalid> {
                 .and_then(|f| no_exists(&f, &format!("{at}/when")).map(|()| f))?,
         ),
     };
+    let mut named = BTreeSet::new();
     if let Some(template) = &spec.matches {
         // The filter with each placeholder given a value of its kind: it
         // must parse as every caller's will, and be one an index serves.
@@ -251,6 +255,7 @@ fn grant(spec: &GrantSpec, at: &str) -> Result<Grant, Invalid> {
                  condition on one path only",
             ));
         }
+        named = filter.paths.keys().map(|p| p.split('.').next().unwrap_or(p).to_owned()).collect();
     }
     let fields = spec.fields.clone().unwrap_or_default();
     let read = fields.read.as_deref().map(|r| top_fields(r, &format!("{at}/fields/read"))).transpose()?;
@@ -274,6 +279,7 @@ fn grant(spec: &GrantSpec, at: &str) -> Result<Grant, Invalid> {
         anonymous: spec.anonymous,
         when,
         template: spec.matches.clone(),
+        named,
         actions: spec.actions.iter().copied().collect(),
         read,
         write,

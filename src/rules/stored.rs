@@ -8,7 +8,7 @@
 //! the version in force at its position. Every write is a compare-and-set
 //! on the version read, so two admins' `PUT`s never lose one another.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,8 @@ pub(crate) struct RuleSet {
     pub updated_at: DateTime,
     pub specs: Vec<GrantSpec>,
     pub grants: Vec<Arc<Grant>>,
+    /// The top-level fields any grant's `match` names.
+    pub named: Arc<BTreeSet<String>>,
 }
 
 /// A collection's rules: the version in force (`None` once removed) and
@@ -126,7 +128,9 @@ impl RuleSet {
     /// `specs` as version `version` of `collection`'s rules, checked.
     pub(crate) fn checked(collection: &str, version: i64, specs: Vec<GrantSpec>) -> Result<Self, Invalid> {
         let grants = check(&specs)?;
+        let named = Arc::new(grants.iter().flat_map(|g| g.named.iter().cloned()).collect());
         Ok(RuleSet {
+            named,
             collection: collection.to_owned(),
             version,
             at: 0,
@@ -174,6 +178,22 @@ impl Rules {
             cache.insert(coll.to_owned(), (read, Arc::clone(&known)));
         }
         Ok(known)
+    }
+
+    /// The top-level fields the `match` of `coll`'s rules in force name
+    /// (`None`: no rules), at most [`CACHE_TTL`] old: what a change event
+    /// of `coll` keeps of the document before the change.
+    pub(crate) async fn named(&self, coll: &str) -> StoreResult<Option<Arc<BTreeSet<String>>>> {
+        Ok(self.of(coll).await?.current.as_ref().map(|set| Arc::clone(&set.named)))
+    }
+
+    /// [`Self::named`] as this instance last learned it, however long ago
+    /// (`None` also when it never did): for a step that cannot wait for
+    /// the store. An event written without them is judged as one written
+    /// before rules were set (docs/guides/rules.md, "Streams").
+    pub(crate) fn named_known(&self, coll: &str) -> Option<Arc<BTreeSet<String>>> {
+        let cache = self.cache.lock().expect("rules cache");
+        cache.get(coll).and_then(|(_, known)| known.current.as_ref().map(|set| Arc::clone(&set.named)))
     }
 
     /// `coll`'s rules as the store holds them now. A record that cannot
@@ -282,6 +302,7 @@ fn unreadable(coll: &str, why: &str) -> Versions {
         updated_at: DateTime::from_millis(0),
         specs: Vec::new(),
         grants: Vec::new(),
+        named: Arc::default(),
     };
     Versions { current: Some(Arc::new(set)), earlier: Vec::new(), at: 0 }
 }

@@ -2,37 +2,47 @@
 //! outputs (docs/design.md §5): one event per changed member, then the
 //! `transaction.committed` event.
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::outputs::Outputs;
+use super::outputs::{Forwarded, Outputs};
 use super::record::TxnRecord;
 use crate::clock::Clock;
 use crate::document::StoredDoc;
 use crate::events::model::{self, CommittedMember};
 use crate::events::{EVENTS, EventType};
+use crate::rules::Rules;
 use crate::store::{DateTime, DynStore, Record, StoreResult};
 
 /// The log records (positions left to the store) of committed `rec`'s
-/// events, from its members' post-images `forwarded` (member index and
-/// the document as rolled forward): one per changed member, then the
-/// `transaction.committed` event.
-pub(crate) fn transaction_records(rec: &TxnRecord, forwarded: &[(usize, &StoredDoc)], at: DateTime) -> Vec<Record> {
+/// events, from its changed members `forwarded`: one per changed member
+/// (keeping of the document before the change the fields `named` names
+/// for its collection), then the `transaction.committed` event.
+pub(crate) fn transaction_records(
+    rec: &TxnRecord,
+    forwarded: &[Forwarded<'_>],
+    at: DateTime,
+    named: impl Fn(&str) -> Option<Arc<BTreeSet<String>>>,
+) -> Vec<Record> {
     let committed = rec.committed_at.unwrap_or(at);
     let mut out = Vec::with_capacity(forwarded.len() + 1);
-    for (i, doc) in forwarded {
-        let m = &rec.members[*i];
+    for f in forwarded {
+        let m = &rec.members[f.index];
         if let Some(kind) = EventType::of_staged(m.op) {
             let mut r = model::document_event(
                 kind,
                 &m.collection,
-                doc,
+                f.after,
                 Some(&rec.id),
                 rec.key.as_deref(),
                 rec.user.as_ref(),
                 committed,
             );
+            if let Some(named) = named(&m.collection) {
+                model::keep_before(&mut r, &named, f.locked);
+            }
             r.insert("logged_at", at);
             out.push(r);
         }
@@ -61,11 +71,13 @@ pub(crate) fn transaction_records(rec: &TxnRecord, forwarded: &[(usize, &StoredD
 pub(crate) struct TxnEvents {
     store: DynStore,
     clock: Clock,
+    /// Collections' rules: what each event keeps of the document before.
+    rules: Arc<Rules>,
 }
 
 impl TxnEvents {
-    pub(crate) fn new(store: DynStore, clock: Clock) -> Arc<Self> {
-        Arc::new(Self { store, clock })
+    pub(crate) fn new(store: DynStore, clock: Clock, rules: Arc<Rules>) -> Arc<Self> {
+        Arc::new(Self { store, clock, rules })
     }
 }
 
@@ -83,7 +95,8 @@ impl Outputs for TxnEvents {
             let Some(found) = self.store.get(&m.collection, &m.id).await? else { return Ok(None) };
             match StoredDoc::from_record(found) {
                 Ok(doc) if doc.meta.txn.as_deref() == Some(rec.id.as_str()) => {
-                    Ok(Some(Some((i, doc.rolled_forward(committed)))))
+                    let after = doc.rolled_forward(committed);
+                    Ok(Some(Some((i, doc, after))))
                 }
                 Ok(_) => Ok(None),
                 Err(err) => {
@@ -92,7 +105,7 @@ impl Outputs for TxnEvents {
                 }
             }
         });
-        let held: Vec<Option<(usize, StoredDoc)>> = futures::future::join_all(reads)
+        let held: Vec<Option<(usize, StoredDoc, StoredDoc)>> = futures::future::join_all(reads)
             .await
             .into_iter()
             .collect::<StoreResult<Vec<_>>>()?
@@ -102,14 +115,23 @@ impl Outputs for TxnEvents {
         if held.is_empty() {
             return Ok(());
         }
-        let forwarded: Vec<(usize, StoredDoc)> = held.into_iter().flatten().collect();
-        let refs: Vec<(usize, &StoredDoc)> = forwarded.iter().map(|(i, d)| (*i, d)).collect();
+        let forwarded: Vec<(usize, StoredDoc, StoredDoc)> = held.into_iter().flatten().collect();
+        let refs: Vec<Forwarded<'_>> =
+            forwarded.iter().map(|(index, locked, after)| Forwarded { index: *index, locked, after }).collect();
+        // What the events keep of the documents before, by their
+        // collections' rules (read now if this instance's view is old).
+        let mut named = HashMap::new();
+        for m in &rec.members {
+            if !named.contains_key(m.collection.as_str()) {
+                named.insert(m.collection.as_str(), self.rules.named(&m.collection).await?);
+            }
+        }
         // The members' events first; the transaction's own only once every
         // one of them is in the log, whoever put it there. Another helper
         // may be appending the same events at once and win some of them at
         // later positions: a position taken after all members exist is
         // larger than each of theirs, so the transaction's event comes last.
-        let mut records = transaction_records(rec, &refs, at);
+        let mut records = transaction_records(rec, &refs, at, |c| named.get(c).cloned().flatten());
         let own = records.pop().expect("the transaction's own event is last");
         self.store.append_all(EVENTS, records).await?;
         self.store.unsynced().append(EVENTS, own).await?;
@@ -120,7 +142,10 @@ impl Outputs for TxnEvents {
         true
     }
 
-    fn chained(&self, rec: &TxnRecord, forwarded: &[(usize, &StoredDoc)]) -> Option<Vec<(&'static str, Record)>> {
-        Some(transaction_records(rec, forwarded, self.clock.now()).into_iter().map(|r| (EVENTS, r)).collect())
+    fn chained(&self, rec: &TxnRecord, forwarded: &[Forwarded<'_>]) -> Option<Vec<(&'static str, Record)>> {
+        // A commit in one chain does not wait for the store: the rules as
+        // this instance knows them (every ruled request just read them).
+        let records = transaction_records(rec, forwarded, self.clock.now(), |c| self.rules.named_known(c));
+        Some(records.into_iter().map(|r| (EVENTS, r)).collect())
     }
 }

@@ -148,7 +148,7 @@ pub enum Aborted {
 impl Transactions {
     /// The services over `store`, recording into `metrics`; `outputs` are
     /// what a committed transaction leaves besides its documents.
-    pub fn build(
+    pub(crate) fn build(
         store: DynStore,
         cfg: TxnConfig,
         metrics: Arc<Metrics>,

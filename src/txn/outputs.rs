@@ -14,18 +14,27 @@ use super::record::TxnRecord;
 /// any instance, any number of times, concurrently: it must be idempotent
 /// (insert-if-absent under ids derived from the transaction).
 #[async_trait]
-pub trait Outputs: Send + Sync {
+pub(crate) trait Outputs: Send + Sync {
     async fn ensure(&self, rec: &TxnRecord) -> StoreResult<()>;
 
     /// Whether `rec` leaves any output of this kind.
     fn has_any(&self, rec: &TxnRecord) -> bool;
 
     /// The records that make this output exist, as appends to log
-    /// collections, from committed `rec` and its members' post-images
-    /// (member index, document as rolled forward): for a transaction that
-    /// commits in one chain of writes. `None`: this output cannot be made
-    /// that way, and `ensure` must run instead.
-    fn chained(&self, _rec: &TxnRecord, _forwarded: &[(usize, &StoredDoc)]) -> Option<Vec<(&'static str, Record)>> {
+    /// collections, from committed `rec` and its changed members: for a
+    /// transaction that commits in one chain of writes. `None`: this
+    /// output cannot be made that way, and `ensure` must run instead.
+    fn chained(&self, _rec: &TxnRecord, _forwarded: &[Forwarded<'_>]) -> Option<Vec<(&'static str, Record)>> {
         None
     }
+}
+
+/// A member of a committing transaction: its index among the members, its
+/// document as locked (the change staged, the data still as before it) and
+/// as rolled forward.
+#[derive(Clone, Copy)]
+pub(crate) struct Forwarded<'a> {
+    pub index: usize,
+    pub locked: &'a StoredDoc,
+    pub after: &'a StoredDoc,
 }

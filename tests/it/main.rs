@@ -32,6 +32,7 @@ mod queries;
 mod reads;
 mod restart;
 mod rules;
+mod rules_events;
 mod rules_props;
 mod secrets;
 mod slow;

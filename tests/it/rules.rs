@@ -13,12 +13,21 @@ use txgate::testing::keys::parse_keys;
 use crate::support::{Backend, SseStream, TestApp, TestReceiver, expect, expect_problem};
 use crate::users::{Issuer, RSA_A};
 
-const ADMIN: &str = "admin-key-0123456789";
-const WRITER: &str = "writer-key-0123456789";
+pub(crate) const ADMIN: &str = "admin-key-0123456789";
+pub(crate) const WRITER: &str = "writer-key-0123456789";
 
 /// A gateway on `backend` with the issuer (customers and agents may read
 /// and write orders and notes) and two keys: an admin, and a writer.
-async fn gateway(backend: Backend, issuer: &Issuer) -> Option<TestApp> {
+pub(crate) async fn gateway(backend: Backend, issuer: &Issuer) -> Option<TestApp> {
+    gateway_with(backend, issuer, |_| {}).await
+}
+
+/// [`gateway`], its configuration changed by `tweak`.
+pub(crate) async fn gateway_with(
+    backend: Backend,
+    issuer: &Issuer,
+    tweak: impl FnOnce(&mut txgate::config::Config) + Send + 'static,
+) -> Option<TestApp> {
     let mut entry = issuer.entry();
     entry.roles = [
         ("customer".to_owned(), "write@orders+write@notes".to_owned()),
@@ -31,12 +40,13 @@ async fn gateway(backend: Backend, issuer: &Issuer) -> Option<TestApp> {
     TestApp::spawn_with(backend, move |c| {
         c.issuers = vec![resolved];
         c.api_keys = parse_keys(&format!("{ADMIN}:admin,{WRITER}:write")).unwrap();
+        tweak(c);
     })
     .await
 }
 
 /// A token for `sub` with `roles`, in team `team` (a claim).
-fn token(issuer: &Issuer, sub: &str, roles: &[&str], team: Option<&str>) -> String {
+pub(crate) fn token(issuer: &Issuer, sub: &str, roles: &[&str], team: Option<&str>) -> String {
     let mut claims = issuer.claims(sub, roles);
     if let Some(team) = team {
         claims["team"] = json!(team);
@@ -44,7 +54,13 @@ fn token(issuer: &Issuer, sub: &str, roles: &[&str], team: Option<&str>) -> Stri
     RSA_A.sign(&claims)
 }
 
-async fn send(app: &TestApp, who: &str, method: Method, path: &str, body: Option<&Value>) -> reqwest::Response {
+pub(crate) async fn send(
+    app: &TestApp,
+    who: &str,
+    method: Method,
+    path: &str,
+    body: Option<&Value>,
+) -> reqwest::Response {
     let mut req = app.request(method, path).bearer_auth(who);
     if let Some(body) = body {
         req = req.json(body);
@@ -52,7 +68,7 @@ async fn send(app: &TestApp, who: &str, method: Method, path: &str, body: Option
     req.send().await.unwrap()
 }
 
-async fn ready_index(app: &TestApp, coll: &str, name: &str, fields: &[&str]) {
+pub(crate) async fn ready_index(app: &TestApp, coll: &str, name: &str, fields: &[&str]) {
     let path = format!("/v1/collections/{coll}/indexes/{name}");
     let put = send(app, ADMIN, Method::PUT, &path, Some(&json!({"fields": fields}))).await;
     assert!(put.status().is_success(), "{}", put.text().await.unwrap());
@@ -65,7 +81,7 @@ async fn ready_index(app: &TestApp, coll: &str, name: &str, fields: &[&str]) {
     .await;
 }
 
-fn rules() -> Value {
+pub(crate) fn rules() -> Value {
     json!({"grants": [
         {"name": "own", "roles": ["customer"], "match": {"owner": {"$auth": "sub"}},
          "actions": ["read", "count", "stream", "create", "update", "delete"],
@@ -332,7 +348,7 @@ async fn owners_and_teams(backend: Backend) {
 }
 
 /// The events of orders a user reads after `after`.
-async fn events(app: &TestApp, who: &str, after: u64) -> Vec<Value> {
+pub(crate) async fn events(app: &TestApp, who: &str, after: u64) -> Vec<Value> {
     let path = format!("/v1/events?collections=orders&after={after}&limit=100");
     let resp =
         app.request(Method::GET, &path).bearer_auth(who).header("accept", "application/json").send().await.unwrap();

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::document::{StoredDoc, View};
 use crate::store::{DateTime, Durability, StoreError, Write, get_all_within};
+use crate::txn::outputs::Forwarded;
 use crate::txn::plan::{Action, ActionOp, Plan};
 use crate::txn::record::{AbortReason, Member, MemberResult, Status, TXNS, Transition, TxnRecord};
 
@@ -54,7 +55,7 @@ impl Commit {
             let write =
                 Write::Replace { id, filter: stage.locked.unchanged_filter(Some(txn)), record: after.to_record() };
             forward.push((coll, write));
-            forwarded.push((i, after));
+            forwarded.push((i, stage.locked, after));
             chain.push((coll, stage.write));
         }
         let locks = chain.len();
@@ -66,11 +67,13 @@ impl Commit {
         committed.committed_at = Some(committed_at);
         committed.members = members.clone();
         committed.results = Some(results.clone());
-        let refs: Vec<(usize, &StoredDoc)> = forwarded.iter().map(|(i, d)| (*i, d)).collect();
+        let refs: Vec<Forwarded<'_>> =
+            forwarded.iter().map(|(index, locked, after)| Forwarded { index: *index, locked, after }).collect();
         for output in self.outputs.iter().filter(|o| o.has_any(&committed)) {
             let appends = output.chained(&committed, &refs).expect("checked by outputs_chain");
             chain.extend(appends.into_iter().map(|(coll, r)| (coll, Write::Append(r))));
         }
+        drop(refs);
         chain.extend(forward);
         let (filter, update) = Transition::Finish { from: Status::Committed, at: committed_at }.cas();
         chain.push((TXNS, Write::Update { id: txn, filter, update }));
@@ -155,9 +158,10 @@ impl Commit {
                 _ => Write::Insert(after.to_record()),
             };
             chain.push((coll, write));
-            forwarded.push((*i, after));
+            forwarded.push((*i, &stage.locked, after));
         }
-        let refs: Vec<(usize, &StoredDoc)> = forwarded.iter().map(|(i, d)| (*i, d)).collect();
+        let refs: Vec<Forwarded<'_>> =
+            forwarded.iter().map(|(index, locked, after)| Forwarded { index: *index, locked, after }).collect();
         for output in self.outputs.iter().filter(|o| o.has_any(&committed)) {
             let appends = output.chained(&committed, &refs).expect("checked by outputs_chain");
             chain.extend(appends.into_iter().map(|(coll, r)| (coll, Write::Append(r))));

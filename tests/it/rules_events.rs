@@ -1,0 +1,176 @@
+//! What a change event keeps of the document before its change, for
+//! readers judged by rules (docs/guides/rules.md, "Streams"): the fields
+//! the rules' `match` names, in the event itself (format 2), so a reader
+//! is told a document left even once the log no longer holds the
+//! document's previous version; and events of format 1 (no `v`, nothing
+//! kept), as the previous release wrote them, still judged by their
+//! previous version's event. On both stores, through single writes,
+//! transactions (in one chain and step by step) and deletes.
+
+use std::sync::Arc;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use txgate_store::{Update, doc, shape};
+
+use crate::rules::{ADMIN, WRITER, events, gateway, gateway_with, ready_index, rules, send, token};
+use crate::support::{Backend, TestApp, expect};
+use crate::users::{Issuer, RSA_A};
+
+const EVENTS: &str = "_events";
+
+/// The (document, version, left, owner in data) of each event `page` holds.
+fn told(page: &[Value]) -> Vec<(String, i64, bool, Option<String>)> {
+    page.iter()
+        .map(|e| {
+            (
+                e["document"].as_str().unwrap_or_default().to_owned(),
+                e["version"].as_i64().unwrap_or_default(),
+                e["left"].as_bool().unwrap_or(false),
+                e["data"]["owner"].as_str().map(str::to_owned),
+            )
+        })
+        .collect()
+}
+
+async fn kept_not(app: &TestApp, id: &str) -> bool {
+    app.store.get(EVENTS, id).await.unwrap().is_none()
+}
+
+fn row(id: &str, version: i64, left: bool, owner: Option<&str>) -> (String, i64, bool, Option<String>) {
+    (id.to_owned(), version, left, owner.map(str::to_owned))
+}
+
+/// The events of orders a user reads from the oldest the log retains.
+async fn retained(app: &TestApp, who: &str) -> Vec<Value> {
+    let resp = app
+        .request(Method::GET, "/v1/events?collections=orders&limit=100")
+        .bearer_auth(who)
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap();
+    expect(resp, 200).await["items"].as_array().unwrap().clone()
+}
+
+async fn events_keep_what_the_rules_look_at(backend: Backend) {
+    use std::time::Duration;
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let retention = |c: &mut txgate::config::Config| c.events.retention = Duration::from_secs(60);
+    let Some(app) = gateway_with(backend, &issuer, retention).await else { return };
+    ready_index(&app, "orders", "owner", &["owner"]).await;
+    expect(send(&app, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&rules())).await, 200).await;
+    let docs = "/v1/collections/orders/documents";
+    for (id, owner) in [("o1", "ada"), ("o2", "ada"), ("o3", "ada"), ("o4", "bob"), ("o5", "ada")] {
+        let doc = json!({"_id": id, "owner": owner, "team": "red", "qty": 1, "secret": "s"});
+        expect(send(&app, WRITER, Method::POST, docs, Some(&doc)).await, 201).await;
+    }
+    let patch = |id: &'static str, set: Value| {
+        let req = app.request(Method::PATCH, &format!("{docs}/{id}")).bearer_auth(WRITER).json(&json!({"set": set}));
+        async move { expect(req.send().await.unwrap(), 200).await }
+    };
+    // Past the log's retention: the purge will take the creations' events.
+    app.settled().await;
+    app.advance(Duration::from_secs(61));
+    // o1 given away by a single write, o2 deleted, o3 given away in a
+    // transaction, o4 given to ada, o5 changed and kept.
+    patch("o1", json!({"owner": "bob"})).await;
+    let deleted = app.request(Method::DELETE, &format!("{docs}/o2")).bearer_auth(WRITER).send().await.unwrap();
+    expect(deleted, 204).await;
+    let txn = json!({"actions": [
+        {"op": "update", "collection": "orders", "id": "o3", "set": {"owner": "bob"}},
+        {"op": "update", "collection": "orders", "id": "o5", "inc": {"qty": 1}},
+    ]});
+    expect(send(&app, WRITER, Method::POST, "/v1/transactions", Some(&txn)).await, 200).await;
+    patch("o4", json!({"owner": "ada"})).await;
+    app.settled().await;
+
+    // Each change's event kept the owner as it was before (and only what
+    // the rules' `match` names); a create keeps nothing.
+    let kept = |id: &str, v: i64| {
+        let (store, id) = (Arc::clone(&app.store), format!("orders/{id}/{v}"));
+        async move { store.get(EVENTS, &id).await.unwrap().unwrap_or_else(|| panic!("{id} is logged")) }
+    };
+    for (id, v, owner) in [("o1", 2, "ada"), ("o2", 2, "ada"), ("o3", 2, "ada"), ("o4", 2, "bob"), ("o5", 2, "ada")] {
+        let rec = kept(id, v).await;
+        assert_eq!(rec.get_i32("v").ok(), Some(2), "{rec}");
+        let before = rec.get_document("before").unwrap_or_else(|_| panic!("{id} v{v} keeps before: {rec}"));
+        assert_eq!(before, &doc! {"fields": ["owner", "team"], "data": {"owner": owner, "team": "red"}}, "{id}");
+    }
+    assert!(kept("o1", 1).await.get("before").is_none(), "a create keeps nothing");
+
+    // The log lets the creations' events go.
+    app.run_once("ttl").await; // counts the log's changes, which the purge waits for
+    app.run_once("event_purge").await;
+    assert!(kept_not(&app, "orders/o1/1").await, "purged");
+    // Read here, and by an instance that learns the log from the store.
+    let fresh = TestApp::on_store(app.config.clone(), Arc::clone(&app.store), None).await;
+    let ada = token(&issuer, "ada", &["customer"], None);
+    let seen = told(&retained(&fresh, &ada).await);
+    assert_eq!(told(&retained(&app, &ada).await), seen);
+    assert_eq!(
+        seen,
+        vec![
+            row("o1", 2, true, None),
+            row("o2", 2, true, None),
+            row("o3", 2, true, None),
+            row("o5", 2, false, Some("ada")),
+            row("o4", 2, false, Some("ada")),
+        ],
+        "what left is told as left, what came in or stayed is sent"
+    );
+    // bob reads o4's change as leaving, and o1's and o3's as coming in.
+    let bob = token(&issuer, "bob", &["customer"], None);
+    let seen = told(&retained(&fresh, &bob).await);
+    let mut expected = vec![row("o1", 2, false, Some("bob")), row("o3", 2, false, Some("bob"))];
+    expected.push(row("o4", 2, true, None));
+    assert_eq!(seen, expected);
+    fresh.stop().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn events_keep_what_the_rules_look_at_on_the_embedded_store() {
+    events_keep_what_the_rules_look_at(Backend::Embedded).await;
+}
+
+#[tokio::test]
+async fn events_keep_what_the_rules_look_at_on_mongodb() {
+    events_keep_what_the_rules_look_at(Backend::Mongodb).await;
+}
+
+/// Events of format 1, as the previous release wrote them, are read and
+/// judged by their previous version's event when the log holds it.
+async fn events_of_the_previous_format_are_judged_by_the_version_before(backend: Backend) {
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let Some(app) = gateway(backend, &issuer).await else { return };
+    ready_index(&app, "orders", "owner", &["owner"]).await;
+    expect(send(&app, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&rules())).await, 200).await;
+    let docs = "/v1/collections/orders/documents";
+    let doc = json!({"_id": "o1", "owner": "ada", "team": "red", "qty": 1});
+    expect(send(&app, WRITER, Method::POST, docs, Some(&doc)).await, 201).await;
+    let give =
+        app.request(Method::PATCH, &format!("{docs}/o1")).bearer_auth(WRITER).json(&json!({"set": {"owner": "bob"}}));
+    expect(give.send().await.unwrap(), 200).await;
+    app.settled().await;
+    for v in [1, 2] {
+        let old = Update { set: doc! {}, unset: vec!["v".into(), "before".into()] };
+        assert!(app.store.update(EVENTS, &format!("orders/o1/{v}"), shape::any(), old).await.unwrap());
+    }
+    let fresh = TestApp::on_store(app.config.clone(), Arc::clone(&app.store), None).await;
+    let ada = token(&issuer, "ada", &["customer"], None);
+    let seen = told(&events(&fresh, &ada, 0).await);
+    assert_eq!(seen, vec![row("o1", 1, false, Some("ada")), row("o1", 2, true, None)]);
+    fresh.stop().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn events_of_the_previous_format_are_judged_by_the_version_before_on_the_embedded_store() {
+    events_of_the_previous_format_are_judged_by_the_version_before(Backend::Embedded).await;
+}
+
+#[tokio::test]
+async fn events_of_the_previous_format_are_judged_by_the_version_before_on_mongodb() {
+    events_of_the_previous_format_are_judged_by_the_version_before(Backend::Mongodb).await;
+}
