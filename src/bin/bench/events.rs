@@ -49,6 +49,11 @@ impl Child {
     /// [`Child::start`], on `database` of the MongoDB at the URI (several
     /// gateways on one database share its work).
     pub async fn start_on(mongodb: Option<(&str, &str)>) -> Self {
+        Self::start_with(mongodb, &[]).await
+    }
+
+    /// [`Child::start_on`], with the variables `env` set too.
+    pub async fn start_with(mongodb: Option<(&str, &str)>, env: &[(&str, String)]) -> Self {
         let exe = std::env::current_exe().expect("own path");
         let bin = exe.with_file_name("txgate");
         assert!(bin.exists(), "{} not found: build it (cargo build --release --bins)", bin.display());
@@ -60,6 +65,7 @@ impl Child {
             .env("TXGATE_HOOK_ALLOW", "127.0.0.1:*")
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::null());
+        cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
         match mongodb {
             Some((uri, database)) => {
                 cmd.env("TXGATE_MONGODB_URI", uri).env("TXGATE_MONGODB_DATABASE", database);
@@ -78,7 +84,7 @@ impl Child {
     }
 
     /// Resident memory, in MiB.
-    fn rss_mib(&self) -> f64 {
+    pub(super) fn rss_mib(&self) -> f64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.process.id())).unwrap_or_default();
         let kb: f64 = status
             .lines()

@@ -37,6 +37,7 @@ mod peer;
 mod peer_pg;
 mod protocol;
 mod queries;
+mod ruled_streams;
 mod rules;
 mod scale;
 mod ttl;
@@ -211,6 +212,18 @@ enum Command {
         #[arg(long, default_value_t = 60.0)]
         seconds: f64,
     },
+    /// Event streams of many different users under a per-document rule:
+    /// commit -> arrival lag, with a gateway in its own process.
+    RuledStreams {
+        /// Users, each with one stream open.
+        #[arg(long, default_value_t = 1000)]
+        users: usize,
+        /// Commits per second offered.
+        #[arg(long, default_value_t = 200.0)]
+        rate: f64,
+        #[arg(long, default_value_t = 20.0)]
+        seconds: f64,
+    },
     /// TTL under load: expiry lag by age, the live count under
     /// `max_count`, the sweeper's CPU at rest over many documents.
     Ttl {
@@ -321,6 +334,10 @@ async fn main() {
         Command::Live { views, rate, seconds } => {
             let mongodb_uri = cli.mongodb_uri.clone();
             live::run(live::LiveArgs { mongodb_uri, views, rate, seconds }).await;
+        }
+        Command::RuledStreams { users, rate, seconds } => {
+            let mongodb_uri = cli.mongodb_uri.clone();
+            ruled_streams::run(ruled_streams::RuledStreamsArgs { mongodb_uri, users, rate, seconds }).await;
         }
         Command::Ttl { rate, seconds, max_age, max_count, docs, idle_secs } => {
             let docs = docs.unwrap_or(if mongo { 20_000 } else { 1_000_000 });

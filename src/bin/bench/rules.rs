@@ -17,13 +17,22 @@ use txgate_store::DynStore;
 use super::queries::{COLL, Page, STATUSES, p50_p99, row};
 
 const KEY: &str = "bench-admin-key-0123456789abcdef";
-const SECRET: &str = "bench-hs256-secret-0123456789abcdef-0123456789";
-const ISSUER: &str = "http://127.0.0.1:9/bench";
+pub(super) const SECRET: &str = "bench-hs256-secret-0123456789abcdef-0123456789";
+pub(super) const ISSUER: &str = "http://127.0.0.1:9/bench";
 
 fn token(status: &str) -> String {
+    signed(&format!("user-{status}"), json!({"status": status}))
+}
+
+/// A token of the bench's issuer for `sub`, a reader for an hour, with
+/// the claims `extra` besides.
+pub(super) fn signed(sub: &str, extra: serde_json::Value) -> String {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
-    let claims = json!({"iss": ISSUER, "sub": format!("user-{status}"), "aud": "bench", "iat": now,
-        "exp": now + 3600, "roles": ["reader"], "status": status});
+    let mut claims = json!({"iss": ISSUER, "sub": sub, "aud": "bench", "iat": now,
+        "exp": now + 3600, "roles": ["reader"]});
+    if let (Some(claims), Some(extra)) = (claims.as_object_mut(), extra.as_object()) {
+        claims.extend(extra.clone());
+    }
     jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
         &claims,
