@@ -247,8 +247,10 @@ async function collectionsView() {
           h("td", {}, String(c.count ?? "")),
           h("td", {}, c.ttl ? json(c.ttl) : "none"),
           h("td", {}, indexes || "none"),
-          // An admin's list carries each collection's rules in brief.
-          h("td", {}, c.rules ? `version ${c.rules.version}: ${c.rules.grants.join(", ") || "no grant"}` : "none")));
+          // An admin's list carries each collection's rules in brief, and
+          // leads to reading the collection as one of its users would.
+          h("td", {}, c.rules ? [`version ${c.rules.version}: ${c.rules.grants.join(", ") || "no grant"} `,
+            h("a", { href: `#/view-as/${enc(c.name)}` }, "view as…")] : "none")));
       }
       body.replaceChildren(...rows);
     } catch (err) { failure(err); }
@@ -355,6 +357,58 @@ async function documentsView(coll) {
     else held.set(e.document, { id: e.document, version: e.version, data: e.data || {} });
     render();
   }, position));
+}
+
+// ---- view as: a collection as another principal reads it (admins) --------
+
+async function viewAsView(coll) {
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const field = (id, label, attrs = {}) => h("div", {}, h("label", { for: id }, label),
+    h("input", { id, name: id, value: params.get(id) || "", ...attrs }));
+  const form = h("form", { class: "row", onsubmit: (e) => {
+    e.preventDefault();
+    const q = new URLSearchParams();
+    for (const name of ["sub", "roles", "claims", "filter", "sort"]) {
+      const v = e.target.elements[name].value.trim();
+      if (v) q.set(name, v);
+    }
+    location.hash = `#/view-as/${enc(coll)}?${q}`;
+  } },
+    field("sub", "User (sub)", { required: true }),
+    field("roles", "Roles (comma-separated)"),
+    field("claims", "Claims (JSON)", { size: 30, placeholder: '{"team":"red"}' }),
+    field("filter", "Filter (JSON)", { size: 30 }),
+    field("sort", "Sort"),
+    h("button", { type: "submit" }, "View"));
+  const note = h("p", { class: "muted", id: "view-as-note" },
+    "What the user would read of this collection under its rules. Each view is recorded (an access.viewed_as event).");
+  const body = h("tbody");
+  show(h("h2", {}, `${coll} as another user sees it`), form, note,
+    h("div", { class: "table-wrap" }, h("table", { id: "view-as" },
+      h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "Id"), h("th", { scope: "col" }, "Version"), h("th", { scope: "col" }, "Data"))),
+      body)));
+  const sub = params.get("sub");
+  if (!sub) return;
+  let principal, query = { limit: 200 };
+  try {
+    principal = { sub, roles: (params.get("roles") || "").split(",").map((r) => r.trim()).filter(Boolean) };
+    if (params.get("claims")) principal.claims = JSON.parse(params.get("claims"));
+    if (params.get("filter")) query.filter = JSON.parse(params.get("filter"));
+  } catch (err) { status(`not JSON: ${err.message}`, true); return; }
+  if (params.get("sort")) query.sort = params.get("sort");
+  try {
+    const { data, res } = await api("POST", "/v1/access/view", { body: { principal, collection: coll, query } });
+    const grant = res.headers.get("Txgate-Grant");
+    note.textContent = `${sub} reads ${data.items.length}${data.next ? "+" : ""} document${data.items.length === 1 ? "" : "s"}` +
+      (grant ? ` through ${grant}` : "") + ". This view was recorded (an access.viewed_as event).";
+    body.replaceChildren(...data.items.map((d) => h("tr", { "data-id": d.id },
+      h("th", { scope: "row" }, d.id),
+      h("td", {}, String(d.version)),
+      h("td", {}, h("span", { class: "value" }, JSON.stringify(d.data))))));
+  } catch (err) {
+    note.textContent = err.problem?.detail || err.message;
+    failure(err);
+  }
 }
 
 // ---- one document, its editor, and the conflict view ---------------------
@@ -608,6 +662,7 @@ function route() {
   switch (parts[0]) {
     case "documents": return documentsView(parts[1]);
     case "doc": return documentView(parts[1], parts[2]);
+    case "view-as": return viewAsView(parts[1]);
     case "transactions": return transactionsView();
     case "deliveries": return deliveriesView();
     case "events": return eventsView();

@@ -166,7 +166,13 @@ impl Subscription {
     }
 
     pub fn filter(&self) -> Filter {
-        Filter { collections: self.collections.clone(), types: self.types.clone(), within: self.within.clone() }
+        Filter {
+            collections: self.collections.clone(),
+            types: self.types.clone(),
+            within: self.within.clone(),
+            // Subscriptions deliver changes: never an `access.viewed_as` event.
+            admin: Some(Vec::new()),
+        }
     }
 
     fn position(&self) -> u64 {
@@ -329,7 +335,7 @@ impl Subscriptions {
         if has >= self.per_key {
             return Err(CreateError::Limit(has));
         }
-        let Filter { collections, types, within } = filter;
+        let Filter { collections, types, within, .. } = filter;
         // The end of the log (with the events of every answer this
         // instance gave before: those are not "from now on"); after a
         // purge of all of it, the floor.

@@ -270,7 +270,7 @@ impl Collections {
                 let delta = match event.kind {
                     EventType::Created => 1,
                     EventType::Deleted | EventType::Expired => -1,
-                    EventType::Updated | EventType::TransactionCommitted => continue,
+                    EventType::Updated | EventType::TransactionCommitted | EventType::ViewedAs => continue,
                 };
                 if let Some(coll) = event.collection.as_deref() {
                     changes.entry(coll).or_default().push((event.seq, delta));

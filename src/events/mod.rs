@@ -141,6 +141,9 @@ pub struct Filter {
     /// The collections the reader may see (an API key limited to some):
     /// an event telling of any other is left out.
     pub within: Option<Vec<String>>,
+    /// The collections whose `access.viewed_as` events the reader is sent
+    /// (those it holds `admin` on; `None`: every one).
+    pub admin: Option<Vec<String>>,
 }
 
 impl Filter {
@@ -148,6 +151,7 @@ impl Filter {
         self.types.as_ref().is_none_or(|t| t.contains(&event.kind))
             && self.collections.as_ref().is_none_or(|c| event.touches(c))
             && self.within.as_ref().is_none_or(|w| event.within(w))
+            && (event.kind != EventType::ViewedAs || self.admin.as_ref().is_none_or(|a| event.within(a)))
     }
 }
 

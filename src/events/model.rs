@@ -23,15 +23,21 @@ pub enum EventType {
     Expired,
     #[serde(rename = "transaction.committed")]
     TransactionCommitted,
+    /// An admin read a collection as another principal sees it
+    /// (`POST /v1/access/view`); sent only to callers with `admin` on the
+    /// collection.
+    #[serde(rename = "access.viewed_as")]
+    ViewedAs,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 5] = [
+    pub const ALL: [EventType; 6] = [
         EventType::Created,
         EventType::Updated,
         EventType::Deleted,
         EventType::Expired,
         EventType::TransactionCommitted,
+        EventType::ViewedAs,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -41,6 +47,7 @@ impl EventType {
             EventType::Deleted => "document.deleted",
             EventType::Expired => "document.expired",
             EventType::TransactionCommitted => "transaction.committed",
+            EventType::ViewedAs => "access.viewed_as",
         }
     }
 
@@ -76,7 +83,8 @@ pub struct EventMember {
 #[derive(Clone, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Event {
     /// `<collection>/<document>/<version>`; `_txns/<transaction>` for a
-    /// `transaction.committed` event.
+    /// `transaction.committed` event; `_access/<uuid>` for an
+    /// `access.viewed_as` event.
     pub id: String,
     /// The event's position in the log: unique and increasing.
     pub seq: u64,
@@ -101,7 +109,8 @@ pub struct Event {
     #[schema(value_type = String)]
     pub at: String,
     /// The document after the change (`document.created` and
-    /// `document.updated` only).
+    /// `document.updated` only); for `access.viewed_as`, `{"principal":
+    /// …}`, the principal the collection was read as.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub data: Option<serde_json::Map<String, serde_json::Value>>,
@@ -238,6 +247,33 @@ pub(crate) fn transaction_event(
         at,
         data: None,
         members: Some(members),
+    };
+    fields(&event)
+}
+
+/// The log record (without its position) of an admin's read of `coll`
+/// as `principal` sees it (`POST /v1/access/view`), at `at`.
+pub(crate) fn viewed_as_event(
+    coll: &str,
+    key: Option<&str>,
+    actor: Option<&UserId>,
+    at: DateTime,
+    principal: Document,
+) -> Record {
+    let data = doc! {"principal": principal};
+    let event = shapes::Event {
+        id: format!("_access/{}", uuid::Uuid::now_v7()),
+        v: FORMAT,
+        kind: EventType::ViewedAs.as_str(),
+        collection: Some(coll),
+        document: None,
+        version: None,
+        transaction: None,
+        key,
+        actor,
+        at,
+        data: Some(&data),
+        members: None,
     };
     fields(&event)
 }

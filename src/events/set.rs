@@ -43,7 +43,9 @@ impl SetFilter {
     /// out; the event marked `left` when it takes one out.
     pub(crate) async fn judge(&self, log: &Log, ready: &Arc<Ready>) -> StoreResult<Option<Arc<Ready>>> {
         let event = &ready.event;
-        if event.collection.as_deref() != Some(self.collection.as_str()) {
+        let changed =
+            matches!(event.kind, EventType::Created | EventType::Updated | EventType::Deleted | EventType::Expired);
+        if !changed || event.collection.as_deref() != Some(self.collection.as_str()) {
             return Ok(None);
         }
         let after = match (event.kind, &event.data) {

@@ -400,9 +400,22 @@ pub(crate) fn document(derived: utoipa::openapi::OpenApi) -> Value {
             // Without API keys, what changes something is refused from
             // another origin (`limits::same_origin`).
             if !matches!(method.as_str(), "get" | "head" | "options") {
-                use super::error::ProblemCode::{CrossOrigin, Forbidden};
-                let codes: &[_] = if public { &[CrossOrigin] } else { &[Forbidden, CrossOrigin] };
-                responses.insert("403".into(), super::problems::problem_response(codes));
+                use super::error::ProblemCode::{self, CrossOrigin, Forbidden};
+                // The operation's own 403s (as its `problems!` described
+                // them), and these.
+                let described = responses.get("403").and_then(|r| r["description"].as_str()).unwrap_or_default();
+                let mut codes: Vec<ProblemCode> = ProblemCode::ALL
+                    .iter()
+                    .filter(|c| c.status() == 403 && described.contains(&format!("`{}`: {}", c.as_str(), c.describe())))
+                    .copied()
+                    .collect();
+                let added: &[_] = if public { &[CrossOrigin] } else { &[Forbidden, CrossOrigin] };
+                for code in added {
+                    if !codes.contains(code) {
+                        codes.push(*code);
+                    }
+                }
+                responses.insert("403".into(), super::problems::problem_response(&codes));
             }
             for response in responses.values_mut() {
                 let Some(headers) = response.get_mut("headers").and_then(Value::as_object_mut) else { continue };

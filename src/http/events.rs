@@ -169,7 +169,7 @@ pub(super) fn filter(query: &EventsQuery, access: &Access) -> Result<Filter, Api
         crate::document::rules::check_collection(name, "/query/collections")?;
     }
     access.check_all(Scope::Read, collections.iter().flatten().map(String::as_str))?;
-    Ok(Filter { collections, types, within: access.collections(Scope::Read) })
+    Ok(Filter { collections, types, within: access.collections(Scope::Read), admin: access.collections(Scope::Admin) })
 }
 
 /// The filtered set of `query` (`filter` with one collection), served by

@@ -66,7 +66,7 @@ pub(crate) struct QueryParams {
 
 /// A query, as `POST …/query` takes it: the parameters of `GET
 /// …/documents` as JSON.
-#[derive(Deserialize, ToSchema)]
+#[derive(Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"filter": {"status": "open"}, "sort": ["-amount"], "fields": ["status", "amount"], "limit": 50}))]
 pub(crate) struct QueryIn {
@@ -402,6 +402,17 @@ async fn run(
         position: page.position,
     };
     Ok(ruled::with_grant(axum::Json(out).into_response(), header))
+}
+
+/// A page of `collection` as `who` reads it, `query` being a body's
+/// `query` member (pointed at as `/query/<name>`): `POST /v1/access/view`.
+pub(super) async fn page_as(
+    state: &AppState,
+    collection: &str,
+    query: QueryIn,
+    who: &crate::rules::Principal,
+) -> Result<axum::response::Response, ApiError> {
+    run(state, From::Params, collection, query_of(From::Params, query)?, who).await
 }
 
 problems!(

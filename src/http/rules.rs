@@ -18,6 +18,7 @@ use super::contract::Collection as CollectionName;
 use super::envelope::CollectionPath;
 use super::error::{ApiError, ProblemCode};
 use super::extract::{ApiPath, JsonBody, from_body, if_match};
+use super::queries::QueryIn;
 use super::ruled::Who;
 use crate::clock::rfc3339;
 use crate::document::View;
@@ -31,6 +32,7 @@ pub(crate) fn router() -> Routes {
     Routes::new()
         .guarded(Guard::Admin(On::Path), routes!(get_rules, put_rules, delete_rules))
         .guarded(Guard::Read(On::Handler), routes!(check_access))
+        .guarded(Guard::Read(On::Handler), routes!(view_as))
 }
 
 /// A collection's rules, as `PUT` takes them.
@@ -337,4 +339,74 @@ pub(crate) async fn check_access(
         Err(Denied::Forbidden { detail, .. }) => (false, None, Some(detail)),
     };
     Ok(axum::Json(CheckOut { allowed, ruled: true, grant, detail, grants }))
+}
+
+/// A read of a collection as a principal sees it, by an admin.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"principal": {"sub": "ada", "roles": ["customer"]}, "collection": "orders", "query": {"limit": 20}}))]
+pub(crate) struct ViewIn {
+    pub principal: PrincipalIn,
+    #[schema(value_type = CollectionName)]
+    pub collection: String,
+    /// The query, as `POST …/query` takes it (absent: the first page in id
+    /// order).
+    #[serde(default)]
+    pub query: Option<QueryIn>,
+}
+
+problems!(
+    /// What `v1.access.view` can answer besides its success.
+    ViewProblems =
+        Problems::of(&[ValidationFailed, InvalidFilter, IndexRequired, RecordUnreadable, RuleDenied]).with_body()
+);
+
+/// Read a collection as a principal sees it
+///
+/// A page of the collection's documents exactly as the principal (a user
+/// by `sub`, `roles` and `claims`, a key by name, or anonymous) would read
+/// it under the collection's rules: only the documents a grant lets it
+/// read, only the fields it may read, `Txgate-Grant` naming the grant.
+/// Admins on the collection only. Each view is recorded in the event log
+/// as an `access.viewed_as` event (sent to callers with `admin` on the
+/// collection) naming the principal and who viewed. A principal the rules
+/// do not judge (no rules, or a key no grant names) is 422: its scopes
+/// decide what it reads.
+#[utoipa::path(
+    post,
+    path = "/v1/access/view",
+    operation_id = "v1.access.view",
+    tag = "rules",
+    request_body(content = ViewIn, content_type = "application/json"),
+    responses(ViewProblems,
+        (status = 200, description = "A page of documents as the principal reads it", body = super::queries::QueryPageOut),
+    )
+)]
+pub(crate) async fn view_as(
+    State(state): State<AppState>,
+    access: Access,
+    actor: crate::actor::Actor,
+    JsonBody { value, .. }: JsonBody<Value>,
+) -> Result<Response, ApiError> {
+    let principal = value.get("principal").and_then(Value::as_object).cloned().unwrap_or_default();
+    let input: ViewIn = from_body(value, &[""])?;
+    check_collection(&input.collection, "/collection")?;
+    access.check(Scope::Admin, &input.collection)?;
+    let who = input.principal.principal().map_err(|why| Invalid::new("/principal", why))?;
+    let collection = input.collection.as_str();
+    let versions = state.rules.of(collection).await?;
+    if let Judged::Free = Judged::of(versions.current.as_deref(), &who, &state.rules.now_string()) {
+        let why = format!("the rules of {collection:?} do not judge this principal: its scopes decide what it reads");
+        return Err(Invalid::new("/principal", why).into());
+    }
+    let page = super::queries::page_as(&state, collection, input.query.unwrap_or_default(), &who).await?;
+    // Recorded before it is answered: a view nobody can find is not given.
+    let at = state.txns.config().clock.now();
+    let principal = crate::store::convert::object_to_document(&principal);
+    let mut record = crate::events::model::viewed_as_event(collection, actor.name(), actor.user(), at, principal);
+    record.insert("logged_at", at);
+    let store = state.store.as_ref();
+    store.write(crate::events::EVENTS, crate::store::Write::Append(record), crate::store::Durability::Synced).await?;
+    tracing::info!(collection, by = actor.name().unwrap_or("-"), "an admin read a collection as another principal");
+    Ok(page)
 }

@@ -53,9 +53,10 @@ pub(crate) struct SubscriptionIn {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<Vec<Collection>>, nullable = false, min_items = 1, max_items = 100)]
     pub collections: Option<Vec<String>>,
-    /// Only events of these types. Every type when absent.
+    /// Only events of these types. Every type when absent (a subscription
+    /// delivers changes: never `access.viewed_as`).
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<Vec<EventType>>, nullable = false, min_items = 1, max_items = 5)]
+    #[schema(value_type = Option<Vec<EventType>>, nullable = false, min_items = 1, max_items = 6)]
     pub types: Option<Vec<String>>,
 }
 
@@ -215,7 +216,8 @@ pub(crate) async fn create_subscription(
     // out (a transaction's event with a member elsewhere).
     access.check_all(Scope::Write, collections.iter().flatten().map(String::as_str))?;
     let within = access.collections(Scope::Read);
-    let filter = Filter { collections, types, within };
+    // Subscriptions deliver changes: never an `access.viewed_as` event.
+    let filter = Filter { collections, types, within, admin: Some(Vec::new()) };
     // Its events are judged as its creator's stream would judge them, and
     // a user's only until their token expires (then it pauses until renewed).
     let expires = access.expires.map(crate::store::DateTime::from_system_time);

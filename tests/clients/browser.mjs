@@ -474,7 +474,8 @@ async function checkLive(browser, { gateway, artifacts, apiKey, pagePort }) {
 // changes since (the key's name); keeping one field of its own and taking
 // the rest gives version base + 2 with the chosen values. A document field
 // holding markup is shown as text and runs nothing (CSP script-src 'self').
-// The live tail shows a change made by curl. Each view passes axe-core with
+// The live tail shows a change made by curl. An admin views a ruled
+// collection as one of its users. Each view passes axe-core with
 // no serious or critical violation. Screenshots: console-*.png.
 async function signIn(page, gateway, apiKey) {
   await page.goto(`${gateway}/console`);
@@ -544,6 +545,54 @@ async function replayDeadDelivery(page, { gateway, artifacts }, collection, head
   } finally {
     await new Promise((ok) => receiver.close(ok));
   }
+}
+
+// View as: a collection with an owner rule that reads the owner only;
+// the collections list links to "view as"; as user ada (role customer)
+// the view shows ada's document alone, without the field the rule hides,
+// and names the grant; the view is recorded as an access.viewed_as event.
+async function viewAs(page, { gateway, artifacts }, collection, headers, failures) {
+  const ruled = `${collection}_owned`;
+  const base = `${gateway}/v1/collections/${ruled}`;
+  const send = (method, path, body) => fetch(`${base}${path}`, { method, headers: { ...headers, "content-type": "application/json" }, body: JSON.stringify(body) });
+  for (const [id, owner] of [["a1", "ada"], ["b1", "bob"]]) {
+    const r = await send("POST", "/documents", { _id: id, owner, secret: "s" });
+    if (r.status !== 201) { failures.push(`view as: creating ${id} answered ${r.status}`); return; }
+  }
+  let r = await send("PUT", "/indexes/owner", { fields: ["owner"] });
+  if (r.status !== 201) { failures.push(`view as: the index answered ${r.status}: ${await r.text()}`); return; }
+  let state;
+  for (let i = 0; i < 300 && state !== "ready"; i++) {
+    state = (await (await fetch(`${base}/indexes/owner`, { headers })).json()).state;
+    if (state !== "ready") await new Promise((ok) => setTimeout(ok, 100));
+  }
+  if (state !== "ready") { failures.push(`view as: the index is ${state}`); return; }
+  r = await send("PUT", "/rules", { grants: [{ name: "own", roles: ["customer"], match: { owner: { $auth: "sub" } },
+    actions: ["read"], fields: { read: ["owner"] } }] });
+  if (r.status !== 200) { failures.push(`view as: the rules answered ${r.status}: ${await r.text()}`); return; }
+  await page.evaluate(() => { location.hash = "#/collections"; });
+  const link = `a[href="#/view-as/${ruled}"]`;
+  try {
+    await page.waitForSelector(link, { timeout: TIMEOUT });
+    await page.click(link);
+    await page.waitForSelector("#view form #sub", { timeout: TIMEOUT });
+    await page.fill("#view form #sub", "ada");
+    await page.fill("#view form #roles", "customer");
+    await page.click("#view form button[type=submit]");
+    await page.waitForSelector("#view-as tbody tr[data-id=a1]", { timeout: TIMEOUT });
+  } catch (e) {
+    failures.push(`view as: ${e.message.split("\n")[0]}`);
+    return;
+  }
+  const ids = await page.$$eval("#view-as tbody tr", (rows) => rows.map((row) => row.dataset.id));
+  if (JSON.stringify(ids) !== JSON.stringify(["a1"])) failures.push(`view as ada shows ${JSON.stringify(ids)}`);
+  const data = await page.locator("#view-as tbody tr[data-id=a1] td .value").innerText();
+  if (data.includes("secret")) failures.push(`view as ada shows a field the rule hides: ${data}`);
+  const note = await page.locator("#view-as-note").innerText();
+  if (!note.includes(`${ruled}/own@1`)) failures.push(`view as names no grant: ${note}`);
+  const events = await (await fetch(`${gateway}/v1/events?types=access.viewed_as&collections=${ruled}&after=0`, { headers: { ...headers, accept: "application/json" } })).json();
+  if (!events.items?.some((e) => e.data?.principal?.sub === "ada")) failures.push(`the view was not recorded: ${JSON.stringify(events)}`);
+  await screenshot(page, join(artifacts, "console-view-as.png"), failures);
 }
 
 // A transaction left pending by a gateway killed mid-commit (browser-test
@@ -702,6 +751,8 @@ async function checkConsole(browser, opts) {
     await screenshot(first.page, join(artifacts, "console-events.png"), failures);
     // A dead delivery, replayed from the deliveries view once its receiver is up.
     await replayDeadDelivery(first.page, opts, collection, headers, failures);
+    // An admin reads a ruled collection as one of its users.
+    await viewAs(first.page, opts, collection, headers, failures);
     for (const { page } of [first, second]) {
       if (await page.evaluate(() => window.__pwned !== undefined)) failures.push("the document's markup ran a script");
     }
@@ -721,6 +772,7 @@ async function checkConsole(browser, opts) {
     ["transactions", "#/transactions?status=done", "#transactions"],
     ["deliveries", "#/deliveries", "#deliveries"],
     ["events", "#/events", "#tail-count"],
+    ["view as", `#/view-as/${collection}_owned?sub=ada&roles=customer`, "#view-as tbody tr"],
   ], failures);
   return failures;
 }

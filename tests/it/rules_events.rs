@@ -174,3 +174,70 @@ async fn events_of_the_previous_format_are_judged_by_the_version_before_on_the_e
 async fn events_of_the_previous_format_are_judged_by_the_version_before_on_mongodb() {
     events_of_the_previous_format_are_judged_by_the_version_before(Backend::Mongodb).await;
 }
+
+/// An admin reads a collection as a user sees it (`POST /v1/access/view`):
+/// the documents and fields the user's grants let them read, the grant
+/// named; each view is an `access.viewed_as` event only admins are sent.
+#[tokio::test]
+async fn an_admin_views_a_collection_as_a_user_and_the_view_is_recorded() {
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let app = gateway(Backend::Embedded, &issuer).await.unwrap();
+    ready_index(&app, "orders", "owner", &["owner"]).await;
+    ready_index(&app, "orders", "team", &["team"]).await;
+    let docs = "/v1/collections/orders/documents";
+    for (id, owner, team) in [("o1", "ada", "red"), ("o2", "bob", "red"), ("o3", "bob", "blue")] {
+        let doc = json!({"_id": id, "owner": owner, "team": team, "qty": 1, "secret": "s"});
+        expect(send(&app, WRITER, Method::POST, docs, Some(&doc)).await, 201).await;
+    }
+    expect(send(&app, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&rules())).await, 200).await;
+    let view = |who: &'static str, body: Value| {
+        let req = app.request(Method::POST, "/v1/access/view").bearer_auth(who).json(&body);
+        async move { req.send().await.unwrap() }
+    };
+    let ada = json!({"principal": {"sub": "ada", "roles": ["customer"]}, "collection": "orders"});
+    let res = view(ADMIN, ada.clone()).await;
+    assert_eq!(res.headers()["txgate-grant"], "orders/own@1");
+    let page = expect(res, 200).await;
+    let ids: Vec<&str> = page["items"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["o1"]);
+    assert_eq!(page["items"][0]["data"]["secret"], "s", "the owner's grant reads every field");
+    // An agent of team red: both red orders, without the fields the team
+    // grant does not read; a query too.
+    let zed = json!({"principal": {"sub": "zed", "roles": ["agent"], "claims": {"team": "red"}}, "collection": "orders",
+        "query": {"filter": {"team": "red"}, "limit": 10}});
+    let page = expect(view(ADMIN, zed).await, 200).await;
+    let items = page["items"].as_array().unwrap();
+    assert_eq!(items.iter().map(|d| d["id"].as_str().unwrap()).collect::<Vec<_>>(), ["o1", "o2"]);
+    assert!(items.iter().all(|d| d["data"].get("secret").is_none()), "{page}");
+    // Refused: a caller without admin, a principal the rules do not judge,
+    // a query the principal may not make.
+    crate::support::expect_problem(view(WRITER, ada.clone()).await, 403, "forbidden").await;
+    let key = json!({"principal": {"key": "key-2"}, "collection": "orders"});
+    let problem = crate::support::expect_problem(view(ADMIN, key).await, 422, "validation_failed").await;
+    assert_eq!(problem["errors"][0]["pointer"], "/principal", "{problem}");
+    let hidden = json!({"principal": {"sub": "zed", "roles": ["agent"], "claims": {"team": "red"}},
+        "collection": "orders", "query": {"filter": {"secret": "s"}}});
+    crate::support::expect_problem(view(ADMIN, hidden).await, 403, "rule_denied").await;
+
+    // Each view given is in the log, for admins only.
+    app.settled().await;
+    let page = |who: &'static str| {
+        let req = app
+            .request(Method::GET, "/v1/events?types=access.viewed_as&after=0")
+            .bearer_auth(who)
+            .header("accept", "application/json");
+        async move { expect(req.send().await.unwrap(), 200).await["items"].as_array().unwrap().clone() }
+    };
+    let viewed = page(ADMIN).await;
+    assert_eq!(viewed.len(), 2, "{viewed:?}");
+    assert_eq!(viewed[0]["type"], "access.viewed_as");
+    assert_eq!(viewed[0]["collection"], "orders");
+    assert_eq!(viewed[0]["key"], "key-1");
+    assert_eq!(viewed[0]["data"]["principal"], ada["principal"]);
+    assert_eq!(viewed[1]["data"]["principal"]["sub"], "zed");
+    assert!(page(WRITER).await.is_empty(), "a key without admin is not sent them");
+    let user = token(&issuer, "ada", &["customer"], None);
+    let theirs = events(&app, &user, 0).await;
+    assert!(theirs.iter().all(|e| e["type"] != "access.viewed_as"), "{theirs:?}");
+    app.stop().await;
+}
