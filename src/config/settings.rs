@@ -299,6 +299,9 @@ pub struct IssuerVars {
     /// A user's request rate (`50/s`).
     #[arg(long = "issuer-rate", global = true, env = "TXGATE_ISSUER_RATE")]
     pub rate: Option<String>,
+    /// Where each role's users may send hooks: `role=prefix[,prefix];...`.
+    #[arg(long = "issuer-hooks", global = true, env = "TXGATE_ISSUER_HOOKS")]
+    pub hooks: Option<String>,
     /// The HS256 secret of this issuer alone.
     #[arg(long = "issuer-hs256-secret", global = true, env = "TXGATE_ISSUER_HS256_SECRET", hide_env_values = true)]
     pub hs256_secret: Option<super::IssuerSecret>,
@@ -330,6 +333,10 @@ impl IssuerVars {
                 None => Default::default(),
             },
             rate: self.rate.clone(),
+            hooks: match &self.hooks {
+                Some(spec) => crate::identity::settings::parse_hooks(spec)?,
+                None => Default::default(),
+            },
             hs256_secret: self.hs256_secret.clone(),
             jwks_url: self.jwks_url.clone(),
             console_client_id: self.console_client_id.clone(),

@@ -392,6 +392,8 @@ impl Admission {
                 claims: holder.claims.as_deref().and_then(|c| serde_json::from_str(c).ok()).unwrap_or_default(),
                 grants,
                 rate,
+                // A ticket opens a stream, which sends no hook.
+                hooks: Vec::new(),
                 expires,
             });
             let share = self.user_share(users, &user)?;

@@ -213,3 +213,23 @@ pub(crate) fn readable_paths<'a>(
     }
     Ok(())
 }
+
+/// 403 `forbidden` unless the caller may send a hook to `url` (at
+/// `pointer`): a user only where one of their roles allows it (the
+/// issuer's `hooks`, docs/guides/users.md), an anonymous caller nowhere;
+/// API keys wherever the gateway sends hooks.
+pub(crate) fn hook_allowed(who: &Principal, user: Option<&User>, url: &str, pointer: &str) -> Result<(), ApiError> {
+    let allowed = match who.kind {
+        Kind::User => user.is_some_and(|u| u.may_hook(url)),
+        Kind::Anonymous => false,
+        Kind::Key | Kind::Open => true,
+    };
+    if allowed {
+        return Ok(());
+    }
+    let detail = format!(
+        "{pointer}: the caller's roles allow no hooks to this destination (an admin allows destinations per role: the \
+         issuer's hooks)"
+    );
+    Err(ApiError::new(super::error::ProblemCode::Forbidden, detail))
+}

@@ -207,10 +207,13 @@ pub(crate) async fn create_subscription(
     access: Access,
     actor: Actor,
     super::ruled::Who(who): super::ruled::Who,
+    user: Option<axum::Extension<std::sync::Arc<crate::identity::User>>>,
     JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     let input: SubscriptionIn = from_body(value, &[""])?;
     let (collections, types) = check(&input, &state)?;
+    // A user's subscriptions deliver where their roles allow.
+    super::ruled::hook_allowed(&who, user.as_deref().map(std::sync::Arc::as_ref), &input.url, "/url")?;
     // A key limited to some collections subscribes to those only: the
     // filter may not name others, and events telling of others are left
     // out (a transaction's event with a member elsewhere).

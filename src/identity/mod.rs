@@ -53,11 +53,20 @@ pub(crate) struct User {
     pub grants: Vec<Grant>,
     /// Its request rate.
     pub rate: Rate,
+    /// Where its roles let it send hooks (URL prefixes).
+    pub hooks: Vec<String>,
     /// The token's `exp`.
     pub expires: SystemTime,
 }
 
 impl User {
+    /// Whether its roles let it send hooks to `url` (as parsed, so that
+    /// the host is compared whole).
+    pub(crate) fn may_hook(&self, url: &str) -> bool {
+        let Ok(url) = url::Url::parse(url) else { return false };
+        self.hooks.iter().any(|prefix| url.as_str().starts_with(prefix.as_str()))
+    }
+
     /// What keeps this user's requests apart from everyone else's
     /// (idempotency keys, shares): a digest of issuer and subject.
     pub(crate) fn scope(&self) -> String {
@@ -330,6 +339,9 @@ impl Issuers {
             .copied()
             .max_by(|a, b| a.per_second().total_cmp(&b.per_second()))
             .unwrap_or(config.rate);
+        let mut hooks: Vec<String> = roles.iter().filter_map(|r| config.hooks.get(r)).flatten().cloned().collect();
+        hooks.sort();
+        hooks.dedup();
         let expires = UNIX_EPOCH + Duration::from_secs(exp);
         let until = key_until.min(Instant::now() + Duration::from_secs(exp.saturating_sub(now)));
         Ok((
@@ -341,6 +353,7 @@ impl Issuers {
                 claims,
                 grants,
                 rate,
+                hooks,
                 expires,
             },
             until,

@@ -44,6 +44,12 @@ pub struct IssuerEntry {
     /// user's roles applies, else `rate`.
     #[serde(default)]
     pub rates: BTreeMap<String, String>,
+    /// Where each role's users may send hooks (a transaction's `hooks`, a
+    /// subscription's `url`): URL prefixes, each `http(s)://host[:port]/`
+    /// and any path. A user sends hooks only where one of their roles
+    /// allows (none by default).
+    #[serde(default)]
+    pub hooks: BTreeMap<String, Vec<String>>,
     /// A user's request rate when no role of theirs sets one (default
     /// `50/s`).
     #[serde(default)]
@@ -167,6 +173,8 @@ pub struct IssuerConfig {
     pub roles_claim: String,
     pub roles: BTreeMap<String, Vec<Grant>>,
     pub rates: BTreeMap<String, Rate>,
+    /// Each role's hook destinations, as URL prefixes ending in `/`.
+    pub hooks: BTreeMap<String, Vec<String>>,
     pub rate: Rate,
     pub max_concurrency: Option<usize>,
     pub max_streams: Option<usize>,
@@ -319,6 +327,20 @@ impl IssuerEntry {
             }
             rates.insert(role.clone(), Rate::parse(spec).map_err(|e| at(format!("rates.{role}: {e}")))?);
         }
+        let mut hooks = BTreeMap::new();
+        for (role, prefixes) in &self.hooks {
+            if !roles.contains_key(role) {
+                return Err(at(format!("hooks names role {role:?}, which roles does not map")));
+            }
+            if prefixes.len() > 64 {
+                return Err(at(format!("hooks.{role}: at most 64 destinations")));
+            }
+            let checked = prefixes
+                .iter()
+                .map(|p| hook_prefix(p).map_err(|e| at(format!("hooks.{role}: {e}"))))
+                .collect::<Result<Vec<_>, _>>()?;
+            hooks.insert(role.clone(), checked);
+        }
         let rate = match &self.rate {
             Some(spec) => Rate::parse(spec).map_err(|e| at(format!("rate: {e}")))?,
             None => Rate::DEFAULT,
@@ -350,6 +372,7 @@ impl IssuerEntry {
             roles_claim,
             roles,
             rates,
+            hooks,
             rate,
             max_concurrency: self.max_concurrency.filter(|&n| n > 0),
             max_streams: self.max_streams.filter(|&n| n > 0),
@@ -364,6 +387,38 @@ impl IssuerEntry {
 }
 
 /// `TXGATE_ISSUER_ROLES`: `role=grant[+grant];role=...`.
+/// A hook destination prefix, checked: an absolute `http` or `https` URL
+/// without credentials, query or fragment, as a prefix ending in `/` (so
+/// `https://hooks.example.com` never lets `https://hooks.example.com.evil/`
+/// through).
+fn hook_prefix(spec: &str) -> Result<String, String> {
+    let url = url::Url::parse(spec.trim()).map_err(|e| format!("{spec:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(format!("{spec:?} is not an http or https URL with a host"));
+    }
+    if !url.username().is_empty() || url.password().is_some() || url.query().is_some() || url.fragment().is_some() {
+        return Err(format!("{spec:?} may not hold credentials, a query or a fragment"));
+    }
+    let mut prefix = url.as_str().to_owned();
+    if !prefix.ends_with('/') {
+        prefix.push('/');
+    }
+    Ok(prefix)
+}
+
+/// `TXGATE_ISSUER_HOOKS`: `role=prefix[,prefix];role=...`.
+pub(crate) fn parse_hooks(spec: &str) -> Result<BTreeMap<String, Vec<String>>, String> {
+    let mut hooks = BTreeMap::new();
+    for item in spec.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        let (role, prefixes) = item
+            .split_once('=')
+            .ok_or_else(|| format!("TXGATE_ISSUER_HOOKS: {item:?} must be role=prefix[,prefix]"))?;
+        let list = prefixes.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_owned).collect();
+        hooks.insert(role.trim().to_owned(), list);
+    }
+    Ok(hooks)
+}
+
 pub(crate) fn parse_roles(spec: &str) -> Result<BTreeMap<String, String>, String> {
     let mut roles = BTreeMap::new();
     for item in spec.split(';').map(str::trim).filter(|s| !s.is_empty()) {
@@ -437,6 +492,31 @@ mod tests {
         let mut local = entry();
         local.url = "http://127.0.0.1:9000/issuer".into();
         assert!(local.resolve(1).is_ok(), "http on loopback");
+    }
+
+    #[test]
+    fn hook_destinations_are_prefixes_that_end_a_host_or_a_path() {
+        assert_eq!(hook_prefix("https://hooks.example.com").unwrap(), "https://hooks.example.com/");
+        assert_eq!(hook_prefix("https://hooks.example.com:8443/shop").unwrap(), "https://hooks.example.com:8443/shop/");
+        for bad in [
+            "hooks.example.com",
+            "ftp://x.example/",
+            "https://u:p@x.example/",
+            "https://x.example/?a=1",
+            "https://x.example/#f",
+        ] {
+            assert!(hook_prefix(bad).is_err(), "{bad}");
+        }
+        let prefix = hook_prefix("https://hooks.example.com").unwrap();
+        let matches = |url: &str| url::Url::parse(url).unwrap().as_str().starts_with(prefix.as_str());
+        assert!(matches("https://hooks.example.com/a"));
+        assert!(!matches("https://hooks.example.com.evil.io/a"));
+        assert!(!matches("https://hooks.example.com:444/a"));
+        assert!(!matches("https://user@hooks.example.com/a"));
+        let hooks = parse_hooks("shopper=https://a.example/,https://b.example/x; support=https://c.example").unwrap();
+        assert_eq!(hooks["shopper"].len(), 2);
+        assert_eq!(hooks["support"], vec!["https://c.example".to_owned()]);
+        assert!(parse_hooks("shopper").is_err());
     }
 
     #[test]

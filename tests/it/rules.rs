@@ -468,10 +468,10 @@ async fn transactions_under_rules(backend: Backend) {
     let problem =
         expect_problem(send(&app, &ada, Method::POST, "/v1/transactions", Some(&hidden)).await, 404, "not_found").await;
     assert_eq!(problem["action"], 0, "{problem}");
-    // Hooks are not for transactions the rules judge.
+    // A user's hooks go only where their roles allow (customers: nowhere here).
     let hooked = json!({"actions": [{"op": "check", "collection": "orders", "id": "o1"}],
         "hooks": [{"url": "http://127.0.0.1:9/hook"}]});
-    expect_problem(send(&app, &ada, Method::POST, "/v1/transactions", Some(&hooked)).await, 403, "rule_denied").await;
+    expect_problem(send(&app, &ada, Method::POST, "/v1/transactions", Some(&hooked)).await, 403, "forbidden").await;
 
     // What the rules allow commits, with the gateway's `set` fields.
     let allowed = txn(json!([
@@ -563,7 +563,13 @@ async fn a_rule_change_under_open_streams() {
 async fn subscriptions_under_rules(backend: Backend) {
     use std::time::Duration;
     let issuer = Issuer::start(&[&RSA_A]).await;
-    let Some(app) = gateway(backend, &issuer).await else { return };
+    let rx = TestReceiver::start().await;
+    // Customers' subscriptions may deliver to the receiver.
+    let allowed = rx.url("/");
+    let hooks = move |c: &mut txgate::config::Config| {
+        c.issuers[0].hooks.insert("customer".into(), vec![allowed]);
+    };
+    let Some(app) = gateway_with(backend, &issuer, hooks).await else { return };
     ready_index(&app, "orders", "owner", &["owner"]).await;
     let docs = "/v1/collections/orders/documents";
     for (id, owner) in [("o1", "ada"), ("o2", "bob")] {
@@ -572,7 +578,6 @@ async fn subscriptions_under_rules(backend: Backend) {
     }
     expect(send(&app, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&rules())).await, 200).await;
     let ada = token(&issuer, "ada", &["customer"], None);
-    let rx = TestReceiver::start().await;
     let body = json!({"url": rx.url("/"), "collections": ["orders"]});
     let sub = expect(send(&app, &ada, Method::POST, "/v1/subscriptions", Some(&body)).await, 201).await;
     let id = sub["id"].as_str().unwrap().to_owned();

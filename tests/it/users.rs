@@ -850,11 +850,53 @@ async fn one_users_requests_in_flight_are_their_share_and_the_issuers_users_have
     app.stop().await;
 }
 
+/// A user sends hooks (a transaction's, a subscription's) only where one
+/// of their roles allows: by URL prefix, the host compared whole.
+#[tokio::test]
+async fn users_send_hooks_only_where_their_roles_allow() {
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let receiver = crate::support::TestReceiver::start().await;
+    let allowed = receiver.url("/shop");
+    let app = gateway(&issuer, |e| {
+        e.hooks = [("shopper".to_owned(), vec![allowed.clone()])].into();
+    })
+    .await;
+    let ann = issuer.token("ann", &["shopper"]);
+    let sam = issuer.token("sam", &["support"]);
+    let txn = |id: &str, url: String| json!({"actions": [{"op": "insert", "collection": "carts", "id": id, "data": {}}], "hooks": [{"url": url}]});
+    let post = |who: &str, path: &str, body: &Value| as_user(&app, Method::POST, path, who).json(body).send();
+    // Elsewhere on the same host, a path that only starts alike, the host
+    // behind credentials, a role without hooks:
+    // 403, and nothing written.
+    let host = receiver.url("").replace("http://", "");
+    let elsewhere = [receiver.url("/other"), receiver.url("/shopping"), format!("http://user:pw@{host}/shop/x")];
+    for url in elsewhere {
+        let res = post(&ann, "/v1/transactions", &txn("c0", url.clone())).await.unwrap();
+        let problem = expect_problem(res, 403, "forbidden").await;
+        assert!(problem["detail"].as_str().unwrap().starts_with("/hooks/0/url"), "{url}: {problem}");
+    }
+    let res = post(&sam, "/v1/transactions", &txn("c0", receiver.url("/shop/x"))).await.unwrap();
+    expect_problem(res, 403, "forbidden").await;
+    let res = as_user(&app, Method::GET, "/v1/collections/carts/documents/c0", &ann).send().await.unwrap();
+    expect_problem(res, 404, "not_found").await;
+    let sub = json!({"url": receiver.url("/other"), "collections": ["carts"]});
+    expect_problem(post(&ann, "/v1/subscriptions", &sub).await.unwrap(), 403, "forbidden").await;
+    // Under the allowed prefix: the transaction commits and its hook is
+    // delivered; the subscription is made.
+    expect(post(&ann, "/v1/transactions", &txn("c1", receiver.url("/shop/cart"))).await.unwrap(), 200).await;
+    let hook = receiver.next(std::time::Duration::from_secs(10)).await;
+    assert_eq!(hook.path, "/shop/cart");
+    let sub = json!({"url": receiver.url("/shop/events"), "collections": ["carts"]});
+    expect(post(&ann, "/v1/subscriptions", &sub).await.unwrap(), 201).await;
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn deliveries_name_the_user_whose_transaction_they_deliver() {
     let issuer = Issuer::start(&[&RSA_A]).await;
     let receiver = crate::support::TestReceiver::start().await;
-    let app = gateway(&issuer, |_| {}).await;
+    let hooks = receiver.url("/");
+    let app = gateway(&issuer, |e| e.hooks = [("shopper".to_owned(), vec![hooks])].into()).await;
     let ann = issuer.token("ann", &["shopper"]);
     let body = json!({
         "actions": [{"op": "insert", "collection": "carts", "id": "c1", "data": {}}],

@@ -25,7 +25,6 @@ use super::contract::IdempotencyKey;
 use super::error::{ApiError, PROBLEM_JSON, ProblemCode};
 use super::extract::{ApiPath, ApiQuery, JsonBody, from_body};
 use super::paging::{ListQuery, Page, kept, status_filter};
-use crate::actor::Actor;
 use crate::documents::DocError;
 use crate::indexes::MemberRefusal;
 use crate::keys::Scope;
@@ -111,8 +110,8 @@ pub(crate) async fn create_transaction(
     State(state): State<AppState>,
     caller: Option<Extension<Caller>>,
     access: Access,
-    actor: Actor,
-    crate::http::ruled::Who(who): crate::http::ruled::Who,
+    crate::http::ruled::Acting { who, actor }: crate::http::ruled::Acting,
+    user: Option<Extension<Arc<crate::identity::User>>>,
     headers: HeaderMap,
     JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<Response, ApiError> {
@@ -126,6 +125,15 @@ pub(crate) async fn create_transaction(
     let chose: Vec<bool> =
         input.actions.iter().map(|a| !matches!(a, ActionIn::Insert(insert) if insert.id.is_none())).collect();
     let mut plan = plan::plan(input, &actor, request, key.clone(), state.txns.config(), &state.hook_guard)?;
+    // A user's hooks go where their roles allow.
+    for (i, hook) in plan.hooks.iter().enumerate() {
+        crate::http::ruled::hook_allowed(
+            &who,
+            user.as_deref().map(Arc::as_ref),
+            &hook.url,
+            &format!("/hooks/{i}/url"),
+        )?;
+    }
     // Every member within the key's collections, or nothing is done.
     for (i, action) in plan.actions.iter().enumerate() {
         let needed = if matches!(action.op, ActionOp::Check) { Scope::Read } else { Scope::Write };

@@ -41,13 +41,6 @@ pub(super) async fn judge_plan(
     if !judged.values().any(|j| matches!(j, Judged::Ruled(_))) {
         return Ok(judged);
     }
-    if !plan.hooks.is_empty() {
-        return Err(ruled::denied(Denied::Forbidden {
-            detail: "a transaction with an action on a collection whose rules judge its caller attaches no hooks"
-                .into(),
-            pointer: Some("/hooks".into()),
-        }));
-    }
     for (i, action) in plan.actions.iter_mut().enumerate() {
         let Some(Judged::Ruled(judge)) = judged.get(&action.collection) else { continue };
         let refused = |d: Denied, coll: &str, id: &str| ruled::denied(d).action(i).document(coll, id);
