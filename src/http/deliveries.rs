@@ -15,9 +15,11 @@ use super::contract::AnyValue;
 use super::error::{ApiError, ProblemCode};
 use super::extract::{ApiPath, ApiQuery};
 use super::paging::{ListQuery, Listed, Page, status_filter};
+use crate::actor::Actor;
 use crate::clock::{DateTime, rfc3339};
 use crate::hooks::{AFTER_PREVIOUS, Delivery, DeliveryStatus, Replay};
 use crate::keys::Scope;
+use std::collections::HashMap;
 
 pub(crate) fn router() -> Routes {
     // Deliveries are not filtered by collection: a grant on every one.
@@ -183,6 +185,7 @@ problems!(
 pub(crate) async fn list_deliveries(
     State(state): State<AppState>,
     access: Access,
+    actor: Actor,
     ApiQuery(filter): ApiQuery<DeliveryFilter>,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<axum::Json<DeliveryListOut>, ApiError> {
@@ -191,8 +194,45 @@ pub(crate) async fn list_deliveries(
     let (items, next) = state.hooks.list(status, after.as_deref(), limit).await?;
     let now = state.hooks.clock.now();
     let urls = access.everywhere(Scope::Write);
-    let items = items.into_iter().map(|d| delivery_out(d, now, urls)).collect();
-    Ok(axum::Json(Page::new(items, next.as_deref())))
+    let mut shown = Vec::with_capacity(items.len());
+    let mut owners = HashMap::new();
+    for d in items {
+        if sees(&state, &access, &actor, &d, &mut owners).await? {
+            shown.push(delivery_out(d, now, urls));
+        }
+    }
+    Ok(axum::Json(Page::new(shown, next.as_deref())))
+}
+
+/// Whether the caller is shown delivery `d`: API keys with the route's
+/// grant every one; a user (unless an admin everywhere) only the hooks of
+/// their own transactions and the events of their own subscriptions (a
+/// delivery's body may carry documents the rules let only its maker
+/// read); anonymous callers none (in keyless mode, every caller every
+/// one). `owners` keeps each subscription's
+/// creator met.
+async fn sees(
+    state: &AppState,
+    access: &Access,
+    actor: &Actor,
+    d: &Delivery,
+    owners: &mut HashMap<String, Option<String>>,
+) -> Result<bool, ApiError> {
+    let user = match actor {
+        Actor::User(user) => user,
+        // Keyless mode: everyone; else an anonymous caller.
+        Actor::Anyone => return Ok(!access.configured()),
+        Actor::Key(_) | Actor::Gateway => return Ok(true),
+    };
+    if access.everywhere(Scope::Admin) {
+        return Ok(true);
+    }
+    let Some(sub) = &d.subscription else { return Ok(d.by_user.as_ref() == Some(user)) };
+    if !owners.contains_key(sub) {
+        let owner = state.subscriptions.get(sub).await?.and_then(|s| s.key);
+        owners.insert(sub.clone(), owner);
+    }
+    Ok(owners[sub].is_some() && owners[sub] == actor.owner())
 }
 
 problems!(
@@ -216,10 +256,15 @@ problems!(
 pub(crate) async fn get_delivery(
     State(state): State<AppState>,
     access: Access,
+    actor: Actor,
     ApiPath(path): ApiPath<DeliveryPath>,
 ) -> Result<axum::Json<DeliveryOut>, ApiError> {
-    let d =
-        state.hooks.delivery(&path.id).await?.ok_or_else(|| ApiError::not_found(format!("no delivery {}", path.id)))?;
+    let none = || ApiError::not_found(format!("no delivery {}", path.id));
+    let d = state.hooks.delivery(&path.id).await?.ok_or_else(none)?;
+    // One the caller is not shown is not there.
+    if !sees(&state, &access, &actor, &d, &mut HashMap::new()).await? {
+        return Err(none());
+    }
     Ok(axum::Json(delivery_out(d, state.hooks.clock.now(), access.everywhere(Scope::Write))))
 }
 

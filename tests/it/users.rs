@@ -897,7 +897,8 @@ async fn deliveries_name_the_user_whose_transaction_they_deliver() {
     let receiver = crate::support::TestReceiver::start().await;
     let hooks = receiver.url("/");
     let app = gateway(&issuer, |e| e.hooks = [("shopper".to_owned(), vec![hooks])].into()).await;
-    let ann = issuer.token("ann", &["shopper"]);
+    // ann reads every collection (support) and writes carts (shopper).
+    let ann = issuer.token("ann", &["shopper", "support"]);
     let body = json!({
         "actions": [{"op": "insert", "collection": "carts", "id": "c1", "data": {}}],
         "hooks": [{"url": receiver.url("/hook")}],
@@ -905,11 +906,20 @@ async fn deliveries_name_the_user_whose_transaction_they_deliver() {
     let res = as_user(&app, Method::POST, "/v1/transactions", &ann).json(&body).send().await.unwrap();
     expect(res, 200).await;
     app.settled().await;
-    let sam = issuer.token("sam", &["support"]);
-    let page = expect(as_user(&app, Method::GET, "/v1/deliveries", &sam).send().await.unwrap(), 200).await;
+    let page = expect(as_user(&app, Method::GET, "/v1/deliveries", &ann).send().await.unwrap(), 200).await;
     let delivery = &page["items"][0];
     assert_eq!(delivery["actor"], json!({"kind": "user", "issuer": issuer.url, "subject": "ann"}), "{delivery}");
     assert!(delivery.get("key").is_none(), "{delivery}");
+    // Another user who reads every collection is not shown it: its body
+    // is ann's.
+    let sam = issuer.token("sam", &["support"]);
+    let page = expect(as_user(&app, Method::GET, "/v1/deliveries", &sam).send().await.unwrap(), 200).await;
+    assert_eq!(page["items"], json!([]), "{page}");
+    let id = delivery["id"].as_str().unwrap();
+    let res = as_user(&app, Method::GET, &format!("/v1/deliveries/{id}"), &sam).send().await.unwrap();
+    expect_problem(res, 404, "not_found").await;
+    let res = as_user(&app, Method::GET, &format!("/v1/deliveries/{id}"), &ann).send().await.unwrap();
+    expect(res, 200).await;
     app.stop().await;
 }
 
