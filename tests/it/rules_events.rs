@@ -241,3 +241,39 @@ async fn an_admin_views_a_collection_as_a_user_and_the_view_is_recorded() {
     assert!(theirs.iter().all(|e| e["type"] != "access.viewed_as"), "{theirs:?}");
     app.stop().await;
 }
+
+/// A user's transaction under rules, sent again with its `Idempotency-Key`,
+/// answers its first outcome and writes nothing more; the same key from
+/// another user is theirs alone (judged afresh: refused here).
+#[tokio::test]
+async fn a_ruled_transaction_replayed_by_its_key_answers_its_first_outcome() {
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let app = gateway(Backend::Embedded, &issuer).await.unwrap();
+    ready_index(&app, "orders", "owner", &["owner"]).await;
+    let docs = "/v1/collections/orders/documents";
+    let doc = json!({"_id": "o1", "owner": "ada", "team": "red", "qty": 1});
+    expect(send(&app, WRITER, Method::POST, docs, Some(&doc)).await, 201).await;
+    expect(send(&app, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&rules())).await, 200).await;
+    let (ada, bob) = (token(&issuer, "ada", &["customer"], None), token(&issuer, "bob", &["customer"], None));
+    let body = json!({"actions": [{"op": "update", "collection": "orders", "id": "o1", "inc": {"qty": 1}}]});
+    let post = |who: &str| {
+        app.request(Method::POST, "/v1/transactions")
+            .bearer_auth(who)
+            .header("idempotency-key", "k-1")
+            .json(&body)
+            .send()
+    };
+    let first = post(&ada).await.unwrap();
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first = expect(first, 200).await;
+    let again = post(&ada).await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(expect(again, 200).await, first);
+    let o1 = expect(send(&app, &ada, Method::GET, &format!("{docs}/o1"), None).await, 200).await;
+    assert_eq!((o1["version"].as_i64(), o1["data"]["qty"].as_i64()), (Some(2), Some(2)), "applied once: {o1}");
+    // bob's request with the same key is his own: judged, and o1 is not his.
+    let res = post(&bob).await.unwrap();
+    assert!(res.headers().get("idempotent-replayed").is_none());
+    crate::support::expect_problem(res, 404, "not_found").await;
+    app.stop().await;
+}
