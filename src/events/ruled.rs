@@ -66,6 +66,15 @@ impl RuledReader {
         had.insert(coll.to_owned(), (version, has));
     }
 
+    /// Note the reader's grants on each of `collections` under their rules
+    /// in force now (see [`Self::lost`]).
+    pub(crate) async fn seed(&self, collections: &[String]) -> StoreResult<()> {
+        for coll in collections {
+            self.judged(coll, u64::MAX).await?;
+        }
+        Ok(())
+    }
+
     /// How the rules of `coll` in force at `position` judge the reader.
     async fn judged(&self, coll: &str, position: u64) -> StoreResult<Arc<Judged>> {
         let versions = self.rules.of(coll).await?;

@@ -289,6 +289,12 @@ pub(crate) async fn events(
     // this caller (docs/guides/rules.md, "Streams").
     let ruled =
         (who.kind != crate::rules::Kind::Open).then(|| Arc::new(RuledReader::new(who, Arc::clone(&state.rules))));
+    // The grants the caller has now on the collections it names: a rule
+    // change that takes every one away ends the stream with `reauth`, even
+    // before it was sent an event.
+    if let (Some(ruled), Some(collections)) = (&ruled, &filter.collections) {
+        ruled.seed(collections).await?;
+    }
     let last_event_id = headers.get("last-event-id");
     let from_header = match last_event_id {
         None => None,

@@ -277,3 +277,35 @@ async fn a_ruled_transaction_replayed_by_its_key_answers_its_first_outcome() {
     crate::support::expect_problem(res, 404, "not_found").await;
     app.stop().await;
 }
+
+/// Two instances on one store: once a rules `PUT` on one has answered,
+/// the other judges by the new version (its view is at most a second old,
+/// and the `PUT` waits longer): a read it no longer allows is 404 there,
+/// and a stream there whose caller lost every grant gets `reauth`.
+#[tokio::test]
+async fn a_rule_change_on_one_instance_is_in_force_on_another_once_answered() {
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let a = gateway(Backend::Embedded, &issuer).await.unwrap();
+    let b = TestApp::on_store(a.config.clone(), Arc::clone(&a.store), None).await;
+    ready_index(&a, "orders", "owner", &["owner"]).await;
+    ready_index(&a, "orders", "team", &["team"]).await;
+    let docs = "/v1/collections/orders/documents";
+    let doc = json!({"_id": "o1", "owner": "ada", "team": "red", "qty": 1});
+    expect(send(&a, WRITER, Method::POST, docs, Some(&doc)).await, 201).await;
+    expect(send(&a, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&rules())).await, 200).await;
+    let zed = token(&issuer, "zed", &["agent"], Some("red"));
+    expect(send(&b, &zed, Method::GET, &format!("{docs}/o1"), None).await, 200).await;
+    let req = b.request(Method::GET, "/v1/events?collections=orders").bearer_auth(&zed);
+    let mut stream = crate::support::SseStream::try_open(req).await.unwrap();
+    // The team grant goes, through the other instance.
+    let own_only = json!({"grants": [rules()["grants"][0].clone()]});
+    expect(send(&a, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&own_only)).await, 200).await;
+    crate::support::expect_problem(send(&b, &zed, Method::GET, &format!("{docs}/o1"), None).await, 404, "not_found")
+        .await;
+    let bump = json!({"set": {"qty": 2}});
+    expect(send(&a, WRITER, Method::PATCH, &format!("{docs}/o1"), Some(&bump)).await, 200).await;
+    let told = stream.next(std::time::Duration::from_secs(10)).await.unwrap();
+    assert_eq!(told.event.as_deref(), Some("reauth"), "{:?}", told.data);
+    b.stop().await;
+    a.stop().await;
+}
