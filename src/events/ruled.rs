@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::model::EventType;
 use super::set::{Prior, SetFilter};
@@ -21,12 +22,20 @@ use crate::rules::{Action, Judged, Principal, Rules};
 use crate::store::convert::{document_to_object, object_to_document};
 use crate::store::{Document, StoreResult};
 
+/// How long a judgement by rules whose `when` looks at the time holds.
+const TIMED: Duration = Duration::from_secs(1);
+
+/// A judgement, and when it was made if it holds for that moment only.
+type Made = (Arc<Judged>, Option<Instant>);
+
 /// One reader's judge of events under rules.
 pub(crate) struct RuledReader {
     pub who: Principal,
     pub rules: Arc<Rules>,
-    /// The reader's judgement by each (collection, version) met.
-    judged: Mutex<HashMap<(String, i64), Arc<Judged>>>,
+    /// The reader's judgement by each (collection, version) met, and
+    /// when it was made if it holds for that moment only (a `when` on
+    /// `now`: made again after [`TIMED`]).
+    judged: Mutex<HashMap<(String, i64), Made>>,
     /// Each collection's last version met, and whether the reader had a
     /// grant to stream it then.
     had: Mutex<HashMap<String, (i64, bool)>>,
@@ -54,7 +63,9 @@ impl RuledReader {
         };
         let mut had = self.had.lock().expect("had");
         match had.get(coll) {
-            Some(&(seen, true)) if version > seen && !has => {
+            // A newer version, or the same one judged again later (a `when`
+            // on the time), left the reader no grant.
+            Some(&(seen, true)) if version >= seen && !has => {
                 self.lost.store(true, std::sync::atomic::Ordering::Relaxed);
             }
             Some(&(seen, _)) if version < seen => return,
@@ -81,7 +92,9 @@ impl RuledReader {
         let set = versions.at(position);
         let Some(set) = set else { return Ok(Arc::new(Judged::Free)) };
         let key = (coll.to_owned(), set.version);
-        if let Some(j) = self.judged.lock().expect("judged").get(&key) {
+        if let Some((j, made)) = self.judged.lock().expect("judged").get(&key)
+            && made.is_none_or(|m| m.elapsed() < TIMED)
+        {
             return Ok(Arc::clone(j));
         }
         let judged = Arc::new(Judged::of(Some(set), &self.who, &self.rules.now_string()));
@@ -90,7 +103,7 @@ impl RuledReader {
         if cache.len() > 1024 {
             cache.clear();
         }
-        cache.insert(key, Arc::clone(&judged));
+        cache.insert(key, (Arc::clone(&judged), set.timed.then(Instant::now)));
         Ok(judged)
     }
 

@@ -44,6 +44,9 @@ pub(crate) struct RuleSet {
     pub grants: Vec<Arc<Grant>>,
     /// The top-level fields any grant's `match` names.
     pub named: Arc<BTreeSet<String>>,
+    /// Whether a grant's `when` looks at the time (`now`): a judgement by
+    /// this version holds for the moment it was made only.
+    pub timed: bool,
 }
 
 /// A collection's rules: the version in force (`None` once removed) and
@@ -129,8 +132,10 @@ impl RuleSet {
     pub(crate) fn checked(collection: &str, version: i64, specs: Vec<GrantSpec>) -> Result<Self, Invalid> {
         let grants = check(&specs)?;
         let named = Arc::new(grants.iter().flat_map(|g| g.named.iter().cloned()).collect());
+        let timed = grants.iter().any(|g| g.when.as_ref().is_some_and(|w| w.paths.keys().any(|p| p == "now")));
         Ok(RuleSet {
             named,
+            timed,
             collection: collection.to_owned(),
             version,
             at: 0,
@@ -303,6 +308,7 @@ fn unreadable(coll: &str, why: &str) -> Versions {
         specs: Vec::new(),
         grants: Vec::new(),
         named: Arc::default(),
+        timed: false,
     };
     Versions { current: Some(Arc::new(set)), earlier: Vec::new(), at: 0 }
 }

@@ -19,9 +19,13 @@ use crate::users::{Issuer, RSA_A};
 
 const EVENTS: &str = "_events";
 
-/// The (document, version, left, owner in data) of each event `page` holds.
+/// The (document, version, left, owner in data) of each event `page`
+/// holds, by document (the log orders each document's events by version;
+/// single writes answered one after another may be logged in another
+/// order).
 fn told(page: &[Value]) -> Vec<(String, i64, bool, Option<String>)> {
-    page.iter()
+    let mut told: Vec<_> = page
+        .iter()
         .map(|e| {
             (
                 e["document"].as_str().unwrap_or_default().to_owned(),
@@ -30,7 +34,9 @@ fn told(page: &[Value]) -> Vec<(String, i64, bool, Option<String>)> {
                 e["data"]["owner"].as_str().map(str::to_owned),
             )
         })
-        .collect()
+        .collect();
+    told.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    told
 }
 
 async fn kept_not(app: &TestApp, id: &str) -> bool {
@@ -114,8 +120,8 @@ async fn events_keep_what_the_rules_look_at(backend: Backend) {
             row("o1", 2, true, None),
             row("o2", 2, true, None),
             row("o3", 2, true, None),
-            row("o5", 2, false, Some("ada")),
             row("o4", 2, false, Some("ada")),
+            row("o5", 2, false, Some("ada")),
         ],
         "what left is told as left, what came in or stayed is sent"
     );
@@ -308,4 +314,43 @@ async fn a_rule_change_on_one_instance_is_in_force_on_another_once_answered() {
     assert_eq!(told.event.as_deref(), Some("reauth"), "{:?}", told.data);
     b.stop().await;
     a.stop().await;
+}
+
+/// A grant whose `when` holds until a time: a stream judged by it is sent
+/// what it allows until then, and ends with `reauth` once the time is past
+/// and it allows nothing (judged again each second, not once per version).
+#[tokio::test]
+async fn a_stream_whose_grant_runs_out_in_time_ends_with_reauth() {
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let app = gateway(Backend::Embedded, &issuer).await.unwrap();
+    ready_index(&app, "orders", "owner", &["owner"]).await;
+    let now = app.config.txn.clock.now().timestamp_millis();
+    let until = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(now + 60_000) * 1_000_000).unwrap();
+    let until = until.format(&time::format_description::well_known::Rfc3339).unwrap();
+    let timed = json!({"grants": [{"name": "own_for_now", "roles": ["customer"], "match": {"owner": {"$auth": "sub"}},
+        "when": {"now": {"$lt": until}}, "actions": ["read", "stream"]}]});
+    expect(send(&app, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&timed)).await, 200).await;
+    let docs = "/v1/collections/orders/documents";
+    let doc = json!({"_id": "o1", "owner": "ada", "qty": 1});
+    expect(send(&app, WRITER, Method::POST, docs, Some(&doc)).await, 201).await;
+    let ada = token(&issuer, "ada", &["customer"], None);
+    let req = app.request(Method::GET, "/v1/events?collections=orders").bearer_auth(&ada);
+    let mut stream = crate::support::SseStream::try_open(req).await.unwrap();
+    let bump = |qty: i64| {
+        let req =
+            app.request(Method::PATCH, &format!("{docs}/o1")).bearer_auth(WRITER).json(&json!({"set": {"qty": qty}}));
+        async move { expect(req.send().await.unwrap(), 200).await }
+    };
+    bump(2).await;
+    let seen = stream.next(std::time::Duration::from_secs(10)).await.unwrap();
+    assert_eq!(seen.data["data"]["qty"], 2, "{:?}", seen.data);
+    // Past the time (and past a second, when the grant is judged again).
+    app.advance(std::time::Duration::from_secs(120));
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    bump(3).await;
+    let told = stream.next(std::time::Duration::from_secs(10)).await.unwrap();
+    assert_eq!(told.event.as_deref(), Some("reauth"), "{:?}", told.data);
+    crate::support::expect_problem(send(&app, &ada, Method::GET, &format!("{docs}/o1"), None).await, 404, "not_found")
+        .await;
+    app.stop().await;
 }
