@@ -354,3 +354,50 @@ async fn a_stream_whose_grant_runs_out_in_time_ends_with_reauth() {
         .await;
     app.stop().await;
 }
+
+/// An expiry takes a document out of its owner's view: their stream is
+/// sent it as `left`, with no data; another user's stream nothing; the
+/// event keeps the owner as it was.
+async fn an_expiry_is_told_as_left(backend: Backend) {
+    use std::time::Duration;
+    let issuer = Issuer::start(&[&RSA_A]).await;
+    let sweeps = |c: &mut txgate::config::Config| c.ttl_interval = Duration::from_secs(3600);
+    let Some(app) = gateway_with(backend, &issuer, sweeps).await else { return };
+    ready_index(&app, "orders", "owner", &["owner"]).await;
+    expect(send(&app, ADMIN, Method::PUT, "/v1/collections/orders/rules", Some(&rules())).await, 200).await;
+    let docs = "/v1/collections/orders/documents";
+    for (id, owner) in [("o1", "ada"), ("o2", "bob")] {
+        let doc = json!({"_id": id, "owner": owner, "qty": 1});
+        expect(send(&app, WRITER, Method::POST, docs, Some(&doc)).await, 201).await;
+    }
+    let open = |who: String| {
+        let req = app.request(Method::GET, "/v1/events?collections=orders").bearer_auth(who);
+        async move { crate::support::SseStream::try_open(req).await.unwrap() }
+    };
+    let mut ada = open(token(&issuer, "ada", &["customer"], None)).await;
+    let ttl = json!({"ttl": {"max_age_seconds": 10}});
+    expect(send(&app, ADMIN, Method::PUT, "/v1/collections/orders", Some(&ttl)).await, 200).await;
+    app.settled().await;
+    app.advance(Duration::from_secs(20));
+    app.run_once("ttl").await;
+    let left = ada.next(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(left.data["type"], "document.expired", "{:?}", left.data);
+    assert_eq!((left.data["document"].as_str(), left.data["left"].as_bool()), (Some("o1"), Some(true)));
+    assert!(left.data.get("data").is_none(), "{:?}", left.data);
+    // Nothing about bob's order.
+    assert!(ada.next(Duration::from_millis(800)).await.is_none());
+    app.settled().await;
+    let kept = app.store.get(EVENTS, "orders/o1/2").await.unwrap().expect("the expiry is logged");
+    assert_eq!(kept.get_document("before").unwrap().get_document("data").unwrap(), &doc! {"owner": "ada"});
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_expiry_is_told_as_left_on_the_embedded_store() {
+    an_expiry_is_told_as_left(Backend::Embedded).await;
+}
+
+#[tokio::test]
+async fn an_expiry_is_told_as_left_on_mongodb() {
+    an_expiry_is_told_as_left(Backend::Mongodb).await;
+}

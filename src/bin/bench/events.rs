@@ -175,15 +175,26 @@ pub(super) async fn stream(
     after: Option<u64>,
     paused: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
-    mut each: impl FnMut(&[u8]) + Send,
+    each: impl FnMut(&[u8]) + Send,
 ) {
     let client = reqwest::Client::new();
     let mut req = client.get(&url);
     if let Some(after) = after {
         req = req.header("last-event-id", after.to_string());
     }
-    let mut res = req.send().await.expect("stream opens");
+    let res = req.send().await.expect("stream opens");
     assert_eq!(res.status(), 200, "stream status");
+    data_lines(res, &paused, &stop, each).await;
+}
+
+/// Each `data:` line of the Server-Sent Events body of `res` handed to
+/// `each`, until `stop` or the body ends; `paused` holds reading back.
+pub(super) async fn data_lines(
+    mut res: reqwest::Response,
+    paused: &AtomicBool,
+    stop: &AtomicBool,
+    mut each: impl FnMut(&[u8]) + Send,
+) {
     let mut buf: Vec<u8> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         if paused.load(Ordering::Relaxed) {

@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 
 use futures::StreamExt;
 
-use super::events::{Child, Lags, event_at, now_ms};
+use super::events::{Child, Lags, data_lines, event_at, now_ms};
 use super::progress;
 use super::rules::{ISSUER, SECRET, signed};
 
@@ -70,7 +70,7 @@ async fn follow(
     let token = signed(&who, json!({}));
     // Opened as a client would: again after a 429 (a thousand opening at
     // once meet the issuer's share of requests in flight).
-    let mut res = loop {
+    let res = loop {
         let res = client
             .get(format!("{base}/v1/events?collections={COLL}"))
             .bearer_auth(&token)
@@ -86,33 +86,22 @@ async fn follow(
     };
     assert_eq!(res.status(), 200, "{who}'s stream: {}", res.status());
     seen.open.fetch_add(1, Ordering::Relaxed);
-    let mut buf: Vec<u8> = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
-        let chunk = match tokio::time::timeout(Duration::from_millis(200), res.chunk()).await {
-            Ok(Ok(Some(chunk))) => chunk,
-            Ok(_) => return,
-            Err(_) => continue,
-        };
-        buf.extend_from_slice(&chunk);
-        let mut start = 0;
-        while let Some(nl) = buf[start..].iter().position(|b| *b == b'\n') {
-            if let Some(data) = buf[start..start + nl].strip_prefix(b"data:")
-                && let Ok(event) = serde_json::from_slice::<Value>(data)
-                && event["type"].as_str().is_some_and(|t| t.starts_with("document."))
-            {
-                if let Some(at) = event_at(data) {
-                    lags.add((now_ms() - at).max(0) as u64);
-                }
-                seen.arrivals.fetch_add(1, Ordering::Relaxed);
-                let left = event["left"].as_bool().unwrap_or(false);
-                if !left && event["data"]["owner"].as_str() != Some(who.as_str()) {
-                    seen.foreign.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            start += nl + 1;
+    let paused = AtomicBool::new(false);
+    data_lines(res, &paused, &stop, |data| {
+        let Ok(event) = serde_json::from_slice::<Value>(data) else { return };
+        if !event["type"].as_str().is_some_and(|t| t.starts_with("document.")) {
+            return;
         }
-        buf.drain(..start);
-    }
+        if let Some(at) = event_at(data) {
+            lags.add((now_ms() - at).max(0) as u64);
+        }
+        seen.arrivals.fetch_add(1, Ordering::Relaxed);
+        let left = event["left"].as_bool().unwrap_or(false);
+        if !left && event["data"]["owner"].as_str() != Some(who.as_str()) {
+            seen.foreign.fetch_add(1, Ordering::Relaxed);
+        }
+    })
+    .await;
 }
 
 /// Writer `k` of [`CLIENTS`]: its share of the writes (the `i`-th of all
