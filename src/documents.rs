@@ -49,6 +49,10 @@ pub enum DocError {
     /// Refused by the collection's rules (docs/guides/rules.md).
     #[error("{detail}")]
     Denied { detail: String, pointer: Option<String> },
+    /// The document the write would produce does not satisfy its
+    /// collection's schema (docs/guides/validation.md).
+    #[error("{0}")]
+    Schema(crate::schemas::Refusal),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -83,29 +87,7 @@ pub(crate) enum Written {
     Deleted { version: i64 },
 }
 
-/// Where a read of documents is made, and how it shows a document a
-/// transaction holds.
-#[derive(Clone)]
-pub(crate) enum ReadAt {
-    /// The store as it is: a held document shows its holder's outcome as
-    /// known now (a committed holder's change, rolled forward or not).
-    Now,
-    /// A snapshot of the store ([`crate::store::Store::snapshot`]) in
-    /// which no holder's change is logged yet, as the caller has checked
-    /// (docs/design.md §7): a held document shows its committed data, as
-    /// it was before its holder.
-    Pinned(DynStore),
-}
-
-impl ReadAt {
-    /// The store to read: the snapshot, or `now`.
-    pub(crate) fn store<'a>(&'a self, now: &'a dyn crate::store::Store) -> &'a dyn crate::store::Store {
-        match self {
-            ReadAt::Now => now,
-            ReadAt::Pinned(snapshot) => snapshot.as_ref(),
-        }
-    }
-}
+pub(crate) use crate::document::ReadAt;
 
 /// Single-document reads and writes. Of the transaction protocol they
 /// need only what to do about a lock they meet ([`Locks`]).
@@ -120,6 +102,8 @@ pub struct Documents {
     lock_wait: Duration,
     /// The declared indexes, whose rule every write keeps.
     indexes: Arc<Indexes>,
+    /// The collections' schemas, which every write's result satisfies.
+    schemas: Arc<crate::schemas::Schemas>,
     /// Records lists and queries skipped as not documents (see
     /// [`Self::skip_unreadable`]).
     unreadable: Arc<std::sync::atomic::AtomicU64>,
@@ -155,9 +139,14 @@ impl Documents {
         clock: Clock,
         metrics: Arc<Metrics>,
         lock_wait: Duration,
-        indexes: Arc<Indexes>,
+        (indexes, schemas): (Arc<Indexes>, Arc<crate::schemas::Schemas>),
     ) -> Self {
-        Self { store, locks, publisher, clock, metrics, lock_wait, indexes, unreadable: Default::default() }
+        Self { store, locks, publisher, clock, metrics, lock_wait, indexes, schemas, unreadable: Default::default() }
+    }
+
+    /// The collections' schemas, as this instance knows them.
+    pub(crate) fn schemas(&self) -> &Arc<crate::schemas::Schemas> {
+        &self.schemas
     }
 
     /// Skip and report a record a read of many met that cannot be read as
@@ -327,6 +316,8 @@ impl Documents {
         sv: i64,
     ) -> Result<Live, DocError> {
         let id = id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        // Checked first: a create (over a tombstone too) makes a new document.
+        self.schemas.admit(coll, None, (&data, sv), &id).await?.map_err(DocError::Schema)?;
         let deadline = self.deadline();
         let mut backoff = Duration::from_millis(5);
         // The admission held across waits for a lock: checked again after
@@ -497,6 +488,11 @@ impl Documents {
             let deleting = matches!(change, Change::Delete);
             if let Some(guard) = guard.filter(|_| !deleting) {
                 guard(&doc.data, Some(&mut next.data))?;
+            }
+            if !deleting {
+                // As the rules left it (a grant's `set` applied).
+                let (before, after) = ((&doc.data, doc.meta.sv), (&next.data, next.meta.sv));
+                self.schemas.admit(coll, Some(before), after, id).await?.map_err(DocError::Schema)?;
             }
             let becomes = (!deleting).then_some(&next.data);
             let admitted = self.indexes.admit(coll, id, (Some(&doc.data), becomes), None).await?;

@@ -32,6 +32,8 @@ mod purge;
 mod queries;
 mod query;
 mod rules;
+mod schema_checks;
+mod schemas;
 mod seal;
 mod store;
 mod subscriptions;
@@ -215,7 +217,7 @@ impl App {
             config.txn.clock.clone(),
             Arc::clone(&metrics),
             config.txn.lock_wait,
-            Arc::clone(&indexes),
+            (Arc::clone(&indexes), schemas::Schemas::new(Arc::clone(&store), config.txn.clock.clone())),
         ));
         {
             // The counter, not the documents (which hold the metrics).
@@ -226,6 +228,16 @@ impl App {
                 move || store.unreadable() + skipped.load(std::sync::atomic::Ordering::Relaxed),
             );
         }
+        metrics.sampled(
+            "txgate_schema_refusals_total",
+            "Writes refused because the document they would produce does not satisfy its schema",
+            || schemas::REFUSED.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        metrics.sampled(
+            "txgate_schema_warnings_total",
+            "Writes of documents that do not satisfy their schema, let through under validation warn",
+            || schemas::WARNED.load(std::sync::atomic::Ordering::Relaxed),
+        );
         let positioned = Arc::new(positioned::Positioned::new(
             Arc::clone(&documents),
             Arc::clone(&events),
@@ -410,6 +422,14 @@ fn workers_of(app: &App, config: &Config, sender: Arc<hooks::send::Sender>) -> V
         Arc::new(purger(app, config)) as _,
         Arc::new(events::Purge { log: Arc::clone(&app.events), interval: config.txn.recovery_interval }) as _,
         Arc::new(indexes::Builds { indexes: Arc::clone(&app.indexes), interval: config.txn.recovery_interval }) as _,
+        Arc::new(schema_checks::Checks {
+            store: Arc::clone(&app.store),
+            schemas: Arc::clone(app.documents.schemas()),
+            documents: Arc::clone(&app.documents),
+            clock: config.txn.clock.clone(),
+            owner: indexes::lease_owner(app.store.as_ref()),
+            interval: config.txn.recovery_interval,
+        }) as _,
     ]
 }
 

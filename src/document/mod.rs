@@ -619,3 +619,27 @@ mod tests {
         assert_eq!(live.meta.created_at, Some(at(9)));
     }
 }
+
+/// Where a read of documents is made, and how it shows a document a
+/// transaction holds.
+#[derive(Clone)]
+pub(crate) enum ReadAt {
+    /// The store as it is: a held document shows its holder's outcome as
+    /// known now (a committed holder's change, rolled forward or not).
+    Now,
+    /// A snapshot of the store ([`crate::store::Store::snapshot`]) in
+    /// which no holder's change is logged yet, as the caller has checked
+    /// (docs/design.md §7): a held document shows its committed data, as
+    /// it was before its holder.
+    Pinned(crate::store::DynStore),
+}
+
+impl ReadAt {
+    /// The store to read: the snapshot, or `now`.
+    pub(crate) fn store<'a>(&'a self, now: &'a dyn crate::store::Store) -> &'a dyn crate::store::Store {
+        match self {
+            ReadAt::Now => now,
+            ReadAt::Pinned(snapshot) => snapshot.as_ref(),
+        }
+    }
+}

@@ -258,6 +258,10 @@ pub(crate) struct MergeOut {
     /// Paths both changed to different values, with the three values (a
     /// side's value is absent where the field is).
     pub conflicts: Vec<MergeConflictOut>,
+    /// How `merged` fails the collection's schema for the document's
+    /// `schema_version` (the first 50; empty: it satisfies it, or there
+    /// is none): what a write of it would be refused for.
+    pub schema_errors: Vec<crate::schemas::Violation>,
 }
 
 problems!(
@@ -311,7 +315,13 @@ pub(crate) async fn merge_document(
             }));
         }
     };
+    // As a write of it would be checked: the current version's schema.
+    let sv = current.as_ref().map_or(1, |live| live.schema_version);
+    let data = crate::store::convert::object_to_document(&merged.data);
+    let known = state.documents.schemas().of(collection).await?;
+    let schema_errors = known.violations(collection, sv, &data).map(|r| r.violations).unwrap_or_default();
     Ok(axum::Json(MergeOut {
+        schema_errors,
         base_version: input.base_version,
         version,
         deleted: current.is_none(),

@@ -97,6 +97,7 @@ problem_codes! {
     DeliveryPending => "delivery_pending", 409, Problem, "the delivery is queued or in flight already";
     Duplicate => "duplicate", 409, Duplicate, "a unique index holds the value for another document: `index` names the index, `existing` the document";
     SubscriptionLimit => "subscription_limit", 409, Problem, "the API key has as many subscriptions as it may (`TXGATE_MAX_SUBSCRIPTIONS_PER_KEY`); delete one first";
+    SchemaLimit => "schema_limit", 409, Problem, "the collection declares as many schema versions as it may (32); delete one first";
     IndexLimit => "index_limit", 409, Problem, "the collection has as many indexes as it may (32); delete one first";
     IndexExists => "index_exists", 409, Problem, "an index of this name exists with another definition (or is being dropped), or another index is on the same fields; delete it first";
     BackupUnsupported => "backup_unsupported", 409, Problem, "this store has no online backup; use the database's own tools";
@@ -109,6 +110,7 @@ problem_codes! {
     UnsupportedMediaType => "unsupported_media_type", 415, Problem, "the body's `Content-Type` is not one this operation takes";
     ValidationFailed => "validation_failed", 422, ValidationFailed, "a name, id, field, value or parameter is not acceptable";
     DuplicateMember => "duplicate_member", 422, ValidationFailed, "one document appears twice in a transaction";
+    SchemaViolation => "schema_violation", 422, SchemaViolation, "the document the write would produce does not satisfy its collection's schema for its `schema_version` (or the collection declares no schema for that version): `errors` lists each failure as the JSON pointer of the field in the document, the schema keyword that failed, and why; nothing is written";
     InvalidChange => "invalid_change", 422, Problem, "a change cannot apply to the document as it is (`inc` on a non-number)";
     IdempotencyKeyReused => "idempotency_key_reused", 422, ValidationFailed, "the `Idempotency-Key` was used with another body";
     HookNotAllowed => "hook_not_allowed", 422, ValidationFailed, "a hook destination is not allowed";
@@ -138,6 +140,7 @@ pub enum Family {
     Aborted,
     IndexRequired,
     Duplicate,
+    SchemaViolation,
 }
 
 impl Family {
@@ -151,6 +154,7 @@ impl Family {
         Family::Aborted,
         Family::IndexRequired,
         Family::Duplicate,
+        Family::SchemaViolation,
     ];
 
     /// The schema's name in the API description.
@@ -165,6 +169,7 @@ impl Family {
             Family::Aborted => "Aborted",
             Family::IndexRequired => "IndexRequired",
             Family::Duplicate => "Duplicate",
+            Family::SchemaViolation => "SchemaViolation",
         }
     }
 
@@ -183,6 +188,7 @@ impl From<FailureCode> for ProblemCode {
             FailureCode::Locked => ProblemCode::Locked,
             FailureCode::Aborted => ProblemCode::Aborted,
             FailureCode::InvalidChange => ProblemCode::InvalidChange,
+            FailureCode::SchemaViolation => ProblemCode::SchemaViolation,
         }
     }
 }
@@ -243,6 +249,9 @@ pub(crate) struct Members {
     pub existing: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub errors: Option<Vec<FieldError>>,
+    /// For `schema_violation`: the schema version the document was checked against.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schema_version: Option<i64>,
     /// A version conflict's explanation: the document as it is now
     /// (`null`: it does not exist), the changes after the expected version.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -257,7 +266,18 @@ pub(crate) struct Members {
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct FieldError {
     pub pointer: String,
+    /// For `schema_violation`: the schema keyword that failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keyword: Option<String>,
     pub detail: String,
+}
+
+/// Schema violations as a problem's `errors`.
+pub(crate) fn schema_errors(violations: &[crate::schemas::Violation]) -> Vec<FieldError> {
+    violations
+        .iter()
+        .map(|v| FieldError { pointer: v.pointer.clone(), keyword: Some(v.keyword.clone()), detail: v.detail.clone() })
+        .collect()
 }
 
 /// The index a problem names: a unique index by name (`duplicate`), or the
@@ -342,9 +362,18 @@ impl ApiError {
         }
     }
 
+    /// 422 `schema_violation`: every way the document fails its schema.
+    pub(crate) fn schema_violation(refusal: &crate::schemas::Refusal) -> Self {
+        let mut err =
+            Self::new(ProblemCode::SchemaViolation, refusal.to_string()).errors(schema_errors(&refusal.violations));
+        err.members.collection = Some(refusal.collection.clone());
+        err.members.schema_version = Some(refusal.schema_version);
+        err
+    }
+
     /// One refused part of the request, at `pointer`.
     pub(crate) fn pointer(self, pointer: impl Into<String>, detail: impl Into<String>) -> Self {
-        self.errors(vec![FieldError { pointer: pointer.into(), detail: detail.into() }])
+        self.errors(vec![FieldError { pointer: pointer.into(), keyword: None, detail: detail.into() }])
     }
 
     /// The index the problem names.
@@ -432,6 +461,8 @@ impl ApiError {
             id: f.id,
             holder: f.holder,
             reason: f.reason,
+            schema_version: f.schema_version,
+            errors: (!f.errors.is_empty()).then(|| schema_errors(&f.errors)),
             ..err.members
         };
         if f.retryable { err.retry(Duration::from_secs(1)) } else { err }
@@ -524,6 +555,7 @@ impl From<DocError> for ApiError {
                 err
             }
             DocError::Denied { detail, pointer } => Self::rule_denied(detail, pointer),
+            DocError::Schema(refusal) => Self::schema_violation(&refusal),
             DocError::Store(err) => Self::store(&err),
         }
     }

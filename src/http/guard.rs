@@ -22,6 +22,9 @@ pub(crate) enum Guard {
     Read(On),
     /// `admin` whatever the method (an operator action).
     Admin(On),
+    /// `read` for `GET`, `HEAD` and `OPTIONS`, `admin` for the others (a
+    /// declaration any reader may read).
+    ReadOrAdmin(On),
 }
 
 /// Which collections a guarded route's grant must cover.
@@ -48,6 +51,10 @@ impl Guard {
             }
             Guard::Read(on) => Some((Scope::Read, on)),
             Guard::Admin(on) => Some((Scope::Admin, on)),
+            Guard::ReadOrAdmin(on) => {
+                let reads = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+                Some((if reads { Scope::Read } else { Scope::Admin }, on))
+            }
         }
     }
 }

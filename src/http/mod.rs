@@ -26,6 +26,7 @@ mod rate;
 mod reads;
 pub(crate) mod ruled;
 mod rules;
+mod schemas;
 pub(crate) mod serve;
 pub(crate) mod strict;
 pub(crate) mod subscriptions;
@@ -118,6 +119,7 @@ pub(crate) struct Shared {
         (name = "documents", description = "Single documents with optimistic locking; queries and counts"),
         (name = "indexes", description = "Declared indexes: what queries are served by"),
         (name = "rules", description = "Per-document rules: which documents and fields each caller may read and write"),
+        (name = "schemas", description = "Validation: a JSON Schema per collection and document schema version, checked on every write"),
         (name = "transactions", description = "Multi-document transactions"),
         (name = "deliveries", description = "Post-commit hook deliveries"),
         (name = "events", description = "Change events: a resumable stream and pages"),
@@ -146,6 +148,7 @@ pub(crate) fn api() -> (Router<AppState>, utoipa::openapi::OpenApi, guard::Guard
         .merge(admin::router())
         .merge(me::router())
         .merge(rules::router())
+        .merge(schemas::router())
         .guarded(guard::Guard::Public, routes!(healthz))
         .guarded(guard::Guard::Public, routes!(readyz))
         .into_parts();

@@ -104,6 +104,22 @@ pub(super) fn problem_schema(family: Family) -> Value {
             "index": {"type": "string", "description": "The unique index holding the value."},
             "existing": {"$ref": "#/components/schemas/DocumentId"},
         }),
+        Family::SchemaViolation => json!({
+            "errors": {
+                "type": "array",
+                "description": "Each way the document fails the schema (the first 50): where, which keyword, and why.",
+                "items": {
+                    "type": "object",
+                    "required": ["pointer", "keyword", "detail"],
+                    "properties": {
+                        "pointer": {"type": "string", "description": "JSON pointer of the offending field in the document (for a missing required field, where it would be; `\"\"` for the document itself)."},
+                        "keyword": {"type": "string", "description": "The schema keyword that failed (`type`, `required`, `minimum`, `pattern`, `format`, …; `schema_version` when the collection declares no schema for the version)."},
+                        "detail": {"type": "string"},
+                    },
+                },
+            },
+            "schema_version": {"type": "integer", "format": "int64", "description": "The schema version the document was checked against."},
+        }),
         Family::Aborted => json!({
             "reason": {"type": "string", "description": "`wounded`, `expired`, `superseded`, `timed_out` or `operator`."},
             "holder": {"type": "string", "description": "The transaction that wounded this one, when known."},
@@ -114,6 +130,9 @@ pub(super) fn problem_schema(family: Family) -> Value {
     let mut required = vec!["type", "title", "status", "detail", "code"];
     if family == Family::VersionConflict {
         required.extend(["expected", "actual"]);
+    }
+    if family == Family::SchemaViolation {
+        required.extend(["errors", "schema_version"]);
     }
     let example_code = codes[0];
     json!({

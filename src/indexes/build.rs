@@ -541,7 +541,7 @@ impl Pace {
 /// A new instance's name as a build's lease owner: under the store's
 /// opening where it has one, so that a build leased under another opening
 /// is taken over at once (`Indexes::leased_before_opening`).
-pub(super) fn lease_owner(store: &dyn crate::store::Store) -> String {
+pub(crate) fn lease_owner(store: &dyn crate::store::Store) -> String {
     match store.opening() {
         Some(opening) => format!("{opening}.{}", uuid::Uuid::new_v4()),
         None => uuid::Uuid::new_v4().to_string(),

@@ -32,7 +32,7 @@ mod claims;
 pub(crate) mod unique;
 
 pub(crate) use admission::{MemberRefusal, Refusal};
-pub(crate) use build::Builds;
+pub(crate) use build::{Builds, lease_owner};
 pub(crate) use claims::LiveData;
 
 use std::collections::HashMap;

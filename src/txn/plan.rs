@@ -54,6 +54,11 @@ pub struct Plan {
     /// Each member's values in the unique indexes of its collection,
     /// claimed before the transaction ran (see [`Claimed`]).
     pub claimed: std::collections::HashMap<(String, String), Claimed>,
+    /// The schemas of each member collection that has some, as read
+    /// before the transaction ran: each member's staged data must satisfy
+    /// them (docs/guides/validation.md), or the transaction fails before
+    /// any commit.
+    pub schemas: std::collections::HashMap<String, std::sync::Arc<crate::schemas::Known>>,
     /// The name of the API key that sent it.
     pub key: Option<String>,
     /// The user who sent it.

@@ -77,6 +77,9 @@ pub enum FailureCode {
     Aborted,
     /// A staged change cannot apply to the document as it is.
     InvalidChange,
+    /// The document a member would produce does not satisfy its
+    /// collection's schema (`Failure::errors` says how).
+    SchemaViolation,
 }
 
 impl FailureCode {
@@ -89,6 +92,7 @@ impl FailureCode {
             FailureCode::Locked => "locked",
             FailureCode::Aborted => "aborted",
             FailureCode::InvalidChange => "invalid_change",
+            FailureCode::SchemaViolation => "schema_violation",
         }
     }
 }
@@ -177,6 +181,12 @@ pub struct Failure {
     /// For `aborted`: why (`wounded`, `expired`, `operator`, ...).
     #[serde(default)]
     pub reason: Option<String>,
+    /// For `schema_violation`: the schema version checked, and how the
+    /// document fails it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_version: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<crate::schemas::Violation>,
 }
 
 impl Failure {
@@ -199,6 +209,8 @@ impl Failure {
             retryable,
             holder: None,
             reason: None,
+            schema_version: None,
+            errors: Vec::new(),
         }
     }
 }

@@ -92,6 +92,7 @@ impl Scenario {
             indexed: Default::default(),
             unique: Default::default(),
             claimed: Default::default(),
+            schemas: Default::default(),
             key: None,
             user: None,
         }

@@ -34,6 +34,7 @@ mod restart;
 mod rules;
 mod rules_events;
 mod rules_props;
+mod schemas;
 mod secrets;
 mod slow;
 mod store;

@@ -517,6 +517,7 @@ mod writer {
                 indexed: Default::default(),
                 unique: Default::default(),
                 claimed: Default::default(),
+                schemas: Default::default(),
                 key: None,
                 user: None,
             };
@@ -581,6 +582,7 @@ mod writer {
                 indexed: Default::default(),
                 unique: Default::default(),
                 claimed: Default::default(),
+                schemas: Default::default(),
                 key: None,
                 user: None,
             }

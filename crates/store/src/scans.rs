@@ -124,6 +124,8 @@ scans! {
     INDEXES_BY_STATE: "_indexes"."state", eq ["state"], by "_id";
     /// The reservations of one unique index (its drop).
     UNIQUE_BY_INDEX: "_unique"."index", eq ["index"], by "_id";
+    /// Collections with schemas, by name (the violations pass).
+    SCHEMAS: "_schemas"."_id", eq [], by "_id";
     /// Collections with a TTL policy, by name (the sweeper's pass).
     COLLECTIONS_EXPIRING: "_collections"."expiring", eq ["expiring"], by "_id";
 }

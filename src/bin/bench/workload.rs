@@ -30,6 +30,7 @@ pub fn plan(coll: &str, ids: &[String]) -> Plan {
         indexed: Default::default(),
         unique: Default::default(),
         claimed: Default::default(),
+        schemas: Default::default(),
         key: None,
         user: None,
     }

@@ -76,6 +76,7 @@ problems!(
         RuleDenied,
         DuplicateMember,
         InvalidChange,
+        SchemaViolation,
         Duplicate,
         IdempotencyKeyReused,
         HookNotAllowed,
@@ -141,6 +142,9 @@ pub(crate) async fn create_transaction(
     }
     // And each action the rules judge allowed on the state it produces.
     let judged = ruled::judge_plan(&state, &who, &mut plan, &chose).await?;
+    // And what each action makes checked against its collection's schema,
+    // as the rules left it.
+    with_schemas(&state, &mut plan).await?;
     // Admitted as every write is (the rule of declared indexes, unique
     // values claimed): a refusal is answered before anything is written.
     let admitted = match state.indexes.admit_plan(&mut plan, state.documents.as_ref()).await {
@@ -212,6 +216,36 @@ pub(crate) async fn create_transaction(
             "this Idempotency-Key was used with a different request body",
         )),
     }
+}
+
+/// Read the schemas of `plan`'s member collections into it (staging
+/// checks each member's data against them), and check now the data of
+/// each insert and replace whose check does not depend on the document as
+/// it is (all but a replace under `moderate`): the first refused answers
+/// for the transaction, naming its action, before anything runs.
+async fn with_schemas(state: &AppState, plan: &mut crate::txn::plan::Plan) -> Result<(), ApiError> {
+    use crate::schemas::Validation;
+    let schemas = state.documents.schemas();
+    for action in &plan.actions {
+        if !plan.schemas.contains_key(&action.collection) {
+            let known = schemas.of(&action.collection).await?;
+            plan.schemas.insert(action.collection.clone(), known);
+        }
+    }
+    plan.schemas.retain(|_, known| known.any());
+    for (i, action) in plan.actions.iter().enumerate() {
+        let Some(known) = plan.schemas.get(&action.collection) else { continue };
+        let data = match (&action.op, known.validation) {
+            (_, Validation::Warn) => continue,
+            (ActionOp::Insert(data), _) => data,
+            (ActionOp::Replace(data), Validation::Strict) => data,
+            _ => continue,
+        };
+        if let Err(refusal) = known.judge(&action.collection, None, (data, plan.schema_version), &action.id) {
+            return Err(ApiError::schema_violation(&refusal).action(i).document(&action.collection, &action.id));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `access` may read every collection of `rec`: what a key limited

@@ -105,6 +105,7 @@ pub(super) fn plan(
         indexed: Default::default(),
         unique: Default::default(),
         claimed: Default::default(),
+        schemas: Default::default(),
         key: actor.name().map(str::to_owned),
         user: actor.user().cloned(),
     })

@@ -20,7 +20,7 @@ use super::{Commit, Committed, TxnError, aborted};
 
 /// A member failed; carries what the 409/422 body says.
 pub(super) struct MemberFailure {
-    failure: Failure,
+    failure: Box<Failure>,
     invalid: bool,
 }
 
@@ -163,9 +163,9 @@ impl Commit {
         match steps {
             Ok(bases) => Ok(bases),
             Err(Ok(member)) if member.invalid => {
-                Err(TxnError::InvalidChange { txn: txn.to_owned(), failure: member.failure })
+                Err(TxnError::InvalidChange { txn: txn.to_owned(), failure: *member.failure })
             }
-            Err(Ok(member)) => Err(TxnError::Aborted { txn: txn.to_owned(), failure: member.failure }),
+            Err(Ok(member)) => Err(TxnError::Aborted { txn: txn.to_owned(), failure: *member.failure }),
             Err(Err(source)) => Err(store_err(source)),
         }
     }
@@ -191,7 +191,7 @@ impl Commit {
         loop {
             if wounded.is_cancelled() {
                 return Ok(Step::Failed(MemberFailure {
-                    failure: aborted(AbortReason::Wounded, "the transaction was wounded by an older one"),
+                    failure: Box::new(aborted(AbortReason::Wounded, "the transaction was wounded by an older one")),
                     invalid: false,
                 }));
             }
@@ -218,7 +218,7 @@ impl Commit {
                 }
                 let staged = match staged_checked(plan, action, None) {
                     Ok(s) => s,
-                    Err(detail) => return Ok(invalid_change(detail)),
+                    Err(why) => return Ok(unstaged(why)),
                 };
                 let placeholder = placeholder(&action.id, txn, staged, self.cfg.clock.now());
                 if self.store.unsynced().insert(coll, placeholder.to_record()).await? {
@@ -252,7 +252,7 @@ impl Commit {
                             true,
                         );
                         f.holder = Some(holder);
-                        return Ok(Step::Failed(MemberFailure { failure: f, invalid: false }));
+                        return Ok(Step::Failed(MemberFailure { failure: Box::new(f), invalid: false }));
                     }
                     waited.start();
                     tokio::select! {
@@ -286,7 +286,7 @@ impl Commit {
             };
             let staged = match staged_checked(plan, action, base) {
                 Ok(s) => s,
-                Err(detail) => return Ok(invalid_change(detail)),
+                Err(why) => return Ok(unstaged(why)),
             };
             if doc.meta.outbox.is_some() {
                 // A write this instance answered may still have the event
@@ -343,7 +343,7 @@ fn fail(code: FailureCode, detail: &str, expected: Option<i64>, actual: Option<i
     let mut f = Failure::new(code, detail, false);
     f.expected = expected;
     f.actual = actual;
-    Step::Failed(MemberFailure { failure: f, invalid: false })
+    Step::Failed(MemberFailure { failure: Box::new(f), invalid: false })
 }
 
 /// `None` when `action` may proceed on a document whose committed state is
@@ -377,13 +377,47 @@ pub(super) fn precondition(action: &Action, current: &View, v: i64) -> Option<St
     }
 }
 
-/// A member whose change cannot be staged: 422 `invalid_change`.
-fn invalid_change(detail: String) -> Step {
-    Step::Failed(MemberFailure { failure: Failure::new(FailureCode::InvalidChange, detail, false), invalid: true })
+/// Why a member's change cannot be staged.
+#[derive(Debug)]
+pub(super) enum Unstaged {
+    /// It cannot apply to the document as it is.
+    Invalid(String),
+    /// What it would produce does not satisfy the collection's schema.
+    Schema(crate::schemas::Refusal),
 }
 
-/// The staged post-image of `action` over `base` (the live document, if any).
-pub(super) fn staged_checked(plan: &Plan, action: &Action, base: Option<&StoredDoc>) -> Result<Staged, String> {
+impl From<String> for Unstaged {
+    fn from(detail: String) -> Self {
+        Unstaged::Invalid(detail)
+    }
+}
+
+/// A member whose change cannot be staged: 422 `invalid_change`, or
+/// `schema_violation`.
+fn unstaged(why: Unstaged) -> Step {
+    let failure = match why {
+        Unstaged::Invalid(detail) => Failure::new(FailureCode::InvalidChange, detail, false),
+        Unstaged::Schema(refusal) => Failure {
+            schema_version: Some(refusal.schema_version),
+            errors: refusal.violations.clone(),
+            ..Failure::new(FailureCode::SchemaViolation, refusal.to_string(), false)
+        },
+    };
+    Step::Failed(MemberFailure { failure: Box::new(failure), invalid: true })
+}
+
+/// The staged post-image of `action` over `base` (the live document, if
+/// any), checked against the collection's schemas.
+pub(super) fn staged_checked(plan: &Plan, action: &Action, base: Option<&StoredDoc>) -> Result<Staged, Unstaged> {
+    let staged = staged_unchecked(plan, action, base)?;
+    if let (Some(data), Some(known)) = (&staged.data, plan.schemas.get(&action.collection)) {
+        let before = base.map(|d| (&d.data, d.meta.sv));
+        known.judge(&action.collection, before, (data, staged.sv), &action.id).map_err(Unstaged::Schema)?;
+    }
+    Ok(staged)
+}
+
+fn staged_unchecked(plan: &Plan, action: &Action, base: Option<&StoredDoc>) -> Result<Staged, String> {
     let sv = plan.schema_version;
     let data = match &action.op {
         ActionOp::Insert(data) | ActionOp::Replace(data) => Some(data.clone()),
