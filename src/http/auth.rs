@@ -443,7 +443,7 @@ pub(crate) async fn admit(State(keys): State<Arc<Admission>>, req: Request, next
     // A route without a guard (none is: see `guard::Routes`) is an
     // operator's alone.
     let guard = keys.guards.get(&route).copied().unwrap_or(Guard::Admin(On::Everywhere));
-    let Some((needed, on)) = guard.needs(req.method()) else { return next.run(req).await };
+    let Some((needed, on)) = guard.needs_for(req.method(), req.uri().query()) else { return next.run(req).await };
     // A header that is there but is not `Bearer <credential>` (any case,
     // RFC 9110 §11.1) is refused, never taken as no credential.
     let token = match req.headers().get(header::AUTHORIZATION).map(|v| v.to_str().ok().and_then(bearer)) {

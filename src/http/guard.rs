@@ -25,6 +25,10 @@ pub(crate) enum Guard {
     /// `read` for `GET`, `HEAD` and `OPTIONS`, `admin` for the others (a
     /// declaration any reader may read).
     ReadOrAdmin(On),
+    /// The API description: anyone's, and a read of the collections its
+    /// `collections` parameter names (checked by the handler) when it
+    /// has one.
+    Described,
 }
 
 /// Which collections a guarded route's grant must cover.
@@ -41,10 +45,22 @@ pub(crate) enum On {
 }
 
 impl Guard {
+    /// The scope a request by `method` with `query` needs; `None` for a
+    /// public route.
+    pub(crate) fn needs_for(self, method: &Method, query: Option<&str>) -> Option<(Scope, On)> {
+        match self {
+            Guard::Described => {
+                let named = query.is_some_and(|q| q.split('&').any(|p| p.split('=').next() == Some("collections")));
+                named.then_some((Scope::Read, On::Handler))
+            }
+            other => other.needs(method),
+        }
+    }
+
     /// The scope a request by `method` needs; `None` for a public route.
     pub(crate) fn needs(self, method: &Method) -> Option<(Scope, On)> {
         match self {
-            Guard::Public => None,
+            Guard::Public | Guard::Described => None,
             Guard::ByMethod(on) => {
                 let reads = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
                 Some((if reads { Scope::Read } else { Scope::Write }, on))

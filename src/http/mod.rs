@@ -8,6 +8,7 @@ mod conflicts;
 mod console;
 pub(crate) mod contract;
 pub(crate) mod deliveries;
+mod described;
 pub(crate) mod documents;
 mod envelope;
 pub(crate) mod error;
@@ -171,6 +172,32 @@ fn text_of(document: &serde_json::Value) -> String {
     text
 }
 
+/// `GET /openapi.json`: the committed description, or with
+/// `?collections=a,b` one typed by those collections' schemas
+/// ([`described`]).
+async fn openapi(
+    State(state): State<AppState>,
+    access: auth::Access,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+    spec: Arc<String>,
+    base: Arc<serde_json::Value>,
+) -> Result<Response, ApiError> {
+    let param = query.as_deref().and_then(|q| {
+        serde_urlencoded::from_str::<Vec<(String, String)>>(q)
+            .ok()
+            .and_then(|pairs| pairs.into_iter().find(|(k, _)| k == "collections").map(|(_, v)| v))
+    });
+    let json = [(header::CONTENT_TYPE, "application/json")];
+    match param {
+        None => Ok((json, spec.as_str().to_owned()).into_response()),
+        Some(param) => {
+            let names = described::named(&param)?;
+            let doc = described::described(&state, &access, &base, &names).await?;
+            Ok((json, text_of(&doc)).into_response())
+        }
+    }
+}
+
 /// The complete application router for `config`.
 pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router {
     let (routes, derived, mut guards) = api();
@@ -183,8 +210,15 @@ pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router 
     // collection scrapes it).
     // Parameters are checked once the body is read (a refusal before it
     // would leave it unread on the connection).
+    let base = Arc::new(document.clone());
     let routes = routes
         .route("/metrics", axum::routing::get(observe::metrics))
+        .route(
+            "/openapi.json",
+            axum::routing::get(move |state, access, query| {
+                openapi(state, access, query, Arc::clone(&spec), Arc::clone(&base))
+            }),
+        )
         .route_layer(axum::middleware::from_fn_with_state(params, params::known_only))
         .route_layer(axum::middleware::from_fn_with_state(
             (config.max_body_bytes, config.body_timeout),
@@ -198,6 +232,7 @@ pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router 
         // request without a valid key reads nothing.
         // A key with `read` on every collection scrapes the metrics.
         guards.insert("/metrics".to_owned(), guard::Guard::ByMethod(guard::On::Everywhere));
+        guards.insert("/openapi.json".to_owned(), guard::Guard::Described);
         let issuers = (!config.issuers.is_empty()).then(|| {
             let issuers = Arc::new(crate::identity::Issuers::new(&config.issuers, &state.metrics));
             // The keys are fetched at start, so that the first user waits
@@ -213,13 +248,6 @@ pub(crate) fn router(state: AppState, config: &crate::config::Config) -> Router 
         routes.route_layer(axum::middleware::from_fn_with_state(Arc::new(keys), auth::admit))
     };
     console::routes(routes, &config.issuers)
-        .route(
-            "/openapi.json",
-            axum::routing::get(move || {
-                let spec = Arc::clone(&spec);
-                async move { ([(header::CONTENT_TYPE, "application/json")], spec.as_str().to_owned()) }
-            }),
-        )
         .route("/docs", axum::routing::get(docs_page))
         .route("/docs/redoc.standalone.js", axum::routing::get(docs_script))
         .fallback(|| async { ApiError::not_found("no such endpoint") })

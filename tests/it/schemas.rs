@@ -25,6 +25,7 @@ crate::on_both_backends!(
     declarations_are_pending_then_active_and_counted_in_revisions,
     under_rules_refusals_come_first_and_set_fields_are_checked,
     a_declaration_on_one_instance_is_enforced_by_another_once_active,
+    the_api_description_types_each_collections_documents,
 );
 
 const DOCS: &str = "/v1/collections/orders/documents";
@@ -490,4 +491,36 @@ async fn a_declaration_on_one_instance_is_enforced_by_another_once_active(backen
     refused(two.post(DOCS, &json!({"_id": "after", "anything": 1})).await).await;
     two.stop().await;
     one.stop().await;
+}
+
+async fn the_api_description_types_each_collections_documents(backend: Backend) {
+    const ORDERS: &str = "orders-reader-0123456789";
+    let spec = format!("{ADMIN}:admin,{ORDERS}:read@orders");
+    let Some(app) = TestApp::spawn_with(backend, |c| c.api_keys = parse_keys(&spec).unwrap()).await else { return };
+    let put = send(&app, ADMIN, Method::PUT, "/v1/collections/orders/schemas/1", Some(&order_schema())).await;
+    expect(put, 202).await;
+    // The committed document, to anyone, unchanged.
+    let committed = expect(app.get("/openapi.json").await, 200).await;
+    assert_eq!(
+        committed.to_string(),
+        serde_json::from_str::<Value>(&txgate::testing::http::openapi_json()).unwrap().to_string()
+    );
+    // Typed: as a read of the collections named.
+    expect_problem(app.get("/openapi.json?collections=orders").await, 401, "unauthorized").await;
+    let typed = expect(send(&app, ORDERS, Method::GET, "/openapi.json?collections=orders", None).await, 200).await;
+    assert_eq!(typed["components"]["schemas"]["Orders"]["properties"]["total"]["minimum"], 0);
+    let get = &typed["paths"]["/v1/collections/orders/documents/{id}"]["get"];
+    assert_eq!(get["operationId"], "v1.collections.orders.documents.get");
+    assert_eq!(
+        get["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+        "#/components/schemas/OrdersDocument"
+    );
+    let other = send(&app, ORDERS, Method::GET, "/openapi.json?collections=orders,ledger", None).await;
+    expect_problem(other, 403, "forbidden").await;
+    let bad = send(&app, ORDERS, Method::GET, "/openapi.json?collections=orders,_meta", None).await;
+    expect_problem(bad, 422, "validation_failed").await;
+    // A collection without schemas is an object of any fields.
+    let loose = expect(send(&app, ADMIN, Method::GET, "/openapi.json?collections=ledger", None).await, 200).await;
+    assert_eq!(loose["components"]["schemas"]["Ledger"]["type"], "object");
+    app.stop().await;
 }
