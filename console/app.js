@@ -225,7 +225,7 @@ async function collectionsView() {
   const table = h("div", { class: "table-wrap" }, h("table", {},
     h("caption", { class: "muted" }, "Counts refresh every few seconds."),
     h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "Collection"), h("th", { scope: "col" }, "Documents"),
-      h("th", { scope: "col" }, "TTL"), h("th", { scope: "col" }, "Indexes"), h("th", { scope: "col" }, "Rules"))),
+      h("th", { scope: "col" }, "TTL"), h("th", { scope: "col" }, "Indexes"), h("th", { scope: "col" }, "Schemas"), h("th", { scope: "col" }, "Rules"))),
     body));
   const open = h("form", { class: "row", onsubmit: (e) => { e.preventDefault(); const c = e.target.elements.coll.value.trim(); if (c) location.hash = `#/documents/${enc(c)}`; } },
     h("div", {}, h("label", { for: "open-coll" }, "Open a collection"), h("input", { id: "open-coll", name: "coll", required: true })),
@@ -242,11 +242,18 @@ async function collectionsView() {
           indexes = idx.data.items.map((i) => `${i.name} (${i.fields.join(", ")}${i.unique ? ", unique" : ""}): ${i.state}` +
             (i.progress ? ` ${i.progress.done}/${i.progress.total}` : "") + (i.reason ? ` — ${i.reason}` : "")).join("; ");
         } catch { indexes = "—"; }
+        let schemas = "—";
+        try {
+          const sch = (await api("GET", `/v1/collections/${enc(c.name)}/schemas`)).data;
+          schemas = sch.items.length === 0 ? "none" : h("a", { href: `#/schema/${enc(c.name)}` },
+            `${sch.items.map((v) => `v${v.version}${v.state === "pending" ? " (pending)" : ""}`).join(", ")} · ${sch.validation}`);
+        } catch { /* not readable by this caller */ }
         rows.push(h("tr", {},
           h("th", { scope: "row" }, h("a", { href: `#/documents/${enc(c.name)}` }, c.name)),
           h("td", {}, String(c.count ?? "")),
           h("td", {}, c.ttl ? json(c.ttl) : "none"),
           h("td", {}, indexes || "none"),
+          h("td", {}, schemas),
           // An admin's list carries each collection's rules in brief, and
           // leads to reading the collection as one of its users would.
           h("td", {}, c.rules ? [`version ${c.rules.version}: ${c.rules.grants.join(", ") || "no grant"} `,
@@ -421,8 +428,9 @@ async function documentView(coll, id) {
     show(h("h2", {}, `${coll} / ${id}`), h("p", { class: "error" }, err.message));
     return;
   }
-  const editor = h("textarea", { id: "editor", rows: 14, "aria-describedby": "editor-hint" });
+  const editor = h("textarea", { id: "editor", rows: 14, "aria-describedby": "editor-hint schema-errors" });
   editor.value = json(doc.data);
+  const errors = h("ul", { id: "schema-errors", class: "error", "aria-live": "polite" });
   const meta = h("p", { class: "muted", id: "doc-meta" },
     `version ${doc.version} · schema ${doc.schema_version} · created ${doc.created_at} · updated ${doc.updated_at}`);
   const save = async (e) => {
@@ -432,6 +440,7 @@ async function documentView(coll, id) {
     try {
       const { data: saved } = await api("PUT", `/v1/collections/${enc(coll)}/documents/${enc(id)}`,
         { body: data, headers: { "If-Match": `"${doc.version}"` } });
+      schemaErrors(errors, editor, data, []);
       status(`saved: version ${saved.version}`);
       doc = saved;
       editor.value = json(doc.data);
@@ -439,16 +448,66 @@ async function documentView(coll, id) {
     } catch (err) {
       if (err instanceof ApiError && err.problem.code === "version_conflict") {
         conflictView(coll, id, doc, data, err.problem);
+      } else if (err instanceof ApiError && err.problem.code === "schema_violation") {
+        editor.value = json(data);
+        schemaErrors(errors, editor, data, err.problem.errors || []);
+        status(`not saved: ${err.problem.detail}`, true);
       } else failure(err);
     }
   };
   show(h("h2", {}, `${coll} / ${id}`), meta,
     h("form", { onsubmit: save },
-      h("label", { for: "editor" }, "Data (JSON)"), editor,
+      h("label", { for: "editor" }, "Data (JSON)"), editor, errors,
       h("p", { class: "hint", id: "editor-hint" }, `Saved with If-Match: "${doc.version}" — a change made meanwhile is shown as a conflict.`),
       h("button", { type: "submit", class: "primary", id: "save" }, "Save")),
     h("p", {}, h("a", { href: `#/documents/${enc(coll)}` }, `Back to ${coll}`)));
 }
+
+/** The line each JSON pointer of `value` starts on, as `json(value)` writes it. */
+function pointerLines(value) {
+  const lines = new Map();
+  let line = 0;
+  const walk = (v, pointer) => {
+    lines.set(pointer, line);
+    if (v === null || typeof v !== "object") return;
+    const entries = Array.isArray(v) ? v.map((x, i) => [String(i), x]) : Object.entries(v);
+    if (entries.length === 0) return;
+    for (const [k, x] of entries) {
+      line += 1;
+      walk(x, `${pointer}/${k.replaceAll("~", "~0").replaceAll("/", "~1")}`);
+    }
+    line += 1;
+  };
+  walk(value, "");
+  return lines;
+}
+
+/** `errors` (a schema_violation's) beside the editor, each at its field's line. */
+function schemaErrors(list, editor, data, errors) {
+  const lines = pointerLines(data);
+  const lineOf = (pointer) => {
+    for (let p = pointer; ; p = p.slice(0, p.lastIndexOf("/"))) {
+      if (lines.has(p)) return lines.get(p);
+      if (p === "") return 0;
+    }
+  };
+  const goTo = (line) => {
+    const text = editor.value.split("\n");
+    const start = text.slice(0, line).reduce((n, l) => n + l.length + 1, 0);
+    editor.focus();
+    editor.setSelectionRange(start, start + (text[line] || "").length);
+  };
+  editor.setAttribute("aria-invalid", errors.length ? "true" : "false");
+  list.replaceChildren(...errors.map((e) => {
+    const line = lineOf(e.pointer);
+    return h("li", { "data-pointer": e.pointer, "data-keyword": e.keyword },
+      h("code", {}, e.pointer || "(the document)"), ` (line ${line + 1}) ${e.keyword}: ${e.detail} `,
+      h("button", { type: "button", class: "inline", onclick: () => goTo(line) }, "go to"));
+  }));
+}
+
+/** A dotted path of the merge view as a JSON pointer. */
+const pointerOf = (path) => `/${path.split(".").map((p) => p.replaceAll("~", "~0").replaceAll("/", "~1")).join("/")}`;
 
 // Fields are own properties only: a field named `constructor` or
 // `__proto__` is a field like any other, never the object's prototype.
@@ -495,6 +554,17 @@ async function conflictView(coll, id, base, mine, problem) {
     ...merge.mine.map((p) => ({ path: p, kind: "mine" })),
     ...merge.theirs.map((p) => ({ path: p, kind: "theirs" })),
   ].sort((a, b) => a.path.localeCompare(b.path));
+  const invalid = (errors) => (path) => errors.filter((e) => e.pointer === pointerOf(path) || e.pointer.startsWith(`${pointerOf(path)}/`));
+  const mergeErrors = h("ul", { id: "merge-schema-errors", class: "error", "aria-live": "polite" });
+  const showMergeErrors = (errors) => {
+    mergeErrors.replaceChildren(...errors.map((e) => h("li", { "data-pointer": e.pointer }, h("code", {}, e.pointer || "(the document)"), ` ${e.keyword}: ${e.detail}`)));
+    for (const row of document.querySelectorAll("#conflict tbody tr")) {
+      const found = invalid(errors)(row.dataset.path);
+      row.classList.toggle("invalid", found.length > 0);
+      const note = row.querySelector(".schema-note");
+      if (note) note.textContent = found.map((e) => `${e.keyword}: ${e.detail}`).join("; ");
+    }
+  };
   paths.forEach(({ path, kind }, i) => {
     const initial = kind === "mine" ? "mine" : "theirs";
     choices.set(path, initial);
@@ -504,7 +574,8 @@ async function conflictView(coll, id, base, mine, problem) {
         onchange: () => choices.set(path, value) }),
       h("label", { class: "inline", for: `${name}-${value}` }, text));
     rows.push(h("tr", { class: kind === "conflict" ? "conflict-row" : "", "data-path": path },
-      h("th", { scope: "row" }, h("code", {}, path), " ", h("span", { class: "tag" }, kind === "conflict" ? "both changed" : kind === "mine" ? "you changed" : "they changed")),
+      h("th", { scope: "row" }, h("code", {}, path), " ", h("span", { class: "tag" }, kind === "conflict" ? "both changed" : kind === "mine" ? "you changed" : "they changed"),
+        h("span", { class: "schema-note error" })),
       h("td", { class: "value" }, shown(at(base.data, path))),
       h("td", { class: "value" }, shown(at(mine, path))),
       h("td", { class: "value" }, shown(at(theirs, path))),
@@ -529,6 +600,9 @@ async function conflictView(coll, id, base, mine, problem) {
       if (err instanceof ApiError && err.problem.code === "version_conflict") {
         status("it changed again meanwhile: merge once more", true);
         conflictView(coll, id, base, mine, err.problem);
+      } else if (err instanceof ApiError && err.problem.code === "schema_violation") {
+        showMergeErrors(err.problem.errors || []);
+        status(`not saved: ${err.problem.detail}`, true);
       } else failure(err);
     }
   };
@@ -542,9 +616,12 @@ async function conflictView(coll, id, base, mine, problem) {
     h("h3", {}, "Changes since your version"),
     h("ul", { id: "changes" }, changes),
     problem.changes_truncated ? h("p", { class: "muted" }, "Older changes are no longer in the log.") : null,
+    merge.schema_errors?.length ? h("p", {}, "The merge as it stands does not satisfy the collection's schema:") : null,
+    mergeErrors,
     h("button", { type: "button", class: "primary", id: "save-merge", onclick: saveMerged }, "Save the result"),
     " ",
     h("button", { type: "button", onclick: () => documentView(coll, id) }, "Discard my edit"));
+  showMergeErrors(merge.schema_errors || []);
   status("version conflict: someone changed this document", true);
   document.getElementById("conflict-title").focus();
 }
@@ -641,6 +718,28 @@ function eventsView() {
   }, null));
 }
 
+// ---- schemas --------------------------------------------------------------
+
+async function schemaView(coll) {
+  const title = h("h2", {}, `Schemas of ${coll}`);
+  try {
+    const { data } = await api("GET", `/v1/collections/${enc(coll)}/schemas`);
+    const versions = data.items.map((v) => h("section", { "data-version": String(v.version) },
+      h("h3", {}, `schema_version ${v.version} · revision ${v.revision} · ${v.state}`),
+      h("p", { class: "muted" }, `declared ${v.declared_at}; active from ${v.active_at}`),
+      h("pre", {}, json(v.schema))));
+    const found = h("div", { id: "violations" });
+    show(title, h("p", {}, `Validation: ${data.validation}`), ...versions, h("h3", {}, "Documents that do not satisfy them"), found,
+      h("p", {}, h("a", { href: `#/documents/${enc(coll)}` }, `Back to ${coll}`)));
+    try {
+      const { data: v } = await api("GET", `/v1/collections/${enc(coll)}/schema/violations`);
+      found.replaceChildren(h("p", { class: "muted" }, `${v.state}: ${v.scanned} checked, ${v.invalid} invalid${v.truncated ? " (the first 100 listed)" : ""}`),
+        h("ul", {}, ...v.items.map((f) => h("li", {}, h("a", { href: `#/doc/${enc(coll)}/${enc(f.id)}` }, f.id),
+          ` (v${f.schema_version}): `, f.errors.map((e) => `${e.pointer || "(the document)"} ${e.keyword}: ${e.detail}`).join("; ")))));
+    } catch { found.replaceChildren(h("p", { class: "muted" }, "Listed for admins of the collection.")); }
+  } catch (err) { show(title, h("p", { class: "error" }, err.message)); }
+}
+
 // ---- routing --------------------------------------------------------------
 
 function route() {
@@ -663,6 +762,7 @@ function route() {
     case "documents": return documentsView(parts[1]);
     case "doc": return documentView(parts[1], parts[2]);
     case "view-as": return viewAsView(parts[1]);
+    case "schema": return schemaView(parts[1]);
     case "transactions": return transactionsView();
     case "deliveries": return deliveriesView();
     case "events": return eventsView();

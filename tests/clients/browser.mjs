@@ -595,6 +595,49 @@ async function viewAs(page, { gateway, artifacts }, collection, headers, failure
   await screenshot(page, join(artifacts, "console-view-as.png"), failures);
 }
 
+// Validation: a collection with a JSON Schema; a save the schema refuses
+// shows each error beside the editor, at its field's line; a conflict whose
+// merge would break the schema marks the field in the conflict view.
+async function schemaErrors({ page, allow }, { gateway, artifacts }, collection, headers, failures) {
+  const checked = `${collection}_checked`;
+  const base = `${gateway}/v1/collections/${checked}`;
+  const send = (method, path, body) => fetch(`${base}${path}`, { method, headers: { ...headers, "content-type": "application/json" }, body: JSON.stringify(body) });
+  let r = await send("PUT", "/schemas/1", { type: "object", properties: { total: { type: "number", minimum: 0 }, qty: { type: "integer" } } });
+  if (r.status !== 202) { failures.push(`schemas: the declaration answered ${r.status}: ${await r.text()}`); return; }
+  let state;
+  for (let i = 0; i < 100 && state !== "active"; i++) {
+    state = (await (await fetch(`${base}/schemas/1`, { headers })).json()).state;
+    if (state !== "active") await new Promise((ok) => setTimeout(ok, 100));
+  }
+  if (state !== "active") { failures.push(`schemas: the schema is ${state}`); return; }
+  r = await send("POST", "/documents", { _id: "v", total: 5, qty: 1 });
+  if (r.status !== 201) { failures.push(`schemas: creating v answered ${r.status}`); return; }
+  try {
+    await page.evaluate((h) => { location.hash = h; }, `#/doc/${checked}/v`);
+    await page.waitForSelector("#editor", { timeout: TIMEOUT });
+    await page.fill("#editor", JSON.stringify({ total: -1, qty: 1 }));
+    allow(422);
+    await page.click("#save");
+    await page.waitForSelector('#schema-errors li[data-pointer="/total"]', { timeout: TIMEOUT });
+    const shown = await page.locator("#schema-errors li").allInnerTexts();
+    if (shown.length !== 1 || !shown[0].includes("line 2") || !shown[0].includes("minimum")) failures.push(`the editor's schema errors: ${JSON.stringify(shown)}`);
+    if ((await page.getAttribute("#editor", "aria-invalid")) !== "true") failures.push("the editor is not marked invalid");
+    await screenshot(page, join(artifacts, "console-schema-errors.png"), failures);
+    // Someone else changes it; this tab's edit (from version 1) breaks the schema too.
+    r = await send("PATCH", "/documents/v", { set: { qty: 2 } });
+    if (r.status !== 200) failures.push(`schemas: the other change answered ${r.status}`);
+    await page.fill("#editor", JSON.stringify({ total: -2, qty: 1 }, null, 2));
+    allow(409);
+    await page.click("#save");
+    await page.waitForSelector("#conflict tr.invalid[data-path=total]", { timeout: TIMEOUT });
+    const listed = await page.locator("#merge-schema-errors li").allInnerTexts();
+    if (listed.length !== 1 || !listed[0].includes("/total")) failures.push(`the conflict view's schema errors: ${JSON.stringify(listed)}`);
+    await screenshot(page, join(artifacts, "console-conflict-schema.png"), failures);
+  } catch (e) {
+    failures.push(`schemas: ${e.message.split("\n")[0]}`);
+  }
+}
+
 // A transaction left pending by a gateway killed mid-commit (browser-test
 // makes one on its own gateway, STUCK_GATEWAY) is listed by the
 // transactions view and aborted from it with the admin key.
@@ -643,10 +686,12 @@ async function checkConsole(browser, opts) {
   const pageOf = async (name) => {
     const context = await browser.newContext({ viewport: { width: 1100, height: 760 } });
     const page = await context.newPage();
-    let allowed409 = name === "second" ? 1 : 0;
+    // The refusals a check provokes on purpose, by status.
+    const allowed = { 409: name === "second" ? 1 : 0, 422: 0 };
     page.on("console", (m) => {
       if (m.type() !== "error") return;
-      if (m.text().includes("status of 409") && allowed409-- > 0) return;
+      const status = Object.keys(allowed).find((s) => m.text().includes(`status of ${s}`));
+      if (status && allowed[status]-- > 0) return;
       // While the gateway is down on purpose, the tail's requests fail.
       if (restarting && /net::ERR_|Failed to fetch/.test(m.text())) return;
       failures.push(`${name}: console error: ${m.text()}`);
@@ -656,7 +701,7 @@ async function checkConsole(browser, opts) {
     const urls = [];
     page.on("request", (req) => urls.push(req.url()));
     await signIn(page, gateway, apiKey);
-    return { context, page, urls };
+    return { context, page, urls, allow: (status) => { allowed[status] += 1; } };
   };
   const first = await pageOf("first");
   const second = await pageOf("second");
@@ -753,6 +798,8 @@ async function checkConsole(browser, opts) {
     await replayDeadDelivery(first.page, opts, collection, headers, failures);
     // An admin reads a ruled collection as one of its users.
     await viewAs(first.page, opts, collection, headers, failures);
+    // Schema errors beside the editor's fields and in the conflict view.
+    await schemaErrors(first, opts, collection, headers, failures);
     for (const { page } of [first, second]) {
       if (await page.evaluate(() => window.__pwned !== undefined)) failures.push("the document's markup ran a script");
     }
@@ -773,6 +820,7 @@ async function checkConsole(browser, opts) {
     ["deliveries", "#/deliveries", "#deliveries"],
     ["events", "#/events", "#tail-count"],
     ["view as", `#/view-as/${collection}_owned?sub=ada&roles=customer`, "#view-as tbody tr"],
+    ["schemas", `#/schema/${collection}_checked`, "#violations p"],
   ], failures);
   return failures;
 }
