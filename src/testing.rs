@@ -86,6 +86,10 @@ pub mod hooks {
     }
 }
 
+pub mod schemas {
+    pub use crate::schemas::compile::{Compiled, MAX_CHECK_COST, compile};
+}
+
 pub mod http {
     pub use crate::http::openapi_json;
     pub mod error {

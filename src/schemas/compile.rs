@@ -24,9 +24,13 @@ pub(crate) const MAX_BYTES: usize = 64 * 1024;
 pub(crate) const MAX_DEPTH: usize = 32;
 /// The most object members a schema may hold in all.
 pub(crate) const MAX_KEYWORDS: usize = 2_000;
-/// The most subschemas one value may be checked against, `$ref`s
-/// followed (see [`expansion`]).
+/// The most subschemas a schema may apply to a document's values, level
+/// by level, `$ref`s followed (see [`levels`]).
 pub(crate) const MAX_EXPANSION: u64 = 100_000;
+/// The most subschema checks one document may cost (its values at each
+/// depth times the subschemas that may apply there): a document that
+/// would cost more is refused unchecked (see [`Compiled::cost`]).
+pub const MAX_CHECK_COST: u64 = 2_000_000;
 /// The largest `maxItems` a `uniqueItems` may be under.
 pub(crate) const MAX_UNIQUE_ITEMS: u64 = 10_000;
 /// The most errors a refusal lists (the rest are counted in its detail).
@@ -54,19 +58,19 @@ pub struct Violation {
 /// A declared schema, checked and compiled.
 pub struct Compiled {
     pub validator: jsonschema::Validator,
-    /// How many subschemas one value may be checked against.
-    pub expansion: u64,
+    /// How many subschemas may apply to a value at each depth.
+    pub levels: Vec<u64>,
 }
 
 impl std::fmt::Debug for Compiled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Compiled").field("expansion", &self.expansion).finish_non_exhaustive()
+        f.debug_struct("Compiled").field("levels", &self.levels).finish_non_exhaustive()
     }
 }
 
 /// `schema` checked against the bounds and compiled; `Invalid` points into
 /// the schema (the request body).
-pub(crate) fn compile(schema: &Value) -> Result<Compiled, Invalid> {
+pub fn compile(schema: &Value) -> Result<Compiled, Invalid> {
     let size = serde_json::to_vec(schema).map_or(usize::MAX, |b| b.len());
     if size > MAX_BYTES {
         return Err(Invalid::new(
@@ -85,7 +89,7 @@ pub(crate) fn compile(schema: &Value) -> Result<Compiled, Invalid> {
     {
         return Err(Invalid::new("/$schema", format!("the only draft taken is {DRAFT}")));
     }
-    let expansion = expansion(schema, &walk.anchors)?;
+    let levels = levels(schema, &walk.anchors)?;
     let options = jsonschema::options()
         .with_draft(jsonschema::Draft::Draft202012)
         .should_validate_formats(true)
@@ -98,13 +102,30 @@ pub(crate) fn compile(schema: &Value) -> Result<Compiled, Invalid> {
         let at = e.schema_path().to_string();
         Invalid::new(at, format!("not a valid schema: {}", e.masked()))
     })?;
-    Ok(Compiled { validator, expansion })
+    Ok(Compiled { validator, levels })
 }
 
 impl Compiled {
+    /// A bound on the subschema checks of `data`: its values at each depth
+    /// times the subschemas that may apply there.
+    pub fn cost(&self, data: &Value) -> u64 {
+        let mut values = Vec::new();
+        values_by_depth(data, 0, &mut values);
+        values.iter().zip(&self.levels).fold(0u64, |sum, (n, k)| sum.saturating_add(n.saturating_mul(*k)))
+    }
+
     /// Every way `data` fails the schema (at most [`MAX_ERRORS`], and how
     /// many more), each pointing at the field to blame.
-    pub(crate) fn violations(&self, data: &Value) -> (Vec<Violation>, usize) {
+    pub fn violations(&self, data: &Value) -> (Vec<Violation>, usize) {
+        let cost = self.cost(data);
+        if cost > MAX_CHECK_COST {
+            let detail = format!(
+                "checking this document could take {cost} subschema checks (its values at each depth times the \
+                 subschemas that may apply there), over the limit of {MAX_CHECK_COST}: send a smaller document, or \
+                 declare a simpler schema"
+            );
+            return (vec![Violation { pointer: String::new(), keyword: "cost".into(), detail }], 0);
+        }
         let mut found = Vec::new();
         let mut more = 0;
         for error in self.validator.iter_errors(data) {
@@ -223,7 +244,7 @@ impl Walk {
 }
 
 /// Keywords whose subschemas apply to the same value.
-const IN_PLACE: &[&str] = &["allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas", "$ref"];
+const IN_PLACE: &[&str] = &["allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas"];
 /// Keywords whose subschemas apply to the values inside it.
 const INSIDE: &[&str] = &[
     "properties",
@@ -238,96 +259,139 @@ const INSIDE: &[&str] = &[
     "contentSchema",
 ];
 
-/// How many subschemas one value of a document (of the deepest data
-/// allowed) can be checked against, every `$ref` followed: a bound on the
-/// work of a check per value. Refused past [`MAX_EXPANSION`].
-fn expansion(schema: &Value, anchors: &HashMap<String, String>) -> Result<u64, Invalid> {
-    let mut count = Expansion { root: schema, anchors, memo: HashMap::new(), open: Vec::new() };
-    let total = count.of(schema, "", MAX_DATA_DEPTH);
-    if total > MAX_EXPANSION {
-        return Err(Invalid::new(
-            "",
-            format!(
-                "checking one value could take more than {MAX_EXPANSION} subschemas, every $ref followed: \
-                 share fewer references under anyOf/oneOf/allOf, or nest them less"
-            ),
-        ));
+/// How many subschemas may apply to the values at each depth of a
+/// document (`[k]`: at depth `k`, the document itself at 0), every `$ref`
+/// followed: level by level, each subschema that applies at one depth
+/// brings its in-place subschemas (`allOf`, `$ref`, …) at that depth and
+/// its subschemas of values inside (`properties`, `items`, …) at the
+/// next. A bound on the work of a check: a value at depth `k` is checked
+/// against at most `[k]` subschemas. Refused past [`MAX_EXPANSION`] in all.
+fn levels(schema: &Value, anchors: &HashMap<String, String>) -> Result<Vec<u64>, Invalid> {
+    let mut graph = Graph { root: schema, anchors, closures: HashMap::new(), open: Vec::new() };
+    let mut out = Vec::new();
+    let mut level: HashMap<String, u64> = HashMap::from([(String::new(), 1)]);
+    let mut total: u64 = 0;
+    while !level.is_empty() && out.len() <= MAX_DATA_DEPTH {
+        let (mut here, mut next) = (0u64, HashMap::new());
+        for (pointer, times) in level {
+            let (size, inside) = graph.closure(&pointer);
+            here = here.saturating_add(size.saturating_mul(times));
+            for (child, n) in inside.iter() {
+                let slot: &mut u64 = next.entry(child.clone()).or_default();
+                *slot = slot.saturating_add(n.saturating_mul(times));
+            }
+        }
+        total = total.saturating_add(here);
+        if total > MAX_EXPANSION {
+            return Err(Invalid::new(
+                "",
+                format!(
+                    "the schema could apply more than {MAX_EXPANSION} subschemas to a document's values, every $ref \
+                     followed: share fewer references under anyOf/oneOf/allOf, or nest them less"
+                ),
+            ));
+        }
+        out.push(here);
+        level = next;
     }
-    Ok(total)
+    Ok(out)
 }
 
-struct Expansion<'a> {
+/// In-place closure of a subschema: how many subschemas apply with it to
+/// one value, and the subschemas (by pointer, with how often) they apply
+/// to the values inside.
+type Closure = (u64, std::rc::Rc<Vec<(String, u64)>>);
+
+struct Graph<'a> {
     root: &'a Value,
     anchors: &'a HashMap<String, String>,
-    memo: HashMap<(String, usize), u64>,
-    /// The schemas being counted (a `$ref` back to one of them at the
-    /// same depth checks nothing more: the validator stops such a loop).
-    open: Vec<(String, usize)>,
+    closures: HashMap<String, Closure>,
+    /// The subschemas being closed over (a `$ref` back to one of them
+    /// adds nothing: the validator stops such a loop).
+    open: Vec<String>,
 }
 
-impl Expansion<'_> {
-    fn of(&mut self, node: &Value, pointer: &str, depth: usize) -> u64 {
-        let Value::Object(members) = node else { return 1 };
-        let key = (pointer.to_owned(), depth);
-        if let Some(n) = self.memo.get(&key) {
-            return *n;
+impl Graph<'_> {
+    fn closure(&mut self, pointer: &str) -> Closure {
+        if let Some(c) = self.closures.get(pointer) {
+            return c.clone();
         }
-        if self.open.contains(&key) {
-            return 1;
+        if self.open.iter().any(|p| p == pointer) {
+            return (0, std::rc::Rc::default());
         }
-        self.open.push(key.clone());
-        let mut total: u64 = 1;
+        let Some(Value::Object(members)) = self.root.pointer(pointer) else {
+            return (1, std::rc::Rc::default());
+        };
+        self.open.push(pointer.to_owned());
+        let mut size: u64 = 1;
+        let mut inside: Vec<(String, u64)> = Vec::new();
         for (name, value) in members {
             let at = format!("{pointer}/{}", crate::document::rules::escape(name));
-            let add = if name == "$ref" {
-                self.reference(value.as_str().unwrap_or_default(), depth)
-            } else if IN_PLACE.contains(&name.as_str()) {
-                self.children(name, value, &at, depth)
-            } else if INSIDE.contains(&name.as_str()) {
-                if depth == 0 { 0 } else { self.children(name, value, &at, depth - 1) }
-            } else {
-                0
+            let mut close = |graph: &mut Self, target: String| {
+                let (n, below) = graph.closure(&target);
+                size = size.saturating_add(n);
+                inside.extend(below.iter().cloned());
             };
-            total = total.saturating_add(add);
-            if total > MAX_EXPANSION {
+            if name == "$ref" {
+                if let Some(target) = self.target(value.as_str().unwrap_or_default()) {
+                    close(self, target);
+                }
+            } else if IN_PLACE.contains(&name.as_str()) {
+                for child in children(name, value, &at) {
+                    close(self, child);
+                }
+            } else if INSIDE.contains(&name.as_str()) {
+                inside.extend(children(name, value, &at).into_iter().map(|c| (c, 1)));
+            }
+            if size > MAX_EXPANSION {
                 break;
             }
         }
         self.open.pop();
-        self.memo.insert(key, total);
-        total
-    }
-
-    /// The subschemas of keyword `name`: one schema, an array of them, or
-    /// an object of them (by property name or pattern).
-    fn children(&mut self, name: &str, value: &Value, at: &str, depth: usize) -> u64 {
-        let by_name = matches!(name, "properties" | "patternProperties" | "dependentSchemas");
-        match value {
-            Value::Array(items) => items
-                .iter()
-                .enumerate()
-                .fold(0u64, |n, (i, item)| n.saturating_add(self.of(item, &format!("{at}/{i}"), depth))),
-            Value::Object(members) if by_name => members.iter().fold(0u64, |n, (k, item)| {
-                n.saturating_add(self.of(item, &format!("{at}/{}", crate::document::rules::escape(k)), depth))
-            }),
-            other => self.of(other, at, depth),
+        // Merged by pointer, so that what grows level by level is counts.
+        let mut merged: HashMap<String, u64> = HashMap::new();
+        for (p, n) in inside {
+            let slot = merged.entry(p).or_default();
+            *slot = slot.saturating_add(n);
         }
+        let closure: Closure = (size, std::rc::Rc::new(merged.into_iter().collect()));
+        self.closures.insert(pointer.to_owned(), closure.clone());
+        closure
     }
 
-    fn reference(&mut self, target: &str, depth: usize) -> u64 {
-        let pointer = match target.strip_prefix('#') {
-            Some(p) if p.is_empty() || p.starts_with('/') => p.to_owned(),
-            Some(anchor) => match self.anchors.get(anchor) {
-                Some(p) => p.clone(),
-                None => return 1,
-            },
-            None => return 1,
+    /// The pointer a local `$ref` names.
+    fn target(&self, target: &str) -> Option<String> {
+        let pointer = match target.strip_prefix('#')? {
+            p if p.is_empty() || p.starts_with('/') => p.to_owned(),
+            anchor => self.anchors.get(anchor)?.clone(),
         };
-        let decoded = percent_encoding::percent_decode_str(&pointer).decode_utf8_lossy().into_owned();
-        match self.root.pointer(&decoded) {
-            Some(node) => self.of(node, &decoded, depth),
-            None => 1,
+        Some(percent_encoding::percent_decode_str(&pointer).decode_utf8_lossy().into_owned())
+    }
+}
+
+/// The subschemas of keyword `name` at `at`: one schema, an array of them,
+/// or an object of them (by property name or pattern).
+fn children(name: &str, value: &Value, at: &str) -> Vec<String> {
+    let by_name = matches!(name, "properties" | "patternProperties" | "dependentSchemas");
+    match value {
+        Value::Array(items) => (0..items.len()).map(|i| format!("{at}/{i}")).collect(),
+        Value::Object(members) if by_name => {
+            members.keys().map(|k| format!("{at}/{}", crate::document::rules::escape(k))).collect()
         }
+        _ => vec![at.to_owned()],
+    }
+}
+
+/// The values of `data` at each depth (the document itself at 0).
+fn values_by_depth(data: &Value, depth: usize, out: &mut Vec<u64>) {
+    if out.len() <= depth {
+        out.resize(depth + 1, 0);
+    }
+    out[depth] += 1;
+    match data {
+        Value::Array(items) => items.iter().for_each(|v| values_by_depth(v, depth + 1, out)),
+        Value::Object(members) => members.values().for_each(|v| values_by_depth(v, depth + 1, out)),
+        _ => {}
     }
 }
 
@@ -397,6 +461,24 @@ mod tests {
         let both =
             json!({"anyOf": [{"properties": {"a": {"$ref": "#"}}}, {"properties": {"a": {"$ref": "#"}, "b": true}}]});
         assert!(refused(both).message.contains("subschemas"));
+    }
+
+    #[test]
+    fn a_document_costing_too_much_to_check_is_refused_unchecked() {
+        // About 2^16 subschemas per item: accepted, and each item costs that much.
+        let mut defs = Map::new();
+        for i in 0..14 {
+            let next = format!("#/$defs/d{}", i + 1);
+            defs.insert(format!("d{i}"), json!({"allOf": [{"$ref": next}, {"$ref": next}]}));
+        }
+        defs.insert("d14".into(), json!({"type": "integer"}));
+        let schema = json!({"$defs": defs, "type": "array", "items": {"$ref": "#/$defs/d0"}});
+        let compiled = compile(&schema).expect("accepted");
+        assert!(compiled.levels[1] >= 1 << 15, "{:?}", &compiled.levels[..2]);
+        assert!(compiled.violations(&json!([1, 2, 3])).0.is_empty());
+        let many = Value::Array((0..1_000).map(|i| json!(i)).collect());
+        let (found, _) = compiled.violations(&many);
+        assert_eq!((found[0].pointer.as_str(), found[0].keyword.as_str()), ("", "cost"));
     }
 
     #[test]

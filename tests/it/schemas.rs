@@ -343,6 +343,24 @@ async fn hostile_schemas_are_refused_or_bounded(backend: Backend) {
     let found = refused(app.post(DOCS, &doc).await).await;
     assert_eq!(found, [pair("/children/0/children/0/name", "pattern")]);
     expect(app.post(DOCS, &json!({"name": "aa", "children": [{"name": "a", "children": []}]})).await, 201).await;
+    // References that double at each of 14 levels are accepted (under the
+    // bound); a document whose many values would each cost that much is
+    // refused unchecked, at once.
+    let mut defs = serde_json::Map::new();
+    for i in 0..14 {
+        let next = format!("#/$defs/d{}", i + 1);
+        defs.insert(format!("d{i}"), json!({"allOf": [{"$ref": next}, {"$ref": next}]}));
+    }
+    defs.insert("d14".into(), json!({"type": "integer"}));
+    let costly = json!({"$defs": defs, "properties": {"xs": {"type": "array", "items": {"$ref": "#/$defs/d0"}}}});
+    let path = "/v1/collections/costly/schemas/1";
+    expect(app.send_json(Method::PUT, path, &costly).await, 202).await;
+    app.advance(Duration::from_millis(2_300));
+    let docs = "/v1/collections/costly/documents";
+    expect(app.post(docs, &json!({"xs": [1, 2, 3]})).await, 201).await;
+    let many: Vec<Value> = (0..5_000).map(|i| json!(i)).collect();
+    let problem = expect_problem(app.post(docs, &json!({"xs": many})).await, 422, "schema_violation").await;
+    assert_eq!(errors(&problem), [pair("", "cost")]);
     app.stop().await;
 }
 

@@ -40,6 +40,7 @@ mod queries;
 mod ruled_streams;
 mod rules;
 mod scale;
+mod schemas;
 mod ttl;
 mod wire;
 mod workload;
@@ -212,6 +213,13 @@ enum Command {
         #[arg(long, default_value_t = 60.0)]
         seconds: f64,
     },
+    /// Validation's cost: a check in process, the worst accepted case,
+    /// and a single write with and without a schema of 20 properties.
+    Schemas {
+        /// Writes of each kind timed on each collection.
+        #[arg(long, default_value_t = 2000)]
+        samples: usize,
+    },
     /// Event streams of many different users under a per-document rule:
     /// commit -> arrival lag, with a gateway in its own process.
     RuledStreams {
@@ -339,6 +347,7 @@ async fn main() {
             let mongodb_uri = cli.mongodb_uri.clone();
             ruled_streams::run(ruled_streams::RuledStreamsArgs { mongodb_uri, users, rate, seconds }).await;
         }
+        Command::Schemas { samples } => schemas::run(config.clone(), samples).await,
         Command::Ttl { rate, seconds, max_age, max_count, docs, idle_secs } => {
             let docs = docs.unwrap_or(if mongo { 20_000 } else { 1_000_000 });
             let args = ttl::TtlArgs { store: config.clone(), rate, seconds, max_age, max_count, docs, idle: idle_secs };
