@@ -129,6 +129,8 @@ schema_here! {
     HookHeaders,
     /// Any JSON value at all.
     AnyValue,
+    /// A JSON Schema (2020-12).
+    JsonSchema,
 }
 
 /// Every schema written here: those of the placeholders below the HTTP
@@ -331,6 +333,11 @@ fn schema_here(name: &str) -> Value {
             "examples": [{"X-Tenant": "acme"}],
         }),
         "AnyValue" => json!({"description": "Any JSON value."}),
+        "JsonSchema" => json!({
+            "type": ["object", "boolean"],
+            "description": "A JSON Schema (2020-12): an object, or `true` / `false`; at most 64 KiB, 32 levels and 2,000 members, `$ref` within itself only (docs/guides/validation.md, \"Bounds\").",
+            "examples": [{"type": "object", "required": ["total"], "properties": {"total": {"type": "number", "minimum": 0}}}],
+        }),
         other => unreachable!("no schema written for {other}"),
     }
 }

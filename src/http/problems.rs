@@ -177,6 +177,13 @@ fn problem_example(code: ProblemCode) -> Value {
         ProblemCode::ValidationFailed => {
             json!({"errors": [{"pointer": "/path/collection", "detail": "must match ^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"}]})
         }
+        ProblemCode::SchemaViolation => json!({
+            "collection": "orders", "schema_version": 1,
+            "errors": [
+                {"pointer": "/total", "keyword": "minimum", "detail": "value is less than the minimum of 0"},
+                {"pointer": "/customer", "keyword": "required", "detail": "\"customer\" is required"},
+            ],
+        }),
         _ => json!({}),
     };
     example.as_object_mut().expect("an object").extend(extra.as_object().expect("an object").clone());

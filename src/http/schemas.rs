@@ -67,7 +67,7 @@ pub(crate) struct SchemaOut {
     #[schema(format = DateTime)]
     pub active_at: String,
     /// The JSON Schema (2020-12) as declared.
-    #[schema(value_type = Object)]
+    #[schema(value_type = super::contract::JsonSchema)]
     pub schema: Value,
 }
 
@@ -232,7 +232,7 @@ problems!(
     operation_id = "v1.schemas.put",
     tag = "schemas",
     params(SchemaPath, ("If-Match" = Option<super::contract::IfMatch>, Header, description = "\"<revision>\" the schema was read at")),
-    request_body(content = Object, description = "A JSON Schema (2020-12), at most 64 KiB", content_type = "application/json",
+    request_body(content = super::contract::JsonSchema, description = "A JSON Schema (2020-12), at most 64 KiB", content_type = "application/json",
         example = json!({"type": "object", "required": ["customer", "total"], "properties": {"customer": {"type": "string", "minLength": 1}, "total": {"type": "number", "minimum": 0}}})),
     responses(PutProblems,
         (status = 202, description = "Declared: `pending` until every instance applies it", body = SchemaOut,

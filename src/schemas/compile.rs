@@ -511,3 +511,42 @@ mod tests {
         assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
     }
 }
+
+#[cfg(test)]
+mod chains {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_long_chain_of_references_is_compiled_on_a_small_stack() {
+        let mut defs = Map::new();
+        for i in 0..990 {
+            defs.insert(format!("d{i}"), json!({"$ref": format!("#/$defs/d{}", i + 1)}));
+        }
+        defs.insert("d990".into(), json!({"type": "integer"}));
+        let schema = json!({"$defs": defs, "$ref": "#/$defs/d0"});
+        let handle = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                let compiled = compile(&schema);
+                compiled.map(|c| c.violations(&json!("x")).0.len())
+            })
+            .unwrap();
+        // The longest chain the member bound allows (two members a link).
+        assert_eq!(handle.join().expect("no stack overflow"), Ok(1));
+    }
+
+    #[test]
+    fn the_deepest_document_is_checked_against_a_recursive_schema_on_a_small_stack() {
+        let tree = json!({"type": "object", "properties": {"c": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}});
+        let mut doc = json!({"c": 5});
+        for _ in 0..MAX_DATA_DEPTH - 1 {
+            doc = json!({"c": doc});
+        }
+        let handle = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || compile(&tree).map(|c| c.violations(&doc).0.len()))
+            .unwrap();
+        assert_eq!(handle.join().expect("no stack overflow"), Ok(1));
+    }
+}
