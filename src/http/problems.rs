@@ -414,6 +414,17 @@ mod tests {
             DocError::Locked { holder: "t".into(), retry_after: std::time::Duration::from_secs(1) }.into(),
             crate::document::rules::Invalid::new("/a", "bad").into(),
             TxnError::OutcomeUnknown { txn: "t".into() }.into(),
+            DocError::Schema(crate::schemas::Refusal {
+                collection: "orders".into(),
+                schema_version: 1,
+                violations: vec![crate::schemas::Violation {
+                    pointer: "/total".into(),
+                    keyword: "minimum".into(),
+                    detail: "too small".into(),
+                }],
+                more: 0,
+            })
+            .into(),
         ];
         for code in [
             FailureCode::VersionConflict,
@@ -428,6 +439,11 @@ mod tests {
         errors.push(
             TxnError::InvalidChange { txn: "t".into(), failure: failure(FailureCode::InvalidChange, false) }.into(),
         );
+        let mut invalid = failure(FailureCode::SchemaViolation, false);
+        invalid.schema_version = Some(2);
+        invalid.errors =
+            vec![crate::schemas::Violation { pointer: "".into(), keyword: "cost".into(), detail: "d".into() }];
+        errors.push(TxnError::InvalidChange { txn: "t".into(), failure: invalid }.into());
         for err in errors {
             let schema = problem_schema(err.code.family());
             let body = err.body();

@@ -26,6 +26,7 @@ crate::on_both_backends!(
     under_rules_refusals_come_first_and_set_fields_are_checked,
     a_declaration_on_one_instance_is_enforced_by_another_once_active,
     the_api_description_types_each_collections_documents,
+    a_pass_whose_instance_stopped_is_taken_over_and_a_damaged_record_is_reported,
 );
 
 const DOCS: &str = "/v1/collections/orders/documents";
@@ -540,5 +541,37 @@ async fn the_api_description_types_each_collections_documents(backend: Backend) 
     // A collection without schemas is an object of any fields.
     let loose = expect(send(&app, ADMIN, Method::GET, "/openapi.json?collections=ledger", None).await, 200).await;
     assert_eq!(loose["components"]["schemas"]["Ledger"]["type"], "object");
+    app.stop().await;
+}
+
+async fn a_pass_whose_instance_stopped_is_taken_over_and_a_damaged_record_is_reported(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    expect(app.post(DOCS, &json!({"_id": "bad", "total": -1})).await, 201).await;
+    declare(&app, "orders", 1, &order_schema()).await;
+    let seq = app.store.get("_schemas", "orders").await.unwrap().unwrap().get_i64("seq").unwrap();
+    // Another instance holds the pass, and its lease has run out.
+    let now = txgate_store::DateTime::now().timestamp_millis();
+    let held = |until: i64| {
+        txgate_store::doc! {"_id": "orders", "v": 1, "n": 7_i64, "seq": seq, "state": "running",
+        "owner": "gone-instance", "lease_until": txgate_store::DateTime::from_millis(until),
+        "after": null, "scanned": 0_i64, "invalid": 0_i64, "found": [],
+        "started_at": txgate_store::DateTime::from_millis(now), "finished_at": null}
+    };
+    app.store.delete("_schema_checks", "orders", txgate_store::doc! {}).await.unwrap();
+    assert!(app.store.insert("_schema_checks", held(now - 60_000)).await.unwrap());
+    app.run_once("schema_violations").await;
+    let path = "/v1/collections/orders/schema/violations";
+    let done = expect(app.get(path).await, 200).await;
+    assert_eq!((done["state"].as_str(), done["invalid"].as_i64()), (Some("done"), Some(1)), "{done}");
+    // A damaged schemas record (of a collection this instance has not read
+    // yet): writes to the collection are refused and reported (never let
+    // through unchecked, never a crash); a new declaration replaces it.
+    let broken = "/v1/collections/broken/documents";
+    assert!(app.store.insert("_schemas", txgate_store::doc! {"_id": "broken", "v": "x"}).await.unwrap());
+    expect_problem(app.post(broken, &json!({"total": 1})).await, 500, "record_unreadable").await;
+    expect_problem(app.get("/v1/collections/broken/schemas").await, 500, "record_unreadable").await;
+    assert_eq!(app.get(&format!("{broken}/x")).await.status(), 404, "reads go on");
+    expect(app.send_json(Method::PUT, "/v1/collections/broken/schemas/1", &order_schema()).await, 202).await;
+    expect(app.post(broken, &json!({"customer": "ada", "total": 2})).await, 201).await;
     app.stop().await;
 }
