@@ -562,6 +562,7 @@ async fn arrays_in_place_of_objects_are_refused_on_every_operation() {
             let path = template
                 .replace("{collection}", "shape")
                 .replace("{id}", "d1")
+                .replace("{version}", "1")
                 .split('/')
                 .map(|segment| if segment.starts_with('{') { "x" } else { segment })
                 .collect::<Vec<_>>()
