@@ -58,7 +58,7 @@ pub(crate) struct Check {
     pub v: i32,
     /// Moves on with every write: the compare-and-set of the next.
     pub n: i64,
-    /// The schemas' `seq` it checks against.
+    /// The schemas' `schemas_seq` it checks against.
     pub seq: i64,
     pub state: PassState,
     #[serde(default)]
@@ -112,13 +112,14 @@ impl Checks {
     async fn pass(&self, stop: &CancellationToken) -> StoreResult<()> {
         let mut after: Option<String> = None;
         loop {
-            let scan = scans::SCHEMAS.scan(Vec::new()).after(after.as_deref()).limit(100).fields(&["_id", "seq"]);
+            let scan =
+                scans::SCHEMAS.scan(Vec::new()).after(after.as_deref()).limit(100).fields(&["_id", "schemas_seq"]);
             let page = self.store.scan(SCHEMAS, scan).await?;
             let full = page.len() == 100;
             for record in page {
                 let Ok(coll) = record.get_str("_id").map(str::to_owned) else { continue };
                 after = Some(coll.clone());
-                let Ok(seq) = record.get_i64("seq") else { continue };
+                let Ok(seq) = record.get_i64("schemas_seq") else { continue };
                 if stop.is_cancelled() {
                     return Ok(());
                 }
@@ -178,7 +179,7 @@ impl Checks {
                 return Ok(());
             }
             let known = self.schemas.of(coll).await?;
-            if known.seq != seq {
+            if known.schemas_seq != seq {
                 // The schemas changed: the next pass starts over.
                 return Ok(());
             }

@@ -710,6 +710,12 @@ mod tests {
         assert_eq!(needs(Method::POST, "/v1/transactions"), Some(Scope::Write));
         assert_eq!(needs(Method::POST, "/v1/transactions/{id}/abort"), Some(Scope::Admin));
         assert_eq!(needs(Method::POST, "/v1/deliveries/{id}/retry"), Some(Scope::Admin));
+        // Schemas: any reader reads them, an admin declares them.
+        let schema = "/v1/collections/{collection}/schemas/{version}";
+        assert_eq!((needs(Method::GET, schema), needs(Method::PUT, schema)), (Some(Scope::Read), Some(Scope::Admin)));
+        assert_eq!(needs(Method::DELETE, schema), Some(Scope::Admin));
+        assert_eq!(needs(Method::POST, "/v1/collections/{collection}/schema/violations"), Some(Scope::Admin));
+        assert_eq!(needs(Method::GET, "/v1/collections/{collection}/schema/violations"), Some(Scope::Admin));
         // A backup copies every collection: `admin` on all of them.
         assert_eq!(guards["/v1/admin/backup"], Guard::Admin(On::Everywhere));
         // A document whose id is `abort` is a document.

@@ -399,7 +399,7 @@ pub(crate) async fn get_violations(
         started_at: None,
         finished_at: None,
     };
-    if let Some(check) = check.filter(|c| c.seq == known.seq && known.any()) {
+    if let Some(check) = check.filter(|c| c.seq == known.schemas_seq && known.any()) {
         out.state = check.state;
         (out.scanned, out.invalid) = (check.scanned, check.invalid);
         out.truncated = check.invalid > i64::try_from(check.found.len()).unwrap_or(i64::MAX);

@@ -77,9 +77,12 @@ struct SchemaRecord {
     #[serde(rename = "_id")]
     collection: String,
     v: i32,
-    /// Moves on with every change: the compare-and-set of the next one,
-    /// and what a violations pass checks against.
+    /// Moves on with every change: the compare-and-set of the next one.
     seq: i64,
+    /// The `seq` of the last change of the versions (not of `validation`):
+    /// what a violations pass checks against.
+    #[serde(default)]
+    schemas_seq: i64,
     validation: Validation,
     validation_at: DateTime,
     versions: Vec<StoredVersion>,
@@ -101,6 +104,8 @@ pub struct Declared {
 #[derive(Debug, Default)]
 pub struct Known {
     pub seq: i64,
+    /// The `seq` of the last change of the versions.
+    pub schemas_seq: i64,
     pub validation: Validation,
     pub validation_at: Option<DateTime>,
     pub versions: BTreeMap<i64, Arc<Declared>>,
@@ -317,6 +322,7 @@ impl Schemas {
         }
         Ok(Known {
             seq: record.seq,
+            schemas_seq: record.schemas_seq,
             validation: record.validation,
             validation_at: Some(record.validation_at),
             versions,
@@ -363,6 +369,7 @@ impl Schemas {
                 None => record.versions.push(next),
             }
             record.versions.sort_by_key(|v| v.version);
+            record.schemas_seq = record.seq + 1;
             Ok(())
         })
         .await?;
@@ -375,6 +382,7 @@ impl Schemas {
         self.change(coll, |record, _| {
             let before = record.versions.len();
             record.versions.retain(|v| v.version != version);
+            record.schemas_seq = record.seq + 1;
             if record.versions.len() == before { Err(SetError::NotFound(version)) } else { Ok(()) }
         })
         .await?;
@@ -418,6 +426,7 @@ impl Schemas {
                 collection: coll.to_owned(),
                 v: FORMAT,
                 seq: 0,
+                schemas_seq: 0,
                 validation: Validation::default(),
                 validation_at: now,
                 versions: Vec::new(),
@@ -487,7 +496,8 @@ mod tests {
             compiled: Ok(Arc::new(compile::compile(&schema).expect("compiles"))),
             schema: Arc::new(schema),
         };
-        Known { seq: 1, validation, validation_at: None, versions: BTreeMap::from([(1, Arc::new(declared))]) }
+        let versions = BTreeMap::from([(1, Arc::new(declared))]);
+        Known { seq: 1, schemas_seq: 1, validation, validation_at: None, versions }
     }
 
     fn doc(total: i64) -> Document {

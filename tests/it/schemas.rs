@@ -294,6 +294,11 @@ async fn a_background_pass_lists_the_documents_that_do_not_satisfy_the_schema(ba
     app.run_once("schema_violations").await;
     let loose = expect(app.get(path).await, 200).await;
     assert_eq!((loose["state"].as_str(), loose["invalid"].as_i64()), (Some("done"), Some(0)), "{loose}");
+    // A change of `validation` alone changes nothing the pass found.
+    let body = json!({"validation": "warn"});
+    expect(app.send_json(Method::PUT, "/v1/collections/orders/schema", &body).await, 202).await;
+    let same = expect(app.get(path).await, 200).await;
+    assert_eq!((same["state"].as_str(), &same["started_at"]), (Some("done"), &loose["started_at"]), "{same}");
     app.stop().await;
 }
 
@@ -548,7 +553,7 @@ async fn a_pass_whose_instance_stopped_is_taken_over_and_a_damaged_record_is_rep
     let Some(app) = TestApp::spawn(backend).await else { return };
     expect(app.post(DOCS, &json!({"_id": "bad", "total": -1})).await, 201).await;
     declare(&app, "orders", 1, &order_schema()).await;
-    let seq = app.store.get("_schemas", "orders").await.unwrap().unwrap().get_i64("seq").unwrap();
+    let seq = app.store.get("_schemas", "orders").await.unwrap().unwrap().get_i64("schemas_seq").unwrap();
     // Another instance holds the pass, and its lease has run out.
     let now = txgate_store::DateTime::now().timestamp_millis();
     let held = |until: i64| {
