@@ -27,13 +27,12 @@ RUN touch src/main.rs src/lib.rs crates/store/src/lib.rs \
     && cargo build --release --locked --bin txgate \
     && ./target/release/txgate --version
 
-# Runtime stage: Debian slim, the binary, CA certificates (for webhooks and
-# MongoDB over TLS), a non-root user.
+# Runtime stage: Debian slim, the binary, a non-root user. No CA
+# certificates package: both TLS clients (webhooks, MongoDB over TLS) trust
+# the Mozilla roots compiled into the binary, never the system's store; a
+# private CA for MongoDB is a file named by `tlsCAFile` in the URI.
 FROM debian:bookworm-slim
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates \
-    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt /var/log/dpkg.log \
-    && groupadd --system --gid 10001 txgate \
+RUN groupadd --system --gid 10001 txgate \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/txgate --no-create-home \
          --shell /usr/sbin/nologin txgate \
     && mkdir -p /var/lib/txgate/data \
