@@ -18,7 +18,9 @@
 //!   PostgreSQL);
 //! - `peer`: the workloads `scripts/bench --peer postgres` runs beside
 //!   PostgreSQL (`peer.rs`); `peer-postgres`, with the `peer` feature,
-//!   runs them against PostgreSQL from this binary (`peer_pg.rs`).
+//!   runs them against PostgreSQL from this binary (`peer_pg.rs`);
+//!   `peer` and `queries` print what a request costs the process in
+//!   processor time, beside the bare HTTP floor (`cost.rs`).
 //!
 //! ```sh
 //! cargo run --release --bin bench                        # embedded store in a temp dir
@@ -27,6 +29,7 @@
 //! ```
 
 mod bank;
+mod cost;
 mod durability;
 mod events;
 mod hooks;

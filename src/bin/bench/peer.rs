@@ -7,6 +7,10 @@
 //! - a contended bank: 16 clients moving money between 100 accounts with
 //!   k = 2 transactions, committed transactions per second.
 //!
+//! - what one request costs this process in processor time, for a read,
+//!   a single update and a k = 2 transaction, beside the `/healthz`
+//!   floor ([`super::cost`]).
+//!
 //! Each result is also printed as a `peer txgate <name> <value>` line for
 //! the script to put beside PostgreSQL's. Syncs (fsyncs) per k = 2
 //! transaction are counted by the embedded store's writer, as is where its
@@ -118,6 +122,25 @@ fn update(coll: &str, id: usize, by: i64) -> Value {
     json!({"op": "update", "collection": coll, "id": format!("d{id}"), "inc": {"balance": by}})
 }
 
+/// Requests whose cost is measured, one after another.
+const COSTED: usize = 2000;
+
+/// What `n` sequential requests cost this process, all of them answered
+/// 200 (a first 100 before, not counted, warm the paths).
+async fn costed(n: usize, mut request: impl FnMut(usize) -> reqwest::RequestBuilder) -> super::cost::Spent {
+    for i in 0..100 {
+        let res = request(i).send().await.expect("the gateway answers");
+        res.bytes().await.expect("body");
+    }
+    let meter = super::cost::Meter::start();
+    for i in 0..n {
+        let res = request(100 + i).send().await.expect("the gateway answers");
+        assert_eq!(res.status(), 200);
+        res.bytes().await.expect("body");
+    }
+    meter.stop()
+}
+
 /// Sequential requests for `seconds`: sorted latencies.
 async fn sequential(seconds: f64, mut request: impl FnMut(usize) -> reqwest::RequestBuilder) -> Vec<Duration> {
     let mut lat = Vec::new();
@@ -200,6 +223,47 @@ pub async fn run(store: StoreConfig, seconds: f64) {
         let name =
             if durability == Durability::Synced { "store_synced_write_p50_ms" } else { "store_unsynced_write_p50_ms" };
         report(name, ms(percentile(&lat, 0.5)), lat.len());
+    }
+
+    // What one request costs this process (client and gateway): processor
+    // time and allocations, the /healthz floor (the HTTP stack and the
+    // client alone) first; the gateway's own part is the difference.
+    let floor = costed(COSTED, |_| client.get(format!("{base}/healthz"))).await;
+    let floor_us = floor.per(COSTED);
+    println!("peer txgate healthz_cpu_us {floor_us:.1} ({COSTED} requests)");
+    let read = costed(COSTED, |i| client.get(format!("{base}/v1/collections/peer_k/documents/d{}", i % POOL))).await;
+    let single = costed(COSTED, |i| {
+        client
+            .patch(format!("{base}/v1/collections/peer_single/documents/s{}", i % 100))
+            .header("content-type", "application/json")
+            .body(r#"{"inc":{"n":1}}"#)
+    })
+    .await;
+    let k2 = costed(COSTED, |i| {
+        let start = (i * 2) % (POOL - 2);
+        let actions: Vec<Value> = (0..2).map(|j| update("peer_k", start + j, 1)).collect();
+        client.post(format!("{base}/v1/transactions")).json(&json!({"actions": actions}))
+    })
+    .await;
+    // The store's share of a single update: the same conditional update
+    // straight to the store, synced (no HTTP, no gateway).
+    let store: &dyn txgate_store::Store = served.counting.as_ref();
+    let meter = super::cost::Meter::start();
+    for i in 0..COSTED {
+        let id = format!("d{}", i % POOL);
+        let update = Update::set(doc! {"costed": i as i64});
+        store
+            .write("peer_k", Write::Update { id: &id, filter: doc! {}, update }, Durability::Synced)
+            .await
+            .expect("write");
+    }
+    println!("peer txgate store_synced_write_cpu_us {:.1} ({COSTED} writes)", meter.stop().per(COSTED));
+    for (name, spent) in [("read", read), ("single_update", single), ("k2_txn", k2)] {
+        let us = spent.per(COSTED);
+        println!(
+            "peer txgate {name}_cpu_us {us:.1} ({COSTED} requests; the gateway's own part beyond the floor: {:.1} us)",
+            us - floor_us
+        );
     }
 
     // The contended bank.

@@ -326,6 +326,8 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) -> 
         (Vec::with_capacity(samples), Vec::with_capacity(samples), Vec::with_capacity(samples));
     let mut most = 0;
     let mut items = 0;
+    // What a page and the floor's page cost this process (client included).
+    let (mut cost, mut cost_floor) = (super::cost::Spent::default(), super::cost::Spent::default());
     // In turns of 50 requests of each kind, so that the machine's drift
     // over the run meets every kind alike.
     let turn = |i: usize| (i / 50) % 3;
@@ -336,10 +338,13 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) -> 
         };
         let body = json!({"filter": {"status": status, "amount": {"$lt": below}}, "sort": ["-amount"], "limit": 50});
         if turn(i) == 1 {
+            let meter = super::cost::Meter::start();
             lat_floor.push(floor.page(&client, &body).await);
+            cost_floor.add(meter.stop());
             continue;
         }
         let decoded = embedded.queried();
+        let meter = super::cost::Meter::start();
         let t = Instant::now();
         let resp = client.post(format!("{base}/v1/collections/{COLL}/query")).json(&body).send().await.expect("query");
         if turn(i) == 0 {
@@ -350,7 +355,9 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) -> 
                     .all(|o| o.status == status && o.amount < below && !o.id.is_empty() && !o.customer.is_empty())
             );
             items += page.len();
+            cost.add(meter.stop());
         } else {
+            let _ = meter.stop();
             let page: Value = resp.json().await.expect("page");
             lat_tree.push(t.elapsed());
             assert!(page["items"].as_array().expect("items").len() <= 50);
@@ -371,6 +378,13 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) -> 
         "  the floor, one such page's {} bytes from a bare server (axum, no store, no middleware), decoded typed: p50 {f50:.3} ms, p99 {f99:.3} ms",
         floor_bytes
     );
+    let (c_us, f_us) = (cost.per(lat.len()), cost_floor.per(lat_floor.len()));
+    println!(
+        "  what a page costs this process (client included): {c_us:.1} us of processor time; the floor's page {f_us:.1} us; txgate's own part {:.1} us",
+        c_us - f_us
+    );
+    println!("queries txgate page_cpu_us {c_us:.1}");
+    println!("queries txgate page_floor_cpu_us {f_us:.1}");
     println!("queries txgate page_p50_ms {q50:.3}");
     println!("queries txgate page_p99_ms {q99:.3}");
     println!("queries txgate page_tree_p50_ms {t50:.3}");
