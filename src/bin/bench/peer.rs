@@ -118,6 +118,21 @@ async fn create(client: &reqwest::Client, base: &str, coll: &str, id: String, da
     assert_eq!(res.status(), 201, "seeding {coll}");
 }
 
+/// The `i`th single-document update: `inc` on one of 100 documents.
+fn single_update(client: &reqwest::Client, base: &str, i: usize) -> reqwest::RequestBuilder {
+    client
+        .patch(format!("{base}/v1/collections/peer_single/documents/s{}", i % 100))
+        .header("content-type", "application/json")
+        .body(r#"{"inc":{"n":1}}"#)
+}
+
+/// The `i`th update transaction of `k` members over the pool.
+fn k_transaction(client: &reqwest::Client, base: &str, k: usize, i: usize) -> reqwest::RequestBuilder {
+    let start = (i * k) % (POOL - k);
+    let actions: Vec<Value> = (0..k).map(|j| update("peer_k", start + j, 1)).collect();
+    client.post(format!("{base}/v1/transactions")).json(&json!({"actions": actions}))
+}
+
 fn update(coll: &str, id: usize, by: i64) -> Value {
     json!({"op": "update", "collection": coll, "id": format!("d{id}"), "inc": {"balance": by}})
 }
@@ -169,13 +184,7 @@ pub async fn run(store: StoreConfig, seconds: f64) {
         create(&client, &base, "peer_single", format!("s{i}"), json!({"n": 0})).await;
     }
     let writer = WriterAt::now(&served.embedded);
-    let lat = sequential(seconds, |i| {
-        client
-            .patch(format!("{base}/v1/collections/peer_single/documents/s{}", i % 100))
-            .header("content-type", "application/json")
-            .body(r#"{"inc":{"n":1}}"#)
-    })
-    .await;
+    let lat = sequential(seconds, |i| single_update(&client, &base, i)).await;
     report("single_update_p50_ms", ms(percentile(&lat, 0.5)), lat.len());
     writer.report(&served.embedded, "single update", lat.len());
 
@@ -185,12 +194,7 @@ pub async fn run(store: StoreConfig, seconds: f64) {
     }
     for k in [2usize, 10] {
         let writer = WriterAt::now(&served.embedded);
-        let lat = sequential(seconds, |i| {
-            let start = (i * k) % (POOL - k);
-            let actions: Vec<Value> = (0..k).map(|j| update("peer_k", start + j, 1)).collect();
-            client.post(format!("{base}/v1/transactions")).json(&json!({"actions": actions}))
-        })
-        .await;
+        let lat = sequential(seconds, |i| k_transaction(&client, &base, k, i)).await;
         report(&format!("k{k}_txn_p50_ms"), ms(percentile(&lat, 0.5)), lat.len());
         writer.report(&served.embedded, &format!("k={k} transaction"), lat.len());
         let syncs = served.embedded.stats().syncs.load(Ordering::Relaxed) - writer.syncs;
@@ -225,26 +229,15 @@ pub async fn run(store: StoreConfig, seconds: f64) {
         report(name, ms(percentile(&lat, 0.5)), lat.len());
     }
 
-    // What one request costs this process (client and gateway): processor
-    // time and allocations, the /healthz floor (the HTTP stack and the
+    // What one request costs this process (client and gateway) in
+    // processor time, the /healthz floor (the HTTP stack and the
     // client alone) first; the gateway's own part is the difference.
     let floor = costed(COSTED, |_| client.get(format!("{base}/healthz"))).await;
     let floor_us = floor.per(COSTED);
     println!("peer txgate healthz_cpu_us {floor_us:.1} ({COSTED} requests)");
     let read = costed(COSTED, |i| client.get(format!("{base}/v1/collections/peer_k/documents/d{}", i % POOL))).await;
-    let single = costed(COSTED, |i| {
-        client
-            .patch(format!("{base}/v1/collections/peer_single/documents/s{}", i % 100))
-            .header("content-type", "application/json")
-            .body(r#"{"inc":{"n":1}}"#)
-    })
-    .await;
-    let k2 = costed(COSTED, |i| {
-        let start = (i * 2) % (POOL - 2);
-        let actions: Vec<Value> = (0..2).map(|j| update("peer_k", start + j, 1)).collect();
-        client.post(format!("{base}/v1/transactions")).json(&json!({"actions": actions}))
-    })
-    .await;
+    let single = costed(COSTED, |i| single_update(&client, &base, i)).await;
+    let k2 = costed(COSTED, |i| k_transaction(&client, &base, 2, i)).await;
     // The store's share of a single update: the same conditional update
     // straight to the store, synced (no HTTP, no gateway).
     let store: &dyn txgate_store::Store = served.counting.as_ref();
