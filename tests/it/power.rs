@@ -256,7 +256,7 @@ fn embedded_writer_panic_stops_the_process() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(70), "{stderr}");
-    assert!(stderr.contains("the writer thread panicked"), "{stderr}");
+    assert!(stderr.contains("the writer panicked"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,7 @@ use std::io;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use redb::{BackendError, Database, DatabaseError, StorageBackend};
 
@@ -143,20 +143,35 @@ impl Disk for DirDisk {
 /// the power-loss harness found that redb 4.5 files closed by redb itself,
 /// opened again and then cut off at the first write of a later checkpoint
 /// no longer open.
+///
+/// It also counts the reads that reach the file: the misses of redb's
+/// page cache ([`Fence::reads`]).
 #[derive(Clone, Debug, Default)]
-pub struct Fence(Arc<AtomicBool>);
+pub struct Fence(Arc<FenceState>);
+
+#[derive(Debug, Default)]
+struct FenceState {
+    raised: AtomicBool,
+    reads: AtomicU64,
+}
 
 impl Fence {
     pub fn raise(&self) {
-        self.0.store(true, Ordering::SeqCst);
+        self.0.raised.store(true, Ordering::SeqCst);
     }
 
     fn raised(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.raised.load(Ordering::SeqCst)
+    }
+
+    /// Reads of the database file since it was opened: each is a page
+    /// (or a run of pages) redb's cache did not hold.
+    pub fn reads(&self) -> u64 {
+        self.0.reads.load(Ordering::Relaxed)
     }
 }
 
-/// A backend behind a [`Fence`]; reads and locks pass through.
+/// A backend behind a [`Fence`]; reads and locks pass through (counted).
 #[derive(Debug)]
 pub(crate) struct Fenced<B> {
     inner: B,
@@ -174,6 +189,7 @@ impl<B: StorageBackend> StorageBackend for Fenced<B> {
         self.inner.len()
     }
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.fence.0.reads.fetch_add(1, Ordering::Relaxed);
         self.inner.read(offset, out)
     }
     fn set_len(&self, len: u64) -> io::Result<()> {

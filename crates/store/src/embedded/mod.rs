@@ -36,6 +36,7 @@ mod build;
 mod index;
 pub mod journal;
 pub mod keys;
+mod lead;
 mod reader;
 mod recover;
 mod scan;
@@ -44,14 +45,14 @@ mod writer;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, RwLock, mpsc};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
-use super::disk::{DirDisk, Disk};
+use super::disk::{DirDisk, Disk, Fence};
 use super::{Durability, IndexQuery, IndexSpec, Record, Scan, Store, StoreError, StoreResult, Write};
 use apply::WriteOp;
 use backup::write_backup;
@@ -218,8 +219,11 @@ pub struct EmbeddedStore {
     reader: Reader,
     /// Whether redb had to repair the whole file when the store opened.
     repaired: bool,
-    writer: mpsc::Sender<Queued>,
-    /// The writer thread, joined when the store closes.
+    /// The writer and its queue (see [`lead`]).
+    lead: Arc<lead::Lead>,
+    /// The database file's fence, which counts its reads.
+    fence: Fence,
+    /// The writer's background thread, joined when the store closes.
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     path: PathBuf,
     /// What the writer has done since the store opened.
@@ -241,7 +245,7 @@ impl Drop for EmbeddedStore {
         let Some(thread) = self.thread.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take() else {
             return;
         };
-        drop(std::mem::replace(&mut self.writer, mpsc::channel().0));
+        self.lead.close();
         // A panic there was reported by the thread itself.
         let _ = thread.join();
     }
@@ -279,6 +283,12 @@ impl EmbeddedStore {
     /// Records decoded by reads since the store opened.
     pub fn decoded(&self) -> u64 {
         self.reader.reads.decoded.load(Ordering::Relaxed)
+    }
+
+    /// Reads of the database file since the store opened: the misses of
+    /// redb's page cache (`TXGATE_CACHE_MB`).
+    pub fn file_reads(&self) -> u64 {
+        self.fence.reads()
     }
 
     /// Records decoded by queries ([`Store::query`]) since the store opened.
@@ -443,9 +453,7 @@ impl EmbeddedStore {
 
     async fn queue_item(&self, ops: Vec<WriteOp>, durability: Durability, all_or_nothing: bool) -> StoreResult<usize> {
         let (reply, rx) = oneshot::channel();
-        self.writer
-            .send(Queued { ops, durability, all_or_nothing, reply })
-            .map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?;
+        self.lead.submit(Queued { ops, durability, all_or_nothing, reply })?;
         rx.await.map_err(|_| StoreError::Unavailable("embedded writer stopped".into()))?
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, RwLock, mpsc};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use redb::{Database, ReadableDatabase, ReadableTable};
@@ -12,8 +12,9 @@ use redb::{Database, ReadableDatabase, ReadableTable};
 use super::apply::Recent;
 use super::index::{Entries, keys_of, reindex};
 use super::journal::{self, Effect, Journal};
+use super::lead::Lead;
 use super::reader::Reader;
-use super::writer::{Writer, WriterStats, stop};
+use super::writer::{Writer, WriterStats};
 use super::{
     APPLIED, CATALOG, COUNTS, Catalog, DATABASE_FILE, ENTRIES, EmbeddedStore, JOURNAL_FILE, JOURNAL_STATE, LAYOUT,
     LAYOUT_KEY, NEW_DATABASE_FILE, Options, RECORDS, internal,
@@ -140,7 +141,6 @@ impl EmbeddedStore {
         refused.0 = None;
         let db = Arc::new(db);
         let catalog: Catalog = Arc::new(RwLock::new(catalog));
-        let (tx, rx) = mpsc::channel();
         let stats: Arc<WriterStats> = Arc::default();
         let writer = Writer {
             db: Arc::clone(&db),
@@ -153,32 +153,24 @@ impl EmbeddedStore {
             checkpoint_interval: options.checkpoint_interval,
             uncheckpointed_since: None,
             quick_repair,
-            fence,
+            fence: fence.clone(),
             unsynced_since: None,
             synced_at: None,
             journal,
             recent: Recent::default(),
             positions: HashMap::new(),
         };
+        let lead = Lead::new(writer);
+        let background = Arc::clone(&lead);
         let thread = std::thread::Builder::new()
             .name("txgate-embedded-writer".into())
-            .spawn(move || {
-                // A panic leaves no writer behind a store that still reads:
-                // the process stops, and the next start recovers.
-                if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run(&rx))) {
-                    let what = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_owned())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_default();
-                    stop(&StoreError::Internal(format!("the writer thread panicked: {what}")));
-                }
-            })
+            .spawn(move || super::lead::lead(|| background.run()))
             .map_err(internal)?;
         Ok(Self {
             reader: Reader::new(db, catalog),
             repaired,
-            writer: tx,
+            lead,
+            fence,
             thread: Mutex::new(Some(thread)),
             path: PathBuf::from(db_name),
             stats,

@@ -3,8 +3,8 @@
 //! checkpointed.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use redb::{Database, ReadableDatabase};
@@ -32,7 +32,7 @@ pub(super) struct Queued {
 }
 
 impl Queued {
-    fn is_schema(&self) -> bool {
+    pub(super) fn is_schema(&self) -> bool {
         self.ops.first().is_some_and(WriteOp::is_schema)
     }
 }
@@ -135,95 +135,78 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    pub(super) fn run(mut self, rx: &mpsc::Receiver<Queued>) {
-        let mut held: Option<Queued> = None;
-        loop {
-            let first = match held.take() {
-                Some(item) => item,
-                None => match self.next(rx) {
-                    Some(item) => item,
-                    None => {
-                        // Every handle is gone: the store closes durable.
-                        self.checkpoint_or_stop();
-                        self.fence.raise();
-                        return;
-                    }
-                },
-            };
-            if first.is_schema() {
-                // Schema changes commit on their own, durable, after
-                // everything before them is; the journal never spans one.
-                let op = first.ops.into_iter().next().expect("a schema change");
-                match op {
-                    WriteOp::Snapshot(reply) => {
-                        self.sync_or_stop();
-                        self.answering();
-                        let _ = reply.send(self.db.begin_read().map_err(internal));
-                        let _ = first.reply.send(Ok(1));
-                    }
-                    WriteOp::Close => {
-                        self.checkpoint_or_stop();
-                        // The file stays as a crash right after this
-                        // checkpoint would leave it (see `disk::Fence`).
-                        self.fence.raise();
-                        self.answering();
-                        let _ = first.reply.send(Ok(1));
-                        return;
-                    }
-                    // A build step commits without syncing and outside the
-                    // journal (its entries are derived from records and
-                    // made durable by the build's last step, a checkpoint):
-                    // no checkpoint before it, so writes wait for its batch
-                    // of entries alone.
-                    op @ WriteOp::BuildIndex { entries: Some(_), .. } => {
-                        let done = schema_change(&self.db, &self.catalog, op, self.quick_repair);
-                        self.answering();
-                        let _ = first.reply.send(done.map(usize::from));
-                    }
-                    op => {
-                        self.checkpoint_or_stop();
-                        let done = schema_change(&self.db, &self.catalog, op, self.quick_repair);
-                        self.answering();
-                        let _ = first.reply.send(done.map(usize::from));
-                    }
-                }
-                continue;
-            }
-            self.commit(first, rx, &mut held);
-            // The sync interval is a deadline, kept under continuous load
-            // too, not only when the queue runs dry.
-            if self.unsynced_since.is_some_and(|since| since.elapsed() >= self.interval) {
+    /// Carry out a schema change, a snapshot or the close, each on its
+    /// own, durable, after everything before it is; the journal never
+    /// spans one. True once the writer has closed.
+    pub(super) fn alone(&mut self, item: Queued) -> bool {
+        let op = item.ops.into_iter().next().expect("a schema change");
+        match op {
+            WriteOp::Snapshot(reply) => {
                 self.sync_or_stop();
+                self.answering();
+                let _ = reply.send(self.db.begin_read().map_err(internal));
+                let _ = item.reply.send(Ok(1));
+            }
+            WriteOp::Close => {
+                self.close();
+                self.answering();
+                let _ = item.reply.send(Ok(1));
+                return true;
+            }
+            // A build step commits without syncing and outside the
+            // journal (its entries are derived from records and made
+            // durable by the build's last step, a checkpoint): no
+            // checkpoint before it, so writes wait for its batch of
+            // entries alone.
+            op @ WriteOp::BuildIndex { entries: Some(_), .. } => {
+                let done = schema_change(&self.db, &self.catalog, op, self.quick_repair);
+                self.answering();
+                let _ = item.reply.send(done.map(usize::from));
+            }
+            op => {
+                self.checkpoint_or_stop();
+                let done = schema_change(&self.db, &self.catalog, op, self.quick_repair);
+                self.answering();
+                let _ = item.reply.send(done.map(usize::from));
             }
         }
+        false
     }
 
-    /// The next queued write; with unsynced commits outstanding, a sync
-    /// once the interval since the oldest has passed, and with commits not
-    /// checkpointed, a checkpoint once theirs has. `None` once every
-    /// handle to the store is gone.
-    fn next(&mut self, rx: &mpsc::Receiver<Queued>) -> Option<Queued> {
-        loop {
-            let sync = self.unsynced_since.map(|since| self.interval.saturating_sub(since.elapsed()));
-            let checkpoint = self
-                .uncheckpointed_since
-                .zip(self.checkpoint_interval)
-                .map(|(since, interval)| interval.saturating_sub(since.elapsed()));
-            // Idle after a sync: seal what it covered (see `journal`).
-            let seal = self
-                .synced_at
-                .filter(|_| self.journal.needs_seal())
-                .map(|at| self.seal_delay.saturating_sub(at.elapsed()));
-            let Some(left) = [sync, checkpoint, seal].into_iter().flatten().min() else {
-                return rx.recv().ok();
-            };
-            match rx.recv_timeout(left) {
-                Ok(item) => return Some(item),
-                Err(mpsc::RecvTimeoutError::Timeout) if self.checkpoint_due() => self.checkpoint_or_stop(),
-                Err(mpsc::RecvTimeoutError::Timeout) if self.unsynced_since.is_some() => self.sync_or_stop(),
-                Err(mpsc::RecvTimeoutError::Timeout) => self.seal_or_stop(),
-                Err(mpsc::RecvTimeoutError::Disconnected) => return None,
-            }
+    /// Checkpoint and let go of the file: the store closes durable.
+    pub(super) fn close(&mut self) {
+        self.checkpoint_or_stop();
+        // The file stays as a crash right after this checkpoint would
+        // leave it (see `disk::Fence`).
+        self.fence.raise();
+    }
+
+    /// When the writer next has work of its own: a sync once the interval
+    /// since the oldest unsynced commit has passed, a checkpoint once the
+    /// journal has grown enough or the oldest commit not checkpointed has
+    /// waited its interval, a seal once idle for the seal delay after a
+    /// sync. `None`: nothing until the next write.
+    pub(super) fn due(&self) -> Option<Instant> {
+        let sync = self.unsynced_since.map(|since| since + self.interval);
+        let checkpoint = if self.journal.written() >= self.checkpoint_bytes && self.journal.written() > 0 {
+            Some(Instant::now())
+        } else {
+            self.uncheckpointed_since.zip(self.checkpoint_interval).map(|(since, interval)| since + interval)
+        };
+        let seal = self.synced_at.filter(|_| self.journal.needs_seal()).map(|at| at + self.seal_delay);
+        [sync, checkpoint, seal].into_iter().flatten().min()
+    }
+
+    /// Do the writer's own work that is due now (see [`Self::due`]).
+    pub(super) fn tick(&mut self) {
+        if self.journal.written() >= self.checkpoint_bytes || self.checkpoint_due() {
+            self.checkpoint_or_stop();
+        }
+        if self.unsynced_since.is_some_and(|since| since.elapsed() >= self.interval) {
+            self.sync_or_stop();
+        }
+        if self.synced_at.is_some_and(|at| at.elapsed() >= self.seal_delay) {
+            self.seal_or_stop();
         }
     }
 
@@ -236,12 +219,13 @@ impl Writer {
     }
 
     /// Commit a batch: `first` and whatever else is queued, up to
-    /// [`MAX_BATCH`] items or [`MAX_BATCH_BYTES`] of effects. Its effects go
+    /// [`MAX_BATCH`] items or [`MAX_BATCH_BYTES`] of effects, taken by
+    /// `more` (which hands out no item that must commit on its own). Its effects go
     /// to the journal (in entries of about [`journal::ENTRY_TARGET`], split
     /// between queued items, so never inside a chain) before the commit is visible, and the journal is
-    /// synced first when the batch holds a write that must be durable. An
-    /// item that must commit on its own is left in `held`.
-    fn commit(&mut self, first: Queued, rx: &mpsc::Receiver<Queued>, held: &mut Option<Queued>) {
+    /// synced first when the batch holds a write that must be durable. A
+    /// checkpoint it makes due is left to the caller ([`Self::due`]).
+    pub(super) fn commit(&mut self, first: Queued, more: &dyn Fn() -> Option<Queued>) {
         let started = Instant::now();
         let mut batch = vec![first];
         let mut results = Vec::with_capacity(1);
@@ -305,10 +289,8 @@ impl Writer {
                     }
                     next += 1;
                     if next == batch.len() && batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
-                        match rx.try_recv() {
-                            Ok(item) if item.is_schema() => *held = Some(item),
-                            Ok(item) => batch.push(item),
-                            Err(_) => {}
+                        if let Some(item) = more() {
+                            batch.push(item);
                         }
                     }
                 }
@@ -387,9 +369,6 @@ impl Writer {
         self.answering();
         for (queued, result) in batch.into_iter().zip(results) {
             let _ = queued.reply.send(result);
-        }
-        if self.journal.written() >= self.checkpoint_bytes || self.checkpoint_due() {
-            self.checkpoint_or_stop();
         }
     }
 
