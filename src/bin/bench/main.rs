@@ -55,8 +55,15 @@ use txgate::config::StoreConfig;
 
 /// The same allocator as the `txgate` binary, so the gateway measured here
 /// is the one that runs.
+#[cfg(not(feature = "alloc-count"))]
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// With `alloc-count`: the same allocator, each allocation counted
+/// ([`cost::Spent::allocs`]).
+#[cfg(feature = "alloc-count")]
+#[global_allocator]
+static ALLOC: stats_alloc::StatsAlloc<mimalloc::MiMalloc> = stats_alloc::StatsAlloc::new(mimalloc::MiMalloc);
 
 /// Deadline of one store call (generous: a contended run on a slow server
 /// should measure, not time out).

@@ -258,6 +258,12 @@ pub async fn run(store: StoreConfig, seconds: f64) {
             us - floor_us
         );
     }
+    // Built with `alloc-count`: allocations per request, beside the floor's.
+    for (name, spent) in [("healthz", floor), ("read", read), ("single_update", single), ("k2_txn", k2)] {
+        if let Some(n) = spent.allocs_per(COSTED) {
+            println!("peer txgate {name}_allocs {n:.1} (per request, client included)");
+        }
+    }
 
     // The contended bank.
     for i in 0..BANK_ACCOUNTS {

@@ -326,6 +326,9 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) -> 
         (Vec::with_capacity(samples), Vec::with_capacity(samples), Vec::with_capacity(samples));
     let mut most = 0;
     let mut items = 0;
+    // Reads of the database file the pages caused (redb's page cache
+    // missed), beside the records they read.
+    let (mut file_reads, mut records) = (0u64, 0u64);
     // What a page and the floor's page cost this process (client included).
     let (mut cost, mut cost_floor) = (super::cost::Spent::default(), super::cost::Spent::default());
     // In turns of 50 requests of each kind, so that the machine's drift
@@ -344,6 +347,7 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) -> 
             continue;
         }
         let decoded = embedded.queried();
+        let reads = embedded.file_reads();
         let meter = super::cost::Meter::start();
         let t = Instant::now();
         let resp = client.post(format!("{base}/v1/collections/{COLL}/query")).json(&body).send().await.expect("query");
@@ -363,6 +367,8 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) -> 
             assert!(page["items"].as_array().expect("items").len() <= 50);
         }
         most = most.max(embedded.queried() - decoded);
+        records += embedded.queried() - decoded;
+        file_reads += embedded.file_reads() - reads;
     }
     let floor_bytes = floor.bytes;
     floor.stop().await;
@@ -383,6 +389,30 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) -> 
         "  what a page costs this process (client included): {c_us:.1} us of processor time; the floor's page {f_us:.1} us; txgate's own part {:.1} us",
         c_us - f_us
     );
+    // Each read of the file is at least one page the cache did not hold,
+    // counted as a record read that missed (an index or branch page
+    // missed too counts against the records).
+    let hit = 100.0 * (1.0 - file_reads as f64 / records.max(1) as f64);
+    println!(
+        "  redb's page cache ({} MiB): {file_reads} reads of the file for {records} records the pages read: at least {hit:.1}% of record reads hit it (target >= 95% at 100,000 documents)",
+        match &store {
+            StoreConfig::Embedded { cache_mb, .. } => *cache_mb,
+            StoreConfig::Mongodb { .. } => 0,
+        }
+    );
+    println!("queries txgate page_cache_hit_pct {hit:.1}");
+    // Built with `alloc-count`: allocations per page and per row, beside
+    // the floor's page.
+    if let (Some(page), Some(floor)) = (cost.allocs_per(lat.len()), cost_floor.allocs_per(lat_floor.len())) {
+        let rows = items as f64 / lat.len().max(1) as f64;
+        println!(
+            "  allocations per page (client included): {page:.0}; the floor's page {floor:.0}; txgate's own part {:.0}, {:.1} per row",
+            page - floor,
+            (page - floor) / rows.max(1.0)
+        );
+        println!("queries txgate page_allocs {page:.1}");
+        println!("queries txgate page_floor_allocs {floor:.1}");
+    }
     println!("queries txgate page_cpu_us {c_us:.1}");
     println!("queries txgate page_floor_cpu_us {f_us:.1}");
     println!("queries txgate page_p50_ms {q50:.3}");
