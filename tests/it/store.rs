@@ -1193,3 +1193,33 @@ async fn embedded_an_index_made_without_counts_is_made_again_counted() {
     assert!(count("whole", 1).await > 20);
     store.close().await.unwrap();
 }
+
+/// The database file's reads are the misses of redb's page cache (what
+/// `bench queries` reports a page's cache hits from): a record read after
+/// the store opened again reaches the file, the same record read again
+/// does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_reads_that_miss_the_page_cache_are_counted() {
+    use txgate_store::Store;
+    use txgate_store::embedded::EmbeddedStore;
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let filler = "x".repeat(1000);
+    let dyn_store: &dyn Store = &store;
+    let unsynced = dyn_store.unsynced();
+    for i in 0..8000 {
+        unsynced.insert("c", doc! {"_id": format!("r{i:04}"), "f": &filler}).await.unwrap();
+    }
+    store.close().await.unwrap();
+    drop(store);
+    // A cache smaller than the records (opening reads through them).
+    let options = txgate_store::embedded::Options { cache_bytes: 2 << 20, ..Default::default() };
+    let store = EmbeddedStore::open_dir(dir.path(), &options).unwrap();
+    let before = store.file_reads();
+    assert!(store.get("c", "r1234").await.unwrap().is_some());
+    let cold = store.file_reads();
+    assert!(cold > before, "a record not read since the store opened comes from the file ({before} -> {cold})");
+    assert!(store.get("c", "r1234").await.unwrap().is_some());
+    assert_eq!(store.file_reads(), cold, "the same record read again comes from the cache");
+    store.close().await.unwrap();
+}

@@ -392,7 +392,7 @@ pub async fn run(store: StoreConfig, docs: usize, samples: usize, rate: f64) -> 
     // Each read of the file is at least one page the cache did not hold,
     // counted as a record read that missed (an index or branch page
     // missed too counts against the records).
-    let hit = 100.0 * (1.0 - file_reads as f64 / records.max(1) as f64);
+    let hit = (100.0 * (1.0 - file_reads as f64 / records.max(1) as f64)).max(0.0);
     println!(
         "  redb's page cache ({} MiB): {file_reads} reads of the file for {records} records the pages read: at least {hit:.1}% of record reads hit it (target >= 95% at 100,000 documents)",
         match &store {
