@@ -137,6 +137,14 @@ fn update(coll: &str, id: usize, by: i64) -> Value {
     json!({"op": "update", "collection": coll, "id": format!("d{id}"), "inc": {"balance": by}})
 }
 
+/// The `i`th conditional update straight to the store (no HTTP, no
+/// gateway): one of the pool's documents.
+async fn store_update(store: &dyn txgate_store::Store, i: usize, durability: Durability) {
+    let id = format!("d{}", i % POOL);
+    let update = Update::set(doc! {"touched": i as i64});
+    store.write("peer_k", Write::Update { id: &id, filter: doc! {}, update }, durability).await.expect("write");
+}
+
 /// Requests whose cost is measured, one after another.
 const COSTED: usize = 2000;
 
@@ -216,10 +224,8 @@ pub async fn run(store: StoreConfig, seconds: f64) {
         let until = Instant::now() + Duration::from_secs_f64(seconds / 2.0);
         let mut i = 0;
         while Instant::now() < until {
-            let id = format!("d{}", i % POOL);
-            let update = Update::set(doc! {"touched": i as i64});
             let t = Instant::now();
-            store.write("peer_k", Write::Update { id: &id, filter: doc! {}, update }, durability).await.expect("write");
+            store_update(store, i, durability).await;
             lat.push(t.elapsed());
             i += 1;
         }
@@ -243,12 +249,7 @@ pub async fn run(store: StoreConfig, seconds: f64) {
     let store: &dyn txgate_store::Store = served.counting.as_ref();
     let meter = super::cost::Meter::start();
     for i in 0..COSTED {
-        let id = format!("d{}", i % POOL);
-        let update = Update::set(doc! {"costed": i as i64});
-        store
-            .write("peer_k", Write::Update { id: &id, filter: doc! {}, update }, Durability::Synced)
-            .await
-            .expect("write");
+        store_update(store, i, Durability::Synced).await;
     }
     println!("peer txgate store_synced_write_cpu_us {:.1} ({COSTED} writes)", meter.stop().per(COSTED));
     for (name, spent) in [("read", read), ("single_update", single), ("k2_txn", k2)] {

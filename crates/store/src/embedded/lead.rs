@@ -98,7 +98,7 @@ impl Lead {
         let Some(writer) = state.writer.take() else { return Ok(()) };
         let first = state.queue.pop_front().expect("the item just queued");
         drop(state);
-        lead(|| self.lead(writer, first));
+        or_stop(|| self.lead(writer, first));
         Ok(())
     }
 
@@ -106,7 +106,7 @@ impl Lead {
     /// back (or handed to the background thread).
     fn lead(&self, mut writer: Box<Writer>, first: Queued) {
         writer.commit(first, &|| self.more());
-        self.put_back(writer, false);
+        self.put_back(writer);
     }
 
     /// The next queued item if it can join a batch.
@@ -116,14 +116,14 @@ impl Lead {
     }
 
     /// Put the writer back, for the background thread if work is left
-    /// (something queued, its own work due) or `background` says so.
-    fn put_back(&self, writer: Box<Writer>, background: bool) {
+    /// (something queued, its own work due) or the store closes.
+    fn put_back(&self, writer: Box<Writer>) {
         let due = writer.due();
         let mut state = self.lock();
         state.due = due;
         state.writer = Some(writer);
         let now = Instant::now();
-        if background || state.closing || !state.queue.is_empty() || due.is_some_and(|at| at <= now) {
+        if state.closing || !state.queue.is_empty() || due.is_some_and(|at| at <= now) {
             state.background = true;
         }
         let sooner = match state.waiting {
@@ -147,14 +147,14 @@ impl Lead {
     /// its own work is due, or the store closes.
     pub(super) fn run(&self) {
         loop {
-            let mut writer = {
+            let (mut writer, idle) = {
                 let mut state = self.lock();
                 loop {
                     if state.writer.is_some() {
                         let now = Instant::now();
                         if state.background || state.closing || state.due.is_some_and(|at| at <= now) {
                             state.background = false;
-                            break state.writer.take().expect("the writer");
+                            break (state.writer.take().expect("the writer"), state.queue.is_empty());
                         }
                         if state.lingering.is_some_and(|until| until <= now) {
                             state.lingering = None;
@@ -176,7 +176,7 @@ impl Lead {
                     state.waiting = None;
                 }
             };
-            writer.tick();
+            writer.tick(idle);
             let mut served = false;
             // Everything queued, in order.
             loop {
@@ -212,7 +212,7 @@ impl Lead {
                     writer.commit(item, &|| self.more());
                     served = true;
                 }
-                writer.tick();
+                writer.tick(false);
             }
         }
     }
@@ -221,7 +221,7 @@ impl Lead {
 /// Run `f` (the writer's work): a panic there leaves no writer behind a
 /// store that still reads, so the process stops, and the next start
 /// recovers.
-pub(super) fn lead(f: impl FnOnce()) {
+pub(super) fn or_stop(f: impl FnOnce()) {
     if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         let what = panic
             .downcast_ref::<&str>()

@@ -164,7 +164,7 @@ impl EmbeddedStore {
         let background = Arc::clone(&lead);
         let thread = std::thread::Builder::new()
             .name("txgate-embedded-writer".into())
-            .spawn(move || super::lead::lead(|| background.run()))
+            .spawn(move || super::lead::or_stop(|| background.run()))
             .map_err(internal)?;
         Ok(Self {
             reader: Reader::new(db, catalog),

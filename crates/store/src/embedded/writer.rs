@@ -197,15 +197,17 @@ impl Writer {
         [sync, checkpoint, seal].into_iter().flatten().min()
     }
 
-    /// Do the writer's own work that is due now (see [`Self::due`]).
-    pub(super) fn tick(&mut self) {
+    /// Do the writer's own work that is due now (see [`Self::due`]); the
+    /// seal only when `idle` (nothing queued: a write that comes next
+    /// carries the proof in its own sync).
+    pub(super) fn tick(&mut self, idle: bool) {
         if self.journal.written() >= self.checkpoint_bytes || self.checkpoint_due() {
             self.checkpoint_or_stop();
         }
         if self.unsynced_since.is_some_and(|since| since.elapsed() >= self.interval) {
             self.sync_or_stop();
         }
-        if self.synced_at.is_some_and(|at| at.elapsed() >= self.seal_delay) {
+        if idle && self.synced_at.is_some_and(|at| at.elapsed() >= self.seal_delay) {
             self.seal_or_stop();
         }
     }
