@@ -304,8 +304,14 @@ impl Commit {
 }
 
 /// How many times a transaction of free members is read and tried as one
-/// all-or-nothing commit before it takes the protocol's path.
-const AT_ONCE_TRIES: usize = 3;
+/// all-or-nothing commit before it takes the protocol's path. A try costs
+/// a read and the writer's check; the protocol's path costs locks, a
+/// commit and a roll-forward, and its locks send every transaction that
+/// reads one of them down the same path. In the contended bank (16
+/// clients, 100 accounts) about half the tries find a member moved: with
+/// 3 tries one transfer in ten took the locks and the bank ran 30–40%
+/// slower than with 8; 16 did no better than 8 (docs/benchmarks.md).
+const AT_ONCE_TRIES: usize = 8;
 
 /// Where preparing a transaction got to.
 enum Prepared {
