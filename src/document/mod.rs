@@ -25,7 +25,29 @@ pub enum StagedOp {
 impl StagedOp {
     /// The operation as stored (a scan's equality value).
     pub fn to_bson(self) -> Bson {
-        mongodb::bson::to_bson(&self).expect("a staged op serializes")
+        Bson::String(self.as_str().to_owned())
+    }
+
+    /// The operation's name as stored (serde's `snake_case`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StagedOp::Insert => "insert",
+            StagedOp::Update => "update",
+            StagedOp::Replace => "replace",
+            StagedOp::Delete => "delete",
+            StagedOp::Check => "check",
+        }
+    }
+}
+
+impl Staged {
+    /// As stored: what serde writes, built directly.
+    fn to_document(&self) -> Document {
+        let mut staged = Document::new();
+        staged.insert("op", self.op.to_bson());
+        staged.insert("data", self.data.clone().map_or(Bson::Null, Bson::Document));
+        staged.insert("sv", self.sv);
+        staged
     }
 }
 
@@ -78,6 +100,27 @@ impl Meta {
             Some(m) => Ok(m),
             None => mongodb::bson::from_document(meta),
         }
+    }
+
+    /// `_meta` as stored: the fields serde writes, in its order (`None` as
+    /// null, `outbox` only when there is one), built directly, for every
+    /// write of a document builds one.
+    pub fn to_document(&self) -> Document {
+        let date = |d: Option<DateTime>| d.map_or(Bson::Null, Bson::DateTime);
+        let mut meta = Document::new();
+        meta.insert("v", self.v);
+        meta.insert("sv", self.sv);
+        meta.insert("txn", self.txn.clone().map_or(Bson::Null, Bson::String));
+        meta.insert("pending", self.pending.as_ref().map_or(Bson::Null, |p| Bson::Document(p.to_document())));
+        meta.insert("deleted", self.deleted);
+        meta.insert("deleting", self.deleting);
+        meta.insert("created_at", date(self.created_at));
+        meta.insert("updated_at", date(self.updated_at));
+        meta.insert("deleted_at", date(self.deleted_at));
+        if let Some(outbox) = &self.outbox {
+            meta.insert("outbox", outbox.clone());
+        }
+        meta
     }
 
     /// `meta` read directly, or `None` when it holds something only serde
@@ -409,8 +452,7 @@ impl StoredDoc {
         for (k, v) in &self.data {
             record.insert(k.clone(), v.clone());
         }
-        let meta = mongodb::bson::to_document(&self.meta).expect("meta serializes");
-        record.insert("_meta", meta);
+        record.insert("_meta", self.meta.to_document());
         record
     }
 
@@ -568,6 +610,47 @@ mod tests {
             }
         }
         assert_eq!(seen, [4, 2, 6]);
+    }
+
+    /// `_meta` built directly is what serde writes, field for field and in
+    /// its order, for every combination of the fields that may be absent.
+    #[test]
+    fn meta_is_written_as_serde_writes_it() {
+        let at = DateTime::from_millis(1_700_000_000_123);
+        let stages = [
+            None,
+            Some(Staged { op: StagedOp::Update, data: Some(doc! {"a": 1_i64, "b": {"c": [1, "x"]}}), sv: 2 }),
+            Some(Staged { op: StagedOp::Delete, data: None, sv: 1 }),
+            Some(Staged { op: StagedOp::Check, data: None, sv: 3 }),
+        ];
+        let mut cases = 0;
+        for mask in 0..64u32 {
+            for pending in &stages {
+                let bit = |i: u32| mask & (1 << i) != 0;
+                let meta = Meta {
+                    v: i64::from(mask) + 1,
+                    sv: if bit(0) { 7 } else { 1 },
+                    txn: bit(1).then(|| "t1".to_owned()),
+                    pending: pending.clone(),
+                    deleted: bit(2),
+                    deleting: bit(3),
+                    created_at: bit(4).then_some(at),
+                    updated_at: bit(5).then_some(at),
+                    deleted_at: bit(2).then_some(at),
+                    outbox: bit(3).then(|| doc! {"_id": "c/a/1", "type": "document.updated", "at": at}),
+                };
+                let by_serde = mongodb::bson::to_document(&meta).unwrap();
+                let built = meta.to_document();
+                assert_eq!(built, by_serde);
+                assert_eq!(built.keys().collect::<Vec<_>>(), by_serde.keys().collect::<Vec<_>>());
+                assert_eq!(Meta::from_document(built).unwrap(), meta);
+                cases += 1;
+            }
+        }
+        assert_eq!(cases, 256);
+        for op in [StagedOp::Insert, StagedOp::Update, StagedOp::Replace, StagedOp::Delete, StagedOp::Check] {
+            assert_eq!(op.to_bson(), mongodb::bson::to_bson(&op).unwrap());
+        }
     }
 
     use super::*;

@@ -7,7 +7,6 @@ use crate::actor::UserId;
 use serde::Serialize;
 
 use crate::document::{StagedOp, StoredDoc};
-use crate::store::shape::fields;
 use crate::store::{Bson, DateTime, Document, LOG_SEQ, LOG_VOID, Record, StoreError, doc};
 
 /// What happened.
@@ -222,7 +221,7 @@ pub fn document_event(
         data,
         members: None,
     };
-    fields(&event)
+    event.record()
 }
 
 /// The log record (without its position) of transaction `txn`'s
@@ -248,7 +247,7 @@ pub(crate) fn transaction_event(
         data: None,
         members: Some(members),
     };
-    fields(&event)
+    event.record()
 }
 
 /// The log record (without its position) of an admin's read of `coll`
@@ -275,7 +274,7 @@ pub(crate) fn viewed_as_event(
         data: Some(&data),
         members: None,
     };
-    fields(&event)
+    event.record()
 }
 
 /// A member of a committed transaction, as its event lists it: the
@@ -292,9 +291,11 @@ pub(crate) struct CommittedMember<'a> {
 mod shapes {
     use serde::Serialize;
 
-    use crate::store::{DateTime, Document};
+    use crate::store::{Bson, DateTime, Document};
 
-    /// An event (its position is the store's to give).
+    /// An event (its position is the store's to give). Built directly
+    /// ([`Event::record`]); serde's writing of it is the reference its
+    /// tests hold the record to.
     #[derive(Serialize)]
     pub(super) struct Event<'a> {
         #[serde(rename = "_id")]
@@ -315,6 +316,49 @@ mod shapes {
         pub data: Option<&'a Document>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub members: Option<Vec<super::CommittedMember<'a>>>,
+    }
+
+    impl Event<'_> {
+        /// The record: the fields serde writes, in its order (`None` as
+        /// null, the optional ones left out), built without serde, for
+        /// every write logs one.
+        pub(super) fn record(&self) -> Document {
+            let text = |s: Option<&str>| s.map_or(Bson::Null, |s| Bson::String(s.to_owned()));
+            let mut rec = Document::new();
+            rec.insert("_id", self.id.as_str());
+            rec.insert("v", self.v);
+            rec.insert("type", self.kind);
+            rec.insert("collection", text(self.collection));
+            rec.insert("document", text(self.document));
+            rec.insert("version", self.version.map_or(Bson::Null, Bson::Int64));
+            rec.insert("transaction", text(self.transaction));
+            if let Some(key) = self.key {
+                rec.insert("key", key);
+            }
+            if let Some(actor) = self.actor {
+                let crate::actor::UserId { kind, issuer, subject } = actor;
+                rec.insert("actor", crate::store::doc! {"kind": kind, "issuer": issuer, "subject": subject});
+            }
+            rec.insert("at", self.at);
+            if let Some(data) = self.data {
+                rec.insert("data", data.clone());
+            }
+            if let Some(members) = &self.members {
+                let members: Vec<Bson> = members
+                    .iter()
+                    .map(|m| {
+                        Bson::Document(crate::store::doc! {
+                            "collection": m.collection,
+                            "id": m.id,
+                            "op": m.op.as_str(),
+                            "version": m.version,
+                        })
+                    })
+                    .collect();
+                rec.insert("members", members);
+            }
+            rec
+        }
     }
 }
 
@@ -449,6 +493,45 @@ mod tests {
         let mut rec = document_event(EventType::Created, "c", &after, None, None, None, DateTime::from_millis(7));
         keep_before(&mut rec, &named, &gone);
         assert!(rec.get("before").is_none());
+    }
+
+    /// An event's record built directly is what serde writes of its shape,
+    /// field for field and in its order, with and without every optional
+    /// part.
+    #[test]
+    fn an_event_record_is_written_as_serde_writes_it() {
+        let data = doc! {"x": 1_i64, "y": {"z": [1.5, "w", Bson::Null]}, "when": DateTime::from_millis(3)};
+        let user = UserId::new("https://issuer.example", "sub-1");
+        let members = || {
+            vec![
+                CommittedMember { collection: "a", id: "1", op: StagedOp::Update, version: 4 },
+                CommittedMember { collection: "b", id: "2", op: StagedOp::Delete, version: 9 },
+            ]
+        };
+        let mut cases = 0;
+        for mask in 0..128u32 {
+            let bit = |i: u32| mask & (1 << i) != 0;
+            let event = shapes::Event {
+                id: "c/a/3".into(),
+                v: FORMAT,
+                kind: if bit(0) { "document.updated" } else { "transaction.committed" },
+                collection: bit(1).then_some("c"),
+                document: bit(2).then_some("a"),
+                version: bit(2).then_some(3),
+                transaction: bit(3).then_some("T"),
+                key: bit(4).then_some("ops"),
+                actor: bit(5).then_some(&user),
+                at: DateTime::from_millis(1_700_000_000_007),
+                data: bit(6).then_some(&data),
+                members: bit(0).then(members),
+            };
+            let by_serde = crate::store::shape::fields(&event);
+            let built = event.record();
+            assert_eq!(built, by_serde);
+            assert_eq!(built.keys().collect::<Vec<_>>(), by_serde.keys().collect::<Vec<_>>());
+            cases += 1;
+        }
+        assert_eq!(cases, 128);
     }
 
     #[test]

@@ -299,8 +299,67 @@ impl TxnRecord {
         }
     }
 
+    /// The record as stored: the fields serde writes, in its order (`None`
+    /// as null, `hooks`, `key` and `user` only when there are some), built
+    /// directly where a transaction's path writes them (members, results,
+    /// dates); a failure and hooks, rare, go through serde.
     pub fn to_record(&self) -> Record {
-        mongodb::bson::to_document(self).expect("transaction record serializes")
+        use crate::store::Bson;
+        let date = |d: Option<DateTime>| d.map_or(Bson::Null, Bson::DateTime);
+        let text = |s: &Option<String>| s.clone().map_or(Bson::Null, Bson::String);
+        fn serde<T: Serialize>(value: &T) -> Bson {
+            mongodb::bson::to_bson(value).expect("a transaction record's part serializes")
+        }
+        let mut rec = Record::new();
+        rec.insert("_id", self.id.as_str());
+        rec.insert("status", self.status.to_bson());
+        rec.insert("started_at", self.started_at);
+        rec.insert("expires_at", self.expires_at);
+        rec.insert("committed_at", date(self.committed_at));
+        rec.insert("finished_at", date(self.finished_at));
+        rec.insert("request", self.request.as_str());
+        let members: Vec<Bson> = self
+            .members
+            .iter()
+            .map(|m| {
+                Bson::Document(crate::store::doc! {
+                    "collection": m.collection.as_str(),
+                    "id": m.id.as_str(),
+                    "op": m.op.as_str(),
+                    "base_v": m.base_v.map_or(Bson::Null, Bson::Int64),
+                })
+            })
+            .collect();
+        rec.insert("members", members);
+        let results = self.results.as_ref().map_or(Bson::Null, |results| {
+            Bson::Array(
+                results
+                    .iter()
+                    .map(|r| {
+                        Bson::Document(crate::store::doc! {
+                            "collection": r.collection.as_str(),
+                            "id": r.id.as_str(),
+                            "version": r.version,
+                        })
+                    })
+                    .collect(),
+            )
+        });
+        rec.insert("results", results);
+        rec.insert("idempotency_key", text(&self.idempotency_key));
+        rec.insert("abort_reason", text(&self.abort_reason));
+        rec.insert("failure", self.failure.as_ref().map_or(Bson::Null, serde));
+        rec.insert("hook_count", self.hook_count);
+        if !self.hooks.is_empty() {
+            rec.insert("hooks", serde(&self.hooks));
+        }
+        if let Some(key) = &self.key {
+            rec.insert("key", key.as_str());
+        }
+        if let Some(user) = &self.user {
+            rec.insert("user", serde(user));
+        }
+        rec
     }
 }
 
@@ -416,6 +475,56 @@ impl Transition<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record built directly is what serde writes, field for field and in
+    /// its order, with and without every optional part, and reads back.
+    #[test]
+    fn a_record_is_written_as_serde_writes_it() {
+        let at = DateTime::from_millis(1_700_000_000_123);
+        let request = r#"{"actions":[],"hooks":[{"url":"https://h.example/x","headers":{"a":"b"},"body":{"k":1}}]}"#;
+        let mut cases = 0;
+        for status in [Status::Pending, Status::Committed, Status::Aborted, Status::Done, Status::RolledBack] {
+            for mask in 0..256u32 {
+                let bit = |i: u32| mask & (1 << i) != 0;
+                let record = TxnRecord {
+                    id: "t-1".into(),
+                    status,
+                    started_at: at,
+                    expires_at: DateTime::from_millis(1_700_000_030_000),
+                    committed_at: bit(0).then_some(at),
+                    finished_at: bit(1).then_some(at),
+                    request: request.into(),
+                    members: vec![
+                        Member { collection: "a".into(), id: "1".into(), op: StagedOp::Update, base_v: Some(3) },
+                        Member { collection: "b".into(), id: "2".into(), op: StagedOp::Insert, base_v: None },
+                    ]
+                    .into_iter()
+                    .take(if bit(2) { 2 } else { 0 })
+                    .collect(),
+                    results: bit(3).then(|| vec![MemberResult { collection: "a".into(), id: "1".into(), version: 4 }]),
+                    idempotency_key: bit(4).then(|| "k".into()),
+                    abort_reason: bit(5).then(|| AbortReason::Superseded.as_str().into()),
+                    failure: bit(5).then(|| Failure {
+                        action: Some(1),
+                        collection: Some("a".into()),
+                        expected: Some(3),
+                        ..Failure::new(FailureCode::VersionConflict, "moved", true)
+                    }),
+                    hook_count: if bit(6) { 1 } else { 0 },
+                    hooks: if bit(6) { super::super::hook::hooks_of(request) } else { Vec::new() },
+                    key: bit(7).then(|| "ops".into()),
+                    user: bit(7).then(|| crate::actor::UserId::new("https://issuer.example", "s")),
+                };
+                let by_serde = mongodb::bson::to_document(&record).unwrap();
+                let built = record.to_record();
+                assert_eq!(built, by_serde);
+                assert_eq!(built.keys().collect::<Vec<_>>(), by_serde.keys().collect::<Vec<_>>());
+                assert_eq!(TxnRecord::from_record(built).unwrap(), record);
+                cases += 1;
+            }
+        }
+        assert_eq!(cases, 5 * 256);
+    }
 
     #[test]
     fn every_abort_reason_reads_back_as_itself() {

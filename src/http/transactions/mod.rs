@@ -117,7 +117,8 @@ pub(crate) async fn create_transaction(
     JsonBody { value, .. }: JsonBody<Value>,
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
-    let hash = Fingerprint::of(&value);
+    // Only a request with a key is compared with another by its body.
+    let fingerprint = key.is_some().then(|| Fingerprint::of(&value));
     // Kept in the record as the request as sent, with the hooks' header
     // values (write-only) left out: the hooks themselves are kept whole.
     let request = crate::hooks::redact_request(&value).to_string();
@@ -155,9 +156,9 @@ pub(crate) async fn create_transaction(
             return Err(ApiError::from(DocError::from(refusal)).action(i).document(&action.collection, &action.id));
         }
     };
-    let keyed = key.map(|k| Keyed {
+    let keyed = key.zip(fingerprint).map(|(k, fingerprint)| Keyed {
         key: format!("{}:{k}", caller.map_or_else(|| "-".to_owned(), |c| c.0.scope.clone())),
-        fingerprint: hash,
+        fingerprint,
     });
     // From here on the request's life does not depend on its connection: a
     // client that hangs up (a closed tab, a proxy timeout) drops this

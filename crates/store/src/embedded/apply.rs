@@ -350,7 +350,7 @@ pub(super) fn apply(
     entries: &mut Entries<'_>,
     catalog: &HashMap<String, Vec<IndexSpec>>,
     state: &mut Applying<'_>,
-    op: &WriteOp,
+    op: WriteOp,
     effects: &mut Effects,
 ) -> StoreResult<bool> {
     let recent = &mut *state.recent;
@@ -367,25 +367,26 @@ pub(super) fn apply(
     };
     let specs = |coll: &str| catalog.get(coll).map_or(&[][..], Vec::as_slice);
     match op {
-        WriteOp::Insert { coll, record } => {
+        WriteOp::Insert { ref coll, record } => {
             let id = record.get_str("_id").map_err(|_| StoreError::Rejected("record has no string _id".into()))?;
             if recent.contains(coll, id) || table.get((coll.as_str(), id)).map_err(internal)?.is_some() {
                 return Ok(false);
             }
-            let bytes = encode(record)?;
-            reindex(entries, specs(coll), coll, id, None, Some(record), Some(&mut *state.deferred))?;
+            let bytes = encode(&record)?;
+            reindex(entries, specs(coll), coll, id, None, Some(&record), Some(&mut *state.deferred))?;
             table.insert((coll.as_str(), id), bytes.as_slice()).map_err(internal)?;
             effects.put(coll, id, &bytes);
-            recent.put(coll, id, record.clone(), bytes.len());
+            let id = id.to_owned();
+            recent.put(coll, &id, record, bytes.len());
             Ok(true)
         }
-        WriteOp::Replace { coll, id, filter, record } => {
+        WriteOp::Replace { ref coll, ref id, ref filter, record } => {
             let Some((existing, size)) = current(coll, id)? else { return Ok(false) };
             if !matches(&existing, filter)? {
                 recent.put(coll, id, existing, size);
                 return Ok(false);
             }
-            let mut record = record.clone();
+            let mut record = record;
             record.insert("_id", id.as_str());
             let bytes = encode(&record)?;
             let old = keys_of(specs(coll), &existing, id);
@@ -395,7 +396,7 @@ pub(super) fn apply(
             recent.put(coll, id, record, bytes.len());
             Ok(true)
         }
-        WriteOp::Update { coll, id, filter, update } => {
+        WriteOp::Update { ref coll, ref id, ref filter, ref update } => {
             let Some((mut record, size)) = current(coll, id)? else { return Ok(false) };
             if !matches(&record, filter)? {
                 recent.put(coll, id, record, size);
@@ -410,7 +411,7 @@ pub(super) fn apply(
             recent.put(coll, id, record, bytes.len());
             Ok(true)
         }
-        WriteOp::Delete { coll, id, filter } => {
+        WriteOp::Delete { ref coll, ref id, ref filter } => {
             let Some((existing, size)) = current(coll, id)? else { return Ok(false) };
             if !matches(&existing, filter)? {
                 recent.put(coll, id, existing, size);
@@ -422,8 +423,10 @@ pub(super) fn apply(
             effects.delete(coll, id);
             Ok(true)
         }
-        WriteOp::Append { coll, record } => {
+        WriteOp::Append { ref coll, mut record } => {
             let id = record.get_str("_id").map_err(|_| StoreError::Rejected("record has no string _id".into()))?;
+            let id = id.to_owned();
+            let id = id.as_str();
             if recent.contains(coll, id) || table.get((coll.as_str(), id)).map_err(internal)?.is_some() {
                 return Ok(false);
             }
@@ -433,7 +436,6 @@ pub(super) fn apply(
                 None => next_position(table, entries, index, coll)?,
             };
             let taken = format!("{coll}.{}", index.name);
-            let mut record = record.clone();
             loop {
                 record.insert(LOG_SEQ, i64::try_from(seq).map_err(internal)?);
                 match reindex(entries, specs(coll), coll, id, None, Some(&record), Some(&mut *state.deferred)) {

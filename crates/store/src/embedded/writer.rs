@@ -232,6 +232,7 @@ impl Writer {
         let mut batch = vec![first];
         let mut results = Vec::with_capacity(1);
         let mut entries = vec![Effects::default()];
+        let mut writes = 0usize;
         let prepared = (|| -> StoreResult<redb::WriteTransaction> {
             let mut txn = self.db.begin_write().map_err(internal)?;
             txn.set_durability(redb::Durability::None).map_err(internal)?;
@@ -243,17 +244,20 @@ impl Writer {
                 let mut bytes = 0usize;
                 let mut next = 0;
                 while next < batch.len() {
-                    let queued = &batch[next];
+                    // Applied by value: a record moves into the table and
+                    // `recent` rather than being copied.
+                    let all_or_nothing = batch[next].all_or_nothing;
+                    let ops = std::mem::take(&mut batch[next].ops);
+                    writes += ops.len();
                     let mut applied = 0;
                     let mut result = Ok(());
-                    let checked =
-                        if queued.all_or_nothing { all_hold(&table, &self.recent, &queued.ops) } else { Ok(true) };
+                    let checked = if all_or_nothing { all_hold(&table, &self.recent, &ops) } else { Ok(true) };
                     let ops = match checked {
-                        Ok(true) => queued.ops.as_slice(),
-                        Ok(false) => &[],
+                        Ok(true) => ops,
+                        Ok(false) => Vec::new(),
                         Err(err) => {
                             result = Err(err);
-                            &[]
+                            Vec::new()
                         }
                     };
                     for op in ops {
@@ -270,7 +274,7 @@ impl Writer {
                             Ok(true) => applied += 1,
                             // Checked whole, yet not applied whole: the
                             // batch is refused rather than keep a part.
-                            Ok(false) | Err(_) if queued.all_or_nothing => {
+                            Ok(false) | Err(_) if all_or_nothing => {
                                 return Err(StoreError::Internal(format!(
                                     "a write of an all-or-nothing chain was not applied after its check: {outcome:?}"
                                 )));
@@ -307,7 +311,6 @@ impl Writer {
             Ok(txn)
         })();
         let mut phase = WriterStats::add(&self.stats.apply_nanos, started);
-        let writes: usize = batch.iter().map(|q| q.ops.len()).sum();
         self.stats.writes.fetch_add(writes as u64, Ordering::Relaxed);
         let durable = batch.iter().any(|q| q.durability == Durability::Synced);
         let txn = match prepared {
