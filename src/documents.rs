@@ -471,10 +471,10 @@ impl Documents {
                 self.wait_lock(coll, &doc, deadline, &mut backoff).await?;
                 continue;
             }
-            match doc.committed_view() {
-                View::NotFound => return Err(DocError::NotFound),
-                View::Deleted { version, deleted_at } => return Err(DocError::Deleted { version, deleted_at }),
-                View::Live(_) => {}
+            match doc.absent_view() {
+                Some(View::Deleted { version, deleted_at }) => return Err(DocError::Deleted { version, deleted_at }),
+                Some(_) => return Err(DocError::NotFound),
+                None => {}
             }
             if let Some(guard) = guard {
                 guard(&doc.data, None)?;
@@ -501,9 +501,10 @@ impl Documents {
                 self.write_with_event(actor, coll, Some(&doc), next.clone(), kind, Publish::AfterAnswer).await;
             admitted.settle(matches!(written, Ok(true))).await;
             if written? {
-                return Ok(match next.committed_view() {
+                let version = next.meta.v;
+                return Ok(match next.into_committed_view() {
                     View::Live(l) => Written::Live(l),
-                    _ => Written::Deleted { version: next.meta.v },
+                    _ => Written::Deleted { version },
                 });
             }
         }
@@ -515,7 +516,7 @@ impl Documents {
     /// document a transaction holds, a tombstone or a placeholder is left
     /// alone. Synced, as every TTL delete (docs/design.md §1). `true` when it went.
     pub async fn expire(&self, coll: &str, doc: &StoredDoc) -> Result<bool, DocError> {
-        if doc.meta.txn.is_some() || !matches!(doc.committed_view(), View::Live(_)) {
+        if doc.meta.txn.is_some() || doc.absent_view().is_some() {
             return Ok(false);
         }
         let next = apply_change(doc, &Change::Delete, self.now())?;
@@ -633,7 +634,7 @@ impl Documents {
 }
 
 fn live(doc: StoredDoc) -> Live {
-    match doc.committed_view() {
+    match doc.into_committed_view() {
         View::Live(l) => l,
         other => unreachable!("a freshly written document is live, got {other:?}"),
     }

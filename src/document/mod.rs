@@ -341,7 +341,9 @@ mod shapes {
     use crate::store::DateTime;
     use crate::store::shape::Lt;
 
-    /// Held by `txn` (none: free) at version `v`.
+    /// Held by `txn` (none: free) at version `v` (built directly by
+    /// `unchanged_filter`; this is what its test holds it to).
+    #[cfg(test)]
     #[derive(Serialize)]
     pub(super) struct Unchanged<'a> {
         #[serde(rename = "_meta.txn")]
@@ -400,7 +402,12 @@ impl StoredDoc {
     /// document goes through it, so no change is made over one it did not
     /// see (the version pin is what keeps mixed writers from losing updates).
     pub fn unchanged_filter(&self, holder: Option<&str>) -> Document {
-        fields(&shapes::Unchanged { txn: holder, v: self.meta.v })
+        // As serde writes `shapes::Unchanged`, built directly: every write
+        // of a document builds one.
+        let mut filter = Document::new();
+        filter.insert("_meta.txn", holder.map_or(Bson::Null, |h| Bson::String(h.to_owned())));
+        filter.insert("_meta.v", self.meta.v);
+        filter
     }
 
     /// The filter of a document still at version `v` with the outbox of
@@ -456,6 +463,18 @@ impl StoredDoc {
         record
     }
 
+    /// The committed view when it is not live (never created, or a
+    /// tombstone), judged without copying the document; `None` when live.
+    pub fn absent_view(&self) -> Option<View> {
+        if self.meta.v == 0 {
+            Some(View::NotFound)
+        } else if self.meta.deleted {
+            Some(View::Deleted { version: self.meta.v, deleted_at: self.meta.deleted_at })
+        } else {
+            None
+        }
+    }
+
     /// The committed state, ignoring whatever is staged.
     pub fn committed_view(&self) -> View {
         self.clone().into_committed_view()
@@ -464,10 +483,8 @@ impl StoredDoc {
     /// [`Self::committed_view`] of a document no longer needed (its data
     /// moves into the view instead of being copied).
     pub fn into_committed_view(self) -> View {
-        if self.meta.v == 0 {
-            View::NotFound
-        } else if self.meta.deleted {
-            View::Deleted { version: self.meta.v, deleted_at: self.meta.deleted_at }
+        if let Some(absent) = self.absent_view() {
+            absent
         } else {
             let at = self.meta.updated_at.unwrap_or_else(|| DateTime::from_millis(0));
             View::Live(Live {
@@ -610,6 +627,19 @@ mod tests {
             }
         }
         assert_eq!(seen, [4, 2, 6]);
+    }
+
+    /// The compare-and-set filter built directly is what serde writes of
+    /// its shape.
+    #[test]
+    fn the_unchanged_filter_is_written_as_serde_writes_it() {
+        let d = StoredDoc::new_live("a".into(), doc! {"x": 1_i64}, 1, 7, DateTime::from_millis(1));
+        for holder in [None, Some("t1")] {
+            let by_serde = fields(&shapes::Unchanged { txn: holder, v: 7 });
+            let built = d.unchanged_filter(holder);
+            assert_eq!(built, by_serde);
+            assert_eq!(built.keys().collect::<Vec<_>>(), by_serde.keys().collect::<Vec<_>>());
+        }
     }
 
     /// `_meta` built directly is what serde writes, field for field and in
