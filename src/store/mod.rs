@@ -5,3 +5,11 @@
 pub(crate) use txgate_store::*;
 
 pub(crate) mod deadline;
+
+/// A record built directly is what serde writes: the same fields, values
+/// and types, in the same order (document equality alone ignores order).
+#[cfg(test)]
+pub(crate) fn assert_written_as_serde(built: &Document, by_serde: &Document) {
+    assert_eq!(built, by_serde);
+    assert_eq!(built.keys().collect::<Vec<_>>(), by_serde.keys().collect::<Vec<_>>());
+}
