@@ -429,6 +429,7 @@ fn workers_of(app: &App, config: &Config, sender: Arc<hooks::send::Sender>) -> V
             clock: config.txn.clock.clone(),
             owner: indexes::lease_owner(app.store.as_ref()),
             interval: config.txn.recovery_interval,
+            busy: tokio::sync::Mutex::new(()),
         }) as _,
     ]
 }

@@ -84,6 +84,10 @@ pub(crate) struct Checks {
     pub clock: Clock,
     pub owner: String,
     pub interval: Duration,
+    /// Held for a whole pass: this instance runs one at a time, so a pass
+    /// asked for while the timed one runs (`run_once`) waits for it and
+    /// then finds its work done, instead of racing it on the same record.
+    pub busy: tokio::sync::Mutex<()>,
 }
 
 /// `coll`'s pass as stored (`None`: none yet). One that cannot be read
@@ -110,6 +114,7 @@ impl Checks {
     /// One pass over every collection whose schemas changed since its
     /// last pass, each run to its end here unless another instance holds it.
     async fn pass(&self, stop: &CancellationToken) -> StoreResult<()> {
+        let _one = self.busy.lock().await;
         let mut after: Option<String> = None;
         loop {
             let scan =
