@@ -129,3 +129,43 @@ pub(super) fn copy_snapshot(
     disk.sync_dir().map_err(|e| failed("syncing the directory", &e))?;
     Ok((records, applied))
 }
+
+#[cfg(test)]
+mod tests {
+    use mongodb::bson::doc;
+
+    use crate::Store;
+
+    /// A backup reports the journal position its snapshot holds, though
+    /// batches no longer write it down: every entry written before it,
+    /// the same again when nothing was written since, one more after one
+    /// more write; and the copy holds that position, so the store made
+    /// from it starts after it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_backup_reports_the_journal_position_its_snapshot_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = super::super::EmbeddedStore::open(&dir.path().join("data")).unwrap();
+        // Each a synced write of its own: one journal entry each.
+        for i in 0..5 {
+            assert!(store.insert("c", doc! {"_id": format!("d{i}"), "n": i}).await.unwrap());
+        }
+        let position = |name: &str| {
+            let store = &store;
+            let dest = dir.path().join(name);
+            async move { store.backup(&dest).await.unwrap().unwrap().journal_position }
+        };
+        let first = position("b1").await;
+        assert_eq!(first, 5);
+        assert_eq!(position("b2").await, first, "nothing written in between");
+        assert!(store.insert("c", doc! {"_id": "d5", "n": 5}).await.unwrap());
+        assert_eq!(position("b3").await, first + 1);
+        store.close().await.unwrap();
+        // The store made from the last backup holds its six records, and
+        // its journal goes on after the position the backup reported.
+        let restored = super::super::EmbeddedStore::open(&dir.path().join("b3")).unwrap();
+        assert!(restored.get("c", "d5").await.unwrap().is_some());
+        assert!(restored.insert("c", doc! {"_id": "d6", "n": 6}).await.unwrap());
+        assert_eq!(restored.backup(&dir.path().join("b4")).await.unwrap().unwrap().journal_position, first + 2);
+        restored.close().await.unwrap();
+    }
+}

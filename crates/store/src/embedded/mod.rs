@@ -97,7 +97,9 @@ const COUNTS: TableDefinition<(&str, &[u8]), u64> = TableDefinition::new("index_
 /// `(collection, index) -> IndexSpec as JSON`.
 const CATALOG: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("index_catalog");
 
-/// `"applied" -> ` the number of the last journal entry this state holds;
+/// `"applied" -> ` the number of the last journal entry this state holds,
+/// written by each checkpoint and before a backup's snapshot (the batches
+/// between leave it behind; see `Writer::note_applied`);
 /// `"layout" -> ` the version of the tables' layout ([`LAYOUT`]).
 const JOURNAL_STATE: TableDefinition<&str, u64> = TableDefinition::new("journal_state");
 const APPLIED: &str = "applied";

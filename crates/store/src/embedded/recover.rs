@@ -159,6 +159,8 @@ impl EmbeddedStore {
             journal,
             recent: Recent::default(),
             positions: HashMap::new(),
+            // Unknown: the first snapshot writes it down.
+            applied_noted: u64::MAX,
         };
         let lead = Lead::new(writer);
         let background = Arc::clone(&lead);

@@ -132,6 +132,9 @@ pub(super) struct Writer {
     /// The next position of each log collection appended to (see
     /// [`Write::Append`]), learned from its last record on first use.
     pub(super) positions: HashMap<String, u64>,
+    /// The journal position last written as `APPLIED` (see
+    /// [`Self::note_applied`]).
+    pub(super) applied_noted: u64,
 }
 
 impl Writer {
@@ -143,8 +146,12 @@ impl Writer {
         match op {
             WriteOp::Snapshot(reply) => {
                 self.sync_or_stop();
+                // A backup reports, and its copy holds, the journal
+                // position the snapshot includes.
+                let snapshot =
+                    self.note_applied(redb::Durability::None).and_then(|()| self.db.begin_read().map_err(internal));
                 self.answering();
-                let _ = reply.send(self.db.begin_read().map_err(internal));
+                let _ = reply.send(snapshot);
                 let _ = item.reply.send(Ok(1));
             }
             WriteOp::Close => {
@@ -303,11 +310,9 @@ impl Writer {
                 deferred.flush(&mut index)?;
                 index.finish()?;
             }
-            let written = entries.iter().filter(|e| !e.is_empty()).count() as u64;
-            if written > 0 {
-                let mut state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
-                state.insert(APPLIED, self.journal.next_lsn() + written - 1).map_err(internal)?;
-            }
+            // The journal position these commits reach is written down
+            // by the next checkpoint or snapshot, not here
+            // ([`Self::note_applied`]): one table fewer in every batch.
             Ok(txn)
         })();
         let mut phase = WriterStats::add(&self.stats.apply_nanos, started);
@@ -417,6 +422,36 @@ impl Writer {
         }
     }
 
+    /// Commit, with `durability`, the number of the last journal entry
+    /// redb's state holds (`APPLIED`, what opening the store replays
+    /// after). Batches leave it behind: no one reads it between two
+    /// checkpoints but a backup's snapshot, and a commit that is not
+    /// durable is lost whole with a crash (redb keeps it in memory), so
+    /// what opening finds was written by the checkpoint that made the
+    /// state durable. With [`redb::Durability::Immediate`], the
+    /// checkpoint itself.
+    fn note_applied(&mut self, durability: redb::Durability) -> StoreResult<()> {
+        let last = self.journal.next_lsn() - 1;
+        let immediate = matches!(durability, redb::Durability::Immediate);
+        if !immediate && self.applied_noted == last {
+            return Ok(());
+        }
+        let mut txn = self.db.begin_write().map_err(internal)?;
+        txn.set_durability(durability).map_err(internal)?;
+        if immediate {
+            // The allocator state is saved with the commit, so opening
+            // after a crash needs no full repair of the file.
+            txn.set_quick_repair(self.quick_repair);
+        }
+        if self.applied_noted != last {
+            let mut state = txn.open_table(JOURNAL_STATE).map_err(internal)?;
+            state.insert(APPLIED, last).map_err(internal)?;
+        }
+        txn.commit().map_err(internal)?;
+        self.applied_noted = last;
+        Ok(())
+    }
+
     /// Make redb durable with every commit so far, and start the journal
     /// over; or stop the process.
     fn checkpoint_or_stop(&mut self) {
@@ -425,15 +460,7 @@ impl Writer {
             return;
         }
         let started = Instant::now();
-        let done = (|| -> StoreResult<()> {
-            let mut txn = self.db.begin_write().map_err(internal)?;
-            txn.set_durability(redb::Durability::Immediate).map_err(internal)?;
-            // The allocator state is saved with the commit, so opening
-            // after a crash needs no full repair of the file.
-            txn.set_quick_repair(self.quick_repair);
-            txn.commit().map_err(internal)
-        })();
-        if let Err(err) = done {
+        if let Err(err) = self.note_applied(redb::Durability::Immediate) {
             stop(&err);
         }
         if let Err(err) = self.journal.restart(self.journal.next_lsn()) {
