@@ -317,7 +317,7 @@ impl Documents {
     ) -> Result<Live, DocError> {
         let id = id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         // Checked first: a create (over a tombstone too) makes a new document.
-        self.schemas.admit(coll, None, (&data, sv), &id).await?.map_err(DocError::Schema)?;
+        let mut warned = self.schemas.admit(coll, None, (&data, sv), &id).await?.map_err(DocError::Schema)?;
         let deadline = self.deadline();
         let mut backoff = Duration::from_millis(5);
         // The admission held across waits for a lock: checked again after
@@ -333,6 +333,9 @@ impl Documents {
             match self.create_claimed(actor, coll, new, deadline, &mut backoff).await {
                 Ok(Some(live)) => {
                     this.settle(true).await;
+                    if let Some(warned) = warned.take() {
+                        warned.landed();
+                    }
                     return Ok(live);
                 }
                 Ok(None) => admitted = Some(this),
@@ -489,11 +492,13 @@ impl Documents {
             if let Some(guard) = guard.filter(|_| !deleting) {
                 guard(&doc.data, Some(&mut next.data))?;
             }
-            if !deleting {
+            let warned = if deleting {
+                None
+            } else {
                 // As the rules left it (a grant's `set` applied).
                 let (before, after) = ((&doc.data, doc.meta.sv), (&next.data, next.meta.sv));
-                self.schemas.admit(coll, Some(before), after, id).await?.map_err(DocError::Schema)?;
-            }
+                self.schemas.admit(coll, Some(before), after, id).await?.map_err(DocError::Schema)?
+            };
             let becomes = (!deleting).then_some(&next.data);
             let admitted = self.indexes.admit(coll, id, (Some(&doc.data), becomes), None).await?;
             let kind = if deleting { EventType::Deleted } else { EventType::Updated };
@@ -501,6 +506,9 @@ impl Documents {
                 self.write_with_event(actor, coll, Some(&doc), next.clone(), kind, Publish::AfterAnswer).await;
             admitted.settle(matches!(written, Ok(true))).await;
             if written? {
+                if let Some(warned) = warned {
+                    warned.landed();
+                }
                 let version = next.meta.v;
                 return Ok(match next.into_committed_view() {
                     View::Live(l) => Written::Live(l),

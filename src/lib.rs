@@ -228,15 +228,18 @@ impl App {
                 move || store.unreadable() + skipped.load(std::sync::atomic::Ordering::Relaxed),
             );
         }
+        // The counts, not the schemas (which the documents hold, and they the metrics).
+        let counts = Arc::clone(documents.schemas().counts());
         metrics.sampled(
             "txgate_schema_refusals_total",
             "Writes refused because the document they would produce does not satisfy its schema",
-            || schemas::REFUSED.load(std::sync::atomic::Ordering::Relaxed),
+            move || counts.refused.load(std::sync::atomic::Ordering::Relaxed),
         );
+        let counts = Arc::clone(documents.schemas().counts());
         metrics.sampled(
             "txgate_schema_warnings_total",
             "Writes of documents that do not satisfy their schema, let through under validation warn",
-            || schemas::WARNED.load(std::sync::atomic::Ordering::Relaxed),
+            move || counts.warned.load(std::sync::atomic::Ordering::Relaxed),
         );
         let positioned = Arc::new(positioned::Positioned::new(
             Arc::clone(&documents),

@@ -109,6 +109,73 @@ pub struct Known {
     pub validation: Validation,
     pub validation_at: Option<DateTime>,
     pub versions: BTreeMap<i64, Arc<Declared>>,
+    /// The instance's counts of refusals and warnings.
+    pub(crate) counts: Arc<Counts>,
+}
+
+/// Writes refused for their schema, and writes let through under `warn`,
+/// since the instance started (`txgate_schema_refusals_total`,
+/// `txgate_schema_warnings_total`): each counted once its outcome is known,
+/// however many times it was checked on the way (a retried write, a
+/// transaction's tries).
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    pub refused: AtomicU64,
+    pub warned: AtomicU64,
+}
+
+/// A document let through under `warn`: counted and logged once the write
+/// that holds it lands ([`Warned::landed`]), not when it was checked.
+#[derive(Debug)]
+pub(crate) struct Warned {
+    id: String,
+    refusal: Refusal,
+    counts: Arc<Counts>,
+}
+
+impl Warned {
+    /// The write landed: count it and log it with the document's id.
+    pub(crate) fn landed(self) {
+        self.counts.warned.fetch_add(1, Ordering::Relaxed);
+        let first = self.refusal.violations.first();
+        tracing::warn!(
+            collection = self.refusal.collection,
+            id = self.id,
+            schema_version = self.refusal.schema_version,
+            errors = self.refusal.violations.len() + self.refusal.more,
+            pointer = first.map_or("", |v| v.pointer.as_str()),
+            keyword = first.map_or("", |v| v.keyword.as_str()),
+            "a document that does not satisfy its schema was written (validation: warn)"
+        );
+    }
+}
+
+/// The warnings of a transaction's members, by (collection, id), as their
+/// last check left them: landed once, if the transaction commits.
+#[derive(Debug, Default)]
+pub struct Warnings(Mutex<HashMap<(String, String), Warned>>);
+
+impl Warnings {
+    /// The outcome of a member's latest check (`None`: no warning).
+    pub(crate) fn checked(&self, coll: &str, id: &str, warned: Option<Warned>) {
+        let mut kept = self.0.lock().expect("warnings");
+        match warned {
+            Some(w) => {
+                kept.insert((coll.to_owned(), id.to_owned()), w);
+            }
+            None => {
+                kept.remove(&(coll.to_owned(), id.to_owned()));
+            }
+        }
+    }
+
+    /// The transaction committed: every warning kept lands.
+    pub(crate) fn landed(&self) {
+        let kept = std::mem::take(&mut *self.0.lock().expect("warnings"));
+        for (_, warned) in kept {
+            warned.landed();
+        }
+    }
 }
 
 /// A write refused (or, under `warn`, let through) for its schema.
@@ -191,36 +258,27 @@ impl Known {
 }
 
 impl Known {
-    /// [`Self::admit`], counted, and a write let through under `warn`
-    /// logged with the document's id.
+    /// [`Self::admit`], with a write let through under `warn` as a
+    /// [`Warned`] to land once the write does. Nothing is counted here: a
+    /// check may be made again (see [`Counts`]).
     pub(crate) fn judge(
         &self,
         coll: &str,
         before: Option<(&Document, i64)>,
         after: (&Document, i64),
         id: &str,
-    ) -> Result<(), Refusal> {
-        match self.admit(coll, before, after) {
-            Ok(None) => Ok(()),
-            Ok(Some(warned)) => {
-                WARNED.fetch_add(1, Ordering::Relaxed);
-                let first = warned.violations.first();
-                tracing::warn!(
-                    collection = coll,
-                    id,
-                    schema_version = warned.schema_version,
-                    errors = warned.violations.len() + warned.more,
-                    pointer = first.map_or("", |v| v.pointer.as_str()),
-                    keyword = first.map_or("", |v| v.keyword.as_str()),
-                    "a document that does not satisfy its schema was written (validation: warn)"
-                );
-                Ok(())
-            }
-            Err(refusal) => {
-                REFUSED.fetch_add(1, Ordering::Relaxed);
-                Err(refusal)
-            }
-        }
+    ) -> Result<Option<Warned>, Refusal> {
+        Ok(self.admit(coll, before, after)?.map(|refusal| Warned {
+            id: id.to_owned(),
+            refusal,
+            counts: Arc::clone(&self.counts),
+        }))
+    }
+
+    /// `refusal` is the write's answer: counted.
+    pub(crate) fn refused(&self, refusal: Refusal) -> Refusal {
+        self.counts.refused.fetch_add(1, Ordering::Relaxed);
+        refusal
     }
 }
 
@@ -248,16 +306,17 @@ pub(crate) struct Schemas {
     clock: Clock,
     cache: Mutex<HashMap<String, Cached>>,
     generation: AtomicU64,
+    counts: Arc<Counts>,
 }
-
-/// Writes refused for their schema, and those let through under `warn`,
-/// since the process started.
-pub(crate) static REFUSED: AtomicU64 = AtomicU64::new(0);
-pub(crate) static WARNED: AtomicU64 = AtomicU64::new(0);
 
 impl Schemas {
     pub(crate) fn new(store: DynStore, clock: Clock) -> Arc<Self> {
-        Arc::new(Self { store, clock, cache: Mutex::default(), generation: AtomicU64::new(0) })
+        Arc::new(Self { store, clock, cache: Mutex::default(), generation: AtomicU64::new(0), counts: Arc::default() })
+    }
+
+    /// The instance's counts of refusals and warnings.
+    pub(crate) fn counts(&self) -> &Arc<Counts> {
+        &self.counts
     }
 
     /// The state of a declaration made at `at`.
@@ -292,23 +351,25 @@ impl Schemas {
         Ok(known)
     }
 
-    /// Check a write of `coll` (see [`Known::judge`]).
+    /// Check a single write of `coll` (see [`Known::judge`]); a refusal,
+    /// the write's answer, is counted.
     pub(crate) async fn admit(
         &self,
         coll: &str,
         before: Option<(&Document, i64)>,
         after: (&Document, i64),
         id: &str,
-    ) -> StoreResult<Result<(), Refusal>> {
+    ) -> StoreResult<Result<Option<Warned>, Refusal>> {
         let known = self.of(coll).await?;
-        Ok(known.judge(coll, before, after, id))
+        Ok(known.judge(coll, before, after, id).map_err(|refusal| known.refused(refusal)))
     }
 
     /// `coll`'s schemas as the store holds them now (reusing what
     /// `earlier` compiled of the same revisions). A record that cannot be
     /// read refuses every write of the collection, and is reported.
     async fn load(&self, coll: &str, earlier: Option<&Known>) -> StoreResult<Known> {
-        let Some(record) = self.read(coll).await? else { return Ok(Known::default()) };
+        let counts = Arc::clone(&self.counts);
+        let Some(record) = self.read(coll).await? else { return Ok(Known { counts, ..Known::default() }) };
         let mut versions = BTreeMap::new();
         for stored in record.versions {
             let reused = earlier
@@ -326,6 +387,7 @@ impl Schemas {
             validation: record.validation,
             validation_at: Some(record.validation_at),
             versions,
+            counts,
         })
     }
 
@@ -497,7 +559,7 @@ mod tests {
             schema: Arc::new(schema),
         };
         let versions = BTreeMap::from([(1, Arc::new(declared))]);
-        Known { seq: 1, schemas_seq: 1, validation, validation_at: None, versions }
+        Known { seq: 1, schemas_seq: 1, validation, validation_at: None, versions, counts: Arc::default() }
     }
 
     fn doc(total: i64) -> Document {

@@ -59,6 +59,9 @@ pub struct Plan {
     /// them (docs/guides/validation.md), or the transaction fails before
     /// any commit.
     pub schemas: std::collections::HashMap<String, std::sync::Arc<crate::schemas::Known>>,
+    /// Members let through under `warn` by their latest check: counted
+    /// and logged once, when the transaction commits.
+    pub warned: std::sync::Arc<crate::schemas::Warnings>,
     /// The name of the API key that sent it.
     pub key: Option<String>,
     /// The user who sent it.

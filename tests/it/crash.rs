@@ -93,6 +93,7 @@ impl Scenario {
             unique: Default::default(),
             claimed: Default::default(),
             schemas: Default::default(),
+            warned: Default::default(),
             key: None,
             user: None,
         }

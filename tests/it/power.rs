@@ -518,6 +518,7 @@ mod writer {
                 unique: Default::default(),
                 claimed: Default::default(),
                 schemas: Default::default(),
+                warned: Default::default(),
                 key: None,
                 user: None,
             };
@@ -583,6 +584,7 @@ mod writer {
                 unique: Default::default(),
                 claimed: Default::default(),
                 schemas: Default::default(),
+                warned: Default::default(),
                 key: None,
                 user: None,
             }

@@ -20,6 +20,7 @@ crate::on_both_backends!(
     every_write_path_checks_the_document_it_would_produce,
     a_transaction_fails_whole_at_its_first_invalid_action,
     strict_warn_and_moderate_judge_documents_already_invalid,
+    the_counters_count_each_write_once_however_often_it_was_checked,
     a_background_pass_lists_the_documents_that_do_not_satisfy_the_schema,
     hostile_schemas_are_refused_or_bounded,
     declarations_are_pending_then_active_and_counted_in_revisions,
@@ -254,6 +255,65 @@ async fn strict_warn_and_moderate_judge_documents_already_invalid(backend: Backe
     )
     .await;
     app.stop().await;
+}
+
+/// This gateway's `name` counter, as `/metrics` shows it.
+async fn counter(app: &TestApp, name: &str) -> u64 {
+    let metrics = app.get("/metrics").await.text().await.unwrap();
+    let line = metrics.lines().find(|l| l.split(' ').next() == Some(name)).unwrap_or_else(|| panic!("{name}"));
+    line.split(' ').nth(1).unwrap().parse::<f64>().unwrap() as u64
+}
+
+/// Writes that meet others on the same document are checked again on each
+/// try; the counters count each write once, by its outcome: a refused
+/// transaction member once (checked on the all-at-once try and again under
+/// locks), a write let through under `warn` once if it lands, never if
+/// it does not.
+async fn the_counters_count_each_write_once_however_often_it_was_checked(backend: Backend) {
+    let Some(app) = TestApp::spawn(backend).await else { return };
+    let app = std::sync::Arc::new(app);
+    const REFUSED: &str = "txgate_schema_refusals_total";
+    const WARNED: &str = "txgate_schema_warnings_total";
+    declare(&app, "orders", 1, &order_schema()).await;
+    expect(app.post(DOCS, &json!({"_id": "hot", "customer": "c", "total": 0})).await, 201).await;
+    // A transaction whose member would break the schema: one refusal.
+    let bad = json!({"actions": [{"op": "update", "collection": "orders", "id": "hot", "inc": {"total": -5}}]});
+    refused(app.post("/v1/transactions", &bad).await).await;
+    assert_eq!((counter(&app, REFUSED).await, counter(&app, WARNED).await), (1, 0));
+    // Under `warn`, concurrent patches and transactions on one document,
+    // each leaving it invalid: as many warnings as writes that landed.
+    set_validation(&app, "warn").await;
+    let mut writes = Vec::new();
+    for i in 0..24 {
+        let app = std::sync::Arc::clone(&app);
+        writes.push(tokio::spawn(async move {
+            let response = if i % 2 == 0 {
+                app.send_json(Method::PATCH, &doc_path("hot"), &json!({"inc": {"total": -1}})).await
+            } else {
+                let txn = json!({"actions": [
+                    {"op": "update", "collection": "orders", "id": "hot", "inc": {"total": -1}},
+                    {"op": "insert", "collection": "orders", "id": format!("t{i}"), "data": {"total": -1}}
+                ]});
+                app.post("/v1/transactions", &txn).await
+            };
+            // A transaction has two invalid members.
+            (response.status().as_u16(), if i % 2 == 0 { 1 } else { 2 })
+        }));
+    }
+    let mut landed = 0;
+    for write in writes {
+        let (status, members) = write.await.unwrap();
+        if status == 200 {
+            landed += members;
+        } else {
+            assert!(status == 409 || status == 503, "{status}");
+        }
+    }
+    assert!(landed > 0);
+    let total = expect(app.get(&doc_path("hot")).await, 200).await["data"]["total"].as_i64().unwrap();
+    assert_eq!(counter(&app, WARNED).await, landed, "the document's total went to {total}");
+    assert_eq!(counter(&app, REFUSED).await, 1);
+    std::sync::Arc::try_unwrap(app).ok().expect("every write ended").stop().await;
 }
 
 async fn a_background_pass_lists_the_documents_that_do_not_satisfy_the_schema(backend: Backend) {

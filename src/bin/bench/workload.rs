@@ -31,6 +31,7 @@ pub fn plan(coll: &str, ids: &[String]) -> Plan {
         unique: Default::default(),
         claimed: Default::default(),
         schemas: Default::default(),
+        warned: Default::default(),
         key: None,
         user: None,
     }

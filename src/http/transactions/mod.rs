@@ -178,6 +178,9 @@ pub(crate) async fn create_transaction(
             }
             let committed = matches!(&submitted, Ok(Submitted::Ran(ran, _)) if ran.is_ok());
             admitted.settle(committed).await;
+            if committed {
+                plan.warned.landed();
+            }
             submitted
         })
         .await
@@ -243,6 +246,7 @@ async fn with_schemas(state: &AppState, plan: &mut crate::txn::plan::Plan) -> Re
             _ => continue,
         };
         if let Err(refusal) = known.judge(&action.collection, None, (data, plan.schema_version), &action.id) {
+            let refusal = known.refused(refusal);
             return Err(ApiError::schema_violation(&refusal).action(i).document(&action.collection, &action.id));
         }
     }

@@ -106,6 +106,7 @@ pub(super) fn plan(
         unique: Default::default(),
         claimed: Default::default(),
         schemas: Default::default(),
+        warned: Default::default(),
         key: actor.name().map(str::to_owned),
         user: actor.user().cloned(),
     })

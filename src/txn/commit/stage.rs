@@ -218,7 +218,7 @@ impl Commit {
                 }
                 let staged = match staged_checked(plan, action, None) {
                     Ok(s) => s,
-                    Err(why) => return Ok(unstaged(why)),
+                    Err(why) => return Ok(unstaged(plan, why)),
                 };
                 let placeholder = placeholder(&action.id, txn, staged, self.cfg.clock.now());
                 if self.store.unsynced().insert(coll, placeholder.to_record()).await? {
@@ -286,7 +286,7 @@ impl Commit {
             };
             let staged = match staged_checked(plan, action, base) {
                 Ok(s) => s,
-                Err(why) => return Ok(unstaged(why)),
+                Err(why) => return Ok(unstaged(plan, why)),
             };
             if doc.meta.outbox.is_some() {
                 // A write this instance answered may still have the event
@@ -394,12 +394,17 @@ impl From<String> for Unstaged {
 
 /// A member whose change cannot be staged: 422 `invalid_change`, or
 /// `schema_violation`.
-fn unstaged(why: Unstaged) -> Step {
+fn unstaged(plan: &Plan, why: Unstaged) -> Step {
     let failure = match why {
         Unstaged::Invalid(detail) => Failure::new(FailureCode::InvalidChange, detail, false),
         Unstaged::Schema(refusal) => Failure {
+            // The transaction's answer: counted (the all-at-once tries'
+            // checks before it were not).
+            errors: match plan.schemas.get(&refusal.collection) {
+                Some(known) => known.refused(refusal.clone()).violations,
+                None => refusal.violations.clone(),
+            },
             schema_version: Some(refusal.schema_version),
-            errors: refusal.violations.clone(),
             ..Failure::new(FailureCode::SchemaViolation, refusal.to_string(), false)
         },
     };
@@ -412,7 +417,11 @@ pub(super) fn staged_checked(plan: &Plan, action: &Action, base: Option<&StoredD
     let staged = staged_unchecked(plan, action, base)?;
     if let (Some(data), Some(known)) = (&staged.data, plan.schemas.get(&action.collection)) {
         let before = base.map(|d| (&d.data, d.meta.sv));
-        known.judge(&action.collection, before, (data, staged.sv), &action.id).map_err(Unstaged::Schema)?;
+        let warned =
+            known.judge(&action.collection, before, (data, staged.sv), &action.id).map_err(Unstaged::Schema)?;
+        // Landed once, if the transaction commits: this check may be one
+        // of several tries.
+        plan.warned.checked(&action.collection, &action.id, warned);
     }
     Ok(staged)
 }
