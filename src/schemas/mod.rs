@@ -275,10 +275,9 @@ impl Known {
         }))
     }
 
-    /// `refusal` is the write's answer: counted.
-    pub(crate) fn refused(&self, refusal: Refusal) -> Refusal {
+    /// A refusal of this collection is a write's answer: count it.
+    pub(crate) fn count_refusal(&self) {
         self.counts.refused.fetch_add(1, Ordering::Relaxed);
-        refusal
     }
 }
 
@@ -361,7 +360,11 @@ impl Schemas {
         id: &str,
     ) -> StoreResult<Result<Option<Warned>, Refusal>> {
         let known = self.of(coll).await?;
-        Ok(known.judge(coll, before, after, id).map_err(|refusal| known.refused(refusal)))
+        let judged = known.judge(coll, before, after, id);
+        if judged.is_err() {
+            known.count_refusal();
+        }
+        Ok(judged)
     }
 
     /// `coll`'s schemas as the store holds them now (reusing what

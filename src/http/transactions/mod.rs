@@ -246,7 +246,7 @@ async fn with_schemas(state: &AppState, plan: &mut crate::txn::plan::Plan) -> Re
             _ => continue,
         };
         if let Err(refusal) = known.judge(&action.collection, None, (data, plan.schema_version), &action.id) {
-            let refusal = known.refused(refusal);
+            known.count_refusal();
             return Err(ApiError::schema_violation(&refusal).action(i).document(&action.collection, &action.id));
         }
     }

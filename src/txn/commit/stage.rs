@@ -397,16 +397,18 @@ impl From<String> for Unstaged {
 fn unstaged(plan: &Plan, why: Unstaged) -> Step {
     let failure = match why {
         Unstaged::Invalid(detail) => Failure::new(FailureCode::InvalidChange, detail, false),
-        Unstaged::Schema(refusal) => Failure {
+        Unstaged::Schema(refusal) => {
             // The transaction's answer: counted (the all-at-once tries'
             // checks before it were not).
-            errors: match plan.schemas.get(&refusal.collection) {
-                Some(known) => known.refused(refusal.clone()).violations,
-                None => refusal.violations.clone(),
-            },
-            schema_version: Some(refusal.schema_version),
-            ..Failure::new(FailureCode::SchemaViolation, refusal.to_string(), false)
-        },
+            if let Some(known) = plan.schemas.get(&refusal.collection) {
+                known.count_refusal();
+            }
+            Failure {
+                schema_version: Some(refusal.schema_version),
+                errors: refusal.violations.clone(),
+                ..Failure::new(FailureCode::SchemaViolation, refusal.to_string(), false)
+            }
+        }
     };
     Step::Failed(MemberFailure { failure: Box::new(failure), invalid: true })
 }
